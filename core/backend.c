@@ -1,0 +1,119 @@
+// core/backend.c — backend selection, ledger-checked allocation and tensors.
+#include "core/backend.h"
+
+#include <string.h>
+
+#include "core/common.h"
+
+mt_backend *mt_backend_new(const char *name) {
+    if (strcmp(name, "cpu") == 0) return mt_backend_cpu_new();
+    if (strcmp(name, "null") == 0) return mt_backend_null_new();
+    if (strcmp(name, "cuda") == 0) return mt_backend_cuda_new(0);
+    mt_error_set("unknown backend '%s' (expected cpu, cuda or null)", name);
+    return NULL;
+}
+
+void mt_backend_free(mt_backend *be) {
+    if (be) be->ops->destroy(be);
+}
+
+int mt_backend_alloc(mt_backend *be, mt_mem_cat cat, size_t bytes, void **out) {
+    *out = NULL;
+    if (mt_ledger_reserve(&be->ledger, cat, bytes) != 0) return -1;
+    if (be->ops->alloc(be, bytes, out) != 0) {
+        mt_ledger_release(&be->ledger, cat, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+void mt_backend_release(mt_backend *be, mt_mem_cat cat, size_t bytes, void *ptr) {
+    be->ops->free(be, ptr);
+    mt_ledger_release(&be->ledger, cat, bytes);
+}
+
+mt_tensor *mt_tensor_new(mt_backend *be, mt_mem_cat cat, mt_dtype dtype, int ndim,
+                         const int64_t *shape) {
+    if (ndim < 0 || ndim > MT_MAX_DIMS) {
+        mt_error_set("tensor rank %d outside 0..%d", ndim, MT_MAX_DIMS);
+        return NULL;
+    }
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || !mt_mul_ok(n, (uint64_t)shape[i], &n)) {
+            mt_error_set("tensor shape dimension %d (%lld) is negative or overflows", i,
+                         (long long)shape[i]);
+            return NULL;
+        }
+    }
+    mt_tensor *t = mt_xcalloc(1, sizeof *t);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    t->nbytes = mt_dtype_bytes(dtype, n);
+    t->be = be;
+    t->cat = cat;
+    if (mt_backend_alloc(be, cat, t->nbytes, &t->data) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void mt_tensor_free(mt_tensor *t) {
+    if (!t) return;
+    mt_backend_release(t->be, t->cat, t->nbytes, t->data);
+    free(t);
+}
+
+int64_t mt_tensor_numel(const mt_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+void mt_tensor_upload(mt_tensor *t, const void *host_src) {
+    t->be->ops->upload(t->be, t->data, host_src, t->nbytes);
+}
+
+void mt_tensor_download(const mt_tensor *t, void *host_dst) {
+    t->be->ops->download(t->be, host_dst, t->data, t->nbytes);
+}
+
+int mt_matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a, int trans_b,
+              float alpha, float beta) {
+    if (a->be != c->be || b->be != c->be) {
+        mt_error_set("matmul: operands live on different backends");
+        return -1;
+    }
+    return c->be->ops->matmul(c->be, c, a, b, trans_a, trans_b, alpha, beta);
+}
+
+// Shape check shared by every backend's matmul: fills M, N, K or reports the mismatch.
+int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a,
+                     int trans_b, int64_t *m, int64_t *n, int64_t *k) {
+    if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2) {
+        mt_error_set("matmul: operands must be 2-D (got %d, %d -> %d)", a->ndim, b->ndim, c->ndim);
+        return -1;
+    }
+    *m = trans_a ? a->shape[1] : a->shape[0];
+    *k = trans_a ? a->shape[0] : a->shape[1];
+    int64_t kb = trans_b ? b->shape[1] : b->shape[0];
+    *n = trans_b ? b->shape[0] : b->shape[1];
+    if (kb != *k || c->shape[0] != *m || c->shape[1] != *n) {
+        mt_error_set("matmul: shapes do not agree: op(a) [%lld, %lld], op(b) [%lld, %lld], c [%lld, %lld]",
+                     (long long)*m, (long long)*k, (long long)kb, (long long)*n,
+                     (long long)c->shape[0], (long long)c->shape[1]);
+        return -1;
+    }
+    return 0;
+}
+
+#ifndef MT_CUDA
+mt_backend *mt_backend_cuda_new(int device) {
+    (void)device;
+    mt_error_set("this moetrain was built without CUDA (rebuild with `make CUDA=1`)");
+    return NULL;
+}
+int mt_cuda_device_count(void) { return 0; }
+#endif

@@ -1,0 +1,90 @@
+// core/backend.h — the op interface every backend fills in (cpu, cuda, null), and tensors.
+//
+// A backend owns one device's memory and its ledger. Every allocation goes through
+// mt_backend_alloc(), which reserves the bytes in the ledger under a category first.
+// The model calls ops in order; there is no graph.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/ledger.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_MAX_DIMS 4
+
+typedef struct mt_backend mt_backend;
+
+typedef struct mt_tensor {
+    mt_dtype dtype;
+    int ndim;
+    int64_t shape[MT_MAX_DIMS];
+    size_t nbytes;
+    void *data;       // memory of `be` (host for cpu, device for cuda, NULL for null)
+    mt_backend *be;
+    mt_mem_cat cat;
+} mt_tensor;
+
+typedef struct mt_backend_ops {
+    const char *name;
+    // Allocate `bytes` of backend memory. 0 on success; -1 with mt_error_set() on failure.
+    int (*alloc)(mt_backend *be, size_t bytes, void **out);
+    void (*free)(mt_backend *be, void *ptr);
+    void (*upload)(mt_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(mt_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*fill_zero)(mt_backend *be, void *dst, size_t bytes);
+    // c [M, N] = alpha · op(a) · op(b) + beta · c, row-major, fp32 accumulation.
+    // op(a) [M, K] is a [M, K], or a [K, M] transposed when trans_a; likewise b.
+    // Returns 0, or -1 with mt_error_set() for unsupported dtypes or mismatched shapes.
+    int (*matmul)(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
+                  int trans_a, int trans_b, float alpha, float beta);
+    void (*synchronize)(mt_backend *be);
+    void (*destroy)(mt_backend *be);
+} mt_backend_ops;
+
+struct mt_backend {
+    const mt_backend_ops *ops;
+    mt_ledger ledger;
+    void *ctx;  // backend-private state
+};
+
+mt_backend *mt_backend_cpu_new(void);
+mt_backend *mt_backend_null_new(void);
+// CUDA device `device`; NULL with mt_error_set() when built without CUDA or no GPU is present.
+mt_backend *mt_backend_cuda_new(int device);
+int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
+// By name: "cpu", "null" or "cuda"; NULL with an error otherwise.
+mt_backend *mt_backend_new(const char *name);
+void mt_backend_free(mt_backend *be);
+
+// Reserve in the ledger, then allocate. 0 or -1 with an error naming the bytes and category.
+int mt_backend_alloc(mt_backend *be, mt_mem_cat cat, size_t bytes, void **out);
+void mt_backend_release(mt_backend *be, mt_mem_cat cat, size_t bytes, void *ptr);
+
+// Tensors. mt_tensor_new returns NULL with an error when the ledger or the device refuses.
+mt_tensor *mt_tensor_new(mt_backend *be, mt_mem_cat cat, mt_dtype dtype, int ndim,
+                         const int64_t *shape);
+void mt_tensor_free(mt_tensor *t);
+int64_t mt_tensor_numel(const mt_tensor *t);
+void mt_tensor_upload(mt_tensor *t, const void *host_src);    // host bytes in t's dtype
+void mt_tensor_download(const mt_tensor *t, void *host_dst);
+// Matmul through the tensor's backend (all three on the same backend).
+int mt_matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a, int trans_b,
+              float alpha, float beta);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// For backend implementations: validate 2-D matmul shapes and return M, N, K.
+int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a,
+                     int trans_b, int64_t *m, int64_t *n, int64_t *k);
+#ifdef __cplusplus
+}
+#endif

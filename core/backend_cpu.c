@@ -1,0 +1,95 @@
+// core/backend_cpu.c — the reference backend: host memory, fp32 compute, OpenBLAS for matmul.
+#include <cblas.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+
+static int cpu_alloc(mt_backend *be, size_t bytes, void **out) {
+    (void)be;
+    // 64-byte alignment for vector loads; aligned_alloc needs a multiple of the alignment.
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, rounded ? rounded : 64);
+    if (!*out) {
+        mt_error_set("cpu backend: out of host memory allocating %zu bytes", bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void cpu_free(mt_backend *be, void *ptr) { (void)be; free(ptr); }
+
+static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void cpu_fill_zero(mt_backend *be, void *dst, size_t bytes) {
+    (void)be;
+    if (bytes) memset(dst, 0, bytes);
+}
+
+// An f32 view of t: t's own data, or a converted copy held in the ledger under `work`.
+static const float *as_f32(mt_backend *be, const mt_tensor *t, float **scratch) {
+    *scratch = NULL;
+    if (t->dtype == MT_F32) return t->data;
+    size_t n = (size_t)mt_tensor_numel(t);
+    if (mt_backend_alloc(be, MT_MEM_WORK, n * sizeof(float), (void **)scratch) != 0) return NULL;
+    mt_convert(*scratch, MT_F32, t->data, t->dtype, n);
+    return *scratch;
+}
+
+static void release_f32(mt_backend *be, const mt_tensor *t, float *scratch) {
+    if (scratch) mt_backend_release(be, MT_MEM_WORK, (size_t)mt_tensor_numel(t) * sizeof(float), scratch);
+}
+
+static int is_float(mt_dtype t) { return t == MT_F32 || t == MT_BF16 || t == MT_F16; }
+
+static int cpu_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
+                      int trans_a, int trans_b, float alpha, float beta) {
+    int64_t m, n, k;
+    if (mt_matmul_shapes(c, a, b, trans_a, trans_b, &m, &n, &k) != 0) return -1;
+    if (!is_float(a->dtype) || !is_float(b->dtype) || !is_float(c->dtype)) {
+        mt_error_set("cpu matmul: unsupported dtypes %s x %s -> %s", mt_dtype_name(a->dtype),
+                     mt_dtype_name(b->dtype), mt_dtype_name(c->dtype));
+        return -1;
+    }
+    float *sa, *sb, *sc;
+    const float *fa = as_f32(be, a, &sa), *fb = fa ? as_f32(be, b, &sb) : NULL;
+    float *fc = fb ? (float *)as_f32(be, c, &sc) : NULL;
+    int rc = -1;
+    if (fc) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, fa,
+                    (int)a->shape[1], fb, (int)b->shape[1], beta, fc, (int)n);
+        if (sc) mt_convert(c->data, c->dtype, fc, MT_F32, (size_t)(m * n));
+        rc = 0;
+    }
+    if (fc) release_f32(be, c, sc);
+    if (fb) release_f32(be, b, sb);
+    if (fa) release_f32(be, a, sa);
+    return rc;
+}
+
+static void cpu_synchronize(mt_backend *be) { (void)be; }
+
+static void cpu_destroy(mt_backend *be) { free(be); }
+
+static const mt_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .fill_zero = cpu_fill_zero,
+    .matmul = cpu_matmul,
+    .synchronize = cpu_synchronize,
+    .destroy = cpu_destroy,
+};
+
+mt_backend *mt_backend_cpu_new(void) {
+    mt_backend *be = mt_xcalloc(1, sizeof *be);
+    be->ops = &cpu_ops;
+    mt_ledger_init(&be->ledger, 0);
+    return be;
+}

@@ -1,0 +1,80 @@
+// core/dtype.c — dtype names, sizes and float conversions.
+#include "core/dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/common.h"
+
+static const struct {
+    const char *name;
+    size_t bits;
+} dtype_info[MT_DTYPE_COUNT] = {
+    [MT_F32] = {"f32", 32}, [MT_BF16] = {"bf16", 16}, [MT_F16] = {"f16", 16}, [MT_U8] = {"u8", 8},
+    [MT_I32] = {"i32", 32}, [MT_I64] = {"i64", 64},   [MT_Q4] = {"q4", 4},
+};
+
+const char *mt_dtype_name(mt_dtype t) { return t < MT_DTYPE_COUNT ? dtype_info[t].name : "?"; }
+
+int mt_dtype_parse(const char *s, mt_dtype *out) {
+    static const struct { const char *name; mt_dtype t; } aliases[] = {
+        {"f32", MT_F32},      {"float32", MT_F32}, {"fp32", MT_F32},    {"bf16", MT_BF16},
+        {"bfloat16", MT_BF16}, {"f16", MT_F16},    {"float16", MT_F16}, {"fp16", MT_F16},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(aliases); i++)
+        if (strcmp(s, aliases[i].name) == 0) { *out = aliases[i].t; return 0; }
+    mt_error_set("unknown dtype '%s' (expected f32, bf16 or f16)", s);
+    return -1;
+}
+
+size_t mt_dtype_bytes(mt_dtype t, size_t n) { return (n * dtype_info[t].bits + 7) / 8; }
+
+float mt_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (exp == 0x1f) v.u = sign | 0x7f800000u | (man << 13);  // inf / nan
+    else if (exp == 0) {
+        float f = ldexpf((float)man, -24);  // zero or subnormal
+        return sign ? -f : f;
+    } else v.u = sign | ((exp + 112) << 23) | (man << 13);
+    return v.f;
+}
+
+uint16_t mt_f32_to_f16(float f) {
+    union { uint32_t u; float f; } v = {.f = f};
+    uint16_t sign = (uint16_t)((v.u >> 16) & 0x8000);
+    float a = fabsf(f);
+    if (isnan(f)) return sign | 0x7e00;
+    if (a >= 65520.0f) return sign | 0x7c00;  // rounds to inf
+    if (a < 6.103515625e-05f) {               // subnormal: multiple of 2^-24, round to even
+        return sign | (uint16_t)lrintf(a * 16777216.0f);
+    }
+    uint32_t u = v.u & 0x7fffffffu;
+    uint32_t exp = (u >> 23) - 112, man = u & 0x7fffff;
+    uint32_t h = (exp << 10) | (man >> 13);
+    uint32_t rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return sign | (uint16_t)h;
+}
+
+static float load_one(const void *src, mt_dtype t, size_t i) {
+    switch (t) {
+    case MT_F32: return ((const float *)src)[i];
+    case MT_BF16: return mt_bf16_to_f32(((const uint16_t *)src)[i]);
+    case MT_F16: return mt_f16_to_f32(((const uint16_t *)src)[i]);
+    default: mt_fatal(MT_EXIT_ERROR, "mt_convert: unsupported source dtype %s", mt_dtype_name(t));
+    }
+}
+
+void mt_convert(void *dst, mt_dtype dst_t, const void *src, mt_dtype src_t, size_t n) {
+    if (dst_t == src_t) { memcpy(dst, src, mt_dtype_bytes(dst_t, n)); return; }
+    for (size_t i = 0; i < n; i++) {
+        float x = load_one(src, src_t, i);
+        switch (dst_t) {
+        case MT_F32: ((float *)dst)[i] = x; break;
+        case MT_BF16: ((uint16_t *)dst)[i] = mt_f32_to_bf16(x); break;
+        case MT_F16: ((uint16_t *)dst)[i] = mt_f32_to_f16(x); break;
+        default: mt_fatal(MT_EXIT_ERROR, "mt_convert: unsupported target dtype %s", mt_dtype_name(dst_t));
+        }
+    }
+}

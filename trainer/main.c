@@ -1,0 +1,64 @@
+// trainer/main.c — `moetrain [SUB-COMMAND] [FLAGS]`: dispatch to the sub-commands.
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "trainer/commands.h"
+#include "trainer/options.h"
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} subcommand;
+
+static int cmd_train(int argc, char **argv) { (void)argc, (void)argv; return cmd_not_built("train", "trainer/ (issue 5)"); }
+static int cmd_eval(int argc, char **argv) { (void)argc, (void)argv; return cmd_not_built("eval", "trainer/ (issue 5)"); }
+static int cmd_generate(int argc, char **argv) { (void)argc, (void)argv; return cmd_not_built("generate", "trainer/ (issue 5)"); }
+static int cmd_merge(int argc, char **argv) { (void)argc, (void)argv; return cmd_not_built("merge", "lora/ (issue 5)"); }
+static int cmd_quantize(int argc, char **argv) { (void)argc, (void)argv; return cmd_not_built("quantize", "quant/ (issue 3)"); }
+
+static const subcommand subcommands[] = {
+    {"train", "fine-tune a model (the default sub-command)", cmd_train},
+    {"plan", "print the per-GPU memory budget of a run and whether it fits", cmd_plan},
+    {"init", "write a random-initialised checkpoint of a config", cmd_init},
+    {"eval", "loss and perplexity on a data file", cmd_eval},
+    {"generate", "sample text, with or without an adapter", cmd_generate},
+    {"merge", "fold an adapter into a bf16 checkpoint", cmd_merge},
+    {"quantize", "write a 4-bit checkpoint once, load it fast later", cmd_quantize},
+};
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "moetrain — fine-tune Mixture-of-Experts models on GPUs too small for them\n\n"
+            "usage: moetrain [SUB-COMMAND] [FLAGS]      (train is the default)\n"
+            "       moetrain SUB-COMMAND --help\n\nsub-commands:\n");
+    for (size_t i = 0; i < MT_ARRAY_LEN(subcommands); i++)
+        fprintf(out, "  %-10s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(out, "\nexamples:\n"
+                 "  moetrain plan --case C\n"
+                 "  moetrain init --config configs/tiny.json --out /tmp/tiny\n"
+                 "  moetrain plan --model /tmp/tiny --mode lora --r 16 --experts all\n"
+                 "  moetrain --model DIR --data FILE --mode lora --r 16 --experts all\n");
+}
+
+int cmd_not_built(const char *name, const char *issue) {
+    fprintf(stderr, "moetrain %s: not built yet (planned in %s); nothing was run.\n", name, issue);
+    return MT_EXIT_NOT_BUILT;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+                      strcmp(argv[1], "help") == 0)) {
+        print_usage(stdout);
+        return MT_EXIT_OK;
+    }
+    // The first argument names a sub-command unless it is a flag: then it is `train`.
+    if (argc >= 2 && argv[1][0] != '-') {
+        for (size_t i = 0; i < MT_ARRAY_LEN(subcommands); i++)
+            if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].run(argc - 2, argv + 2);
+        fprintf(stderr, "moetrain: unknown sub-command '%s' (see moetrain --help)\n", argv[1]);
+        return MT_EXIT_USAGE;
+    }
+    return cmd_train(argc - 1, argv + 1);
+}

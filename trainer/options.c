@@ -1,0 +1,375 @@
+// trainer/options.c — the table of run settings: flags, YAML keys, defaults and help.
+#include "trainer/options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/yaml.h"
+
+typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_F64, OPT_BOOL, OPT_BYTES, OPT_SPECIAL } opt_type;
+
+typedef struct {
+    const char *key;    // flag without "--", and the YAML key
+    opt_type type;
+    size_t offset;      // into mt_run_opts
+    size_t size;        // for OPT_STR
+    const char *help;
+} opt_def;
+
+#define F(field) offsetof(mt_run_opts, field)
+#define S(field) sizeof(((mt_run_opts *)0)->field)
+static const opt_def opt_table[] = {
+    {"config", OPT_SPECIAL, 0, 0, "YAML run config; flags given on the command line override it"},
+    {"model", OPT_STR, F(model), S(model), "checkpoint folder or config.json"},
+    {"data", OPT_STR, F(data), S(data), "training data file"},
+    {"out", OPT_STR, F(out), S(out), "output folder"},
+    {"backend", OPT_STR, F(backend), S(backend), "cpu | cuda | null"},
+    {"mode", OPT_SPECIAL, F(mode), 0, "lora | router | unfreeze | full"},
+    {"r", OPT_INT, F(lora_r), 0, "LoRA rank"},
+    {"alpha", OPT_F64, F(lora_alpha), 0, "LoRA alpha (scale alpha/r; alpha/sqrt(r) with --rslora); default: r"},
+    {"dropout", OPT_F64, F(lora_dropout), 0, "LoRA dropout on the adapter input"},
+    {"rslora", OPT_BOOL, F(use_rslora), 0, "rank-stabilised LoRA scaling"},
+    {"targets", OPT_SPECIAL, F(targets), 0, "LoRA targets: w1,w2,w3,gate,q,k,v,o, experts, attn, all"},
+    {"layers", OPT_SPECIAL, F(layers), 0, "layers to train: all, or e.g. 0-5,7"},
+    {"experts", OPT_SPECIAL, F(experts), 0, "experts to train: all, or e.g. 0,1"},
+    {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | none (bf16)"},
+    {"double-quant", OPT_BOOL, F(double_quant), 0, "double-quantize NF4/FP4 absmax (default on)"},
+    {"blocksize", OPT_INT, F(quant_blocksize), 0, "4-bit block size"},
+    {"seq", OPT_I64, F(seq), 0, "sequence length"},
+    {"batch", OPT_I64, F(batch), 0, "micro-batch per GPU"},
+    {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none"},
+    {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
+    {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
+    {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
+    {"offload-optimizer", OPT_BOOL, F(offload_optimizer), 0, "Adam state and master weights in host memory"},
+    {"adam-8bit", OPT_BOOL, F(adam_8bit), 0, "8-bit Adam state"},
+    {"master-weights", OPT_BOOL, F(master_weights), 0, "fp32 master copy of bf16 trainables (default on)"},
+    {"gpu-mem", OPT_BYTES, F(gpu_mem_bytes), 0, "memory per GPU, e.g. 44GB or 40GiB"},
+    {"workspace", OPT_BYTES, F(workspace_bytes), 0, "workspace per GPU (default: the planner's guess)"},
+    {"steps", OPT_I64, F(steps), 0, "training steps"},
+    {"lr", OPT_F64, F(lr), 0, "learning rate"},
+    {"seed", OPT_U64, F(seed), 0, "random seed"},
+    {"case", OPT_SPECIAL, F(plan_case), 0, "plan: reproduce BUDGETS.md case A, B or C"},
+    {"json", OPT_BOOL, F(json), 0, "plan: print JSON"},
+    {"measure", OPT_BOOL, F(measure), 0, "plan: run one step on the null backend and compare"},
+};
+#undef F
+#undef S
+
+void mt_run_opts_default(mt_run_opts *o) {
+    memset(o, 0, sizeof *o);
+    strcpy(o->backend, "cpu");
+    o->mode = MT_MODE_LORA;
+    o->lora_r = 16;
+    o->lora_alpha = NAN;  // resolved to r when unset
+    o->targets = MT_TARGET_EXPERTS;
+    o->layers.all = 1;
+    o->experts.all = 1;
+    o->quant = MT_QUANT_NF4;
+    o->double_quant = 1;
+    o->quant_blocksize = 64;
+    o->seq = 1024;
+    o->batch = 1;
+    o->checkpointing = MT_CKPT_FULL;
+    o->gpus = 1;
+    o->ep = 1;
+    o->master_weights = 1;
+    o->gpu_mem_bytes = 44e9;
+    o->workspace_bytes = -1;
+    o->steps = 100;
+    o->lr = 2e-4;
+    o->seed = 42;
+}
+
+const char *mt_mode_name(mt_mode m) {
+    static const char *n[] = {"lora", "router", "unfreeze", "full"};
+    return m <= MT_MODE_FULL ? n[m] : "?";
+}
+
+const char *mt_quant_name(mt_quant q) {
+    static const char *n[] = {"nf4", "fp4", "int4", "none"};
+    return q <= MT_QUANT_NONE ? n[q] : "?";
+}
+
+int mt_parse_bytes(const char *text, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || errno || !isfinite(v) || v < 0) goto bad;
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1},     {"B", 1},      {"KB", 1e3},  {"MB", 1e6},  {"GB", 1e9},  {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(units); i++)
+        if (strcasecmp(end, units[i].suffix) == 0 && (units[i].suffix[0] || !*end)) {
+            // Case-insensitive, but "gib" vs "gb" still differ by their letters.
+            *out = v * units[i].mult;
+            return 0;
+        }
+bad:
+    mt_error_set("'%s' is not a size (e.g. 44GB, 40GiB, 512MiB)", text);
+    return -1;
+}
+
+static int parse_int64(const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || errno || v < lo || v > hi) {
+        mt_error_set("'%s' is not an integer in %lld..%lld", text, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *text, int *out) {
+    static const char *yes[] = {"1", "true", "yes", "on"}, *no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(yes); i++) {
+        if (strcasecmp(text, yes[i]) == 0) { *out = 1; return 0; }
+        if (strcasecmp(text, no[i]) == 0) { *out = 0; return 0; }
+    }
+    mt_error_set("'%s' is not a boolean (true/false)", text);
+    return -1;
+}
+
+static int set_from_list(const char *text, const char *const *names, int count, int *out) {
+    for (int i = 0; i < count; i++)
+        if (strcmp(text, names[i]) == 0) { *out = i; return 0; }
+    char expected[256] = "";
+    for (int i = 0; i < count; i++)
+        snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s", i ? ", " : "", names[i]);
+    mt_error_set("'%s' is not one of %s", text, expected);
+    return -1;
+}
+
+static int parse_targets(const char *text, unsigned *out) {
+    static const struct { const char *name; unsigned bits; } names[] = {
+        {"w1", MT_TARGET_W1}, {"w2", MT_TARGET_W2}, {"w3", MT_TARGET_W3}, {"gate", MT_TARGET_GATE},
+        {"router", MT_TARGET_GATE}, {"q", MT_TARGET_Q}, {"k", MT_TARGET_K}, {"v", MT_TARGET_V},
+        {"o", MT_TARGET_O}, {"q_proj", MT_TARGET_Q}, {"k_proj", MT_TARGET_K}, {"v_proj", MT_TARGET_V},
+        {"o_proj", MT_TARGET_O}, {"experts", MT_TARGET_EXPERTS}, {"attn", MT_TARGET_ATTN},
+        {"all", MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE},
+    };
+    unsigned bits = 0;
+    char buf[256];
+    if (strlen(text) >= sizeof buf) { mt_error_set("target list too long"); return -1; }
+    strcpy(buf, text);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        size_t i;
+        for (i = 0; i < MT_ARRAY_LEN(names); i++)
+            if (strcmp(tok, names[i].name) == 0) break;
+        if (i == MT_ARRAY_LEN(names)) {
+            mt_error_set("unknown LoRA target '%s' (w1, w2, w3, gate, q, k, v, o, experts, attn, all)", tok);
+            return -1;
+        }
+        bits |= names[i].bits;
+    }
+    if (!bits) { mt_error_set("empty target list"); return -1; }
+    *out = bits;
+    return 0;
+}
+
+int mt_index_set_parse(mt_index_set *s, const char *text) {
+    memset(s, 0, sizeof *s);
+    if (strcmp(text, "all") == 0) { s->all = 1; return 0; }
+    static uint8_t member[MT_MAX_INDEX];
+    memset(member, 0, sizeof member);
+    const char *p = text;
+    if (!*p) goto bad;
+    while (*p) {
+        char *end;
+        if (!isdigit((unsigned char)*p)) goto bad;
+        long lo = strtol(p, &end, 10), hi = lo;
+        p = end;
+        if (*p == '-') {
+            if (!isdigit((unsigned char)p[1])) goto bad;
+            hi = strtol(p + 1, &end, 10);
+            p = end;
+        }
+        if (lo > hi || hi >= MT_MAX_INDEX) {
+            mt_error_set("'%s': range %ld-%ld is empty or beyond %d", text, lo, hi, MT_MAX_INDEX - 1);
+            return -1;
+        }
+        for (long i = lo; i <= hi; i++) member[i] = 1;
+        if (*p == ',') { p++; if (!*p) goto bad; }
+        else if (*p) goto bad;
+    }
+    for (int i = 0; i < MT_MAX_INDEX; i++)
+        if (member[i]) s->items[s->count++] = (uint16_t)i;
+    return 0;
+bad:
+    mt_error_set("'%s' is not an index set (all, 3, 0-5, 0,2,4-6)", text);
+    return -1;
+}
+
+int mt_index_set_contains(const mt_index_set *s, int i) {
+    if (s->all) return i >= 0;
+    for (int j = 0; j < s->count; j++)
+        if (s->items[j] == i) return 1;
+    return 0;
+}
+
+int mt_index_set_count(const mt_index_set *s, int n) {
+    if (s->all) return n;
+    int c = 0;
+    for (int j = 0; j < s->count; j++) c += s->items[j] < n;
+    return c;
+}
+
+static const opt_def *find_opt(const char *key) {
+    for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++)
+        if (strcmp(opt_table[i].key, key) == 0) return &opt_table[i];
+    return NULL;
+}
+
+static int set_special(mt_run_opts *o, const char *key, const char *value) {
+    if (strcmp(key, "mode") == 0) {
+        static const char *n[] = {"lora", "router", "unfreeze", "full"};
+        int v;
+        if (set_from_list(value, n, 4, &v)) return -1;
+        o->mode = (mt_mode)v;
+        return 0;
+    }
+    if (strcmp(key, "quant") == 0) {
+        static const char *n[] = {"nf4", "fp4", "int4", "none"};
+        int v;
+        if (set_from_list(value, n, 4, &v)) return -1;
+        o->quant = (mt_quant)v;
+        return 0;
+    }
+    if (strcmp(key, "checkpointing") == 0) {
+        static const char *n[] = {"full", "none"};
+        int v;
+        if (set_from_list(value, n, 2, &v)) return -1;
+        o->checkpointing = (mt_ckpt)v;
+        return 0;
+    }
+    if (strcmp(key, "targets") == 0) return parse_targets(value, &o->targets);
+    if (strcmp(key, "layers") == 0) return mt_index_set_parse(&o->layers, value);
+    if (strcmp(key, "experts") == 0) return mt_index_set_parse(&o->experts, value);
+    if (strcmp(key, "case") == 0) {
+        if (strlen(value) != 1 || !strchr("ABCabc", value[0])) {
+            mt_error_set("'%s' is not a case (A, B or C)", value);
+            return -1;
+        }
+        o->plan_case = (char)toupper((unsigned char)value[0]);
+        return 0;
+    }
+    mt_error_set("option '%s' cannot be set here", key);
+    return -1;
+}
+
+int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
+    const opt_def *d = find_opt(key);
+    if (!d) {
+        mt_error_set("unknown option '%s' (see --help)", key);
+        return -1;
+    }
+    char *field = (char *)o + d->offset;
+    int64_t i64;
+    double f;
+    int rc = 0;
+    switch (d->type) {
+    case OPT_STR:
+        if (strlen(value) >= d->size) { mt_error_set("value too long (%zu bytes max)", d->size - 1); rc = -1; }
+        else strcpy(field, value);
+        break;
+    case OPT_INT:
+        rc = parse_int64(value, 0, 1 << 30, &i64);
+        if (!rc) *(int *)field = (int)i64;
+        break;
+    case OPT_I64:
+        rc = parse_int64(value, 0, INT64_MAX / 2, &i64);
+        if (!rc) *(int64_t *)field = i64;
+        break;
+    case OPT_U64:
+        rc = parse_int64(value, 0, INT64_MAX, &i64);
+        if (!rc) *(uint64_t *)field = (uint64_t)i64;
+        break;
+    case OPT_F64: {
+        char *end;
+        errno = 0;
+        f = strtod(value, &end);
+        if (end == value || *end || errno || !isfinite(f)) { mt_error_set("'%s' is not a number", value); rc = -1; }
+        else *(double *)field = f;
+        break;
+    }
+    case OPT_BOOL: rc = parse_bool(value, (int *)field); break;
+    case OPT_BYTES: rc = mt_parse_bytes(value, (double *)field); break;
+    case OPT_SPECIAL: rc = set_special(o, key, value); break;
+    }
+    if (rc) mt_error_prefix("--%s", key);
+    return rc;
+}
+
+typedef struct { mt_run_opts *o; const char *path; } yaml_ctx;
+
+static int yaml_pair(void *ctx, const char *key, const char *value, int line, int column) {
+    yaml_ctx *y = ctx;
+    if (strcmp(key, "config") == 0) {
+        mt_error_set("%s:%d:%d: a run config cannot include another", y->path, line, column);
+        return -1;
+    }
+    if (mt_run_opts_set(y->o, key, value) != 0) {
+        mt_error_prefix("%s:%d:%d", y->path, line, column);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
+    // Pass 1: --config first, so that every flag overrides it whatever the order.
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--config", 8) == 0 && (a[8] == 0 || a[8] == '=')) {
+            const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
+            if (!path) { mt_error_set("--config: needs a file"); return -1; }
+            yaml_ctx y = {o, path};
+            if (mt_yaml_read_flat(path, yaml_pair, &y) != 0) return -1;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            mt_error_set("unexpected argument '%s' (flags start with --)", a);
+            return -1;
+        }
+        char key[64];
+        const char *eq = strchr(a + 2, '='), *value;
+        size_t klen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (klen >= sizeof key) { mt_error_set("unknown flag '%s'", a); return -1; }
+        memcpy(key, a + 2, klen);
+        key[klen] = 0;
+        const opt_def *d = find_opt(key);
+        int negated = 0;
+        if (!d && strncmp(key, "no-", 3) == 0 && (d = find_opt(key + 3)) && d->type == OPT_BOOL) negated = 1;
+        else if (!d || (strncmp(key, "no-", 3) == 0 && !find_opt(key))) {
+            mt_error_set("unknown flag '--%s' (see --help)", key);
+            return -1;
+        }
+        if (d->type == OPT_BOOL && !eq) value = negated ? "false" : "true";
+        else if (negated) { mt_error_set("--%s takes no value", key); return -1; }
+        else if (eq) value = eq + 1;
+        else if (i + 1 < argc) value = argv[++i];
+        else { mt_error_set("--%s: needs a value", key); return -1; }
+        if (strcmp(d->key, "config") == 0) continue;  // loaded in pass 1
+        if (mt_run_opts_set(o, d->key, value) != 0) return -1;
+    }
+    return 0;
+}
+
+void mt_run_opts_print_help(FILE *out) {
+    mt_run_opts def;
+    mt_run_opts_default(&def);
+    fprintf(out, "flags (each also a YAML key of a --config file; boolean flags take --no-NAME):\n");
+    for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++) {
+        const opt_def *d = &opt_table[i];
+        fprintf(out, "  --%-18s %s\n", d->key, d->help);
+    }
+}
