@@ -1,0 +1,37 @@
+// dtype conversions: bf16 and f16 round to nearest even, specials survive.
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "core/dtype.h"
+
+Test(dtype, bf16_round_to_nearest_even) {
+    cr_assert_eq(mt_f32_to_bf16(1.0f), 0x3f80);
+    // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+    cr_assert_eq(mt_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+    // 1 + 3·2^-8 is halfway between 1.0078125 (odd) and 1.015625 (even): rounds up.
+    cr_assert_eq(mt_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+    cr_assert_eq(mt_f32_to_bf16(-2.0f), 0xc000);
+    cr_assert(isnan(mt_bf16_to_f32(mt_f32_to_bf16(NAN))));
+    cr_assert(isinf(mt_bf16_to_f32(mt_f32_to_bf16(INFINITY))));
+    cr_assert_eq(mt_bf16_to_f32(0x3f80), 1.0f);
+}
+
+Test(dtype, f16_exact_values_and_rounding) {
+    cr_assert_eq(mt_f32_to_f16(1.0f), 0x3c00);
+    cr_assert_eq(mt_f32_to_f16(-2.5f), 0xc100);
+    cr_assert_eq(mt_f32_to_f16(65504.0f), 0x7bff);
+    cr_assert_eq(mt_f32_to_f16(1e6f), 0x7c00);
+    cr_assert_eq(mt_f32_to_f16(5.9604645e-08f), 0x0001, "smallest subnormal");
+    cr_assert_eq(mt_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00, "tie to even");
+    for (uint32_t h = 0; h < 0x7c00; h += 7)  // every 7th finite positive half round-trips
+        cr_assert_eq(mt_f32_to_f16(mt_f16_to_f32((uint16_t)h)), h, "h=%#x", h);
+}
+
+Test(dtype, names_and_sizes) {
+    mt_dtype t;
+    cr_assert_eq(mt_dtype_parse("bfloat16", &t), 0);
+    cr_assert_eq(t, MT_BF16);
+    cr_assert_neq(mt_dtype_parse("float64", &t), 0);
+    cr_assert_eq(mt_dtype_bytes(MT_Q4, 7), 4);
+    cr_assert_eq(mt_dtype_bytes(MT_BF16, 7), 14);
+}
