@@ -83,8 +83,11 @@ test: $(BIN) $(TEST_BIN)
 asan:
 	$(MAKE) SAN=1 test
 
-bench: $(BIN)
-	@bash scripts/bench.sh $(BIN)
+$(BUILD)/moetrain_bench: $(BUILD)/scripts/bench.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+bench: $(BUILD)/moetrain_bench
+	$(BUILD)/moetrain_bench
 
 clean:
 	rm -rf build build-cuda build-asan

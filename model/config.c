@@ -1,0 +1,748 @@
+// model/config.c — Hugging Face config.json of the Mixtral family: read, check, write, count.
+//
+// Reading is in three steps: a byte scan that bounds nesting depth and number length before
+// cJSON sees the text (cJSON's own limit gives no useful message, and it silently cuts long
+// numbers), cJSON for the tree, then one typed getter per field that names the field on error.
+#include "model/config.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+
+#define CONFIG_MAX_BYTES (4u << 20)
+#define JSON_MAX_DEPTH 32      // a config.json is two levels deep; quantization_config adds one
+#define JSON_MAX_NUMBER 100    // characters in one number token
+#define SIZE_MAX_VALUE 2147483647LL
+
+static const char MIXTRAL_ARCH[] = "MixtralForCausalLM";
+static const char MIXTRAL_TYPE[] = "mixtral";
+
+// ---------------------------------------------------------------------------------------------
+// Pre-scan: depth and number length, with the enclosing key for the message.
+
+typedef struct {
+    const char *s;
+    size_t len;
+    const char *key;  // last string followed by ':' (raw, not unescaped)
+    size_t key_len;
+} scan_state;
+
+static void line_col(const char *s, size_t off, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (s[i] == '\n') { (*line)++; *col = 1; }
+        else (*col)++;
+    }
+}
+
+static void scan_error(const scan_state *st, size_t off, const char *what) {
+    int line, col;
+    line_col(st->s, off, &line, &col);
+    if (st->key)
+        mt_error_set("%.*s: %s (line %d column %d)", (int)MT_MIN(st->key_len, 80), st->key, what,
+                     line, col);
+    else
+        mt_error_set("%s (line %d column %d)", what, line, col);
+}
+
+// Returns the offset just past the closing quote (or len when unterminated; cJSON reports it).
+static size_t scan_string(const char *s, size_t len, size_t i) {
+    for (i++; i < len; i++) {
+        if (s[i] == '\\') i++;
+        else if (s[i] == '"') return i + 1;
+    }
+    return len;
+}
+
+static int json_prescan(const char *s, size_t len) {
+    scan_state st = {s, len, NULL, 0};
+    const char *last_str = NULL;
+    size_t last_len = 0;
+    int depth = 0;
+    for (size_t i = 0; i < len;) {
+        char c = s[i];
+        if (c == '"') {
+            size_t end = scan_string(s, len, i);
+            last_str = s + i + 1;
+            last_len = end > i + 1 ? end - i - 2 : 0;
+            i = end;
+            continue;
+        }
+        if (c == ':' && last_str) { st.key = last_str; st.key_len = last_len; }
+        if (c == '{' || c == '[') {
+            if (++depth > JSON_MAX_DEPTH) {
+                char what[96];
+                snprintf(what, sizeof what, "nesting deeper than %d levels", JSON_MAX_DEPTH);
+                scan_error(&st, i, what);
+                return -1;
+            }
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t j = i;
+            while (j < len && strchr("0123456789+-.eE", s[j]) && s[j]) j++;
+            if (j - i > JSON_MAX_NUMBER) {
+                char what[128];
+                snprintf(what, sizeof what, "a number of %zu characters is too long (limit %d)",
+                         j - i, JSON_MAX_NUMBER);
+                scan_error(&st, i, what);
+                return -1;
+            }
+            i = j;
+            continue;
+        }
+        i++;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed field getters. Each returns 0 (value or default stored), or -1 with "field: problem".
+
+// The field, or NULL when absent; a second copy of it is an error (Python would keep the last,
+// cJSON the first, so the two would silently disagree).
+static int get_field(const cJSON *obj, const char *key, const cJSON **out) {
+    *out = NULL;
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        if (!c->string || strcmp(c->string, key) != 0) continue;
+        if (*out) {
+            mt_error_set("%s: appears twice", key);
+            return -1;
+        }
+        *out = c;
+    }
+    return 0;
+}
+
+static const char *json_type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsNull(v)) return "null";
+    if (cJSON_IsArray(v)) return "a list";
+    if (cJSON_IsObject(v)) return "an object";
+    return "a number";
+}
+
+// An integer in [lo, hi]. Absent or null: `def`, or an error when `required`.
+static int get_int(const cJSON *obj, const char *key, int required, int64_t def, int64_t lo,
+                   int64_t hi, int64_t *out) {
+    const cJSON *v;
+    if (get_field(obj, key, &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) {
+        if (required) {
+            mt_error_set("%s: %s", key, v ? "is null but required" : "missing required field");
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) {
+        mt_error_set("%s: expected an integer, got %s", key, json_type_name(v));
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d)) {
+        mt_error_set("%s: %g is not an integer", key, d);
+        return -1;
+    }
+    if (d < (double)lo || d > (double)hi) {
+        mt_error_set("%s: %.*g is out of range (%lld to %lld)", key, fabs(d) < 1e18 ? 19 : 6, d,
+                     (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = (int64_t)d;
+    return 0;
+}
+
+// A finite number (integers accepted: "rope_theta": 1000000 is common).
+static int get_double(const cJSON *obj, const char *key, double def, double *out) {
+    const cJSON *v;
+    if (get_field(obj, key, &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) {
+        mt_error_set("%s: expected a number, got %s", key, json_type_name(v));
+        return -1;
+    }
+    if (!isfinite(v->valuedouble)) {
+        mt_error_set("%s: not a finite number", key);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *obj, const char *key, int def, int *out) {
+    const cJSON *v;
+    if (get_field(obj, key, &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) {
+        mt_error_set("%s: expected true or false, got %s", key, json_type_name(v));
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+// A string; *out = NULL when absent or null.
+static int get_string(const cJSON *obj, const char *key, const char **out) {
+    const cJSON *v;
+    *out = NULL;
+    if (get_field(obj, key, &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) {
+        mt_error_set("%s: expected a string, got %s", key, json_type_name(v));
+        return -1;
+    }
+    *out = v->valuestring;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Field groups.
+
+static int read_architecture(const cJSON *root, mt_model_config *cfg) {
+    const cJSON *arch;
+    const char *type;
+    if (get_field(root, "architectures", &arch) != 0 || get_string(root, "model_type", &type) != 0)
+        return -1;
+    if (arch && !cJSON_IsNull(arch)) {
+        if (!cJSON_IsArray(arch) || cJSON_GetArraySize(arch) != 1 ||
+            !cJSON_IsString(arch->child)) {
+            mt_error_set("architectures: expected a list of one name, e.g. [\"%s\"]", MIXTRAL_ARCH);
+            return -1;
+        }
+        const char *name = arch->child->valuestring;
+        if (strcmp(name, MIXTRAL_ARCH) != 0) {
+            mt_error_set("architectures: unsupported architecture '%.80s' (supported: %s)", name,
+                         MIXTRAL_ARCH);
+            return -1;
+        }
+    } else if (!type) {
+        mt_error_set("architectures: missing, and no model_type either");
+        return -1;
+    }
+    if (type && strcmp(type, MIXTRAL_TYPE) != 0) {
+        mt_error_set("model_type: unsupported model_type '%.80s' (supported: %s)", type,
+                     MIXTRAL_TYPE);
+        return -1;
+    }
+    strcpy(cfg->architecture, MIXTRAL_ARCH);
+    strcpy(cfg->model_type, MIXTRAL_TYPE);
+    return 0;
+}
+
+static int read_sizes(const cJSON *root, mt_model_config *cfg) {
+    const int64_t M = SIZE_MAX_VALUE;
+    if (get_int(root, "hidden_size", 1, 0, 1, M, &cfg->hidden) != 0 ||
+        get_int(root, "intermediate_size", 1, 0, 1, M, &cfg->intermediate) != 0 ||
+        get_int(root, "num_hidden_layers", 1, 0, 1, M, &cfg->layers) != 0 ||
+        get_int(root, "num_attention_heads", 1, 0, 1, M, &cfg->heads) != 0 ||
+        get_int(root, "num_key_value_heads", 0, cfg->heads, 1, M, &cfg->kv_heads) != 0 ||
+        get_int(root, "num_local_experts", 1, 0, 1, M, &cfg->experts) != 0 ||
+        get_int(root, "num_experts_per_tok", 1, 0, 1, M, &cfg->top_k) != 0 ||
+        get_int(root, "vocab_size", 1, 0, 1, M, &cfg->vocab) != 0 ||
+        get_int(root, "max_position_embeddings", 0, 131072, 1, M, &cfg->max_positions) != 0 ||
+        get_int(root, "sliding_window", 0, 0, 0, M, &cfg->sliding_window) != 0)
+        return -1;
+    // head_dim may break hidden = heads * head_dim only when the config says so explicitly.
+    if (get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0) return -1;
+    if (cfg->head_dim == 0) {
+        if (cfg->hidden % cfg->heads != 0) {
+            mt_error_set("hidden_size (%lld) is not divisible by num_attention_heads (%lld) "
+                         "and head_dim is not given",
+                         (long long)cfg->hidden, (long long)cfg->heads);
+            return -1;
+        }
+        cfg->head_dim = cfg->hidden / cfg->heads;
+    }
+    // Token ids: null means "none" (-1).
+    const cJSON *v;
+    if (get_field(root, "bos_token_id", &v) != 0) return -1;
+    if (v && cJSON_IsNull(v)) cfg->bos_token_id = -1;
+    else if (get_int(root, "bos_token_id", 0, 1, 0, M, &cfg->bos_token_id) != 0) return -1;
+    if (get_field(root, "eos_token_id", &v) != 0) return -1;
+    if (v && cJSON_IsNull(v)) cfg->eos_token_id = -1;
+    else if (get_int(root, "eos_token_id", 0, 2, 0, M, &cfg->eos_token_id) != 0) return -1;
+    return 0;
+}
+
+static int read_floats(const cJSON *root, mt_model_config *cfg) {
+    if (get_double(root, "rope_theta", 1e6, &cfg->rope_theta) != 0 ||
+        get_double(root, "rms_norm_eps", 1e-5, &cfg->rms_norm_eps) != 0 ||
+        get_double(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef) != 0 ||
+        get_double(root, "router_jitter_noise", 0.0, &cfg->router_jitter_noise) != 0 ||
+        get_double(root, "initializer_range", 0.02, &cfg->initializer_range) != 0 ||
+        get_bool(root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) != 0)
+        return -1;
+    // Fields the forward pass does not implement: refuse values other than Mixtral's.
+    const char *act;
+    double dropout;
+    if (get_string(root, "hidden_act", &act) != 0 ||
+        get_double(root, "attention_dropout", 0.0, &dropout) != 0)
+        return -1;
+    if (act && strcmp(act, "silu") != 0) {
+        mt_error_set("hidden_act: unsupported activation '%.40s' (Mixtral uses silu)", act);
+        return -1;
+    }
+    if (dropout != 0.0) {
+        mt_error_set("attention_dropout: %g is not supported (only 0)", dropout);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_torch_dtype(const char *s, mt_dtype *out) {
+    if (strcmp(s, "bfloat16") == 0) *out = MT_BF16;
+    else if (strcmp(s, "float32") == 0) *out = MT_F32;
+    else if (strcmp(s, "float16") == 0) *out = MT_F16;
+    else return -1;
+    return 0;
+}
+
+static const char *torch_dtype_name(mt_dtype t) {
+    return t == MT_F32 ? "float32" : t == MT_F16 ? "float16" : "bfloat16";
+}
+
+static int read_dtype(const cJSON *root, mt_model_config *cfg) {
+    // transformers v5 writes "dtype"; v4 writes "torch_dtype".
+    const char *key = "torch_dtype", *s;
+    if (get_string(root, key, &s) != 0) return -1;
+    if (!s) {
+        key = "dtype";
+        if (get_string(root, key, &s) != 0) return -1;
+    }
+    cfg->torch_dtype = MT_BF16;
+    if (s && parse_torch_dtype(s, &cfg->torch_dtype) != 0) {
+        mt_error_set("%s: unsupported dtype '%.40s' (expected bfloat16, float32 or float16)", key, s);
+        return -1;
+    }
+    return 0;
+}
+
+// quantization_config of a pre-quantized bitsandbytes 4-bit checkpoint (FORMATS.md §1.4).
+static int read_quant(const cJSON *q, mt_model_config *cfg) {
+    const char *method, *type, *storage;
+    int in4 = 0, in8 = 0, in4_private = 0, in8_private = 0;
+    if (!cJSON_IsObject(q)) {
+        mt_error_set("expected an object, got %s", json_type_name(q));
+        return -1;
+    }
+    if (get_string(q, "quant_method", &method) != 0 || get_bool(q, "load_in_4bit", 0, &in4) != 0 ||
+        get_bool(q, "load_in_8bit", 0, &in8) != 0 || get_bool(q, "_load_in_4bit", 0, &in4_private) != 0 ||
+        get_bool(q, "_load_in_8bit", 0, &in8_private) != 0 ||
+        get_string(q, "bnb_4bit_quant_type", &type) != 0 ||
+        get_bool(q, "bnb_4bit_use_double_quant", 0, &cfg->double_quant) != 0 ||
+        get_string(q, "bnb_4bit_quant_storage", &storage) != 0)
+        return -1;
+    if (method && strcmp(method, "bitsandbytes") != 0) {
+        mt_error_set("quant_method: unsupported method '%.40s' (only bitsandbytes 4-bit)", method);
+        return -1;
+    }
+    if (in8 || in8_private) {
+        mt_error_set("load_in_8bit: 8-bit checkpoints are not supported (only 4-bit nf4/fp4)");
+        return -1;
+    }
+    if (!in4 && !in4_private) {
+        mt_error_set("load_in_4bit: not true, so this is not a 4-bit checkpoint");
+        return -1;
+    }
+    if (!type) type = "fp4";  // BitsAndBytesConfig's default
+    if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0) {
+        mt_error_set("bnb_4bit_quant_type: unsupported '%.40s' (expected nf4 or fp4)", type);
+        return -1;
+    }
+    if (storage && strcmp(storage, "uint8") != 0) {
+        mt_error_set("bnb_4bit_quant_storage: unsupported '%.40s' (expected uint8)", storage);
+        return -1;
+    }
+    strcpy(cfg->quant_type, type);
+    cfg->quantized = 1;
+    return 0;
+}
+
+static int read_config(const cJSON *root, mt_model_config *cfg) {
+    if (!cJSON_IsObject(root)) {
+        mt_error_set("expected a JSON object at the top level, got %s", json_type_name(root));
+        return -1;
+    }
+    if (read_architecture(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
+        read_floats(root, cfg) != 0 || read_dtype(root, cfg) != 0)
+        return -1;
+    const cJSON *q;
+    if (get_field(root, "quantization_config", &q) != 0) return -1;
+    if (q && !cJSON_IsNull(q) && read_quant(q, cfg) != 0) {
+        mt_error_prefix("quantization_config");
+        return -1;
+    }
+    return 0;
+}
+
+int mt_model_config_parse(const char *json, size_t len, const char *source, mt_model_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    if (json_prescan(json, len) != 0) {
+        mt_error_prefix("%s", source);
+        return -1;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        int line, col;
+        size_t off = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+        line_col(json, off, &line, &col);
+        mt_error_set("%s: not valid JSON (line %d column %d)", source, line, col);
+        return -1;
+    }
+    while (end < json + len && strchr(" \t\r\n", *end) && *end) end++;
+    int rc = 0;
+    if (end != json + len) {
+        int line, col;
+        line_col(json, (size_t)(end - json), &line, &col);
+        mt_error_set("trailing characters after the JSON object (line %d column %d)", line, col);
+        rc = -1;
+    }
+    if (rc == 0) rc = read_config(root, cfg);
+    if (rc == 0) rc = mt_model_config_check(cfg);
+    cJSON_Delete(root);
+    if (rc != 0) mt_error_prefix("%s", source);
+    return rc;
+}
+
+int mt_model_config_load(const char *path, mt_model_config *cfg) {
+    char file[4200];
+    if (mt_is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
+    else snprintf(file, sizeof file, "%s", path);
+    char *buf;
+    size_t len;
+    memset(cfg, 0, sizeof *cfg);
+    if (mt_read_file(file, CONFIG_MAX_BYTES, &buf, &len) != 0) return -1;
+    int rc = mt_model_config_parse(buf, len, file, cfg);
+    free(buf);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consistency and parameter counts.
+
+// Parameter counts with overflow detection; 0 when some product overflows int64.
+typedef struct { int64_t attn, expert, router, layer, total, active; } param_counts;
+
+static int64_t cmul(int64_t a, int64_t b, int *ovf) {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) *ovf = 1;
+    return r;
+}
+static int64_t cadd(int64_t a, int64_t b, int *ovf) {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r)) *ovf = 1;
+    return r;
+}
+
+static int count_params(const mt_model_config *c, param_counts *p) {
+    int o = 0;
+    int64_t q = cmul(c->heads, c->head_dim, &o), kv = cmul(c->kv_heads, c->head_dim, &o);
+    int64_t h2 = cmul(2, c->hidden, &o);
+    p->attn = cadd(cmul(h2, q, &o), cmul(h2, kv, &o), &o);
+    p->expert = cmul(cmul(3, c->hidden, &o), c->intermediate, &o);
+    p->router = cmul(c->hidden, c->experts, &o);
+    int64_t shared = cadd(cadd(p->attn, h2, &o), p->router, &o);  // + 2 RMSNorms
+    p->layer = cadd(shared, cmul(c->experts, p->expert, &o), &o);
+    int64_t embed = cmul(cmul(c->vocab, c->hidden, &o), c->tie_word_embeddings ? 1 : 2, &o);
+    int64_t outer = cadd(embed, c->hidden, &o);  // + final norm
+    p->total = cadd(cmul(c->layers, p->layer, &o), outer, &o);
+    int64_t active_layer = cadd(shared, cmul(c->top_k, p->expert, &o), &o);
+    p->active = cadd(cmul(c->layers, active_layer, &o), outer, &o);
+    return !o;
+}
+
+static int check_positive(const char *field, int64_t v) {
+    if (v > 0) return 0;
+    mt_error_set("%s (%lld) must be positive", field, (long long)v);
+    return -1;
+}
+
+static int check_sizes(const mt_model_config *c) {
+    if (check_positive("hidden_size", c->hidden) || check_positive("intermediate_size", c->intermediate) ||
+        check_positive("num_hidden_layers", c->layers) ||
+        check_positive("num_attention_heads", c->heads) ||
+        check_positive("num_key_value_heads", c->kv_heads) || check_positive("head_dim", c->head_dim) ||
+        check_positive("num_local_experts", c->experts) || check_positive("vocab_size", c->vocab) ||
+        check_positive("max_position_embeddings", c->max_positions))
+        return -1;
+    if (c->heads % c->kv_heads != 0) {
+        mt_error_set("num_key_value_heads (%lld) does not divide num_attention_heads (%lld)",
+                     (long long)c->kv_heads, (long long)c->heads);
+        return -1;
+    }
+    if (c->top_k < 1 || c->top_k > c->experts) {
+        mt_error_set("num_experts_per_tok (%lld) must be between 1 and num_local_experts (%lld)",
+                     (long long)c->top_k, (long long)c->experts);
+        return -1;
+    }
+    if (c->sliding_window < 0) {
+        mt_error_set("sliding_window (%lld) must be 0 (none) or positive", (long long)c->sliding_window);
+        return -1;
+    }
+    const char *tok[2] = {"bos_token_id", "eos_token_id"};
+    int64_t id[2] = {c->bos_token_id, c->eos_token_id};
+    for (int i = 0; i < 2; i++)
+        if (id[i] < -1 || id[i] >= c->vocab) {
+            mt_error_set("%s (%lld) is outside the vocabulary (vocab_size %lld)", tok[i],
+                         (long long)id[i], (long long)c->vocab);
+            return -1;
+        }
+    param_counts p;
+    if (!count_params(c, &p)) {
+        mt_error_set("the parameter count overflows 64 bits (hidden_size %lld, intermediate_size "
+                     "%lld, num_local_experts %lld)",
+                     (long long)c->hidden, (long long)c->intermediate, (long long)c->experts);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_floats(const mt_model_config *c) {
+    if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps)) {
+        mt_error_set("rms_norm_eps (%g) must be positive", c->rms_norm_eps);
+        return -1;
+    }
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
+        mt_error_set("rope_theta (%g) must be positive", c->rope_theta);
+        return -1;
+    }
+    if (!(c->router_aux_loss_coef >= 0) || !isfinite(c->router_aux_loss_coef)) {
+        mt_error_set("router_aux_loss_coef (%g) must be 0 or positive", c->router_aux_loss_coef);
+        return -1;
+    }
+    if (!(c->router_jitter_noise >= 0 && c->router_jitter_noise < 1)) {
+        mt_error_set("router_jitter_noise (%g) must be in [0, 1)", c->router_jitter_noise);
+        return -1;
+    }
+    if (!(c->initializer_range >= 0) || !isfinite(c->initializer_range)) {
+        mt_error_set("initializer_range (%g) must be 0 or positive", c->initializer_range);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_model_config_check(const mt_model_config *c) {
+    if (strcmp(c->architecture, MIXTRAL_ARCH) != 0) {
+        mt_error_set("architectures: unsupported architecture '%.64s'", c->architecture);
+        return -1;
+    }
+    if (strcmp(c->model_type, MIXTRAL_TYPE) != 0) {
+        mt_error_set("model_type: unsupported model_type '%.32s'", c->model_type);
+        return -1;
+    }
+    if (check_sizes(c) != 0 || check_floats(c) != 0) return -1;
+    if (c->torch_dtype != MT_BF16 && c->torch_dtype != MT_F32 && c->torch_dtype != MT_F16) {
+        mt_error_set("torch_dtype: unsupported dtype '%s'", mt_dtype_name(c->torch_dtype));
+        return -1;
+    }
+    if (c->quantized && strcmp(c->quant_type, "nf4") != 0 && strcmp(c->quant_type, "fp4") != 0) {
+        mt_error_set("quantization_config: bnb_4bit_quant_type '%.8s' is not nf4 or fp4",
+                     c->quant_type);
+        return -1;
+    }
+    return 0;
+}
+
+// The public counts assume a checked config (mt_model_config_check rejects overflow).
+int64_t mt_config_attn_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.attn;
+}
+int64_t mt_config_expert_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.expert;
+}
+int64_t mt_config_router_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.router;
+}
+int64_t mt_config_layer_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.layer;
+}
+int64_t mt_config_total_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.total;
+}
+int64_t mt_config_active_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.active;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing: the layout of transformers' save_pretrained (json.dumps(indent=2, sort_keys=True)),
+// floats as Python's repr prints them, so a config we write diffs cleanly against theirs.
+
+typedef struct { char *p; size_t len, cap; } strbuf;
+
+static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(strbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (b->len + (size_t)n + 1 > b->cap) {
+        b->cap = (b->len + (size_t)n + 1) * 2;
+        b->p = mt_xrealloc(b->p, b->cap);
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+// Python repr(float): shortest round-trip digits; exponent form outside 1e-4 <= |v| < 1e16.
+static void format_py_float(char *out, size_t cap, double v) {
+    char e[40];
+    int prec = 0;
+    for (; prec < 17; prec++) {
+        snprintf(e, sizeof e, "%.*e", prec, v);
+        if (strtod(e, NULL) == v) break;
+    }
+    // e = "[-]d[.ddd]e[+-]XX": split into sign, digits and exponent.
+    const char *s = e;
+    int neg = *s == '-';
+    if (neg) s++;
+    char digits[24];
+    size_t nd = 0;
+    for (; *s && *s != 'e'; s++)
+        if (*s != '.') digits[nd++] = *s;
+    digits[nd] = 0;
+    int exp = atoi(s + 1);
+    while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0;
+    char body[64];
+    if (exp < -4 || exp >= 16) {
+        snprintf(body, sizeof body, "%c%s%se%c%02d", digits[0], nd > 1 ? "." : "", digits + 1,
+                 exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    } else if (exp < 0) {
+        size_t k = 0;
+        body[k++] = '0';
+        body[k++] = '.';
+        for (int i = 0; i < -exp - 1; i++) body[k++] = '0';
+        snprintf(body + k, sizeof body - k, "%s", digits);
+    } else {
+        size_t intlen = (size_t)exp + 1, k = 0;
+        for (size_t i = 0; i < intlen; i++) body[k++] = i < nd ? digits[i] : '0';
+        body[k++] = '.';
+        if (nd > intlen) for (size_t i = intlen; i < nd; i++) body[k++] = digits[i];
+        else body[k++] = '0';
+        body[k] = 0;
+    }
+    snprintf(out, cap, "%s%s", neg ? "-" : "", body);
+}
+
+static void emit_key(strbuf *b, int indent, int *first, const char *key) {
+    sb_printf(b, "%s\n%*s\"%s\": ", *first ? "" : ",", indent, "", key);
+    *first = 0;
+}
+static void emit_int(strbuf *b, int indent, int *first, const char *key, int64_t v) {
+    emit_key(b, indent, first, key);
+    sb_printf(b, "%lld", (long long)v);
+}
+static void emit_float(strbuf *b, int indent, int *first, const char *key, double v) {
+    char s[72];  // body (< 64) and a sign
+    format_py_float(s, sizeof s, v);
+    emit_key(b, indent, first, key);
+    sb_printf(b, "%s", s);
+}
+// Raw JSON text: strings here are fixed names checked on load, so need no escaping.
+static void emit_raw(strbuf *b, int indent, int *first, const char *key, const char *json) {
+    emit_key(b, indent, first, key);
+    sb_printf(b, "%s", json);
+}
+static void emit_str(strbuf *b, int indent, int *first, const char *key, const char *s) {
+    emit_key(b, indent, first, key);
+    sb_printf(b, "\"%s\"", s);
+}
+static void emit_token(strbuf *b, int *first, const char *key, int64_t id) {
+    if (id < 0) emit_raw(b, 2, first, key, "null");
+    else emit_int(b, 2, first, key, id);
+}
+
+// transformers' BitsAndBytesConfig.to_dict(), sorted; compute dtype follows the model's.
+static void emit_quant(strbuf *b, int *first, const mt_model_config *c) {
+    emit_key(b, 2, first, "quantization_config");
+    sb_printf(b, "{");
+    int f = 1;
+    emit_raw(b, 4, &f, "_load_in_4bit", "true");
+    emit_raw(b, 4, &f, "_load_in_8bit", "false");
+    emit_str(b, 4, &f, "bnb_4bit_compute_dtype", torch_dtype_name(c->torch_dtype));
+    emit_str(b, 4, &f, "bnb_4bit_quant_storage", "uint8");
+    emit_str(b, 4, &f, "bnb_4bit_quant_type", c->quant_type);
+    emit_raw(b, 4, &f, "bnb_4bit_use_double_quant", c->double_quant ? "true" : "false");
+    emit_raw(b, 4, &f, "llm_int8_enable_fp32_cpu_offload", "false");
+    emit_raw(b, 4, &f, "llm_int8_has_fp16_weight", "false");
+    emit_raw(b, 4, &f, "llm_int8_skip_modules", "null");
+    emit_float(b, 4, &f, "llm_int8_threshold", 6.0);
+    emit_raw(b, 4, &f, "load_in_4bit", "true");
+    emit_raw(b, 4, &f, "load_in_8bit", "false");
+    emit_str(b, 4, &f, "quant_method", "bitsandbytes");
+    sb_printf(b, "\n  }");
+}
+
+static void emit_config(strbuf *b, const mt_model_config *c) {
+    int f = 1;
+    sb_printf(b, "{");
+    emit_key(b, 2, &f, "architectures");
+    sb_printf(b, "[\n    \"%s\"\n  ]", c->architecture);
+    emit_float(b, 2, &f, "attention_dropout", 0.0);
+    emit_token(b, &f, "bos_token_id", c->bos_token_id);
+    emit_token(b, &f, "eos_token_id", c->eos_token_id);
+    if (c->head_dim * c->heads != c->hidden) emit_int(b, 2, &f, "head_dim", c->head_dim);
+    emit_str(b, 2, &f, "hidden_act", "silu");
+    emit_int(b, 2, &f, "hidden_size", c->hidden);
+    emit_float(b, 2, &f, "initializer_range", c->initializer_range);
+    emit_int(b, 2, &f, "intermediate_size", c->intermediate);
+    emit_int(b, 2, &f, "max_position_embeddings", c->max_positions);
+    emit_str(b, 2, &f, "model_type", c->model_type);
+    emit_int(b, 2, &f, "num_attention_heads", c->heads);
+    emit_int(b, 2, &f, "num_experts_per_tok", c->top_k);
+    emit_int(b, 2, &f, "num_hidden_layers", c->layers);
+    emit_int(b, 2, &f, "num_key_value_heads", c->kv_heads);
+    emit_int(b, 2, &f, "num_local_experts", c->experts);
+    if (c->quantized) emit_quant(b, &f, c);
+    emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
+    emit_float(b, 2, &f, "rope_theta", c->rope_theta);
+    emit_float(b, 2, &f, "router_aux_loss_coef", c->router_aux_loss_coef);
+    emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
+    if (c->sliding_window > 0) emit_int(b, 2, &f, "sliding_window", c->sliding_window);
+    else emit_raw(b, 2, &f, "sliding_window", "null");
+    emit_raw(b, 2, &f, "tie_word_embeddings", c->tie_word_embeddings ? "true" : "false");
+    emit_str(b, 2, &f, "torch_dtype", torch_dtype_name(c->torch_dtype));
+    emit_int(b, 2, &f, "vocab_size", c->vocab);
+    sb_printf(b, "\n}\n");
+}
+
+int mt_model_config_write(const mt_model_config *cfg, const char *path) {
+    // Refuse to write what we would refuse to read.
+    if (mt_model_config_check(cfg) != 0) {
+        mt_error_prefix("%s", path);
+        return -1;
+    }
+    strbuf b = {0};
+    emit_config(&b, cfg);
+    int rc = mt_write_file_atomic(path, b.p, b.len);
+    free(b.p);
+    return rc;
+}
