@@ -51,7 +51,7 @@ BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: all test asan bench clean deps
+.PHONY: all test asan bench fuzz clean deps
 all: $(BIN)
 
 # Installs (as root) or names the Debian packages a fresh machine lacks; runs once per build dir.
@@ -89,7 +89,31 @@ $(BUILD)/moetrain_bench: $(BUILD)/scripts/bench.o $(LIB_OBJ)
 bench: $(BUILD)/moetrain_bench
 	$(BUILD)/moetrain_bench
 
+# Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files; FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 20
+FUZZ_DIR := build-fuzz
+FUZZ_SRC := $(filter-out trainer/%,$(LIB_SRC))
+FUZZ_SEEDS_config := configs/*.json
+FUZZ_SEEDS_yaml := configs/*.yaml
+FUZZ_SEEDS_safetensors := tests/fuzz/seeds/*.safetensors
+fuzz: $(DEPS_STAMP)
+	@mkdir -p $(FUZZ_DIR)
+	@set -e; for t in $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)); do \
+	  clang -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=undefined tests/fuzz/fuzz_$$t.c $(FUZZ_SRC) -o $(FUZZ_DIR)/fuzz_$$t \
+	    -lopenblas -lcjson -lyaml -lm; \
+	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
+	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
+	    yaml) cp $(FUZZ_SEEDS_yaml) $(FUZZ_DIR)/corpus_$$t/;; \
+	    safetensors) cp $(FUZZ_SEEDS_safetensors) $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; esac; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
+	    -artifact_prefix=$(FUZZ_DIR)/$$t- -print_final_stats=1 $(FUZZ_DIR)/corpus_$$t \
+	    > $(FUZZ_DIR)/$$t.log 2>&1 || { tail -40 $(FUZZ_DIR)/$$t.log; echo "fuzz: $$t FAILED"; exit 1; }; \
+	  grep -h "stat::number_of_executed_units" $(FUZZ_DIR)/$$t.log; \
+	done
+
 clean:
-	rm -rf build build-cuda build-asan
+	rm -rf build build-cuda build-asan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -240,14 +240,16 @@ static int read_stream(yaml_reader *r, const char *buf, size_t len, mt_yaml_pair
     }
 }
 
-int mt_yaml_read_flat(const char *path, mt_yaml_pair_fn fn, void *ctx) {
-    char *buf;
-    size_t len;
-    if (mt_read_file(path, YAML_MAX_FILE, &buf, &len) != 0) return -1;
-    yaml_reader r = {.path = path};
+int mt_yaml_read_flat_buffer(const char *name, const char *buf, size_t len, mt_yaml_pair_fn fn,
+                             void *ctx) {
+    if (len > YAML_MAX_FILE) {
+        mt_error_set("%s: %zu bytes is larger than the %u-byte limit for a run config", name, len,
+                     YAML_MAX_FILE);
+        return -1;
+    }
+    yaml_reader r = {.path = name};
     if (!yaml_parser_initialize(&r.parser)) {
-        free(buf);
-        mt_error_set("%s: cannot initialise the YAML parser (out of memory)", path);
+        mt_error_set("%s: cannot initialise the YAML parser (out of memory)", name);
         return -1;
     }
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)buf, len);
@@ -255,6 +257,14 @@ int mt_yaml_read_flat(const char *path, mt_yaml_pair_fn fn, void *ctx) {
     if (r.have_ev) yaml_event_delete(&r.ev);
     yaml_parser_delete(&r.parser);
     keys_free(&r);
+    return rc;
+}
+
+int mt_yaml_read_flat(const char *path, mt_yaml_pair_fn fn, void *ctx) {
+    char *buf;
+    size_t len;
+    if (mt_read_file(path, YAML_MAX_FILE, &buf, &len) != 0) return -1;
+    int rc = mt_yaml_read_flat_buffer(path, buf, len, fn, ctx);
     free(buf);
     return rc;
 }
