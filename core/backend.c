@@ -19,9 +19,13 @@ void mt_backend_free(mt_backend *be) {
 
 int mt_backend_alloc(mt_backend *be, mt_mem_cat cat, size_t bytes, void **out) {
     *out = NULL;
+    mt_ledger before = be->ledger;
     if (mt_ledger_reserve(&be->ledger, cat, bytes) != 0) return -1;
     if (be->ops->alloc(be, bytes, out) != 0) {
-        mt_ledger_release(&be->ledger, cat, bytes);
+        // The device refused: undo the reservation, peaks included (nothing was ever held).
+        uint64_t n_reserve = be->ledger.n_reserve;
+        be->ledger = before;
+        be->ledger.n_reserve = n_reserve;
         return -1;
     }
     return 0;

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 
 #ifdef __cplusplus
+#define MT_NORETURN [[noreturn]]
 extern "C" {
+#else
+#define MT_NORETURN _Noreturn
 #endif
 
 // Exit codes shared by every sub-command.
@@ -41,7 +44,7 @@ void mt_log(mt_log_level level, const char *fmt, ...) __attribute__((format(prin
 #define mt_warn(...) mt_log(MT_LOG_WARN, __VA_ARGS__)
 
 // Fatal: prints "moetrain: fatal: <msg> (file:line)" and exits with `code`.
-_Noreturn void mt_fatal_at(const char *file, int line, int code, const char *fmt, ...)
+MT_NORETURN void mt_fatal_at(const char *file, int line, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define mt_fatal(code, ...) mt_fatal_at(__FILE__, __LINE__, (code), __VA_ARGS__)
 
@@ -56,7 +59,7 @@ char *mt_xstrdup(const char *s);
     do {                                                                                    \
         if (!(expr)) mt_fatal_io_at(__FILE__, __LINE__, #expr, (path));                     \
     } while (0)
-_Noreturn void mt_fatal_io_at(const char *file, int line, const char *expr, const char *path);
+MT_NORETURN void mt_fatal_io_at(const char *file, int line, const char *expr, const char *path);
 
 // Overflow-checked size arithmetic for parsers: return 0 on overflow.
 static inline int mt_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {

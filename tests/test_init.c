@@ -50,7 +50,7 @@ Test(init, tiny_single_file_and_sharded_read_back_bit_for_bit) {
     snprintf(path, sizeof path, "%s/sh/model.safetensors.index.json", tmp);
     cr_assert_eq(access(path, F_OK), 0, "above --shard-size the model is sharded with an index");
     char ls[8192];
-    snprintf(out, sizeof out, "ls %s/sh | grep -cE '^model-[0-9]{5}-of-[0-9]{5}\.safetensors$'", tmp);
+    snprintf(out, sizeof out, "ls %s/sh | grep -cE '^model-[0-9]{5}-of-[0-9]{5}[.]safetensors$'", tmp);
     FILE *p = popen(out, "r");
     cr_assert(fgets(ls, sizeof ls, p));
     pclose(p);

@@ -1,0 +1,393 @@
+// core/backend_cuda.cu — the CUDA backend: one GPU, one stream, cuBLASLt for matmul.
+//
+// Memory is plain cudaMalloc (the ledger reservation is made by the caller, mt_backend_alloc).
+// Matmul: row-major c [M, N] = alpha · op(a) · op(b) + beta · c, fp32 accumulation
+// (CUBLAS_COMPUTE_32F, never TF32). cuBLASLt is column-major, so we ask it for
+// c^T [N, M] = op(b)^T · op(a)^T: a row-major matrix read column-major is its transpose, so
+// cuBLASLt's "A" is our b and its "B" is our a, each with its own transpose flag; nothing is
+// copied or transposed in memory. Descriptors and the chosen algorithm are cached per
+// (M, N, K, transposes, dtypes, pointer alignment) in a small LRU table; one workspace is
+// allocated at creation through the ledger under `work`.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
+#include "core/backend.h"
+#include "core/common.h"
+
+enum {
+    CUDA_WORKSPACE_BYTES = 32 << 20,  // cuBLASLt workspace (Hopper kernels want up to 32 MiB)
+    CUDA_PLAN_SLOTS = 64,             // cached matmul plans; the least recently used is evicted
+};
+
+// ---------------------------------------------------------------------------------------------
+// State
+
+// What a cached plan is valid for.
+typedef struct {
+    int64_t m, n, k;
+    int trans_a, trans_b;
+    mt_dtype ta, tb, tc;
+    uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume
+} matmul_key;
+
+typedef struct {
+    matmul_key key;
+    int used;
+    uint64_t last_use;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t lay_b;  // cuBLASLt's A: our b, read column-major
+    cublasLtMatrixLayout_t lay_a;  // cuBLASLt's B: our a, read column-major
+    cublasLtMatrixLayout_t lay_c;  // C and D: our c, read column-major ([N, M], ld N)
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulAlgo_t algo;
+} matmul_plan;
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    matmul_plan plans[CUDA_PLAN_SLOTS];
+    uint64_t clock;  // ticks once per matmul, for LRU eviction
+} cuda_ctx;
+
+// Makes the backend's device current (cheap when it already is) and returns its state.
+static cuda_ctx *cuda_enter(mt_backend *be) {
+    cuda_ctx *cx = (cuda_ctx *)be->ctx;
+    int cur = -1;
+    MT_CHECK_CUDA(cudaGetDevice(&cur));
+    if (cur != cx->device) MT_CHECK_CUDA(cudaSetDevice(cx->device));
+    return cx;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return 0;
+    cuda_ctx *cx = cuda_enter(be);
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+        *out = NULL;
+        size_t free_b = 0, total_b = 0;
+        MT_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+        mt_error_set("cuda backend: out of device memory on GPU %d: asked %zu bytes (%.3f GiB); "
+                     "ledger: %llu bytes reserved and a peak of %llu, both counting this request; "
+                     "driver: %zu bytes free of %zu (%.3f of %.3f GiB)",
+                     cx->device, bytes, bytes / 1073741824.0,
+                     (unsigned long long)be->ledger.total_cur,
+                     (unsigned long long)be->ledger.total_peak, free_b, total_b,
+                     free_b / 1073741824.0, total_b / 1073741824.0);
+        return -1;
+    }
+    MT_CHECK_CUDA(e);
+    return 0;
+}
+
+static void cuda_free(mt_backend *be, void *ptr) {
+    if (!ptr) return;
+    cuda_enter(be);
+    MT_CHECK_CUDA(cudaFree(ptr));
+}
+
+// Returns once host_src may be reused: pageable memory is staged by the driver before
+// cudaMemcpyAsync returns; pinned or managed memory is read later, so we wait for it.
+static void cuda_upload(mt_backend *be, void *dst, const void *host_src, size_t bytes) {
+    if (bytes == 0) return;
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cx->stream));
+    cudaPointerAttributes attr;
+    MT_CHECK_CUDA(cudaPointerGetAttributes(&attr, host_src));
+    if (attr.type != cudaMemoryTypeUnregistered) MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+}
+
+static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+}
+
+static void cuda_fill_zero(mt_backend *be, void *dst, size_t bytes) {
+    if (bytes == 0) return;
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, cx->stream));
+}
+
+static void cuda_synchronize(mt_backend *be) {
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+static __device__ float to_f32(float x) { return x; }
+static __device__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> static __device__ T from_f32(float x);
+template <> __device__ float from_f32<float>(float x) { return x; }
+template <> __device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __half from_f32<__half>(float x) { return __float2half(x); }
+
+// x [n] *= s, in place (matmul with K = 0: c = beta · c).
+template <typename T> static __global__ void scale_kernel(T *x, size_t n, float s) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = from_f32<T>(to_f32(x[i]) * s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+
+static void scale_cuda(cuda_ctx *cx, void *x, mt_dtype t, size_t n, float s) {
+    if (n == 0) return;
+    unsigned block = 256, grid = (unsigned)MT_MIN((n + block - 1) / block, (size_t)4096);
+    switch (t) {
+    case MT_F32: scale_kernel<<<grid, block, 0, cx->stream>>>((float *)x, n, s); break;
+    case MT_BF16: scale_kernel<<<grid, block, 0, cx->stream>>>((__nv_bfloat16 *)x, n, s); break;
+    case MT_F16: scale_kernel<<<grid, block, 0, cx->stream>>>((__half *)x, n, s); break;
+    default: mt_fatal(MT_EXIT_ERROR, "cuda scale: dtype %s", mt_dtype_name(t));
+    }
+    MT_CHECK_CUDA(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul through cuBLASLt
+
+static cudaDataType_t cuda_dtype(mt_dtype t) {
+    switch (t) {
+    case MT_BF16: return CUDA_R_16BF;
+    case MT_F16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+    }
+}
+
+// bf16 × bf16 → bf16 or f32, f16 × f16 → f16 or f32, f32 × f32 → f32 (the combinations cuBLASLt
+// runs with CUBLAS_COMPUTE_32F and an fp32 scale).
+static int matmul_dtypes_ok(mt_dtype a, mt_dtype b, mt_dtype c) {
+    if (a != b) return 0;
+    if (a == MT_BF16 || a == MT_F16) return c == a || c == MT_F32;
+    return a == MT_F32 && c == MT_F32;
+}
+
+static uint32_t ptr_alignment(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (u & (a - 1))) a >>= 1;
+    return a;
+}
+
+static int key_equal(const matmul_key *x, const matmul_key *y) {
+    return x->m == y->m && x->n == y->n && x->k == y->k && x->trans_a == y->trans_a &&
+           x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
+           x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
+}
+
+static void plan_destroy(matmul_plan *p) {
+    if (!p->used) return;
+    MT_CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(p->pref));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(p->lay_c));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(p->lay_a));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(p->lay_b));
+    MT_CHECK_CUBLAS(cublasLtMatmulDescDestroy(p->desc));
+    memset(p, 0, sizeof *p);
+}
+
+// Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm.
+// Returns 0, or -1 with an error when cuBLASLt has no algorithm for it (p left unused).
+static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    MT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transa
+    int32_t op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transb
+    MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
+    MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
+
+    // A row-major [r, c] matrix is column-major [c, r] with leading dimension c.
+    uint64_t b_rows = k->trans_b ? k->n : k->k, b_cols = k->trans_b ? k->k : k->n;  // b as stored
+    uint64_t a_rows = k->trans_a ? k->k : k->m, a_cols = k->trans_a ? k->m : k->k;  // a as stored
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, (int64_t)b_cols));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, (int64_t)a_cols));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)k->m, k->n));
+
+    MT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
+    uint64_t ws = cx->workspace_bytes;
+    MT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    // cuBLASLt's A/B are our b/a; C and D are both c.
+    const struct { cublasLtMatmulPreferenceAttributes_t attr; uint32_t bytes; } aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k->align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k->align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k->align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k->align_c},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(aligns); i++)
+        MT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(p->pref, aligns[i].attr, &aligns[i].bytes,
+                                                             sizeof aligns[i].bytes));
+
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c,
+                                                       p->lay_c, p->pref, 1, &res, &found);
+    p->used = 1;  // from here on plan_destroy releases the descriptors
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+        plan_destroy(p);
+        mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
+                     "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
+                     (long long)k->m, (long long)k->k, (long long)k->k, (long long)k->n, k->trans_a,
+                     k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
+                     k->align_a, k->align_b, k->align_c);
+        return -1;
+    }
+    MT_CHECK_CUBLAS(st);
+    p->algo = res.algo;
+    return 0;
+}
+
+// The cached plan for k, built on a miss into a free or the least recently used slot.
+static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
+    matmul_plan *victim = &cx->plans[0];
+    for (int i = 0; i < CUDA_PLAN_SLOTS; i++) {
+        matmul_plan *p = &cx->plans[i];
+        if (p->used && key_equal(&p->key, k)) {
+            p->last_use = ++cx->clock;
+            return p;
+        }
+        if (!p->used) {
+            if (victim->used) victim = p;
+        } else if (victim->used && p->last_use < victim->last_use) {
+            victim = p;
+        }
+    }
+    plan_destroy(victim);
+    if (plan_build(cx, victim, k) != 0) return NULL;
+    victim->last_use = ++cx->clock;
+    return victim;
+}
+
+// c [M, N] = alpha · op(a) [M, K] · op(b) [K, N] + beta · c, all row-major on this GPU.
+static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
+                       int trans_a, int trans_b, float alpha, float beta) {
+    int64_t m, n, k;
+    if (mt_matmul_shapes(c, a, b, trans_a, trans_b, &m, &n, &k) != 0) return -1;
+    if (!matmul_dtypes_ok(a->dtype, b->dtype, c->dtype)) {
+        mt_error_set("cuda matmul: unsupported dtypes %s x %s -> %s (supported: bf16 x bf16 -> bf16|f32, "
+                     "f16 x f16 -> f16|f32, f32 x f32 -> f32)",
+                     mt_dtype_name(a->dtype), mt_dtype_name(b->dtype), mt_dtype_name(c->dtype));
+        return -1;
+    }
+    cuda_ctx *cx = cuda_enter(be);
+    if (m == 0 || n == 0) return 0;
+    if (k == 0) {  // an empty sum: c = beta · c (beta = 0 overwrites, as BLAS does)
+        if (beta == 0.0f) MT_CHECK_CUDA(cudaMemsetAsync(c->data, 0, c->nbytes, cx->stream));
+        else if (beta != 1.0f) scale_cuda(cx, c->data, c->dtype, (size_t)(m * n), beta);
+        return 0;
+    }
+    matmul_key key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k;
+    key.trans_a = !!trans_a, key.trans_b = !!trans_b;
+    key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
+    key.align_a = ptr_alignment(a->data), key.align_b = ptr_alignment(b->data);
+    key.align_c = ptr_alignment(c->data);
+    matmul_plan *p = plan_get(cx, &key);
+    if (!p) return -1;
+    MT_CHECK_CUBLAS(cublasLtMatmul(cx->lt, p->desc, &alpha, b->data, p->lay_b, a->data, p->lay_a, &beta,
+                                   c->data, p->lay_c, c->data, p->lay_c, &p->algo, cx->workspace,
+                                   cx->workspace_bytes, cx->stream));
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation and teardown
+
+static void cuda_destroy(mt_backend *be) {
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    for (int i = 0; i < CUDA_PLAN_SLOTS; i++) plan_destroy(&cx->plans[i]);
+    if (cx->workspace) mt_backend_release(be, MT_MEM_WORK, cx->workspace_bytes, cx->workspace);
+    MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
+    MT_CHECK_CUDA(cudaStreamDestroy(cx->stream));
+    free(cx);
+    free(be);
+}
+
+static const mt_backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .upload = */ cuda_upload,
+    /* .download = */ cuda_download,
+    /* .fill_zero = */ cuda_fill_zero,
+    /* .matmul = */ cuda_matmul,
+    /* .synchronize = */ cuda_synchronize,
+    /* .destroy = */ cuda_destroy,
+};
+
+extern "C" int mt_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" mt_backend *mt_backend_cuda_new(int device) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        mt_error_set("no CUDA GPU: cudaGetDeviceCount failed: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        return NULL;
+    }
+    if (count == 0) {
+        mt_error_set("no CUDA GPU: the CUDA driver reports no devices");
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        mt_error_set("CUDA device %d does not exist (this machine has %d, numbered from 0)", device, count);
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    MT_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8) {
+        mt_error_set("CUDA device %d (%s) has compute capability %d.%d; the cuda backend needs 8.0 or "
+                     "newer (bf16 tensor cores)", device, prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    MT_CHECK_CUDA(cudaSetDevice(device));
+
+    mt_backend *be = (mt_backend *)mt_xcalloc(1, sizeof *be);
+    cuda_ctx *cx = (cuda_ctx *)mt_xcalloc(1, sizeof *cx);
+    be->ops = &cuda_ops;
+    be->ctx = cx;
+    mt_ledger_init(&be->ledger, 0);
+    cx->device = device;
+    MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    MT_CHECK_CUBLAS(cublasLtCreate(&cx->lt));
+    if (mt_backend_alloc(be, MT_MEM_WORK, CUDA_WORKSPACE_BYTES, &cx->workspace) != 0) {
+        mt_error_prefix("cuda backend: cuBLASLt workspace");
+        MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
+        MT_CHECK_CUDA(cudaStreamDestroy(cx->stream));
+        free(cx);
+        free(be);
+        return NULL;
+    }
+    cx->workspace_bytes = CUDA_WORKSPACE_BYTES;
+    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d", device,
+           prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES);
+    return be;
+}

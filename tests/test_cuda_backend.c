@@ -1,0 +1,318 @@
+// tests/test_cuda_backend.c — the cuda backend against its cpu twin.
+//
+// Every GPU test skips, saying why, in a CPU build or on a machine without a GPU; a skip is
+// reported as a skip, never as a pass. `cuda/new_reports_missing_gpu` runs everywhere.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/dtype.h"
+
+#ifdef MT_CUDA
+#include <cuda_runtime.h>
+#endif
+
+// The cuda backend on GPU 0, or the test is skipped with the reason.
+static mt_backend *gpu_or_skip(void) {
+#ifndef MT_CUDA
+    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
+    return NULL;
+#else
+    if (mt_cuda_device_count() == 0) {
+        mt_backend *be = mt_backend_cuda_new(0);
+        cr_assert_null(be, "mt_cuda_device_count() is 0 but the backend was created");
+        cr_skip_test("%s", mt_error_get());  // "no CUDA GPU: <the driver's reason>"
+    }
+    mt_backend *be = mt_backend_cuda_new(0);
+    if (!be && strstr(mt_error_get(), "compute capability"))  // a pre-Ampere GPU: nothing to test on
+        cr_skip_test("unsupported GPU: %s", mt_error_get());
+    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
+    return be;
+#endif
+}
+
+Test(cuda, new_reports_missing_gpu) {
+    mt_error_clear();
+#ifndef MT_CUDA
+    cr_assert_null(mt_backend_cuda_new(0));
+    cr_assert(strstr(mt_error_get(), "CUDA=1"), "error should say how to build with CUDA: %s", mt_error_get());
+    cr_assert_eq(mt_cuda_device_count(), 0);
+#else
+    int n = mt_cuda_device_count();
+    cr_assert_geq(n, 0);
+    // Without a GPU device 0 is missing; with one, device n is. Either way: NULL and a message.
+    mt_backend *be = mt_backend_cuda_new(n);
+    cr_assert_null(be, "device %d of %d should not exist", n, n);
+    cr_assert(strstr(mt_error_get(), "CUDA"), "error should name CUDA: %s", mt_error_get());
+    mt_error_clear();
+    cr_assert_null(mt_backend_cuda_new(-1));
+    cr_assert(strstr(mt_error_get(), "CUDA"), "error should name CUDA: %s", mt_error_get());
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul parity
+
+static uint64_t rng_state;
+static float rnd_uniform(void) {  // [-1, 1)
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / 8388608.0)) * 2.0f - 1.0f;
+}
+
+// Host values of n elements of `dt`, random in [-1, 1), and the same values as f32
+// (bf16/f16 rounded first, so both backends see identical inputs).
+static void *random_host(mt_dtype dt, size_t n, float *as_f32) {
+    void *h = mt_xmalloc(mt_dtype_bytes(dt, n));
+    for (size_t i = 0; i < n; i++) as_f32[i] = rnd_uniform();
+    if (dt == MT_F32) {
+        memcpy(h, as_f32, n * sizeof(float));
+    } else {
+        mt_convert(h, dt, as_f32, MT_F32, n);
+        mt_convert(as_f32, MT_F32, h, dt, n);
+    }
+    return h;
+}
+
+static mt_tensor *tensor2(mt_backend *be, mt_dtype dt, int64_t r, int64_t c) {
+    int64_t shape[2] = {r, c};
+    mt_tensor *t = mt_tensor_new(be, MT_MEM_ACT, dt, 2, shape);
+    cr_assert_not_null(t, "tensor [%lld, %lld] %s: %s", (long long)r, (long long)c, mt_dtype_name(dt),
+                       mt_error_get());
+    return t;
+}
+
+typedef struct {
+    double err;     // max |got - want| / max |want|
+    size_t worst;   // flat index of the worst element
+    float got, want;
+} parity;
+
+// Runs c = alpha·op(a)·op(b) + beta·c on the GPU (inputs `in`, output `out`) and on the cpu
+// backend in fp32 from the same rounded inputs (and the same rounded initial c).
+static parity matmul_parity(mt_backend *gpu, mt_backend *cpu, int64_t m, int64_t n, int64_t k,
+                            int ta, int tb, mt_dtype in, mt_dtype out, float alpha, float beta) {
+    int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    size_t na = (size_t)(ar * ac), nb = (size_t)(br * bc), nc = (size_t)(m * n);
+    float *fa = mt_xmalloc(na * sizeof(float) + 1), *fb = mt_xmalloc(nb * sizeof(float) + 1);
+    float *fc = mt_xmalloc(nc * sizeof(float) + 1), *got = mt_xmalloc(nc * sizeof(float) + 1);
+    void *ha = random_host(in, na, fa), *hb = random_host(in, nb, fb), *hc = random_host(out, nc, fc);
+
+    mt_tensor *ga = tensor2(gpu, in, ar, ac), *gb = tensor2(gpu, in, br, bc), *gc = tensor2(gpu, out, m, n);
+    mt_tensor_upload(ga, ha);
+    mt_tensor_upload(gb, hb);
+    mt_tensor_upload(gc, hc);
+    cr_assert_eq(mt_matmul(gc, ga, gb, ta, tb, alpha, beta), 0, "cuda matmul: %s", mt_error_get());
+    void *hgot = mt_xmalloc(gc->nbytes + 1);
+    mt_tensor_download(gc, hgot);
+    if (out == MT_F32) memcpy(got, hgot, nc * sizeof(float));
+    else mt_convert(got, MT_F32, hgot, out, nc);
+
+    mt_tensor *ca = tensor2(cpu, MT_F32, ar, ac), *cb = tensor2(cpu, MT_F32, br, bc), *cc = tensor2(cpu, MT_F32, m, n);
+    mt_tensor_upload(ca, fa);
+    mt_tensor_upload(cb, fb);
+    mt_tensor_upload(cc, fc);
+    cr_assert_eq(mt_matmul(cc, ca, cb, ta, tb, alpha, beta), 0, "cpu matmul: %s", mt_error_get());
+    const float *want = cc->data;
+
+    parity p = {0, 0, 0, 0};
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < nc; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= max_diff)) {  // NaN counts as the worst
+            max_diff = d;
+            p.worst = i;
+        }
+        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+    }
+    p.err = max_diff / (max_ref > 0 ? max_ref : 1.0);
+    if (nc) p.got = got[p.worst], p.want = want[p.worst];
+
+    mt_tensor_free(ga), mt_tensor_free(gb), mt_tensor_free(gc);
+    mt_tensor_free(ca), mt_tensor_free(cb), mt_tensor_free(cc);
+    free(fa), free(fb), free(fc), free(got), free(ha), free(hb), free(hc), free(hgot);
+    return p;
+}
+
+static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 128, 96}, {257, 33, 129}, {3, 1, 200}};
+
+// Every shape × every transpose combination for one dtype pairing; fails on the worst case.
+static void parity_all(mt_dtype in, mt_dtype out, double tol, float alpha, float beta) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_backend *cpu = mt_backend_cpu_new();
+    rng_state = 12345;
+    for (size_t s = 0; s < MT_ARRAY_LEN(shapes); s++)
+        for (int t = 0; t < 4; t++) {
+            int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            int ta = t & 1, tb = t >> 1;
+            parity p = matmul_parity(gpu, cpu, m, n, k, ta, tb, in, out, alpha, beta);
+            cr_log_info("matmul %s->%s M=%lld N=%lld K=%lld ta=%d tb=%d: err=%.3g worst [%zu,%zu] got %g want %g",
+                        mt_dtype_name(in), mt_dtype_name(out), (long long)m, (long long)n, (long long)k,
+                        ta, tb, p.err, p.worst / (size_t)n, p.worst % (size_t)n, p.got, p.want);
+            cr_expect(p.err < tol,
+                      "matmul %s->%s M=%lld N=%lld K=%lld ta=%d tb=%d: normalised error %.3g >= %g; "
+                      "worst element [%zu, %zu]: got %.8g, want %.8g",
+                      mt_dtype_name(in), mt_dtype_name(out), (long long)m, (long long)n, (long long)k, ta,
+                      tb, p.err, tol, p.worst / (size_t)n, p.worst % (size_t)n, p.got, p.want);
+        }
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+}
+
+Test(cuda, matmul_bf16_to_bf16) { parity_all(MT_BF16, MT_BF16, 1e-2, 1.0f, 0.0f); }
+// bf16 inputs with an fp32 output differ from the fp32 reference only by summation order.
+Test(cuda, matmul_bf16_to_f32) { parity_all(MT_BF16, MT_F32, 1e-3, 1.0f, 0.0f); }
+Test(cuda, matmul_f32) { parity_all(MT_F32, MT_F32, 1e-4, 1.0f, 0.0f); }
+Test(cuda, matmul_alpha_beta) {
+    parity_all(MT_F32, MT_F32, 1e-4, 0.5f, 1.5f);
+    parity_all(MT_BF16, MT_BF16, 1e-2, -2.0f, 0.25f);
+}
+
+// More distinct shapes than the plan cache holds: evicted plans are rebuilt correctly.
+Test(cuda, matmul_plan_cache_eviction) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_backend *cpu = mt_backend_cpu_new();
+    rng_state = 777;
+    for (int round = 0; round < 2; round++)
+        for (int64_t m = 1; m <= 80; m++) {
+            parity p = matmul_parity(gpu, cpu, m, 9, 17, (int)(m & 1), 0, MT_BF16, MT_F32, 1.0f, 0.0f);
+            cr_expect(p.err < 1e-3, "round %d M=%lld: error %.3g (got %g want %g)", round, (long long)m,
+                      p.err, p.got, p.want);
+        }
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+}
+
+// K = 0 is an empty sum: c = beta · c.
+Test(cuda, matmul_empty_k) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_tensor *a = tensor2(gpu, MT_BF16, 4, 0), *b = tensor2(gpu, MT_BF16, 0, 3), *c = tensor2(gpu, MT_F32, 4, 3);
+    float ones[12], got[12];
+    for (int i = 0; i < 12; i++) ones[i] = 1.0f + (float)i;
+    mt_tensor_upload(c, ones);
+    cr_assert_eq(mt_matmul(c, a, b, 0, 0, 1.0f, 2.0f), 0, "%s", mt_error_get());
+    mt_tensor_download(c, got);
+    for (int i = 0; i < 12; i++) cr_expect_float_eq(got[i], 2.0f * ones[i], 1e-6, "c[%d]", i);
+    cr_assert_eq(mt_matmul(c, a, b, 0, 0, 1.0f, 0.0f), 0, "%s", mt_error_get());
+    mt_tensor_download(c, got);
+    for (int i = 0; i < 12; i++) cr_expect_eq(got[i], 0.0f, "c[%d] = %g", i, got[i]);
+    mt_tensor_free(a), mt_tensor_free(b), mt_tensor_free(c);
+    mt_backend_free(gpu);
+}
+
+Test(cuda, matmul_rejects_bad_shapes_and_dtypes) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_tensor *a = tensor2(gpu, MT_BF16, 4, 8), *b = tensor2(gpu, MT_BF16, 7, 3), *c = tensor2(gpu, MT_F32, 4, 3);
+    mt_error_clear();
+    cr_assert_eq(mt_matmul(c, a, b, 0, 0, 1.0f, 0.0f), -1, "K mismatch (8 vs 7) must fail");
+    cr_assert(strstr(mt_error_get(), "shapes"), "error: %s", mt_error_get());
+    cr_assert_eq(mt_matmul(c, a, b, 0, 1, 1.0f, 0.0f), -1, "trans_b: [7,3]^T is [3,7], K mismatch");
+
+    mt_tensor *bf = tensor2(gpu, MT_F32, 8, 3), *bi = tensor2(gpu, MT_I32, 8, 3), *cb = tensor2(gpu, MT_BF16, 4, 3);
+    mt_tensor *af = tensor2(gpu, MT_F32, 4, 8);
+    mt_error_clear();
+    cr_assert_eq(mt_matmul(c, a, bf, 0, 0, 1.0f, 0.0f), -1, "bf16 x f32 is unsupported");
+    cr_assert(strstr(mt_error_get(), "unsupported"), "error: %s", mt_error_get());
+    cr_assert_eq(mt_matmul(c, a, bi, 0, 0, 1.0f, 0.0f), -1, "bf16 x i32 is unsupported");
+    cr_assert_eq(mt_matmul(cb, af, bf, 0, 0, 1.0f, 0.0f), -1, "f32 x f32 -> bf16 is unsupported");
+    mt_tensor_free(a), mt_tensor_free(b), mt_tensor_free(c), mt_tensor_free(bf), mt_tensor_free(bi);
+    mt_tensor_free(cb), mt_tensor_free(af);
+    mt_backend_free(gpu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+Test(cuda, upload_download_fill_zero) {
+    mt_backend *gpu = gpu_or_skip();
+    int64_t shape[1] = {1000003};
+    mt_tensor *t = mt_tensor_new(gpu, MT_MEM_ACT, MT_U8, 1, shape);
+    cr_assert_not_null(t, "%s", mt_error_get());
+    uint8_t *src = mt_xmalloc(t->nbytes), *dst = mt_xmalloc(t->nbytes);
+    for (size_t i = 0; i < t->nbytes; i++) src[i] = (uint8_t)(i * 131u + 7u);
+    mt_tensor_upload(t, src);
+    mt_tensor_download(t, dst);
+    cr_assert_eq(memcmp(src, dst, t->nbytes), 0, "round trip changed the bytes");
+    gpu->ops->fill_zero(gpu, t->data, t->nbytes);
+    mt_tensor_download(t, dst);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < t->nbytes; i++) nonzero += dst[i] != 0;
+    cr_assert_eq(nonzero, 0, "%zu bytes not zero after fill_zero", nonzero);
+    free(src), free(dst);
+    mt_tensor_free(t);
+    mt_backend_free(gpu);
+}
+
+Test(cuda, ledger_counts_and_returns) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_ledger before = gpu->ledger;
+    cr_assert_gt(before.cur[MT_MEM_WORK], 0, "the cuBLASLt workspace should show under work");
+    cr_assert_eq(before.total_cur, before.cur[MT_MEM_WORK], "only the workspace is held at creation");
+
+    int64_t s1[2] = {1024, 1024}, s2[1] = {12345}, s3[3] = {3, 5, 7};
+    mt_tensor *t1 = mt_tensor_new(gpu, MT_MEM_BASE, MT_BF16, 2, s1);
+    mt_tensor *t2 = mt_tensor_new(gpu, MT_MEM_GRAD, MT_F32, 1, s2);
+    mt_tensor *t3 = mt_tensor_new(gpu, MT_MEM_ACT, MT_BF16, 3, s3);
+    cr_assert(t1 && t2 && t3, "%s", mt_error_get());
+    cr_assert_eq(gpu->ledger.cur[MT_MEM_BASE], before.cur[MT_MEM_BASE] + 1024 * 1024 * 2);
+    cr_assert_eq(gpu->ledger.cur[MT_MEM_GRAD], before.cur[MT_MEM_GRAD] + 12345 * 4);
+    cr_assert_eq(gpu->ledger.total_cur, before.total_cur + t1->nbytes + t2->nbytes + t3->nbytes);
+    mt_tensor_free(t2);
+    mt_tensor_free(t1);
+    mt_tensor_free(t3);
+    for (int c = 0; c < MT_MEM_COUNT; c++)
+        cr_expect_eq(gpu->ledger.cur[c], before.cur[c], "category %s: %llu after, %llu before",
+                     mt_mem_cat_name((mt_mem_cat)c), (unsigned long long)gpu->ledger.cur[c],
+                     (unsigned long long)before.cur[c]);
+    cr_assert_eq(gpu->ledger.total_cur, before.total_cur);
+    mt_backend_free(gpu);
+}
+
+#ifdef MT_CUDA
+// The ledger and the driver agree: a 256 MiB tensor takes 256 MiB (up to the allocator's
+// rounding) of the driver's free memory and gives it back.
+Test(cuda, ledger_matches_driver) {
+    mt_backend *gpu = gpu_or_skip();
+    size_t free0, free1, free2, total;
+    cr_assert_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    int64_t shape[1] = {64 << 20};
+    mt_tensor *t = mt_tensor_new(gpu, MT_MEM_ACT, MT_F32, 1, shape);
+    cr_assert_not_null(t, "%s", mt_error_get());
+    cr_assert_eq(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    cr_assert_eq(gpu->ledger.cur[MT_MEM_ACT], t->nbytes);
+    size_t taken = free0 - free1;
+    cr_expect(taken >= t->nbytes && taken <= t->nbytes + (8u << 20),
+              "ledger says %zu bytes, the driver's free memory fell by %zu", t->nbytes, taken);
+    mt_tensor_free(t);
+    cr_assert_eq(cudaMemGetInfo(&free2, &total), cudaSuccess);
+    cr_expect(free2 + (8u << 20) >= free0, "the driver did not get the memory back: %zu free before, %zu after",
+              free0, free2);
+    mt_backend_free(gpu);
+}
+#endif
+
+// A refused device allocation: -1 with the bytes, the ledger and the driver's figures, and the
+// ledger unchanged.
+Test(cuda, alloc_failure_reports_and_leaves_ledger) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_ledger before = gpu->ledger;
+    int64_t shape[1] = {(int64_t)1 << 50};  // 1 PiB
+    mt_error_clear();
+    mt_tensor *t = mt_tensor_new(gpu, MT_MEM_ACT, MT_U8, 1, shape);
+    cr_assert_null(t, "a 1 PiB allocation should fail");
+    const char *msg = mt_error_get();
+    cr_expect(strstr(msg, "1125899906842624"), "message should give the bytes asked: %s", msg);
+    cr_expect(strstr(msg, "ledger"), "message should give the ledger figures: %s", msg);
+    cr_expect(strstr(msg, "free of"), "message should give the driver's free/total: %s", msg);
+    cr_assert_eq(gpu->ledger.total_cur, before.total_cur, "ledger changed by a failed allocation");
+    // The device still works afterwards (the failure was not sticky).
+    int64_t small[1] = {16};
+    mt_tensor *ok = mt_tensor_new(gpu, MT_MEM_ACT, MT_F32, 1, small);
+    cr_assert_not_null(ok, "%s", mt_error_get());
+    mt_tensor_free(ok);
+    mt_backend_free(gpu);
+}
