@@ -1,0 +1,425 @@
+// The memory planner: every cell of BUDGETS.md §4's tables, the parameter counts, activations,
+// the suggestions, the checks, and the `moetrain plan` command's exit codes and output.
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "model/config.h"
+#include "tests/test_util.h"
+#include "trainer/options.h"
+#include "trainer/plan.h"
+
+// Options of BUDGETS.md case `which`, then `flags` (space-separated) on top.
+static int case_opts(char which, const char *flags, mt_run_opts *o) {
+    char buf[512], *argv[32];
+    int argc = 0;
+    mt_run_opts_default(o);
+    if (which && mt_plan_case_apply(o, which) != 0) return -1;
+    snprintf(buf, sizeof buf, "%s", flags);
+    for (char *s, *t = strtok_r(buf, " ", &s); t && argc < 32; t = strtok_r(NULL, " ", &s)) argv[argc++] = t;
+    return mt_run_opts_parse(o, argc, argv);
+}
+
+static int plan_of(char which, const char *flags, mt_plan *p) {
+    mt_model_config cfg;
+    mt_run_opts o;
+    mt_plan_mixtral_8x7b(&cfg);
+    if (case_opts(which, flags, &o) != 0) return -1;
+    return mt_plan_compute(&cfg, &o, p);
+}
+
+static double gb(uint64_t b) { return (double)b / 1e9; }
+
+// ---------------------------------------------------------------------------------------------
+// BUDGETS.md §4, cell by cell. A cell matches when ours rounds to it at the table's precision.
+
+enum { COLS = 8 };
+static const char *col_names[COLS] = {"base", "train", "grad", "optim", "master", "act", "work", "total"};
+static const int col_decimals[COLS] = {2, 3, 3, 3, 3, 2, 1, 2};
+
+typedef struct {
+    const char *config;      // the table's row label
+    const char *flags;
+    double gb[COLS];
+    int fits;
+    int percent;             // -1 where the table gives none
+} table_row;
+
+static void check_rows(char which, const table_row *rows, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const table_row *r = &rows[i];
+        mt_plan p;
+        cr_assert_eq(plan_of(which, r->flags, &p), 0, "case %c '%s': %s", which, r->flags, mt_error_get());
+        uint64_t ours[COLS] = {p.bytes[MT_MEM_BASE], p.bytes[MT_MEM_TRAIN], p.bytes[MT_MEM_GRAD],
+                               p.bytes[MT_MEM_OPTIM], p.bytes[MT_MEM_MASTER], p.bytes[MT_MEM_ACT],
+                               p.bytes[MT_MEM_WORK], p.total};
+        for (int c = 0; c < COLS; c++) {
+            double tol = 0.5 * pow(10, -col_decimals[c]) + 1e-9;
+            cr_expect(fabs(gb(ours[c]) - r->gb[c]) <= tol, "case %c, %s, %s: ours %.4f GB, table %.*f", which,
+                      r->config, col_names[c], gb(ours[c]), col_decimals[c], r->gb[c]);
+        }
+        cr_expect_eq(p.bytes[MT_MEM_COMM], 0);
+        uint64_t sum = 0;
+        for (int c = 0; c < MT_MEM_COUNT; c++) sum += p.bytes[c];
+        cr_expect_eq(sum, p.total, "the total is the sum of the categories");
+        cr_expect_eq(p.fits, r->fits, "case %c, %s: fits %d", which, r->config, p.fits);
+        if (r->percent >= 0)
+            cr_expect_eq(lround(p.percent), r->percent, "case %c, %s: %.1f%%", which, r->config, p.percent);
+    }
+}
+
+Test(plan, case_a_table) {
+    static const table_row rows[] = {
+        {"1 card, NF4-DQ base", "", {24.48, 0.002, 0.002, 0.008, 0.004, 1.04, 1.5, 27.03}, 1, 61},
+        {"1 card, bf16 base", "--quant none", {93.40, 0.002, 0.002, 0.008, 0.004, 1.04, 1.5, 95.96}, 0, -1},
+        {"EP=2, bf16", "--quant none --gpus 2 --ep 2", {48.31, 0.002, 0.002, 0.008, 0.004, 1.04, 2.0, 51.36}, 0, -1},
+        {"EP=4, bf16", "--quant none --gpus 4 --ep 4", {25.76, 0.002, 0.002, 0.008, 0.004, 1.04, 2.0, 28.81}, 1, -1},
+        {"EP=8, bf16", "--quant none --gpus 8 --ep 8", {14.48, 0.002, 0.002, 0.008, 0.004, 1.04, 2.0, 17.54}, 1, -1},
+    };
+    check_rows('A', rows, MT_ARRAY_LEN(rows));
+}
+
+Test(plan, case_b_table) {
+    static const table_row rows[] = {
+        {"1 card, NF4-DQ base", "", {23.39, 4.228, 4.228, 16.913, 8.457, 1.04, 1.5, 59.76}, 0, -1},
+        {"1 card, bf16 base", "--quant none", {89.18, 4.228, 4.228, 16.913, 8.457, 1.04, 1.5, 125.54}, 0, -1},
+        {"1 card, NF4-DQ, 8-bit Adam, no master", "--adam-8bit --no-master-weights",
+         {23.39, 4.228, 4.228, 4.228, 0, 1.04, 1.5, 38.61}, 1, 88},
+        {"EP=2, NF4-DQ", "--gpus 2 --ep 2", {12.31, 2.114, 2.114, 8.457, 4.229, 1.04, 2.0, 32.26}, 1, 73},
+        {"EP=2, bf16", "--gpus 2 --ep 2 --quant none", {46.19, 2.114, 2.114, 8.457, 4.229, 1.04, 2.0, 66.15}, 0, -1},
+        {"EP=4, bf16", "--gpus 4 --ep 4 --quant none", {24.70, 1.057, 1.057, 4.229, 2.115, 1.04, 2.0, 36.20}, 1, -1},
+        {"EP=8, NF4-DQ", "--gpus 8 --ep 8", {3.95, 0.705, 0.705, 2.820, 1.410, 1.04, 2.0, 12.62}, 1, -1},
+        {"EP=8, bf16", "--gpus 8 --ep 8 --quant none", {13.78, 0.705, 0.705, 2.820, 1.410, 1.04, 2.0, 22.46}, 1, -1},
+    };
+    check_rows('B', rows, MT_ARRAY_LEN(rows));
+}
+
+Test(plan, case_c_table) {
+    static const table_row rows[] = {
+        {"1 card, NF4-DQ", "", {24.48, 0.457, 0.457, 1.829, 0.914, 1.04, 1.5, 30.68}, 1, 70},
+        {"1 card, NF4 without DQ", "--no-double-quant", {26.65, 0.457, 0.457, 1.829, 0.914, 1.04, 1.5, 32.84}, 1, 75},
+        {"1 card, NF4-DQ, s=4096", "--seq 4096", {24.48, 0.457, 0.457, 1.829, 0.914, 4.15, 1.5, 33.79}, 1, 77},
+        {"1 card, NF4-DQ, no ckpt", "--checkpointing none", {24.48, 0.457, 0.457, 1.829, 0.914, 8.97, 1.5, 38.61}, 1, 88},
+    };
+    check_rows('C', rows, MT_ARRAY_LEN(rows));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counts, formats, activations
+
+Test(plan, parameter_counts) {
+    mt_plan p;
+    cr_assert_eq(plan_of('A', "", &p), 0);
+    cr_expect_eq(p.trainable_params, 1048576);
+    cr_expect_eq(p.model_params, 46702792704LL);
+    cr_assert_eq(plan_of('B', "", &p), 0);
+    cr_expect_eq(p.trainable_params, 2114125824LL);
+    cr_expect_eq(p.units, 12);
+    cr_expect_eq(p.parts[0].each, 176160768);
+    cr_assert_eq(plan_of('C', "", &p), 0);
+    cr_expect_eq(p.trainable_params, 228593664LL);
+    cr_assert_eq(p.n_parts, 2);
+    cr_expect_eq(p.parts[0].count * p.parts[0].each, 226492416LL, "expert LoRA");
+    cr_expect_eq(p.parts[0].each, 884736, "3·16·(4096+14336) per expert");
+    cr_expect_eq(p.parts[1].count * p.parts[1].each, 2101248LL, "router LoRA");
+    // The model's own counts (model/config.c) agree with the planner's.
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    cr_expect_eq(mt_config_total_params(&cfg), 46702792704LL);
+    cr_expect_eq(mt_config_expert_params(&cfg), 176160768);
+    cr_expect_eq(mt_config_router_params(&cfg), 32768);
+    cr_expect_eq(mt_config_attn_params(&cfg), 41943040);
+}
+
+Test(plan, frozen_base_formats) {
+    // BUDGETS.md §2: 46,439,333,888 quantized Linear weights; 4.127/4.5/4.25 bits; bf16 rest.
+    static const struct { const char *flags; double bits, base_gb; } rows[] = {
+        {"", 4.126953125, 24.48}, {"--no-double-quant", 4.5, 26.65}, {"--quant int4", 4.25, 25.20},
+        {"--quant fp4", 4.126953125, 24.48}, {"--quant none", 0, 93.41},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(rows); i++) {
+        mt_plan p;
+        cr_assert_eq(plan_of('C', rows[i].flags, &p), 0, "%s", mt_error_get());
+        cr_expect_eq(p.quant_bits, rows[i].bits, "%s: %.9f bits", rows[i].flags, p.quant_bits);
+        cr_expect(fabs(gb(p.bytes[MT_MEM_BASE]) - rows[i].base_gb) <= 0.005, "%s: base %.4f", rows[i].flags,
+                  gb(p.bytes[MT_MEM_BASE]));
+        if (rows[i].bits > 0) cr_expect_eq(p.frozen_quant_gpu, 46439333888LL);
+    }
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    cr_expect_eq(mt_plan_linear_bytes(14336LL * 4096, &o), 14336ull * 4096 / 2 + 917504 + 3584 * 4,
+                 "an expert's w1: nibbles, uint8 absmax, fp32 nested absmax (FORMATS.md §1.4)");
+}
+
+Test(plan, activations) {
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    static const struct { int64_t seq; double ckpt_gb, none_gb; } rows[] = {
+        {1024, 1.04, 8.97}, {2048, 2.07, 17.93}, {4096, 4.15, 35.86},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(rows); i++) {
+        mt_run_opts o;
+        mt_run_opts_default(&o);
+        o.seq = rows[i].seq;
+        cr_expect_eq(mt_plan_act_layer_bytes(&cfg, o.seq, 1), 258232ull * (uint64_t)o.seq, "BUDGETS.md §3.2");
+        double ckpt = gb(mt_plan_act_bytes(&cfg, &o));
+        o.checkpointing = MT_CKPT_NONE;
+        double none = gb(mt_plan_act_bytes(&cfg, &o));
+        cr_expect(fabs(ckpt - rows[i].ckpt_gb) <= 0.005, "s=%lld full ckpt: %.4f", (long long)o.seq, ckpt);
+        cr_expect(fabs(none - rows[i].none_gb) <= 0.005, "s=%lld no ckpt: %.4f", (long long)o.seq, none);
+    }
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.batch = 2;
+    cr_expect_eq(mt_plan_act_bytes(&cfg, &o), 2 * 1036705792ull, "linear in the batch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parallelism, ZeRO, offload, other modes
+
+Test(plan, zero_shards_over_the_copies) {
+    // Case C on 4 GPUs, plain data parallel: every weight has 4 copies.
+    const uint64_t n = 228593664, expert = 226492416, router = 2101248;
+    mt_plan p;
+    cr_assert_eq(plan_of('C', "--gpus 4", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_OPTIM], 8 * n);
+    cr_assert_eq(plan_of('C', "--gpus 4 --zero 1", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_OPTIM], 8 * (expert / 4 + router / 4));
+    cr_expect_eq(p.bytes[MT_MEM_MASTER], 4 * (expert / 4 + router / 4));
+    cr_expect_eq(p.bytes[MT_MEM_GRAD], 2 * n, "ZeRO-1 keeps whole grads");
+    cr_assert_eq(plan_of('C', "--gpus 4 --zero 2", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_GRAD], 2 * (expert / 4 + router / 4));
+    cr_expect_eq(p.bytes[MT_MEM_TRAIN], 2 * n, "weights stay whole");
+    // With EP=4 on 4 GPUs an expert has one copy: only the router LoRA shards.
+    cr_assert_eq(plan_of('C', "--gpus 4 --ep 4 --zero 1", &p), 0);
+    cr_expect_eq(p.units_gpu, 64);
+    cr_expect_eq(p.bytes[MT_MEM_OPTIM], 8 * (expert / 4 + router / 4));
+    cr_assert_eq(plan_of('C', "--gpus 4 --ep 4", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_OPTIM], 8 * (expert / 4 + router));
+}
+
+Test(plan, offload_moves_state_to_host) {
+    mt_plan p;
+    cr_assert_eq(plan_of('B', "--offload-optimizer", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_OPTIM], 0);
+    cr_expect_eq(p.bytes[MT_MEM_MASTER], 0);
+    cr_expect_eq(p.host_bytes, 12ull * 2114125824);
+    cr_expect(fabs(gb(p.total) - 34.39) <= 0.005, "%.4f", gb(p.total));
+    cr_expect(p.fits);
+}
+
+Test(plan, ep_round_robin_worst_gpu) {
+    // 12 trainable experts over EP=8: the worst rank holds 2, so 30 frozen experts of its 32.
+    mt_plan p;
+    cr_assert_eq(plan_of('B', "--gpus 8 --ep 8", &p), 0);
+    cr_expect_eq(p.units_gpu, 2);
+    cr_expect_eq(p.trainable_gpu, 2 * 176160768LL + 6 * 32768);
+    cr_expect_eq(p.frozen_quant_gpu, 30 * 176160768LL + 32 * 41943040LL);
+    // EP over 4 of 8 GPUs: two copies of each expert; the workspace guess is the multi-GPU one.
+    cr_assert_eq(plan_of('B', "--gpus 8 --ep 4", &p), 0);
+    cr_expect_eq(p.units_gpu, 3);
+    cr_expect_eq(p.bytes[MT_MEM_WORK], 2000000000ull);
+}
+
+Test(plan, full_mode_and_attention_lora) {
+    mt_plan p;
+    cr_assert_eq(plan_of(0, "--mode full --gpus 8 --ep 8", &p), 0);
+    cr_expect_eq(p.trainable_params, 46702792704LL);
+    cr_expect_eq(p.bytes[MT_MEM_BASE], 0, "nothing frozen");
+    cr_expect_eq(p.units_gpu, 32);
+    cr_expect_eq(p.trainable_gpu, 46702792704LL - 7 * 32 * 176160768LL);
+    cr_expect(!p.fits);
+    cr_assert_eq(plan_of(0, "--mode lora --r 8 --targets attn", &p), 0);
+    cr_expect_eq(p.trainable_params, 32LL * 8 * (2 * (4096 + 4096) + 2 * (4096 + 1024)));
+    cr_expect_eq(p.units, 0);
+    cr_assert_eq(plan_of(0, "--mode router --layers 16-31", &p), 0);
+    cr_expect_eq(p.trainable_params, 16 * 32768);
+}
+
+Test(plan, workspace_flag_overrides_the_guess) {
+    mt_plan p;
+    cr_assert_eq(plan_of('C', "--workspace 3GB", &p), 0);
+    cr_expect_eq(p.bytes[MT_MEM_WORK], 3000000000ull);
+    cr_expect(!p.workspace_guessed);
+    cr_assert_eq(plan_of('C', "--gpu-mem 30GiB", &p), 0);
+    cr_expect(p.fits, "30.68 GB < 32.21 GB");
+    cr_assert_eq(plan_of('C', "--gpu-mem 30GB", &p), 0);
+    cr_expect(!p.fits);
+}
+
+Test(plan, checks_name_the_flag) {
+    static const struct { const char *flags, *needle; } bad[] = {
+        {"--gpus 3 --ep 3", "--ep"},   {"--ep 3", "--ep"},          {"--gpus 2 --ep 4", "--gpus"},
+        {"--layers 32", "--layers"},   {"--experts 0,8", "--experts"}, {"--zero 3", "--zero"},
+        {"--seq 0", "--seq"},          {"--r 0", "--r"},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
+        mt_plan p;
+        cr_expect_neq(plan_of('C', bad[i].flags, &p), 0, "%s accepted", bad[i].flags);
+        cr_expect(strstr(mt_error_get(), bad[i].needle), "%s: got '%s'", bad[i].flags, mt_error_get());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Suggestions
+
+static const mt_plan_suggestion *find_change(const mt_plan_suggestion *s, int n, const char *change) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(s[i].change, change) == 0) return &s[i];
+    return NULL;
+}
+
+static int suggest(char which, const char *flags, mt_plan_suggestion *out) {
+    mt_model_config cfg;
+    mt_run_opts o;
+    mt_plan_mixtral_8x7b(&cfg);
+    cr_assert_eq(case_opts(which, flags, &o), 0);
+    return mt_plan_suggest(&cfg, &o, out, MT_PLAN_MAX_SUGGESTIONS);
+}
+
+Test(plan, suggestions_are_recomputed_plans_that_fit) {
+    mt_plan_suggestion s[MT_PLAN_MAX_SUGGESTIONS];
+    int n = suggest('B', "", s);
+    const mt_plan_suggestion *ep2 = find_change(s, n, "--gpus 2 --ep 2");
+    cr_assert_not_null(ep2);
+    cr_expect(fabs(gb(ep2->plan.total) - 32.26) <= 0.005);
+    const mt_plan_suggestion *adam = find_change(s, n, "--adam-8bit --no-master-weights");
+    cr_assert_not_null(adam);
+    cr_expect(fabs(gb(adam->plan.total) - 38.61) <= 0.005);
+    cr_assert_not_null(find_change(s, n, "--offload-optimizer"));
+    cr_expect_null(find_change(s, n, "--seq 512"), "half the sequence saves 0.5 GB: not enough");
+    for (int i = 0; i < n; i++) cr_expect(s[i].plan.fits, "%s listed but does not fit", s[i].change);
+
+    n = suggest('A', "--quant none", s);
+    const mt_plan_suggestion *q = find_change(s, n, "--quant nf4");
+    cr_assert_not_null(q);
+    cr_expect(fabs(gb(q->plan.total) - 27.03) <= 0.005);
+    cr_expect_null(find_change(s, n, "--gpus 2 --ep 2"), "51.36 GB does not fit");
+    cr_expect_not_null(find_change(s, n, "--gpus 4 --ep 4"));
+
+    n = suggest('C', "--checkpointing none --gpu-mem 38GB", s);
+    cr_expect_not_null(find_change(s, n, "--checkpointing full"));
+    cr_expect_eq(suggest('A', "--gpu-mem 5GB", s), 0, "nothing single fits 5 GB");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The built-in config against configs/mixtral-8x7b.json
+
+Test(plan, builtin_config_matches_configs_json) {
+    const char *path = MT_REPO_ROOT "/configs/mixtral-8x7b.json";
+    if (access(path, R_OK) != 0) cr_skip_test("%s is not written yet", path);
+    mt_model_config file, builtin;
+    cr_assert_eq(mt_model_config_load(path, &file), 0, "%s", mt_error_get());
+    mt_plan_mixtral_8x7b(&builtin);
+    cr_expect_eq(file.hidden, builtin.hidden);
+    cr_expect_eq(file.intermediate, builtin.intermediate);
+    cr_expect_eq(file.layers, builtin.layers);
+    cr_expect_eq(file.heads, builtin.heads);
+    cr_expect_eq(file.kv_heads, builtin.kv_heads);
+    cr_expect_eq(file.head_dim, builtin.head_dim);
+    cr_expect_eq(file.experts, builtin.experts);
+    cr_expect_eq(file.top_k, builtin.top_k);
+    cr_expect_eq(file.vocab, builtin.vocab);
+    cr_expect_eq(file.tie_word_embeddings, builtin.tie_word_embeddings);
+    cr_expect_eq(mt_config_total_params(&file), mt_config_total_params(&builtin));
+    for (const char *c = "ABC"; *c; c++) {
+        mt_run_opts o;
+        mt_plan a, b;
+        cr_assert_eq(case_opts(*c, "", &o), 0);
+        cr_assert_eq(mt_plan_compute(&file, &o, &a), 0);
+        cr_assert_eq(mt_plan_compute(&builtin, &o, &b), 0);
+        cr_expect_eq(a.total, b.total, "case %c", *c);
+    }
+}
+
+Test(plan, model_count_matches_config_for_other_shapes) {
+    static const char *names[] = {"tiny.json", "mid.json", "mixtral-8x7b.json"};
+    int seen = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, names[i]);
+        if (access(path, R_OK) != 0) continue;
+        mt_model_config cfg;
+        cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+        mt_run_opts o;
+        mt_plan p;
+        cr_assert_eq(case_opts(0, "--mode full", &o), 0);
+        cr_assert_eq(mt_plan_compute(&cfg, &o, &p), 0, "%s: %s", names[i], mt_error_get());
+        cr_expect_eq(p.model_params, mt_config_total_params(&cfg), "%s", names[i]);
+        cr_expect_eq(p.trainable_params, p.model_params, "%s: full mode trains everything", names[i]);
+        seen++;
+    }
+    if (!seen) cr_skip_test("no configs/*.json written yet");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command
+
+static char out[1 << 16];
+
+Test(plan, cli_case_b_does_not_fit_and_says_what_would) {
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B"), MT_EXIT_NOFIT, "%s", out);
+    cr_expect(strstr(out, "NO (136%)"), "%s", out);
+    cr_expect(strstr(out, "--gpus 2 --ep 2") && strstr(out, "32.26"), "%s", out);
+    cr_expect(strstr(out, "33.8 GB"), "the source's figures beside ours: %s", out);
+}
+
+Test(plan, cli_case_b_on_two_gpus_fits) {
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --gpus 2 --ep 2"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "32.26"), "%s", out);
+    cr_expect(strstr(out, "yes (73%)"), "%s", out);
+    cr_expect(strstr(out, "33.83 GB"), "the source comparison stays on the case's own settings: %s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case A --quant none --gpus 4 --ep 4"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "28.81"), "%s", out);
+}
+
+Test(plan, cli_json) {
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --json"), MT_EXIT_OK, "%s", out);
+    cJSON *j = cJSON_Parse(out);
+    cr_assert_not_null(j, "not JSON: %s", out);
+    cJSON *g = cJSON_GetObjectItem(j, "gb"), *b = cJSON_GetObjectItem(j, "bytes");
+    cr_assert(g && b);
+    cr_expect(fabs(cJSON_GetObjectItem(g, "total")->valuedouble - 30.68) <= 0.005);
+    mt_plan p;
+    cr_assert_eq(plan_of('C', "", &p), 0);
+    cr_expect_eq((uint64_t)cJSON_GetObjectItem(b, "total")->valuedouble, p.total);
+    cr_expect_eq((uint64_t)cJSON_GetObjectItem(b, "base")->valuedouble, p.bytes[MT_MEM_BASE]);
+    cr_expect(cJSON_IsTrue(cJSON_GetObjectItem(j, "fits")));
+    cr_expect_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "params"), "trainable")->valuedouble, 228593664.0);
+    cJSON *src = cJSON_GetObjectItem(j, "source");
+    cr_expect(cJSON_IsArray(src) && cJSON_GetArraySize(src) > 0);
+    cJSON_Delete(j);
+
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --json"), MT_EXIT_NOFIT);
+    j = cJSON_Parse(out);
+    cr_assert_not_null(j, "not JSON: %s", out);
+    cr_expect(cJSON_IsFalse(cJSON_GetObjectItem(j, "fits")));
+    cr_expect(cJSON_GetArraySize(cJSON_GetObjectItem(j, "suggestions")) >= 1);
+    cJSON_Delete(j);
+}
+
+Test(plan, cli_bad_input) {
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --bogus 1"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--bogus"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --gpus 3 --ep 3"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--ep") && strstr(out, "8 experts"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --ep 3"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--ep"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --mode lora"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--model"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --model /nonexistent/moetrain-model"), MT_EXIT_ERROR);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case A --measure"), MT_EXIT_NOT_BUILT);
+    cr_expect(strstr(out, "not built"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --help"), MT_EXIT_OK);
+    cr_expect(strstr(out, "usage: moetrain plan") && strstr(out, "--gpu-mem"), "%s", out);
+}
+
+Test(plan, cli_model_file_with_run_config) {
+    const char *model = MT_REPO_ROOT "/configs/mixtral-8x7b.json", *run = MT_REPO_ROOT "/configs/case-b.yaml";
+    if (access(model, R_OK) != 0 || access(run, R_OK) != 0) cr_skip_test("configs not written yet");
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --model %s --config %s", model, run), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "32.26"), "%s", out);
+}

@@ -1,0 +1,96 @@
+// trainer/plan.h — the analytic memory planner: BUDGETS.md's arithmetic, per GPU, by the
+// ledger's categories (core/ledger.h), for a model config and a run's options.
+//
+// Every figure is for the most loaded GPU: with expert parallelism (EP) the rank that holds
+// the most trainable experts (they go round-robin over the EP ranks, so ceil(n/P)).
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/ledger.h"
+#include "model/config.h"
+#include "trainer/options.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_PLAN_MAX_PARTS 6
+#define MT_PLAN_MAX_SUGGESTIONS 16
+
+// One kind of trainable weight: `count` copies of `each` params ("12 × 176,160,768 experts").
+typedef struct mt_plan_part {
+    const char *what;
+    int64_t count, each;
+    int replicated;  // 1: every GPU holds it (data parallel); 0: per expert, spread over EP ranks
+} mt_plan_part;
+
+typedef struct mt_plan {
+    // Parameter counts behind the bytes.
+    int64_t model_params;       // the checkpoint's weights
+    int64_t trainable_params;   // the whole run, each weight once (LoRA weights are new ones)
+    mt_plan_part parts[MT_PLAN_MAX_PARTS];
+    int n_parts;
+    int64_t units, units_gpu;   // trainable expert units (an expert, or its LoRA set): run, worst GPU
+    int64_t trainable_gpu;      // trainable params on the worst GPU
+    int64_t frozen_quant_gpu;   // frozen Linear weights on the worst GPU in the 4-bit format
+    int64_t frozen_bf16_gpu;    // frozen weights on the worst GPU in bf16
+    uint64_t frozen_quant_bytes;
+    double quant_bits;          // effective bits per 4-bit weight, constants included (0: none)
+    // Bytes on the worst GPU, by category, and their sum.
+    uint64_t bytes[MT_MEM_COUNT];
+    uint64_t total;
+    uint64_t host_bytes;        // Adam state + master moved to host memory (per GPU rank)
+    uint64_t act_layer;         // A_layer of BUDGETS.md §3.2: one layer's kept activations
+    int workspace_guessed;      // 1: the default guess, not --workspace or a measurement
+    double gpu_mem;
+    double percent;             // total / gpu_mem · 100
+    int fits;
+} mt_plan;
+
+// A change to the run and the plan it gives.
+typedef struct mt_plan_suggestion {
+    char change[96];  // the flags to add, e.g. "--gpus 2 --ep 2"
+    mt_plan plan;
+} mt_plan_suggestion;
+
+// Mixtral-8x7B's config.json (FORMATS.md §3.1), for --case without --model.
+void mt_plan_mixtral_8x7b(mt_model_config *cfg);
+// Sets BUDGETS.md §4's case 'A', 'B' or 'C' on `o` (flags parsed afterwards override it).
+int mt_plan_case_apply(mt_run_opts *o, char which);
+
+// Bytes of one frozen Linear of `n` weights in the run's base format (--quant).
+uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o);
+// BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory.
+uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
+uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o);
+
+// Checks the options against the model (errors name the flag) and computes the plan.
+// 0, or -1 with mt_error_set().
+int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p);
+
+// Single changes to `o` that make the run fit, each with its plan: a 4-bit base, EP over 2, 4,
+// 8, ... GPUs, 8-bit Adam without master weights, optimizer offload, full checkpointing,
+// half the sequence, half the batch. Returns how many were written (0: none fits).
+int mt_plan_suggest(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_suggestion *out,
+                    int max);
+
+// What the report prints: the run, its plan, and the suggestions when it does not fit.
+typedef struct mt_plan_report {
+    const char *model_name;
+    const mt_model_config *cfg;
+    const mt_run_opts *opts;
+    const mt_plan *plan;
+    const mt_plan_suggestion *suggestions;
+    int n_suggestions;
+    const mt_plan *case_plan;  // --case: the case on its own settings, beside the source's figures
+} mt_plan_report;
+
+// The text table; for --case also the source document's figures beside ours.
+void mt_plan_print(FILE *out, const mt_plan_report *r);
+// The same as JSON (bytes as integers, GB as numbers); the caller frees the string.
+char *mt_plan_json(const mt_plan_report *r);
+
+#ifdef __cplusplus
+}
+#endif
