@@ -99,6 +99,9 @@ const char *mt_st_dtype_of(mt_dtype t);
 // a dimension negative, the size overflows, or the bits are not a whole number of bytes.
 int mt_st_nbytes(const char *dtype, int ndim, const int64_t *shape, uint64_t *nbytes);
 
+// Length of the longest well-formed UTF-8 prefix of s[0..len) (len when all of it is).
+size_t mt_st_utf8_prefix(const void *s, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
