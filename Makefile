@@ -39,7 +39,7 @@ CU_SRC :=
 ifeq ($(CUDA),1)
 CU_SRC := $(foreach d,$(DIRS),$(wildcard $(d)/*.cu))
 CFLAGS += -DMT_CUDA -I$(CUDA_HOME)/include
-NVCCFLAGS := -O2 -g -std=c++17 -I. -DMT_CUDA -MMD -MP \
+NVCCFLAGS := -O2 -g -std=c++20 -I. -DMT_CUDA -MMD -MP \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 \
              -Xcompiler -Wall,-Wextra

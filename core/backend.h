@@ -28,8 +28,11 @@ typedef struct mt_tensor {
     mt_mem_cat cat;
 } mt_tensor;
 
+typedef enum { MT_BACKEND_CPU, MT_BACKEND_CUDA, MT_BACKEND_NULL } mt_backend_kind;
+
 typedef struct mt_backend_ops {
     const char *name;
+    mt_backend_kind kind;  // folders outside core/ dispatch their own ops on it
     // Allocate `bytes` of backend memory. 0 on success; -1 with mt_error_set() on failure.
     int (*alloc)(mt_backend *be, size_t bytes, void **out);
     void (*free)(mt_backend *be, void *ptr);

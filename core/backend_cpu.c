@@ -77,6 +77,7 @@ static void cpu_destroy(mt_backend *be) { free(be); }
 
 static const mt_backend_ops cpu_ops = {
     .name = "cpu",
+    .kind = MT_BACKEND_CPU,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,

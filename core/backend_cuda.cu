@@ -324,15 +324,16 @@ static void cuda_destroy(mt_backend *be) {
 }
 
 static const mt_backend_ops cuda_ops = {
-    /* .name = */ "cuda",
-    /* .alloc = */ cuda_alloc,
-    /* .free = */ cuda_free,
-    /* .upload = */ cuda_upload,
-    /* .download = */ cuda_download,
-    /* .fill_zero = */ cuda_fill_zero,
-    /* .matmul = */ cuda_matmul,
-    /* .synchronize = */ cuda_synchronize,
-    /* .destroy = */ cuda_destroy,
+    .name = "cuda",
+    .kind = MT_BACKEND_CUDA,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .fill_zero = cuda_fill_zero,
+    .matmul = cuda_matmul,
+    .synchronize = cuda_synchronize,
+    .destroy = cuda_destroy,
 };
 
 extern "C" int mt_cuda_device_count(void) {

@@ -37,6 +37,7 @@ static void null_destroy(mt_backend *be) { free(be); }
 
 static const mt_backend_ops null_ops = {
     .name = "null",
+    .kind = MT_BACKEND_NULL,
     .alloc = null_alloc,
     .free = null_free,
     .upload = null_upload,

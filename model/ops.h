@@ -1,0 +1,54 @@
+// model/ops.h — the transformer's CPU reference kernels, fp32, row-major, named after the math.
+//
+// Conventions (as llm.c): T = tokens of a micro-batch (B sequences × S positions, b-major),
+// H = hidden. Forward functions write their outputs (=). Backward functions ACCUMULATE (+=)
+// into every gradient they produce, input gradients included; the caller zeroes them.
+// A NULL gradient pointer means "not needed" (a frozen weight) and is skipped.
+// These are the `_cpu` twins that the CUDA kernels of issue 6 are tested against.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// out [T, H] = wte[tokens[t]]                         wte [V, H]
+void embedding_forward_cpu(float *out, const int32_t *tokens, const float *wte, int T, int H);
+// dwte [V, H] += scatter of dout [T, H] by token
+void embedding_backward_cpu(float *dwte, const float *dout, const int32_t *tokens, int T, int H);
+
+// y [T, H] = x · rstd · w, rstd [T] = 1/sqrt(mean(x²) + eps) (saved for backward)
+void rmsnorm_forward_cpu(float *y, float *rstd, const float *x, const float *w, int T, int H, float eps);
+// dx [T, H] +=, dw [H] += (dw may be NULL)
+void rmsnorm_backward_cpu(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, int T, int H);
+
+// Rotary embedding, in place, Hugging Face's non-interleaved form (FORMATS.md §3.3):
+// x [T, n_heads, hd], pos [T]; inv_freq_j = theta^(-2j/hd), x' = x·cos + rotate_half(x)·sin.
+void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
+// The transpose rotation, in place on dx (the gradient of the rotated tensor becomes the
+// gradient of the unrotated one).
+void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
+
+// Causal grouped-query attention over B sequences of S positions (T = B·S):
+// q [T, nh, hd], k and v [T, nkv, hd] (query head h reads kv head h / (nh/nkv)), scale 1/sqrt(hd).
+// Position i attends to j ≤ i, and only to j > i - window when window > 0 (sliding window),
+// and only to keys whose key_mask[b·S + j] is 1 when key_mask is not NULL (padding).
+// out [T, nh, hd]; lse [T, nh] = log-sum-exp of each query's scaled scores (saved for backward,
+// so no S×S matrix is ever kept). A query with no visible key gets out = 0, lse = -INFINITY.
+void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
+                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
+// dq [T, nh, hd] +=, dk, dv [T, nkv, hd] +=; recomputes the probabilities from q, k and lse.
+void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse,
+                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
+
+// Cross-entropy of logits [T, V] against targets [T]; targets equal to ignore_index are skipped.
+// Returns the summed loss over counted tokens and sets *count. When dlogits is not NULL it is
+// ACCUMULATED with dscale · (softmax − onehot) on counted rows (dscale = 1/total count for a mean).
+double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const float *logits,
+                         const int32_t *targets, int T, int V, int ignore_index);
+
+#ifdef __cplusplus
+}
+#endif

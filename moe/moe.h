@@ -1,0 +1,70 @@
+// moe/moe.h — routing and experts, CPU reference kernels, fp32 (conventions of model/ops.h:
+// forward writes, backward ACCUMULATES, NULL gradient = not needed).
+//
+// T tokens, E experts, k experts per token. An "assignment" a = t·k + j is token t's j-th choice.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Router as transformers does it (FORMATS.md §3.3): probs [T, E] = softmax(logits [T, E]) in
+// fp32 over all experts; ids [T, k] = top-k of probs, highest first, ties to the lower expert
+// index; weights [T, k] = the chosen probs, renormalised to sum 1 when norm_topk.
+void router_forward_cpu(int32_t *ids, float *weights, float *probs, const float *logits, int T,
+                        int E, int k, int norm_topk);
+// dlogits [T, E] += the gradient through weights (dweights [T, k]); top-k selection is constant.
+void router_backward_cpu(float *dlogits, const float *dweights, const float *probs,
+                         const int32_t *ids, const float *weights, int T, int E, int k, int norm_topk);
+
+// Load-balancing aux loss (transformers' load_balancing_loss_func), over the rows of all layers
+// together: f[j,e] = mean over rows of 1[choice j = e], P_e = mean over rows of probs[e],
+// L = E · Σ_j Σ_e f[j,e] · P_e (only Σ_j f[j,e] matters, so counts are kept per expert).
+// Rows with row_mask[t] == 0 (padding) are left out; row_mask may be NULL.
+typedef struct moe_aux_stats {
+    int E, k;
+    double counts[1024];     // [E]: Σ over rows and choices of 1[choice = e]
+    double prob_sums[1024];  // [E]: Σ over rows of probs[e]
+    int64_t rows;
+} moe_aux_stats;
+void moe_aux_init(moe_aux_stats *s, int E, int k);
+void moe_aux_accumulate_cpu(moe_aux_stats *s, const float *probs, const int32_t *ids,
+                            const uint8_t *row_mask, int T);
+double moe_aux_loss(const moe_aux_stats *s);
+// dlogits [T, E] += coef · dL/dlogits for one layer's rows (f is constant; the gradient flows
+// through P and the softmax). `s` holds the totals over every layer.
+void moe_aux_backward_cpu(float *dlogits, float coef, const moe_aux_stats *s, const float *probs,
+                          const uint8_t *row_mask, int T);
+
+// Router z-loss (ST-MoE): mean over unmasked rows of logsumexp(logits)². Returns the sum over
+// this layer's rows and adds the row count to *rows; the caller divides by the total.
+double moe_zloss_sum_cpu(int64_t *rows, const float *logits, const uint8_t *row_mask, int T, int E);
+// dlogits += dscale · 2 · lse · softmax, on unmasked rows (dscale = coef / total rows).
+void moe_zloss_backward_cpu(float *dlogits, float dscale, const float *logits,
+                            const uint8_t *row_mask, int T, int E);
+
+// Stable counting sort of the T·k assignments by expert: order [T·k] lists assignment indices
+// expert by expert (within an expert, in assignment order); offsets [E+1]: expert e owns
+// order[offsets[e] .. offsets[e+1]); counts [E] (may be NULL) the tokens per expert.
+void moe_permute_cpu(int32_t *order, int32_t *offsets, int32_t *counts, const int32_t *ids, int T,
+                     int E, int k);
+// xs [T·k, H]: row i = x [order[i] / k]
+void moe_gather_cpu(float *xs, const float *x, const int32_t *order, int n, int H, int k);
+// dx [T, H] += row i of dxs added to token order[i] / k
+void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, int n, int H, int k);
+// out [T, H] += weights[order[i]] · ys[i]   (the weighted combine)
+void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,
+                     int H);
+// dys [T·k, H] += weights[a] · dout[t]; dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k)
+void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, const float *ys,
+                              const float *weights, const int32_t *order, int n, int H, int k);
+
+// SwiGLU: a [n] = silu(g) ⊙ u, silu(g) = g·sigmoid(g)
+void swiglu_forward_cpu(float *a, const float *g, const float *u, int64_t n);
+// dg, du [n] +=
+void swiglu_backward_cpu(float *dg, float *du, const float *da, const float *g, const float *u, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
