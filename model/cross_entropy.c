@@ -1,0 +1,48 @@
+// model/cross_entropy.c — softmax cross-entropy over a vocabulary, with ignored targets
+// (CPU reference, fp32 log-softmax, double loss sum).
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/common.h"
+#include "model/ops.h"
+
+// logits [T, V], targets [T] → returns Σ over counted rows of (logsumexp(row) − row[target]),
+// *count = rows whose target ≠ ignore_index; dlogits [T, V] += dscale·(softmax − onehot) on those
+// rows (ignored rows untouched; dlogits may be NULL).
+double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const float *logits,
+                         const int32_t *targets, int T, int V, int ignore_index) {
+    // Checked before the parallel loop, so that a bad id is a clean fatal, not an OOB read.
+    int64_t n = 0;
+    for (int t = 0; t < T; t++) {
+        if (targets[t] == ignore_index) continue;
+        if (targets[t] < 0 || targets[t] >= V)
+            mt_fatal(MT_EXIT_ERROR, "cross_entropy: row %d has target %d outside [0, %d) (ignore_index %d)",
+                     t, targets[t], V, ignore_index);
+        n++;
+    }
+    // Row losses in a buffer and summed in order afterwards: the same sum at any thread count.
+    double *row_loss = mt_xmalloc((size_t)(T > 0 ? T : 1) * sizeof(double));
+#pragma omp parallel for
+    for (int t = 0; t < T; t++) {
+        row_loss[t] = 0.0;
+        if (targets[t] == ignore_index) continue;
+        const float *lt = logits + (int64_t)t * V;
+        float m = -INFINITY;  // max-subtracted: exp never overflows
+        for (int i = 0; i < V; i++) m = lt[i] > m ? lt[i] : m;
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) sum += expf(lt[i] - m);
+        float lse = m + (float)log(sum);
+        row_loss[t] = (double)lse - lt[targets[t]];
+        if (dlogits) {
+            float *dt = dlogits + (int64_t)t * V;
+            float inv = (float)(1.0 / sum);
+            for (int i = 0; i < V; i++) dt[i] += dscale * (expf(lt[i] - m) * inv);
+            dt[targets[t]] -= dscale;
+        }
+    }
+    double loss = 0.0;
+    for (int t = 0; t < T; t++) loss += row_loss[t];
+    free(row_loss);
+    if (count) *count = n;
+    return loss;
+}

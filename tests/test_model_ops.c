@@ -1,0 +1,497 @@
+// model/ops.h CPU reference kernels: forwards against naive double-precision references written
+// here, every backward against central finite differences (tests/fd.h), edge cases of masking.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/rng.h"
+#include "model/ops.h"
+#include "tests/fd.h"
+
+// fp32 forwards: with h = 1e-2 the worst normalised error of a right gradient is < 1e-3 here
+// (rounding noise ~1e-4/h·1e-3, truncation ~h²), about 5e-3 with h = 1e-3; a wrong formula gives
+// O(1). FD_FLOOR is relative to the largest |gradient|. MT_FD_VERBOSE=1 prints every report.
+#define FD_H 1e-2f
+#define FD_TOL 1e-2
+#define FD_FLOOR 3e-2
+
+static float *randn(int64_t n, uint64_t seed, float scale) {
+    mt_rng r;
+    mt_rng_seed(&r, seed, 0);
+    float *x = mt_xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = scale * mt_rng_normal(&r);
+    return x;
+}
+
+static float *zeros(int64_t n) { return mt_xcalloc((size_t)n, sizeof(float)); }
+
+static double dot_fd(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// Checks one gradient by FD and asserts; `what` names it in the failure message.
+static void check_grad(fd_fn f, void *ctx, float *x, const float *g, int64_t n, const char *what) {
+    fd_report r = fd_check_f32(f, ctx, x, g, n, FD_H, FD_FLOOR * fd_max_abs(g, n));
+    if (getenv("MT_FD_VERBOSE")) fprintf(stderr, "%s: " FD_FMT "\n", what, FD_ARGS(r));
+    cr_assert(r.checked == n && r.worst < FD_TOL, "%s: " FD_FMT, what, FD_ARGS(r));
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+
+typedef struct { int T, H, V; const int32_t *tok; float *wte, *out; const float *g; } emb_ctx;
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    embedding_forward_cpu(c->out, c->tok, c->wte, c->T, c->H);
+    return dot_fd(c->out, c->g, (int64_t)c->T * c->H);
+}
+
+Test(model_ops, embedding_gathers_and_backward_accumulates_repeated_tokens) {
+    enum { T = 7, H = 5, V = 6 };
+    int32_t tok[T] = {3, 0, 3, 5, 3, 1, 0};  // 3 three times, 0 twice, 2 and 4 never
+    float *wte = randn(V * H, 1, 1), *out = zeros(T * H), *g = randn(T * H, 2, 1);
+    embedding_forward_cpu(out, tok, wte, T, H);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(memcmp(out + t * H, wte + tok[t] * H, H * sizeof(float)), 0, "row %d", t);
+    float *dwte = zeros(V * H);
+    embedding_backward_cpu(dwte, g, tok, T, H);
+    for (int i = 0; i < H; i++) {
+        cr_assert_float_eq(dwte[3 * H + i], g[0 * H + i] + g[2 * H + i] + g[4 * H + i], 1e-6);
+        cr_assert_eq(dwte[2 * H + i], 0.0f);
+        cr_assert_eq(dwte[4 * H + i], 0.0f);
+    }
+    emb_ctx c = {T, H, V, tok, wte, out, g};
+    check_grad(emb_loss, &c, wte, dwte, V * H, "embedding dwte");
+    embedding_backward_cpu(NULL, g, tok, T, H);  // frozen: skipped
+    free(wte), free(out), free(g), free(dwte);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm
+
+typedef struct { int T, H; float eps; float *x, *w, *y, *rstd; const float *g; } rms_ctx;
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    rmsnorm_forward_cpu(c->y, c->rstd, c->x, c->w, c->T, c->H, c->eps);
+    return dot_fd(c->y, c->g, (int64_t)c->T * c->H);
+}
+
+Test(model_ops, rmsnorm_forward_matches_double_reference) {
+    enum { T = 6, H = 37 };
+    float eps = 1e-5f;
+    float *x = randn(T * H, 3, 2), *w = randn(H, 4, 1), *y = zeros(T * H), *rstd = zeros(T);
+    for (int i = 0; i < H; i++) x[5 * H + i] = 0;  // an all-zero row: rstd = 1/sqrt(eps), y = 0
+    rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)x[t * H + i] * x[t * H + i];
+        double r = 1.0 / sqrt(ss / H + eps);
+        cr_assert(fabs(rstd[t] - r) <= 1e-6 * r, "rstd[%d] %g vs %g", t, rstd[t], r);
+        for (int i = 0; i < H; i++) {
+            double ref = x[t * H + i] * r * w[i];
+            cr_assert(fabs(y[t * H + i] - ref) <= 1e-6 * (fabs(ref) + 1e-3), "y[%d,%d] %g vs %g", t,
+                      i, y[t * H + i], ref);
+        }
+    }
+    free(x), free(w), free(y), free(rstd);
+}
+
+Test(model_ops, rmsnorm_backward_fd_dx_and_dw) {
+    enum { T = 5, H = 16 };
+    float *x = randn(T * H, 5, 1.5f), *w = randn(H, 6, 1), *y = zeros(T * H), *rstd = zeros(T);
+    float *g = randn(T * H, 7, 1), *dx = zeros(T * H), *dw = zeros(H);
+    rms_ctx c = {T, H, 1e-5f, x, w, y, rstd, g};
+    rms_loss(&c);
+    rmsnorm_backward_cpu(dx, dw, g, x, w, rstd, T, H);
+    check_grad(rms_loss, &c, x, dx, T * H, "rmsnorm dx");
+    check_grad(rms_loss, &c, w, dw, H, "rmsnorm dw");
+    float *dx2 = zeros(T * H);  // dw NULL (frozen weight) still gives dx
+    rmsnorm_backward_cpu(dx2, NULL, g, x, w, rstd, T, H);
+    cr_assert_eq(memcmp(dx, dx2, sizeof(float) * T * H), 0);
+    free(x), free(w), free(y), free(rstd), free(g), free(dx), free(dw), free(dx2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope
+
+// The HF fp32 angle (see model/rope.c), then cos/sin and the rotation in double.
+static void rope_ref(double *out, const float *x, const int32_t *pos, int T, int nh, int hd,
+                     float theta, int fp32_angles) {
+    int half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < half; j++) {
+            double angle;
+            if (fp32_angles) {
+                float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+                angle = (float)pos[t] * inv_freq;
+            } else {
+                angle = pos[t] * pow((double)theta, -2.0 * j / hd);
+            }
+            for (int h = 0; h < nh; h++) {
+                const float *xh = x + ((int64_t)t * nh + h) * hd;
+                double *o = out + ((int64_t)t * nh + h) * hd;
+                o[j] = xh[j] * cos(angle) - xh[j + half] * sin(angle);
+                o[j + half] = xh[j + half] * cos(angle) + xh[j] * sin(angle);
+            }
+        }
+}
+
+static double rope_max_err(const float *a, const double *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - b[i]));
+    return m;
+}
+
+Test(model_ops, rope_forward_matches_cos_sin_formula) {
+    enum { T = 6, NH = 3, HD = 16, N = T * NH * HD };
+    int32_t pos[T] = {0, 1, 2, 7, 100, 4000};
+    float *x = randn(N, 8, 1), *y = mt_xmalloc(N * sizeof(float));
+    double ref[N];
+    memcpy(y, x, N * sizeof(float));
+    rope_forward_cpu(y, pos, T, NH, HD, 10000.0f);
+    rope_ref(ref, x, pos, T, NH, HD, 10000.0f, 1);
+    cr_assert(rope_max_err(y, ref, N) < 2e-6, "vs HF fp32 angles: %g", rope_max_err(y, ref, N));
+    for (int i = 0; i < NH * HD; i++) cr_assert_eq(y[i], x[i], "position 0 is the identity");
+    // Small positions: the fp32 angles are the exact ones to ~1e-7.
+    rope_ref(ref, x, pos, 4, NH, HD, 10000.0f, 0);
+    cr_assert(rope_max_err(y, ref, 4 * NH * HD) < 2e-6);
+    free(x), free(y);
+}
+
+Test(model_ops, rope_uses_fp32_angles_like_transformers) {
+    // At large positions fp32 angles differ from exact ones by ~ulp(angle): we follow HF's fp32.
+    enum { T = 2, NH = 1, HD = 128, N = T * NH * HD };
+    int32_t pos[T] = {31999, 123457};
+    float *x = randn(N, 9, 1), *y = mt_xmalloc(N * sizeof(float));
+    double ref[N];
+    memcpy(y, x, N * sizeof(float));
+    rope_forward_cpu(y, pos, T, NH, HD, 1e6f);
+    rope_ref(ref, x, pos, T, NH, HD, 1e6f, 1);
+    cr_assert(rope_max_err(y, ref, N) < 2e-6, "vs HF fp32 angles: %g", rope_max_err(y, ref, N));
+    rope_ref(ref, x, pos, T, NH, HD, 1e6f, 0);
+    cr_assert(rope_max_err(y, ref, N) > 1e-4, "exact angles should differ here: %g",
+              rope_max_err(y, ref, N));
+    free(x), free(y);
+}
+
+typedef struct { int T, NH, HD; const int32_t *pos; float *x, *y; const float *g; } rope_ctx;
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    int64_t n = (int64_t)c->T * c->NH * c->HD;
+    memcpy(c->y, c->x, n * sizeof(float));
+    rope_forward_cpu(c->y, c->pos, c->T, c->NH, c->HD, 10000.0f);
+    return dot_fd(c->y, c->g, n);
+}
+
+Test(model_ops, rope_backward_is_the_transpose_and_fd) {
+    enum { T = 5, NH = 2, HD = 8, N = T * NH * HD };
+    int32_t pos[T] = {0, 3, 1, 50, 9};
+    float *x = randn(N, 10, 1), *y = randn(N, 11, 1), *rx = mt_xmalloc(N * 4), *rty = mt_xmalloc(N * 4);
+    memcpy(rx, x, N * 4);
+    memcpy(rty, y, N * 4);
+    rope_forward_cpu(rx, pos, T, NH, HD, 10000.0f);
+    rope_backward_cpu(rty, pos, T, NH, HD, 10000.0f);
+    double a = dot_fd(rx, y, N), b = dot_fd(x, rty, N);
+    cr_assert(fabs(a - b) < 1e-5 * (fabs(a) + 1), "<Rx,y> %.9g vs <x,R'y> %.9g", a, b);
+    rope_backward_cpu(rx, pos, T, NH, HD, 10000.0f);  // RᵀR = I
+    for (int i = 0; i < N; i++) cr_assert(fabs(rx[i] - x[i]) < 1e-6, "R'R x [%d]", i);
+    // FD: the gradient of <y, R x> with respect to x is Rᵀ y.
+    float *buf = zeros(N);
+    rope_ctx c = {T, NH, HD, pos, x, buf, y};
+    check_grad(rope_loss, &c, x, rty, N, "rope dx");
+    free(x), free(y), free(rx), free(rty), free(buf);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+typedef struct {
+    int B, S, nh, nkv, hd, window;
+    const uint8_t *mask;
+    float *q, *k, *v, *out, *lse;
+    const float *g;
+} attn_ctx;
+
+static attn_ctx attn_make(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask,
+                          uint64_t seed) {
+    int64_t T = (int64_t)B * S;
+    attn_ctx c = {B, S, nh, nkv, hd, window, mask, randn(T * nh * hd, seed, 1),
+                  randn(T * nkv * hd, seed + 1, 1), randn(T * nkv * hd, seed + 2, 1),
+                  zeros(T * nh * hd), zeros(T * nh), randn(T * nh * hd, seed + 3, 1)};
+    return c;
+}
+
+static void attn_free(attn_ctx *c) {
+    free(c->q), free(c->k), free(c->v), free(c->out), free(c->lse), free((void *)c->g);
+}
+
+static double attn_loss(void *p) {
+    attn_ctx *c = p;
+    attention_forward_cpu(c->out, c->lse, c->q, c->k, c->v, c->mask, c->B, c->S, c->nh, c->nkv,
+                          c->hd, c->window);
+    return dot_fd(c->out, c->g, (int64_t)c->B * c->S * c->nh * c->hd);
+}
+
+// The whole S×S score matrix in double, masked as transformers builds it:
+// allowed = causal (kv ≤ q) ∧ sliding (kv > q − window) ∧ padding (mask[kv]).
+static void attn_ref(double *out, double *lse, const attn_ctx *c) {
+    int S = c->S, nh = c->nh, hd = c->hd;
+    double *s = mt_xmalloc(sizeof(double) * S * S);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < nh; h++) {
+            int kvh = h / (nh / c->nkv);
+            for (int qi = 0; qi < S; qi++)
+                for (int kv = 0; kv < S; kv++) {
+                    int ok = kv <= qi && (c->window == 0 || kv > qi - c->window) &&
+                             (!c->mask || c->mask[b * S + kv]);
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)c->q[((b * S + qi) * nh + h) * hd + e] *
+                             c->k[((b * S + kv) * c->nkv + kvh) * hd + e];
+                    s[qi * S + kv] = ok ? d / sqrt(hd) : -INFINITY;
+                }
+            for (int qi = 0; qi < S; qi++) {
+                double m = -INFINITY, z = 0;
+                for (int kv = 0; kv < S; kv++) m = fmax(m, s[qi * S + kv]);
+                double *o = out + ((int64_t)(b * S + qi) * nh + h) * hd;
+                for (int e = 0; e < hd; e++) o[e] = 0;
+                if (m == -INFINITY) {
+                    lse[(b * S + qi) * nh + h] = -INFINITY;
+                    continue;
+                }
+                for (int kv = 0; kv < S; kv++) z += exp(s[qi * S + kv] - m);
+                for (int kv = 0; kv < S; kv++) {
+                    double p = exp(s[qi * S + kv] - m) / z;
+                    for (int e = 0; e < hd; e++) o[e] += p * c->v[((b * S + kv) * c->nkv + kvh) * hd + e];
+                }
+                lse[(b * S + qi) * nh + h] = m + log(z);
+            }
+        }
+    free(s);
+}
+
+static void attn_check_forward(attn_ctx *c, const char *what) {
+    int64_t T = (int64_t)c->B * c->S, no = T * c->nh * c->hd;
+    double *ro = mt_xmalloc(sizeof(double) * no), *rl = mt_xmalloc(sizeof(double) * T * c->nh);
+    attn_loss(c);
+    attn_ref(ro, rl, c);
+    for (int64_t i = 0; i < no; i++)
+        cr_assert(fabs(c->out[i] - ro[i]) < 1e-5, "%s: out[%lld] %g vs %g", what, (long long)i,
+                  c->out[i], ro[i]);
+    for (int64_t i = 0; i < T * c->nh; i++) {
+        if (rl[i] == -INFINITY) {
+            cr_assert(c->lse[i] == -INFINITY, "%s: lse[%lld] %g, want -inf", what, (long long)i, c->lse[i]);
+            continue;
+        }
+        cr_assert(fabs(c->lse[i] - rl[i]) < 1e-5 * (1 + fabs(rl[i])), "%s: lse[%lld] %g vs %g", what,
+                  (long long)i, c->lse[i], rl[i]);
+    }
+    free(ro), free(rl);
+}
+
+// Sequence 1 is left-padded by 3, sequence 0 not; S = 9.
+static const uint8_t PAD_MASK[18] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1};
+
+Test(model_ops, attention_forward_matches_full_softmax_reference) {
+    struct { int nh, nkv, window; const uint8_t *mask; } cases[] = {
+        {4, 2, 0, NULL},     {4, 2, 4, NULL},     {4, 2, 3, PAD_MASK}, {4, 4, 0, PAD_MASK},
+        {4, 1, 5, PAD_MASK}, {4, 1, 0, NULL},     {2, 2, 100, NULL},   {4, 2, 9, NULL},
+    };
+    for (size_t n = 0; n < MT_ARRAY_LEN(cases); n++) {
+        attn_ctx c = attn_make(2, 9, cases[n].nh, cases[n].nkv, 8, cases[n].window, cases[n].mask, 20 + n);
+        char what[64];
+        snprintf(what, sizeof what, "nh=%d nkv=%d window=%d mask=%d", c.nh, c.nkv, c.window, !!c.mask);
+        attn_check_forward(&c, what);
+        attn_free(&c);
+    }
+}
+
+Test(model_ops, attention_window_1_sees_only_itself) {
+    attn_ctx c = attn_make(2, 6, 4, 2, 8, 1, NULL, 40);
+    attn_loss(&c);
+    for (int t = 0; t < 12; t++)
+        for (int h = 0; h < 4; h++) {
+            const float *o = c.out + (t * 4 + h) * 8, *v = c.v + (t * 2 + h / 2) * 8;
+            for (int e = 0; e < 8; e++) cr_assert_float_eq(o[e], v[e], 1e-6, "t=%d h=%d", t, h);
+            double s = dot_fd(c.q + (t * 4 + h) * 8, c.k + (t * 2 + h / 2) * 8, 8) / sqrt(8);
+            cr_assert(fabs(c.lse[t * 4 + h] - s) < 1e-5, "lse is the own score");
+        }
+    attn_free(&c);
+}
+
+Test(model_ops, attention_fully_masked_rows_give_zero_and_no_nan) {
+    // Left padding: sequence 1's first 3 queries see no key at all.
+    attn_ctx c = attn_make(2, 9, 4, 2, 8, 0, PAD_MASK, 50);
+    int64_t T = 18, nq = T * 4 * 8, nk = T * 2 * 8;
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
+    attn_loss(&c);
+    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, c.mask, 2, 9, 4, 2, 8, 0);
+    for (int t = 9; t < 12; t++)
+        for (int h = 0; h < 4; h++) {
+            cr_assert(c.lse[t * 4 + h] == -INFINITY);
+            for (int e = 0; e < 8; e++) {
+                cr_assert_eq(c.out[(t * 4 + h) * 8 + e], 0.0f);
+                cr_assert_eq(dq[(t * 4 + h) * 8 + e], 0.0f);
+            }
+        }
+    for (int t = 9; t < 12; t++)  // padded keys get no gradient either
+        for (int e = 0; e < 16; e++) cr_assert(dk[t * 16 + e] == 0.0f && dv[t * 16 + e] == 0.0f);
+    for (int64_t i = 0; i < nq; i++) cr_assert(isfinite(c.out[i]) && isfinite(dq[i]), "[%lld]", (long long)i);
+    for (int64_t i = 0; i < nk; i++) cr_assert(isfinite(dk[i]) && isfinite(dv[i]), "[%lld]", (long long)i);
+    // Every key masked: all rows empty.
+    uint8_t none[18] = {0};
+    c.mask = none;
+    attn_loss(&c);
+    for (int64_t i = 0; i < nq; i++) cr_assert_eq(c.out[i], 0.0f);
+    memset(dq, 0, nq * 4);
+    attention_backward_cpu(dq, dk, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, c.mask, 2, 9, 4, 2, 8, 0);
+    for (int64_t i = 0; i < nq; i++) cr_assert_eq(dq[i], 0.0f);
+    free(dq), free(dk), free(dv);
+    attn_free(&c);
+}
+
+static void attn_check_backward(int nh, int nkv, int window, const uint8_t *mask, uint64_t seed) {
+    attn_ctx c = attn_make(2, 9, nh, nkv, 8, window, mask, seed);
+    int64_t nq = 18 * nh * 8, nk = 18 * nkv * 8;
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
+    attn_loss(&c);
+    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, mask, 2, 9, nh, nkv, 8, window);
+    char what[80];
+    snprintf(what, sizeof what, "attention nh=%d nkv=%d window=%d: dq", nh, nkv, window);
+    check_grad(attn_loss, &c, c.q, dq, nq, what);
+    snprintf(what, sizeof what, "attention nh=%d nkv=%d window=%d: dk", nh, nkv, window);
+    check_grad(attn_loss, &c, c.k, dk, nk, what);
+    snprintf(what, sizeof what, "attention nh=%d nkv=%d window=%d: dv", nh, nkv, window);
+    check_grad(attn_loss, &c, c.v, dv, nk, what);
+    free(dq), free(dk), free(dv);
+    attn_free(&c);
+}
+
+Test(model_ops, attention_backward_fd_gqa_window_left_padding) {
+    attn_check_backward(4, 2, 4, PAD_MASK, 60);
+}
+
+Test(model_ops, attention_backward_fd_mha_and_single_kv_head) {
+    attn_check_backward(4, 4, 0, NULL, 70);
+    attn_check_backward(4, 1, 3, PAD_MASK, 80);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cross-entropy
+
+Test(model_ops, cross_entropy_uniform_logits_give_log_v) {
+    enum { T = 4, V = 50 };
+    float logits[T * V], dl[T * V] = {0};
+    for (int i = 0; i < T * V; i++) logits[i] = 3.25f;
+    int32_t tgt[T] = {0, 49, -100, 7};
+    int64_t n = -1;
+    double loss = cross_entropy_cpu(dl, 1.0f, &n, logits, tgt, T, V, -100);
+    cr_assert_eq(n, 3);
+    cr_assert(fabs(loss - 3 * log(V)) < 1e-5, "loss %.9g vs 3 log V %.9g", loss, 3 * log(V));
+    for (int v = 0; v < V; v++) cr_assert_float_eq(dl[3 * V + v], v == 7 ? 1.0 / V - 1 : 1.0 / V, 1e-7);
+}
+
+// Row by row in double, skipping ignored rows.
+static double ce_ref(const float *logits, const int32_t *tgt, int T, int V, int ignore) {
+    double loss = 0;
+    for (int t = 0; t < T; t++) {
+        if (tgt[t] == ignore) continue;
+        double m = -INFINITY, z = 0;
+        for (int v = 0; v < V; v++) m = fmax(m, logits[t * V + v]);
+        for (int v = 0; v < V; v++) z += exp(logits[t * V + v] - m);
+        loss += m + log(z) - logits[t * V + tgt[t]];
+    }
+    return loss;
+}
+
+Test(model_ops, cross_entropy_matches_reference_ignored_rows_contribute_nothing) {
+    enum { T = 6, V = 33 };
+    float *logits = randn(T * V, 90, 3), *dl = zeros(T * V);
+    for (int v = 0; v < V; v++) logits[2 * V + v] += 1e4f;  // large offset: stays finite
+    int32_t tgt[T] = {5, -1, 32, 0, -1, 17};
+    int64_t n;
+    double loss = cross_entropy_cpu(dl, 0.5f, &n, logits, tgt, T, V, -1);
+    cr_assert_eq(n, 4);
+    double ref = ce_ref(logits, tgt, T, V, -1);
+    cr_assert(fabs(loss - ref) < 1e-5 * (1 + fabs(ref)), "loss %.9g vs %.9g", loss, ref);
+    for (int v = 0; v < V; v++) cr_assert(dl[1 * V + v] == 0 && dl[4 * V + v] == 0, "ignored rows untouched");
+    for (int t = 0; t < T; t++) {  // each counted row's gradient sums to 0: dscale·(1 − 1)
+        double s = 0;
+        for (int v = 0; v < V; v++) s += dl[t * V + v];
+        cr_assert(fabs(s) < 1e-6, "row %d sums to %g", t, s);
+    }
+    // Changing an ignored row changes nothing; NULL dlogits just computes the loss.
+    for (int v = 0; v < V; v++) logits[4 * V + v] = 1e30f;
+    cr_assert_eq(cross_entropy_cpu(NULL, 0.5f, &n, logits, tgt, T, V, -1), loss);
+    int32_t none[T] = {-1, -1, -1, -1, -1, -1};
+    cr_assert_eq(cross_entropy_cpu(dl, 1.0f, &n, logits, none, T, V, -1), 0.0);
+    cr_assert_eq(n, 0);
+    free(logits), free(dl);
+}
+
+typedef struct { int T, V; float *logits; const int32_t *tgt; float dscale; } ce_ctx;
+static double ce_loss(void *p) {
+    ce_ctx *c = p;
+    int64_t n;
+    return c->dscale * cross_entropy_cpu(NULL, 0, &n, c->logits, c->tgt, c->T, c->V, -100);
+}
+
+Test(model_ops, cross_entropy_backward_fd_with_ignored_targets) {
+    enum { T = 5, V = 11 };
+    float *logits = randn(T * V, 91, 2), *dl = zeros(T * V);
+    int32_t tgt[T] = {3, -100, 10, 0, -100};
+    int64_t n;
+    cross_entropy_cpu(dl, 1.0f / 3, &n, logits, tgt, T, V, -100);
+    cr_assert_eq(n, 3);
+    ce_ctx c = {T, V, logits, tgt, 1.0f / 3};
+    check_grad(ce_loss, &c, logits, dl, T * V, "cross-entropy dlogits");
+    free(logits), free(dl);
+}
+
+Test(model_ops, cross_entropy_target_out_of_range_is_fatal, .exit_code = MT_EXIT_ERROR) {
+    float logits[2 * 4] = {0};
+    int32_t tgt[2] = {1, 4};
+    int64_t n;
+    cr_log_info("expect a fatal error about row 1, target 4");
+    cross_entropy_cpu(NULL, 1, &n, logits, tgt, 2, 4, -100);
+}
+
+// ---------------------------------------------------------------------------------------------
+// every backward ACCUMULATES: running it twice gives twice the gradient
+
+Test(model_ops, backwards_accumulate) {
+    enum { T = 4, H = 8 };
+    float *x = randn(T * H, 100, 1), *w = randn(H, 101, 1), *g = randn(T * H, 102, 1);
+    float y[T * H], rstd[T], dx1[T * H] = {0}, dw1[H] = {0}, dx2[T * H] = {0}, dw2[H] = {0};
+    rmsnorm_forward_cpu(y, rstd, x, w, T, H, 1e-6f);
+    rmsnorm_backward_cpu(dx1, dw1, g, x, w, rstd, T, H);
+    rmsnorm_backward_cpu(dx2, dw2, g, x, w, rstd, T, H);
+    rmsnorm_backward_cpu(dx2, dw2, g, x, w, rstd, T, H);
+    for (int i = 0; i < T * H; i++) cr_assert_float_eq(dx2[i], 2 * dx1[i], 1e-5);
+    for (int i = 0; i < H; i++) cr_assert_float_eq(dw2[i], 2 * dw1[i], 1e-5);
+
+    attn_ctx c = attn_make(1, 5, 2, 1, 4, 0, NULL, 103);  // q [5, 2, 4], k and v [5, 1, 4]
+    float dq1[40] = {0}, dk1[20] = {0}, dv1[20] = {0}, dq2[40] = {0}, dk2[20] = {0}, dv2[20] = {0};
+    attn_loss(&c);
+    attention_backward_cpu(dq1, dk1, dv1, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, 1, 5, 2, 1, 4, 0);
+    for (int r = 0; r < 2; r++)
+        attention_backward_cpu(dq2, dk2, dv2, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, 1, 5, 2, 1, 4, 0);
+    for (int i = 0; i < 40; i++) cr_assert_float_eq(dq2[i], 2 * dq1[i], 1e-5);
+    for (int i = 0; i < 20; i++) {
+        cr_assert_float_eq(dk2[i], 2 * dk1[i], 1e-5);
+        cr_assert_float_eq(dv2[i], 2 * dv1[i], 1e-5);
+    }
+    attn_free(&c);
+
+    int32_t tgt[T] = {1, 2, 3, 4};
+    float dl1[T * H] = {0}, dl2[T * H] = {0};
+    int64_t n;
+    cross_entropy_cpu(dl1, 1, &n, x, tgt, T, H, -100);
+    cross_entropy_cpu(dl2, 1, &n, x, tgt, T, H, -100);
+    cross_entropy_cpu(dl2, 1, &n, x, tgt, T, H, -100);
+    for (int i = 0; i < T * H; i++) cr_assert_float_eq(dl2[i], 2 * dl1[i], 1e-6);
+    free(x), free(w), free(g);
+}
