@@ -121,3 +121,13 @@ mt_backend *mt_backend_cuda_new(int device) {
 }
 int mt_cuda_device_count(void) { return 0; }
 #endif
+
+void *mt_work_alloc(mt_backend *be, size_t bytes) {
+    void *p;
+    if (mt_backend_alloc(be, MT_MEM_WORK, bytes, &p) != 0) mt_fatal(MT_EXIT_OOM, "%s", mt_error_get());
+    return p;
+}
+
+void mt_work_free(mt_backend *be, void *ptr, size_t bytes) {
+    if (ptr) mt_backend_release(be, MT_MEM_WORK, bytes, ptr);
+}

@@ -91,3 +91,14 @@ int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// Transient scratch of a kernel, counted under `work` for its lifetime. A refusal is fatal
+// (MT_EXIT_OOM) with the ledger's message: scratch is sized by the plan, not by input data.
+void *mt_work_alloc(mt_backend *be, size_t bytes);
+void mt_work_free(mt_backend *be, void *ptr, size_t bytes);
+#ifdef __cplusplus
+}
+#endif

@@ -24,7 +24,10 @@ Only this script needs PyTorch; the C tests read the committed files.
 """
 import json
 import os
+import shutil
 import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded, ever
 
 import torch
 from safetensors.torch import save_file
@@ -120,6 +123,12 @@ def make_batch(spec, vocab, seed):
         tokens[b, :p] = 0
     labels = tokens.clone()
     labels[mask == 0] = -100
+    # The first real token after left padding would be predicted from a padded position, whose
+    # logits are meaningless (transformers' eager mask makes that query attend uniformly to
+    # everything): it is not a training target. moetrain drops such targets itself.
+    for b, p in enumerate(spec["pad_left"]):
+        if p:
+            labels[b, p] = -100
     return tokens, mask, labels
 
 
@@ -176,7 +185,8 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")
     for idx, (name, spec) in enumerate(CONFIGS.items()):
         d = os.path.join(ROOT, name)
-        os.makedirs(d, exist_ok=True)
+        shutil.rmtree(d, ignore_errors=True)  # a stale adapter would be loaded with the base
+        os.makedirs(d)
         tokens, mask, labels = make_batch(spec, spec["cfg"]["vocab_size"], seed=2000 + idx)
         base, model_seed = build_silent(spec, 1000 + idx, tokens, mask)
         base.save_pretrained(d, safe_serialization=True)

@@ -1,0 +1,105 @@
+// lora/lora.c — LoRA adapter: init, forward, backward (CPU reference), with regenerated dropout.
+#include "lora/lora.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/rng.h"
+
+int mt_lora_init(mt_lora *l, mt_backend *be, int64_t in, int64_t out, int r, double alpha,
+                 int rslora, double dropout, uint64_t seed, uint64_t stream) {
+    memset(l, 0, sizeof *l);
+    l->in = in, l->out = out, l->r = r;
+    l->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);
+    l->dropout = (float)dropout;
+    int64_t sa[2] = {r, in}, sb[2] = {out, r};
+    if (!(l->a = mt_tensor_new(be, MT_MEM_TRAIN, MT_F32, 2, sa)) ||
+        !(l->b = mt_tensor_new(be, MT_MEM_TRAIN, MT_F32, 2, sb)) ||
+        !(l->da = mt_tensor_new(be, MT_MEM_GRAD, MT_F32, 2, sa)) ||
+        !(l->db = mt_tensor_new(be, MT_MEM_GRAD, MT_F32, 2, sb))) {
+        mt_lora_free(l);
+        return -1;
+    }
+    if (be->ops->kind != MT_BACKEND_CPU) return 0;  // other backends: uploaded by the caller
+    mt_rng rng;
+    mt_rng_seed(&rng, seed, stream);
+    float bound = 1.0f / sqrtf((float)in), *a = l->a->data;
+    for (int64_t i = 0; i < r * in; i++) a[i] = bound * (2.0f * mt_rng_uniform(&rng) - 1.0f);
+    memset(l->b->data, 0, l->b->nbytes);
+    memset(l->da->data, 0, l->da->nbytes);
+    memset(l->db->data, 0, l->db->nbytes);
+    return 0;
+}
+
+void mt_lora_free(mt_lora *l) {
+    mt_tensor_free(l->a), mt_tensor_free(l->b), mt_tensor_free(l->da), mt_tensor_free(l->db);
+    memset(l, 0, sizeof *l);
+}
+
+// Inverted dropout factor of element i: 0 or 1/(1-p), a pure function of (seed, i).
+static inline float dropout_factor(const mt_lora *l, uint64_t i) {
+    uint64_t z = l->dropout_seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) < l->dropout ? 0.0f : 1.0f / (1.0f - l->dropout);
+}
+
+// dropout(x) in work scratch (n·in floats), or x itself when there is no dropout.
+static const float *dropped(const mt_lora *l, const float *x, int64_t n, float **buf) {
+    *buf = NULL;
+    if (l->dropout <= 0.0f) return x;
+    *buf = mt_work_alloc(l->a->be, (size_t)(n * l->in) * sizeof(float));
+    for (int64_t i = 0; i < n * l->in; i++) (*buf)[i] = x[i] * dropout_factor(l, (uint64_t)i);
+    return *buf;
+}
+
+static void release(const mt_lora *l, float *buf, int64_t n) {
+    mt_work_free(l->a->be, buf, (size_t)(n * l->in) * sizeof(float));
+}
+
+void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n) {
+    if (n == 0) return;
+    float *buf;
+    const float *xd = dropped(l, x, n, &buf);
+    // xa [n, r] = xd [n, in] · Aᵀ
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, l->r, (int)l->in, 1.0f, xd,
+                (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
+    // y [n, out] += scale · xa · Bᵀ
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, l->r, l->scale, xa,
+                l->r, l->b->data, l->r, 1.0f, y, (int)l->out);
+    release(l, buf, n);
+}
+
+void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,
+                          const float *xa, float *scratch, int64_t n) {
+    if (n == 0) return;
+    int r = l->r, in = (int)l->in, out = (int)l->out;
+    // dB [out, r] += scale · dyᵀ · xa
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, (int)n, l->scale, dy, out, xa, r,
+                1.0f, l->db->data, r);
+    // dxa [n, r] = scale · dy · B
+    float *dxa = scratch;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, r, out, l->scale, dy, out,
+                l->b->data, r, 0.0f, dxa, r);
+    float *buf;
+    const float *xd = dropped(l, x, n, &buf);
+    // dA [r, in] += dxaᵀ · dropout(x)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, (int)n, 1.0f, dxa, r, xd, in, 1.0f,
+                l->da->data, in);
+    release(l, buf, n);
+    if (!dx) return;
+    if (l->dropout <= 0.0f) {
+        // dx [n, in] += dxa · A
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, in, r, 1.0f, dxa, r,
+                    l->a->data, in, 1.0f, dx, in);
+        return;
+    }
+    float *t = mt_work_alloc(l->a->be, (size_t)(n * in) * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, in, r, 1.0f, dxa, r, l->a->data,
+                in, 0.0f, t, in);
+    for (int64_t i = 0; i < n * in; i++) dx[i] += t[i] * dropout_factor(l, (uint64_t)i);
+    release(l, t, n);
+}

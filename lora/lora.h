@@ -1,0 +1,38 @@
+// lora/lora.h — one LoRA adapter: y += scale · B · A · dropout(x), PEFT's definition (FORMATS.md §2.2).
+// Knows nothing of experts or layers: the model attaches one per targeted Linear.
+#pragma once
+#include <stdint.h>
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_lora {
+    int64_t in, out;
+    int r;
+    float scale;          // alpha / r, or alpha / sqrt(r) with rsLoRA
+    float dropout;        // probability of dropping an input element (0: none)
+    uint64_t dropout_seed;  // the mask is a function of (seed, element), so backward and
+                            // recomputation regenerate it instead of storing it
+    mt_tensor *a, *b;     // A [r, in], B [out, r]: trainable (ledger: train)
+    mt_tensor *da, *db;   // their gradients (ledger: grad)
+} mt_lora;
+
+// PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform, a = sqrt(5)),
+// B = 0, drawn from a stream of (seed, stream). 0, or -1 when the ledger refuses.
+int mt_lora_init(mt_lora *l, mt_backend *be, int64_t in, int64_t out, int r, double alpha,
+                 int rslora, double dropout, uint64_t seed, uint64_t stream);
+void mt_lora_free(mt_lora *l);
+
+// y [n, out] += scale · (dropout(x) · Aᵀ) · Bᵀ; xa [n, r] receives dropout(x) · Aᵀ for backward.
+void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n);
+// dB += scale · dyᵀ · xa;  dA += (scale · dy · B)ᵀ · dropout(x);  dx += dropout'(scale · dy · B · A).
+// dx may be NULL. scratch holds n·r floats.
+void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,
+                          const float *xa, float *scratch, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif

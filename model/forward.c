@@ -1,0 +1,113 @@
+// model/forward.c — one micro-batch through the model, keeping what backward needs.
+#include <string.h>
+
+#include "core/common.h"
+#include "model/model_internal.h"
+#include "model/ops.h"
+#include "moe/moe.h"
+
+// x [T, H] -> x_out [T, H] through decoder layer L (pre-norm attention, then the sparse MoE).
+static void layer_forward(mt_model *m, int L, float *x_out) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer *ly = &m->layers[L];
+    mt_layer_acts *a = &m->acts[L];
+    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
+    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
+    int r = m->opts.lora_r, Tk = T * k;
+    const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
+    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+#define XA(t) ((t) ? F(t) : NULL)
+
+    rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(a->x), F(ly->ln1), T, H, eps);
+    mt_linear_forward_cpu(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q), T);
+    mt_linear_forward_cpu(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k), T);
+    mt_linear_forward_cpu(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v), T);
+    rope_forward_cpu(F(a->q), m->positions, T, nh, hd, theta);
+    rope_forward_cpu(F(a->k), m->positions, T, nkv, hd, theta);
+    attention_forward_cpu(F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
+                          (int)c->sliding_window);
+    size_t th = (size_t)T * H * sizeof(float);
+    float *o = mt_work_alloc(m->be, th);
+    mt_linear_forward_cpu(&ly->o, o, F(a->att), XA(a->xa_o), T);
+    for (int64_t i = 0; i < (int64_t)T * H; i++) F(a->h)[i] = F(a->x)[i] + o[i];
+    mt_work_free(m->be, o, th);
+
+    rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
+    mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate), T);
+    router_forward_cpu(I(a->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
+    moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(a->ids), mask, T);
+    moe_permute_cpu(I(a->order), I(a->offsets), a->counts, I(a->ids), T, E, k);
+    moe_gather_cpu(F(a->xs), F(a->ln2), I(a->order), Tk, H, k);
+    for (int e = 0; e < E; e++) {
+        int64_t o0 = I(a->offsets)[e], n = I(a->offsets)[e + 1] - o0;
+        if (n == 0) continue;  // an expert with no tokens does nothing
+        float *xs = F(a->xs) + o0 * H, *g = F(a->g) + o0 * f, *u = F(a->u) + o0 * f;
+        float *act = F(a->a) + o0 * f, *ys = F(a->ys) + o0 * H;
+        mt_linear_forward_cpu(&ly->w1[e], g, xs, a->xa_w1 ? F(a->xa_w1) + o0 * r : NULL, n);
+        mt_linear_forward_cpu(&ly->w3[e], u, xs, a->xa_w3 ? F(a->xa_w3) + o0 * r : NULL, n);
+        swiglu_forward_cpu(act, g, u, n * f);
+        mt_linear_forward_cpu(&ly->w2[e], ys, act, a->xa_w2 ? F(a->xa_w2) + o0 * r : NULL, n);
+    }
+    memcpy(x_out, F(a->h), th);
+    moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(a->order), Tk, H, k);
+#undef XA
+}
+
+static int check_batch(const mt_model *m, const mt_batch *b) {
+    if (b->B < 1 || b->S < 1) {
+        mt_error_set("batch shape B=%d S=%d is empty", b->B, b->S);
+        return -1;
+    }
+    for (int i = 0; i < b->B * b->S; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab) {
+            mt_error_set("token id %d at sequence %d position %d is outside the vocabulary (0..%lld)",
+                         b->tokens[i], i / b->S, i % b->S, (long long)m->cfg.vocab - 1);
+            return -1;
+        }
+        if (b->labels[i] != -100 && (b->labels[i] < 0 || b->labels[i] >= m->cfg.vocab)) {
+            mt_error_set("label %d at sequence %d position %d is neither -100 nor a token id",
+                         b->labels[i], i / b->S, i % b->S);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
+    if (check_batch(m, b) != 0) return -1;
+    const mt_model_config *c = &m->cfg;
+    mt_model_acts_ensure(m, b->B, b->S);
+    int T = b->B * b->S, H = (int)c->hidden, V = (int)c->vocab;
+    m->has_mask = 0;
+    for (int t = 0; t < T; t++) {
+        int s = t % b->S;
+        m->tokens[t] = b->tokens[t];
+        m->positions[t] = s;  // as transformers without position_ids: 0..S-1 whatever the padding
+        m->row_mask[t] = b->mask ? b->mask[t] != 0 : 1;
+        // Predict the next token, but never from a padded position: its output means nothing.
+        m->targets[t] = s + 1 < b->S && m->row_mask[t] ? b->labels[t + 1] : -100;
+        m->has_mask |= !m->row_mask[t];
+    }
+    moe_aux_init(&m->aux, (int)c->experts, (int)c->top_k);
+    embedding_forward_cpu(F(m->acts[0].x), m->tokens, F(m->embed), T, H);
+    for (int L = 0; L < c->layers; L++)
+        layer_forward(m, L, L + 1 < c->layers ? F(m->acts[L + 1].x) : F(m->x_final));
+    rmsnorm_forward_cpu(F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
+    mt_linear_forward_cpu(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
+
+    double z_sum = 0;
+    m->z_rows = 0;
+    if (m->z_coef != 0.0f)
+        for (int L = 0; L < c->layers; L++)
+            z_sum += moe_zloss_sum_cpu(&m->z_rows, F(m->acts[L].logits), m->has_mask ? m->row_mask : NULL,
+                                       T, (int)c->experts);
+    int64_t count;
+    double ce_sum = cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100);
+    m->ce_count = count;
+    out->tokens = count;
+    out->ce = count ? ce_sum / (double)count : 0.0;
+    out->aux = moe_aux_loss(&m->aux);
+    out->z = m->z_rows ? z_sum / (double)m->z_rows : 0.0;
+    out->loss = out->ce + m->aux_coef * out->aux + m->z_coef * out->z;
+    return 0;  // a non-finite loss is the trainer's to skip and report
+}

@@ -1,0 +1,86 @@
+// model/mixtral.h — a Mixtral-family model built from a checkpoint for one training mode, and its
+// forward and backward on the CPU backend (the reference the CUDA step is tested against).
+#pragma once
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "model/config.h"
+#include "model/linear.h"
+#include "moe/moe.h"
+#include "trainer/options.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_layer {
+    mt_tensor *ln1, *ln2;        // input_layernorm, post_attention_layernorm [H]
+    mt_tensor *dln1, *dln2;      // their gradients (full mode)
+    mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
+    mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
+    mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
+} mt_layer;
+
+// What one layer keeps from forward for backward (ledger: act). Sized for T = B·S tokens.
+typedef struct mt_layer_acts {
+    mt_tensor *x, *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
+    mt_tensor *logits, *probs, *ids, *weights, *order, *offsets;
+    mt_tensor *xs, *g, *u, *a, *ys;                  // [T·k, ...] in expert order
+    mt_tensor *xa_q, *xa_k, *xa_v, *xa_o, *xa_gate;  // LoRA xa [T, r] (NULL without LoRA)
+    mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [T·k, r]
+    int32_t *counts;                                 // tokens per expert (host), for load logging
+} mt_layer_acts;
+
+typedef struct mt_batch {
+    int B, S;
+    const int32_t *tokens;  // [B, S]
+    const int32_t *labels;  // [B, S], -100 = not in the loss; the model shifts them by one
+    const int32_t *mask;    // [B, S], 1 = real token, 0 = padding; NULL = no padding
+} mt_batch;
+
+typedef struct mt_loss {
+    double loss;        // ce + aux_coef·aux + z_coef·z
+    double ce, aux, z;  // ce: mean over counted tokens
+    int64_t tokens;     // tokens counted in ce
+} mt_loss;
+
+typedef struct mt_model {
+    mt_model_config cfg;
+    mt_backend *be;
+    mt_run_opts opts;           // the mode, targets and quantization it was built for
+    mt_tensor *embed, *dembed;  // [V, H]
+    mt_tensor *norm, *dnorm;    // [H]
+    mt_linear lm_head;          // [V, H]
+    mt_layer *layers;
+    float aux_coef, z_coef;
+    // step state
+    int B, S;                   // activations are sized for this batch shape
+    mt_layer_acts *acts;
+    mt_tensor *x_final, *xf, *rstdf, *logits;  // [T, H], [T, H], [T], [T, V]
+    int32_t *tokens, *targets, *positions;     // [T] host
+    uint8_t *row_mask;                         // [T] host, 1 = real token
+    int has_mask;                              // 0: no padding in this batch (row_mask unused)
+    moe_aux_stats aux;
+    int64_t z_rows, ce_count;
+    int lowest_trainable;       // backward stops below this layer (nothing there trains)
+} mt_model;
+
+// Builds the model of the checkpoint folder `dir` for opts->mode (lora / router / unfreeze /
+// full), quantizing frozen attention and expert Linears per opts->quant. 0, or -1 with an error.
+int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts);
+void mt_model_free(mt_model *m);
+// Loads a PEFT adapter folder into the model's LoRAs (built with --mode lora and matching
+// targets and rank); the adapter's alpha and dropout replace the run's. 0 or -1 with an error.
+int mt_model_load_adapter(mt_model *m, const char *dir);
+// The Linear of a module path ("model.layers.0.block_sparse_moe.experts.3.w1"), or NULL.
+mt_linear *mt_model_find_linear(mt_model *m, const char *module);
+
+// Forward of one micro-batch with the loss; keeps what backward needs. 0 or -1 (bad tokens).
+int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out);
+// Backward of the last forward: accumulates every trainable's gradient.
+void mt_model_backward(mt_model *m);
+void mt_model_zero_grad(mt_model *m);
+
+#ifdef __cplusplus
+}
+#endif
