@@ -53,10 +53,11 @@ void moe_permute_cpu(int32_t *order, int32_t *offsets, int32_t *counts, const in
 void moe_gather_cpu(float *xs, const float *x, const int32_t *order, int n, int H, int k);
 // dx [T, H] += row i of dxs added to token order[i] / k
 void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, int n, int H, int k);
-// out [T, H] += weights[order[i]] · ys[i]   (the weighted combine)
+// out [T, H] += weights[a] · ys[i], a = order[i], t = a / k   (the weighted combine)
 void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,
-                     int H);
-// dys [T·k, H] += weights[a] · dout[t]; dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k)
+                     int H, int k);
+// dys [T·k, H] += weights[a] · dout[t]; dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k);
+// either gradient may be NULL
 void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, const float *ys,
                               const float *weights, const int32_t *order, int n, int H, int k);
 

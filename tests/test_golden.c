@@ -264,3 +264,29 @@ Test(golden, silent_expert_gets_zero_tokens) {
     mt_backend_free(be);
     fixture_close(&fx);
 }
+
+// The frozen attention and expert Linears in NF4 (double quant, block 64): the same step against
+// PyTorch run on bitsandbytes' dequantization of the same weights.
+Test(golden, lora_nf4_base) {
+    fixture fx;
+    fixture_open(&fx, "g1_top2_gqa_pad");
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    lora_opts(&o);
+    o.quant = MT_QUANT_NF4;
+    o.double_quant = 1;
+    o.quant_blocksize = 64;
+    mt_model m;
+    build(&m, be, &fx, &o);
+    cr_assert_not_null(m.layers[0].w1[0].q, "expert weights are 4-bit");
+    cr_assert_not_null(m.layers[0].q.q, "attention weights are 4-bit");
+    cr_assert_eq(mt_model_load_adapter(&m, fx.dir), 0, "%s", mt_error_get());
+    mt_loss loss;
+    run_step(&m, &fx, &loss);
+    check_losses(&fx, "nf4", &m, &loss);
+    check_lora_grads(&fx, "nf4", &m);
+    mt_model_free(&m);
+    cr_expect_eq(be->ledger.total_cur, 0);
+    mt_backend_free(be);
+    fixture_close(&fx);
+}
