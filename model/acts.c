@@ -1,4 +1,5 @@
 // model/acts.c — the activations a step keeps, sized for a batch shape, all through the ledger.
+#include <stddef.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -12,51 +13,76 @@ static mt_tensor *act(mt_model *m, mt_dtype dt, int64_t d0, int64_t d1) {
     return t;
 }
 
-static int has_expert_lora(const mt_linear *ls, int E) {
-    for (int e = 0; e < E; e++)
-        if (ls[e].lora) return 1;
+static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
+    const mt_model_config *c = &m->cfg;
+    int64_t T = (int64_t)m->B * m->S;
+    kp->x = act(m, MT_F32, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
+    kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
+    kp->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
+}
+
+static void layer_kept_free(mt_layer_kept *kp) {
+    mt_tensor_free(kp->x), mt_tensor_free(kp->ids), mt_tensor_free(kp->order), mt_tensor_free(kp->offsets);
+    free(kp->counts);
+    memset(kp, 0, sizeof *kp);
+}
+
+// Buffers for the LoRA xa of `set` layers' Linears: present when any of those layers has one.
+static int any_lora(const mt_model *m, int L0, int n, size_t off) {
+    for (int L = L0; L < L0 + n; L++)
+        if (((const mt_linear *)((const char *)&m->layers[L] + off))->lora) return 1;
     return 0;
 }
 
-static void layer_acts_alloc(mt_model *m, mt_layer *ly, mt_layer_acts *a) {
+static int any_expert_lora(const mt_model *m, int L0, int n, int which) {
+    for (int L = L0; L < L0 + n; L++)
+        for (int e = 0; e < m->cfg.experts; e++) {
+            const mt_layer *ly = &m->layers[L];
+            const mt_linear *l = which == 1 ? &ly->w1[e] : which == 2 ? &ly->w2[e] : &ly->w3[e];
+            if (l->lora) return 1;
+        }
+    return 0;
+}
+
+// Activations for layers L0 .. L0+n-1 (one layer, or all of them sharing one set).
+static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden, f = c->intermediate;
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->opts.lora_r;
-    a->x = act(m, MT_F32, T, H), a->ln1 = act(m, MT_F32, T, H), a->rstd1 = act(m, MT_F32, T, 0);
+    a->ln1 = act(m, MT_F32, T, H), a->rstd1 = act(m, MT_F32, T, 0);
     a->q = act(m, MT_F32, T, qd), a->k = act(m, MT_F32, T, kvd), a->v = act(m, MT_F32, T, kvd);
     a->att = act(m, MT_F32, T, qd), a->lse = act(m, MT_F32, T, c->heads);
     a->h = act(m, MT_F32, T, H), a->ln2 = act(m, MT_F32, T, H), a->rstd2 = act(m, MT_F32, T, 0);
     a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
-    a->ids = act(m, MT_I32, T, c->top_k), a->weights = act(m, MT_F32, T, c->top_k);
-    a->order = act(m, MT_I32, Tk, 0), a->offsets = act(m, MT_I32, c->experts + 1, 0);
+    a->weights = act(m, MT_F32, T, c->top_k);
     a->xs = act(m, MT_F32, Tk, H), a->g = act(m, MT_F32, Tk, f), a->u = act(m, MT_F32, Tk, f);
     a->a = act(m, MT_F32, Tk, f), a->ys = act(m, MT_F32, Tk, H);
     mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o, &a->xa_gate};
-    const mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-    for (int i = 0; i < 5; i++) *xa[i] = ls[i]->lora ? act(m, MT_F32, T, r) : NULL;
-    a->xa_w1 = has_expert_lora(ly->w1, (int)c->experts) ? act(m, MT_F32, Tk, r) : NULL;
-    a->xa_w2 = has_expert_lora(ly->w2, (int)c->experts) ? act(m, MT_F32, Tk, r) : NULL;
-    a->xa_w3 = has_expert_lora(ly->w3, (int)c->experts) ? act(m, MT_F32, Tk, r) : NULL;
-    a->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
+    size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o),
+                     offsetof(mt_layer, gate)};
+    for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_F32, T, r) : NULL;
+    a->xa_w1 = any_expert_lora(m, L0, n, 1) ? act(m, MT_F32, Tk, r) : NULL;
+    a->xa_w2 = any_expert_lora(m, L0, n, 2) ? act(m, MT_F32, Tk, r) : NULL;
+    a->xa_w3 = any_expert_lora(m, L0, n, 3) ? act(m, MT_F32, Tk, r) : NULL;
 }
 
 static void layer_acts_free(mt_layer_acts *a) {
-    mt_tensor *all[] = {a->x, a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
-                        a->logits, a->probs, a->ids, a->weights, a->order, a->offsets, a->xs, a->g, a->u,
-                        a->a, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate, a->xa_w1, a->xa_w3,
-                        a->xa_w2};
+    mt_tensor *all[] = {a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
+                        a->logits, a->probs, a->weights, a->xs, a->g, a->u, a->a, a->ys, a->xa_q, a->xa_k,
+                        a->xa_v, a->xa_o, a->xa_gate, a->xa_w1, a->xa_w3, a->xa_w2};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
-    free(a->counts);
     memset(a, 0, sizeof *a);
 }
 
 void mt_model_acts_free(mt_model *m) {
-    if (m->acts)
-        for (int L = 0; L < m->cfg.layers; L++) layer_acts_free(&m->acts[L]);
-    free(m->acts);
+    int n_sets = m->recompute ? 1 : (int)m->cfg.layers;
+    for (int i = 0; m->acts && i < n_sets; i++) layer_acts_free(&m->acts[i]);
+    for (int L = 0; m->kept && L < m->cfg.layers; L++) layer_kept_free(&m->kept[L]);
+    free(m->acts), free(m->kept);
     mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf), mt_tensor_free(m->logits);
     free(m->tokens), free(m->targets), free(m->positions), free(m->row_mask);
     m->acts = NULL;
+    m->kept = NULL;
     m->x_final = m->xf = m->rstdf = m->logits = NULL;
     m->tokens = m->targets = m->positions = NULL;
     m->row_mask = NULL;
@@ -68,14 +94,22 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
     mt_model_acts_free(m);
     m->B = B, m->S = S;
     int64_t T = (int64_t)B * S;
-    m->acts = mt_xcalloc((size_t)m->cfg.layers, sizeof(mt_layer_acts));
-    for (int L = 0; L < m->cfg.layers; L++) layer_acts_alloc(m, &m->layers[L], &m->acts[L]);
+    int L = (int)m->cfg.layers;
+    m->kept = mt_xcalloc((size_t)L, sizeof(mt_layer_kept));
+    for (int i = 0; i < L; i++) layer_kept_alloc(m, &m->kept[i]);
+    if (m->recompute) {
+        m->acts = mt_xcalloc(1, sizeof(mt_layer_acts));
+        layer_acts_alloc(m, 0, L, &m->acts[0]);
+    } else {
+        m->acts = mt_xcalloc((size_t)L, sizeof(mt_layer_acts));
+        for (int i = 0; i < L; i++) layer_acts_alloc(m, i, 1, &m->acts[i]);
+    }
     m->x_final = act(m, MT_F32, T, m->cfg.hidden), m->xf = act(m, MT_F32, T, m->cfg.hidden);
     m->rstdf = act(m, MT_F32, T, 0), m->logits = act(m, MT_F32, T, m->cfg.vocab);
     m->tokens = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->targets = mt_xcalloc((size_t)T, sizeof(int32_t));
-    m->row_mask = mt_xcalloc((size_t)T, 1);
     m->positions = mt_xcalloc((size_t)T, sizeof(int32_t));
+    m->row_mask = mt_xcalloc((size_t)T, 1);
 }
 
 static void layer_free(mt_layer *ly, int E) {

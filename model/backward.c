@@ -18,7 +18,8 @@ static void unscratch(mt_model *m, float *p, size_t n) { mt_work_free(m->be, p, 
 static void layer_backward(mt_model *m, int L, float *dx) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
-    mt_layer_acts *a = &m->acts[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
     int r = m->opts.lora_r, Tk = T * k, qd = nh * hd, kvd = nkv * hd;
@@ -28,11 +29,11 @@ static void layer_backward(mt_model *m, int L, float *dx) {
 
     // MoE: out = h + Σ weights · expert(ln2(h))
     float *dys = scratch(m, (size_t)Tk * H), *dweights = scratch(m, (size_t)Tk);
-    moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(a->order), Tk, H, k);
+    moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     float *dxs = scratch(m, (size_t)Tk * H), *da = scratch(m, (size_t)Tk * f);
     float *dg = scratch(m, (size_t)Tk * f), *du = scratch(m, (size_t)Tk * f);
     for (int e = 0; e < E; e++) {
-        int64_t o0 = I(a->offsets)[e], n = I(a->offsets)[e + 1] - o0;
+        int64_t o0 = I(kp->offsets)[e], n = I(kp->offsets)[e + 1] - o0;
         if (n == 0) continue;
         float *xs = F(a->xs) + o0 * H, *g = F(a->g) + o0 * f, *u = F(a->u) + o0 * f, *act = F(a->a) + o0 * f;
         mt_linear_backward_cpu(&ly->w2[e], da + o0 * f, dys + o0 * H, act, a->xa_w2 ? F(a->xa_w2) + o0 * r : NULL, n);
@@ -42,12 +43,12 @@ static void layer_backward(mt_model *m, int L, float *dx) {
     }
     unscratch(m, da, (size_t)Tk * f), unscratch(m, dg, (size_t)Tk * f), unscratch(m, du, (size_t)Tk * f);
     float *dln2 = scratch(m, (size_t)T * H);
-    moe_gather_backward_cpu(dln2, dxs, I(a->order), Tk, H, k);
+    moe_gather_backward_cpu(dln2, dxs, I(kp->order), Tk, H, k);
     unscratch(m, dxs, (size_t)Tk * H), unscratch(m, dys, (size_t)Tk * H);
 
     // Router: through the top-k weights, the aux loss and the z-loss.
     float *dlogits = scratch(m, (size_t)T * E);
-    router_backward_cpu(dlogits, dweights, F(a->probs), I(a->ids), F(a->weights), T, E, k, 1);
+    router_backward_cpu(dlogits, dweights, F(a->probs), I(kp->ids), F(a->weights), T, E, k, 1);
     unscratch(m, dweights, (size_t)Tk);
     if (m->aux_coef != 0.0f) moe_aux_backward_cpu(dlogits, m->aux_coef, &m->aux, F(a->probs), mask, T);
     if (m->z_coef != 0.0f && m->z_rows)
@@ -71,7 +72,7 @@ static void layer_backward(mt_model *m, int L, float *dx) {
     mt_linear_backward_cpu(&ly->k, dln1, dk, F(a->ln1), XA(a->xa_k), T);
     mt_linear_backward_cpu(&ly->v, dln1, dv, F(a->ln1), XA(a->xa_v), T);
     unscratch(m, dq, (size_t)T * qd), unscratch(m, dk, (size_t)T * kvd), unscratch(m, dv, (size_t)T * kvd);
-    rmsnorm_backward_cpu(dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(a->x), F(ly->ln1), F(a->rstd1), T, H);
+    rmsnorm_backward_cpu(dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(kp->x), F(ly->ln1), F(a->rstd1), T, H);
     unscratch(m, dln1, (size_t)T * H);
 #undef XA
 }
@@ -91,7 +92,10 @@ void mt_model_backward(mt_model *m) {
     unscratch(m, dxf, (size_t)T * H);
     // Layers below the lowest trainable one have nothing to learn and nothing above them needs
     // their input gradient: backward stops there.
-    for (int L = (int)c->layers - 1; L >= m->lowest_trainable; L--) layer_backward(m, L, dx);
+    for (int L = (int)c->layers - 1; L >= m->lowest_trainable; L--) {
+        if (m->recompute) mt_layer_forward(m, L, NULL, 1);  // refill the shared set, same routing
+        layer_backward(m, L, dx);
+    }
     if (m->dembed) embedding_backward_cpu(F(m->dembed), dx, m->tokens, T, H);
     unscratch(m, dx, (size_t)T * H);
 }

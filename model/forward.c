@@ -6,11 +6,24 @@
 #include "model/ops.h"
 #include "moe/moe.h"
 
-// x [T, H] -> x_out [T, H] through decoder layer L (pre-norm attention, then the sparse MoE).
-static void layer_forward(mt_model *m, int L, float *x_out) {
+// Router weights of recorded choices: the chosen probabilities, renormalised (replay).
+static void weights_of_choices(float *weights, const float *probs, const int32_t *ids, int T, int E, int k) {
+    for (int t = 0; t < T; t++) {
+        float sum = 0;
+        for (int j = 0; j < k; j++) sum += probs[(int64_t)t * E + ids[t * k + j]];
+        for (int j = 0; j < k; j++) weights[t * k + j] = probs[(int64_t)t * E + ids[t * k + j]] / sum;
+    }
+}
+
+// Layer L's input kept[L].x -> x_out [T, H] (pre-norm attention, then the sparse MoE). With
+// `replay` the layer is being recomputed for backward: the routing recorded by the first
+// forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
+// the aux statistics are not counted twice.
+void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
-    mt_layer_acts *a = &m->acts[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
     int r = m->opts.lora_r, Tk = T * k;
@@ -18,7 +31,7 @@ static void layer_forward(mt_model *m, int L, float *x_out) {
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
 #define XA(t) ((t) ? F(t) : NULL)
 
-    rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(a->x), F(ly->ln1), T, H, eps);
+    rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
     mt_linear_forward_cpu(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q), T);
     mt_linear_forward_cpu(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k), T);
     mt_linear_forward_cpu(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v), T);
@@ -29,17 +42,26 @@ static void layer_forward(mt_model *m, int L, float *x_out) {
     size_t th = (size_t)T * H * sizeof(float);
     float *o = mt_work_alloc(m->be, th);
     mt_linear_forward_cpu(&ly->o, o, F(a->att), XA(a->xa_o), T);
-    for (int64_t i = 0; i < (int64_t)T * H; i++) F(a->h)[i] = F(a->x)[i] + o[i];
+    for (int64_t i = 0; i < (int64_t)T * H; i++) F(a->h)[i] = F(kp->x)[i] + o[i];
     mt_work_free(m->be, o, th);
 
     rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
     mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate), T);
-    router_forward_cpu(I(a->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
-    moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(a->ids), mask, T);
-    moe_permute_cpu(I(a->order), I(a->offsets), a->counts, I(a->ids), T, E, k);
-    moe_gather_cpu(F(a->xs), F(a->ln2), I(a->order), Tk, H, k);
+    if (!replay) {
+        router_forward_cpu(I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
+        moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(kp->ids), mask, T);
+        if (m->z_coef != 0.0f) m->z_sum += moe_zloss_sum_cpu(&m->z_rows, F(a->logits), mask, T, E);
+        moe_permute_cpu(I(kp->order), I(kp->offsets), kp->counts, I(kp->ids), T, E, k);
+    } else {
+        size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
+        int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
+        router_forward_cpu(fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
+        mt_work_free(m->be, fresh, ids_bytes);
+        weights_of_choices(F(a->weights), F(a->probs), I(kp->ids), T, E, k);
+    }
+    moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
     for (int e = 0; e < E; e++) {
-        int64_t o0 = I(a->offsets)[e], n = I(a->offsets)[e + 1] - o0;
+        int64_t o0 = I(kp->offsets)[e], n = I(kp->offsets)[e + 1] - o0;
         if (n == 0) continue;  // an expert with no tokens does nothing
         float *xs = F(a->xs) + o0 * H, *g = F(a->g) + o0 * f, *u = F(a->u) + o0 * f;
         float *act = F(a->a) + o0 * f, *ys = F(a->ys) + o0 * H;
@@ -48,8 +70,9 @@ static void layer_forward(mt_model *m, int L, float *x_out) {
         swiglu_forward_cpu(act, g, u, n * f);
         mt_linear_forward_cpu(&ly->w2[e], ys, act, a->xa_w2 ? F(a->xa_w2) + o0 * r : NULL, n);
     }
+    if (!x_out) return;  // recomputation for backward needs no layer output
     memcpy(x_out, F(a->h), th);
-    moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(a->order), Tk, H, k);
+    moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
 #undef XA
 }
 
@@ -89,25 +112,20 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
         m->has_mask |= !m->row_mask[t];
     }
     moe_aux_init(&m->aux, (int)c->experts, (int)c->top_k);
-    embedding_forward_cpu(F(m->acts[0].x), m->tokens, F(m->embed), T, H);
+    m->z_sum = 0, m->z_rows = 0;
+    embedding_forward_cpu(F(m->kept[0].x), m->tokens, F(m->embed), T, H);
     for (int L = 0; L < c->layers; L++)
-        layer_forward(m, L, L + 1 < c->layers ? F(m->acts[L + 1].x) : F(m->x_final));
+        mt_layer_forward(m, L, L + 1 < c->layers ? F(m->kept[L + 1].x) : F(m->x_final), 0);
     rmsnorm_forward_cpu(F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
     mt_linear_forward_cpu(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
 
-    double z_sum = 0;
-    m->z_rows = 0;
-    if (m->z_coef != 0.0f)
-        for (int L = 0; L < c->layers; L++)
-            z_sum += moe_zloss_sum_cpu(&m->z_rows, F(m->acts[L].logits), m->has_mask ? m->row_mask : NULL,
-                                       T, (int)c->experts);
     int64_t count;
     double ce_sum = cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100);
     m->ce_count = count;
     out->tokens = count;
     out->ce = count ? ce_sum / (double)count : 0.0;
     out->aux = moe_aux_loss(&m->aux);
-    out->z = m->z_rows ? z_sum / (double)m->z_rows : 0.0;
+    out->z = m->z_rows ? m->z_sum / (double)m->z_rows : 0.0;
     out->loss = out->ce + m->aux_coef * out->aux + m->z_coef * out->z;
     return 0;  // a non-finite loss is the trainer's to skip and report
 }

@@ -199,6 +199,7 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opt
     m->be = be;
     m->opts = *opts;
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
+    m->recompute = opts->checkpointing == MT_CKPT_FULL;
     mt_st_model st;
     if (mt_st_model_open(&st, dir) != 0) return -1;
     const mt_model_config *c = &m->cfg;

@@ -21,14 +21,22 @@ typedef struct mt_layer {
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
 } mt_layer;
 
-// What one layer keeps from forward for backward (ledger: act). Sized for T = B·S tokens.
+// What every layer keeps from forward, with or without recomputation (ledger: act): its input and
+// its routing decisions, which a recomputed layer replays so it can never route differently.
+typedef struct mt_layer_kept {
+    mt_tensor *x;                        // [T, H] layer input
+    mt_tensor *ids, *order, *offsets;    // [T, k] chosen experts; [T·k] expert order; [E+1]
+    int32_t *counts;                     // tokens per expert (host), for load logging
+} mt_layer_kept;
+
+// The rest of a layer's forward state (ledger: act). Without recomputation each layer has its
+// own; with --checkpointing full one set is shared and refilled by recomputing each layer.
 typedef struct mt_layer_acts {
-    mt_tensor *x, *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
-    mt_tensor *logits, *probs, *ids, *weights, *order, *offsets;
+    mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
+    mt_tensor *logits, *probs, *weights;
     mt_tensor *xs, *g, *u, *a, *ys;                  // [T·k, ...] in expert order
     mt_tensor *xa_q, *xa_k, *xa_v, *xa_o, *xa_gate;  // LoRA xa [T, r] (NULL without LoRA)
     mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [T·k, r]
-    int32_t *counts;                                 // tokens per expert (host), for load logging
 } mt_layer_acts;
 
 typedef struct mt_batch {
@@ -55,12 +63,15 @@ typedef struct mt_model {
     float aux_coef, z_coef;
     // step state
     int B, S;                   // activations are sized for this batch shape
-    mt_layer_acts *acts;
+    int recompute;              // --checkpointing full: one shared mt_layer_acts, layers recomputed
+    mt_layer_kept *kept;        // [layers]
+    mt_layer_acts *acts;        // [layers], or [1] when recomputing
     mt_tensor *x_final, *xf, *rstdf, *logits;  // [T, H], [T, H], [T], [T, V]
     int32_t *tokens, *targets, *positions;     // [T] host
     uint8_t *row_mask;                         // [T] host, 1 = real token
     int has_mask;                              // 0: no padding in this batch (row_mask unused)
     moe_aux_stats aux;
+    double z_sum;
     int64_t z_rows, ce_count;
     int lowest_trainable;       // backward stops below this layer (nothing there trains)
 } mt_model;

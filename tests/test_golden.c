@@ -258,7 +258,7 @@ Test(golden, silent_expert_gets_zero_tokens) {
     run_step(&m, &fx, &loss);
     const cJSON *se = cJSON_GetObjectItem(fx.meta, "silent_expert");
     int layer = cJSON_GetArrayItem(se, 0)->valueint, expert = cJSON_GetArrayItem(se, 1)->valueint;
-    cr_expect_eq(m.acts[layer].counts[expert], 0, "the fixture's silent expert got tokens");
+    cr_expect_eq(m.kept[layer].counts[expert], 0, "the fixture's silent expert got tokens");
     cr_expect(isfinite(loss.aux));
     mt_model_free(&m);
     mt_backend_free(be);
