@@ -24,9 +24,14 @@ PKGS := libcjson yaml-0.1 openblas criterion
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -D_GNU_SOURCE -I. $(PKG_CFLAGS) -MMD -MP
 LDLIBS := -lopenblas -lcjson -lyaml -lm -fopenmp
+# SentencePiece (Mixtral's tokenizer.model) through the C++ shim trainer/sentencepiece_shim.cc.
+CFLAGS += -DMT_SENTENCEPIECE
+CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -MMD -MP
+LDLIBS += -lsentencepiece -lsentencepiece_train -lstdc++
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS += $(SANFLAGS) -O1
+CXXFLAGS += $(SANFLAGS) -O1
 LDLIBS += $(SANFLAGS)
 endif
 
@@ -35,6 +40,7 @@ MAIN_SRC := trainer/main.c
 LIB_SRC := $(filter-out $(MAIN_SRC),$(foreach d,$(DIRS),$(wildcard $(d)/*.c)))
 TEST_SRC := $(wildcard tests/*.c)
 CU_SRC :=
+CC_SRC := $(foreach d,$(DIRS),$(wildcard $(d)/*.cc))
 
 ifeq ($(CUDA),1)
 CU_SRC := $(foreach d,$(DIRS),$(wildcard $(d)/*.cu))
@@ -47,7 +53,7 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 
           -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcudart -lnccl -lstdc++
 endif
 
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(CC_SRC:%.cc=$(BUILD)/%.cc.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
@@ -71,6 +77,10 @@ $(BUILD)/%.o: %.c | $(DEPS_STAMP)
 $(BUILD)/%.cu.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/%.cc.o: %.cc | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(BIN): $(MAIN_OBJ) $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -97,7 +107,7 @@ bench: $(BUILD)/moetrain_bench
 # Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_DIR := build-fuzz
-FUZZ_SRC := $(filter-out trainer/%,$(LIB_SRC))
+FUZZ_SRC := $(LIB_SRC)
 FUZZ_SEEDS_config := configs/*.json
 FUZZ_SEEDS_yaml := configs/*.yaml
 FUZZ_SEEDS_safetensors := tests/fuzz/seeds/*.safetensors
