@@ -1,0 +1,308 @@
+// quant/quant.cu — CUDA twins of quant/nf4.c and quant/int4.c: the quantize kernels (load-time
+// quantization on the GPU) and the dequantize kernel that feeds cuBLASLt.
+//
+// Same rules as the CPU reference, bit for bit (quant/formats.h): reciprocal absmax multiplied
+// in, the decision functions shared with the C side, every product and sum with __fmul_rn /
+// __fadd_rn so that nvcc fuses nothing, the double-quant offset computed on the host.
+//
+// Dequantize (bandwidth-bound): one thread per 32 elements reads its 16 packed bytes with one
+// 16-byte load and its block's constants (the double-quant absmax rebuilt right there from the
+// 8-bit code, the nested absmax and the offset), looks the codes up in a 16-entry table in shared
+// memory, and writes 32 bf16 (4 × 16-byte stores) or f32 (8 ×). Ranges that do not start on a
+// 32-element boundary, and the tail, go through a one-element-per-thread kernel.
+//
+// Streams: work goes on the backend's stream when core exposes it (a weak reference to
+// mt_cuda_backend_stream()); until then each launcher waits for the backend's stream, runs on
+// the legacy default stream and waits for its own work, so that ordering with the backend's
+// copies and matmuls holds either way.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
+#include "core/backend.h"
+#include "core/common.h"
+#include "quant/quant.h"
+
+extern "C" void *mt_cuda_backend_stream(mt_backend *be) __attribute__((weak));
+
+__constant__ float c_nf4_map[16] = {MT_NF4_MAP_VALUES};
+__constant__ float c_fp4_map[16] = {MT_FP4_MAP_VALUES};
+__device__ float d_dynamic_map[256] = {MT_DYNAMIC_MAP_VALUES};  // read as a plain pointer
+
+enum { WARPS_PER_CTA = 8, DEQ_THREADS = 256 };
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+// Makes the device that owns `dev_ptr` current and returns the stream to launch on.
+static cudaStream_t q_begin(mt_backend *be, const void *dev_ptr) {
+    cudaPointerAttributes attr;
+    MT_CHECK_CUDA(cudaPointerGetAttributes(&attr, dev_ptr));
+    MT_CHECK_CUDA(cudaSetDevice(attr.device));
+    if (mt_cuda_backend_stream) return (cudaStream_t)mt_cuda_backend_stream(be);
+    be->ops->synchronize(be);
+    return 0;
+}
+
+static void q_end(cudaStream_t s) {
+    MT_CHECK_CUDA(cudaGetLastError());
+    if (!mt_cuda_backend_stream) MT_CHECK_CUDA(cudaStreamSynchronize(s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+static __device__ __forceinline__ float load_f32(const float *x, int64_t i) { return x[i]; }
+static __device__ __forceinline__ float load_f32(const __nv_bfloat16 *x, int64_t i) { return __bfloat162float(x[i]); }
+static __device__ __forceinline__ float load_f32(const __half *x, int64_t i) { return __half2float(x[i]); }
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static __device__ __forceinline__ float warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// x [n] -> packed [ceil(n/2)], absmax [ceil(n/bs)]; one warp per block, lanes on byte pairs.
+template <typename T, int TYPE>
+static __global__ void q4_quantize_kernel(const T *__restrict__ x, int64_t n, int bs,
+                                          uint8_t *__restrict__ packed, float *__restrict__ absmax) {
+    int lane = threadIdx.x & 31;
+    int64_t b = (int64_t)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5), nb = (n + bs - 1) / bs;
+    if (b >= nb) return;
+    int64_t s = b * bs, e = s + bs < n ? s + bs : n;
+    float a = 0.0f;
+    for (int64_t i = s + lane; i < e; i += 32) a = fmaxf(a, fabsf(load_f32(x, i)));
+    a = warp_max(a);
+    if (lane == 0) absmax[b] = a;
+    float inv = __fdiv_rn(1.0f, a);  // 0 -> inf; 0 · inf = NaN -> code 0, as bitsandbytes
+    for (int64_t i = s + 2 * lane; i < e; i += 64) {
+        float x0 = load_f32(x, i), x1 = i + 1 < e ? load_f32(x, i + 1) : 0.0f;
+        unsigned hi = TYPE == MT_QUANT_FP4 ? mt_fp4_code(__fmul_rn(x0, inv)) : mt_nf4_code(__fmul_rn(x0, inv));
+        unsigned lo = TYPE == MT_QUANT_FP4 ? mt_fp4_code(__fmul_rn(x1, inv)) : mt_nf4_code(__fmul_rn(x1, inv));
+        packed[i >> 1] = (uint8_t)(hi << 4 | lo);
+    }
+}
+
+// absmax [nb] − offset -> codes [nb], nested_absmax [ceil(nb/256)]; one CTA of 256 per block.
+static __global__ void q8_quantize_kernel(const float *__restrict__ map, const float *__restrict__ absmax,
+                                          int64_t nb, float offset, uint8_t *__restrict__ codes,
+                                          float *__restrict__ nested_absmax) {
+    __shared__ float smap[256], red[256 / 32];
+    int t = threadIdx.x;
+    smap[t] = map[t];
+    int64_t i = (int64_t)blockIdx.x * 256 + t;
+    float v = i < nb ? __fsub_rn(absmax[i], offset) : 0.0f;
+    float a = warp_max(fabsf(v));
+    if ((t & 31) == 0) red[t >> 5] = a;
+    __syncthreads();
+    if (t < 32) {
+        a = t < 256 / 32 ? red[t] : 0.0f;
+        a = warp_max(a);
+        if (t == 0) red[0] = a;
+    }
+    __syncthreads();
+    a = red[0];
+    if (t == 0) nested_absmax[blockIdx.x] = a;
+    if (i < nb) codes[i] = (uint8_t)mt_q8_code(smap, __fmul_rn(v, __fdiv_rn(1.0f, a)));
+}
+
+// x [n] -> packed, fp16 scale and minimum per group; one warp per group.
+template <typename T>
+static __global__ void int4_quantize_kernel(const T *__restrict__ x, int64_t n, int g, uint8_t *__restrict__ packed,
+                                            __half *__restrict__ scale, __half *__restrict__ minimum) {
+    int lane = threadIdx.x & 31;
+    int64_t grp = (int64_t)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5), ng = (n + g - 1) / g;
+    if (grp >= ng) return;
+    int64_t s = grp * g, e = s + g < n ? s + g : n;
+    float lo = load_f32(x, s), hi = lo;
+    for (int64_t i = s + lane; i < e; i += 32) {
+        float v = load_f32(x, i);
+        lo = fminf(lo, v);
+        hi = fmaxf(hi, v);
+    }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    __half m16 = __float2half_rn(lo), d16 = __float2half_rn(__fdiv_rn(__fsub_rn(hi, lo), 15.0f));
+    if (lane == 0) {
+        minimum[grp] = m16;
+        scale[grp] = d16;
+    }
+    float m = __half2float(m16), d = __half2float(d16), inv = d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    for (int64_t i = s + 2 * lane; i < e; i += 64) {
+        float x0 = load_f32(x, i), x1 = i + 1 < e ? load_f32(x, i + 1) : 0.0f;
+        packed[i >> 1] = (uint8_t)(mt_int4_code(x0, m, inv) << 4 | mt_int4_code(x1, m, inv));
+    }
+}
+
+// What the dequantize kernels need of a weight, by value.
+struct deq_args {
+    const uint8_t *packed;
+    const void *absmax;          // F32 absmax, U8 codes (double quant) or F16 scales (int4)
+    const __half *zero;          // int4 minimums
+    const float *nested_absmax;  // double quant
+    const float *nested_map;
+    float offset;
+    int bs;
+    int type;                    // mt_quant
+    int dq;
+};
+
+// The scale of block b (and, for int4, its minimum).
+static __device__ __forceinline__ float block_scale(const deq_args &a, int64_t b, float *m) {
+    if (a.type == MT_QUANT_INT4) {
+        *m = __half2float(a.zero[b]);
+        return __half2float(((const __half *)a.absmax)[b]);
+    }
+    if (!a.dq) return ((const float *)a.absmax)[b];
+    uint8_t c = ((const uint8_t *)a.absmax)[b];
+    return __fadd_rn(__fmul_rn(a.nested_map[c], a.nested_absmax[b / MT_Q4_NESTED_BLOCKSIZE]), a.offset);
+}
+
+static __device__ __forceinline__ float deq_one(const deq_args &a, const float *lut, unsigned c, float s, float m) {
+    return a.type == MT_QUANT_INT4 ? mt_int4_value(c, s, m) : __fmul_rn(lut[c], s);
+}
+
+static __device__ __forceinline__ void store(float *dst, int64_t i, float v) { dst[i] = v; }
+static __device__ __forceinline__ void store(__nv_bfloat16 *dst, int64_t i, float v) { dst[i] = __float2bfloat16_rn(v); }
+
+static __device__ __forceinline__ void load_lut(const deq_args &a, float *lut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = a.type == MT_QUANT_FP4 ? c_fp4_map[threadIdx.x] : c_nf4_map[threadIdx.x];
+    __syncthreads();
+}
+
+// 32 elements per thread, from element i0 (a multiple of 32) to i0 + 32·groups.
+template <typename OUT>
+static __global__ void dequant32_kernel(deq_args a, int64_t i0, int64_t groups, OUT *__restrict__ dst) {
+    __shared__ float lut[16];
+    load_lut(a, lut);
+    int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= groups) return;
+    int64_t e = i0 + 32 * gi;
+    uint4 raw = *(const uint4 *)(a.packed + (e >> 1));  // 16 bytes = 32 codes, 16-byte aligned
+    float m = 0.0f, s = block_scale(a, e / a.bs, &m);   // blocksize >= 32: one block per thread
+    const uint8_t *bytes = (const uint8_t *)&raw;
+    OUT *out = dst + (e - i0);
+    if (sizeof(OUT) == 2) {
+        __align__(16) __nv_bfloat16 v[32];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            v[2 * k] = __float2bfloat16_rn(deq_one(a, lut, bytes[k] >> 4, s, m));
+            v[2 * k + 1] = __float2bfloat16_rn(deq_one(a, lut, bytes[k] & 15, s, m));
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
+    } else {
+        __align__(16) float v[32];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            v[2 * k] = deq_one(a, lut, bytes[k] >> 4, s, m);
+            v[2 * k + 1] = deq_one(a, lut, bytes[k] & 15, s, m);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
+    }
+}
+
+// One element per thread: [i0, i1) into dst (dst[0] = element i0).
+template <typename OUT>
+static __global__ void dequant1_kernel(deq_args a, int64_t i0, int64_t i1, OUT *__restrict__ dst) {
+    __shared__ float lut[16];
+    load_lut(a, lut);
+    int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= i1) return;
+    float m = 0.0f, s = block_scale(a, i / a.bs, &m);
+    unsigned c = (a.packed[i >> 1] >> ((~i & 1) << 2)) & 15u;
+    store(dst, i - i0, deq_one(a, lut, c, s, m));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+
+static unsigned ctas(int64_t items, int64_t per_cta) { return (unsigned)((items + per_cta - 1) / per_cta); }
+
+extern "C" void mt_q4_quantize_cuda(mt_backend *be, mt_quant type, const void *x, mt_dtype xt, int64_t n,
+                                    int blocksize, uint8_t *packed, float *absmax) {
+    if (n <= 0) return;
+    cudaStream_t st = q_begin(be, packed);
+    unsigned grid = ctas((n + blocksize - 1) / blocksize, WARPS_PER_CTA), block = 32 * WARPS_PER_CTA;
+#define Q4_LAUNCH(T)                                                                                     \
+    if (type == MT_QUANT_FP4)                                                                            \
+        q4_quantize_kernel<T, MT_QUANT_FP4><<<grid, block, 0, st>>>((const T *)x, n, blocksize, packed, absmax); \
+    else                                                                                                 \
+        q4_quantize_kernel<T, MT_QUANT_NF4><<<grid, block, 0, st>>>((const T *)x, n, blocksize, packed, absmax);
+    switch (xt) {
+    case MT_F32: Q4_LAUNCH(float) break;
+    case MT_BF16: Q4_LAUNCH(__nv_bfloat16) break;
+    case MT_F16: Q4_LAUNCH(__half) break;
+    default: mt_fatal(MT_EXIT_ERROR, "quantize (cuda): source dtype %s", mt_dtype_name(xt));
+    }
+#undef Q4_LAUNCH
+    q_end(st);
+}
+
+extern "C" void mt_q8_quantize_cuda(mt_backend *be, const float *map256, const float *absmax, int64_t nb,
+                                    float offset, uint8_t *codes, float *nested_absmax) {
+    if (nb <= 0) return;
+    cudaStream_t st = q_begin(be, codes);
+    const float *map = map256;
+    if (!map) MT_CHECK_CUDA(cudaGetSymbolAddress((void **)&map, d_dynamic_map));
+    q8_quantize_kernel<<<ctas(nb, 256), 256, 0, st>>>(map, absmax, nb, offset, codes, nested_absmax);
+    q_end(st);
+}
+
+extern "C" void mt_int4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt, int64_t n, int group,
+                                      uint8_t *packed, uint16_t *scale, uint16_t *minimum) {
+    if (n <= 0) return;
+    cudaStream_t st = q_begin(be, packed);
+    unsigned grid = ctas((n + group - 1) / group, WARPS_PER_CTA), block = 32 * WARPS_PER_CTA;
+    __half *sc = (__half *)scale, *mn = (__half *)minimum;
+    switch (xt) {
+    case MT_F32: int4_quantize_kernel<float><<<grid, block, 0, st>>>((const float *)x, n, group, packed, sc, mn); break;
+    case MT_BF16:
+        int4_quantize_kernel<__nv_bfloat16><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, n, group, packed, sc, mn);
+        break;
+    case MT_F16: int4_quantize_kernel<__half><<<grid, block, 0, st>>>((const __half *)x, n, group, packed, sc, mn); break;
+    default: mt_fatal(MT_EXIT_ERROR, "quantize (cuda): source dtype %s", mt_dtype_name(xt));
+    }
+    q_end(st);
+}
+
+template <typename OUT>
+static void dequant_launch(const deq_args &a, int64_t i0, int64_t i1, OUT *dst, cudaStream_t st) {
+    int64_t vec_end = i0;
+    if (i0 % 32 == 0 && ((uintptr_t)dst & 15) == 0) {
+        int64_t groups = (i1 - i0) / 32;
+        if (groups > 0) dequant32_kernel<OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, dst);
+        vec_end = i0 + 32 * groups;
+    }
+    if (vec_end < i1)
+        dequant1_kernel<OUT><<<ctas(i1 - vec_end, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, vec_end, i1, dst + (vec_end - i0));
+}
+
+extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {
+    if (i1 <= i0) return;
+    cudaStream_t st = q_begin(q->be, q->packed->data);
+    deq_args a;
+    a.packed = (const uint8_t *)q->packed->data;
+    a.absmax = q->absmax->data;
+    a.zero = q->zero ? (const __half *)q->zero->data : NULL;
+    a.nested_absmax = q->nested_absmax ? (const float *)q->nested_absmax->data : NULL;
+    a.nested_map = NULL;
+    if (q->double_quant) {
+        if (q->nested_map) a.nested_map = (const float *)q->nested_map->data;
+        else MT_CHECK_CUDA(cudaGetSymbolAddress((void **)&a.nested_map, d_dynamic_map));
+    }
+    a.offset = q->offset;
+    a.bs = q->blocksize;
+    a.type = (int)q->type;
+    a.dq = q->double_quant;
+    if (dt == MT_BF16) dequant_launch(a, i0, i1, (__nv_bfloat16 *)dst, st);
+    else if (dt == MT_F32) dequant_launch(a, i0, i1, (float *)dst, st);
+    else mt_fatal(MT_EXIT_ERROR, "dequantize (cuda): target dtype %s", mt_dtype_name(dt));
+    q_end(st);
+}
