@@ -152,9 +152,11 @@ def dequantize_nf4_(model):
             leaf = name.split(".")[-1]
             if leaf in ("q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3"):
                 w = mod.weight
-                q, state = F.quantize_4bit(w.data.contiguous(), blocksize=64, quant_type="nf4",
-                                           compress_statistics=True)
-                w.copy_(F.dequantize_4bit(q, state).to(w.dtype))
+                # Flat: bitsandbytes 0.50.2's CPU dequantize_4bit indexes blocks per row on its
+                # AVX-512 path, which is wrong when a row is not a multiple of the blocksize.
+                flat = w.data.contiguous().reshape(-1)
+                q, state = F.quantize_4bit(flat, blocksize=64, quant_type="nf4", compress_statistics=True)
+                w.copy_(F.dequantize_4bit(q, state).reshape(w.shape).to(w.dtype))
 
 
 def lora_run(base_dir, spec, tokens, mask, labels, coef, adapter_seed, nf4):
@@ -163,8 +165,8 @@ def lora_run(base_dir, spec, tokens, mask, labels, coef, adapter_seed, nf4):
     model.config.output_router_logits = True
     if nf4:
         dequantize_nf4_(model)
+    torch.manual_seed(adapter_seed)  # A (PEFT's kaiming init) and B the same in every run
     pm = get_peft_model(model, LoraConfig(**LORA))
-    torch.manual_seed(adapter_seed)
     with torch.no_grad():
         for n, p in pm.named_parameters():
             if "lora_B" in n:
