@@ -1,0 +1,265 @@
+// model/save.c — what a run produces: the LoRAs as a PEFT adapter folder (lora mode), or the
+// trained full-precision tensors under their checkpoint names (router, unfreeze, full), and that
+// file read back (resume, eval, merge).
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/safetensors.h"
+#include "lora/peft.h"
+#include "model/mixtral.h"
+#include "model/weights.h"
+
+// ---------------------------------------------------------------------------------------------
+// The Linears, by module path, in Hugging Face's module order
+
+typedef struct {
+    size_t n;
+    char (*name)[128];  // "model.layers.0.block_sparse_moe.experts.3.w1"
+    mt_linear **l;
+} linear_list;
+
+static void linears_list(mt_model *m, linear_list *out) {
+    const mt_model_config *c = &m->cfg;
+    size_t cap = (size_t)(c->layers * (5 + 3 * c->experts) + 1);
+    out->name = mt_xcalloc(cap, sizeof *out->name);
+    out->l = mt_xcalloc(cap, sizeof *out->l);
+    out->n = 0;
+    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    static const char *ex[] = {"w1", "w2", "w3"};
+    for (int L = 0; L < c->layers; L++) {
+        mt_layer *ly = &m->layers[L];
+        mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
+        for (int i = 0; i < 4; i++) {
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.self_attn.%s", L, attn[i]);
+            out->l[out->n++] = al[i];
+        }
+        snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.block_sparse_moe.gate", L);
+        out->l[out->n++] = &ly->gate;
+        for (int e = 0; e < c->experts; e++) {
+            mt_linear *el[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
+            for (int i = 0; i < 3; i++) {
+                snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.block_sparse_moe.experts.%d.%s",
+                         L, e, ex[i]);
+                out->l[out->n++] = el[i];
+            }
+        }
+    }
+    snprintf(out->name[out->n], sizeof out->name[0], "lm_head");
+    out->l[out->n++] = &m->lm_head;
+}
+
+static void linears_free(linear_list *ll) {
+    free(ll->name), free(ll->l);
+    memset(ll, 0, sizeof *ll);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PEFT adapter
+
+// The decimal of fewest digits that is `f` as a float, as a double: 0.05f -> 0.05, not
+// 0.05000000074505806 (the values a float-held scale or dropout came from).
+static double shortest_of_float(float f) {
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
+static int fill_lora(void *ctx, size_t i, char which, float *dst) {
+    const mt_lora *lo = ((mt_lora *const *)ctx)[i];
+    mt_tensor_download(which == 'A' ? lo->a : lo->b, dst);
+    return 0;
+}
+
+int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name) {
+    linear_list ll;
+    linears_list(m, &ll);
+    unsigned char *adapted = mt_xcalloc(ll.n, 1);
+    const char **names = mt_xcalloc(ll.n, sizeof *names);
+    mt_peft_module *mods = mt_xcalloc(ll.n, sizeof *mods);
+    mt_lora **loras = mt_xcalloc(ll.n, sizeof *loras);
+    size_t n = 0;
+    const mt_lora *first = NULL;
+    int rc = -1;
+    for (size_t i = 0; i < ll.n; i++) {
+        names[i] = ll.name[i];
+        mt_lora *lo = ll.l[i]->lora;
+        if (!lo) continue;
+        if (!first) first = lo;
+        // one r and one scale: PEFT's rank_pattern / alpha_pattern are not written
+        if (lo->r != first->r || lo->scale != first->scale) {
+            mt_error_set("%s: LoRA of '%s' has r=%d scale=%g where others have r=%d scale=%g "
+                         "(per-module rank or alpha is not supported)", dir, ll.name[i], lo->r,
+                         (double)lo->scale, first->r, (double)first->scale);
+            goto done;
+        }
+        adapted[i] = 1;
+        mods[n] = (mt_peft_module){ll.name[i], lo->in, lo->out, NULL, NULL};
+        loras[n++] = lo;
+    }
+    if (!first) {
+        mt_error_set("%s: the model has no LoRA to save (built in --mode %s)", dir, mt_mode_name(m->opts.mode));
+        goto done;
+    }
+    const mt_run_opts *o = &m->opts;
+    mt_peft_config cfg = {.r = first->r, .use_rslora = o->use_rslora};
+    double root = o->use_rslora ? sqrt((double)cfg.r) : (double)cfg.r;
+    // alpha: the run's (--alpha, default r) unless the LoRAs were given another scale since
+    // (an adapter loaded with its own alpha): then the one their scale implies.
+    cfg.lora_alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : cfg.r;
+    if ((float)(cfg.lora_alpha / root) != first->scale)
+        cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
+    cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
+    mt_peft_targets targets;
+    if (mt_peft_targets_make(&targets, names, ll.n, adapted) != 0) goto done;
+    rc = mt_peft_write(dir, &cfg, &targets, base_model_name, mods, n, fill_lora, loras);
+    mt_peft_targets_free(&targets);
+done:
+    free(adapted), free(names), free(mods), free(loras);
+    linears_free(&ll);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trained full-precision tensors
+
+// The model's tensor for checkpoint tensor `w` when it trains in this run, else NULL.
+static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
+    if (w->kind == MT_WEIGHT_EMBED) return m->dembed ? m->embed : NULL;
+    if (w->kind == MT_WEIGHT_NORM) {
+        if (w->layer < 0) return m->dnorm ? m->norm : NULL;
+        mt_layer *ly = &m->layers[w->layer];
+        if (strstr(w->name, ".input_layernorm.")) return ly->dln1 ? ly->ln1 : NULL;
+        return ly->dln2 ? ly->ln2 : NULL;
+    }
+    char module[128];
+    size_t len = strlen(w->name) - strlen(".weight");
+    memcpy(module, w->name, len);
+    module[len] = 0;
+    mt_linear *l = mt_model_find_linear(m, module);
+    return l && l->dw ? l->w : NULL;
+}
+
+typedef struct {
+    size_t n;
+    const mt_weight_desc **desc;
+    mt_tensor **t;
+    mt_weight_desc *all;
+} trained_list;
+
+static void trained_list_make(mt_model *m, trained_list *tl) {
+    size_t n = mt_weights_list(&m->cfg, &tl->all);
+    tl->desc = mt_xcalloc(n, sizeof *tl->desc);
+    tl->t = mt_xcalloc(n, sizeof *tl->t);
+    tl->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        mt_tensor *t = trained_tensor(m, &tl->all[i]);
+        if (!t) continue;
+        tl->desc[tl->n] = &tl->all[i];
+        tl->t[tl->n++] = t;
+    }
+}
+
+static void trained_list_free(trained_list *tl) {
+    free(tl->desc), free(tl->t), free(tl->all);
+    memset(tl, 0, sizeof *tl);
+}
+
+static int fill_trained(void *ctx, size_t index, void *dst, size_t nbytes) {
+    const trained_list *tl = ctx;
+    if (nbytes != tl->t[index]->nbytes) {
+        mt_error_set("'%s': %zu bytes in the model, %zu in the file layout", tl->desc[index]->name,
+                     tl->t[index]->nbytes, nbytes);
+        return -1;
+    }
+    mt_tensor_download(tl->t[index], dst);
+    return 0;
+}
+
+int mt_model_save_trained(mt_model *m, const char *path) {
+    trained_list tl;
+    trained_list_make(m, &tl);
+    int rc = -1;
+    if (tl.n == 0) {
+        mt_error_set("%s: the model has no trained full-precision tensor (--mode %s%s)", path,
+                     mt_mode_name(m->opts.mode), m->opts.mode == MT_MODE_LORA ? ": lora mode writes an adapter" : "");
+    } else {
+        mt_st_entry *e = mt_xcalloc(tl.n, sizeof *e);
+        for (size_t i = 0; i < tl.n; i++) {
+            e[i].name = tl.desc[i]->name;
+            e[i].dtype = "F32";
+            e[i].ndim = tl.desc[i]->ndim;
+            for (int d = 0; d < e[i].ndim; d++) e[i].shape[d] = tl.desc[i]->shape[d];
+        }
+        rc = mt_st_write(path, e, tl.n, "{\"format\":\"pt\"}", fill_trained, &tl);
+        free(e);
+    }
+    trained_list_free(&tl);
+    return rc;
+}
+
+static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+int mt_model_load_trained(mt_model *m, const char *path) {
+    mt_st_file f;
+    if (mt_st_file_open(&f, path) != 0) return -1;
+    trained_list tl;
+    trained_list_make(m, &tl);
+    int rc = 0;
+    // every tensor of the file is a trainable of this run ...
+    for (size_t i = 0; i < f.n_tensors && rc == 0; i++) {
+        size_t j = 0;
+        while (j < tl.n && strcmp(tl.desc[j]->name, f.tensors[i].name) != 0) j++;
+        if (j == tl.n) {
+            mt_error_set("%s: tensor '%s' is not trained in this run (--mode %s; see --layers, --experts)",
+                         path, f.tensors[i].name, mt_mode_name(m->opts.mode));
+            rc = -1;
+        }
+    }
+    // ... and every trainable is in the file, with its shape
+    float *host = NULL;
+    for (size_t j = 0; j < tl.n && rc == 0; j++) {
+        const mt_weight_desc *w = tl.desc[j];
+        const mt_st_tensor *t = mt_st_file_find(&f, w->name);
+        if (!t) {
+            mt_error_set("%s: tensor '%s' (trained in this run) is missing", path, w->name);
+            rc = -1;
+            break;
+        }
+        int ok = t->ndim == w->ndim;
+        for (int d = 0; ok && d < w->ndim; d++) ok = t->shape[d] == w->shape[d];
+        if (!ok) {
+            char got[96], want[96];
+            shape_text(got, sizeof got, t->ndim, t->shape);
+            shape_text(want, sizeof want, w->ndim, w->shape);
+            mt_error_set("%s: tensor '%s' has shape %s where the model has %s", path, w->name, got, want);
+            rc = -1;
+            break;
+        }
+        mt_dtype dt;
+        if (strcmp(t->dtype, "F32") == 0) dt = MT_F32;
+        else if (strcmp(t->dtype, "BF16") == 0) dt = MT_BF16;
+        else if (strcmp(t->dtype, "F16") == 0) dt = MT_F16;
+        else {
+            mt_error_set("%s: tensor '%s' has dtype %s (expected F32, BF16 or F16)", path, w->name, t->dtype);
+            rc = -1;
+            break;
+        }
+        size_t numel = (size_t)mt_tensor_numel(tl.t[j]);
+        host = mt_xrealloc(host, numel * sizeof(float));
+        mt_convert(host, MT_F32, t->data, dt, numel);
+        mt_tensor_upload(tl.t[j], host);
+    }
+    free(host);
+    trained_list_free(&tl);
+    mt_st_file_close(&f);
+    return rc;
+}
