@@ -12,6 +12,7 @@ int mt_lora_init(mt_lora *l, mt_backend *be, int64_t in, int64_t out, int r, dou
                  int rslora, double dropout, uint64_t seed, uint64_t stream) {
     memset(l, 0, sizeof *l);
     l->in = in, l->out = out, l->r = r;
+    l->stream = stream;
     l->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);
     l->dropout = (float)dropout;
     int64_t sa[2] = {r, in}, sb[2] = {out, r};

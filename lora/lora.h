@@ -16,6 +16,7 @@ typedef struct mt_lora {
     float dropout;        // probability of dropping an input element (0: none)
     uint64_t dropout_seed;  // the mask is a function of (seed, element), so backward and
                             // recomputation regenerate it instead of storing it
+    uint64_t stream;        // this adapter's own stream id (its module name's hash)
     mt_tensor *a, *b;     // A [r, in], B [out, r]: trainable (ledger: train)
     mt_tensor *da, *db;   // their gradients (ledger: grad)
 } mt_lora;

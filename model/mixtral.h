@@ -86,6 +86,12 @@ int mt_model_load_adapter(mt_model *m, const char *dir);
 // The Linear of a module path ("model.layers.0.block_sparse_moe.experts.3.w1"), or NULL.
 mt_linear *mt_model_find_linear(mt_model *m, const char *module);
 
+// Outputs (model/save.c): a PEFT adapter folder of the LoRAs; the trained full-precision tensors
+// under their checkpoint names (router, unfreeze, full modes), and that file read back.
+int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name);
+int mt_model_save_trained(mt_model *m, const char *path);
+int mt_model_load_trained(mt_model *m, const char *path);
+
 // Forward of one micro-batch with the loss; keeps what backward needs. 0 or -1 (bad tokens).
 int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out);
 // Backward of the last forward: accumulates every trainable's gradient.

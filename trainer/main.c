@@ -12,34 +12,11 @@ typedef struct {
     int (*run)(int argc, char **argv);
 } subcommand;
 
-// Sub-commands of later issues: their flags are parsed (so a bad one is still named), then they
-// say that they are not built. None of them pretends to run.
-static int parse_then_not_built(const char *name, const char *issue, int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: moetrain %s [FLAGS]   (not built yet: %s)\n\n", name, issue);
-            mt_run_opts_print_help(stdout);
-            return MT_EXIT_OK;
-        }
-    mt_run_opts opts;
-    mt_run_opts_default(&opts);
-    if (mt_run_opts_parse(&opts, argc, argv) != 0) {
-        fprintf(stderr, "moetrain %s: %s\n", name, mt_error_get());
-        return MT_EXIT_USAGE;
-    }
-    return cmd_not_built(name, issue);
-}
-
-static int cmd_train(int argc, char **argv) { return parse_then_not_built("train", "trainer/, issue 5", argc, argv); }
-static int cmd_eval(int argc, char **argv) { return parse_then_not_built("eval", "trainer/, issue 5", argc, argv); }
-static int cmd_generate(int argc, char **argv) { return parse_then_not_built("generate", "trainer/, issue 5", argc, argv); }
-static int cmd_merge(int argc, char **argv) { return parse_then_not_built("merge", "lora/, issue 5", argc, argv); }
-static int cmd_quantize(int argc, char **argv) { return parse_then_not_built("quantize", "quant/, issue 3", argc, argv); }
-
 static const subcommand subcommands[] = {
     {"train", "fine-tune a model (the default sub-command)", cmd_train},
     {"plan", "print the per-GPU memory budget of a run and whether it fits", cmd_plan},
     {"init", "write a random-initialised checkpoint of a config", cmd_init},
+    {"demo", "the whole tool on a tiny model in a few minutes (no downloads)", cmd_demo},
     {"eval", "loss and perplexity on a data file", cmd_eval},
     {"generate", "sample text, with or without an adapter", cmd_generate},
     {"merge", "fold an adapter into a bf16 checkpoint", cmd_merge},

@@ -50,9 +50,32 @@ static const opt_def opt_table[] = {
     {"master-weights", OPT_BOOL, F(master_weights), 0, "fp32 master copy of bf16 trainables (default on)"},
     {"gpu-mem", OPT_BYTES, F(gpu_mem_bytes), 0, "memory per GPU, e.g. 44GB or 40GiB"},
     {"workspace", OPT_BYTES, F(workspace_bytes), 0, "workspace per GPU (default: the planner's guess)"},
-    {"steps", OPT_I64, F(steps), 0, "training steps"},
-    {"lr", OPT_F64, F(lr), 0, "learning rate"},
+    {"device", OPT_STR, F(backend), S(backend), "cpu | cuda (same as --backend)"},
+    {"steps", OPT_I64, F(steps), 0, "optimizer steps (0: from --epochs)"},
+    {"epochs", OPT_F64, F(epochs), 0, "passes over the data when --steps is 0"},
+    {"accum", OPT_INT, F(accum), 0, "micro-batches per optimizer step (gradient accumulation)"},
+    {"lr", OPT_F64, F(lr), 0, "peak learning rate"},
+    {"warmup", OPT_I64, F(warmup), 0, "warmup steps"},
+    {"schedule", OPT_STR, F(schedule), S(schedule), "learning-rate schedule: cosine | linear | constant"},
+    {"clip", OPT_F64, F(clip), 0, "clip the global gradient norm to this (0: off)"},
+    {"weight-decay", OPT_F64, F(weight_decay), 0, "AdamW decoupled weight decay"},
+    {"aux-coef", OPT_F64, F(aux_coef), 0, "router aux-loss coefficient (default: config.json's)"},
+    {"z-coef", OPT_F64, F(z_coef), 0, "router z-loss coefficient"},
+    {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none (same as --checkpointing)"},
     {"seed", OPT_U64, F(seed), 0, "random seed"},
+    {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
+    {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
+    {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
+    {"eval-data", OPT_STR, F(eval_data), S(eval_data), "held-out data for periodic evaluation"},
+    {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
+    {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
+    {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
+    {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
+    {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply"},
+    {"prompt", OPT_STR, F(prompt), S(prompt), "generate: the prompt text"},
+    {"max-new-tokens", OPT_INT, F(max_new_tokens), 0, "generate: tokens to produce"},
+    {"temperature", OPT_F64, F(temperature), 0, "generate: sampling temperature (0: greedy)"},
+    {"top-p", OPT_F64, F(top_p), 0, "generate: nucleus sampling threshold"},
     {"case", OPT_SPECIAL, F(plan_case), 0, "plan: reproduce BUDGETS.md case A, B or C"},
     {"json", OPT_BOOL, F(json), 0, "plan: print JSON"},
     {"measure", OPT_BOOL, F(measure), 0, "plan: run one step on the null backend and compare"},
@@ -80,9 +103,18 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->master_weights = 1;
     o->gpu_mem_bytes = 44e9;
     o->workspace_bytes = -1;
-    o->steps = 100;
+    o->steps = 0;
+    o->epochs = 1;
+    o->accum = 1;
     o->lr = 2e-4;
+    strcpy(o->schedule, "cosine");
+    o->clip = 1.0;
+    o->aux_coef = -1;
     o->seed = 42;
+    strcpy(o->overlong, "truncate");
+    o->max_skips = 10;
+    o->max_new_tokens = 64;
+    o->top_p = 1.0;
 }
 
 const char *mt_mode_name(mt_mode m) {
@@ -243,7 +275,7 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         o->quant = (mt_quant)v;
         return 0;
     }
-    if (strcmp(key, "checkpointing") == 0) {
+    if (strcmp(key, "checkpointing") == 0 || strcmp(key, "ckpt") == 0) {
         static const char *n[] = {"full", "none"};
         int v;
         if (set_from_list(value, n, 2, &v)) return -1;

@@ -65,9 +65,31 @@ typedef struct mt_run_opts {
     double gpu_mem_bytes;
     double workspace_bytes;   // < 0: the planner's default guess
     // training
-    int64_t steps;
+    int64_t steps;            // optimizer steps (0: from --epochs)
+    double epochs;            // used when --steps is 0
+    int accum;                // micro-batches per optimizer step
     double lr;
+    int64_t warmup;           // warmup steps
+    char schedule[16];        // cosine | linear | constant
+    double clip;              // global grad-norm clip (0: off)
+    double weight_decay;
+    double aux_coef;          // < 0: router_aux_loss_coef from config.json
+    double z_coef;            // router z-loss coefficient
     uint64_t seed;
+    int packing;
+    char overlong[16];        // truncate | drop | refuse
+    int64_t save_every;       // steps between checkpoints (0: only at the end)
+    char eval_data[1024];
+    int64_t eval_every;
+    char resume[1024];        // checkpoint folder (or an output folder: its latest checkpoint)
+    double mem_bytes;         // cpu: refuse a run whose plan exceeds this (0: no check)
+    int max_skips;            // stop after this many non-finite steps in a row
+    // eval / generate / merge
+    char adapter[1024];       // PEFT adapter folder to apply
+    char prompt[4096];
+    int max_new_tokens;
+    double temperature;       // 0: greedy
+    double top_p;
     // plan
     char plan_case;           // 0, 'A', 'B' or 'C'
     int json;

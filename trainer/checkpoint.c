@@ -1,0 +1,210 @@
+// trainer/checkpoint.c — complete-or-absent training checkpoints.
+#include "trainer/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+#include "core/safetensors.h"
+
+static int save_trainables(const char *path, const mt_param *p, int n) {
+    mt_st_entry *e = mt_xcalloc((size_t)(n ? n : 1), sizeof *e);
+    for (int i = 0; i < n; i++) {
+        e[i] = (mt_st_entry){.name = p[i].name, .dtype = mt_st_dtype_of(p[i].w->dtype), .ndim = p[i].w->ndim,
+                             .data = p[i].w->data};
+        memcpy(e[i].shape, p[i].w->shape, sizeof(int64_t) * (size_t)p[i].w->ndim);
+    }
+    int rc = mt_st_write(path, e, (size_t)n, "{\"format\":\"moetrain-trainables\"}", NULL, NULL);
+    free(e);
+    return rc;
+}
+
+static int load_trainables(const char *path, const mt_param *p, int n) {
+    mt_st_file f;
+    if (mt_st_file_open(&f, path) != 0) return -1;
+    int rc = 0;
+    if ((int)f.n_tensors != n) {
+        mt_error_set("%s: %zu tensors where this run trains %d", path, f.n_tensors, n);
+        rc = -1;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        const mt_st_tensor *t = mt_st_file_find(&f, p[i].name);
+        if (!t || t->nbytes != p[i].w->nbytes || strcmp(t->dtype, mt_st_dtype_of(p[i].w->dtype)) != 0) {
+            mt_error_set("%s: tensor '%s' is missing or differs in dtype or size", path, p[i].name);
+            rc = -1;
+        } else {
+            mt_tensor_upload(p[i].w, t->data);
+        }
+    }
+    mt_st_file_close(&f);
+    return rc;
+}
+
+static int write_state(const char *path, const mt_train_state *st, const char *run_id) {
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)st->data_fingerprint);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "format", "moetrain-checkpoint");
+    cJSON_AddNumberToObject(j, "version", 1);
+    cJSON_AddNumberToObject(j, "step", (double)st->step);
+    cJSON_AddNumberToObject(j, "epoch", (double)st->cursor.epoch);
+    cJSON_AddNumberToObject(j, "index", (double)st->cursor.index);
+    cJSON_AddNumberToObject(j, "skips", (double)st->skips);
+    cJSON_AddStringToObject(j, "data_fingerprint", fp);
+    cJSON_AddStringToObject(j, "run", run_id);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    int rc = mt_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+static int read_state(const char *path, mt_train_state *st, char *run_id, size_t cap) {
+    char *text;
+    size_t len;
+    if (mt_read_file(path, 1 << 20, &text, &len) != 0) return -1;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *f = cJSON_GetObjectItem(j, "format"), *step = cJSON_GetObjectItem(j, "step"),
+                *ep = cJSON_GetObjectItem(j, "epoch"), *ix = cJSON_GetObjectItem(j, "index"),
+                *sk = cJSON_GetObjectItem(j, "skips"), *fp = cJSON_GetObjectItem(j, "data_fingerprint"),
+                *run = cJSON_GetObjectItem(j, "run");
+    int rc = -1;
+    if (!cJSON_IsString(f) || strcmp(f->valuestring, "moetrain-checkpoint") != 0 || !cJSON_IsNumber(step) ||
+        !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsString(fp) || !cJSON_IsString(run))
+        mt_error_set("%s: not a moetrain checkpoint state (format, step, epoch, index, data_fingerprint, run)", path);
+    else {
+        st->step = (int64_t)step->valuedouble;
+        st->cursor.epoch = (int64_t)ep->valuedouble;
+        st->cursor.index = (int64_t)ix->valuedouble;
+        st->skips = cJSON_IsNumber(sk) ? (int64_t)sk->valuedouble : 0;
+        st->data_fingerprint = strtoull(fp->valuestring, NULL, 16);
+        snprintf(run_id, cap, "%s", run->valuestring);
+        rc = 0;
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+static int remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);  // checkpoints hold plain files only
+    }
+    closedir(d);
+    return rmdir(dir);
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+
+int mt_checkpoint_save(const char *out, const mt_param *p, int n, const mt_adamw *o,
+                       const mt_train_state *st, const char *run_id) {
+    char tmp[4200], final[4200], path[4400], name[64];
+    snprintf(name, sizeof name, "checkpoint-%lld", (long long)st->step);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)getpid());
+    snprintf(final, sizeof final, "%s/%s", out, name);
+    remove_tree(tmp);
+    if (mt_mkdir_p(tmp) != 0) return -1;
+    int rc = 0;
+    snprintf(path, sizeof path, "%s/trainables.safetensors", tmp);
+    rc = save_trainables(path, p, n);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (!rc) rc = mt_adamw_save(o, p, n, path);
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    if (!rc) rc = write_state(path, st, run_id);
+    if (!rc) {
+        fsync_dir(tmp);
+        remove_tree(final);  // a checkpoint of the same step written before (a resumed run)
+        if (rename(tmp, final) != 0) {
+            mt_error_set("%s: cannot rename into place: %s", final, strerror(errno));
+            rc = -1;
+        }
+    }
+    if (rc) {
+        remove_tree(tmp);
+        mt_error_prefix("saving checkpoint %s", final);
+        return -1;
+    }
+    fsync_dir(out);
+    char latest[80];
+    snprintf(path, sizeof path, "%s/latest", out);
+    int len = snprintf(latest, sizeof latest, "%s\n", name);
+    return mt_write_file_atomic(path, latest, (size_t)len);
+}
+
+static int is_checkpoint(const char *dir) {
+    char path[4500];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    return access(path, R_OK) == 0;
+}
+
+int mt_checkpoint_find(const char *path, char *dir) {
+    if (is_checkpoint(path)) {
+        snprintf(dir, 4096, "%s", path);
+        return 0;
+    }
+    char latest[4400], *text;
+    size_t len;
+    snprintf(latest, sizeof latest, "%s/latest", path);
+    if (mt_read_file(latest, 4096, &text, &len) == 0) {
+        text[strcspn(text, "\r\n")] = 0;
+        int ok = text[0] && !strchr(text, '/') && strncmp(text, "checkpoint-", 11) == 0;
+        snprintf(dir, 4096, "%s/%s", path, text);
+        free(text);
+        if (ok && is_checkpoint(dir)) return 0;
+        mt_warn("%s does not name a complete checkpoint; using the newest one", latest);
+    }
+    DIR *d = opendir(path);
+    if (!d) {
+        mt_error_set("%s: not a checkpoint or output folder: %s", path, strerror(errno));
+        return -1;
+    }
+    long long best = -1;
+    struct dirent *e;
+    char cand[4300];
+    while ((e = readdir(d))) {
+        long long step;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%lld%c", &step, &tail) != 1) continue;  // skips .tmp folders
+        snprintf(cand, sizeof cand, "%s/%s", path, e->d_name);
+        if (step > best && is_checkpoint(cand)) best = step;
+    }
+    closedir(d);
+    if (best < 0) {
+        mt_error_set("%s: no complete checkpoint to resume from", path);
+        return -1;
+    }
+    snprintf(dir, 4096, "%s/checkpoint-%lld", path, best);
+    return 0;
+}
+
+int mt_checkpoint_load(const char *dir, const mt_param *p, int n, mt_adamw *o, mt_train_state *st,
+                       const char *run_id) {
+    char path[4400], saved_run[2048];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    if (read_state(path, st, saved_run, sizeof saved_run) != 0) return -1;
+    if (strcmp(saved_run, run_id) != 0) {
+        mt_error_set("%s was written by a different run and cannot be resumed by this one:\n  saved: %s\n  now:   %s",
+                     dir, saved_run, run_id);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/trainables.safetensors", dir);
+    if (load_trainables(path, p, n) != 0) return -1;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    return mt_adamw_load(o, p, n, path);
+}

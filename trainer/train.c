@@ -1,0 +1,325 @@
+// trainer/train.c — `moetrain [train]`: the training loop.
+//
+// plan → load → (resume) → for each step: accumulate micro-batches (forward, backward), clip,
+// AdamW, log; checkpoints every --save-every and at the end; SIGINT/SIGTERM save and stop.
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+#include "model/mixtral.h"
+#include "trainer/checkpoint.h"
+#include "trainer/commands.h"
+#include "trainer/data.h"
+#include "trainer/metrics.h"
+#include "trainer/params.h"
+#include "trainer/plan.h"
+#include "trainer/schedule.h"
+#include "trainer/tokenizer.h"
+#include "trainer/train.h"
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { stop_requested = sig; }
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// What must not change between a run and its resume.
+void mt_run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, size_t n) {
+    char layers[64] = "all", experts[64] = "all";
+    if (!o->layers.all) snprintf(layers, sizeof layers, "%d@%d", o->layers.count, o->layers.count ? o->layers.items[0] : -1);
+    if (!o->experts.all) snprintf(experts, sizeof experts, "%d@%d", o->experts.count, o->experts.count ? o->experts.items[0] : -1);
+    snprintf(buf, n,
+             "mode=%s r=%d alpha=%g rslora=%d dropout=%g targets=%#x layers=%s experts=%s quant=%s dq=%d block=%d "
+             "seq=%lld batch=%lld accum=%d seed=%llu model=%lldx%lldx%lldx%lld",
+             mt_mode_name(o->mode), o->lora_r, o->lora_alpha, o->use_rslora, o->lora_dropout, o->targets, layers,
+             experts, mt_quant_name(o->quant), o->double_quant, o->quant_blocksize, (long long)o->seq,
+             (long long)o->batch, o->accum, (unsigned long long)o->seed, (long long)c->layers,
+             (long long)c->hidden, (long long)c->experts, (long long)c->vocab);
+}
+
+static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
+    mt_plan plan;
+    if (mt_plan_compute(cfg, o, &plan) != 0) return -1;
+    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = o, .plan = &plan};
+    mt_plan_print(stdout, &rep);
+    if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
+        mt_error_set("the plan needs %.2f GB but --mem allows %.2f GB; see `moetrain plan` for what would fit",
+                     plan.total / 1e9, o->mem_bytes / 1e9);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    mt_run_opts *o;
+    mt_model m;
+    mt_tokenizer tok;
+    mt_dataset data, eval;
+    int have_eval;
+    mt_param *params;
+    int n_params;
+    mt_adamw opt;
+    mt_metrics metrics;
+    mt_train_state st;
+    char run_id[1024];
+    int32_t *tokens, *labels, *mask;
+    float *load;  // [layers × experts] expert load of the last step
+} trainer;
+
+// Mean CE over one pass of `data` (its own order, each sample once); NAN when it has none.
+double mt_eval_loss(mt_model *m, mt_dataset *data, int B, int S, int64_t *tokens_out) {
+    mt_data_cursor c = {0, 0};
+    size_t n = (size_t)B * S;
+    int32_t *tokens = mt_xcalloc(n, sizeof(int32_t)), *labels = mt_xcalloc(n, sizeof(int32_t));
+    int32_t *mask = mt_xcalloc(n, sizeof(int32_t));
+    double sum = 0;
+    int64_t count = 0;
+    while (c.epoch == 0) {
+        if (mt_data_next_batch(data, &c, B, S, tokens, labels, mask) <= 0) break;
+        mt_batch b = {B, S, tokens, labels, mask};
+        mt_loss l;
+        if (mt_model_forward(m, &b, &l) != 0) {
+            count = 0;
+            break;
+        }
+        sum += l.ce * (double)l.tokens;
+        count += l.tokens;
+    }
+    free(tokens), free(labels), free(mask);
+    *tokens_out = count;
+    return count ? sum / (double)count : NAN;
+}
+
+static double evaluate(trainer *t, int64_t *tokens_out) {
+    return mt_eval_loss(&t->m, &t->eval, (int)t->o->batch, (int)t->o->seq, tokens_out);
+}
+
+static void expert_load(trainer *t) {
+    const mt_model_config *c = &t->m.cfg;
+    for (int L = 0; L < c->layers; L++) {
+        double total = 0;
+        for (int e = 0; e < c->experts; e++) total += t->m.kept[L].counts[e];
+        for (int e = 0; e < c->experts; e++)
+            t->load[L * c->experts + e] = total > 0 ? (float)(t->m.kept[L].counts[e] / total) : 0.0f;
+    }
+}
+
+static int save(trainer *t) {
+    if (mt_checkpoint_save(t->o->out, t->params, t->n_params, &t->opt, &t->st, t->run_id) != 0) return -1;
+    char f[96];
+    snprintf(f, sizeof f, "\"step\":%lld", (long long)t->st.step);
+    mt_metrics_event(&t->metrics, "save", f);
+    return 0;
+}
+
+// The run's product: a PEFT adapter (lora) or the trained tensors (router, unfreeze, full).
+static int write_outputs(trainer *t) {
+    char path[4200];
+    if (t->o->mode == MT_MODE_LORA) {
+        snprintf(path, sizeof path, "%s/adapter", t->o->out);
+        if (mt_model_save_adapter(&t->m, path, t->o->model) != 0) return -1;
+    } else {
+        snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
+        if (mt_model_save_trained(&t->m, path) != 0) return -1;
+    }
+    mt_info("wrote %s", path);
+    return 0;
+}
+
+static int64_t total_steps(trainer *t) {
+    if (t->o->steps > 0) return t->o->steps;
+    int64_t rows = mt_data_epoch_rows(&t->data, 0, (int)t->o->seq);
+    int64_t per_step = t->o->batch * t->o->accum;
+    int64_t steps = (int64_t)ceil(t->o->epochs * (double)rows / (double)per_step);
+    return steps > 0 ? steps : 1;
+}
+
+static int setup(trainer *t) {
+    mt_run_opts *o = t->o;
+    if (!o->model[0] || !o->data[0]) {
+        mt_error_set("--model and --data are required (see moetrain train --help)");
+        return -1;
+    }
+    if (strcmp(o->backend, "cpu") != 0) {
+        mt_error_set("--device %s: training runs on the cpu backend today (the CUDA step is issue 6)", o->backend);
+        return -1;
+    }
+    if (!o->out[0]) snprintf(o->out, sizeof o->out, "moetrain-out");
+    if (o->accum < 1 || o->batch < 1 || o->seq < 2) {
+        mt_error_set("--accum and --batch must be at least 1 and --seq at least 2");
+        return -1;
+    }
+    mt_model_config cfg;
+    if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    if (print_plan(&cfg, o) != 0) return -1;
+    mt_backend *be = mt_backend_cpu_new();
+    if (mt_model_load(&t->m, be, o->model, o) != 0) return mt_backend_free(be), -1;
+    if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
+    t->m.z_coef = (float)o->z_coef;
+    if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
+        return -1;
+    mt_data_opts dopts;
+    mt_data_opts_default(&dopts);
+    dopts.seq = o->seq;
+    dopts.packing = o->packing;
+    dopts.seed = o->seed;
+    if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
+    if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
+    char stats[512];
+    mt_data_stats_format(&t->data.stats, stats, sizeof stats);
+    mt_info("data: %s", stats);
+    if (o->eval_data[0]) {
+        dopts.shuffle = 0, dopts.whole_epochs = 1;
+        if (mt_dataset_load(&t->eval, o->eval_data, &t->tok, &dopts) != 0) return -1;
+        t->have_eval = 1;
+    }
+    t->n_params = mt_model_params(&t->m, &t->params);
+    if (t->n_params == 0) {
+        mt_error_set("nothing to train: check --mode, --targets, --layers and --experts");
+        return -1;
+    }
+    mt_adamw_opts aopts = mt_adamw_opts_default();
+    aopts.lr = o->lr;
+    aopts.weight_decay = o->weight_decay;
+    if (mt_adamw_init(&t->opt, be, t->params, t->n_params, &aopts) != 0) return -1;
+    mt_run_id(o, &cfg, t->run_id, sizeof t->run_id);
+    t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
+    if (o->resume[0]) {
+        char dir[4096];
+        if (mt_checkpoint_find(o->resume, dir) != 0 ||
+            mt_checkpoint_load(dir, t->params, t->n_params, &t->opt, &t->st, t->run_id) != 0)
+            return -1;
+        if (t->st.data_fingerprint != mt_dataset_fingerprint(&t->data)) {
+            mt_error_set("%s was trained on different data than --data %s", dir, o->data);
+            return -1;
+        }
+        mt_info("resumed from %s at step %lld", dir, (long long)t->st.step);
+    }
+    if (mt_mkdir_p(o->out) != 0) return -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
+    if (mt_metrics_open_ex(&t->metrics, path, o->resume[0] != 0) != 0) return -1;
+    size_t n = (size_t)(o->batch * o->seq);
+    t->tokens = mt_xcalloc(n, sizeof(int32_t)), t->labels = mt_xcalloc(n, sizeof(int32_t));
+    t->mask = mt_xcalloc(n, sizeof(int32_t));
+    t->load = mt_xcalloc((size_t)(cfg.layers * cfg.experts), sizeof(float));
+    mt_info("train: %s, %d tensors, %llu trainable params", mt_mode_name(o->mode), t->n_params,
+            (unsigned long long)mt_params_count(t->params, t->n_params));
+    return 0;
+}
+
+static void teardown(trainer *t) {
+    mt_metrics_close(&t->metrics);
+    mt_adamw_free(&t->opt);
+    mt_params_free(t->params, t->n_params);
+    mt_backend *be = t->m.be;
+    mt_model_free(&t->m);
+    mt_backend_free(be);
+    mt_dataset_free(&t->data);
+    if (t->have_eval) mt_dataset_free(&t->eval);
+    mt_tokenizer_free(&t->tok);
+    free(t->tokens), free(t->labels), free(t->mask), free(t->load);
+}
+
+static int run(trainer *t) {
+    mt_run_opts *o = t->o;
+    mt_schedule sched;
+    if (mt_schedule_parse(o->schedule, &sched) != 0) return mt_error_prefix("--schedule"), -1;
+    int64_t total = total_steps(t);
+    int B = (int)o->batch, S = (int)o->seq, in_a_row = 0;
+    double t_start = now_s();
+    int64_t first = t->st.step;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    while (t->st.step < total && !stop_requested) {
+        double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
+        int64_t tokens = 0;
+        mt_model_zero_grad(&t->m);
+        for (int micro = 0; micro < o->accum; micro++) {
+            mt_data_next_batch(&t->data, &t->st.cursor, B, S, t->tokens, t->labels, t->mask);
+            mt_batch b = {B, S, t->tokens, t->labels, t->mask};
+            mt_loss l;
+            mt_model_set_dropout_seed(&t->m, o->seed, t->st.step, micro);
+            if (mt_model_forward(&t->m, &b, &l) != 0) return -1;
+            mt_model_backward(&t->m);
+            loss += l.loss / o->accum, ce += l.ce / o->accum, aux += l.aux / o->accum, z += l.z / o->accum;
+            for (int i = 0; i < B * S; i++) tokens += t->mask[i] != 0;
+        }
+        if (o->accum > 1) mt_params_scale_grads(t->params, t->n_params, 1.0f / (float)o->accum);
+        double lr = mt_lr_at(t->st.step, total, o->warmup, o->lr, sched), gnorm = NAN;
+        int skipped = !isfinite(loss) || mt_adamw_step(&t->opt, t->params, t->n_params, lr, o->clip, &gnorm) != 0;
+        if (skipped) {
+            t->st.skips++;
+            if (++in_a_row > o->max_skips) {
+                mt_error_set("%d non-finite steps in a row (the last at step %lld): stopping; the last checkpoint "
+                             "in %s is intact", in_a_row, (long long)t->st.step, o->out);
+                return -1;
+            }
+        } else {
+            in_a_row = 0;
+        }
+        t->st.step++;
+        expert_load(t);
+        double dt = now_s() - t0, per_step = (now_s() - t_start) / (double)(t->st.step - first);
+        mt_step_record r = {.step = t->st.step, .total = total, .loss = loss, .ce = ce, .aux = aux, .z = z,
+                            .lr = lr, .grad_norm = gnorm, .tokens_per_s = dt > 0 ? tokens / dt : 0,
+                            .eta_s = per_step * (double)(total - t->st.step),
+                            .peak_bytes = t->m.be->ledger.total_peak, .skipped = skipped,
+                            .layers = (int)t->m.cfg.layers, .experts = (int)t->m.cfg.experts,
+                            .expert_load = t->load};
+        mt_metrics_step(&t->metrics, &r);
+        if (t->have_eval && o->eval_every > 0 && t->st.step % o->eval_every == 0) {
+            int64_t n;
+            double el = evaluate(t, &n);
+            char f[160];
+            snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step,
+                     el, exp(el), (long long)n);
+            mt_metrics_event(&t->metrics, "eval", f);
+        }
+        if (o->save_every > 0 && t->st.step % o->save_every == 0 && t->st.step < total && save(t) != 0) return -1;
+    }
+    if (save(t) != 0) return -1;
+    if (stop_requested) {
+        mt_info("stopped by signal %d at step %lld; checkpoint saved: resume with --resume %s", (int)stop_requested,
+                (long long)t->st.step, o->out);
+        return 0;
+    }
+    if (t->have_eval) {
+        int64_t n;
+        double el = evaluate(t, &n);
+        char f[160];
+        snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step, el,
+                 exp(el), (long long)n);
+        mt_metrics_event(&t->metrics, "eval", f);
+    }
+    return write_outputs(t);
+}
+
+int cmd_train(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n\n");
+            mt_run_opts_print_help(stdout);
+            return MT_EXIT_OK;
+        }
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    if (mt_run_opts_parse(&o, argc, argv) != 0) {
+        fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.o = &o;
+    int rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
+    if (rc != MT_EXIT_OK) fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+    if (t.m.be) teardown(&t);
+    return rc;
+}
