@@ -1,9 +1,9 @@
 // trainer/demo.c — `moetrain demo`: the whole tool on a CPU in a few minutes, nothing downloaded.
 //
 //  1. init a tiny Mixtral (configs/tiny.json's shape, built in) and pretrain it in full mode to
-//     copy 4-letter words of mixed case in Mixtral's chat format: "[INST] aBcd [/INST]aBcd</s>";
+//     copy 3-letter words in Mixtral's chat format: "[INST] abc [/INST]abc</s>";
 //  2. LoRA-fine-tune it (r=16, all experts, NF4 base) to capitalise the vowels of lower-case
-//     words: "[INST] abed [/INST]AbEd</s>";
+//     words: "[INST] abe [/INST]AbE</s>";
 //  3. score exact match on held-out words, and the loss, before and after; leave the adapter,
 //     the metrics and the plots in one folder.
 #include <math.h>
@@ -20,7 +20,7 @@
 #include "trainer/tokenizer.h"
 #include "trainer/train.h"
 
-enum { WORD = 4, TEST_WORDS = 100 };
+enum { WORD = 3, TEST_WORDS = 100 };
 
 static const char TINY_CONFIG[] =
     "{\"architectures\":[\"MixtralForCausalLM\"],\"model_type\":\"mixtral\",\"hidden_size\":64,"
@@ -34,13 +34,19 @@ static void word(mt_rng *r, char *w) {
     w[WORD] = 0;
 }
 
+// A task word holds at least one vowel, so copying alone never scores.
+static void task_word(mt_rng *r, char *w) {
+    do word(r, w);
+    while (!strpbrk(w, "aeiou"));
+}
+
 // The fine-tuning task: vowels capitalised, consonants kept.
 static void capitalise_vowels(const char *w, char *u) {
     for (int i = 0; i <= WORD; i++) u[i] = (char)(w[i] && strchr("aeiou", w[i]) ? w[i] - 32 : w[i]);
 }
 
-// n chat samples: the assistant copies a mixed-case word (pretraining: every letter of either
-// case is seen), or capitalises the vowels of a lower-case one (the task).
+// n chat samples: the assistant copies the word (pretraining), or capitalises its vowels (the
+// task: five output tokens the base never produced, reached through the experts' LoRA).
 static int write_task(const char *path, uint64_t seed, int n, int task) {
     mt_atomic_file f;
     if (mt_atomic_open(&f, path) != 0) return -1;
@@ -48,13 +54,10 @@ static int write_task(const char *path, uint64_t seed, int n, int task) {
     mt_rng_seed(&r, seed, 0);
     char w[WORD + 1], a[WORD + 1];
     for (int i = 0; i < n; i++) {
-        word(&r, w);
+        if (task) task_word(&r, w);
+        else word(&r, w);
         if (task) capitalise_vowels(w, a);
-        else {
-            for (int j = 0; j < WORD; j++)
-                if (mt_rng_next(&r) % 3 == 0) w[j] = (char)(w[j] - 32);
-            memcpy(a, w, sizeof a);
-        }
+        else memcpy(a, w, sizeof a);
         fprintf(f.f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"},{\"role\":\"assistant\",\"content\":\"%s\"}]}\n",
                 w, a);
     }
@@ -102,7 +105,7 @@ static int score(const char *model_dir, const char *adapter, const char *test_js
     int right = 0;
     for (int i = 0; i < TEST_WORDS; i++) {
         char w[WORD + 1], want[WORD + 1], text[64];
-        word(&r, w);
+        task_word(&r, w);
         capitalise_vowels(w, want);
         snprintf(text, sizeof text, "[INST] %s [/INST]", w);
         mt_ids ids = {0};
@@ -133,7 +136,7 @@ out_be:
 
 int cmd_demo(int argc, char **argv) {
     const char *out = "moetrain-demo";
-    int pre_steps = 1000, lora_steps = 300;
+    int pre_steps = 800, lora_steps = 1000;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: moetrain demo [--out DIR] [--pretrain-steps N] [--lora-steps N]\n\n"
@@ -190,7 +193,7 @@ int cmd_demo(int argc, char **argv) {
     mt_info("demo 3/4: LoRA r=16 on every expert, NF4 base, %d steps", lora_steps);
     char *lora_argv[] = {"--model", p[6], "--data", p[3], "--out", p[7], "--mode", "lora", "--r", "16",
                          "--experts", "all", "--quant", "nf4", "--seq", "32", "--batch", "16",
-                         "--steps", steps_lora, "--lr", "3e-3", "--warmup", "10"};
+                         "--steps", steps_lora, "--lr", "5e-3", "--warmup", "10"};
     if (run(24, lora_argv) != 0) goto fail;
     snprintf(adapter, sizeof adapter, "%s/adapter", p[7]);
     if (score(p[6], adapter, p[4], &acc1, &loss1) != 0) goto fail;

@@ -206,6 +206,9 @@ static int setup(trainer *t) {
     char path[4200];
     snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
     if (mt_metrics_open_ex(&t->metrics, path, o->resume[0] != 0) != 0) return -1;
+    // Off a terminal, about 20 progress lines a run (the JSONL has every step).
+    int64_t planned = total_steps(t);
+    t->metrics.every = (int)MT_MAX(1, planned / 20);
     size_t n = (size_t)(o->batch * o->seq);
     t->tokens = mt_xcalloc(n, sizeof(int32_t)), t->labels = mt_xcalloc(n, sizeof(int32_t));
     t->mask = mt_xcalloc(n, sizeof(int32_t));
