@@ -59,6 +59,8 @@ mt_backend *mt_backend_null_new(void);
 // CUDA device `device`; NULL with mt_error_set() when built without CUDA or no GPU is present.
 mt_backend *mt_backend_cuda_new(int device);
 int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
+// CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
+void *mt_cuda_backend_stream(mt_backend *be);
 // By name: "cpu", "null" or "cuda"; NULL with an error otherwise.
 mt_backend *mt_backend_new(const char *name);
 void mt_backend_free(mt_backend *be);

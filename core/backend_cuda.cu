@@ -336,6 +336,8 @@ static const mt_backend_ops cuda_ops = {
     .destroy = cuda_destroy,
 };
 
+extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
+
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

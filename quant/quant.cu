@@ -11,10 +11,8 @@
 // memory, and writes 32 bf16 (4 × 16-byte stores) or f32 (8 ×). Ranges that do not start on a
 // 32-element boundary, and the tail, go through a one-element-per-thread kernel.
 //
-// Streams: work goes on the backend's stream when core exposes it (a weak reference to
-// mt_cuda_backend_stream()); until then each launcher waits for the backend's stream, runs on
-// the legacy default stream and waits for its own work, so that ordering with the backend's
-// copies and matmuls holds either way.
+// Streams: work goes on the backend's own stream (mt_cuda_backend_stream), so it is ordered with
+// the backend's copies and matmuls without any host synchronisation.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,8 +22,6 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "quant/quant.h"
-
-extern "C" void *mt_cuda_backend_stream(mt_backend *be) __attribute__((weak));
 
 __constant__ float c_nf4_map[16] = {MT_NF4_MAP_VALUES};
 __constant__ float c_fp4_map[16] = {MT_FP4_MAP_VALUES};
@@ -41,14 +37,12 @@ static cudaStream_t q_begin(mt_backend *be, const void *dev_ptr) {
     cudaPointerAttributes attr;
     MT_CHECK_CUDA(cudaPointerGetAttributes(&attr, dev_ptr));
     MT_CHECK_CUDA(cudaSetDevice(attr.device));
-    if (mt_cuda_backend_stream) return (cudaStream_t)mt_cuda_backend_stream(be);
-    be->ops->synchronize(be);
-    return 0;
+    return (cudaStream_t)mt_cuda_backend_stream(be);
 }
 
 static void q_end(cudaStream_t s) {
+    (void)s;
     MT_CHECK_CUDA(cudaGetLastError());
-    if (!mt_cuda_backend_stream) MT_CHECK_CUDA(cudaStreamSynchronize(s));
 }
 
 // ---------------------------------------------------------------------------------------------
