@@ -16,9 +16,7 @@
 #include "core/rng.h"
 #include "model/mixtral.h"
 #include "trainer/commands.h"
-#include "trainer/decode.h"
 #include "trainer/tokenizer.h"
-#include "trainer/train.h"
 
 enum { WORD = 3, TEST_WORDS = 100 };
 
@@ -98,8 +96,9 @@ static int score(const char *model_dir, const char *adapter, const char *test_js
     mt_data_opts_default(&d);
     d.seq = 32, d.shuffle = 0, d.whole_epochs = 1;
     if (mt_dataset_load(&data, test_jsonl, &tok, &d) != 0) goto out_tok;
-    int64_t n;
-    *loss = mt_eval_loss(&m, &data, 16, 32, &n);
+    mt_eval_result er;
+    if (mt_eval_dataset(&m, &data, 16, 32, &er) != 0) goto out_data;
+    *loss = er.loss;
     mt_rng r;
     mt_rng_seed(&r, 777, 0);  // the held-out words: the stream write_task used for the test set
     int right = 0;
@@ -111,15 +110,20 @@ static int score(const char *model_dir, const char *adapter, const char *test_js
         mt_ids ids = {0};
         mt_ids_push(&ids, (int32_t)m.cfg.bos_token_id);
         if (mt_tokenizer_encode(&tok, text, strlen(text), &ids) != 0) goto out_data;
-        int32_t outv[WORD + 2];
-        int k = mt_greedy_decode(&m, ids.v, (int)ids.n, WORD + 1, (int32_t)m.cfg.eos_token_id, outv);
+        mt_gen_opts g = {.max_new_tokens = WORD + 1, .temperature = 0, .top_p = 1, .eos = (int32_t)m.cfg.eos_token_id};
+        mt_ids got = {0};
+        int hit_eos = 0;
+        int rc_gen = mt_generate(&m, ids.v, (int)ids.n, &g, &got, &hit_eos);
         mt_ids_free(&ids);
-        if (k < 0) goto out_data;
-        char *got;
+        char *text_out = NULL;
         size_t glen;
-        if (mt_tokenizer_decode(&tok, outv, (size_t)k, &got, &glen) != 0) goto out_data;
-        right += strcmp(got, want) == 0 && k == WORD + 1 && outv[WORD] == m.cfg.eos_token_id;
-        free(got);
+        if (rc_gen != 0 || mt_tokenizer_decode(&tok, got.v, got.n, &text_out, &glen) != 0) {
+            mt_ids_free(&got);
+            goto out_data;
+        }
+        right += hit_eos && strcmp(text_out, want) == 0;  // the word, then EOS: nothing more
+        free(text_out);
+        mt_ids_free(&got);
     }
     *acc = right / (double)TEST_WORDS;
     rc = 0;

@@ -91,6 +91,20 @@ void mt_model_set_dropout_seed(mt_model *m, uint64_t seed, int64_t step, int mic
     }
 }
 
+static void drop_linear(mt_linear *l, float p) {
+    if (l->lora) l->lora->dropout = p;
+}
+
+void mt_model_set_lora_dropout(mt_model *m, float p) {
+    for (int L = 0; L < m->cfg.layers; L++) {
+        mt_layer *ly = &m->layers[L];
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
+        for (int i = 0; i < 5; i++) drop_linear(ls[i], p);
+        for (int e = 0; e < m->cfg.experts; e++)
+            drop_linear(&ly->w1[e], p), drop_linear(&ly->w2[e], p), drop_linear(&ly->w3[e], p);
+    }
+}
+
 void mt_params_scale_grads(const mt_param *p, int n, float s) {
     for (int i = 0; i < n; i++) {
         float *g = p[i].g->data;

@@ -19,7 +19,6 @@
 #include "trainer/plan.h"
 #include "trainer/schedule.h"
 #include "trainer/tokenizer.h"
-#include "trainer/train.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
@@ -31,7 +30,7 @@ static double now_s(void) {
 }
 
 // What must not change between a run and its resume.
-void mt_run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, size_t n) {
+static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, size_t n) {
     char layers[64] = "all", experts[64] = "all";
     if (!o->layers.all) snprintf(layers, sizeof layers, "%d@%d", o->layers.count, o->layers.count ? o->layers.items[0] : -1);
     if (!o->experts.all) snprintf(experts, sizeof experts, "%d@%d", o->experts.count, o->experts.count ? o->experts.items[0] : -1);
@@ -73,32 +72,14 @@ typedef struct {
     float *load;  // [layers × experts] expert load of the last step
 } trainer;
 
-// Mean CE over one pass of `data` (its own order, each sample once); NAN when it has none.
-double mt_eval_loss(mt_model *m, mt_dataset *data, int B, int S, int64_t *tokens_out) {
-    mt_data_cursor c = {0, 0};
-    size_t n = (size_t)B * S;
-    int32_t *tokens = mt_xcalloc(n, sizeof(int32_t)), *labels = mt_xcalloc(n, sizeof(int32_t));
-    int32_t *mask = mt_xcalloc(n, sizeof(int32_t));
-    double sum = 0;
-    int64_t count = 0;
-    while (c.epoch == 0) {
-        if (mt_data_next_batch(data, &c, B, S, tokens, labels, mask) <= 0) break;
-        mt_batch b = {B, S, tokens, labels, mask};
-        mt_loss l;
-        if (mt_model_forward(m, &b, &l) != 0) {
-            count = 0;
-            break;
-        }
-        sum += l.ce * (double)l.tokens;
-        count += l.tokens;
-    }
-    free(tokens), free(labels), free(mask);
-    *tokens_out = count;
-    return count ? sum / (double)count : NAN;
-}
-
+// Mean CE over one pass of the eval data, with LoRA dropout off for the pass.
 static double evaluate(trainer *t, int64_t *tokens_out) {
-    return mt_eval_loss(&t->m, &t->eval, (int)t->o->batch, (int)t->o->seq, tokens_out);
+    mt_model_set_lora_dropout(&t->m, 0.0f);
+    mt_eval_result r;
+    int rc = mt_eval_dataset(&t->m, &t->eval, (int)t->o->batch, (int)t->o->seq, &r);
+    mt_model_set_lora_dropout(&t->m, (float)t->o->lora_dropout);
+    *tokens_out = rc == 0 ? r.tokens : 0;
+    return rc == 0 ? r.loss : NAN;
 }
 
 static void expert_load(trainer *t) {
@@ -189,7 +170,7 @@ static int setup(trainer *t) {
     aopts.lr = o->lr;
     aopts.weight_decay = o->weight_decay;
     if (mt_adamw_init(&t->opt, be, t->params, t->n_params, &aopts) != 0) return -1;
-    mt_run_id(o, &cfg, t->run_id, sizeof t->run_id);
+    run_id(o, &cfg, t->run_id, sizeof t->run_id);
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
     if (o->resume[0]) {
         char dir[4096];
