@@ -484,3 +484,13 @@ const mt_st_tensor *mt_st_file_find(const mt_st_file *f, const char *name) {
         bsearch(name, f->by_name, f->n_tensors, sizeof *f->by_name, st_find_cmp);
     return hit ? *hit : NULL;
 }
+
+int mt_st_float_dtype(const char *dtype, mt_dtype *out) {
+    static const struct { const char *name; mt_dtype t; } floats[] = {{"F32", MT_F32}, {"BF16", MT_BF16}, {"F16", MT_F16}};
+    for (size_t i = 0; i < MT_ARRAY_LEN(floats); i++)
+        if (strcmp(dtype, floats[i].name) == 0) {
+            *out = floats[i].t;
+            return 0;
+        }
+    return -1;
+}

@@ -94,6 +94,8 @@ int mt_st_dtype_bits(const char *dtype);
 // MT_F32 -> "F32", MT_BF16 -> "BF16", MT_F16 -> "F16", MT_U8 -> "U8", MT_I32 -> "I32",
 // MT_I64 -> "I64"; NULL for a type with no safetensors name (MT_Q4 is stored as U8).
 const char *mt_st_dtype_of(mt_dtype t);
+// "F32" / "BF16" / "F16" -> the float dtype moetrain computes with; -1 (no error set) otherwise.
+int mt_st_float_dtype(const char *dtype, mt_dtype *out);
 
 // Bytes of a tensor of this dtype and shape: 0, or -1 with an error when the dtype is unknown,
 // a dimension negative, the size overflows, or the bits are not a whole number of bytes.

@@ -8,10 +8,7 @@
 
 static int to_f32(const mt_st_tensor *t, float *dst, size_t n) {
     mt_dtype dt;
-    if (strcmp(t->dtype, "F32") == 0) dt = MT_F32;
-    else if (strcmp(t->dtype, "BF16") == 0) dt = MT_BF16;
-    else if (strcmp(t->dtype, "F16") == 0) dt = MT_F16;
-    else {
+    if (mt_st_float_dtype(t->dtype, &dt) != 0) {
         mt_error_set("'%s' has dtype %s (expected F32, BF16 or F16)", t->name, t->dtype);
         return -1;
     }

@@ -245,10 +245,7 @@ int mt_model_load_trained(mt_model *m, const char *path) {
             break;
         }
         mt_dtype dt;
-        if (strcmp(t->dtype, "F32") == 0) dt = MT_F32;
-        else if (strcmp(t->dtype, "BF16") == 0) dt = MT_BF16;
-        else if (strcmp(t->dtype, "F16") == 0) dt = MT_F16;
-        else {
+        if (mt_st_float_dtype(t->dtype, &dt) != 0) {
             mt_error_set("%s: tensor '%s' has dtype %s (expected F32, BF16 or F16)", path, w->name, t->dtype);
             rc = -1;
             break;
