@@ -187,3 +187,28 @@ Test(train, bad_input_is_named, .init = setup, .fini = teardown) {
                              tmp), 1);
     cr_assert(strstr(out, "--mem"), "%s", out);
 }
+
+Test(train, sigint_saves_a_checkpoint_and_exits_cleanly, .init = setup, .fini = teardown) {
+    char cmd[2048], out[16384], dir[256];
+    snprintf(dir, sizeof dir, "%s/int", tmp);
+    // A long run, interrupted after a second; the shell reports its exit code.
+    snprintf(cmd, sizeof cmd,
+             "sh -c '%s --model %s --data %s --mode lora --r 4 --quant none --seq 24 --batch 2 --steps 100000 "
+             "--out %s > %s.log 2>&1 & pid=$!; sleep 1.5; kill -INT $pid; wait $pid; echo rc=$?'",
+             MT_TEST_BIN, model_dir, data, dir, dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    cr_assert(strstr(out, "rc=0"), "interrupted run exit: %s", out);
+    char latest[300], *text;
+    size_t len;
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    cr_assert_eq(mt_read_file(latest, 4096, &text, &len), 0, "a checkpoint was saved");
+    cr_assert(strncmp(text, "checkpoint-", 11) == 0, "%s", text);
+    free(text);
+    snprintf(latest, sizeof latest, "%s.log", dir);
+    cr_assert_eq(mt_read_file(latest, 1 << 20, &text, &len), 0);
+    cr_assert(strstr(text, "stopped by signal"), "%s", text);
+    free(text);
+}
