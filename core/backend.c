@@ -129,5 +129,5 @@ void *mt_work_alloc(mt_backend *be, size_t bytes) {
 }
 
 void mt_work_free(mt_backend *be, void *ptr, size_t bytes) {
-    if (ptr) mt_backend_release(be, MT_MEM_WORK, bytes, ptr);
+    mt_backend_release(be, MT_MEM_WORK, bytes, ptr);  // ptr is NULL on the null backend
 }

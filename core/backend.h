@@ -99,6 +99,8 @@ extern "C" {
 #endif
 // Transient scratch of a kernel, counted under `work` for its lifetime. A refusal is fatal
 // (MT_EXIT_OOM) with the ledger's message: scratch is sized by the plan, not by input data.
+// The null backend returns NULL (nothing to touch); mt_work_free releases `bytes` all the same,
+// so every mt_work_alloc needs its mt_work_free.
 void *mt_work_alloc(mt_backend *be, size_t bytes);
 void mt_work_free(mt_backend *be, void *ptr, size_t bytes);
 #ifdef __cplusplus

@@ -57,11 +57,16 @@ uint16_t mt_f32_to_f16(float f) {
     return sign | (uint16_t)h;
 }
 
+// Element i of src, by memcpy: sources may be mmapped safetensors data, which has no alignment
+// guarantee (a 4-bit checkpoint's U8 parts leave the next tensor at any offset).
 static float load_one(const void *src, mt_dtype t, size_t i) {
+    const char *p = src;
+    float f;
+    uint16_t h;
     switch (t) {
-    case MT_F32: return ((const float *)src)[i];
-    case MT_BF16: return mt_bf16_to_f32(((const uint16_t *)src)[i]);
-    case MT_F16: return mt_f16_to_f32(((const uint16_t *)src)[i]);
+    case MT_F32: memcpy(&f, p + 4 * i, 4); return f;
+    case MT_BF16: memcpy(&h, p + 2 * i, 2); return mt_bf16_to_f32(h);
+    case MT_F16: memcpy(&h, p + 2 * i, 2); return mt_f16_to_f32(h);
     default: mt_fatal(MT_EXIT_ERROR, "mt_convert: unsupported source dtype %s", mt_dtype_name(t));
     }
 }

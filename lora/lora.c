@@ -8,18 +8,22 @@
 #include "core/common.h"
 #include "core/rng.h"
 
-int mt_lora_init(mt_lora *l, mt_backend *be, int64_t in, int64_t out, int r, double alpha,
-                 int rslora, double dropout, uint64_t seed, uint64_t stream) {
+int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
+                 double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream) {
     memset(l, 0, sizeof *l);
+    if (be->ops->kind == MT_BACKEND_CPU && dtype != MT_F32) {
+        mt_error_set("lora: the cpu backend computes in f32, not %s", mt_dtype_name(dtype));
+        return -1;
+    }
     l->in = in, l->out = out, l->r = r;
     l->stream = stream;
     l->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);
     l->dropout = (float)dropout;
     int64_t sa[2] = {r, in}, sb[2] = {out, r};
-    if (!(l->a = mt_tensor_new(be, MT_MEM_TRAIN, MT_F32, 2, sa)) ||
-        !(l->b = mt_tensor_new(be, MT_MEM_TRAIN, MT_F32, 2, sb)) ||
-        !(l->da = mt_tensor_new(be, MT_MEM_GRAD, MT_F32, 2, sa)) ||
-        !(l->db = mt_tensor_new(be, MT_MEM_GRAD, MT_F32, 2, sb))) {
+    if (!(l->a = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sa)) ||
+        !(l->b = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sb)) ||
+        !(l->da = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sa)) ||
+        !(l->db = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sb))) {
         mt_lora_free(l);
         return -1;
     }
@@ -48,23 +52,31 @@ static inline float dropout_factor(const mt_lora *l, uint64_t i) {
     return (float)(z >> 40) * (1.0f / 16777216.0f) < l->dropout ? 0.0f : 1.0f / (1.0f - l->dropout);
 }
 
+// The null backend: the same scratch is reserved and released, nothing is computed.
+static int counting(const mt_lora *l) { return l->a->be->ops->kind == MT_BACKEND_NULL; }
+
 // dropout(x) in work scratch (n·in floats), or x itself when there is no dropout.
 static const float *dropped(const mt_lora *l, const float *x, int64_t n, float **buf) {
     *buf = NULL;
     if (l->dropout <= 0.0f) return x;
     *buf = mt_work_alloc(l->a->be, (size_t)(n * l->in) * sizeof(float));
-    for (int64_t i = 0; i < n * l->in; i++) (*buf)[i] = x[i] * dropout_factor(l, (uint64_t)i);
+    for (int64_t i = 0; *buf && i < n * l->in; i++) (*buf)[i] = x[i] * dropout_factor(l, (uint64_t)i);
     return *buf;
 }
 
+// Releases what dropped() reserved (nothing without dropout).
 static void release(const mt_lora *l, float *buf, int64_t n) {
-    mt_work_free(l->a->be, buf, (size_t)(n * l->in) * sizeof(float));
+    if (l->dropout > 0.0f) mt_work_free(l->a->be, buf, (size_t)(n * l->in) * sizeof(float));
 }
 
 void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n) {
     if (n == 0) return;
     float *buf;
     const float *xd = dropped(l, x, n, &buf);
+    if (counting(l)) {
+        release(l, buf, n);
+        return;
+    }
     // xa [n, r] = xd [n, in] · Aᵀ
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, l->r, (int)l->in, 1.0f, xd,
                 (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
@@ -77,6 +89,14 @@ void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, 
 void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,
                           const float *xa, float *scratch, int64_t n) {
     if (n == 0) return;
+    if (counting(l)) {  // the cpu path's scratch, reserved and released; dx taken as wanted
+        float *buf;
+        for (int i = 0; i < 2; i++) {  // dropout(x) for dA, then the dropout' buffer for dx
+            dropped(l, x, n, &buf);
+            release(l, buf, n);
+        }
+        return;
+    }
     int r = l->r, in = (int)l->in, out = (int)l->out;
     // dB [out, r] += scale · dyᵀ · xa
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, (int)n, l->scale, dy, out, xa, r,

@@ -22,9 +22,11 @@ typedef struct mt_lora {
 } mt_lora;
 
 // PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform, a = sqrt(5)),
-// B = 0, drawn from a stream of (seed, stream). 0, or -1 when the ledger refuses.
-int mt_lora_init(mt_lora *l, mt_backend *be, int64_t in, int64_t out, int r, double alpha,
-                 int rslora, double dropout, uint64_t seed, uint64_t stream);
+// B = 0, drawn from a stream of (seed, stream). A, B and their gradients are `dtype`: F32 on the
+// cpu backend (the only one it computes in), BF16 as a GPU run stores them. 0, or -1 when the
+// ledger refuses.
+int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
+                 double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream);
 void mt_lora_free(mt_lora *l);
 
 // y [n, out] += scale · (dropout(x) · Aᵀ) · Bᵀ; xa [n, r] receives dropout(x) · Aᵀ for backward.

@@ -6,9 +6,10 @@
 #include "model/mixtral.h"
 #include "model/model_internal.h"
 
+// dt is a GPU run's storage (bf16, or fp32 where precision needs it); the cpu keeps f32.
 static mt_tensor *act(mt_model *m, mt_dtype dt, int64_t d0, int64_t d1) {
     int64_t shape[2] = {d0, d1};
-    mt_tensor *t = mt_tensor_new(m->be, MT_MEM_ACT, dt, d1 ? 2 : 1, shape);
+    mt_tensor *t = mt_tensor_new(m->be, MT_MEM_ACT, step_dtype(m, dt), d1 ? 2 : 1, shape);
     if (!t) mt_fatal(MT_EXIT_OOM, "activations for B=%d S=%d: %s", m->B, m->S, mt_error_get());
     return t;
 }
@@ -16,7 +17,7 @@ static mt_tensor *act(mt_model *m, mt_dtype dt, int64_t d0, int64_t d1) {
 static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S;
-    kp->x = act(m, MT_F32, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
+    kp->x = act(m, MT_BF16, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
     kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
     kp->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
 }
@@ -49,21 +50,23 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden, f = c->intermediate;
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->opts.lora_r;
-    a->ln1 = act(m, MT_F32, T, H), a->rstd1 = act(m, MT_F32, T, 0);
-    a->q = act(m, MT_F32, T, qd), a->k = act(m, MT_F32, T, kvd), a->v = act(m, MT_F32, T, kvd);
-    a->att = act(m, MT_F32, T, qd), a->lse = act(m, MT_F32, T, c->heads);
-    a->h = act(m, MT_F32, T, H), a->ln2 = act(m, MT_F32, T, H), a->rstd2 = act(m, MT_F32, T, 0);
+    // fp32 where BUDGETS.md §3.2 keeps fp32: rstd, lse, router probs (and the router logits and
+    // top-k weights beside them); bf16 for the rest.
+    a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
+    a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);
+    a->att = act(m, MT_BF16, T, qd), a->lse = act(m, MT_F32, T, c->heads);
+    a->h = act(m, MT_BF16, T, H), a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
     a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
     a->weights = act(m, MT_F32, T, c->top_k);
-    a->xs = act(m, MT_F32, Tk, H), a->g = act(m, MT_F32, Tk, f), a->u = act(m, MT_F32, Tk, f);
-    a->a = act(m, MT_F32, Tk, f), a->ys = act(m, MT_F32, Tk, H);
+    a->xs = act(m, MT_BF16, Tk, H), a->g = act(m, MT_BF16, Tk, f), a->u = act(m, MT_BF16, Tk, f);
+    a->a = act(m, MT_BF16, Tk, f), a->ys = act(m, MT_BF16, Tk, H);
     mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o, &a->xa_gate};
     size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o),
                      offsetof(mt_layer, gate)};
-    for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_F32, T, r) : NULL;
-    a->xa_w1 = any_expert_lora(m, L0, n, 1) ? act(m, MT_F32, Tk, r) : NULL;
-    a->xa_w2 = any_expert_lora(m, L0, n, 2) ? act(m, MT_F32, Tk, r) : NULL;
-    a->xa_w3 = any_expert_lora(m, L0, n, 3) ? act(m, MT_F32, Tk, r) : NULL;
+    for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_BF16, T, r) : NULL;
+    a->xa_w1 = any_expert_lora(m, L0, n, 1) ? act(m, MT_BF16, Tk, r) : NULL;
+    a->xa_w2 = any_expert_lora(m, L0, n, 2) ? act(m, MT_BF16, Tk, r) : NULL;
+    a->xa_w3 = any_expert_lora(m, L0, n, 3) ? act(m, MT_BF16, Tk, r) : NULL;
 }
 
 static void layer_acts_free(mt_layer_acts *a) {
@@ -104,7 +107,8 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
         m->acts = mt_xcalloc((size_t)L, sizeof(mt_layer_acts));
         for (int i = 0; i < L; i++) layer_acts_alloc(m, i, 1, &m->acts[i]);
     }
-    m->x_final = act(m, MT_F32, T, m->cfg.hidden), m->xf = act(m, MT_F32, T, m->cfg.hidden);
+    // The logits are fp32: lm_head writes them so and the loss reads them (no bf16 copy).
+    m->x_final = act(m, MT_BF16, T, m->cfg.hidden), m->xf = act(m, MT_BF16, T, m->cfg.hidden);
     m->rstdf = act(m, MT_F32, T, 0), m->logits = act(m, MT_F32, T, m->cfg.vocab);
     m->tokens = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->targets = mt_xcalloc((size_t)T, sizeof(int32_t));

@@ -6,15 +6,16 @@
 #include "model/ops.h"
 #include "moe/moe.h"
 
-// Zeroed work scratch of n floats.
+// Zeroed work scratch of n floats (counting: reserved, no memory to zero).
 static float *scratch(mt_model *m, size_t n) {
     float *p = mt_work_alloc(m->be, n * sizeof(float));
-    memset(p, 0, n * sizeof(float));
+    if (p) memset(p, 0, n * sizeof(float));
     return p;
 }
 static void unscratch(mt_model *m, float *p, size_t n) { mt_work_free(m->be, p, n * sizeof(float)); }
 
-// dx [T, H]: the gradient of layer L's output on entry, of its input on return.
+// dx [T, H]: the gradient of layer L's output on entry, of its input on return. Counting
+// (null backend): the same scratch is reserved and released, no kernel runs.
 static void layer_backward(mt_model *m, int L, float *dx) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
@@ -22,73 +23,79 @@ static void layer_backward(mt_model *m, int L, float *dx) {
     mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
-    int r = m->opts.lora_r, Tk = T * k, qd = nh * hd, kvd = nkv * hd;
+    int r = m->opts.lora_r, Tk = T * k, qd = nh * hd, kvd = nkv * hd, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
     float theta = (float)c->rope_theta;
-#define XA(t) ((t) ? F(t) : NULL)
+#define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)
 
     // MoE: out = h + Σ weights · expert(ln2(h))
     float *dys = scratch(m, (size_t)Tk * H), *dweights = scratch(m, (size_t)Tk);
-    moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (run) moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     float *dxs = scratch(m, (size_t)Tk * H), *da = scratch(m, (size_t)Tk * f);
     float *dg = scratch(m, (size_t)Tk * f), *du = scratch(m, (size_t)Tk * f);
     for (int e = 0; e < E; e++) {
-        int64_t o0 = I(kp->offsets)[e], n = I(kp->offsets)[e + 1] - o0;
+        int64_t o0, n;
+        mt_expert_rows(m, L, e, &o0, &n);
         if (n == 0) continue;
-        float *xs = F(a->xs) + o0 * H, *g = F(a->g) + o0 * f, *u = F(a->u) + o0 * f, *act = F(a->a) + o0 * f;
-        mt_linear_backward_cpu(&ly->w2[e], da + o0 * f, dys + o0 * H, act, a->xa_w2 ? F(a->xa_w2) + o0 * r : NULL, n);
-        swiglu_backward_cpu(dg + o0 * f, du + o0 * f, da + o0 * f, g, u, n * f);
-        mt_linear_backward_cpu(&ly->w1[e], dxs + o0 * H, dg + o0 * f, xs, a->xa_w1 ? F(a->xa_w1) + o0 * r : NULL, n);
-        mt_linear_backward_cpu(&ly->w3[e], dxs + o0 * H, du + o0 * f, xs, a->xa_w3 ? F(a->xa_w3) + o0 * r : NULL, n);
+        float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
+        float *act = at(F(a->a), o0 * f);
+        mt_linear_backward_cpu(&ly->w2[e], at(da, o0 * f), at(dys, o0 * H), act, XA(a->xa_w2, o0), n);
+        if (run) swiglu_backward_cpu(dg + o0 * f, du + o0 * f, da + o0 * f, g, u, n * f);
+        mt_linear_backward_cpu(&ly->w1[e], at(dxs, o0 * H), at(dg, o0 * f), xs, XA(a->xa_w1, o0), n);
+        mt_linear_backward_cpu(&ly->w3[e], at(dxs, o0 * H), at(du, o0 * f), xs, XA(a->xa_w3, o0), n);
     }
     unscratch(m, da, (size_t)Tk * f), unscratch(m, dg, (size_t)Tk * f), unscratch(m, du, (size_t)Tk * f);
     float *dln2 = scratch(m, (size_t)T * H);
-    moe_gather_backward_cpu(dln2, dxs, I(kp->order), Tk, H, k);
+    if (run) moe_gather_backward_cpu(dln2, dxs, I(kp->order), Tk, H, k);
     unscratch(m, dxs, (size_t)Tk * H), unscratch(m, dys, (size_t)Tk * H);
 
     // Router: through the top-k weights, the aux loss and the z-loss.
     float *dlogits = scratch(m, (size_t)T * E);
-    router_backward_cpu(dlogits, dweights, F(a->probs), I(kp->ids), F(a->weights), T, E, k, 1);
+    if (run) router_backward_cpu(dlogits, dweights, F(a->probs), I(kp->ids), F(a->weights), T, E, k, 1);
     unscratch(m, dweights, (size_t)Tk);
-    if (m->aux_coef != 0.0f) moe_aux_backward_cpu(dlogits, m->aux_coef, &m->aux, F(a->probs), mask, T);
-    if (m->z_coef != 0.0f && m->z_rows)
+    if (run && m->aux_coef != 0.0f) moe_aux_backward_cpu(dlogits, m->aux_coef, &m->aux, F(a->probs), mask, T);
+    if (run && m->z_coef != 0.0f && m->z_rows)
         moe_zloss_backward_cpu(dlogits, m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
-    mt_linear_backward_cpu(&ly->gate, dln2, dlogits, F(a->ln2), XA(a->xa_gate), T);
+    mt_linear_backward_cpu(&ly->gate, dln2, dlogits, F(a->ln2), XA(a->xa_gate, 0), T);
     unscratch(m, dlogits, (size_t)T * E);
-    rmsnorm_backward_cpu(dx, ly->dln2 ? F(ly->dln2) : NULL, dln2, F(a->h), F(ly->ln2), F(a->rstd2), T, H);
+    if (run) rmsnorm_backward_cpu(dx, ly->dln2 ? F(ly->dln2) : NULL, dln2, F(a->h), F(ly->ln2), F(a->rstd2), T, H);
     unscratch(m, dln2, (size_t)T * H);  // dx is now the gradient of h
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     float *datt = scratch(m, (size_t)T * qd);
-    mt_linear_backward_cpu(&ly->o, datt, dx, F(a->att), XA(a->xa_o), T);
+    mt_linear_backward_cpu(&ly->o, datt, dx, F(a->att), XA(a->xa_o, 0), T);
     float *dq = scratch(m, (size_t)T * qd), *dk = scratch(m, (size_t)T * kvd), *dv = scratch(m, (size_t)T * kvd);
-    attention_backward_cpu(dq, dk, dv, datt, F(a->q), F(a->k), F(a->v), F(a->att), F(a->lse), mask, B, S,
-                           nh, nkv, hd, (int)c->sliding_window);
+    if (run)
+        attention_backward_cpu(dq, dk, dv, datt, F(a->q), F(a->k), F(a->v), F(a->att), F(a->lse), mask, B, S,
+                               nh, nkv, hd, (int)c->sliding_window);
     unscratch(m, datt, (size_t)T * qd);
-    rope_backward_cpu(dq, m->positions, T, nh, hd, theta);
-    rope_backward_cpu(dk, m->positions, T, nkv, hd, theta);
+    if (run) {
+        rope_backward_cpu(dq, m->positions, T, nh, hd, theta);
+        rope_backward_cpu(dk, m->positions, T, nkv, hd, theta);
+    }
     float *dln1 = scratch(m, (size_t)T * H);
-    mt_linear_backward_cpu(&ly->q, dln1, dq, F(a->ln1), XA(a->xa_q), T);
-    mt_linear_backward_cpu(&ly->k, dln1, dk, F(a->ln1), XA(a->xa_k), T);
-    mt_linear_backward_cpu(&ly->v, dln1, dv, F(a->ln1), XA(a->xa_v), T);
+    mt_linear_backward_cpu(&ly->q, dln1, dq, F(a->ln1), XA(a->xa_q, 0), T);
+    mt_linear_backward_cpu(&ly->k, dln1, dk, F(a->ln1), XA(a->xa_k, 0), T);
+    mt_linear_backward_cpu(&ly->v, dln1, dv, F(a->ln1), XA(a->xa_v, 0), T);
     unscratch(m, dq, (size_t)T * qd), unscratch(m, dk, (size_t)T * kvd), unscratch(m, dv, (size_t)T * kvd);
-    rmsnorm_backward_cpu(dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(kp->x), F(ly->ln1), F(a->rstd1), T, H);
+    if (run) rmsnorm_backward_cpu(dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(kp->x), F(ly->ln1), F(a->rstd1), T, H);
     unscratch(m, dln1, (size_t)T * H);
 #undef XA
 }
 
 void mt_model_backward(mt_model *m) {
     const mt_model_config *c = &m->cfg;
-    int T = m->B * m->S, H = (int)c->hidden, V = (int)c->vocab;
+    int T = m->B * m->S, H = (int)c->hidden, V = (int)c->vocab, run = !m->counting;
     float *dlogits = scratch(m, (size_t)T * V);
     int64_t count;
-    cross_entropy_cpu(dlogits, m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits), m->targets,
-                      T, V, -100);
+    if (run)
+        cross_entropy_cpu(dlogits, m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits), m->targets,
+                          T, V, -100);
     float *dxf = scratch(m, (size_t)T * H);
     mt_linear_backward_cpu(&m->lm_head, dxf, dlogits, F(m->xf), NULL, T);
     unscratch(m, dlogits, (size_t)T * V);
     float *dx = scratch(m, (size_t)T * H);
-    rmsnorm_backward_cpu(dx, m->dnorm ? F(m->dnorm) : NULL, dxf, F(m->x_final), F(m->norm), F(m->rstdf), T, H);
+    if (run) rmsnorm_backward_cpu(dx, m->dnorm ? F(m->dnorm) : NULL, dxf, F(m->x_final), F(m->norm), F(m->rstdf), T, H);
     unscratch(m, dxf, (size_t)T * H);
     // Layers below the lowest trainable one have nothing to learn and nothing above them needs
     // their input gradient: backward stops there.
@@ -96,7 +103,7 @@ void mt_model_backward(mt_model *m) {
         if (m->recompute) mt_layer_forward(m, L, NULL, 1);  // refill the shared set, same routing
         layer_backward(m, L, dx);
     }
-    if (m->dembed) embedding_backward_cpu(F(m->dembed), dx, m->tokens, T, H);
+    if (run && m->dembed) embedding_backward_cpu(F(m->dembed), dx, m->tokens, T, H);
     unscratch(m, dx, (size_t)T * H);
 }
 

@@ -15,10 +15,59 @@ static void weights_of_choices(float *weights, const float *probs, const int32_t
     }
 }
 
+void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows) {
+    if (!m->counting) {
+        const int32_t *off = I(m->kept[L].offsets);
+        *row0 = off[e], *rows = off[e + 1] - off[e];
+        return;
+    }
+    int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, E = m->cfg.experts, base = Tk / E, extra = Tk % E;
+    *row0 = e * base + MT_MIN((int64_t)e, extra);
+    *rows = base + (e < extra);
+}
+
+// Counting: the tokens per expert that balanced routing gives (for the load log).
+static void balanced_counts(mt_model *m, int L) {
+    for (int e = 0; e < m->cfg.experts; e++) {
+        int64_t r0, n;
+        mt_expert_rows(m, L, e, &r0, &n);
+        m->kept[L].counts[e] = (int32_t)n;
+    }
+}
+
+// Routing of layer L: top-k, aux statistics and the expert order, or (replay) the recorded
+// choices' weights recomputed from fresh probabilities.
+static void route(mt_model *m, int L, int replay) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k, run = !m->counting;
+    const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
+    if (!replay) {
+        if (!run) {
+            balanced_counts(m, L);
+            return;
+        }
+        router_forward_cpu(I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
+        moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(kp->ids), mask, T);
+        if (m->z_coef != 0.0f) m->z_sum += moe_zloss_sum_cpu(&m->z_rows, F(a->logits), mask, T, E);
+        moe_permute_cpu(I(kp->order), I(kp->offsets), kp->counts, I(kp->ids), T, E, k);
+        return;
+    }
+    size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
+    int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
+    if (run) {
+        router_forward_cpu(fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
+        weights_of_choices(F(a->weights), F(a->probs), I(kp->ids), T, E, k);
+    }
+    mt_work_free(m->be, fresh, ids_bytes);
+}
+
 // Layer L's input kept[L].x -> x_out [T, H] (pre-norm attention, then the sparse MoE). With
 // `replay` the layer is being recomputed for backward: the routing recorded by the first
 // forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
-// the aux statistics are not counted twice.
+// the aux statistics are not counted twice. Counting (null backend), the same buffers are
+// allocated and no kernel runs.
 void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
@@ -26,51 +75,43 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
-    int r = m->opts.lora_r, Tk = T * k;
+    int r = m->opts.lora_r, Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-#define XA(t) ((t) ? F(t) : NULL)
+#define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)
 
-    rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
-    mt_linear_forward_cpu(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q), T);
-    mt_linear_forward_cpu(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k), T);
-    mt_linear_forward_cpu(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v), T);
-    rope_forward_cpu(F(a->q), m->positions, T, nh, hd, theta);
-    rope_forward_cpu(F(a->k), m->positions, T, nkv, hd, theta);
-    attention_forward_cpu(F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
-                          (int)c->sliding_window);
+    if (run) rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
+    mt_linear_forward_cpu(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q, 0), T);
+    mt_linear_forward_cpu(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k, 0), T);
+    mt_linear_forward_cpu(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v, 0), T);
+    if (run) {
+        rope_forward_cpu(F(a->q), m->positions, T, nh, hd, theta);
+        rope_forward_cpu(F(a->k), m->positions, T, nkv, hd, theta);
+        attention_forward_cpu(F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
+                              (int)c->sliding_window);
+    }
     size_t th = (size_t)T * H * sizeof(float);
     float *o = mt_work_alloc(m->be, th);
-    mt_linear_forward_cpu(&ly->o, o, F(a->att), XA(a->xa_o), T);
-    for (int64_t i = 0; i < (int64_t)T * H; i++) F(a->h)[i] = F(kp->x)[i] + o[i];
+    mt_linear_forward_cpu(&ly->o, o, F(a->att), XA(a->xa_o, 0), T);
+    for (int64_t i = 0; run && i < (int64_t)T * H; i++) F(a->h)[i] = F(kp->x)[i] + o[i];
     mt_work_free(m->be, o, th);
 
-    rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
-    mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate), T);
-    if (!replay) {
-        router_forward_cpu(I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
-        moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(kp->ids), mask, T);
-        if (m->z_coef != 0.0f) m->z_sum += moe_zloss_sum_cpu(&m->z_rows, F(a->logits), mask, T, E);
-        moe_permute_cpu(I(kp->order), I(kp->offsets), kp->counts, I(kp->ids), T, E, k);
-    } else {
-        size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
-        int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
-        router_forward_cpu(fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
-        mt_work_free(m->be, fresh, ids_bytes);
-        weights_of_choices(F(a->weights), F(a->probs), I(kp->ids), T, E, k);
-    }
-    moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
+    if (run) rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
+    mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate, 0), T);
+    route(m, L, replay);
+    if (run) moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
     for (int e = 0; e < E; e++) {
-        int64_t o0 = I(kp->offsets)[e], n = I(kp->offsets)[e + 1] - o0;
+        int64_t o0, n;
+        mt_expert_rows(m, L, e, &o0, &n);
         if (n == 0) continue;  // an expert with no tokens does nothing
-        float *xs = F(a->xs) + o0 * H, *g = F(a->g) + o0 * f, *u = F(a->u) + o0 * f;
-        float *act = F(a->a) + o0 * f, *ys = F(a->ys) + o0 * H;
-        mt_linear_forward_cpu(&ly->w1[e], g, xs, a->xa_w1 ? F(a->xa_w1) + o0 * r : NULL, n);
-        mt_linear_forward_cpu(&ly->w3[e], u, xs, a->xa_w3 ? F(a->xa_w3) + o0 * r : NULL, n);
-        swiglu_forward_cpu(act, g, u, n * f);
-        mt_linear_forward_cpu(&ly->w2[e], ys, act, a->xa_w2 ? F(a->xa_w2) + o0 * r : NULL, n);
+        float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
+        float *act = at(F(a->a), o0 * f), *ys = at(F(a->ys), o0 * H);
+        mt_linear_forward_cpu(&ly->w1[e], g, xs, XA(a->xa_w1, o0), n);
+        mt_linear_forward_cpu(&ly->w3[e], u, xs, XA(a->xa_w3, o0), n);
+        if (run) swiglu_forward_cpu(act, g, u, n * f);
+        mt_linear_forward_cpu(&ly->w2[e], ys, act, XA(a->xa_w2, o0), n);
     }
-    if (!x_out) return;  // recomputation for backward needs no layer output
+    if (!x_out || !run) return;  // recomputation for backward needs no layer output
     memcpy(x_out, F(a->h), th);
     moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
 #undef XA
@@ -113,14 +154,15 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
     }
     moe_aux_init(&m->aux, (int)c->experts, (int)c->top_k);
     m->z_sum = 0, m->z_rows = 0;
-    embedding_forward_cpu(F(m->kept[0].x), m->tokens, F(m->embed), T, H);
+    int run = !m->counting;
+    if (run) embedding_forward_cpu(F(m->kept[0].x), m->tokens, F(m->embed), T, H);
     for (int L = 0; L < c->layers; L++)
         mt_layer_forward(m, L, L + 1 < c->layers ? F(m->kept[L + 1].x) : F(m->x_final), 0);
-    rmsnorm_forward_cpu(F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
+    if (run) rmsnorm_forward_cpu(F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
     mt_linear_forward_cpu(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
 
-    int64_t count;
-    double ce_sum = cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100);
+    int64_t count = 0;  // counting: no loss, and no token counted
+    double ce_sum = run ? cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100) : 0.0;
     m->ce_count = count;
     out->tokens = count;
     out->ce = count ? ce_sum / (double)count : 0.0;

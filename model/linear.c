@@ -7,10 +7,17 @@
 #include "core/common.h"
 #include "quant/qweight.h"
 
+// The null backend: a Linear makes the cpu path's allocations (4-bit tiles, LoRA scratch) and
+// computes nothing; every input gradient counts as wanted, since no buffer there has data.
+static int counting(const mt_linear *l) {
+    const mt_backend *be = l->w ? l->w->be : l->q ? l->q->be : NULL;
+    return be && be->ops->kind == MT_BACKEND_NULL;
+}
+
 void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n) {
     if (n == 0) return;
     if (l->q) mt_qweight_matmul_cpu(y, x, l->q, n, 0);
-    else
+    else if (!counting(l))
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in, 1.0f, x,
                     (int)l->in, l->w->data, (int)l->in, 0.0f, y, (int)l->out);
     if (l->lora) mt_lora_forward_cpu(l->lora, y, x, lora_xa, n);
@@ -19,12 +26,13 @@ void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *
 void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, const float *x,
                             const float *lora_xa, int64_t n) {
     if (n == 0) return;
-    if (l->dw)  // dW [out, in] += dyᵀ · x
+    int run = !counting(l);
+    if (l->dw && run)  // dW [out, in] += dyᵀ · x
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)n, 1.0f, dy,
                     (int)l->out, x, (int)l->in, 1.0f, l->dw->data, (int)l->in);
-    if (dx) {  // dx [n, in] += dy · W
+    if (dx || !run) {  // dx [n, in] += dy · W
         if (l->q) mt_qweight_matmul_t_cpu(dx, dy, l->q, n);
-        else
+        else if (run)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)l->in, (int)l->out, 1.0f,
                         dy, (int)l->out, l->w->data, (int)l->in, 1.0f, dx, (int)l->in);
     }

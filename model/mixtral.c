@@ -1,153 +1,294 @@
-// model/mixtral.c — building a Mixtral-family model from a checkpoint for one training mode.
+// model/mixtral.c — building a Mixtral-family model for one training mode: from a checkpoint
+// streamed tensor by tensor through quant/ (dense ones quantized on load, bnb-4bit / INT4 ones
+// imported as stored), or from its config alone on the null backend (allocated, never read).
 #include "model/mixtral.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "core/rng.h"
-#include "core/safetensors.h"
-#include "quant/qweight.h"
+#include "quant/quant.h"
 
-// f32 copy of a checkpoint tensor, checked against the expected shape.
-static float *read_f32(const mt_st_model *st, const char *name, int ndim, const int64_t *shape) {
-    const mt_st_tensor *t = mt_st_model_find(st, name);
-    if (!t) {
-        mt_error_set("tensor '%s' is missing from the checkpoint", name);
-        return NULL;
-    }
-    int ok = t->ndim == ndim;
-    for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
-    if (!ok) {
-        mt_error_set("tensor '%s' has shape [%lld%s] where the config implies [%lld%s]", name,
-                     (long long)t->shape[0], t->ndim > 1 ? ", ..." : "", (long long)shape[0],
-                     ndim > 1 ? ", ..." : "");
-        return NULL;
-    }
-    mt_dtype dt;
-    if (strcmp(t->dtype, "F32") == 0) dt = MT_F32;
-    else if (strcmp(t->dtype, "BF16") == 0) dt = MT_BF16;
-    else if (strcmp(t->dtype, "F16") == 0) dt = MT_F16;
-    else {
-        mt_error_set("tensor '%s' has dtype %s (expected F32, BF16 or F16)", name, t->dtype);
-        return NULL;
-    }
-    size_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= (size_t)shape[d];
-    float *out = mt_xmalloc(n * sizeof(float));
-    mt_convert(out, MT_F32, t->data, dt, n);
-    return out;
-}
-
-// A dense f32 tensor on the backend from host data, under `cat`.
-static mt_tensor *upload(mt_backend *be, mt_mem_cat cat, const float *host, int ndim, const int64_t *shape) {
-    mt_tensor *t = mt_tensor_new(be, cat, MT_F32, ndim, shape);
-    if (t) mt_tensor_upload(t, host);
-    return t;
-}
-
-static mt_tensor *zeros(mt_backend *be, mt_mem_cat cat, int ndim, const int64_t *shape) {
-    mt_tensor *t = mt_tensor_new(be, cat, MT_F32, ndim, shape);
-    if (t) be->ops->fill_zero(be, t->data, t->nbytes);
-    return t;
-}
-
-typedef struct {
-    mt_backend *be;
-    const mt_st_model *st;
-    const mt_run_opts *o;
-} loader;
+// ---------------------------------------------------------------------------------------------
+// Where each checkpoint tensor goes: one slot per tensor of the model built for the run's mode.
 
 typedef enum { FROZEN_DENSE, FROZEN_QUANT, TRAINABLE } weight_role;
 
-// Loads one Linear `name` ("<module>.weight") in its role, with a LoRA when `lora` is set.
-static int load_linear(loader *ld, mt_linear *l, const char *module, int64_t out, int64_t in,
-                       weight_role role, int lora) {
-    char name[256];
-    snprintf(name, sizeof name, "%s.weight", module);
-    int64_t shape[2] = {out, in};
+typedef struct {
+    char name[160];       // checkpoint name, "<module>.weight"
+    weight_role role;
+    int lora;             // a LoRA is attached (Linears only)
+    int ndim;
+    int64_t shape[2];
+    mt_linear *lin;       // the Linear, or NULL for an embedding or a norm
+    mt_tensor **w, **g;   // embedding or norm: its tensor, and its gradient when it trains
+    int filled;
+} slot;
+
+typedef struct {
+    mt_model *m;
+    slot *slots;          // model order (LoRAs are attached in it)
+    slot **by_name;       // sorted, for the loader's lookups
+    size_t n, cap;
+    int dequantized;      // frozen tensors stored 4-bit, handed over dense
+    int other_format;     // 4-bit tensors stored in another format than the run's options
+    const char *other_name;
+} loader;
+
+static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1) {
+    if (ld->n == ld->cap) ld->slots = mt_xrealloc(ld->slots, (ld->cap = ld->cap ? 2 * ld->cap : 256) * sizeof(slot));
+    slot *s = &ld->slots[ld->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->role = role, s->ndim = ndim, s->shape[0] = d0, s->shape[1] = d1;
+    return s;
+}
+
+static void dense_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1,
+                       mt_tensor **w, mt_tensor **g) {
+    slot *s = add_slot(ld, name, role, ndim, d0, d1);
+    s->w = w, s->g = g;
+}
+
+static void linear_slot(loader *ld, const char *module, mt_linear *l, int64_t out, int64_t in, weight_role role,
+                        int lora) {
+    char name[208];
+    snprintf(name, sizeof name, "%.160s.weight", module);
+    slot *s = add_slot(ld, name, role, 2, out, in);
+    s->lin = l, s->lora = lora;
     l->out = out, l->in = in;
-    float *host = read_f32(ld->st, name, 2, shape);
-    if (!host) return -1;
-    int rc = 0;
-    if (role == FROZEN_QUANT) {
-        l->q = mt_xcalloc(1, sizeof *l->q);
-        rc = mt_qweight_quantize(l->q, ld->be, name, host, out, in, ld->o->quant, ld->o->quant_blocksize,
-                                 ld->o->double_quant);
-    } else {
-        l->w = upload(ld->be, role == TRAINABLE ? MT_MEM_TRAIN : MT_MEM_BASE, host, 2, shape);
-        if (!l->w || (role == TRAINABLE && !(l->dw = zeros(ld->be, MT_MEM_GRAD, 2, shape)))) rc = -1;
-    }
-    free(host);
-    if (rc == 0 && lora) {
-        l->lora = mt_xcalloc(1, sizeof *l->lora);
-        double alpha = ld->o->lora_alpha == ld->o->lora_alpha ? ld->o->lora_alpha : ld->o->lora_r;  // NaN: r
-        rc = mt_lora_init(l->lora, ld->be, in, out, ld->o->lora_r, alpha, ld->o->use_rslora,
-                          ld->o->lora_dropout, ld->o->seed, mt_hash_string(module));
-    }
-    if (rc) mt_error_prefix("loading %s", module);
-    return rc;
 }
 
-// The role of a frozen-or-trainable Linear: trainable, else 4-bit when --quant says so.
-static weight_role role_of(const mt_run_opts *o, int trainable) {
-    if (trainable) return TRAINABLE;
-    return o->quant == MT_QUANT_NONE ? FROZEN_DENSE : FROZEN_QUANT;
+// A frozen Linear is 4-bit when --quant is a format and --quant-targets names its kind.
+static weight_role frozen_role(const mt_run_opts *o, unsigned qtarget) {
+    return o->quant != MT_QUANT_NONE && (o->quant_targets & qtarget) ? FROZEN_QUANT : FROZEN_DENSE;
 }
 
-static int load_layer(loader *ld, const mt_model_config *c, int L, mt_layer *ly) {
-    const mt_run_opts *o = ld->o;
+static void layer_slots(loader *ld, int L) {
+    mt_model *m = ld->m;
+    const mt_model_config *c = &m->cfg;
+    const mt_run_opts *o = &m->opts;
+    mt_layer *ly = &m->layers[L];
     int in_layers = mt_index_set_contains(&o->layers, L), full = o->mode == MT_MODE_FULL;
     int lora = o->mode == MT_MODE_LORA && in_layers;
-    char p[160], m[256];
-    snprintf(p, sizeof p, "model.layers.%d", L);
     int64_t h = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
-    int64_t hs[1] = {h};
-    snprintf(m, sizeof m, "%s.input_layernorm.weight", p);
-    float *w = read_f32(ld->st, m, 1, hs);
-    if (!w || !(ly->ln1 = upload(ld->be, full ? MT_MEM_TRAIN : MT_MEM_BASE, w, 1, hs))) return free(w), -1;
-    free(w);
-    snprintf(m, sizeof m, "%s.post_attention_layernorm.weight", p);
-    w = read_f32(ld->st, m, 1, hs);
-    if (!w || !(ly->ln2 = upload(ld->be, full ? MT_MEM_TRAIN : MT_MEM_BASE, w, 1, hs))) return free(w), -1;
-    free(w);
-    if (full && (!(ly->dln1 = zeros(ld->be, MT_MEM_GRAD, 1, hs)) || !(ly->dln2 = zeros(ld->be, MT_MEM_GRAD, 1, hs))))
-        return -1;
+    char p[64], n[160];
+    snprintf(p, sizeof p, "model.layers.%d", L);
+    snprintf(n, sizeof n, "%s.input_layernorm.weight", p);
+    dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, h, 0, &ly->ln1, &ly->dln1);
+    snprintf(n, sizeof n, "%s.post_attention_layernorm.weight", p);
+    dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, h, 0, &ly->ln2, &ly->dln2);
     struct { mt_linear *l; const char *name; int64_t out, in; unsigned target; } attn[] = {
         {&ly->q, "q_proj", qd, h, MT_TARGET_Q}, {&ly->k, "k_proj", kvd, h, MT_TARGET_K},
         {&ly->v, "v_proj", kvd, h, MT_TARGET_V}, {&ly->o, "o_proj", h, qd, MT_TARGET_O},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++) {
-        snprintf(m, sizeof m, "%s.self_attn.%s", p, attn[i].name);
-        if (load_linear(ld, attn[i].l, m, attn[i].out, attn[i].in, role_of(o, full),
-                        lora && (o->targets & attn[i].target)))
-            return -1;
+        snprintf(n, sizeof n, "%s.self_attn.%s", p, attn[i].name);
+        linear_slot(ld, n, attn[i].l, attn[i].out, attn[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN),
+                    lora && (o->targets & attn[i].target));
     }
-    // The router stays full precision: tiny (E·H), and trained in router and unfreeze modes.
+    // The router: full precision unless --quant-targets names it (then 4-bit only while frozen).
     int gate_trains = full || ((o->mode == MT_MODE_ROUTER || o->mode == MT_MODE_UNFREEZE) && in_layers);
-    snprintf(m, sizeof m, "%s.block_sparse_moe.gate", p);
-    if (load_linear(ld, &ly->gate, m, c->experts, h, gate_trains ? TRAINABLE : FROZEN_DENSE,
-                    lora && (o->targets & MT_TARGET_GATE)))
-        return -1;
-    ly->w1 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
-    ly->w2 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
-    ly->w3 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
+    snprintf(n, sizeof n, "%s.block_sparse_moe.gate", p);
+    linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
+                lora && (o->targets & MT_TARGET_GATE));
     for (int e = 0; e < c->experts; e++) {
         int chosen = in_layers && mt_index_set_contains(&o->experts, e);
-        int trains = full || (o->mode == MT_MODE_UNFREEZE && chosen);
-        int elora = lora && chosen;
+        weight_role role = full || (o->mode == MT_MODE_UNFREEZE && chosen) ? TRAINABLE
+                                                                           : frozen_role(o, MT_QTARGET_EXPERTS);
         struct { mt_linear *l; const char *name; int64_t out, in; unsigned target; } ex[] = {
             {&ly->w1[e], "w1", c->intermediate, h, MT_TARGET_W1},
             {&ly->w2[e], "w2", h, c->intermediate, MT_TARGET_W2},
             {&ly->w3[e], "w3", c->intermediate, h, MT_TARGET_W3},
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(ex); i++) {
-            snprintf(m, sizeof m, "%s.block_sparse_moe.experts.%d.%s", p, e, ex[i].name);
-            if (load_linear(ld, ex[i].l, m, ex[i].out, ex[i].in, role_of(o, trains),
-                            elora && (o->targets & ex[i].target)))
-                return -1;
+            snprintf(n, sizeof n, "%s.block_sparse_moe.experts.%d.%s", p, e, ex[i].name);
+            linear_slot(ld, n, ex[i].l, ex[i].out, ex[i].in, role, lora && chosen && (o->targets & ex[i].target));
         }
     }
+}
+
+static int by_name_cmp(const void *a, const void *b) {
+    return strcmp((*(slot *const *)a)->name, (*(slot *const *)b)->name);
+}
+
+// Every tensor of the model in checkpoint order, with the model's arrays allocated to hold them.
+static void loader_init(loader *ld, mt_model *m) {
+    memset(ld, 0, sizeof *ld);
+    ld->m = m;
+    const mt_model_config *c = &m->cfg;
+    weight_role outer = m->opts.mode == MT_MODE_FULL ? TRAINABLE : FROZEN_DENSE;
+    m->layers = mt_xcalloc((size_t)c->layers, sizeof(mt_layer));
+    dense_slot(ld, "model.embed_tokens.weight", outer, 2, c->vocab, c->hidden, &m->embed, &m->dembed);
+    for (int L = 0; L < c->layers; L++) {
+        mt_layer *ly = &m->layers[L];
+        ly->w1 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
+        ly->w2 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
+        ly->w3 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
+        layer_slots(ld, L);
+    }
+    dense_slot(ld, "model.norm.weight", outer, 1, c->hidden, 0, &m->norm, &m->dnorm);
+    linear_slot(ld, "lm_head", &m->lm_head, c->vocab, c->hidden, outer, 0);
+    ld->by_name = mt_xmalloc(ld->n * sizeof *ld->by_name);
+    for (size_t i = 0; i < ld->n; i++) ld->by_name[i] = &ld->slots[i];
+    qsort(ld->by_name, ld->n, sizeof *ld->by_name, by_name_cmp);
+}
+
+static void loader_free(loader *ld) {
+    free(ld->slots);
+    free(ld->by_name);
+}
+
+static slot *find_slot(loader *ld, const char *name) {
+    slot key, *kp = &key;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    slot **hit = bsearch(&kp, ld->by_name, ld->n, sizeof *ld->by_name, by_name_cmp);
+    return hit ? *hit : NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placing one tensor
+
+// A dense tensor in the model's storage dtype, from `data` (any float dtype; NULL: none, as on
+// the null backend), and a zeroed gradient when it trains.
+static int place_dense(loader *ld, slot *s, const void *data, mt_dtype dtype) {
+    mt_backend *be = ld->m->be;
+    mt_dtype dt = ld->m->wdtype;
+    mt_tensor *t = mt_tensor_new(be, s->role == TRAINABLE ? MT_MEM_TRAIN : MT_MEM_BASE, dt, s->ndim, s->shape);
+    if (!t) return -1;
+    if (data) {
+        void *host = mt_xmalloc(t->nbytes);  // one tensor at a time: host peak ≈ the largest one
+        mt_convert(host, dt, data, dtype, (size_t)mt_tensor_numel(t));
+        mt_tensor_upload(t, host);
+        free(host);
+    }
+    mt_tensor *g = NULL;
+    if (s->role == TRAINABLE) {
+        if (!(g = mt_tensor_new(be, MT_MEM_GRAD, dt, s->ndim, s->shape))) return mt_tensor_free(t), -1;
+        be->ops->fill_zero(be, g->data, g->nbytes);
+    }
+    if (s->lin) s->lin->w = t, s->lin->dw = g;
+    else *s->w = t, *s->g = g;
+    return 0;
+}
+
+static int shape_matches(const slot *s, const mt_quant_item *it) {
+    if (it->ndim != s->ndim) return 0;
+    for (int d = 0; d < s->ndim; d++)
+        if (it->shape[d] != s->shape[d]) return 0;
+    return 1;
+}
+
+// Notes a 4-bit tensor stored in another format than the run asks for (it is used as stored).
+static void note_format(loader *ld, const slot *s, const mt_qweight *q) {
+    const mt_run_opts *o = &ld->m->opts;
+    int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
+    if (q->type != o->quant || q->blocksize != bs || q->double_quant != (o->double_quant && q->type != MT_QUANT_INT4))
+        if (ld->other_format++ == 0) ld->other_name = s->name;
+}
+
+static int place(loader *ld, slot *s, mt_quant_item *it) {
+    if (!shape_matches(s, it)) {
+        mt_error_set("tensor '%s' has shape [%lld%s] where the config implies [%lld%s]", s->name,
+                     (long long)it->shape[0], it->ndim > 1 ? ", ..." : "", (long long)s->shape[0],
+                     s->ndim > 1 ? ", ..." : "");
+        return -1;
+    }
+    if (s->filled++) {
+        mt_error_set("tensor '%s' appears twice in the checkpoint", s->name);
+        return -1;
+    }
+    if (s->role == FROZEN_QUANT) {
+        if (!it->q) {
+            mt_error_set("tensor '%s' arrived dense where a 4-bit weight was asked for", s->name);
+            return -1;
+        }
+        note_format(ld, s, it->q);
+        s->lin->q = mt_xmalloc(sizeof *s->lin->q);
+        *s->lin->q = *it->q;  // taken from the loader
+        memset(it->q, 0, sizeof *it->q);
+        return 0;
+    }
+    if (it->dequantized && s->role == TRAINABLE) {
+        mt_error_set("tensor '%s' trains in this mode but is stored 4-bit in the checkpoint; training a "
+                     "dequantized copy would start from the quantization error: use the unquantized "
+                     "(bf16/f16/f32) checkpoint it was made from", s->name);
+        return -1;
+    }
+    ld->dequantized += it->dequantized;
+    return place_dense(ld, s, it->data, it->dtype);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources: a checkpoint streamed through quant/, or the config alone on the null backend
+
+static int sink(void *ctx, mt_quant_item *it) {
+    loader *ld = ctx;
+    slot *s = find_slot(ld, it->name);
+    return s ? place(ld, s, it) : 0;  // a tensor that is not a weight of this model is ignored
+}
+
+static int want_4bit(void *ctx, const char *name) {
+    slot *s = find_slot(ctx, name);
+    return s && s->role == FROZEN_QUANT;  // trainables and dense-kept targets arrive dense
+}
+
+static int load_checkpoint(loader *ld, const char *dir) {
+    const mt_run_opts *o = &ld->m->opts;
+    mt_quant_load_opts q = {.type = o->quant, .blocksize = o->quant_blocksize, .double_quant = o->double_quant,
+                            .targets = o->quant_targets, .want = want_4bit, .want_ctx = ld};
+    return mt_quant_load(dir, ld->m->be, &q, sink, ld);
+}
+
+// The null backend: every tensor allocated (counted), none read; 4-bit ones in the run's format.
+static int build_counted(loader *ld) {
+    const mt_run_opts *o = &ld->m->opts;
+    for (size_t i = 0; i < ld->n; i++) {
+        slot *s = &ld->slots[i];
+        mt_quant_item it = {.name = s->name, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}};
+        mt_qweight q;
+        memset(&q, 0, sizeof q);
+        if (s->role == FROZEN_QUANT) {
+            if (mt_qweight_alloc(&q, ld->m->be, s->name, s->shape[0], s->shape[1], o->quant, o->quant_blocksize,
+                                 o->double_quant, 0) != 0)
+                return -1;
+            it.q = &q;
+        }
+        int rc = place(ld, s, &it);
+        mt_qweight_free(&q);  // a no-op once placed
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int finish(loader *ld) {
+    mt_model *m = ld->m;
+    const mt_run_opts *o = &m->opts;
+    for (size_t i = 0; i < ld->n; i++)
+        if (!ld->slots[i].filled) {
+            mt_error_set("tensor '%s' is missing from the checkpoint", ld->slots[i].name);
+            return -1;
+        }
+    double alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : o->lora_r;  // NaN: r
+    for (size_t i = 0; i < ld->n; i++) {
+        slot *s = &ld->slots[i];
+        if (!s->lora) continue;
+        char module[160];
+        snprintf(module, sizeof module, "%.*s", (int)(strlen(s->name) - strlen(".weight")), s->name);
+        s->lin->lora = mt_xcalloc(1, sizeof *s->lin->lora);
+        if (mt_lora_init(s->lin->lora, m->be, m->wdtype, s->lin->in, s->lin->out, o->lora_r, alpha, o->use_rslora,
+                         o->lora_dropout, o->seed, mt_hash_string(module)) != 0)
+            return mt_error_prefix("loading %s", module), -1;
+    }
+    if (ld->dequantized)
+        mt_info("%d frozen tensors stored 4-bit were dequantized on load (--quant %s and --quant-targets keep "
+                "them dense)", ld->dequantized, mt_quant_name(o->quant));
+    if (ld->other_format)
+        mt_info("%d 4-bit tensors (e.g. %s) are stored in another format than --quant %s --blocksize %d asks: "
+                "used as stored (re-quantizing would compound the error)", ld->other_format, ld->other_name,
+                mt_quant_name(o->quant), mt_q4_blocksize_or_default(o->quant, o->quant_blocksize));
     return 0;
 }
 
@@ -194,44 +335,45 @@ static int lowest_trainable_layer(const mt_model *m) {
 }
 
 int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts) {
+    mt_model_config cfg;
     memset(m, 0, sizeof *m);
-    if (mt_model_config_load(dir, &m->cfg) != 0 || check_opts(&m->cfg, opts) != 0) return -1;
+    if (mt_model_config_load(dir, &cfg) != 0) return -1;
+    return mt_model_build(m, be, &cfg, dir, opts);
+}
+
+int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
+                   const mt_run_opts *opts) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    if (check_opts(&m->cfg, opts) != 0) return -1;
+    if (!dir && be->ops->kind != MT_BACKEND_NULL) {
+        mt_error_set("a model without its checkpoint is for the null backend only");
+        return -1;
+    }
+    const char *name = dir ? dir : "the config";
+    if (m->cfg.tie_word_embeddings) {
+        mt_error_set("%s: tied word embeddings are not supported yet (Mixtral unties them)", name);
+        return -1;
+    }
     m->be = be;
     m->opts = *opts;
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
     m->recompute = opts->checkpointing == MT_CKPT_FULL;
-    mt_st_model st;
-    if (mt_st_model_open(&st, dir) != 0) return -1;
-    const mt_model_config *c = &m->cfg;
-    loader ld = {be, &st, &m->opts};
-    int full = opts->mode == MT_MODE_FULL, rc = -1;
-    int64_t emb[2] = {c->vocab, c->hidden}, hs[1] = {c->hidden};
-    float *w = read_f32(&st, "model.embed_tokens.weight", 2, emb);
-    if (!w || !(m->embed = upload(be, full ? MT_MEM_TRAIN : MT_MEM_BASE, w, 2, emb))) goto done;
-    free(w);
-    w = read_f32(&st, "model.norm.weight", 1, hs);
-    if (!w || !(m->norm = upload(be, full ? MT_MEM_TRAIN : MT_MEM_BASE, w, 1, hs))) goto done;
-    if (full && (!(m->dembed = zeros(be, MT_MEM_GRAD, 2, emb)) || !(m->dnorm = zeros(be, MT_MEM_GRAD, 1, hs))))
-        goto done;
-    if (c->tie_word_embeddings) {
-        mt_error_set("tied word embeddings are not supported yet (Mixtral unties them)");
-        goto done;
-    }
-    if (load_linear(&ld, &m->lm_head, "lm_head", c->vocab, c->hidden, full ? TRAINABLE : FROZEN_DENSE, 0))
-        goto done;
-    m->layers = mt_xcalloc((size_t)c->layers, sizeof(mt_layer));
-    for (int L = 0; L < c->layers; L++)
-        if (load_layer(&ld, c, L, &m->layers[L]) != 0) goto done;
-    m->lowest_trainable = lowest_trainable_layer(m);
-    rc = 0;
-done:
-    free(w);
-    mt_st_model_close(&st);
+    m->counting = be->ops->kind == MT_BACKEND_NULL;
+    m->wdtype = m->counting ? MT_BF16 : MT_F32;
+    loader ld;
+    loader_init(&ld, m);
+    int rc = m->counting ? build_counted(&ld) : load_checkpoint(&ld, dir);
+    int named = rc && !m->counting;  // mt_quant_load's errors name the folder already
+    if (rc == 0) rc = finish(&ld);
+    loader_free(&ld);
     if (rc) {
-        mt_error_prefix("%s", dir);
+        if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);
+        return -1;
     }
-    return rc;
+    m->lowest_trainable = lowest_trainable_layer(m);
+    return 0;
 }
 
 static mt_linear *expert_linear(mt_layer *ly, int e, const char *which) {

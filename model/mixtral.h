@@ -56,6 +56,12 @@ typedef struct mt_model {
     mt_model_config cfg;
     mt_backend *be;
     mt_run_opts opts;           // the mode, targets and quantization it was built for
+    // The null backend (moetrain plan --measure): every allocation of a step is made and
+    // counted, no kernel runs and no device data is read; dense weights, LoRA, activations and
+    // their gradients take the dtypes a GPU run stores (bf16; fp32 where it keeps fp32), where
+    // the cpu backend keeps everything f32.
+    int counting;
+    mt_dtype wdtype;            // dense weights, LoRA and their gradients: F32 (cpu), BF16 (null)
     mt_tensor *embed, *dembed;  // [V, H]
     mt_tensor *norm, *dnorm;    // [H]
     mt_linear lm_head;          // [V, H]
@@ -77,8 +83,18 @@ typedef struct mt_model {
 } mt_model;
 
 // Builds the model of the checkpoint folder `dir` for opts->mode (lora / router / unfreeze /
-// full), quantizing frozen attention and expert Linears per opts->quant. 0, or -1 with an error.
+// full). The checkpoint streams through mt_quant_load: dense frozen Linears that
+// opts->quant_targets names are quantized to opts->quant as they arrive; a checkpoint written by
+// `moetrain quantize` (bnb-4bit NF4/FP4, or INT4) loads as stored, and with --quant none (or a
+// target not in quant_targets) its 4-bit tensors are dequantized on load. A weight that trains
+// must be stored dense: a 4-bit one is refused, naming it. On the null backend nothing is read:
+// `dir` may be a config.json, and every tensor is allocated (counted) without data.
+// 0, or -1 with an error.
 int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts);
+// The same from a config already read (`moetrain plan --case` has a built-in one); dir, the
+// checkpoint, may be NULL on the null backend only.
+int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
+                   const mt_run_opts *opts);
 void mt_model_free(mt_model *m);
 // Loads a PEFT adapter folder into the model's LoRAs (built with --mode lora and matching
 // targets and rank); the adapter's alpha and dropout replace the run's. 0 or -1 with an error.

@@ -11,3 +11,16 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay);
 
 static inline float *F(const mt_tensor *t) { return (float *)t->data; }
 static inline int32_t *I(const mt_tensor *t) { return (int32_t *)t->data; }
+// Element `i` of a buffer that may have no data (the null backend): NULL stays NULL.
+static inline float *at(float *p, int64_t i) { return p ? p + i : NULL; }
+
+// A step buffer's dtype: `gpu`, what a GPU run stores, when counting on the null backend; the
+// cpu backend computes and keeps everything in f32 (integers stay as they are).
+static inline mt_dtype step_dtype(const mt_model *m, mt_dtype gpu) {
+    return m->counting || gpu == MT_I32 ? gpu : MT_F32;
+}
+
+// Rows [*row0, *row0 + *rows) of expert e in layer L's expert order. Counting, where routing has
+// no data, every expert gets T·k/E rows and the first (T·k mod E) one more: balanced routing, as
+// the planner assumes.
+void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows);

@@ -244,6 +244,12 @@ static const mt_qformat mt_qformats[3] = {
     {"int4", 128, 0, 0, 4, 0},
 };
 
+// The blocksize a run uses: `blocksize`, or the format's default when it is <= 0 (--blocksize 0).
+static inline int mt_q4_blocksize_or_default(mt_quant type, int blocksize) {
+    if (blocksize > 0 || type > MT_QUANT_INT4) return blocksize;
+    return mt_qformats[type].default_blocksize;
+}
+
 // Blocksizes every format accepts: bitsandbytes' {32, 64, ..., 4096} (32 since 0.50.0).
 MT_QF_FN int mt_q4_blocksize_ok(int bs) {
     return bs >= 32 && bs <= 4096 && (bs & (bs - 1)) == 0;

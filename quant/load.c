@@ -93,6 +93,8 @@ void mt_quant_load_opts_default(mt_quant_load_opts *o) {
     o->blocksize = 0;
     o->double_quant = 1;
     o->targets = MT_QTARGET_DEFAULT;
+    o->want = NULL;
+    o->want_ctx = NULL;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,7 +374,8 @@ static int load_one(const mt_st_model *m, const mt_st_tensor *t, mt_backend *be,
     mt_bnb_parts parts;
     int pre = mt_bnb_find_parts(m, t->name, &parts);
     if (pre < 0) return -1;
-    int want = o->type != MT_QUANT_NONE && (mt_quant_target_of(t->name) & o->targets);
+    int want = o->type != MT_QUANT_NONE && (mt_quant_target_of(t->name) & o->targets) &&
+               (!o->want || o->want(o->want_ctx, t->name));
     mt_quant_item it;
     memset(&it, 0, sizeof it);
     it.name = t->name;
@@ -396,6 +399,7 @@ static int load_one(const mt_st_model *m, const mt_st_tensor *t, mt_backend *be,
             mt_qweight_free(&q);
             it.data = dense;
             it.dtype = MT_F32;
+            it.dequantized = 1;
         }
     } else {
         mt_dtype dt;

@@ -114,11 +114,17 @@ unsigned mt_quant_target_of(const char *name);
 // "experts,attn,router", "all", "none", "default"; 0 or -1 with an error.
 int mt_quant_targets_parse(const char *text, unsigned *out);
 
+// Whether the target `name` is wanted 4-bit (1) or dense (0): a caller's veto per tensor, e.g.
+// for a weight that trains in full precision.
+typedef int (*mt_quant_want_fn)(void *ctx, const char *name);
+
 typedef struct mt_quant_load_opts {
     mt_quant type;      // format for dense targets; MT_QUANT_NONE: everything arrives dense
     int blocksize;      // <= 0: the format's default
     int double_quant;   // NF4/FP4
     unsigned targets;   // MT_QTARGET_* bits
+    mt_quant_want_fn want;  // NULL: every target is wanted; a refused one arrives dense
+    void *want_ctx;
 } mt_quant_load_opts;
 void mt_quant_load_opts_default(mt_quant_load_opts *o);  // NF4, 64, double quant, default targets
 
@@ -131,6 +137,8 @@ typedef struct mt_quant_item {
                                  // whatever is left is freed after the sink returns
     const void *data;            // dense: the values, valid during the call only (they may point
     mt_dtype dtype;              //   into the file's mmap); F32, BF16 or F16
+    int dequantized;             // dense, but stored 4-bit in the file (the values are its
+                                 //   dequantization, F32)
 } mt_quant_item;
 typedef int (*mt_quant_sink_fn)(void *ctx, mt_quant_item *item);
 // Dense values of an item as f32 (numel elements).
@@ -139,9 +147,11 @@ void mt_quant_item_to_f32(const mt_quant_item *item, float *dst);
 // Streams a checkpoint folder (f32/bf16/f16 safetensors, or a bnb-4bit one) tensor by tensor
 // into `sink`, in file order, quantizing targets one at a time onto `be` and dropping each
 // tensor's mmapped pages once it is done: peak host memory stays near the largest tensor.
-//   dense tensor, a target, opts->type != NONE    -> quantized (opts' format)
-//   serialised 4-bit tensor, a target, type != NONE -> imported as stored (its own format)
-//   serialised 4-bit tensor otherwise              -> dequantized, handed over dense (F32)
+// A "wanted target" is a target (opts->targets) that opts->want, when set, does not refuse.
+//   dense tensor, a wanted target, opts->type != NONE    -> quantized (opts' format)
+//   serialised 4-bit tensor, a wanted target, type != NONE -> imported as stored (its own format)
+//   serialised 4-bit tensor otherwise                    -> dequantized, handed over dense (F32,
+//                                                           item->dequantized = 1)
 //   anything else                                  -> dense, as stored
 // 0, or -1 with an error naming the tensor (a sink's non-zero return stops the load, its error
 // kept).

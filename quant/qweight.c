@@ -12,17 +12,27 @@
 
 static size_t elem_bytes(mt_dtype t) { return t == MT_F32 ? 4 : 2; }
 
+// Elements [i0, i0 + len) of src as f32. Loads go through memcpy: src may be a checkpoint's
+// mmap, whose tensors have no alignment guarantee.
 static void load_f32(float *dst, const void *src, mt_dtype t, int64_t i0, int64_t len) {
     if (t == MT_F32) {
-        memcpy(dst, (const float *)src + i0, (size_t)len * sizeof(float));
+        memcpy(dst, (const char *)src + 4 * i0, (size_t)len * sizeof(float));
     } else if (t == MT_BF16) {
-        const uint16_t *s = (const uint16_t *)src + i0;
+        const char *s = (const char *)src + 2 * i0;
         uint32_t *d = (uint32_t *)(void *)dst;
 #pragma omp simd
-        for (int64_t i = 0; i < len; i++) d[i] = (uint32_t)s[i] << 16;
+        for (int64_t i = 0; i < len; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            d[i] = (uint32_t)h << 16;
+        }
     } else {
-        const uint16_t *s = (const uint16_t *)src + i0;
-        for (int64_t i = 0; i < len; i++) dst[i] = mt_f16_to_f32(s[i]);
+        const char *s = (const char *)src + 2 * i0;
+        for (int64_t i = 0; i < len; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = mt_f16_to_f32(h);
+        }
     }
 }
 
@@ -356,13 +366,21 @@ static int64_t tile_rows(const mt_qweight *q) {
     return MT_MAX(1, MT_MIN(r, q->out));
 }
 
+// The f32 tile both matmuls dequantize into, under `work`. The null backend reserves it too, so
+// a counted step has the cpu step's allocations (it computes nothing with it).
+static int tile_alloc(const mt_qweight *q, int64_t *rows, size_t *bytes, float **tile) {
+    *rows = tile_rows(q);
+    *bytes = (size_t)(*rows * q->in) * sizeof(float);
+    return mt_backend_alloc(q->be, MT_MEM_WORK, *bytes, (void **)tile);
+}
+
 int mt_qweight_matmul_cpu(float *y, const float *x, const mt_qweight *q, int64_t n, int accumulate) {
-    if (q->be->ops->kind != MT_BACKEND_CPU || n == 0) return 0;
-    int64_t R = tile_rows(q), in = q->in, out = q->out;
-    size_t tile_bytes = (size_t)(R * in) * sizeof(float);
+    if (q->be->ops->kind == MT_BACKEND_CUDA || n == 0) return 0;
+    int64_t R, in = q->in, out = q->out;
+    size_t tile_bytes;
     float *tile;
-    if (mt_backend_alloc(q->be, MT_MEM_WORK, tile_bytes, (void **)&tile) != 0) return -1;
-    for (int64_t r0 = 0; r0 < out; r0 += R) {
+    if (tile_alloc(q, &R, &tile_bytes, &tile) != 0) return -1;
+    for (int64_t r0 = 0; q->be->ops->kind == MT_BACKEND_CPU && r0 < out; r0 += R) {
         int64_t r = MT_MIN(R, out - r0);
         dequant_range(q, r0 * in, (r0 + r) * in, tile);
         // y[:, r0:r0+r] (= or +=) x [n, in] · tile [r, in]ᵀ
@@ -374,12 +392,12 @@ int mt_qweight_matmul_cpu(float *y, const float *x, const mt_qweight *q, int64_t
 }
 
 int mt_qweight_matmul_t_cpu(float *dx, const float *dy, const mt_qweight *q, int64_t n) {
-    if (q->be->ops->kind != MT_BACKEND_CPU || n == 0) return 0;
-    int64_t R = tile_rows(q), in = q->in, out = q->out;
-    size_t tile_bytes = (size_t)(R * in) * sizeof(float);
+    if (q->be->ops->kind == MT_BACKEND_CUDA || n == 0) return 0;
+    int64_t R, in = q->in, out = q->out;
+    size_t tile_bytes;
     float *tile;
-    if (mt_backend_alloc(q->be, MT_MEM_WORK, tile_bytes, (void **)&tile) != 0) return -1;
-    for (int64_t r0 = 0; r0 < out; r0 += R) {
+    if (tile_alloc(q, &R, &tile_bytes, &tile) != 0) return -1;
+    for (int64_t r0 = 0; q->be->ops->kind == MT_BACKEND_CPU && r0 < out; r0 += R) {
         int64_t r = MT_MIN(R, out - r0);
         dequant_range(q, r0 * in, (r0 + r) * in, tile);
         // dx [n, in] += dy[:, r0:r0+r] [n, r] · tile [r, in]

@@ -68,7 +68,8 @@ void mt_qweight_dequantize_rows_bf16_cpu(const mt_qweight *q, uint16_t *dst, int
 // Tile by tile: rows of W are dequantized MT_QMATMUL_TILE_BYTES at a time into one f32 tile,
 // allocated through the ledger under `work` on the weight's backend and released before
 // returning, and multiplied with OpenBLAS; no whole dequantized W ever exists. 0, or -1 when the
-// ledger refuses the tile. On the null backend: nothing (0).
+// ledger refuses the tile. On the null backend the tile is reserved and released, nothing
+// computed (0): a counted step makes the cpu step's allocations.
 #define MT_QMATMUL_TILE_BYTES (4u << 20)
 int mt_qweight_matmul_cpu(float *y, const float *x, const mt_qweight *q, int64_t n, int accumulate);
 int mt_qweight_matmul_t_cpu(float *dx, const float *dy, const mt_qweight *q, int64_t n);

@@ -27,7 +27,7 @@ static double objective(void *ctx) {  // Σ g · y(x)
 
 static void setup(lora_case *c, mt_backend *be, double dropout) {
     memset(c, 0, sizeof *c);
-    cr_assert_eq(mt_lora_init(&c->lora, be, IN, OUT, R, 6.0, 0, dropout, 7, 1), 0);
+    cr_assert_eq(mt_lora_init(&c->lora, be, MT_F32, IN, OUT, R, 6.0, 0, dropout, 7, 1), 0);
     c->lora.dropout_seed = 1234;
     int64_t ws[2] = {OUT, IN};
     c->lin = (mt_linear){.out = OUT, .in = IN, .w = mt_tensor_new(be, MT_MEM_BASE, MT_F32, 2, ws), .lora = &c->lora};
@@ -87,7 +87,7 @@ Test(lora, init_is_peft_default_and_forward_is_its_definition) {
             cr_assert(fabs(c.y[n * OUT + o] - ref) < 1e-4, "y[%d,%d] %f vs %f", n, o, c.y[n * OUT + o], ref);
         }
     mt_lora lr;
-    cr_assert_eq(mt_lora_init(&lr, be, IN, OUT, 4, 16.0, 1, 0.0, 1, 2), 0);
+    cr_assert_eq(mt_lora_init(&lr, be, MT_F32, IN, OUT, 4, 16.0, 1, 0.0, 1, 2), 0);
     cr_assert_float_eq(lr.scale, 8.0f, 1e-6, "rsLoRA: alpha / sqrt(r)");
     const float *zb = lr.b->data;
     for (int i = 0; i < OUT * 4; i++) cr_assert_eq(zb[i], 0.0f, "B starts at zero");

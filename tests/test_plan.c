@@ -411,8 +411,10 @@ Test(plan, cli_bad_input) {
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --mode lora"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--model"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --model /nonexistent/moetrain-model"), MT_EXIT_ERROR);
-    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case A --measure"), MT_EXIT_NOT_BUILT);
-    cr_expect(strstr(out, "not built"), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case A --zero 1 --measure"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--zero"), "--measure names what it cannot measure: %s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --blocksize 48"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--blocksize"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --help"), MT_EXIT_OK);
     cr_expect(strstr(out, "usage: moetrain plan") && strstr(out, "--gpu-mem"), "%s", out);
 }

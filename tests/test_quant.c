@@ -542,7 +542,7 @@ static void expect_ledger_equals_planner(mt_quant type, int dq, int blocksize, c
     mt_run_opts_default(&o);
     o.quant = type;
     o.double_quant = dq;
-    o.quant_blocksize = 64;  // the option's default; int4 is group 128 in the planner and here
+    o.quant_blocksize = blocksize;  // 0: the format's default in both (int4: group 128)
     uint64_t plan = mt_plan_linear_bytes(out * in, &o);
     cr_expect_eq(null->ledger.cur[MT_MEM_BASE], plan, "%s: ledger %llu vs planner %llu", flags_what,
                  (unsigned long long)null->ledger.cur[MT_MEM_BASE], (unsigned long long)plan);

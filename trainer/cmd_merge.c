@@ -30,13 +30,14 @@ static void merge_usage(FILE *out) {
     fprintf(out,
             "usage: moetrain merge --model DIR --adapter DIR|FILE.safetensors --out DIR\n"
             "                      [--dtype bf16|f32|f16] [--quant none|nf4|fp4|int4]\n"
-            "                      [--blocksize N] [--double-quant] [--shard-size SIZE]\n\n"
+            "                      [--blocksize N] [--double-quant] [--quant-targets LIST]\n"
+            "                      [--shard-size SIZE]\n\n"
             "Writes DIR (--out): config.json (without quantization_config) and the weights with\n"
             "W + scale·B·A folded into every adapted Linear (model.safetensors, or shards with an index\n"
             "above --shard-size, default 5GB), plus the base's tokenizer files. The base is never\n"
             "modified: a bnb-4bit base is dequantized, then the delta added. --quant (default none)\n"
-            "quantizes a dense base's attention and expert weights first, as training on a 4-bit base\n"
-            "did, so that the merge reproduces the model the adapter was trained against.\n"
+            "quantizes a dense base's --quant-targets (default attention and experts) first, as training\n"
+            "on a 4-bit base did, so that the merge reproduces the model the adapter was trained against.\n"
             "--dtype: the output's dtype (default bf16).\n");
 }
 
@@ -62,6 +63,7 @@ typedef struct {
     // 4-bit base
     mt_quant quant;
     int blocksize, double_quant;
+    unsigned quant_targets;  // what training quantized (--quant-targets)
     mt_dtype out_dtype;
     mt_backend *cpu;
     float *w;  // f32 scratch of the largest tensor
@@ -140,7 +142,7 @@ static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
         mt_convert(w, MT_F32, t->data, dt, n);
         // The 4-bit base training used: the same quantization as mt_model_load's, undone.
         if (c->quant != MT_QUANT_NONE && d->kind == MT_WEIGHT_LINEAR &&
-            (mt_quant_target_of(d->name) & (MT_QTARGET_EXPERTS | MT_QTARGET_ATTN))) {
+            (mt_quant_target_of(d->name) & c->quant_targets)) {
             mt_qweight q;
             if (mt_qweight_quantize(&q, c->cpu, d->name, w, d->shape[0], d->shape[1], c->quant, c->blocksize,
                                     c->double_quant) != 0)
@@ -249,6 +251,7 @@ static int run_merge(const mt_run_opts *o, mt_dtype out_dtype, double shard_size
     merge_ctx c;
     memset(&c, 0, sizeof c);
     c.quant = o->quant, c.blocksize = o->quant_blocksize, c.double_quant = o->double_quant;
+    c.quant_targets = o->quant_targets;
     c.out_dtype = out_dtype;
     mt_weight_desc *desc = NULL;
     int rc = -1;

@@ -37,7 +37,8 @@ static void quantize_usage(FILE *out) {
             "  --double-quant    8-bit absmax, nested in 256-blocks (default on; nf4/fp4)\n"
             "  --blocksize       32..4096, a power of two (default 64 for nf4/fp4, 128 for int4)\n"
             "  --quant-targets   experts,attn,router | all | default (default: experts,attn; the\n"
-            "                    router gate, embeddings, norms and lm_head stay as they are)\n"
+            "                    router gate, embeddings, norms and lm_head stay as they are);\n"
+            "                    `moetrain train --quant-targets` reads the same list\n"
             "  --shard-size      largest output shard (default 5GB)\n"
             "  --backend         where to quantize: cpu (default) or cuda\n");
 }
@@ -149,66 +150,34 @@ typedef struct {
     double shard_size;
 } qargs;
 
-static int parse_args(qargs *a, int argc, char **argv) {
+// The run options' table parses the flags (--quant-targets, --blocksize, --shard-size, ... as
+// training reads them); quantize then refuses what it cannot write.
+static int parse_args(qargs *a, mt_run_opts *o, int argc, char **argv) {
     memset(a, 0, sizeof *a);
-    a->type = MT_QUANT_NF4;
-    a->double_quant = 1;
-    a->targets = MT_QTARGET_DEFAULT;
-    a->shard_size = 5e9;
-    a->backend = "cpu";
-    for (int i = 0; i < argc; i++) {
-        const char *k = argv[i];
-        if (strcmp(k, "--double-quant") == 0) { a->double_quant = 1; continue; }
-        if (strcmp(k, "--no-double-quant") == 0) { a->double_quant = 0; continue; }
-        static const char *const with_value[] = {"--model", "--out", "--quant", "--blocksize",
-                                                 "--quant-targets", "--shard-size", "--backend"};
-        size_t w = 0;
-        while (w < MT_ARRAY_LEN(with_value) && strcmp(k, with_value[w]) != 0) w++;
-        if (w == MT_ARRAY_LEN(with_value)) {
-            mt_error_set("unknown argument '%s' (see moetrain quantize --help)", k);
-            return -1;
-        }
-        if (i + 1 >= argc) {
-            mt_error_set("%s needs a value", k);
-            return -1;
-        }
-        const char *v = argv[++i];
-        if (w == 0) a->model = v;
-        else if (w == 1) a->out = v;
-        else if (w == 2) {
-            static const char *const names[] = {"nf4", "fp4", "int4"};
-            size_t t = 0;
-            while (t < 3 && strcmp(v, names[t]) != 0) t++;
-            if (t == 3) {
-                mt_error_set("--quant: '%s' is not nf4, fp4 or int4", v);
-                return -1;
-            }
-            a->type = (mt_quant)t;
-        } else if (w == 3) {
-            char *end;
-            long b = strtol(v, &end, 10);
-            if (*end || !mt_q4_blocksize_ok((int)b) || b > 4096) {
-                mt_error_set("--blocksize: '%s' is not a power of two in 32..4096", v);
-                return -1;
-            }
-            a->blocksize = (int)b;
-        } else if (w == 4) {
-            if (mt_quant_targets_parse(v, &a->targets) != 0) return mt_error_prefix("--quant-targets"), -1;
-        } else if (w == 5) {
-            if (mt_parse_bytes(v, &a->shard_size) != 0 || a->shard_size < 1) return mt_error_prefix("--shard-size"), -1;
-        } else {
-            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
-                mt_error_set("--backend: '%s' is not cpu or cuda", v);
-                return -1;
-            }
-            a->backend = v;
-        }
+    mt_run_opts_default(o);
+    if (mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    if (o->quant == MT_QUANT_NONE) {
+        mt_error_set("--quant: 'none' writes nothing 4-bit (nf4, fp4 or int4)");
+        return -1;
     }
-    if (!a->model || !a->out) {
+    if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
+        mt_error_set("--backend: '%s' is not cpu or cuda", o->backend);
+        return -1;
+    }
+    if (o->shard_bytes < 1) {
+        mt_error_set("--shard-size must be at least 1 byte");
+        return -1;
+    }
+    if (!o->model[0] || !o->out[0]) {
         mt_error_set("--model and --out are required");
         return -1;
     }
-    if (a->type == MT_QUANT_INT4) a->double_quant = 0;
+    a->model = o->model, a->out = o->out, a->backend = o->backend;
+    a->type = o->quant;
+    a->blocksize = o->quant_blocksize;
+    a->double_quant = o->quant == MT_QUANT_INT4 ? 0 : o->double_quant;
+    a->targets = o->quant_targets;
+    a->shard_size = o->shard_bytes;
     return 0;
 }
 
@@ -389,7 +358,8 @@ int cmd_quantize(int argc, char **argv) {
             return MT_EXIT_OK;
         }
     qargs a;
-    if (parse_args(&a, argc, argv) != 0) {
+    mt_run_opts o;
+    if (parse_args(&a, &o, argc, argv) != 0) {
         fprintf(stderr, "moetrain quantize: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }

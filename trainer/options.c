@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/yaml.h"
+#include "quant/quant.h"  // quantization targets and blocksizes
 
 typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_F64, OPT_BOOL, OPT_BYTES, OPT_SPECIAL } opt_type;
 
@@ -38,7 +39,11 @@ static const opt_def opt_table[] = {
     {"experts", OPT_SPECIAL, F(experts), 0, "experts to train: all, or e.g. 0,1"},
     {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | none (bf16)"},
     {"double-quant", OPT_BOOL, F(double_quant), 0, "double-quantize NF4/FP4 absmax (default on)"},
-    {"blocksize", OPT_INT, F(quant_blocksize), 0, "4-bit block size"},
+    {"blocksize", OPT_SPECIAL, F(quant_blocksize), 0,
+     "4-bit block size: 32..4096, a power of two; 0 = the format's (64 nf4/fp4, 128 int4)"},
+    {"quant-targets", OPT_SPECIAL, F(quant_targets), 0,
+     "what is 4-bit in the base: experts,attn,router | all | none (default experts,attn)"},
+    {"shard-size", OPT_BYTES, F(shard_bytes), 0, "quantize: largest output shard (default 5GB)"},
     {"seq", OPT_I64, F(seq), 0, "sequence length"},
     {"batch", OPT_I64, F(batch), 0, "micro-batch per GPU"},
     {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none"},
@@ -94,7 +99,9 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->experts.all = 1;
     o->quant = MT_QUANT_NF4;
     o->double_quant = 1;
-    o->quant_blocksize = 64;
+    o->quant_blocksize = 0;
+    o->quant_targets = MT_QTARGET_DEFAULT;
+    o->shard_bytes = 5e9;
     o->seq = 1024;
     o->batch = 1;
     o->checkpointing = MT_CKPT_FULL;
@@ -207,6 +214,17 @@ static int parse_targets(const char *text, unsigned *out) {
     return 0;
 }
 
+// 0 (the format's default) or a blocksize every 4-bit format takes.
+static int parse_blocksize(const char *text, int *out) {
+    int64_t v;
+    if (parse_int64(text, 0, 4096, &v) != 0 || (v != 0 && !mt_q4_blocksize_ok((int)v))) {
+        mt_error_set("'%s' is not 0 (the format's default) or a power of two in 32..4096", text);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int mt_index_set_parse(mt_index_set *s, const char *text) {
     memset(s, 0, sizeof *s);
     if (strcmp(text, "all") == 0) { s->all = 1; return 0; }
@@ -283,6 +301,8 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         return 0;
     }
     if (strcmp(key, "targets") == 0) return parse_targets(value, &o->targets);
+    if (strcmp(key, "quant-targets") == 0) return mt_quant_targets_parse(value, &o->quant_targets);
+    if (strcmp(key, "blocksize") == 0) return parse_blocksize(value, &o->quant_blocksize);
     if (strcmp(key, "layers") == 0) return mt_index_set_parse(&o->layers, value);
     if (strcmp(key, "experts") == 0) return mt_index_set_parse(&o->experts, value);
     if (strcmp(key, "case") == 0) {

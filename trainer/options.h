@@ -50,7 +50,9 @@ typedef struct mt_run_opts {
     // frozen base
     mt_quant quant;
     int double_quant;
-    int quant_blocksize;
+    int quant_blocksize;      // 0: the format's default (64 NF4/FP4, 128 INT4)
+    unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h): what a dense checkpoint quantizes
+    double shard_bytes;       // quantize: largest output shard
     // shape of a step
     int64_t seq;
     int64_t batch;            // micro-batch per GPU

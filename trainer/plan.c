@@ -1,8 +1,11 @@
 // trainer/plan.c — the planner's arithmetic (BUDGETS.md §1–4), per GPU and ledger category.
 //
 // Choices where BUDGETS.md leaves room (each one reported in the plan's output or its tests):
-//   * 4-bit blocks are counted per tensor, rounded up; per-tensor constants (code table, nested
-//     map, offset: ~1 KB a tensor) are left out, as BUDGETS.md §2 does.
+//   * 4-bit bytes are quant/'s own count (mt_q4_weight_bytes): blocks per tensor, rounded up;
+//     per-tensor constants (code table, nested map, offset: ~1 KB a tensor) are left out, as
+//     BUDGETS.md §2 does and as the ledger does (they are shared constants).
+//   * --quant-targets decides which frozen Linears are 4-bit (default experts and attention;
+//     routers, embeddings, lm_head and norms bf16, as BUDGETS.md §2).
 //   * The workspace guess is 2.0 GB whenever there is more than one GPU (NCCL buffers exist
 //     for plain data parallelism too), 1.5 GB on one.
 //   * ZeRO shards a weight's optimizer state (and grads at stage 2) over the GPUs that hold a
@@ -13,6 +16,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "quant/quant.h"  // the 4-bit formats' byte counts and quantization targets
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -108,28 +112,25 @@ static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
 }
 
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o) {
-    switch (o->quant) {
-    case MT_QUANT_NONE:
-        return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype: it is cast on load
-    case MT_QUANT_INT4:
-        // Group 128 with an fp16 scale and an fp16 zero: 4.25 bits (BUDGETS.md §2). The quant
-        // issue pins the exact INT4 layout; this follows it when it lands.
-        return (uint64_t)(ceil_div(n, 2) + 4 * ceil_div(n, 128));
-    case MT_QUANT_NF4:
-    case MT_QUANT_FP4:
-    default: {
-        // bitsandbytes: packed nibbles + an absmax per block of B1; with double quant the
-        // absmax is uint8 with an fp32 scale per 256 of them (4 + 8/B1 + 32/(256·B1) bits).
-        int64_t blocks = ceil_div(n, o->quant_blocksize);
-        if (o->double_quant) return (uint64_t)(ceil_div(n, 2) + blocks + 4 * ceil_div(blocks, 256));
-        return (uint64_t)(ceil_div(n, 2) + 4 * blocks);
-    }
-    }
+    if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
+    // quant/'s own count (packed nibbles + per-block constants), so plan and ledger agree for
+    // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25 (BUDGETS.md §2).
+    int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
+    return mt_q4_weight_bytes(o->quant, n, bs, o->double_quant);
 }
 
-static uint64_t linears_bytes(const int64_t *n, int count, const mt_run_opts *o) {
+// Frozen Linears of sizes n[0..count) held `copies` times, in bf16 or 4-bit as --quant and
+// --quant-targets (`target`) say; adds to the 4-bit or the bf16 tally of the plan.
+static uint64_t frozen_linears(mt_plan *p, const mt_run_opts *o, const int64_t *n, int count, int64_t copies,
+                               unsigned target) {
+    int quantized = o->quant != MT_QUANT_NONE && (o->quant_targets & target);
     uint64_t b = 0;
-    for (int i = 0; i < count; i++) b += mt_plan_linear_bytes(n[i], o);
+    for (int i = 0; i < count; i++) {
+        b += (uint64_t)copies * (quantized ? mt_plan_linear_bytes(n[i], o) : 2 * (uint64_t)n[i]);
+        if (quantized) p->frozen_quant_gpu += copies * n[i];
+        else p->frozen_bf16_gpu += copies * n[i];
+    }
+    if (quantized) p->frozen_quant_bytes += b;
     return b;
 }
 
@@ -154,6 +155,52 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o) {
                         ? L * 2 * sb * (uint64_t)cfg->hidden + layer  // layer inputs + one recompute
                         : L * layer;
     return kept + transient + logits;
+}
+
+// LoRA xa buffers of one activation set: [T, r] per adapted attention Linear and router,
+// [T·k, r] per adapted expert weight (w1, w2, w3), bf16.
+static uint64_t lora_xa_bytes(const mt_model_config *cfg, const mt_run_opts *o, int64_t sb) {
+    static const unsigned per_row[] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O, MT_TARGET_GATE};
+    static const unsigned per_copy[] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
+    if (o->mode != MT_MODE_LORA) return 0;
+    uint64_t b = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(per_row); i++)
+        if (o->targets & per_row[i]) b += 2 * (uint64_t)(sb * o->lora_r);
+    int ne = mt_index_set_count(&o->experts, (int)cfg->experts);
+    for (size_t i = 0; ne && i < MT_ARRAY_LEN(per_copy); i++)
+        if (o->targets & per_copy[i]) b += 2 * (uint64_t)(sb * cfg->top_k * o->lora_r);
+    return b;
+}
+
+int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_act_term *t) {
+    int64_t sb = o->seq * o->batch, h = cfg->hidden, k = cfg->top_k, E = cfg->experts, V = cfg->vocab;
+    int64_t L = cfg->layers, qd = cfg->heads * cfg->head_dim, full = o->checkpointing == MT_CKPT_FULL;
+    int64_t sets = full ? 1 : L;  // activation sets: one shared by recomputation, or one per layer
+    int64_t lora_sets = full ? mt_index_set_count(&o->layers, (int)L) > 0
+                             : mt_index_set_count(&o->layers, (int)L);
+    int n = 0;
+    t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
+                                -6 * k * sb * cfg->intermediate};
+    t[n++] = (mt_plan_act_term){"fp32 logits gradient 4·s·b·V: work in the model's backward", -4 * sb * V};
+    t[n++] = (mt_plan_act_term){"bf16 logits 2·s·b·V: lm_head writes the fp32 logits, no bf16 copy", -2 * sb * V};
+    t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
+                                full ? -2 * h * sb : 0};
+    t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * sets};
+    t[n++] = (mt_plan_act_term){"routing kept per layer: ids, expert order (4k + 4k per row), offsets",
+                                L * (8 * k * sb + 4 * (E + 1))};
+    t[n++] = (mt_plan_act_term){"router logits fp32 4E per row (router backward and z-loss read them)",
+                                4 * E * sb * sets};
+    t[n++] = (mt_plan_act_term){"q and attention output heads·head_dim wide where A_layer has h", 4 * (qd - h) * sb * sets};
+    t[n++] = (mt_plan_act_term){"final norm input and output 2·2h, its rstd 4 per row", (4 * h + 4) * sb};
+    t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", (int64_t)lora_xa_bytes(cfg, o, sb) * lora_sets};
+    return n;
+}
+
+uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_run_opts *o) {
+    mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
+    int64_t b = (int64_t)mt_plan_act_bytes(cfg, o);
+    for (int i = 0, n = mt_plan_act_terms(cfg, o, t); i < n; i++) b += t[i].bytes;
+    return (uint64_t)b;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,8 +232,8 @@ static int plan_check(const mt_model_config *cfg, const mt_run_opts *o) {
     if (o->seq < 1) { mt_error_set("--seq must be at least 1"); return -1; }
     if (o->batch < 1) { mt_error_set("--batch must be at least 1"); return -1; }
     if (o->mode == MT_MODE_LORA && o->lora_r < 1) { mt_error_set("--r must be at least 1"); return -1; }
-    if (o->quant != MT_QUANT_NONE && o->quant != MT_QUANT_INT4 && o->quant_blocksize < 1) {
-        mt_error_set("--blocksize must be at least 1");
+    if (o->quant_blocksize != 0 && !mt_q4_blocksize_ok(o->quant_blocksize)) {
+        mt_error_set("--blocksize must be 0 (the format's default) or a power of two in 32..4096");
         return -1;
     }
     if (!(o->gpu_mem_bytes > 0)) { mt_error_set("--gpu-mem must be positive"); return -1; }
@@ -287,20 +334,14 @@ static void frozen_base(const mt_model_config *cfg, const mt_run_opts *o, const 
     int64_t experts_gpu = cfg->layers * cfg->experts / o->ep;
     int64_t frozen_experts = experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
-    int64_t linear_n = frozen_experts * sum_of(s->expert, 3) + attn_layers * sum_of(s->attn, 4);
-    uint64_t linear_b = (uint64_t)frozen_experts * linears_bytes(s->expert, 3, o) +
-                        (uint64_t)attn_layers * linears_bytes(s->attn, 4, o);
-    int64_t bf16_n = (cfg->layers - t->router_layers) * cfg->hidden * cfg->experts;
-    if (!t->dense_trainable) bf16_n += outer_params(cfg) + cfg->layers * 2 * cfg->hidden;
-    if (o->quant == MT_QUANT_NONE) {
-        p->frozen_bf16_gpu = bf16_n + linear_n;
-    } else {
-        p->frozen_quant_gpu = linear_n;
-        p->frozen_bf16_gpu = bf16_n;
-        p->frozen_quant_bytes = linear_b;
-        p->quant_bits = linear_n ? 8.0 * (double)linear_b / (double)linear_n : 0;
-    }
-    p->bytes[MT_MEM_BASE] = linear_b + 2 * (uint64_t)bf16_n;
+    int64_t router[1] = {cfg->hidden * cfg->experts};
+    uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
+                 frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
+                 frozen_linears(p, o, router, 1, cfg->layers - t->router_layers, MT_QTARGET_ROUTER);
+    int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden;
+    p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
+    p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
+    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;
 }
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p) {
@@ -323,6 +364,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p
 
     p->act_layer = mt_plan_act_layer_bytes(cfg, o->seq, o->batch);
     p->bytes[MT_MEM_ACT] = mt_plan_act_bytes(cfg, o);
+    p->act_model = mt_plan_act_model_bytes(cfg, o);
     p->workspace_guessed = o->workspace_bytes < 0;
     p->bytes[MT_MEM_WORK] = (uint64_t)(p->workspace_guessed ? (o->gpus > 1 ? 2.0e9 : 1.5e9)
                                                             : o->workspace_bytes);

@@ -42,6 +42,8 @@ typedef struct mt_plan {
     uint64_t total;
     uint64_t host_bytes;        // Adam state + master moved to host memory (per GPU rank)
     uint64_t act_layer;         // A_layer of BUDGETS.md §3.2: one layer's kept activations
+    uint64_t act_model;         // the activations the model allocates (ledger `act`), see
+                                // mt_plan_act_terms; bytes[MT_MEM_ACT] stays BUDGETS.md's
     int workspace_guessed;      // 1: the default guess, not --workspace or a measurement
     double gpu_mem;
     double percent;             // total / gpu_mem · 100
@@ -65,6 +67,19 @@ uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o);
 uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
 uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o);
 
+// The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
+// §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
+// ledger's `act` holds (the backward's transients are `work` there, the logits fp32 only, the
+// routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
+// mt_plan_act_model_bytes. Terms that are zero for this run are included (print what you like).
+#define MT_PLAN_MAX_ACT_TERMS 10
+typedef struct mt_plan_act_term {
+    const char *what;
+    int64_t bytes;
+} mt_plan_act_term;
+int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_act_term *terms);
+uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_run_opts *o);
+
 // Checks the options against the model (errors name the flag) and computes the plan.
 // 0, or -1 with mt_error_set().
 int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p);
@@ -75,6 +90,22 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p
 int mt_plan_suggest(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_suggestion *out,
                     int max);
 
+// `--measure` (trainer/plan_measure.c): one training step of the real code on the null backend.
+typedef struct mt_plan_measurement {
+    uint64_t peak[MT_MEM_COUNT];  // the ledger's peak per category over build + step
+    uint64_t total_peak;          // peak of the sum
+    int64_t rows_per_expert;      // balanced routing: T·k/E rows each, the first rows_extra one more
+    int64_t rows_extra;
+    double seconds;
+} mt_plan_measurement;
+
+// Builds the model of `cfg` for `o` on a fresh null backend (checkpoint: its folder or
+// config.json, for messages only; nothing is read), then runs zero_grad, forward, backward and
+// an AdamW step. Refuses, naming the flag, what the step cannot do yet (EP, DP, ZeRO, offload,
+// 8-bit Adam, no master weights). 0, or -1 with an error.
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_run_opts *o,
+                    mt_plan_measurement *out);
+
 // What the report prints: the run, its plan, and the suggestions when it does not fit.
 typedef struct mt_plan_report {
     const char *model_name;
@@ -84,6 +115,7 @@ typedef struct mt_plan_report {
     const mt_plan_suggestion *suggestions;
     int n_suggestions;
     const mt_plan *case_plan;  // --case: the case on its own settings, beside the source's figures
+    const mt_plan_measurement *measured;  // --measure: printed beside the plan, or NULL
 } mt_plan_report;
 
 // The text table; for --case also the source document's figures beside ours.

@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "model/mixtral.h"
+#include "quant/formats.h"
 #include "trainer/checkpoint.h"
 #include "trainer/commands.h"
 #include "trainer/data.h"
@@ -36,10 +37,10 @@ static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, si
     if (!o->experts.all) snprintf(experts, sizeof experts, "%d@%d", o->experts.count, o->experts.count ? o->experts.items[0] : -1);
     snprintf(buf, n,
              "mode=%s r=%d alpha=%g rslora=%d dropout=%g targets=%#x layers=%s experts=%s quant=%s dq=%d block=%d "
-             "seq=%lld batch=%lld accum=%d seed=%llu model=%lldx%lldx%lldx%lld",
+             "qtargets=%#x seq=%lld batch=%lld accum=%d seed=%llu model=%lldx%lldx%lldx%lld",
              mt_mode_name(o->mode), o->lora_r, o->lora_alpha, o->use_rslora, o->lora_dropout, o->targets, layers,
-             experts, mt_quant_name(o->quant), o->double_quant, o->quant_blocksize, (long long)o->seq,
-             (long long)o->batch, o->accum, (unsigned long long)o->seed, (long long)c->layers,
+             experts, mt_quant_name(o->quant), o->double_quant, mt_q4_blocksize_or_default(o->quant, o->quant_blocksize),
+             o->quant_targets, (long long)o->seq, (long long)o->batch, o->accum, (unsigned long long)o->seed, (long long)c->layers,
              (long long)c->hidden, (long long)c->experts, (long long)c->vocab);
 }
 
