@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "quant/quant.h"
 #include "trainer/plan.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -65,13 +66,26 @@ static const char *targets_text(unsigned t, char *buf, size_t n) {
     return buf;
 }
 
+// "experts, attention" (what --quant-targets makes 4-bit)
+static const char *quant_targets_text(unsigned t, char *buf, size_t n) {
+    snprintf(buf, n, "%s%s%s%s", t & MT_QTARGET_EXPERTS ? "experts" : "",
+             (t & MT_QTARGET_EXPERTS) && (t & MT_QTARGET_ATTN) ? ", " : "", t & MT_QTARGET_ATTN ? "attention" : "",
+             t & MT_QTARGET_ROUTER ? (t & (MT_QTARGET_EXPERTS | MT_QTARGET_ATTN) ? ", routers" : "routers") : "");
+    if (!buf[0]) snprintf(buf, n, "nothing (--quant-targets none)");
+    return buf;
+}
+
 static const char *base_format_text(const mt_run_opts *o, const mt_plan *p, char *buf, size_t n) {
     switch (o->quant) {
     case MT_QUANT_NONE: snprintf(buf, n, "bf16"); break;
-    case MT_QUANT_INT4: snprintf(buf, n, "INT4, group 128 (%.3f bits/weight)", p->quant_bits); break;
+    case MT_QUANT_INT4:
+        snprintf(buf, n, "INT4, group %d (%.3f bits/weight)", mt_q4_blocksize_or_default(o->quant, o->quant_blocksize),
+                 p->quant_bits);
+        break;
     default:
         snprintf(buf, n, "%s%s, block %d (%.3f bits/weight)", o->quant == MT_QUANT_FP4 ? "FP4" : "NF4",
-                 o->double_quant ? " + double quant" : "", o->quant_blocksize, p->quant_bits);
+                 o->double_quant ? " + double quant" : "", mt_q4_blocksize_or_default(o->quant, o->quant_blocksize),
+                 p->quant_bits);
     }
     return buf;
 }
@@ -195,7 +209,8 @@ static void print_run(FILE *out, const mt_plan_report *r) {
             o->checkpointing == MT_CKPT_FULL ? "full" : "none");
     if (o->mode == MT_MODE_FULL) fprintf(out, "  base    none: every weight is trained\n");
     else if (o->quant == MT_QUANT_NONE) fprintf(out, "  base    bf16, every frozen weight\n");
-    else fprintf(out, "  base    %s; embeddings, lm_head, norms, routers bf16\n", base_format_text(o, r->plan, fmt, sizeof fmt));
+    else fprintf(out, "  base    %s on %s; the rest bf16\n", base_format_text(o, r->plan, fmt, sizeof fmt),
+                 quant_targets_text(o->quant_targets, targets, sizeof targets));
     fprintf(out, "  GPUs    %d (EP %d, ZeRO %d); Adam %s, master weights %s%s\n", o->gpus, o->ep, o->zero,
             o->adam_8bit ? "8-bit" : "fp32", o->master_weights ? "fp32" : "none",
             o->offload_optimizer ? "; optimizer offloaded to host" : "");
@@ -253,11 +268,75 @@ static void print_suggestions(FILE *out, const mt_plan_report *r) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// --measure: the null backend's peaks beside the plan
+
+// The plan's figure a measured category is compared with: the plan's own, except act, which is
+// compared with the model's set (mt_plan_act_terms says how it differs from BUDGETS.md's).
+static uint64_t planned_for(const mt_plan *p, mt_mem_cat c) {
+    return c == MT_MEM_ACT ? p->act_model : p->bytes[c];
+}
+
+static double diff_percent(uint64_t planned, uint64_t measured) {
+    if (!planned) return measured ? 100.0 : 0.0;
+    return 100.0 * ((double)measured - (double)planned) / (double)planned;
+}
+
+static void print_measured_table(FILE *out, const mt_plan_report *r) {
+    const mt_plan *p = r->plan;
+    const mt_plan_measurement *m = r->measured;
+    fprintf(out, "\n  %-8s %12s %12s %9s\n", "category", "planned GB", "measured GB", "diff");
+    for (int c = 0; c < MT_MEM_COUNT; c++) {
+        uint64_t pl = planned_for(p, (mt_mem_cat)c), me = m->peak[c];
+        if (c == MT_MEM_COMM && !pl && !me) continue;
+        fprintf(out, "  %-8s %12.3f %12.3f ", mt_mem_cat_name((mt_mem_cat)c), gb(pl), gb(me));
+        if (c == MT_MEM_WORK) fprintf(out, "%9s   planned: a guess; measured: the step's scratch (below)\n", "-");
+        else if (c == MT_MEM_ACT) fprintf(out, "%8.2f%%   the model's set; the plan's act is BUDGETS.md's %.3f (below)\n",
+                                          diff_percent(pl, me), gb(p->bytes[MT_MEM_ACT]));
+        else fprintf(out, "%8.2f%%\n", diff_percent(pl, me));
+    }
+    fprintf(out, "  %-8s %12.3f %12.3f %8.2f%%   the plan's total; measured: the peak of the sum\n", "total",
+            gb(p->total), gb(m->total_peak), diff_percent(p->total, m->total_peak));
+    fprintf(out, "  work: the plan's figure is a guess for what the null backend cannot see (CUDA context,\n"
+                 "  cuBLAS and NCCL workspaces, the bf16 dequant buffer of one expert, allocator slack); the\n"
+                 "  measured peak is the step's own scratch as the cpu step allocates it (activation gradients\n"
+                 "  in f32, 4-bit matmul tiles), of which the plan counts the experts' k·s·b·6f and the\n"
+                 "  logits' gradient under act.\n");
+}
+
+static void print_act_terms(FILE *out, const mt_plan_report *r) {
+    mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
+    int n = mt_plan_act_terms(r->cfg, r->opts, t);
+    int full = r->opts->checkpointing == MT_CKPT_FULL;
+    fprintf(out, "\nact: BUDGETS.md §3.2 (the plan's act) against the set the model allocates, term by term, MB\n");
+    fprintf(out, "  %11.3f  BUDGETS.md §3.2, %s\n", r->plan->bytes[MT_MEM_ACT] / 1e6,
+            full ? "full recomputation: L·2sbh + A_layer + k·s·b·6f + 10·s·b·V"
+                 : "no recomputation: L·A_layer + k·s·b·6f + 10·s·b·V");
+    for (int i = 0; i < n; i++)
+        if (t[i].bytes) fprintf(out, "  %+11.3f  %s\n", (double)t[i].bytes / 1e6, t[i].what);
+    fprintf(out, "  %11.3f  = the model's set, compared above\n", r->plan->act_model / 1e6);
+}
+
+static void print_measured(FILE *out, const mt_plan_report *r) {
+    const mt_plan_measurement *m = r->measured;
+    fprintf(out, "\nmeasured: one training step on the null backend in %.3f s (build, AdamW state, forward, "
+                 "backward,\nupdate; nothing allocated or computed, every buffer counted in the ledger). Storage as "
+                 "a GPU\nrun keeps it: trainable weights, LoRA and their grads bf16; Adam m, v and master fp32; "
+                 "activations\nbf16 (fp32: rstd, lse, router logits and probs, top-k weights, lm_head logits). "
+                 "Routing has no\ndata there: balanced, each expert T·k/E = %lld rows", m->seconds,
+            (long long)m->rows_per_expert);
+    if (m->rows_extra) fprintf(out, " (the first %lld one more)", (long long)m->rows_extra);
+    fprintf(out, ", as the planner assumes.\n");
+    print_measured_table(out, r);
+    print_act_terms(out, r);
+}
+
 void mt_plan_print(FILE *out, const mt_plan_report *r) {
     print_run(out, r);
     print_params(out, r);
     print_table(out, r);
     print_suggestions(out, r);
+    if (r->measured) print_measured(out, r);
     if (r->opts->plan_case && r->case_plan) print_source(out, r);
 }
 
@@ -274,7 +353,7 @@ static void json_settings(cJSON *root, const mt_run_opts *o) {
     cJSON_AddStringToObject(s, "experts", index_set_text(&o->experts, buf, sizeof buf));
     cJSON_AddStringToObject(s, "quant", mt_quant_name(o->quant));
     cJSON_AddBoolToObject(s, "double_quant", o->double_quant);
-    cJSON_AddNumberToObject(s, "blocksize", o->quant_blocksize);
+    cJSON_AddNumberToObject(s, "blocksize", mt_q4_blocksize_or_default(o->quant, o->quant_blocksize));
     cJSON_AddNumberToObject(s, "seq", (double)o->seq);
     cJSON_AddNumberToObject(s, "batch", (double)o->batch);
     cJSON_AddStringToObject(s, "checkpointing", o->checkpointing == MT_CKPT_FULL ? "full" : "none");
@@ -357,6 +436,34 @@ static void json_source(cJSON *root, const mt_plan_report *r) {
     }
 }
 
+// "measured": peaks, the figures they are compared with (act: the model's set), the
+// differences, and the act terms.
+static void json_measured(cJSON *root, const mt_plan_report *r) {
+    const mt_plan_measurement *m = r->measured;
+    cJSON *j = cJSON_AddObjectToObject(root, "measured");
+    cJSON *peak = cJSON_AddObjectToObject(j, "bytes"), *pl = cJSON_AddObjectToObject(j, "planned_bytes");
+    cJSON *diff = cJSON_AddObjectToObject(j, "diff_percent");
+    for (int c = 0; c < MT_MEM_COUNT; c++) {
+        const char *name = mt_mem_cat_name((mt_mem_cat)c);
+        uint64_t p = planned_for(r->plan, (mt_mem_cat)c);
+        cJSON_AddNumberToObject(peak, name, (double)m->peak[c]);
+        cJSON_AddNumberToObject(pl, name, (double)p);
+        cJSON_AddNumberToObject(diff, name, diff_percent(p, m->peak[c]));
+    }
+    cJSON_AddNumberToObject(j, "total_peak_bytes", (double)m->total_peak);
+    cJSON_AddNumberToObject(j, "act_budgets_bytes", (double)r->plan->bytes[MT_MEM_ACT]);
+    cJSON *terms = cJSON_AddArrayToObject(j, "act_terms");
+    mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
+    for (int i = 0, n = mt_plan_act_terms(r->cfg, r->opts, t); i < n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "what", t[i].what);
+        cJSON_AddNumberToObject(x, "bytes", (double)t[i].bytes);
+        cJSON_AddItemToArray(terms, x);
+    }
+    cJSON_AddNumberToObject(j, "rows_per_expert", (double)m->rows_per_expert);
+    cJSON_AddNumberToObject(j, "seconds", m->seconds);
+}
+
 char *mt_plan_json(const mt_plan_report *r) {
     cJSON *root = cJSON_CreateObject();
     char c[2] = {r->opts->plan_case, 0};
@@ -368,6 +475,7 @@ char *mt_plan_json(const mt_plan_report *r) {
     json_memory(root, r->plan);
     json_suggestions(root, r);
     if (r->opts->plan_case && r->case_plan) json_source(root, r);
+    if (r->measured) json_measured(root, r);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) mt_fatal(MT_EXIT_OOM, "out of host memory printing JSON");
