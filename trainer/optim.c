@@ -1,6 +1,7 @@
-// trainer/optim.c — AdamW (formulas in optim.h): state allocation, the global grad norm, the
-// update (one static CPU function per weight dtype, so a CUDA twin can sit beside each), and
-// the state file.
+// trainer/optim.c — AdamW (formulas and options in optim.h): state allocation (fp32 or 8-bit,
+// on the weights' backend or offloaded to the host), the global grad norm, the update (one
+// static CPU function per weight dtype, so a CUDA twin can sit beside each, applied block by
+// block) and the state file.
 #include "trainer/optim.h"
 
 #include <cjson/cJSON.h>
@@ -16,7 +17,7 @@
 
 mt_adamw_opts mt_adamw_opts_default(void) {
     return (mt_adamw_opts){.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                           .weight_decay = 0.0};
+                           .weight_decay = 0.0, .adam_8bit = 0, .master_weights = 1, .offload = 0};
 }
 
 int mt_param_decays(const mt_tensor *w) { return w && w->ndim >= 2; }
@@ -47,15 +48,23 @@ static const char *pname(const mt_param *p, int i, char *buf, size_t n) {
 
 void mt_adamw_free(mt_adamw *o) {
     if (!o) return;
-    for (int i = 0; i < o->n; i++) {
-        if (o->m) mt_tensor_free(o->m[i]);
-        if (o->v) mt_tensor_free(o->v[i]);
-        if (o->master) mt_tensor_free(o->master[i]);
+    mt_tensor **all[5] = {o->m, o->v, o->m_absmax, o->v_absmax, o->master};
+    for (int k = 0; k < 5; k++) {
+        mt_tensor **arr = all[k];
+        for (int i = 0; arr && i < o->n; i++) mt_tensor_free(arr[i]);
+        free(arr);
     }
-    free(o->m);
-    free(o->v);
-    free(o->master);
+    if (o->host) mt_backend_free(o->host);  // after its tensors
     memset(o, 0, sizeof *o);
+}
+
+int mt_adamw_is_8bit(const mt_adamw *o, int i) {
+    return o && i >= 0 && i < o->n && o->m && o->m[i] && o->m[i]->dtype == MT_U8;
+}
+
+uint64_t mt_adamw_host_bytes(const mt_adamw *o) {
+    if (!o || !o->host) return 0;
+    return o->host->ledger.cur[MT_MEM_OPTIM] + o->host->ledger.cur[MT_MEM_MASTER];
 }
 
 static int check_opts(const mt_adamw_opts *p) {
@@ -114,10 +123,38 @@ static void master_from_weight(mt_tensor *master, const mt_tensor *w) {
     free(hm);
 }
 
+static int64_t adam8_blocks(int64_t n) { return (n + MT_ADAM8_BLOCK - 1) / MT_ADAM8_BLOCK; }
+
+// m, v (and their absmax for 8-bit state) and the master of param i, zeroed / initialised.
+static int alloc_state(mt_adamw *o, int i, const mt_tensor *w) {
+    mt_backend *sb = o->state_be;
+    int64_t numel = mt_tensor_numel(w);
+    int q8 = o->opts.adam_8bit && numel >= MT_ADAM8_MIN_SIZE;
+    mt_dtype sd = q8 ? MT_U8 : MT_F32;
+    int64_t nb[1] = {adam8_blocks(numel)};
+    if (!(o->m[i] = mt_tensor_new(sb, MT_MEM_OPTIM, sd, w->ndim, w->shape))) return -1;
+    if (!(o->v[i] = mt_tensor_new(sb, MT_MEM_OPTIM, sd, w->ndim, w->shape))) return -1;
+    if (q8 && !(o->m_absmax[i] = mt_tensor_new(sb, MT_MEM_OPTIM, MT_F32, 1, nb))) return -1;
+    if (q8 && !(o->v_absmax[i] = mt_tensor_new(sb, MT_MEM_OPTIM, MT_F32, 1, nb))) return -1;
+    if (w->dtype != MT_F32 && o->opts.master_weights &&
+        !(o->master[i] = mt_tensor_new(sb, MT_MEM_MASTER, MT_F32, w->ndim, w->shape)))
+        return -1;
+    // Zero state: fp32 zeros; 8-bit codes 0 with absmax 0 decode to zeros as well (bitsandbytes
+    // starts from zeroed state buffers and absmax too).
+    mt_tensor *z[4] = {o->m[i], o->v[i], o->m_absmax[i], o->v_absmax[i]};
+    for (int k = 0; k < 4; k++)
+        if (z[k]) sb->ops->fill_zero(sb, z[k]->data, z[k]->nbytes);
+    if (o->master[i]) master_from_weight(o->master[i], w);
+    return 0;
+}
+
 int mt_adamw_init(mt_adamw *o, mt_backend *be, const mt_param *params, int n,
                   const mt_adamw_opts *opts) {
     memset(o, 0, sizeof *o);
     o->opts = opts ? *opts : mt_adamw_opts_default();
+    o->opts.adam_8bit = !!o->opts.adam_8bit;
+    o->opts.master_weights = !!o->opts.master_weights;
+    o->opts.offload = !!o->opts.offload;
     if (check_opts(&o->opts) != 0) return -1;
     if (n < 0 || (n > 0 && !params)) {
         mt_error_set("adamw: %d params", n);
@@ -126,26 +163,23 @@ int mt_adamw_init(mt_adamw *o, mt_backend *be, const mt_param *params, int n,
     for (int i = 0; i < n; i++)
         if (check_param(&params[i], i) != 0) return -1;
     o->be = be;
+    if (o->opts.offload)  // the host side of a null (measuring) run only counts, too
+        o->host = be->ops->kind == MT_BACKEND_NULL ? mt_backend_null_new() : mt_backend_cpu_new();
+    o->state_be = o->host ? o->host : be;
     o->n = n;
     size_t cnt = n ? (size_t)n : 1;
     o->m = mt_xcalloc(cnt, sizeof *o->m);
     o->v = mt_xcalloc(cnt, sizeof *o->v);
+    o->m_absmax = mt_xcalloc(cnt, sizeof *o->m_absmax);
+    o->v_absmax = mt_xcalloc(cnt, sizeof *o->v_absmax);
     o->master = mt_xcalloc(cnt, sizeof *o->master);
     for (int i = 0; i < n; i++) {
-        const mt_tensor *w = params[i].w;
-        o->m[i] = mt_tensor_new(be, MT_MEM_OPTIM, MT_F32, w->ndim, w->shape);
-        o->v[i] = o->m[i] ? mt_tensor_new(be, MT_MEM_OPTIM, MT_F32, w->ndim, w->shape) : NULL;
-        if (o->v[i] && w->dtype != MT_F32)
-            o->master[i] = mt_tensor_new(be, MT_MEM_MASTER, MT_F32, w->ndim, w->shape);
-        if (!o->m[i] || !o->v[i] || (w->dtype != MT_F32 && !o->master[i])) {
+        if (alloc_state(o, i, params[i].w) != 0) {
             char nb[32];
             mt_error_prefix("adamw: state of param '%s'", pname(&params[i], i, nb, sizeof nb));
             mt_adamw_free(o);
             return -1;
         }
-        be->ops->fill_zero(be, o->m[i]->data, o->m[i]->nbytes);
-        be->ops->fill_zero(be, o->v[i]->data, o->v[i]->nbytes);
-        if (o->master[i]) master_from_weight(o->master[i], w);
     }
     return 0;
 }
@@ -160,7 +194,8 @@ static int check_match(const mt_adamw *o, const mt_param *params, int n, const c
         const mt_param *p = &params[i];
         char nb[32];
         if (!p->w || !p->g || !same_shape(p->w, o->m[i]) || !same_shape(p->g, o->m[i]) ||
-            p->g->dtype != p->w->dtype || (p->w->dtype != MT_F32) != (o->master[i] != NULL)) {
+            p->g->dtype != p->w->dtype ||
+            (p->w->dtype != MT_F32 && o->opts.master_weights) != (o->master[i] != NULL)) {
             mt_error_set("adamw %s: param '%s' does not match the one the optimizer was built for",
                          what, pname(p, i, nb, sizeof nb));
             return -1;
@@ -193,10 +228,10 @@ static double sumsq_bf16(const uint16_t *x, int64_t n) {
     return s;
 }
 
-// g [n] f32 or bf16, host memory → Σ g².
-static double sumsq_cpu(const mt_tensor *g) {
-    int64_t n = mt_tensor_numel(g);
-    double total = 0.0;
+// x [n] f32 or bf16, host memory: adds Σ x² to *total in groups of NORM_GROUP blocks, in order.
+// Feeding a tensor in pieces whose lengths are multiples of NORM_BLOCK · NORM_GROUP gives the
+// same bits as feeding it whole (the offloaded norm reads grads in such chunks).
+static void sumsq_acc(const void *x, mt_dtype dt, int64_t n, double *total) {
     for (int64_t base = 0; base < n; base += (int64_t)NORM_BLOCK * NORM_GROUP) {
         double part[NORM_GROUP];
         int64_t left = n - base;
@@ -205,12 +240,11 @@ static double sumsq_cpu(const mt_tensor *g) {
         for (int b = 0; b < nb; b++) {
             int64_t off = base + (int64_t)b * NORM_BLOCK;
             int64_t len = MT_MIN((int64_t)NORM_BLOCK, n - off);
-            part[b] = g->dtype == MT_F32 ? sumsq_f32((const float *)g->data + off, len)
-                                         : sumsq_bf16((const uint16_t *)g->data + off, len);
+            part[b] = dt == MT_F32 ? sumsq_f32((const float *)x + off, len)
+                                   : sumsq_bf16((const uint16_t *)x + off, len);
         }
-        for (int b = 0; b < nb; b++) total += part[b];
+        for (int b = 0; b < nb; b++) *total += part[b];
     }
-    return total;
 }
 
 double mt_grad_norm(const mt_param *params, int n) {
@@ -223,7 +257,34 @@ double mt_grad_norm(const mt_param *params, int n) {
                          params[i].name ? params[i].name : "?", g->be->ops->name);
             return NAN;
         }
-        total += sumsq_cpu(g);
+        double t = 0.0;
+        sumsq_acc(g->data, g->dtype, mt_tensor_numel(g), &t);
+        total += t;
+    }
+    return sqrt(total);
+}
+
+_Static_assert(MT_ADAM_OFFLOAD_CHUNK % (NORM_BLOCK * NORM_GROUP) == 0 &&
+                   MT_ADAM_OFFLOAD_CHUNK % MT_ADAM8_BLOCK == 0,
+               "offload chunks hold whole norm groups and whole 8-bit blocks");
+
+// The same norm, the grads read through their backend's download in chunks (offload): any
+// backend, and on the cpu one the same bits as mt_grad_norm.
+static double grad_norm_streamed(const mt_param *params, int n, void *buf) {
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        const mt_tensor *g = params[i].g;
+        if (!g || !g->data || g->be->ops->kind == MT_BACKEND_NULL) continue;
+        int64_t numel = mt_tensor_numel(g);
+        size_t esz = mt_dtype_bytes(g->dtype, 1);
+        double t = 0.0;
+        for (int64_t off = 0; off < numel; off += MT_ADAM_OFFLOAD_CHUNK) {
+            int64_t len = MT_MIN((int64_t)MT_ADAM_OFFLOAD_CHUNK, numel - off);
+            g->be->ops->download(g->be, buf, (const char *)g->data + (size_t)off * esz,
+                                 (size_t)len * esz);
+            sumsq_acc(buf, g->dtype, len, &t);
+        }
+        total += t;
     }
     return sqrt(total);
 }
@@ -241,36 +302,98 @@ typedef struct adamw_k {
     float eps;
 } adamw_k;
 
+// One element: g already scaled, w the fp32 weight before decay; updates *m, *v, returns new w.
+static inline float adamw_elem(float gi, float w, float *m, float *v, const adamw_k *k) {
+    float wi = w * k->decay_mul;
+    float mi = k->beta1 * *m + k->one_minus_beta1 * gi;
+    float vi = k->beta2 * *v + k->one_minus_beta2 * gi * gi;
+    float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+    *m = mi;
+    *v = vi;
+    return wi - k->step_size * (mi / denom);
+}
+
 // w, g, m, v [n] f32, host memory.
 static void adamw_update_f32_cpu(float *w, const float *g, float *m, float *v, int64_t n,
-                                 adamw_k k) {
-#pragma omp parallel for schedule(static) if (n >= 32768)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * k.scale;
-        float wi = w[i] * k.decay_mul;
-        float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
-        float vi = k.beta2 * v[i] + k.one_minus_beta2 * gi * gi;
-        float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = wi - k.step_size * (mi / denom);
-    }
+                                 const adamw_k *kp) {
+    const adamw_k kk = *kp, *k = &kk;  // a local copy: stores to w cannot alias it
+    for (int64_t i = 0; i < n; i++) w[i] = adamw_elem(g[i] * k->scale, w[i], &m[i], &v[i], k);
 }
 
 // w, g [n] bf16; master, m, v [n] f32, host memory. The master is updated, w = bf16(master).
 static void adamw_update_bf16_cpu(uint16_t *w, float *master, const uint16_t *g, float *m,
-                                  float *v, int64_t n, adamw_k k) {
-#pragma omp parallel for schedule(static) if (n >= 32768)
+                                  float *v, int64_t n, const adamw_k *kp) {
+    const adamw_k kk = *kp, *k = &kk;
     for (int64_t i = 0; i < n; i++) {
-        float gi = mt_bf16_to_f32(g[i]) * k.scale;
-        float wi = master[i] * k.decay_mul;
-        float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
-        float vi = k.beta2 * v[i] + k.one_minus_beta2 * gi * gi;
-        float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
-        m[i] = mi;
-        v[i] = vi;
-        master[i] = wi - k.step_size * (mi / denom);
+        master[i] = adamw_elem(mt_bf16_to_f32(g[i]) * k->scale, master[i], &m[i], &v[i], k);
         w[i] = mt_f32_to_bf16(master[i]);
+    }
+}
+
+// w, g [n] bf16, m, v [n] f32, host memory, no master: w = bf16(update of f32(w)), to nearest.
+static void adamw_update_bf16_direct_cpu(uint16_t *w, const uint16_t *g, float *m, float *v,
+                                         int64_t n, const adamw_k *kp) {
+    const adamw_k kk = *kp, *k = &kk;
+    for (int64_t i = 0; i < n; i++)
+        w[i] = mt_f32_to_bf16(adamw_elem(mt_bf16_to_f32(g[i]) * k->scale, mt_bf16_to_f32(w[i]),
+                                         &m[i], &v[i], k));
+}
+
+// Elements [off, off + len) of param i, off a multiple of MT_ADAM8_BLOCK: w and g (host memory,
+// the weight's dtype) point at element off; the state is the optimizer's own (host memory).
+// Blocks of MT_ADAM8_BLOCK in parallel, each independent: the bits do not depend on threads.
+static void update_span(const mt_adamw *o, int i, mt_dtype dt, void *w, const void *g,
+                        int64_t off, int64_t len, const adamw_k *k) {
+    const int q8 = mt_adamw_is_8bit(o, i);
+    const int64_t B = MT_ADAM8_BLOCK, nb = adam8_blocks(len);
+    const size_t esz = mt_dtype_bytes(dt, 1);
+    float *master = o->master[i] ? (float *)o->master[i]->data + off : NULL;
+#pragma omp parallel for schedule(static) if (len >= 32768)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * B, l = MT_MIN(B, len - s), e = off + s;  // e: index in the param
+        float mb[MT_ADAM8_BLOCK], vb[MT_ADAM8_BLOCK], *m = mb, *v = vb;
+        uint8_t *mq = NULL, *vq = NULL;
+        float *ma = NULL, *va = NULL;
+        if (q8) {
+            mq = (uint8_t *)o->m[i]->data + e, vq = (uint8_t *)o->v[i]->data + e;
+            ma = (float *)o->m_absmax[i]->data + e / B, va = (float *)o->v_absmax[i]->data + e / B;
+            mt_adam8_dequantize(1, mq, ma, l, mb);
+            mt_adam8_dequantize(0, vq, va, l, vb);
+        } else {
+            m = (float *)o->m[i]->data + e, v = (float *)o->v[i]->data + e;
+        }
+        void *wb = (char *)w + (size_t)s * esz;
+        const void *gb = (const char *)g + (size_t)s * esz;
+        if (dt == MT_F32) adamw_update_f32_cpu(wb, gb, m, v, l, k);
+        else if (master) adamw_update_bf16_cpu(wb, master + s, gb, m, v, l, k);
+        else adamw_update_bf16_direct_cpu(wb, gb, m, v, l, k);
+        if (q8) {
+            mt_adam8_quantize(1, mb, l, mq, ma);
+            mt_adam8_quantize(0, vb, l, vq, va);
+        }
+    }
+}
+
+// Offload: each param in chunks, grads down, weights down (unless a master holds them), the
+// update on the host, weights up.
+static void step_offloaded(const mt_adamw *o, const mt_param *params, int n, adamw_k k,
+                           float decay_mul, char *gbuf, char *wbuf) {
+    for (int i = 0; i < n; i++) {
+        const mt_param *q = &params[i];
+        if (!q->w->data || !o->m[i]->data) continue;  // null backend
+        mt_backend *wbe = q->w->be, *gbe = q->g->be;
+        mt_dtype dt = q->w->dtype;
+        size_t esz = mt_dtype_bytes(dt, 1);
+        int64_t numel = mt_tensor_numel(q->w);
+        k.decay_mul = q->decay ? decay_mul : 1.0f;
+        for (int64_t off = 0; off < numel; off += MT_ADAM_OFFLOAD_CHUNK) {
+            int64_t len = MT_MIN((int64_t)MT_ADAM_OFFLOAD_CHUNK, numel - off);
+            size_t at = (size_t)off * esz, bytes = (size_t)len * esz;
+            gbe->ops->download(gbe, gbuf, (const char *)q->g->data + at, bytes);
+            if (!o->master[i]) wbe->ops->download(wbe, wbuf, (const char *)q->w->data + at, bytes);
+            update_span(o, i, dt, wbuf, gbuf, off, len, &k);
+            wbe->ops->upload(wbe, (char *)q->w->data + at, wbuf, bytes);
+        }
     }
 }
 
@@ -282,20 +405,30 @@ int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double 
         mt_error_set("adamw step: learning rate %g is negative or not finite", lr);
         return -1;
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !o->opts.offload; i++) {
         mt_backend_kind kw = params[i].w->be->ops->kind, ko = o->m[i]->be->ops->kind;
         if (kw == MT_BACKEND_NULL || ko == MT_BACKEND_NULL) continue;
         if (kw != MT_BACKEND_CPU || ko != MT_BACKEND_CPU ||
             params[i].g->be->ops->kind != MT_BACKEND_CPU) {
             char nb[32];
-            mt_error_set("adamw step: param '%s': only the cpu backend has an AdamW update so far",
+            mt_error_set("adamw step: param '%s': only the cpu backend has an AdamW update so far "
+                         "(--offload-optimizer runs it on the host for any backend)",
                          pname(&params[i], i, nb, sizeof nb));
             return -1;
         }
     }
-    double norm = mt_grad_norm(params, n);
+    // Offload: two chunk buffers in host memory, counted as the host's work while they live.
+    int staged = o->opts.offload && o->host->ops->kind == MT_BACKEND_CPU;
+    size_t chunk_bytes = (size_t)MT_ADAM_OFFLOAD_CHUNK * sizeof(float);
+    char *gbuf = staged ? mt_work_alloc(o->host, chunk_bytes) : NULL;
+    char *wbuf = staged ? mt_work_alloc(o->host, chunk_bytes) : NULL;
+    double norm = staged ? grad_norm_streamed(params, n, gbuf) : mt_grad_norm(params, n);
     if (grad_norm_out) *grad_norm_out = norm;
-    if (!isfinite(norm)) return 1;
+    int rc = 0;
+    if (!isfinite(norm)) {
+        rc = 1;
+        goto done;
+    }
 
     const mt_adamw_opts *p = &o->opts;
     int64_t t = o->step + 1;
@@ -312,29 +445,34 @@ int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double 
         .eps = (float)p->eps,
     };
     float decay_mul = (float)(1.0 - lr * p->weight_decay);
-    for (int i = 0; i < n; i++) {
-        const mt_param *q = &params[i];
-        if (!q->w->data || !o->m[i]->data) continue;  // null backend
-        k.decay_mul = q->decay ? decay_mul : 1.0f;
-        int64_t cnt = mt_tensor_numel(q->w);
-        if (q->w->dtype == MT_F32)
-            adamw_update_f32_cpu(q->w->data, q->g->data, o->m[i]->data, o->v[i]->data, cnt, k);
-        else
-            adamw_update_bf16_cpu(q->w->data, o->master[i]->data, q->g->data, o->m[i]->data,
-                                  o->v[i]->data, cnt, k);
+    if (staged) {
+        step_offloaded(o, params, n, k, decay_mul, gbuf, wbuf);
+    } else {
+        for (int i = 0; i < n; i++) {
+            const mt_param *q = &params[i];
+            if (!q->w->data || !o->m[i]->data) continue;  // null backend
+            k.decay_mul = q->decay ? decay_mul : 1.0f;
+            update_span(o, i, q->w->dtype, q->w->data, q->g->data, 0, mt_tensor_numel(q->w), &k);
+        }
     }
     o->step = t;
-    return 0;
+done:
+    if (staged) mt_work_free(o->host, wbuf, chunk_bytes), mt_work_free(o->host, gbuf, chunk_bytes);
+    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------
 // State file
 // ---------------------------------------------------------------------------------------------
 
-static const char *const state_suffix[3] = {".exp_avg", ".exp_avg_sq", ".master"};
+#define N_STATE 5
+static const char *const state_suffix[N_STATE] = {".exp_avg", ".exp_avg_sq", ".exp_avg.absmax",
+                                                  ".exp_avg_sq.absmax", ".master"};
 
+// Param i's state tensor `which` (in state_suffix's order), or NULL when it has none.
 static mt_tensor *state_tensor(const mt_adamw *o, int i, int which) {
-    return which == 0 ? o->m[i] : which == 1 ? o->v[i] : o->master[i];
+    mt_tensor *const t[N_STATE] = {o->m[i], o->v[i], o->m_absmax[i], o->v_absmax[i], o->master[i]};
+    return t[which];
 }
 
 static char *state_name(const mt_param *p, int i, int which) {
@@ -358,16 +496,16 @@ static int save_fill(void *ctx, size_t index, void *dst, size_t nbytes) {
 
 int mt_adamw_save(const mt_adamw *o, const mt_param *params, int n, const char *path) {
     if (check_match(o, params, n, "save") != 0) return -1;
-    size_t cap = (size_t)(n ? n : 1) * 3;
+    size_t cap = (size_t)(n ? n : 1) * N_STATE;
     mt_st_entry *e = mt_xcalloc(cap, sizeof *e);
     mt_tensor **src = mt_xcalloc(cap, sizeof *src);
     size_t k = 0;
     for (int i = 0; i < n; i++)
-        for (int which = 0; which < 3; which++) {
+        for (int which = 0; which < N_STATE; which++) {
             mt_tensor *t = state_tensor(o, i, which);
             if (!t) continue;
             e[k].name = state_name(&params[i], i, which);
-            e[k].dtype = "F32";
+            e[k].dtype = mt_st_dtype_of(t->dtype);  // F32, or U8 for 8-bit codes
             e[k].ndim = t->ndim;
             for (int d = 0; d < t->ndim; d++) e[k].shape[d] = t->shape[d];
             e[k].data = NULL;
@@ -417,25 +555,31 @@ int mt_adamw_load(mt_adamw *o, const mt_param *params, int n, const char *path) 
         return -1;
     }
     // Check everything first.
-    size_t cap = (size_t)(n ? n : 1) * 3, k = 0;
+    size_t cap = (size_t)(n ? n : 1) * N_STATE, k = 0;
     const mt_st_tensor **found = mt_xcalloc(cap, sizeof *found);
     mt_tensor **dst = mt_xcalloc(cap, sizeof *dst);
     char **names = mt_xcalloc(cap, sizeof *names);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
-        for (int which = 0; which < 3 && rc == 0; which++) {
+        for (int which = 0; which < N_STATE && rc == 0; which++) {
             mt_tensor *t = state_tensor(o, i, which);
             if (!t) continue;
             char *name = state_name(&params[i], i, which);
             names[k] = name;
             const mt_st_tensor *s = mt_st_file_find(&f, name);
+            const char *dt = mt_st_dtype_of(t->dtype);
+            const char *hint = mt_adamw_is_8bit(o, i) ? " (this run keeps 8-bit Adam state: was "
+                                                        "the file saved without --adam-8bit?)"
+                                                      : " (was the file saved with --adam-8bit?)";
             char want[96], got[96];
             shape_str(want, sizeof want, t->ndim, t->shape);
             if (!s) {
-                mt_error_set("%s: tensor '%s' is missing (expected F32 %s)", path, name, want);
+                mt_error_set("%s: tensor '%s' is missing (expected %s %s)%s", path, name, dt, want,
+                             which == 2 || which == 3 ? hint : "");
                 rc = -1;
-            } else if (strcmp(s->dtype, "F32") != 0) {
-                mt_error_set("%s: tensor '%s': dtype %s, expected F32", path, name, s->dtype);
+            } else if (strcmp(s->dtype, dt) != 0) {
+                mt_error_set("%s: tensor '%s': dtype %s, expected %s%s", path, name, s->dtype, dt,
+                             which < 2 ? hint : "");
                 rc = -1;
             } else if (s->ndim != t->ndim || memcmp(s->shape, t->shape, sizeof(int64_t) *
                                                                             (size_t)t->ndim) != 0) {
@@ -455,8 +599,13 @@ int mt_adamw_load(mt_adamw *o, const mt_param *params, int n, const char *path) 
             int known = 0;
             for (size_t q = 0; q < k && !known; q++) known = strcmp(f.tensors[j].name, names[q]) == 0;
             if (!known) {
-                mt_error_set("%s: tensor '%s' belongs to no trainable parameter of this run", path,
-                             f.tensors[j].name);
+                const char *nm = f.tensors[j].name;
+                size_t ln = strlen(nm);
+                int master = ln >= 7 && strcmp(nm + ln - 7, ".master") == 0;
+                mt_error_set("%s: tensor '%s' belongs to no trainable parameter of this run%s", path,
+                             nm, master && !o->opts.master_weights
+                                     ? " (this run keeps no master weights: --no-master-weights)"
+                                     : "");
                 break;
             }
         }

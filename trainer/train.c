@@ -170,7 +170,10 @@ static int setup(trainer *t) {
     mt_adamw_opts aopts = mt_adamw_opts_default();
     aopts.lr = o->lr;
     aopts.weight_decay = o->weight_decay;
+    aopts.adam_8bit = o->adam_8bit, aopts.master_weights = o->master_weights;
+    aopts.offload = o->offload_optimizer;
     if (mt_adamw_init(&t->opt, be, t->params, t->n_params, &aopts) != 0) return -1;
+    if (aopts.offload) mt_info("optimizer state in host memory: %.3f GB", mt_adamw_host_bytes(&t->opt) / 1e9);
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
     if (o->resume[0]) {
