@@ -75,8 +75,7 @@ Test(measure, refuses_what_the_step_cannot_do) {
     mt_model_config cfg;
     mt_plan_mixtral_8x7b(&cfg);
     static const struct { const char *flags, *needle; } bad[] = {
-        {"--gpus 2 --ep 2", "--gpus"}, {"--adam-8bit", "--adam-8bit"}, {"--offload-optimizer", "--offload"},
-        {"--no-master-weights", "--no-master-weights"},
+        {"--gpus 2 --ep 2", "--gpus"}, {"--zero 1", "--zero"},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
         mt_run_opts o;
@@ -145,4 +144,16 @@ Test(measure, cli_model_config_and_refusal) {
     // a plan that does not fit still measures, and says so with exit 0
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --measure"), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "NO (136%)") && strstr(out, "measured GB"), "%s", out);
+}
+
+Test(measure, optimizer_options_measured_against_the_plan) {
+    static char out[1 << 16];
+    // 8-bit Adam keeps an fp32 absmax per 256 elements beside the 2 B/param BUDGETS.md counts:
+    // +1.56%, inside the 2% the plan promises; offload leaves nothing of the optimizer on the GPU.
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --measure --adam-8bit --no-master-weights"), MT_EXIT_OK,
+                 "%s", out);
+    cr_expect(strstr(out, "optim           4.228        4.294     1.56%"), "%s", out);
+    cr_expect(strstr(out, "master          0.000        0.000     0.00%"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --measure --offload-optimizer"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "optim           0.000        0.000     0.00%"), "%s", out);
 }

@@ -18,12 +18,10 @@ static double now_s(void) {
 
 // What the step cannot do yet is refused by name rather than measured as something else.
 static int measurable(const mt_run_opts *o) {
-    const char *flag = o->gpus > 1 ? "--gpus" : o->ep > 1 ? "--ep" : o->zero ? "--zero"
-                     : o->offload_optimizer ? "--offload-optimizer" : o->adam_8bit ? "--adam-8bit"
-                     : !o->master_weights ? "--no-master-weights" : NULL;
+    const char *flag = o->gpus > 1 ? "--gpus" : o->ep > 1 ? "--ep" : o->zero ? "--zero" : NULL;
     if (!flag) return 0;
-    mt_error_set("--measure runs the one-GPU step that exists (fp32 Adam with fp32 master weights); %s is "
-                 "planned, not measurable yet: measure without it", flag);
+    mt_error_set("--measure runs the one-GPU step that exists; %s is planned, not measurable yet: measure "
+                 "without it", flag);
     return -1;
 }
 
@@ -33,7 +31,9 @@ static int one_step(mt_model *m, const mt_run_opts *o) {
     mt_param *params;
     int n = mt_model_params(m, &params);
     mt_adamw opt;
-    if (mt_adamw_init(&opt, m->be, params, n, NULL) != 0) return mt_params_free(params, n), -1;
+    mt_adamw_opts aopts = mt_adamw_opts_default();
+    aopts.adam_8bit = o->adam_8bit, aopts.master_weights = o->master_weights, aopts.offload = o->offload_optimizer;
+    if (mt_adamw_init(&opt, m->be, params, n, &aopts) != 0) return mt_params_free(params, n), -1;
     size_t T = (size_t)(o->batch * o->seq);
     int32_t *tokens = mt_xcalloc(T, sizeof(int32_t)), *labels = mt_xcalloc(T, sizeof(int32_t));
     mt_batch b = {(int)o->batch, (int)o->seq, tokens, labels, NULL};
