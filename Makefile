@@ -53,6 +53,20 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 
           -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcudart -lnccl -lstdc++
 endif
 
+# MPI (Open MPI): core/comm_mpi.c and the NCCL bootstrap. Without mpicc, comm is single-process
+# only (core/comm_mpi.c compiles to a stub that says so) and `make test-mpi` refuses.
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
+ifneq ($(MPI_LIBS),)
+CFLAGS += -DMT_MPI $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+ifeq ($(CUDA),1)
+NVCCFLAGS += -DMT_MPI $(MPI_CFLAGS)
+endif
+else
+$(warning moetrain: mpicc not found: building without MPI (single-process comm only))
+endif
+
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(CC_SRC:%.cc=$(BUILD)/%.cc.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
@@ -60,7 +74,7 @@ BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: all test asan bench fuzz clean deps
+.PHONY: all test asan bench fuzz clean deps test-mpi
 all: $(BIN)
 
 # Installs (as root) or names the Debian packages a fresh machine lacks; runs once per build dir.
@@ -98,6 +112,17 @@ test: $(BIN) $(TEST_BIN)
 asan:
 	$(MAKE) SAN=1 test
 
+# Multi-rank checks of core/comm: plain programs (Criterion forks, which MPI does not survive)
+# run under mpirun -np 2 and -np 4 --oversubscribe by tests/mpi/run.sh; core/ objects only.
+MPI_TEST_SRC := $(wildcard tests/mpi/*.c)
+MPI_TEST_OBJ := $(MPI_TEST_SRC:%.c=$(BUILD)/%.o)
+MPI_TEST_BIN := $(MPI_TEST_SRC:%.c=$(BUILD)/%)
+$(MPI_TEST_BIN): $(BUILD)/tests/mpi/%: $(BUILD)/tests/mpi/%.o $(filter $(BUILD)/core/%,$(LIB_OBJ))
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+test-mpi: $(MPI_TEST_BIN)
+	@test -n "$(MPI_LIBS)" || { echo "test-mpi: no MPI (mpicc not found)"; exit 1; }
+	bash tests/mpi/run.sh $(BUILD)
+
 $(BUILD)/moetrain_bench: $(BUILD)/scripts/bench.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -131,4 +156,4 @@ fuzz: $(DEPS_STAMP)
 clean:
 	rm -rf build build-cuda build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)
