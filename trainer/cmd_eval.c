@@ -285,11 +285,10 @@ done:
 }
 
 int cmd_eval(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            eval_usage(stdout);
-            return MT_EXIT_OK;
-        }
+    if (mt_args_want_help(argc, argv)) {
+        eval_usage(stdout);
+        return MT_EXIT_OK;
+    }
     mt_run_opts o;
     mt_run_opts_default(&o);
     if (mt_run_opts_parse(&o, argc, argv) != 0) {

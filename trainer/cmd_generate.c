@@ -101,11 +101,10 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
 }
 
 int cmd_generate(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            generate_usage(stdout);
-            return MT_EXIT_OK;
-        }
+    if (mt_args_want_help(argc, argv)) {
+        generate_usage(stdout);
+        return MT_EXIT_OK;
+    }
     mt_run_opts o;
     mt_run_opts_default(&o);
     if (mt_run_opts_parse(&o, argc, argv) != 0) {

@@ -54,11 +54,10 @@ static int load_model(const mt_run_opts *o, mt_model_config *cfg, char *name, si
 }
 
 int cmd_plan(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            plan_usage(stdout);
-            return MT_EXIT_OK;
-        }
+    if (mt_args_want_help(argc, argv)) {
+        plan_usage(stdout);
+        return MT_EXIT_OK;
+    }
     mt_run_opts o;
     if (parse_opts(argc, argv, &o) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());

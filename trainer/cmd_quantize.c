@@ -352,11 +352,10 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
 }
 
 int cmd_quantize(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            quantize_usage(stdout);
-            return MT_EXIT_OK;
-        }
+    if (mt_args_want_help(argc, argv)) {
+        quantize_usage(stdout);
+        return MT_EXIT_OK;
+    }
     qargs a;
     mt_run_opts o;
     if (parse_args(&a, &o, argc, argv) != 0) {

@@ -425,3 +425,9 @@ void mt_run_opts_print_help(FILE *out) {
         fprintf(out, "  --%-18s %s\n", d->key, d->help);
     }
 }
+
+int mt_args_want_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
+    return 0;
+}

@@ -106,6 +106,8 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv);
 // Sets one option by key ("r", "mode", ...) from text; used by flags and YAML alike.
 int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value);
 void mt_run_opts_print_help(FILE *out);
+// 1 when argv holds --help or -h: every sub-command then prints its usage and exits 0.
+int mt_args_want_help(int argc, char **argv);
 
 // "all", "3", "0-5", "0,2,4-6"; indices < MT_MAX_INDEX.
 int mt_index_set_parse(mt_index_set *s, const char *text);

@@ -291,12 +291,11 @@ static int run(trainer *t) {
 }
 
 int cmd_train(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n\n");
-            mt_run_opts_print_help(stdout);
-            return MT_EXIT_OK;
-        }
+    if (mt_args_want_help(argc, argv)) {
+        printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n\n");
+        mt_run_opts_print_help(stdout);
+        return MT_EXIT_OK;
+    }
     mt_run_opts o;
     mt_run_opts_default(&o);
     if (mt_run_opts_parse(&o, argc, argv) != 0) {
