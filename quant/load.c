@@ -356,10 +356,7 @@ void mt_quant_item_to_f32(const mt_quant_item *it, float *dst) {
 }
 
 static int st_dtype(const mt_st_tensor *t, mt_dtype *out) {
-    if (strcmp(t->dtype, "F32") == 0) *out = MT_F32;
-    else if (strcmp(t->dtype, "BF16") == 0) *out = MT_BF16;
-    else if (strcmp(t->dtype, "F16") == 0) *out = MT_F16;
-    else {
+    if (mt_st_float_dtype(t->dtype, out) != 0) {
         mt_error_set("'%s': wrong dtype %s (a checkpoint tensor must be F32, BF16 or F16, or a "
                      "bitsandbytes 4-bit weight with its quant_state)", t->name, t->dtype);
         return -1;

@@ -70,10 +70,7 @@ typedef struct {
 } merge_ctx;
 
 static int dtype_of(const mt_st_tensor *t, mt_dtype *dt) {
-    if (strcmp(t->dtype, "F32") == 0) *dt = MT_F32;
-    else if (strcmp(t->dtype, "BF16") == 0) *dt = MT_BF16;
-    else if (strcmp(t->dtype, "F16") == 0) *dt = MT_F16;
-    else {
+    if (mt_st_float_dtype(t->dtype, dt) != 0) {
         mt_error_set("tensor '%s' has dtype %s (expected F32, BF16 or F16)", t->name, t->dtype);
         return -1;
     }

@@ -311,10 +311,7 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 continue;
             }
             mt_dtype dt;
-            if (strcmp(t->dtype, "BF16") == 0) dt = MT_BF16;
-            else if (strcmp(t->dtype, "F16") == 0) dt = MT_F16;
-            else if (strcmp(t->dtype, "F32") == 0) dt = MT_F32;
-            else {
+            if (mt_st_float_dtype(t->dtype, &dt) != 0) {
                 mt_error_set("'%s': wrong dtype %s (a dense checkpoint holds F32, BF16 or F16)", t->name, t->dtype);
                 rc = -1;
                 break;
