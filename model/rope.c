@@ -18,16 +18,18 @@ static inline void rope_cos_sin(int32_t pos, int j, int hd, float theta, float *
     *s = sinf(angle);
 }
 
-// x [T, n_heads, hd] rotated in place, pos [T]:
+// x [T, n_heads, hd] rotated in place by +angle (direction 1) or −angle (−1), pos [T]:
 //   x'[j]        = x[j]·cos − x[j + hd/2]·sin
 //   x'[j + hd/2] = x[j + hd/2]·cos + x[j]·sin
-void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta) {
+// Negating sin is exact, so the −angle rotation is bit for bit the transpose written out.
+static void rope_rotate(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta, float direction) {
     int half = hd / 2;
 #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < half; j++) {
             float c, s;
             rope_cos_sin(pos[t], j, hd, theta, &c, &s);
+            s *= direction;
             for (int h = 0; h < n_heads; h++) {
                 float *xh = x + ((int64_t)t * n_heads + h) * hd;
                 float a = xh[j], b = xh[j + half];
@@ -38,21 +40,12 @@ void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, 
     }
 }
 
-// The transpose (= inverse) rotation, in place on dx [T, n_heads, hd]:
-//   dx[j] ← dx[j]·cos + dx[j + hd/2]·sin,   dx[j + hd/2] ← dx[j + hd/2]·cos − dx[j]·sin
+void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta) {
+    rope_rotate(x, pos, T, n_heads, hd, theta, 1.0f);
+}
+
+// The transpose (= inverse) rotation, in place on dx: the gradient of the rotated tensor
+// becomes the gradient of the unrotated one.
 void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int hd, float theta) {
-    int half = hd / 2;
-#pragma omp parallel for
-    for (int t = 0; t < T; t++) {
-        for (int j = 0; j < half; j++) {
-            float c, s;
-            rope_cos_sin(pos[t], j, hd, theta, &c, &s);
-            for (int h = 0; h < n_heads; h++) {
-                float *g = dx + ((int64_t)t * n_heads + h) * hd;
-                float a = g[j], b = g[j + half];
-                g[j] = a * c + b * s;
-                g[j + half] = b * c - a * s;
-            }
-        }
-    }
+    rope_rotate(dx, pos, T, n_heads, hd, theta, -1.0f);
 }
