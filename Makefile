@@ -112,14 +112,15 @@ test: $(BIN) $(TEST_BIN)
 asan:
 	$(MAKE) SAN=1 test
 
-# Multi-rank checks of core/comm: plain programs (Criterion forks, which MPI does not survive)
-# run under mpirun -np 2 and -np 4 --oversubscribe by tests/mpi/run.sh; core/ objects only.
+# Multi-rank checks of core/comm and of parallel training: plain programs (Criterion forks, which
+# MPI does not survive) and moetrain itself, run under mpirun -np 2 and -np 4 --oversubscribe by
+# tests/mpi/run.sh; the programs use core/ objects only.
 MPI_TEST_SRC := $(wildcard tests/mpi/*.c)
 MPI_TEST_OBJ := $(MPI_TEST_SRC:%.c=$(BUILD)/%.o)
 MPI_TEST_BIN := $(MPI_TEST_SRC:%.c=$(BUILD)/%)
 $(MPI_TEST_BIN): $(BUILD)/tests/mpi/%: $(BUILD)/tests/mpi/%.o $(filter $(BUILD)/core/%,$(LIB_OBJ))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-test-mpi: $(MPI_TEST_BIN)
+test-mpi: $(MPI_TEST_BIN) $(BUILD)/moetrain
 	@test -n "$(MPI_LIBS)" || { echo "test-mpi: no MPI (mpicc not found)"; exit 1; }
 	bash tests/mpi/run.sh $(BUILD)
 

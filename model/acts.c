@@ -20,11 +20,15 @@ static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
     kp->x = act(m, MT_BF16, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
     kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
     kp->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
+    if (m->par.ep_size > 1) {
+        kp->peer_counts = mt_xcalloc((size_t)(m->par.ep_size * c->experts), sizeof(int64_t));
+        kp->own_offsets = mt_xcalloc((size_t)c->experts + 1, sizeof(int64_t));
+    }
 }
 
 static void layer_kept_free(mt_layer_kept *kp) {
     mt_tensor_free(kp->x), mt_tensor_free(kp->ids), mt_tensor_free(kp->order), mt_tensor_free(kp->offsets);
-    free(kp->counts);
+    free(kp->counts), free(kp->peer_counts), free(kp->own_offsets);
     memset(kp, 0, sizeof *kp);
 }
 
@@ -48,7 +52,7 @@ static int any_expert_lora(const mt_model *m, int L0, int n, int which) {
 // Activations for layers L0 .. L0+n-1 (one layer, or all of them sharing one set).
 static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     const mt_model_config *c = &m->cfg;
-    int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden, f = c->intermediate;
+    int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden;
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->opts.lora_r;
     // fp32 where BUDGETS.md §3.2 keeps fp32: rstd, lse, router probs (and the router logits and
     // top-k weights beside them); bf16 for the rest.
@@ -58,21 +62,43 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     a->h = act(m, MT_BF16, T, H), a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
     a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
     a->weights = act(m, MT_F32, T, c->top_k);
-    a->xs = act(m, MT_BF16, Tk, H), a->g = act(m, MT_BF16, Tk, f), a->u = act(m, MT_BF16, Tk, f);
-    a->a = act(m, MT_BF16, Tk, f), a->ys = act(m, MT_BF16, Tk, H);
+    a->ys = act(m, MT_BF16, Tk, H);
     mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o, &a->xa_gate};
     size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o),
                      offsetof(mt_layer, gate)};
     for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_BF16, T, r) : NULL;
-    a->xa_w1 = any_expert_lora(m, L0, n, 1) ? act(m, MT_BF16, Tk, r) : NULL;
-    a->xa_w2 = any_expert_lora(m, L0, n, 2) ? act(m, MT_BF16, Tk, r) : NULL;
-    a->xa_w3 = any_expert_lora(m, L0, n, 3) ? act(m, MT_BF16, Tk, r) : NULL;
+    a->expert_lora[0] = any_expert_lora(m, L0, n, 1);
+    a->expert_lora[1] = any_expert_lora(m, L0, n, 2);
+    a->expert_lora[2] = any_expert_lora(m, L0, n, 3);
+    // One rank: T·k rows, whatever the routing. EP: sized by the first routing (balanced when
+    // counting), regrown when a later one sends this rank's experts more.
+    mt_model_expert_acts_ensure(m, a, m->par.ep_size > 1 ? 0 : Tk);
+}
+
+static void expert_acts_free(mt_layer_acts *a) {
+    mt_tensor *all[] = {a->xs, a->g, a->u, a->a, a->xa_w1, a->xa_w2, a->xa_w3};
+    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
+    a->xs = a->g = a->u = a->a = a->xa_w1 = a->xa_w2 = a->xa_w3 = NULL;
+    a->expert_rows = 0;
+}
+
+void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
+    if (a->xs && rows <= a->expert_rows) return;
+    expert_acts_free(a);
+    int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->opts.lora_r;
+    a->expert_rows = rows;
+    if (rows == 0) return;
+    a->xs = act(m, MT_BF16, rows, H), a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);
+    a->a = act(m, MT_BF16, rows, f);
+    a->xa_w1 = a->expert_lora[0] ? act(m, MT_BF16, rows, r) : NULL;
+    a->xa_w2 = a->expert_lora[1] ? act(m, MT_BF16, rows, r) : NULL;
+    a->xa_w3 = a->expert_lora[2] ? act(m, MT_BF16, rows, r) : NULL;
 }
 
 static void layer_acts_free(mt_layer_acts *a) {
+    expert_acts_free(a);
     mt_tensor *all[] = {a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
-                        a->logits, a->probs, a->weights, a->xs, a->g, a->u, a->a, a->ys, a->xa_q, a->xa_k,
-                        a->xa_v, a->xa_o, a->xa_gate, a->xa_w1, a->xa_w3, a->xa_w2};
+                        a->logits, a->probs, a->weights, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
     memset(a, 0, sizeof *a);
 }

@@ -31,20 +31,35 @@ static void layer_backward(mt_model *m, int L, float *dx) {
     // MoE: out = h + Σ weights · expert(ln2(h))
     float *dys = scratch(m, (size_t)Tk * H), *dweights = scratch(m, (size_t)Tk);
     if (run) moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
-    float *dxs = scratch(m, (size_t)Tk * H), *da = scratch(m, (size_t)Tk * f);
-    float *dg = scratch(m, (size_t)Tk * f), *du = scratch(m, (size_t)Tk * f);
+    // EP: the output gradients go to the experts' owners, the input gradients come back.
+    int ep = m->par.ep_size > 1;
+    int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
+    float *dys_own = dys;
+    if (ep) {
+        dys_own = scratch(m, (size_t)R * H);
+        mt_ep_dispatch(m, L, dys_own, dys, H);
+    }
+    float *dxs = scratch(m, (size_t)R * H), *da = scratch(m, (size_t)R * f);
+    float *dg = scratch(m, (size_t)R * f), *du = scratch(m, (size_t)R * f);
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
         if (n == 0) continue;
         float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
         float *act = at(F(a->a), o0 * f);
-        mt_linear_backward_cpu(&ly->w2[e], at(da, o0 * f), at(dys, o0 * H), act, XA(a->xa_w2, o0), n);
+        mt_linear_backward_cpu(&ly->w2[e], at(da, o0 * f), at(dys_own, o0 * H), act, XA(a->xa_w2, o0), n);
         if (run) swiglu_backward_cpu(dg + o0 * f, du + o0 * f, da + o0 * f, g, u, n * f);
         mt_linear_backward_cpu(&ly->w1[e], at(dxs, o0 * H), at(dg, o0 * f), xs, XA(a->xa_w1, o0), n);
         mt_linear_backward_cpu(&ly->w3[e], at(dxs, o0 * H), at(du, o0 * f), xs, XA(a->xa_w3, o0), n);
     }
-    unscratch(m, da, (size_t)Tk * f), unscratch(m, dg, (size_t)Tk * f), unscratch(m, du, (size_t)Tk * f);
+    unscratch(m, da, (size_t)R * f), unscratch(m, dg, (size_t)R * f), unscratch(m, du, (size_t)R * f);
+    if (ep) {
+        unscratch(m, dys_own, (size_t)R * H);
+        float *dxs_local = scratch(m, (size_t)Tk * H);
+        mt_ep_return(m, L, dxs_local, dxs, H);
+        unscratch(m, dxs, (size_t)R * H);
+        dxs = dxs_local;
+    }
     float *dln2 = scratch(m, (size_t)T * H);
     if (run) moe_gather_backward_cpu(dln2, dxs, I(kp->order), Tk, H, k);
     unscratch(m, dxs, (size_t)Tk * H), unscratch(m, dys, (size_t)Tk * H);

@@ -16,6 +16,11 @@ static void weights_of_choices(float *weights, const float *probs, const int32_t
 }
 
 void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows) {
+    if (m->par.ep_size > 1) {
+        const int64_t *off = m->kept[L].own_offsets;
+        *row0 = off[e], *rows = off[e + 1] - off[e];
+        return;
+    }
     if (!m->counting) {
         const int32_t *off = I(m->kept[L].offsets);
         *row0 = off[e], *rows = off[e + 1] - off[e];
@@ -99,22 +104,60 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     if (run) rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
     mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate, 0), T);
     route(m, L, replay);
-    if (run) moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
+    // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
+    int ep = m->par.ep_size > 1;
+    int64_t R = Tk;
+    if (ep) {
+        if (!replay) mt_ep_exchange_counts(m, L);
+        R = mt_ep_own_rows(m, L);
+        mt_model_expert_acts_ensure(m, a, R);
+        float *xl = mt_work_alloc(m->be, (size_t)Tk * H * sizeof(float));
+        if (run) moe_gather_cpu(xl, F(a->ln2), I(kp->order), Tk, H, k);
+        mt_ep_dispatch(m, L, F(a->xs), xl, H);
+        mt_work_free(m->be, xl, (size_t)Tk * H * sizeof(float));
+    } else if (run) {
+        moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
+    }
+    float *ys_own = ep ? mt_work_alloc(m->be, (size_t)R * H * sizeof(float)) : F(a->ys);
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
         if (n == 0) continue;  // an expert with no tokens does nothing
         float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
-        float *act = at(F(a->a), o0 * f), *ys = at(F(a->ys), o0 * H);
+        float *act = at(F(a->a), o0 * f), *ys = at(ys_own, o0 * H);
         mt_linear_forward_cpu(&ly->w1[e], g, xs, XA(a->xa_w1, o0), n);
         mt_linear_forward_cpu(&ly->w3[e], u, xs, XA(a->xa_w3, o0), n);
         if (run) swiglu_forward_cpu(act, g, u, n * f);
         mt_linear_forward_cpu(&ly->w2[e], ys, act, XA(a->xa_w2, o0), n);
     }
+    if (ep) {  // the outputs go back to the ranks their tokens came from
+        mt_ep_return(m, L, F(a->ys), ys_own, H);
+        mt_work_free(m->be, ys_own, (size_t)R * H * sizeof(float));
+    }
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
     memcpy(x_out, F(a->h), th);
     moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
 #undef XA
+}
+
+// Several ranks with a slice of the batch each: the loss's sums (CE, the aux statistics of every
+// layer, the z-loss) become the whole batch's, so every rank's loss is the global one and its
+// backward gives its own tokens' part of the global gradient. Fixed rank order: the same bits
+// on every rank.
+static void sum_over_ranks(mt_model *m, double *ce_sum, int64_t *count) {
+    int E = (int)m->cfg.experts;
+    size_t n = 4 + 2 * (size_t)E + 1;
+    double *v = mt_xcalloc(n, sizeof(double));
+    v[0] = *ce_sum, v[1] = (double)*count, v[2] = m->z_sum, v[3] = (double)m->z_rows;
+    memcpy(v + 4, m->aux.counts, (size_t)E * sizeof(double));
+    memcpy(v + 4 + E, m->aux.prob_sums, (size_t)E * sizeof(double));
+    v[4 + 2 * E] = (double)m->aux.rows;
+    mt_comm_host_all_reduce(m->par.data, v, n, MT_COMM_F64, MT_COMM_SUM, MT_COMM_EXACT);
+    *ce_sum = v[0], *count = (int64_t)v[1], m->z_sum = v[2], m->z_rows = (int64_t)v[3];
+    memcpy(m->aux.counts, v + 4, (size_t)E * sizeof(double));
+    memcpy(m->aux.prob_sums, v + 4 + E, (size_t)E * sizeof(double));
+    m->aux.rows = (int64_t)v[4 + 2 * E];
+    free(v);
 }
 
 static int check_batch(const mt_model *m, const mt_batch *b) {
@@ -163,6 +206,7 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
 
     int64_t count = 0;  // counting: no loss, and no token counted
     double ce_sum = run ? cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100) : 0.0;
+    if (m->par.data) sum_over_ranks(m, &ce_sum, &count);
     m->ce_count = count;
     out->tokens = count;
     out->ce = count ? ce_sum / (double)count : 0.0;

@@ -18,7 +18,10 @@ typedef struct mt_linear {
     struct mt_qweight *q;      // frozen 4-bit weight, or NULL
     mt_tensor *dw;             // gradient when the weight itself trains (unfreeze, router, full)
     mt_lora *lora;             // adapter, or NULL
+    int remote;                // expert held by another EP rank: MT_REMOTE_* (0: held here)
 } mt_linear;
+
+enum { MT_REMOTE_FROZEN = 1, MT_REMOTE_TRAINS = 2, MT_REMOTE_LORA = 3 };
 
 // y [n, out] = x [n, in] · Wᵀ (+ LoRA); lora_xa [n, r] is kept for backward (NULL without LoRA).
 void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n);

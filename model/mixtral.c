@@ -25,6 +25,7 @@ typedef struct {
     mt_linear *lin;       // the Linear, or NULL for an embedding or a norm
     mt_tensor **w, **g;   // embedding or norm: its tensor, and its gradient when it trains
     int filled;
+    int remote;           // an expert another EP rank holds: skipped unread
 } slot;
 
 typedef struct {
@@ -35,6 +36,8 @@ typedef struct {
     int dequantized;      // frozen tensors stored 4-bit, handed over dense
     int other_format;     // 4-bit tensors stored in another format than the run's options
     const char *other_name;
+    int layer;            // the layer whose slots are being added (0 for the embedding)
+    int lowest;           // the lowest layer with a trainable, counting every rank's experts
 } loader;
 
 static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1) {
@@ -50,15 +53,19 @@ static void dense_slot(loader *ld, const char *name, weight_role role, int ndim,
                        mt_tensor **w, mt_tensor **g) {
     slot *s = add_slot(ld, name, role, ndim, d0, d1);
     s->w = w, s->g = g;
+    if (role == TRAINABLE) ld->lowest = MT_MIN(ld->lowest, ld->layer);
 }
 
+// `remote`: an expert another EP rank holds; the Linear records only what it would be there.
 static void linear_slot(loader *ld, const char *module, mt_linear *l, int64_t out, int64_t in, weight_role role,
-                        int lora) {
+                        int lora, int remote) {
     char name[208];
     snprintf(name, sizeof name, "%.160s.weight", module);
     slot *s = add_slot(ld, name, role, 2, out, in);
-    s->lin = l, s->lora = lora;
+    s->lin = l, s->lora = lora, s->remote = remote;
     l->out = out, l->in = in;
+    if (remote) l->remote = lora ? MT_REMOTE_LORA : role == TRAINABLE ? MT_REMOTE_TRAINS : MT_REMOTE_FROZEN;
+    if (role == TRAINABLE || lora) ld->lowest = MT_MIN(ld->lowest, ld->layer);
 }
 
 // A frozen Linear is 4-bit when --quant is a format and --quant-targets names its kind.
@@ -87,13 +94,13 @@ static void layer_slots(loader *ld, int L) {
     for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++) {
         snprintf(n, sizeof n, "%s.self_attn.%s", p, attn[i].name);
         linear_slot(ld, n, attn[i].l, attn[i].out, attn[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN),
-                    lora && (o->targets & attn[i].target));
+                    lora && (o->targets & attn[i].target), 0);
     }
     // The router: full precision unless --quant-targets names it (then 4-bit only while frozen).
     int gate_trains = full || ((o->mode == MT_MODE_ROUTER || o->mode == MT_MODE_UNFREEZE) && in_layers);
     snprintf(n, sizeof n, "%s.block_sparse_moe.gate", p);
     linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
-                lora && (o->targets & MT_TARGET_GATE));
+                lora && (o->targets & MT_TARGET_GATE), 0);
     for (int e = 0; e < c->experts; e++) {
         int chosen = in_layers && mt_index_set_contains(&o->experts, e);
         weight_role role = full || (o->mode == MT_MODE_UNFREEZE && chosen) ? TRAINABLE
@@ -105,7 +112,8 @@ static void layer_slots(loader *ld, int L) {
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(ex); i++) {
             snprintf(n, sizeof n, "%s.block_sparse_moe.experts.%d.%s", p, e, ex[i].name);
-            linear_slot(ld, n, ex[i].l, ex[i].out, ex[i].in, role, lora && chosen && (o->targets & ex[i].target));
+            linear_slot(ld, n, ex[i].l, ex[i].out, ex[i].in, role, lora && chosen && (o->targets & ex[i].target),
+                        !mt_expert_is_local(m, e));
         }
     }
 }
@@ -118,6 +126,7 @@ static int by_name_cmp(const void *a, const void *b) {
 static void loader_init(loader *ld, mt_model *m) {
     memset(ld, 0, sizeof *ld);
     ld->m = m;
+    ld->lowest = (int)m->cfg.layers;
     const mt_model_config *c = &m->cfg;
     weight_role outer = m->opts.mode == MT_MODE_FULL ? TRAINABLE : FROZEN_DENSE;
     m->layers = mt_xcalloc((size_t)c->layers, sizeof(mt_layer));
@@ -127,10 +136,12 @@ static void loader_init(loader *ld, mt_model *m) {
         ly->w1 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
         ly->w2 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
         ly->w3 = mt_xcalloc((size_t)c->experts, sizeof(mt_linear));
+        ld->layer = L;
         layer_slots(ld, L);
     }
+    ld->layer = (int)c->layers;  // the head: training it alone needs no layer's backward
     dense_slot(ld, "model.norm.weight", outer, 1, c->hidden, 0, &m->norm, &m->dnorm);
-    linear_slot(ld, "lm_head", &m->lm_head, c->vocab, c->hidden, outer, 0);
+    linear_slot(ld, "lm_head", &m->lm_head, c->vocab, c->hidden, outer, 0, 0);
     ld->by_name = mt_xmalloc(ld->n * sizeof *ld->by_name);
     for (size_t i = 0; i < ld->n; i++) ld->by_name[i] = &ld->slots[i];
     qsort(ld->by_name, ld->n, sizeof *ld->by_name, by_name_cmp);
@@ -227,11 +238,12 @@ static int place(loader *ld, slot *s, mt_quant_item *it) {
 static int sink(void *ctx, mt_quant_item *it) {
     loader *ld = ctx;
     slot *s = find_slot(ld, it->name);
-    return s ? place(ld, s, it) : 0;  // a tensor that is not a weight of this model is ignored
+    return s && !s->remote ? place(ld, s, it) : 0;  // not a weight of this model (or rank): ignored
 }
 
 static int want_4bit(void *ctx, const char *name) {
     slot *s = find_slot(ctx, name);
+    if (s && s->remote) return -1;
     return s && s->role == FROZEN_QUANT;  // trainables and dense-kept targets arrive dense
 }
 
@@ -247,6 +259,7 @@ static int build_counted(loader *ld) {
     const mt_run_opts *o = &ld->m->opts;
     for (size_t i = 0; i < ld->n; i++) {
         slot *s = &ld->slots[i];
+        if (s->remote) continue;
         mt_quant_item it = {.name = s->name, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}};
         mt_qweight q;
         memset(&q, 0, sizeof q);
@@ -267,14 +280,14 @@ static int finish(loader *ld) {
     mt_model *m = ld->m;
     const mt_run_opts *o = &m->opts;
     for (size_t i = 0; i < ld->n; i++)
-        if (!ld->slots[i].filled) {
+        if (!ld->slots[i].filled && !ld->slots[i].remote) {
             mt_error_set("tensor '%s' is missing from the checkpoint", ld->slots[i].name);
             return -1;
         }
     double alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : o->lora_r;  // NaN: r
     for (size_t i = 0; i < ld->n; i++) {
         slot *s = &ld->slots[i];
-        if (!s->lora) continue;
+        if (!s->lora || s->remote) continue;
         char module[160];
         snprintf(module, sizeof module, "%.*s", (int)(strlen(s->name) - strlen(".weight")), s->name);
         s->lin->lora = mt_xcalloc(1, sizeof *s->lin->lora);
@@ -318,22 +331,6 @@ static int check_opts(const mt_model_config *c, const mt_run_opts *o) {
     return 0;
 }
 
-static int linear_trains(const mt_linear *l) { return l->dw || l->lora; }
-
-// The lowest layer holding a trainable (0 in full mode, where the embedding trains too).
-static int lowest_trainable_layer(const mt_model *m) {
-    if (m->dembed) return 0;
-    for (int L = 0; L < m->cfg.layers; L++) {
-        const mt_layer *ly = &m->layers[L];
-        if (ly->dln1 || ly->dln2 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
-            linear_trains(&ly->o) || linear_trains(&ly->gate))
-            return L;
-        for (int e = 0; e < m->cfg.experts; e++)
-            if (linear_trains(&ly->w1[e]) || linear_trains(&ly->w2[e]) || linear_trains(&ly->w3[e])) return L;
-    }
-    return (int)m->cfg.layers;  // nothing trains below the head
-}
-
 int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts) {
     mt_model_config cfg;
     memset(m, 0, sizeof *m);
@@ -343,9 +340,21 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opt
 
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_run_opts *opts) {
+    return mt_model_build_par(m, be, cfg, dir, opts, NULL);
+}
+
+int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
+                       const mt_run_opts *opts, const mt_model_par *par) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
+    m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
     if (check_opts(&m->cfg, opts) != 0) return -1;
+    if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
+        m->par.ep_size > cfg->experts) {
+        mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
+                     m->par.ep_size, m->par.ep_rank, (long long)cfg->experts);
+        return -1;
+    }
     if (!dir && be->ops->kind != MT_BACKEND_NULL) {
         mt_error_set("a model without its checkpoint is for the null backend only");
         return -1;
@@ -366,14 +375,24 @@ int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, cons
     int rc = m->counting ? build_counted(&ld) : load_checkpoint(&ld, dir);
     int named = rc && !m->counting;  // mt_quant_load's errors name the folder already
     if (rc == 0) rc = finish(&ld);
+    m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);
         return -1;
     }
-    m->lowest_trainable = lowest_trainable_layer(m);
     return 0;
+}
+
+void mt_model_placement(const mt_model *m, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int p = 0; p < m->par.ep_size && used < n; p++) {
+        used += (size_t)snprintf(buf + used, n - used, "%sEP rank %d: experts", p ? "; " : "", p);
+        for (int e = p, first = 1; e < m->cfg.experts && used < n; e += m->par.ep_size, first = 0)
+            used += (size_t)snprintf(buf + used, n - used, "%s%d", first ? " " : ",", e);
+    }
 }
 
 static mt_linear *expert_linear(mt_layer *ly, int e, const char *which) {

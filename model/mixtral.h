@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/comm.h"
 #include "model/config.h"
 #include "model/linear.h"
 #include "moe/moe.h"
@@ -27,6 +28,10 @@ typedef struct mt_layer_kept {
     mt_tensor *x;                        // [T, H] layer input
     mt_tensor *ids, *order, *offsets;    // [T, k] chosen experts; [T·k] expert order; [E+1]
     int32_t *counts;                     // tokens per expert (host), for load logging
+    // Expert parallelism (model/expert_parallel.c): rows each EP rank sends each expert [P × E],
+    // exchanged once by the first forward and reused by recomputation and backward; and the
+    // owner-side layout of this rank's experts, expert-major then by source rank [E + 1].
+    int64_t *peer_counts, *own_offsets;
 } mt_layer_kept;
 
 // The rest of a layer's forward state (ledger: act). Without recomputation each layer has its
@@ -34,9 +39,13 @@ typedef struct mt_layer_kept {
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
     mt_tensor *logits, *probs, *weights;
-    mt_tensor *xs, *g, *u, *a, *ys;                  // [T·k, ...] in expert order
+    mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows
+    mt_tensor *ys;                                   // [T·k, H] in expert order
     mt_tensor *xa_q, *xa_k, *xa_v, *xa_o, *xa_gate;  // LoRA xa [T, r] (NULL without LoRA)
-    mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [T·k, r]
+    mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [rows, r]
+    int64_t expert_rows;  // rows the expert buffers hold: T·k on one rank; with EP what the
+                          // rank's experts receive, regrown when routing sends more
+    int expert_lora[3];   // w1, w2, w3 of these layers have LoRA here (xa buffers needed)
 } mt_layer_acts;
 
 typedef struct mt_batch {
@@ -51,6 +60,17 @@ typedef struct mt_loss {
     double ce, aux, z;  // ce: mean over counted tokens
     int64_t tokens;     // tokens counted in ce
 } mt_loss;
+
+// How the model is spread over ranks (trainer: --ep, and the ranks of mpirun). Experts go
+// round-robin: expert e of every layer lives on EP rank e % ep_size, which alone holds its
+// weights, LoRA and optimizer state; the rest of the model is replicated on every rank.
+typedef struct mt_model_par {
+    int ep_rank, ep_size;  // this rank in its EP group, and the group's size (1: no EP)
+    mt_comm *ep;           // the EP group (NULL when ep_size is 1, or counting as one rank)
+    mt_comm *data;         // every rank with tokens of its own: loss and aux statistics are summed
+                           // over it, so each rank's gradient is its part of the global batch's
+                           // (NULL: this rank's batch is the whole batch)
+} mt_model_par;
 
 typedef struct mt_model {
     mt_model_config cfg;
@@ -79,8 +99,14 @@ typedef struct mt_model {
     moe_aux_stats aux;
     double z_sum;
     int64_t z_rows, ce_count;
-    int lowest_trainable;       // backward stops below this layer (nothing there trains)
+    int lowest_trainable;       // backward stops below this layer (nothing there trains), the
+                                // same on every rank whichever experts it holds
+    mt_model_par par;
 } mt_model;
+
+// The EP rank that holds expert e (of every layer), and whether it is this one.
+static inline int mt_expert_owner(const mt_model *m, int e) { return e % m->par.ep_size; }
+static inline int mt_expert_is_local(const mt_model *m, int e) { return mt_expert_owner(m, e) == m->par.ep_rank; }
 
 // Builds the model of the checkpoint folder `dir` for opts->mode (lora / router / unfreeze /
 // full). The checkpoint streams through mt_quant_load: dense frozen Linears that
@@ -95,6 +121,17 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opt
 // checkpoint, may be NULL on the null backend only.
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_run_opts *opts);
+// The same for one rank of a parallel run: only this EP rank's experts are read and kept. `par`
+// NULL is one rank. Counting (null backend) with ep_size > 1 and no comm measures EP rank
+// ep_rank of a balanced run.
+int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
+                       const mt_run_opts *opts, const mt_model_par *par);
+// "expert e -> EP rank": the placement, one line per EP rank ("rank 0: experts 0,2,4,6").
+void mt_model_placement(const mt_model *m, char *buf, size_t n);
+// Collective over the EP group: EP rank 0 receives every other rank's trained expert tensors
+// (LoRA A/B, or the weight itself) into tensors of its own, so that it can save the whole
+// adapter or trained file; the other ranks only send. For the end of a run: the copies stay.
+void mt_model_gather_experts(mt_model *m);
 void mt_model_free(mt_model *m);
 // Loads a PEFT adapter folder into the model's LoRAs (built with --mode lora and matching
 // targets and rank); the adapter's alpha and dropout replace the run's. 0 or -1 with an error.

@@ -23,4 +23,13 @@ static inline mt_dtype step_dtype(const mt_model *m, mt_dtype gpu) {
 // Rows [*row0, *row0 + *rows) of expert e in layer L's expert order. Counting, where routing has
 // no data, every expert gets T·k/E rows and the first (T·k mod E) one more: balanced routing, as
 // the planner assumes.
+// With EP these are rows of the own layout (model/expert_parallel.c), none for another rank's.
 void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows);
+
+// Expert parallelism (model/expert_parallel.c); EP ranks call these in the same order.
+void mt_ep_exchange_counts(mt_model *m, int L);
+int64_t mt_ep_own_rows(const mt_model *m, int L);
+void mt_ep_dispatch(mt_model *m, int L, float *own, float *local, int64_t w);
+void mt_ep_return(mt_model *m, int L, float *local, float *own, int64_t w);
+// Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
+void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);

@@ -368,11 +368,12 @@ static int st_dtype(const mt_st_tensor *t, mt_dtype *out) {
 // imports that are handed over dense.
 static int load_one(const mt_st_model *m, const mt_st_tensor *t, mt_backend *be, mt_backend **cpu,
                     const mt_quant_load_opts *o, mt_quant_sink_fn sink, void *ctx) {
+    int veto = o->want ? o->want(o->want_ctx, t->name) : 1;
+    if (veto < 0) return 0;  // another rank's: its pages are never touched
     mt_bnb_parts parts;
     int pre = mt_bnb_find_parts(m, t->name, &parts);
     if (pre < 0) return -1;
-    int want = o->type != MT_QUANT_NONE && (mt_quant_target_of(t->name) & o->targets) &&
-               (!o->want || o->want(o->want_ctx, t->name));
+    int want = o->type != MT_QUANT_NONE && (mt_quant_target_of(t->name) & o->targets) && veto;
     mt_quant_item it;
     memset(&it, 0, sizeof it);
     it.name = t->name;

@@ -115,7 +115,8 @@ unsigned mt_quant_target_of(const char *name);
 int mt_quant_targets_parse(const char *text, unsigned *out);
 
 // Whether the target `name` is wanted 4-bit (1) or dense (0): a caller's veto per tensor, e.g.
-// for a weight that trains in full precision.
+// for a weight that trains in full precision; -1 (asked of every tensor): not wanted at all, so
+// it is skipped unread (an expert another rank holds).
 typedef int (*mt_quant_want_fn)(void *ctx, const char *name);
 
 typedef struct mt_quant_load_opts {

@@ -112,39 +112,63 @@ static void fsync_dir(const char *dir) {
     if (fd >= 0) fsync(fd), close(fd);
 }
 
-int mt_checkpoint_save(const char *out, const mt_param *p, int n, const mt_adamw *o,
-                       const mt_train_state *st, const char *run_id) {
+// A rank's file name: "trainables.safetensors" on one rank, "trainables-rank-00003-of-00008
+// .safetensors" on several (each rank holds its own experts and its own ZeRO shard).
+static void rank_file(char *buf, size_t n, const char *dir, const char *what, mt_comm *world) {
+    if (!world || mt_comm_size(world) == 1)
+        snprintf(buf, n, "%s/%s.safetensors", dir, what);
+    else
+        snprintf(buf, n, "%s/%s-rank-%05d-of-%05d.safetensors", dir, what, mt_comm_rank(world), mt_comm_size(world));
+}
+
+// Whether every rank got this far without an error (a no-op on one rank).
+static int all_ok(mt_comm *world, int rc) { return world ? !mt_comm_any(world, rc != 0) : rc == 0; }
+
+int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_param *p, int n, const mt_adamw *o,
+                       const mt_train_state *st, const char *run_id, mt_comm *world) {
     char tmp[4200], final[4200], path[4400], name[64];
+    int lead = !world || mt_comm_rank(world) == 0, multi = world && mt_comm_size(world) > 1;
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)st->step);
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)getpid());
+    // Several ranks write into one folder, so its name cannot hold one rank's pid.
+    if (multi) snprintf(tmp, sizeof tmp, "%s/.%s.tmp", out, name);
+    else snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)getpid());
     snprintf(final, sizeof final, "%s/%s", out, name);
-    remove_tree(tmp);
-    if (mt_mkdir_p(tmp) != 0) return -1;
     int rc = 0;
-    snprintf(path, sizeof path, "%s/trainables.safetensors", tmp);
-    rc = save_trainables(path, p, n);
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (lead) {
+        remove_tree(tmp);
+        rc = mt_mkdir_p(tmp);
+    }
+    if (!all_ok(world, rc)) goto failed;
+    rank_file(path, sizeof path, tmp, "trainables", world);
+    rc = save_trainables(path, w, nw);
+    rank_file(path, sizeof path, tmp, "optimizer", world);
     if (!rc) rc = mt_adamw_save(o, p, n, path);
-    snprintf(path, sizeof path, "%s/state.json", tmp);
-    if (!rc) rc = write_state(path, st, run_id);
-    if (!rc) {
-        fsync_dir(tmp);
-        remove_tree(final);  // a checkpoint of the same step written before (a resumed run)
-        if (rename(tmp, final) != 0) {
-            mt_error_set("%s: cannot rename into place: %s", final, strerror(errno));
-            rc = -1;
+    if (!all_ok(world, rc)) goto failed;
+    if (lead) {
+        snprintf(path, sizeof path, "%s/state.json", tmp);
+        rc = write_state(path, st, run_id);
+        if (!rc) {
+            fsync_dir(tmp);
+            remove_tree(final);  // a checkpoint of the same step written before (a resumed run)
+            if (rename(tmp, final) != 0) {
+                mt_error_set("%s: cannot rename into place: %s", final, strerror(errno));
+                rc = -1;
+            }
+        }
+        if (!rc) {
+            fsync_dir(out);
+            char latest[80];
+            snprintf(path, sizeof path, "%s/latest", out);
+            int len = snprintf(latest, sizeof latest, "%s\n", name);
+            rc = mt_write_file_atomic(path, latest, (size_t)len);
         }
     }
-    if (rc) {
-        remove_tree(tmp);
-        mt_error_prefix("saving checkpoint %s", final);
-        return -1;
-    }
-    fsync_dir(out);
-    char latest[80];
-    snprintf(path, sizeof path, "%s/latest", out);
-    int len = snprintf(latest, sizeof latest, "%s\n", name);
-    return mt_write_file_atomic(path, latest, (size_t)len);
+    if (all_ok(world, rc)) return 0;
+failed:
+    if (rc == 0) mt_error_set("another rank failed to write its part");
+    if (lead) remove_tree(tmp);
+    mt_error_prefix("saving checkpoint %s", final);
+    return -1;
 }
 
 static int is_checkpoint(const char *dir) {
@@ -193,8 +217,8 @@ int mt_checkpoint_find(const char *path, char *dir) {
     return 0;
 }
 
-int mt_checkpoint_load(const char *dir, const mt_param *p, int n, mt_adamw *o, mt_train_state *st,
-                       const char *run_id) {
+int mt_checkpoint_load(const char *dir, const mt_param *w, int nw, const mt_param *p, int n, mt_adamw *o,
+                       mt_train_state *st, const char *run_id, mt_comm *world) {
     char path[4400], saved_run[2048];
     snprintf(path, sizeof path, "%s/state.json", dir);
     if (read_state(path, st, saved_run, sizeof saved_run) != 0) return -1;
@@ -203,8 +227,8 @@ int mt_checkpoint_load(const char *dir, const mt_param *p, int n, mt_adamw *o, m
                      dir, saved_run, run_id);
         return -1;
     }
-    snprintf(path, sizeof path, "%s/trainables.safetensors", dir);
-    if (load_trainables(path, p, n) != 0) return -1;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    rank_file(path, sizeof path, dir, "trainables", world);
+    if (load_trainables(path, w, nw) != 0) return -1;
+    rank_file(path, sizeof path, dir, "optimizer", world);
     return mt_adamw_load(o, p, n, path);
 }

@@ -247,6 +247,12 @@ static void sumsq_acc(const void *x, mt_dtype dt, int64_t n, double *total) {
     }
 }
 
+double mt_sumsq(const void *x, mt_dtype dt, int64_t n) {
+    double t = 0.0;
+    sumsq_acc(x, dt, n, &t);
+    return t;
+}
+
 double mt_grad_norm(const mt_param *params, int n) {
     double total = 0.0;
     for (int i = 0; i < n; i++) {
@@ -397,8 +403,9 @@ static void step_offloaded(const mt_adamw *o, const mt_param *params, int n, ada
     }
 }
 
-int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
-                  double *grad_norm_out) {
+// given_norm: the caller's norm (a distributed run's), or NULL to compute it here.
+static int adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
+                      const double *given_norm, double *grad_norm_out) {
     if (grad_norm_out) *grad_norm_out = 0.0;
     if (check_match(o, params, n, "step") != 0) return -1;
     if (!(lr >= 0 && isfinite(lr))) {
@@ -422,7 +429,7 @@ int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double 
     size_t chunk_bytes = (size_t)MT_ADAM_OFFLOAD_CHUNK * sizeof(float);
     char *gbuf = staged ? mt_work_alloc(o->host, chunk_bytes) : NULL;
     char *wbuf = staged ? mt_work_alloc(o->host, chunk_bytes) : NULL;
-    double norm = staged ? grad_norm_streamed(params, n, gbuf) : mt_grad_norm(params, n);
+    double norm = given_norm ? *given_norm : staged ? grad_norm_streamed(params, n, gbuf) : mt_grad_norm(params, n);
     if (grad_norm_out) *grad_norm_out = norm;
     int rc = 0;
     if (!isfinite(norm)) {
@@ -459,6 +466,16 @@ int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double 
 done:
     if (staged) mt_work_free(o->host, wbuf, chunk_bytes), mt_work_free(o->host, gbuf, chunk_bytes);
     return rc;
+}
+
+int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
+                  double *grad_norm_out) {
+    return adamw_step(o, params, n, lr, clip, NULL, grad_norm_out);
+}
+
+int mt_adamw_step_norm(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
+                       double grad_norm) {
+    return adamw_step(o, params, n, lr, clip, &grad_norm, NULL);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -128,12 +128,20 @@ void mt_adamw_free(mt_adamw *o);
 // an error set), so a caller skips rather than trusting a wrong norm.
 double mt_grad_norm(const mt_param *params, int n);
 
+// Σ x² of host memory x [n] (f32 or bf16) in the norm's fixed blocked order.
+double mt_sumsq(const void *x, mt_dtype dt, int64_t n);
+
 // One step at learning rate lr, clipping to `clip` (0: no clipping). The norm before clipping
 // goes to *grad_norm_out (may be NULL). Returns 0 when applied; 1 when the norm is not finite
 // (nothing changes, the step count included: the caller logs the skip); -1 with an error when
 // params do not match init, lr is negative or not finite, or the backend has no update.
 int mt_adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
                   double *grad_norm_out);
+
+// The same step with the norm given: a distributed run's norm covers every rank's gradients
+// (trainer/dist.h), which no rank holds alone. A non-finite norm skips as above.
+int mt_adamw_step_norm(mt_adamw *o, const mt_param *params, int n, double lr, double clip,
+                       double grad_norm);
 
 // 1 when param i keeps 8-bit state.
 int mt_adamw_is_8bit(const mt_adamw *o, int i);

@@ -10,11 +10,13 @@
 
 #include "core/common.h"
 #include "core/fileio.h"
+#include "core/rng.h"
 #include "model/mixtral.h"
 #include "quant/formats.h"
 #include "trainer/checkpoint.h"
 #include "trainer/commands.h"
 #include "trainer/data.h"
+#include "trainer/dist.h"
 #include "trainer/metrics.h"
 #include "trainer/params.h"
 #include "trainer/plan.h"
@@ -37,11 +39,11 @@ static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, si
     if (!o->experts.all) snprintf(experts, sizeof experts, "%d@%d", o->experts.count, o->experts.count ? o->experts.items[0] : -1);
     snprintf(buf, n,
              "mode=%s r=%d alpha=%g rslora=%d dropout=%g targets=%#x layers=%s experts=%s quant=%s dq=%d block=%d "
-             "qtargets=%#x seq=%lld batch=%lld accum=%d seed=%llu model=%lldx%lldx%lldx%lld",
+             "qtargets=%#x seq=%lld batch=%lld accum=%d seed=%llu model=%lldx%lldx%lldx%lld ranks=%d ep=%d zero=%d",
              mt_mode_name(o->mode), o->lora_r, o->lora_alpha, o->use_rslora, o->lora_dropout, o->targets, layers,
              experts, mt_quant_name(o->quant), o->double_quant, mt_q4_blocksize_or_default(o->quant, o->quant_blocksize),
              o->quant_targets, (long long)o->seq, (long long)o->batch, o->accum, (unsigned long long)o->seed, (long long)c->layers,
-             (long long)c->hidden, (long long)c->experts, (long long)c->vocab);
+             (long long)c->hidden, (long long)c->experts, (long long)c->vocab, o->gpus, o->ep, o->zero);
 }
 
 static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
@@ -59,6 +61,10 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
 
 typedef struct {
     mt_run_opts *o;
+    mt_comm *world, *ep, *dp;  // NULL on one process without a launcher
+    int rank, ranks;           // world rank and size: rank r trains rows [r·B, r·B + B) of each
+                               // micro-batch of B·ranks rows that every rank reads alike
+    mt_dist dist;
     mt_model m;
     mt_tokenizer tok;
     mt_dataset data, eval;
@@ -83,26 +89,37 @@ static double evaluate(trainer *t, int64_t *tokens_out) {
     return rc == 0 ? r.loss : NAN;
 }
 
+// The share of each layer's assignments each expert got in the last micro-batch: the whole
+// batch's when several ranks hold a slice of it.
 static void expert_load(trainer *t) {
     const mt_model_config *c = &t->m.cfg;
+    size_t n = (size_t)(c->layers * c->experts);
+    int32_t *all = mt_xcalloc(n, sizeof(int32_t));
+    for (int L = 0; L < c->layers; L++) memcpy(all + L * c->experts, t->m.kept[L].counts, (size_t)c->experts * 4);
+    if (t->world) mt_comm_host_all_reduce(t->world, all, n, MT_COMM_I32, MT_COMM_SUM, 0);
     for (int L = 0; L < c->layers; L++) {
         double total = 0;
-        for (int e = 0; e < c->experts; e++) total += t->m.kept[L].counts[e];
+        for (int e = 0; e < c->experts; e++) total += all[L * c->experts + e];
         for (int e = 0; e < c->experts; e++)
-            t->load[L * c->experts + e] = total > 0 ? (float)(t->m.kept[L].counts[e] / total) : 0.0f;
+            t->load[L * c->experts + e] = total > 0 ? (float)(all[L * c->experts + e] / total) : 0.0f;
     }
+    free(all);
 }
 
 static int save(trainer *t) {
-    if (mt_checkpoint_save(t->o->out, t->params, t->n_params, &t->opt, &t->st, t->run_id) != 0) return -1;
+    if (mt_checkpoint_save(t->o->out, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st,
+                           t->run_id, t->world) != 0)
+        return -1;
     char f[96];
     snprintf(f, sizeof f, "\"step\":%lld", (long long)t->st.step);
-    mt_metrics_event(&t->metrics, "save", f);
+    if (t->rank == 0) mt_metrics_event(&t->metrics, "save", f);
     return 0;
 }
 
 // The run's product: a PEFT adapter (lora) or the trained tensors (router, unfreeze, full).
 static int write_outputs(trainer *t) {
+    mt_model_gather_experts(&t->m);  // EP: rank 0 collects the experts the others trained
+    if (t->rank != 0) return 0;
     char path[4200];
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
@@ -123,12 +140,36 @@ static int64_t total_steps(trainer *t) {
     return steps > 0 ? steps : 1;
 }
 
+// A launched run (mpirun, srun) or one asking for several GPUs: the world, its EP × DP grid.
+static int start_ranks(trainer *t) {
+    mt_run_opts *o = t->o;
+    t->ranks = 1;
+    if (!mt_comm_launched() && o->gpus == 1 && o->ep == 1) return 0;
+    if (!(t->world = mt_comm_init(MT_COMM_AUTO, NULL))) return -1;
+    t->rank = mt_comm_rank(t->world), t->ranks = mt_comm_size(t->world);
+    if (o->gpus != 1 && o->gpus != t->ranks) {
+        mt_error_set("--gpus %d, but the launcher started %d ranks (mpirun -np %d ...)", o->gpus, t->ranks, o->gpus);
+        return -1;
+    }
+    o->gpus = t->ranks;
+    if (o->ep < 1 || t->ranks % o->ep != 0) {
+        mt_error_set("--ep %d does not divide the %d ranks", o->ep, t->ranks);
+        return -1;
+    }
+    if (o->ep > 1 && o->mode == MT_MODE_FULL) {
+        mt_error_set("--ep with --mode full is not supported: every rank would hold the whole model");
+        return -1;
+    }
+    return mt_comm_grid(t->world, o->ep, &t->ep, &t->dp);
+}
+
 static int setup(trainer *t) {
     mt_run_opts *o = t->o;
     if (!o->model[0] || !o->data[0]) {
         mt_error_set("--model and --data are required (see moetrain train --help)");
         return -1;
     }
+    if (start_ranks(t) != 0) return -1;
     if (strcmp(o->backend, "cpu") != 0) {
         mt_error_set("--device %s: training runs on the cpu backend today (the CUDA step is issue 6)", o->backend);
         return -1;
@@ -140,9 +181,18 @@ static int setup(trainer *t) {
     }
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
-    if (print_plan(&cfg, o) != 0) return -1;
+    run_id(o, &cfg, t->run_id, sizeof t->run_id);
+    if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
+    if (t->rank == 0 && print_plan(&cfg, o) != 0) return -1;
     mt_backend *be = mt_backend_cpu_new();
-    if (mt_model_load(&t->m, be, o->model, o) != 0) return mt_backend_free(be), -1;
+    mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
+                        .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
+    if (mt_model_build_par(&t->m, be, &cfg, o->model, o, &par) != 0) return mt_backend_free(be), -1;
+    if (o->ep > 1 && t->rank == 0) {
+        char where[1024];
+        mt_model_placement(&t->m, where, sizeof where);
+        mt_info("expert placement over %d EP ranks (%d DP groups): %s", o->ep, t->ranks / o->ep, where);
+    }
     if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
     t->m.z_coef = (float)o->z_coef;
     if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
@@ -163,23 +213,27 @@ static int setup(trainer *t) {
         t->have_eval = 1;
     }
     t->n_params = mt_model_params(&t->m, &t->params);
-    if (t->n_params == 0) {
+    if (t->n_params == 0 && t->ranks == 1) {  // with EP a rank may hold no trainable expert
         mt_error_set("nothing to train: check --mode, --targets, --layers and --experts");
         return -1;
     }
+    mt_dist_ranks dr = {.world = t->ranks > 1 ? t->world : NULL, .ep = o->ep > 1 ? t->ep : NULL,
+                        .dp = t->ranks / o->ep > 1 ? t->dp : NULL, .world_rank = t->rank, .world_size = t->ranks,
+                        .dp_rank = t->dp ? mt_comm_rank(t->dp) : 0, .dp_size = t->ranks / o->ep};
+    if (mt_dist_init(&t->dist, be, t->params, t->n_params, &dr, o->zero) != 0) return -1;
     mt_adamw_opts aopts = mt_adamw_opts_default();
     aopts.lr = o->lr;
     aopts.weight_decay = o->weight_decay;
     aopts.adam_8bit = o->adam_8bit, aopts.master_weights = o->master_weights;
     aopts.offload = o->offload_optimizer;
-    if (mt_adamw_init(&t->opt, be, t->params, t->n_params, &aopts) != 0) return -1;
+    if (mt_adamw_init(&t->opt, be, t->dist.opt, t->dist.n_opt, &aopts) != 0) return -1;
     if (aopts.offload) mt_info("optimizer state in host memory: %.3f GB", mt_adamw_host_bytes(&t->opt) / 1e9);
-    run_id(o, &cfg, t->run_id, sizeof t->run_id);
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
     if (o->resume[0]) {
         char dir[4096];
         if (mt_checkpoint_find(o->resume, dir) != 0 ||
-            mt_checkpoint_load(dir, t->params, t->n_params, &t->opt, &t->st, t->run_id) != 0)
+            mt_checkpoint_load(dir, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
+                               t->world) != 0)
             return -1;
         if (t->st.data_fingerprint != mt_dataset_fingerprint(&t->data)) {
             mt_error_set("%s was trained on different data than --data %s", dir, o->data);
@@ -190,22 +244,27 @@ static int setup(trainer *t) {
     if (mt_mkdir_p(o->out) != 0) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
-    if (mt_metrics_open_ex(&t->metrics, path, o->resume[0] != 0) != 0) return -1;
+    if (mt_metrics_open_ex(&t->metrics, t->rank == 0 ? path : NULL, o->resume[0] != 0) != 0) return -1;
     // Off a terminal, about 20 progress lines a run (the JSONL has every step).
     int64_t planned = total_steps(t);
     t->metrics.every = (int)MT_MAX(1, planned / 20);
-    size_t n = (size_t)(o->batch * o->seq);
+    size_t n = (size_t)(o->batch * t->ranks * o->seq);  // the micro-batch of every rank
     t->tokens = mt_xcalloc(n, sizeof(int32_t)), t->labels = mt_xcalloc(n, sizeof(int32_t));
     t->mask = mt_xcalloc(n, sizeof(int32_t));
     t->load = mt_xcalloc((size_t)(cfg.layers * cfg.experts), sizeof(float));
-    mt_info("train: %s, %d tensors, %llu trainable params", mt_mode_name(o->mode), t->n_params,
-            (unsigned long long)mt_params_count(t->params, t->n_params));
+    mt_info("train: %s, %d tensors, %llu trainable params%s", mt_mode_name(o->mode), t->n_params,
+            (unsigned long long)mt_params_count(t->params, t->n_params), t->ranks > 1 ? " on this rank" : "");
+    if (t->ranks > 1 && t->rank == 0)
+        mt_info("%d ranks: EP %d x DP %d, %lld sequences per micro-batch (%lld per rank)%s", t->ranks, o->ep,
+                t->ranks / o->ep, (long long)(o->batch * t->ranks), (long long)o->batch,
+                o->zero ? ", ZeRO-1" : "");
     return 0;
 }
 
 static void teardown(trainer *t) {
     mt_metrics_close(&t->metrics);
     mt_adamw_free(&t->opt);
+    mt_dist_free(&t->dist);
     mt_params_free(t->params, t->n_params);
     mt_backend *be = t->m.be;
     mt_model_free(&t->m);
@@ -214,6 +273,10 @@ static void teardown(trainer *t) {
     if (t->have_eval) mt_dataset_free(&t->eval);
     mt_tokenizer_free(&t->tok);
     free(t->tokens), free(t->labels), free(t->mask), free(t->load);
+}
+
+static void end_ranks(trainer *t) {
+    mt_comm_free(t->ep), mt_comm_free(t->dp), mt_comm_free(t->world);  // the world last
 }
 
 static int run(trainer *t) {
@@ -226,23 +289,28 @@ static int run(trainer *t) {
     int64_t first = t->st.step;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
-    while (t->st.step < total && !stop_requested) {
+    int64_t rows = (int64_t)B * S, mine = (int64_t)t->rank * rows;  // this rank's slice
+    int stop = 0;  // a signal on any rank stops every rank at the same step
+    while (t->st.step < total && !(stop = t->world ? mt_comm_any(t->world, stop_requested != 0) : stop_requested != 0)) {
         double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
         int64_t tokens = 0;
         mt_model_zero_grad(&t->m);
         for (int micro = 0; micro < o->accum; micro++) {
-            mt_data_next_batch(&t->data, &t->st.cursor, B, S, t->tokens, t->labels, t->mask);
-            mt_batch b = {B, S, t->tokens, t->labels, t->mask};
+            mt_data_next_batch(&t->data, &t->st.cursor, B * t->ranks, S, t->tokens, t->labels, t->mask);
+            mt_batch b = {B, S, t->tokens + mine, t->labels + mine, t->mask + mine};
             mt_loss l;
             mt_model_set_dropout_seed(&t->m, o->seed, t->st.step, micro);
             if (mt_model_forward(&t->m, &b, &l) != 0) return -1;
             mt_model_backward(&t->m);
             loss += l.loss / o->accum, ce += l.ce / o->accum, aux += l.aux / o->accum, z += l.z / o->accum;
-            for (int i = 0; i < B * S; i++) tokens += t->mask[i] != 0;
+            for (int64_t i = 0; i < rows * t->ranks; i++) tokens += t->mask[i] != 0;
         }
         if (o->accum > 1) mt_params_scale_grads(t->params, t->n_params, 1.0f / (float)o->accum);
-        double lr = mt_lr_at(t->st.step, total, o->warmup, o->lr, sched), gnorm = NAN;
-        int skipped = !isfinite(loss) || mt_adamw_step(&t->opt, t->params, t->n_params, lr, o->clip, &gnorm) != 0;
+        mt_dist_reduce_grads(&t->dist);
+        double lr = mt_lr_at(t->st.step, total, o->warmup, o->lr, sched), gnorm = mt_dist_grad_norm(&t->dist);
+        // loss and norm are the same on every rank: every rank skips the same steps
+        int skipped = !isfinite(loss) || mt_adamw_step_norm(&t->opt, t->dist.opt, t->dist.n_opt, lr, o->clip, gnorm) != 0;
+        if (!skipped) mt_dist_share_weights(&t->dist);
         if (skipped) {
             t->st.skips++;
             if (++in_a_row > o->max_skips) {
@@ -262,19 +330,19 @@ static int run(trainer *t) {
                             .peak_bytes = t->m.be->ledger.total_peak, .skipped = skipped,
                             .layers = (int)t->m.cfg.layers, .experts = (int)t->m.cfg.experts,
                             .expert_load = t->load};
-        mt_metrics_step(&t->metrics, &r);
+        if (t->rank == 0) mt_metrics_step(&t->metrics, &r);
         if (t->have_eval && o->eval_every > 0 && t->st.step % o->eval_every == 0) {
             int64_t n;
             double el = evaluate(t, &n);
             char f[160];
             snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step,
                      el, exp(el), (long long)n);
-            mt_metrics_event(&t->metrics, "eval", f);
+            if (t->rank == 0) mt_metrics_event(&t->metrics, "eval", f);
         }
         if (o->save_every > 0 && t->st.step % o->save_every == 0 && t->st.step < total && save(t) != 0) return -1;
     }
     if (save(t) != 0) return -1;
-    if (stop_requested) {
+    if (stop) {
         mt_info("stopped by signal %d at step %lld; checkpoint saved: resume with --resume %s", (int)stop_requested,
                 (long long)t->st.step, o->out);
         return 0;
@@ -285,7 +353,7 @@ static int run(trainer *t) {
         char f[160];
         snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step, el,
                  exp(el), (long long)n);
-        mt_metrics_event(&t->metrics, "eval", f);
+        if (t->rank == 0) mt_metrics_event(&t->metrics, "eval", f);
     }
     return write_outputs(t);
 }
@@ -308,5 +376,6 @@ int cmd_train(int argc, char **argv) {
     int rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
     if (rc != MT_EXIT_OK) fprintf(stderr, "moetrain train: %s\n", mt_error_get());
     if (t.m.be) teardown(&t);
+    end_ranks(&t);
     return rc;
 }

@@ -1,0 +1,117 @@
+// tests/mpi/compare_runs.c — do two training runs agree? `compare_runs A B TOL`
+//
+// Compares the per-step losses of A/metrics.jsonl and B/metrics.jsonl (relative error) and every
+// tensor of the runs' product (adapter/adapter_model.safetensors, or trained.safetensors): the
+// relative L2 error ‖a − b‖ / ‖a‖ of each tensor (an all-zero `a` needs b all zero). TOL 0 asks
+// for the same bits. Prints the worst of each and "same" or "DIFFERENT"; exit 0 when within TOL,
+// 1 when not, 2 when a file is missing or the runs differ in steps or tensors.
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+#include "core/safetensors.h"
+
+enum { MAX_STEPS = 4096 };
+
+// The last record of each step (a resumed run may repeat one). Returns the number of steps.
+static int losses(const char *dir, double *loss) {
+    char path[4200], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (mt_read_file(path, 64 << 20, &text, &len) != 0) return -1;
+    int steps = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *type = cJSON_GetObjectItem(j, "type"), *step = cJSON_GetObjectItem(j, "step");
+        const cJSON *l = cJSON_GetObjectItem(j, "loss");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "step") && cJSON_IsNumber(step) && cJSON_IsNumber(l)) {
+            int s = (int)step->valuedouble;
+            if (s >= 1 && s <= MAX_STEPS) {
+                loss[s - 1] = l->valuedouble;
+                steps = s > steps ? s : steps;
+            }
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    return steps;
+}
+
+static int open_product(const char *dir, mt_st_file *f) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter/adapter_model.safetensors", dir);
+    if (mt_st_file_open(f, path) == 0) return 0;
+    snprintf(path, sizeof path, "%s/trained.safetensors", dir);
+    return mt_st_file_open(f, path);
+}
+
+static double as_double(const mt_st_tensor *t, size_t i) {
+    mt_dtype dt;
+    if (mt_st_float_dtype(t->dtype, &dt) != 0) return NAN;
+    float x;
+    mt_convert(&x, MT_F32, (const char *)t->data + mt_dtype_bytes(dt, i), dt, 1);
+    return x;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: compare_runs RUN_A RUN_B TOL\n");
+        return 2;
+    }
+    double tol = atof(argv[3]);
+    static double la[MAX_STEPS], lb[MAX_STEPS];
+    int na = losses(argv[1], la), nb = losses(argv[2], lb);
+    if (na < 1 || nb < 1 || na != nb) {
+        fprintf(stderr, "compare_runs: steps %d in %s, %d in %s (%s)\n", na, argv[1], nb, argv[2], mt_error_get());
+        return 2;
+    }
+    double worst_loss = 0;
+    int same_bits = 1;
+    for (int s = 0; s < na; s++) {
+        worst_loss = fmax(worst_loss, fabs(la[s] - lb[s]) / fmax(fabs(la[s]), 1e-30));
+        same_bits &= la[s] == lb[s];
+    }
+    mt_st_file fa, fb;
+    if (open_product(argv[1], &fa) != 0 || open_product(argv[2], &fb) != 0) {
+        fprintf(stderr, "compare_runs: %s\n", mt_error_get());
+        return 2;
+    }
+    if (fa.n_tensors != fb.n_tensors) {
+        fprintf(stderr, "compare_runs: %zu tensors against %zu\n", fa.n_tensors, fb.n_tensors);
+        return 2;
+    }
+    double worst_tensor = 0;
+    const char *worst_name = "";
+    for (size_t i = 0; i < fa.n_tensors; i++) {
+        const mt_st_tensor *a = &fa.tensors[i], *b = mt_st_file_find(&fb, a->name);
+        if (!b || b->nbytes != a->nbytes || strcmp(a->dtype, b->dtype) != 0) {
+            fprintf(stderr, "compare_runs: tensor '%s' is missing from %s or differs in dtype or size\n", a->name,
+                    argv[2]);
+            return 2;
+        }
+        same_bits &= memcmp(a->data, b->data, a->nbytes) == 0;
+        mt_dtype dt;
+        if (mt_st_float_dtype(a->dtype, &dt) != 0) {
+            fprintf(stderr, "compare_runs: tensor '%s': %s\n", a->name, mt_error_get());
+            return 2;
+        }
+        size_t n = a->nbytes / mt_dtype_bytes(dt, 1);
+        double diff = 0, norm = 0;
+        for (size_t k = 0; k < n; k++) {
+            double x = as_double(a, k), y = as_double(b, k);
+            diff += (x - y) * (x - y), norm += x * x;
+        }
+        double rel = norm > 0 ? sqrt(diff / norm) : (diff > 0 ? INFINITY : 0);
+        if (rel > worst_tensor || !(rel == rel)) worst_tensor = rel, worst_name = a->name;
+    }
+    int ok = tol == 0 ? same_bits : worst_loss <= tol && worst_tensor <= tol;
+    printf("%d steps, %zu tensors: worst loss rel. error %.3g, worst tensor rel. L2 error %.3g (%s); %s%s "
+           "(tolerance %g)\n", na, fa.n_tensors, worst_loss, worst_tensor, worst_name, ok ? "same" : "DIFFERENT",
+           same_bits ? ", bit for bit" : "", tol);
+    mt_st_file_close(&fa), mt_st_file_close(&fb);
+    return ok ? 0 : 1;
+}
