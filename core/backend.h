@@ -61,6 +61,8 @@ mt_backend *mt_backend_cuda_new(int device);
 int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
 // CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
 void *mt_cuda_backend_stream(mt_backend *be);
+// The same stream, after making the backend's device current (what every op launcher calls first).
+void *mt_cuda_backend_enter(mt_backend *be);
 // By name: "cpu", "null" or "cuda"; NULL with an error otherwise.
 mt_backend *mt_backend_new(const char *name);
 void mt_backend_free(mt_backend *be);

@@ -337,6 +337,7 @@ static const mt_backend_ops cuda_ops = {
 };
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
+extern "C" void *mt_cuda_backend_enter(mt_backend *be) { return cuda_enter(be)->stream; }
 
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;

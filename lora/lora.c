@@ -7,6 +7,7 @@
 
 #include "core/common.h"
 #include "core/rng.h"
+#include "lora/lora_dropout.h"
 
 int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
                  double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream) {
@@ -45,11 +46,7 @@ void mt_lora_free(mt_lora *l) {
 
 // Inverted dropout factor of element i: 0 or 1/(1-p), a pure function of (seed, i).
 static inline float dropout_factor(const mt_lora *l, uint64_t i) {
-    uint64_t z = l->dropout_seed + (i + 1) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f) < l->dropout ? 0.0f : 1.0f / (1.0f - l->dropout);
+    return mt_lora_dropout_factor(l->dropout_seed, l->dropout, i);
 }
 
 // The null backend: the same scratch is reserved and released, nothing is computed.

@@ -1,10 +1,13 @@
-// scripts/cuda_parity.c — the cuda backend's matmul against a scalar fp64 reference, without
+// scripts/cuda_parity.c — the cuda backend's matmul against a scalar fp64 reference, and every
+// CUDA op of model/ops_cuda.h against its CPU twin (the cases of tests/cuda_ops_cases.h), without
 // Criterion (for GPU machines that lack it; scripts/gpu_check.sh builds and runs it).
 //
 //   cuda_parity [--bench]
 //
-// One line per case: dtypes, shape, transposes, the normalised error (max |got - want| /
-// max |want|), the worst element, PASS or FAIL. Exit status: 0 all passed, 1 a case failed,
+// One line per case: for matmul the dtypes, shape, transposes, the normalised error (max |got -
+// want| / max |want|), the worst element; for an op its name, the worst error over its outputs,
+// the tolerance and the worst element. Then PASS, FAIL or SKIP (an op whose CPU twin was not
+// linked: built with -DCUDA_OPS_NO_HOST_LIBS). Exit status: 0 all passed, 1 a case failed,
 // 2 no usable GPU. --bench also times one large bf16 GEMM (informational, never fails).
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -17,6 +20,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "tests/cuda_ops_cases.h"
 
 static uint64_t rng_state = 12345;
 static float rnd_uniform(void) {  // [-1, 1)
@@ -148,10 +152,24 @@ int main(int argc, char **argv) {
     printf("plan cache: 80 distinct shapes, %d failed\n", cache_fail);
     *(cache_fail ? &failed : &passed) += 1;
 
+    int skipped = 0;
+    for (size_t c = 0; c < MT_ARRAY_LEN(co_cases); c++) {
+        co_result r = co_cases[c].run(gpu);
+        if (r.skipped) {
+            printf("op %-38s SKIP (%s)\n", co_cases[c].name, r.what);
+            skipped++;
+            continue;
+        }
+        int ok = r.err <= r.tol;
+        printf("op %-38s err=%.3e (tol %.0e)  worst %s  %s\n", co_cases[c].name, r.err, r.tol, r.what,
+               ok ? "PASS" : "FAIL");
+        *(ok ? &passed : &failed) += 1;
+    }
+
     if (do_bench) bench(gpu, 8192, 8192, 8192);
     printf("ledger after the checks (the cuBLASLt workspace stays under work):\n");
     mt_ledger_print(&gpu->ledger, stdout);
     mt_backend_free(gpu);
-    printf("%d passed, %d failed\n", passed, failed);
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh — on a GPU machine, from the repository root, in one call: show the GPU and
-# toolkit, build with CUDA=1, run the CUDA build's test suite, the standalone matmul parity
+# toolkit, build with CUDA=1, run the CUDA build's test suite, the standalone matmul and op parity
 # program (scripts/cuda_parity.c) and the benchmarks. Exits non-zero if anything failed.
 #
 #   bash scripts/gpu_check.sh               # on the GPU machine
@@ -146,13 +146,19 @@ if [ -z "$PARITY" ] && [ $BASE_OK = 0 ]; then
   # backend.c names the cpu backend, which needs OpenBLAS; the parity program does not use it.
   printf '#include "core/backend.h"\n#include "core/common.h"\nmt_backend *mt_backend_cpu_new(void) {\n    mt_error_set("cpu backend not built (no OpenBLAS)");\n    return NULL;\n}\n' >"$OBJ/cpu_stub.c"
   ok=1
-  nvcc -O2 -g -std=c++17 -I. -DMT_CUDA -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-       -Xcompiler -Wall,-Wextra -c core/backend_cuda.cu -o "$OBJ/backend_cuda.o" || ok=0
-  for src in core/common.c core/dtype.c core/ledger.c core/backend.c core/backend_null.c scripts/cuda_parity.c "$OBJ/cpu_stub.c"; do
-    ${CC:-cc} $CFLAGS_MIN -c "$src" -o "$OBJ/$(basename "${src%.c}").o" || ok=0
+  # The op kernels and the CPU twins that need no library; the LoRA and AdamW cases (OpenBLAS,
+  # cJSON) report themselves skipped (CUDA_OPS_NO_HOST_LIBS).
+  for src in core/backend_cuda.cu model/ops_cuda.cu moe/moe_cuda.cu; do
+    nvcc -O2 -g -std=c++17 -I. -DMT_CUDA -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+         -Xcompiler -Wall,-Wextra -c "$src" -o "$OBJ/$(basename "${src%.cu}")_cu.o" || ok=0
   done
-  if [ $ok = 1 ] && ${CC:-cc} "$OBJ"/*.o -o "$OBJ/cuda_parity" -lm -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" \
-       -lcublasLt -lcudart -lstdc++; then
+  for src in core/common.c core/dtype.c core/ledger.c core/backend.c core/backend_null.c \
+             model/embedding.c model/rmsnorm.c model/rope.c model/attention.c model/cross_entropy.c \
+             moe/router.c moe/aux_loss.c moe/permute.c moe/swiglu.c scripts/cuda_parity.c "$OBJ/cpu_stub.c"; do
+    ${CC:-cc} $CFLAGS_MIN -fopenmp -DCUDA_OPS_NO_HOST_LIBS -c "$src" -o "$OBJ/$(basename "${src%.c}").o" || ok=0
+  done
+  if [ $ok = 1 ] && ${CC:-cc} -fopenmp "$OBJ"/*.o -o "$OBJ/cuda_parity" -lm -L"$CUDA_HOME/lib64" \
+       -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcudart -lstdc++; then
     PARITY="$OBJ/cuda_parity"
   else
     fail "build of the parity program"
@@ -160,8 +166,8 @@ if [ -z "$PARITY" ] && [ $BASE_OK = 0 ]; then
 fi
 
 if [ -n "$PARITY" ]; then
-  step "matmul parity: $PARITY --bench"
-  "$PARITY" --bench || fail "matmul parity (exit $?)"
+  step "matmul and op parity: $PARITY --bench"
+  "$PARITY" --bench || fail "matmul/op parity (exit $?)"
 fi
 
 if [ $BASE_OK = 1 ] && grep -q '^bench:' Makefile && { [ -f scripts/bench.sh ] || [ -f scripts/bench.c ]; }; then

@@ -1,0 +1,559 @@
+// model/ops_cuda.cu — CUDA twins of model/ops.h (fp32): embedding, RMSNorm, RoPE, fused causal
+// attention (sliding window, key mask, GQA) and cross-entropy. Contract in model/ops_cuda.h.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
+#include "core/common.h"
+#include "model/ops_cuda.h"
+
+enum { THREADS = 256 };
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+// out [T, H] = wte[tokens[t]]; one block per row.
+static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, int T, int H) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const float *src = wte + (int64_t)tokens[t] * H;
+        for (int h = threadIdx.x; h < H; h += blockDim.x) out[t * H + h] = src[h];
+    }
+}
+
+// dwte [V, H] += dout [T, H] by token: thread h walks t in order (no two threads share a column).
+static __global__ void embedding_backward_kernel(float *dwte, const float *dout, const int32_t *tokens, int T, int H) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    for (int64_t t = 0; t < T; t++) dwte[(int64_t)tokens[t] * H + h] += dout[t * H + h];
+}
+
+extern "C" void embedding_forward_cuda(mt_backend *be, float *out, const int32_t *tokens, const float *wte, int T,
+                                       int H) {
+    if (T <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    embedding_forward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(out, tokens, wte, T, H);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void embedding_backward_cuda(mt_backend *be, float *dwte, const float *dout, const int32_t *tokens, int T,
+                                        int H) {
+    if (!dwte || T <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    embedding_backward_kernel<<<mt_cuda_blocks(H, 128), 128, 0, s>>>(dwte, dout, tokens, T, H);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+// x [T, H], w [H] → y [T, H], rstd [T]; one block per row.
+static __global__ void rmsnorm_forward_kernel(float *y, float *rstd, const float *x, const float *w, int T, int H,
+                                              float eps) {
+    __shared__ float red[32];
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const float *xt = x + t * H;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xt[i] * xt[i];
+        ss = mt_block_sum(ss, red);
+        float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += blockDim.x) y[t * H + i] = w[i] * (xt[i] * r);
+        if (threadIdx.x == 0) rstd[t] = r;
+    }
+}
+
+// dx [T, H] += r · (w dy − n · mean(w dy n)), n = x·r; one block per row.
+static __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dy, const float *x, const float *w,
+                                                  const float *rstd, int T, int H) {
+    __shared__ float red[32];
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const float *xt = x + t * H, *gt = dy + t * H;
+        float r = rstd[t], dot = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) dot += w[i] * gt[i] * (xt[i] * r);
+        float c = mt_block_sum(dot, red) / (float)H;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) dx[t * H + i] += r * (w[i] * gt[i] - (xt[i] * r) * c);
+    }
+}
+
+enum { RMS_DW_ROWS = 256 };  // rows per partial column sum of dw
+
+// part [nchunks, H] = Σ over the chunk's rows of dy · x · r, in double; thread per column.
+static __global__ void rmsnorm_dw_partial_kernel(double *part, const float *dy, const float *x, const float *rstd,
+                                                 int T, int H) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (h >= H) return;
+    int t0 = c * RMS_DW_ROWS, t1 = MT_MIN(T, t0 + RMS_DW_ROWS);
+    double s = 0.0;
+    for (int64_t t = t0; t < t1; t++) s += (double)dy[t * H + h] * (x[t * H + h] * rstd[t]);
+    part[(int64_t)c * H + h] = s;
+}
+
+// dw [H] += Σ_c part[c, h], chunks in order.
+static __global__ void rmsnorm_dw_sum_kernel(float *dw, const double *part, int nchunks, int H) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    double s = 0.0;
+    for (int c = 0; c < nchunks; c++) s += part[(int64_t)c * H + h];
+    dw[h] += (float)s;
+}
+
+extern "C" void rmsnorm_forward_cuda(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int T,
+                                     int H, float eps) {
+    if (T <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    rmsnorm_forward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(y, rstd, x, w, T, H, eps);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void rmsnorm_backward_cuda(mt_backend *be, float *dx, float *dw, const float *dy, const float *x,
+                                      const float *w, const float *rstd, int T, int H) {
+    if (T <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    if (dx) {
+        rmsnorm_backward_dx_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(dx, dy, x, w, rstd, T, H);
+        MT_CHECK_LAUNCH();
+    }
+    if (dw) {
+        int nchunks = (T + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
+        size_t bytes = (size_t)nchunks * H * sizeof(double);
+        double *part = (double *)mt_work_alloc(be, bytes);
+        dim3 grid(mt_cuda_blocks(H, 128), (unsigned)nchunks);
+        rmsnorm_dw_partial_kernel<<<grid, 128, 0, s>>>(part, dy, x, rstd, T, H);
+        MT_CHECK_LAUNCH();
+        rmsnorm_dw_sum_kernel<<<mt_cuda_blocks(H, 128), 128, 0, s>>>(dw, part, nchunks, H);
+        MT_CHECK_LAUNCH();
+        mt_work_free(be, part, bytes);  // stream-ordered: cudaFree waits for the kernels
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+// x [T, nh, hd] rotated in place by ±angle; one thread per (t, j), the angle shared by the heads.
+// The fp32 arithmetic of model/rope.c (powf, 1/x, one product, cosf/sinf).
+static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nh, int hd, float theta,
+                                   float direction) {
+    int half = hd / 2;
+    int64_t n = (int64_t)T * half;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = idx / half;
+        int j = (int)(idx % half);
+        float e = (float)(2 * j) / (float)hd;
+        float inv_freq = 1.0f / powf(theta, e);
+        float angle = (float)pos[t] * inv_freq;
+        float c = cosf(angle), s = sinf(angle) * direction;
+        for (int h = 0; h < nh; h++) {
+            float *xh = x + (t * nh + h) * hd;
+            float a = xh[j], b = xh[j + half];
+            xh[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));  // two roundings then one add, as HF
+            xh[j + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+        }
+    }
+}
+
+static void rope_launch(mt_backend *be, float *x, const int32_t *pos, int T, int nh, int hd, float theta, float dir) {
+    if (T <= 0 || nh <= 0 || hd < 2) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>(x, pos, T, nh, hd, theta, dir);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void rope_forward_cuda(mt_backend *be, float *x, const int32_t *pos, int T, int n_heads, int hd,
+                                  float theta) {
+    rope_launch(be, x, pos, T, n_heads, hd, theta, 1.0f);
+}
+
+extern "C" void rope_backward_cuda(mt_backend *be, float *dx, const int32_t *pos, int T, int n_heads, int hd,
+                                   float theta) {
+    rope_launch(be, dx, pos, T, n_heads, hd, theta, -1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention. Visibility as model/attention.c: key j is visible to query i of sequence b iff
+// j ≤ i, (window == 0 or i − j < window) and (key_mask == NULL or key_mask[b·S + j]).
+//
+// Layout: a warp owns a query row (or, for dk/dv, a key row); its lanes take the 32 keys (or
+// queries) of the tile in shared memory for the scores, then the head dimensions d = lane + 32·i
+// for the outputs. Rows read lane-by-row are padded to hd + 1 floats so that the lanes' reads
+// fall in distinct banks.
+
+enum { ATT_ROWS = 8, ATT_TILE = 32, ATT_MAX_ND = 8 };  // 8 warps per block, 32 per tile, hd ≤ 256
+
+static __device__ __forceinline__ int att_visible(const uint8_t *mask, int b, int S, int i, int j, int window) {
+    return j >= 0 && j <= i && i < S && (window == 0 || i - j < window) && (!mask || mask[(int64_t)b * S + j]);
+}
+
+static __device__ __forceinline__ float dot_row(const float *a, const float *b, int hd) {
+    float s = 0.0f;
+    for (int d = 0; d < hd; d++) s += a[d] * b[d];
+    return s;
+}
+
+// Loads `rows` rows of hd floats (row r from src + r·stride, zeros past `valid`) into dst with
+// row pitch `pitch`, all threads of the block.
+static __device__ void load_rows(float *dst, int pitch, const float *src, int64_t stride, int rows, int valid, int hd) {
+    for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
+        int r = idx / hd, d = idx % hd;
+        dst[r * pitch + d] = r < valid ? src[r * stride + d] : 0.0f;
+    }
+}
+
+// grid (ceil(S/8), nh, B): q [T, nh, hd], k, v [T, nkv, hd] → out [T, nh, hd], lse [T, nh]
+template <int ND>
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+                                                const uint8_t *mask, int S, int nh, int nkv, int hd, int window,
+                                                float scale) {
+    extern __shared__ float smem[];
+    float *Qs = smem, *Ks = Qs + ATT_ROWS * hd, *Vs = Ks + ATT_TILE * (hd + 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * ATT_ROWS, i = i0 + warp;
+    const int kvh = h / (nh / nkv);
+    const int64_t row = ((int64_t)b * S + i) * nh + h;  // valid only when i < S
+    load_rows(Qs, hd, q + (((int64_t)b * S + i0) * nh + h) * hd, (int64_t)nh * hd, ATT_ROWS, MT_MIN(ATT_ROWS, S - i0), hd);
+
+    float m = -INFINITY, l = 0.0f, acc[ND];
+#pragma unroll
+    for (int u = 0; u < ND; u++) acc[u] = 0.0f;
+    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + ATT_ROWS, S) - 1;
+    for (int j0 = kstart; j0 <= kend; j0 += ATT_TILE) {
+        const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
+        __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
+        load_rows(Ks, hd + 1, k + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        load_rows(Vs, hd, v + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        __syncthreads();
+        const int j = j0 + lane, vis = att_visible(mask, b, S, i, j, window);
+        float sc = vis ? dot_row(Qs + warp * hd, Ks + lane * (hd + 1), hd) * scale : -INFINITY;
+        float m_new = fmaxf(m, mt_warp_max(sc));
+        if (m_new == -INFINITY) continue;  // nothing visible yet (uniform over the warp)
+        float p = vis ? expf(sc - m_new) : 0.0f, corr = expf(m - m_new);  // exp(-inf) = 0
+        l = l * corr + mt_warp_sum(p);
+#pragma unroll
+        for (int u = 0; u < ND; u++) acc[u] *= corr;
+        for (int jj = 0; jj < ATT_TILE; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+            if (pj == 0.0f) continue;  // uniform: pj is the same in every lane
+            const float *vr = Vs + jj * hd;
+#pragma unroll
+            for (int u = 0; u < ND; u++) {
+                int d = lane + 32 * u;
+                if (d < hd) acc[u] += pj * vr[d];
+            }
+        }
+        m = m_new;
+    }
+    if (i >= S) return;
+    float inv = m == -INFINITY ? 0.0f : 1.0f / l;  // no visible key: out 0, lse -inf
+#pragma unroll
+    for (int u = 0; u < ND; u++) {
+        int d = lane + 32 * u;
+        if (d < hd) out[row * hd + d] = acc[u] * inv;
+    }
+    if (lane == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
+}
+
+// D [T·nh] = Σ_d dout · out; one warp per row.
+static __global__ void attention_d_kernel(float *D, const float *dout, const float *out, int64_t rows, int hd) {
+    int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float s = 0.0f;
+    for (int d = lane; d < hd; d += 32) s += dout[r * hd + d] * out[r * hd + d];
+    s = mt_warp_sum(s);
+    if (lane == 0) D[r] = s;
+}
+
+// dq: grid (ceil(S/8), nh, B), a warp per query; dS_ij = P_ij (dO_i·v_j − D_i), dq_i += scale Σ_j dS_ij k_j.
+template <int ND>
+static __global__ void attention_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+                                           const float *lse, const float *D, const uint8_t *mask, int S, int nh,
+                                           int nkv, int hd, int window, float scale) {
+    extern __shared__ float smem[];
+    float *Qs = smem, *Gs = Qs + ATT_ROWS * hd, *Ks = Gs + ATT_ROWS * hd, *Vs = Ks + ATT_TILE * (hd + 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * ATT_ROWS, i = i0 + warp;
+    const int kvh = h / (nh / nkv);
+    const int64_t row = ((int64_t)b * S + i) * nh + h;
+    const int64_t q0 = ((int64_t)b * S + i0) * nh + h;
+    const int nq = MT_MIN(ATT_ROWS, S - i0);
+    load_rows(Qs, hd, q + q0 * hd, (int64_t)nh * hd, ATT_ROWS, nq, hd);
+    load_rows(Gs, hd, dout + q0 * hd, (int64_t)nh * hd, ATT_ROWS, nq, hd);
+    const float lse_i = i < S ? lse[row] : -INFINITY, D_i = i < S ? D[row] : 0.0f;
+
+    float acc[ND];
+#pragma unroll
+    for (int u = 0; u < ND; u++) acc[u] = 0.0f;
+    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + ATT_ROWS, S) - 1;
+    for (int j0 = kstart; j0 <= kend; j0 += ATT_TILE) {
+        const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
+        __syncthreads();
+        load_rows(Ks, hd + 1, k + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        load_rows(Vs, hd + 1, v + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        __syncthreads();
+        const int j = j0 + lane;
+        float ds = 0.0f;
+        if (lse_i != -INFINITY && att_visible(mask, b, S, i, j, window)) {  // no visible key: zero gradient
+            float p = expf(dot_row(Qs + warp * hd, Ks + lane * (hd + 1), hd) * scale - lse_i);
+            ds = p * (dot_row(Gs + warp * hd, Vs + lane * (hd + 1), hd) - D_i) * scale;
+        }
+        for (int jj = 0; jj < ATT_TILE; jj++) {
+            float dj = __shfl_sync(0xffffffffu, ds, jj);
+            if (dj == 0.0f) continue;
+            const float *kr = Ks + jj * (hd + 1);
+#pragma unroll
+            for (int u = 0; u < ND; u++) {
+                int d = lane + 32 * u;
+                if (d < hd) acc[u] += dj * kr[d];
+            }
+        }
+    }
+    if (i >= S) return;
+#pragma unroll
+    for (int u = 0; u < ND; u++) {
+        int d = lane + 32 * u;
+        if (d < hd) dq[row * hd + d] += acc[u];
+    }
+}
+
+// dk, dv: grid (ceil(S/8), nkv, B), a warp per key j, lanes over the 32 queries of a tile, for
+// every query head of the kv head's group: dv_j += Σ P_ij dO_i, dk_j += scale Σ dS_ij q_i.
+template <int ND>
+static __global__ void attention_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                            const float *v, const float *lse, const float *D, const uint8_t *mask,
+                                            int S, int nh, int nkv, int hd, int window, float scale) {
+    extern __shared__ float smem[];
+    float *Qs = smem, *Gs = Qs + ATT_TILE * (hd + 1), *Kj = Gs + ATT_TILE * (hd + 1), *Vj = Kj + ATT_ROWS * hd;
+    float *Ls = Vj + ATT_ROWS * hd, *Ds = Ls + ATT_TILE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = blockIdx.z, kvh = blockIdx.y, j0 = blockIdx.x * ATT_ROWS, j = j0 + warp;
+    const int group = nh / nkv;
+    const int64_t krow = ((int64_t)b * S + j) * nkv + kvh, k0 = ((int64_t)b * S + j0) * nkv + kvh;
+    const int nk = MT_MIN(ATT_ROWS, S - j0);
+    load_rows(Kj, hd, k + k0 * hd, (int64_t)nkv * hd, ATT_ROWS, nk, hd);
+    load_rows(Vj, hd, v + k0 * hd, (int64_t)nkv * hd, ATT_ROWS, nk, hd);
+    const int live = j < S && (!mask || mask[(int64_t)b * S + j]);  // a masked key is seen by no one
+
+    float acck[ND], accv[ND];
+#pragma unroll
+    for (int u = 0; u < ND; u++) acck[u] = accv[u] = 0.0f;
+    const int last = window > 0 ? MT_MIN(S - 1, j0 + ATT_ROWS - 1 + window - 1) : S - 1;
+    for (int h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int i0 = j0; i0 <= last; i0 += ATT_TILE) {
+            const int64_t q0 = ((int64_t)b * S + i0) * nh + h;
+            const int nq = MT_MIN(ATT_TILE, S - i0);
+            __syncthreads();
+            load_rows(Qs, hd + 1, q + q0 * hd, (int64_t)nh * hd, ATT_TILE, nq, hd);
+            load_rows(Gs, hd + 1, dout + q0 * hd, (int64_t)nh * hd, ATT_TILE, nq, hd);
+            if (threadIdx.x < ATT_TILE) {
+                int t = threadIdx.x;
+                Ls[t] = t < nq ? lse[q0 + (int64_t)t * nh] : -INFINITY;
+                Ds[t] = t < nq ? D[q0 + (int64_t)t * nh] : 0.0f;
+            }
+            __syncthreads();
+            const int i = i0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            if (live && Ls[lane] != -INFINITY && att_visible(mask, b, S, i, j, window)) {
+                p = expf(dot_row(Qs + lane * (hd + 1), Kj + warp * hd, hd) * scale - Ls[lane]);
+                ds = p * (dot_row(Gs + lane * (hd + 1), Vj + warp * hd, hd) - Ds[lane]) * scale;
+            }
+            for (int ii = 0; ii < ATT_TILE; ii++) {
+                float pi = __shfl_sync(0xffffffffu, p, ii), di = __shfl_sync(0xffffffffu, ds, ii);
+                if (pi == 0.0f && di == 0.0f) continue;
+                const float *qr = Qs + ii * (hd + 1), *gr = Gs + ii * (hd + 1);
+#pragma unroll
+                for (int u = 0; u < ND; u++) {
+                    int d = lane + 32 * u;
+                    if (d < hd) {
+                        accv[u] += pi * gr[d];
+                        acck[u] += di * qr[d];
+                    }
+                }
+            }
+        }
+    if (!live) return;
+#pragma unroll
+    for (int u = 0; u < ND; u++) {
+        int d = lane + 32 * u;
+        if (d >= hd) continue;
+        if (dv) dv[krow * hd + d] += accv[u];
+        if (dk) dk[krow * hd + d] += acck[u];
+    }
+}
+
+static void att_check(int nh, int nkv, int hd) {
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd > 32 * ATT_MAX_ND)
+        mt_fatal(MT_EXIT_ERROR, "attention_cuda: nh=%d must be a multiple of nkv=%d, 0 < hd=%d <= %d", nh, nkv, hd,
+                 32 * ATT_MAX_ND);
+}
+
+// Dynamic shared memory beyond the default 48 KiB must be asked for per kernel.
+template <typename K> static void att_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        MT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int ND>
+static void att_forward(cudaStream_t s, float *out, float *lse, const float *q, const float *k, const float *v,
+                        const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
+    size_t smem = (size_t)(ATT_ROWS * hd + ATT_TILE * (hd + 1) + ATT_TILE * hd) * sizeof(float);
+    att_smem(attention_forward_kernel<ND>, smem);
+    dim3 grid((unsigned)((S + ATT_ROWS - 1) / ATT_ROWS), (unsigned)nh, (unsigned)B);
+    attention_forward_kernel<ND><<<grid, 32 * ATT_ROWS, smem, s>>>(out, lse, q, k, v, mask, S, nh, nkv, hd, window,
+                                                                   1.0f / sqrtf((float)hd));
+    MT_CHECK_LAUNCH();
+}
+
+template <int ND>
+static void att_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                         const float *k, const float *v, const float *lse, const float *D, const uint8_t *mask, int B,
+                         int S, int nh, int nkv, int hd, int window) {
+    const float scale = 1.0f / sqrtf((float)hd);
+    const unsigned tiles = (unsigned)((S + ATT_ROWS - 1) / ATT_ROWS);
+    if (dq) {
+        size_t smem = (size_t)(2 * ATT_ROWS * hd + 2 * ATT_TILE * (hd + 1)) * sizeof(float);
+        att_smem(attention_dq_kernel<ND>, smem);
+        attention_dq_kernel<ND><<<dim3(tiles, (unsigned)nh, (unsigned)B), 32 * ATT_ROWS, smem, s>>>(
+            dq, dout, q, k, v, lse, D, mask, S, nh, nkv, hd, window, scale);
+        MT_CHECK_LAUNCH();
+    }
+    if (dk || dv) {
+        size_t smem = (size_t)(2 * ATT_TILE * (hd + 1) + 2 * ATT_ROWS * hd + 2 * ATT_TILE) * sizeof(float);
+        att_smem(attention_dkv_kernel<ND>, smem);
+        attention_dkv_kernel<ND><<<dim3(tiles, (unsigned)nkv, (unsigned)B), 32 * ATT_ROWS, smem, s>>>(
+            dk, dv, dout, q, k, v, lse, D, mask, S, nh, nkv, hd, window, scale);
+        MT_CHECK_LAUNCH();
+    }
+}
+
+#define ATT_DISPATCH(nd, call)                                                                        \
+    switch (nd) {                                                                                     \
+    case 1: call(1); break;                                                                           \
+    case 2: call(2); break;                                                                           \
+    case 3: call(3); break;                                                                           \
+    case 4: call(4); break;                                                                           \
+    case 5: call(5); break;                                                                           \
+    case 6: call(6); break;                                                                           \
+    case 7: call(7); break;                                                                           \
+    default: call(8); break;                                                                          \
+    }
+
+extern "C" void attention_forward_cuda(mt_backend *be, float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const uint8_t *key_mask, int B, int S, int nh, int nkv,
+                                       int hd, int window) {
+    att_check(nh, nkv, hd);
+    if (B <= 0 || S <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+#define FWD(N) att_forward<N>(s, out, lse, q, k, v, key_mask, B, S, nh, nkv, hd, window)
+    ATT_DISPATCH((hd + 31) / 32, FWD)
+#undef FWD
+}
+
+extern "C" void attention_backward_cuda(mt_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v, const float *out,
+                                        const float *lse, const uint8_t *key_mask, int B, int S, int nh, int nkv,
+                                        int hd, int window) {
+    att_check(nh, nkv, hd);
+    if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t rows = (int64_t)B * S * nh;
+    size_t dbytes = (size_t)rows * sizeof(float);
+    float *D = (float *)mt_work_alloc(be, dbytes);
+    attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, out, rows, hd);
+    MT_CHECK_LAUNCH();
+#define BWD(N) att_backward<N>(s, dq, dk, dv, dout, q, k, v, lse, D, key_mask, B, S, nh, nkv, hd, window)
+    ATT_DISPATCH((hd + 31) / 32, BWD)
+#undef BWD
+    mt_work_free(be, D, dbytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+struct ce_result {
+    double loss;
+    long long count;
+    int bad_row;  // the first row with a target outside [0, V), or CE_NO_BAD_ROW
+};
+#define CE_NO_BAD_ROW 0x7f7f7f7f  // what a memset of 0x7f bytes leaves
+
+// One block per row: max, Σ exp, lse, the row's loss, and the gradient written in the same
+// kernel (in place when dlogits == logits: every read of the row precedes the block's barriers).
+static __global__ void cross_entropy_kernel(float *dlogits, float dscale, const float *logits, const int32_t *targets,
+                                            int T, int V, int ignore_index, double *row_loss, ce_result *res) {
+    __shared__ float red[32];
+    const int in_place = dlogits == logits;
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const int tgt = targets[t];
+        if (tgt == ignore_index) {
+            if (threadIdx.x == 0) row_loss[t] = 0.0;
+            continue;
+        }
+        if (tgt < 0 || tgt >= V) {
+            if (threadIdx.x == 0) {
+                row_loss[t] = 0.0;
+                atomicMin(&res->bad_row, (int)t);  // reported on the host after the sync
+            }
+            continue;
+        }
+        const float *lt = logits + t * V;
+        const float l_tgt = lt[tgt];
+        float m = -INFINITY;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, lt[i]);
+        m = mt_block_max(m, red);
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(lt[i] - m);
+        sum = mt_block_sum(sum, red);  // ends synchronised: every read of the row is done
+        float lse = m + logf(sum);
+        if (threadIdx.x == 0) row_loss[t] = (double)lse - l_tgt;
+        if (!dlogits) continue;
+        float inv = 1.0f / sum, *dt = dlogits + t * V;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            float g = dscale * (expf(lt[i] - m) * inv);
+            float d = in_place ? g : dt[i] + g;
+            dt[i] = i == tgt ? d - dscale : d;
+        }
+    }
+}
+
+// res->loss = Σ row_loss in a fixed order, res->count = counted rows; one block.
+static __global__ void cross_entropy_sum_kernel(const double *row_loss, const int32_t *targets, int T, int V,
+                                                int ignore_index, ce_result *res) {
+    __shared__ double red[32];
+    __shared__ long long redc[32];
+    double s = 0.0;
+    long long c = 0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        s += row_loss[t];
+        c += targets[t] != ignore_index && targets[t] >= 0 && targets[t] < V;
+    }
+    s = mt_block_sum(s, red);
+    c = mt_block_sum(c, redc);
+    if (threadIdx.x == 0) res->loss = s, res->count = c;
+}
+
+extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count,
+                                     const float *logits, const int32_t *targets, int T, int V, int ignore_index) {
+    if (count) *count = 0;
+    if (T <= 0) return 0.0;
+    cudaStream_t s = mt_cuda_begin(be);
+    size_t bytes = (size_t)T * sizeof(double) + sizeof(ce_result);
+    double *row_loss = (double *)mt_work_alloc(be, bytes);
+    ce_result *res = (ce_result *)(row_loss + T);
+    MT_CHECK_CUDA(cudaMemsetAsync(res, 0x7f, sizeof *res, s));
+    cross_entropy_kernel<<<mt_cuda_blocks(T, 1, 0x7fffffffu), 512, 0, s>>>(dlogits, dscale, logits, targets, T, V,
+                                                                            ignore_index, row_loss, res);
+    MT_CHECK_LAUNCH();
+    cross_entropy_sum_kernel<<<1, 1024, 0, s>>>(row_loss, targets, T, V, ignore_index, res);
+    MT_CHECK_LAUNCH();
+    ce_result h;
+    MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
+    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the sum
+    mt_work_free(be, row_loss, bytes);
+    if (h.bad_row != CE_NO_BAD_ROW) {
+        int32_t bad = 0;
+        MT_CHECK_CUDA(cudaMemcpy(&bad, targets + h.bad_row, sizeof bad, cudaMemcpyDeviceToHost));
+        mt_fatal(MT_EXIT_ERROR, "cross_entropy: row %d has target %d outside [0, %d) (ignore_index %d)", h.bad_row,
+                 bad, V, ignore_index);
+    }
+    if (count) *count = h.count;
+    return h.loss;
+}

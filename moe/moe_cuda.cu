@@ -1,0 +1,537 @@
+// moe/moe_cuda.cu — CUDA twins of moe/moe.h (fp32): router, aux loss, z-loss, the expert
+// permutation (a stable counting sort on the device), gather/combine and SwiGLU. Contract in
+// model/ops_cuda.h. Nothing here synchronises the host except the two functions that return a
+// host value (moe_zloss_sum_cuda, moe_aux_stats_download_cuda).
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
+#include "core/common.h"
+#include "model/ops_cuda.h"
+
+enum {
+    THREADS = 256,
+    MOE_MAX_E = 1024,     // experts (moe_aux_stats holds 1024 too)
+    MOE_MAX_K = 16,       // choices per token in the scatters' sort
+    PERMUTE_CHUNK = 256,  // assignments per warp in the counting sort
+    AUX_ROWS = 256,       // rows per partial sum of the aux statistics
+};
+
+// ---------------------------------------------------------------------------------------------
+// Router: one thread per row, the CPU's algorithm step for step (E and k are small; ties and the
+// NaN fallback then need no cross-thread agreement).
+
+static __device__ __forceinline__ int router_better(const float *p, int a, int b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+}
+
+// logits [T, E] → probs [T, E], ids [T, k], weights [T, k]
+static __global__ void router_forward_kernel(int32_t *ids, float *weights, float *probs, const float *logits, int T,
+                                             int E, int k, int norm_topk) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *l = logits + t * E;
+    float *p = probs + t * E, *w = weights + t * k;
+    int32_t *id = ids + t * k;
+    float maxv = -INFINITY;
+    for (int e = 0; e < E; e++) maxv = fmaxf(maxv, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) {
+        p[e] = expf(l[e] - maxv);
+        sum += p[e];
+    }
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    for (int j = 0; j < k; j++) {  // choice j = the best expert ranked strictly below choice j-1
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if ((j == 0 || router_better(p, id[j - 1], e)) && (best < 0 || router_better(p, e, best))) best = e;
+        if (best < 0) {  // NaN probabilities order nothing: the lowest expert unused
+            for (int e = 0; e < E && best < 0; e++) {
+                int used = 0;
+                for (int i = 0; i < j; i++) used |= id[i] == e;
+                if (!used) best = e;
+            }
+        }
+        id[j] = best;
+        w[j] = p[best];
+    }
+    if (norm_topk) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+// dweights [T, k] → dlogits [T, E] += (model/moe/router.c for the formulas)
+static __global__ void router_backward_kernel(float *dlogits, const float *dweights, const float *probs,
+                                              const int32_t *ids, const float *weights, int T, int E, int k,
+                                              int norm_topk) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *p = probs + t * E, *w = weights + t * k, *dw = dweights + t * k;
+    const int32_t *id = ids + t * k;
+    float *dl = dlogits + t * E;
+    float S = 1.0f, wdw = 0.0f;
+    if (norm_topk) {
+        S = 0.0f;
+        for (int j = 0; j < k; j++) {
+            S += p[id[j]];
+            wdw += dw[j] * w[j];
+        }
+    }
+    float pdp = 0.0f;
+    for (int j = 0; j < k; j++) pdp += (dw[j] - wdw) / S * p[id[j]];
+    for (int e = 0; e < E; e++) dl[e] -= p[e] * pdp;
+    for (int j = 0; j < k; j++) dl[id[j]] += p[id[j]] * (dw[j] - wdw) / S;
+}
+
+static void moe_check(const char *what, int E, int k) {
+    if (E < 1 || E > MOE_MAX_E || k < 1 || k > E)
+        mt_fatal(MT_EXIT_ERROR, "%s: E=%d k=%d out of range (1 <= k <= E <= %d)", what, E, k, (int)MOE_MAX_E);
+}
+
+extern "C" void router_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *probs, const float *logits,
+                                    int T, int E, int k, int norm_topk) {
+    moe_check("router_forward_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_forward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(ids, weights, probs, logits, T, E, k,
+                                                                               norm_topk);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void router_backward_cuda(mt_backend *be, float *dlogits, const float *dweights, const float *probs,
+                                     const int32_t *ids, const float *weights, int T, int E, int k, int norm_topk) {
+    moe_check("router_backward_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dweights, probs, ids,
+                                                                                weights, T, E, k, norm_topk);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Aux loss statistics on the device: stats [2E+1] = counts [E], prob_sums [E], rows.
+
+// part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic.
+static __global__ void aux_partial_kernel(double *part, const float *probs, const int32_t *ids, const uint8_t *mask,
+                                          int T, int E, int k) {
+    const int c = blockIdx.x, t0 = c * AUX_ROWS, t1 = MT_MIN(T, t0 + AUX_ROWS), L = 2 * E + 1;
+    for (int idx = threadIdx.x; idx < L; idx += blockDim.x) {
+        double s = 0.0;
+        for (int64_t t = t0; t < t1; t++) {
+            if (mask && !mask[t]) continue;
+            if (idx < E) {  // counts
+                for (int j = 0; j < k; j++) s += ids[t * k + j] == idx;
+            } else if (idx < 2 * E) {  // prob sums
+                s += probs[t * E + (idx - E)];
+            } else {  // rows
+                s += 1.0;
+            }
+        }
+        part[(int64_t)c * L + idx] = s;
+    }
+}
+
+static __global__ void aux_sum_kernel(double *stats, const double *part, int nchunks, int L) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= L) return;
+    double s = 0.0;
+    for (int c = 0; c < nchunks; c++) s += part[(int64_t)c * L + idx];
+    stats[idx] += s;
+}
+
+// dlogits [T, E] += coef · p_e · (g_e − Σ g_i p_i), g_e = coef-free E·counts[e]/rows² (as the CPU)
+static __global__ void aux_backward_kernel(float *dlogits, float coef, const double *stats, const float *probs,
+                                           const uint8_t *mask, int T, int E) {
+    __shared__ float g[MOE_MAX_E];
+    const double n = stats[2 * E];
+    if (n == 0.0) return;  // uniform over the grid: no row counted, no gradient
+    for (int e = threadIdx.x; e < E; e += blockDim.x) g[e] = (float)(coef * E * stats[e] / (n * n));
+    __syncthreads();
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T || (mask && !mask[t])) return;
+    const float *p = probs + t * E;
+    float *dl = dlogits + t * E;
+    float gp = 0.0f;
+    for (int e = 0; e < E; e++) gp += g[e] * p[e];
+    for (int e = 0; e < E; e++) dl[e] += p[e] * (g[e] - gp);
+}
+
+extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const float *probs, const int32_t *ids,
+                                        const uint8_t *row_mask, int T, int E, int k) {
+    moe_check("moe_aux_accumulate_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int nchunks = (T + AUX_ROWS - 1) / AUX_ROWS, L = 2 * E + 1;
+    size_t bytes = (size_t)nchunks * L * sizeof(double);
+    double *part = (double *)mt_work_alloc(be, bytes);
+    aux_partial_kernel<<<nchunks, 64, 0, s>>>(part, probs, ids, row_mask, T, E, k);
+    MT_CHECK_LAUNCH();
+    aux_sum_kernel<<<mt_cuda_blocks(L, 128), 128, 0, s>>>(stats, part, nchunks, L);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, part, bytes);
+}
+
+extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, const double *stats) {
+    const int E = st->E;
+    double h[MT_AUX_STATS_LEN(MOE_MAX_E)];
+    cudaStream_t s = mt_cuda_begin(be);
+    MT_CHECK_CUDA(cudaMemcpyAsync(h, stats, (size_t)MT_AUX_STATS_LEN(E) * sizeof(double), cudaMemcpyDeviceToHost, s));
+    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the totals
+    for (int e = 0; e < E; e++) {
+        st->counts[e] = h[e];
+        st->prob_sums[e] = h[E + e];
+    }
+    st->rows = (int64_t)h[2 * E];
+}
+
+extern "C" void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats,
+                                      const float *probs, const uint8_t *row_mask, int T, int E) {
+    moe_check("moe_aux_backward_cuda", E, 1);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    aux_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, coef, stats, probs, row_mask,
+                                                                             T, E);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router z-loss
+
+// logsumexp of a row in double, as moe/aux_loss.c's row_lse.
+static __device__ double row_lse(const float *l, int E) {
+    float maxv = -INFINITY;
+    for (int e = 0; e < E; e++) maxv = fmaxf(maxv, l[e]);
+    if (isinf(maxv)) return maxv;
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - maxv);
+    return maxv + log(sum);
+}
+
+// z [T] = lse² on unmasked rows, 0 elsewhere; thread per row.
+static __global__ void zloss_rows_kernel(double *z, const float *logits, const uint8_t *mask, int T, int E) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    if (mask && !mask[t]) {
+        z[t] = 0.0;
+        return;
+    }
+    double lse = row_lse(logits + t * E, E);
+    z[t] = lse * lse;
+}
+
+struct zloss_result {
+    double sum;
+    long long rows;
+};
+
+// res = Σ z and the unmasked row count, one block, fixed order.
+static __global__ void zloss_sum_kernel(zloss_result *res, const double *z, const uint8_t *mask, int T) {
+    __shared__ double red[32];
+    __shared__ long long redc[32];
+    double s = 0.0;
+    long long c = 0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        s += z[t];
+        c += !mask || mask[t];
+    }
+    s = mt_block_sum(s, red);
+    c = mt_block_sum(c, redc);
+    if (threadIdx.x == 0) res->sum = s, res->rows = c;
+}
+
+// dlogits [T, E] += dscale · 2 · lse · softmax(logits) on unmasked rows
+static __global__ void zloss_backward_kernel(float *dlogits, float dscale, const float *logits, const uint8_t *mask,
+                                             int T, int E) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T || (mask && !mask[t])) return;
+    const float *l = logits + t * E;
+    float *dl = dlogits + t * E;
+    double lse = row_lse(l, E), c = 2.0 * dscale * lse;
+    for (int e = 0; e < E; e++) dl[e] += (float)(c * exp((double)l[e] - lse));
+}
+
+extern "C" double moe_zloss_sum_cuda(mt_backend *be, int64_t *rows, const float *logits, const uint8_t *row_mask,
+                                     int T, int E) {
+    if (T <= 0) return 0.0;
+    cudaStream_t s = mt_cuda_begin(be);
+    size_t bytes = (size_t)T * sizeof(double) + sizeof(zloss_result);
+    double *z = (double *)mt_work_alloc(be, bytes);
+    zloss_result *res = (zloss_result *)(z + T);
+    zloss_rows_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(z, logits, row_mask, T, E);
+    MT_CHECK_LAUNCH();
+    zloss_sum_kernel<<<1, 1024, 0, s>>>(res, z, row_mask, T);
+    MT_CHECK_LAUNCH();
+    zloss_result h;
+    MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
+    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the sum
+    mt_work_free(be, z, bytes);
+    *rows += h.rows;
+    return h.sum;
+}
+
+extern "C" void moe_zloss_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *logits,
+                                        const uint8_t *row_mask, int T, int E) {
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    zloss_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dscale, logits, row_mask, T,
+                                                                               E);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Permute: a stable counting sort in three launches, one warp per chunk of PERMUTE_CHUNK
+// assignments. 1) each chunk's histogram; 2) one block turns them into each chunk's first slot
+// per expert (experts' offsets + earlier chunks' counts) and writes counts and offsets; 3) each
+// chunk scatters its assignments, 32 at a time: lanes with the same expert (__match_any_sync)
+// take consecutive slots in lane order, so the order within an expert is the assignment order.
+
+static __device__ __forceinline__ int32_t permute_id(const int32_t *ids, int a, int n, int E) {
+    if (a >= n) return -1;  // past the end: a group of its own, skipped
+    int32_t e = ids[a];
+    if ((unsigned)e >= (unsigned)E) {
+        printf("moe_permute_cuda: expert id %d of assignment %d out of [0, %d)\n", e, a, E);
+        __trap();
+    }
+    return e;
+}
+
+// chunk_counts [nchunks, E]
+static __global__ void permute_count_kernel(int32_t *chunk_counts, const int32_t *ids, int n, int E) {
+    __shared__ int32_t cnt[MOE_MAX_E];
+    const int lane = threadIdx.x, a0 = blockIdx.x * PERMUTE_CHUNK, a1 = MT_MIN(n, a0 + PERMUTE_CHUNK);
+    for (int e = lane; e < E; e += 32) cnt[e] = 0;
+    __syncwarp();
+    for (int base = a0; base < a1; base += 32) {
+        int32_t e = permute_id(ids, base + lane, a1, E);
+        unsigned same = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && lane == __ffs(same) - 1) cnt[e] += __popc(same);
+        __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) chunk_counts[(int64_t)blockIdx.x * E + e] = cnt[e];
+}
+
+// chunk_counts → each chunk's first slot per expert; counts [E] (or NULL), offsets [E+1]. One block.
+static __global__ void permute_scan_kernel(int32_t *chunk_counts, int32_t *offsets, int32_t *counts, int nchunks,
+                                           int E) {
+    __shared__ int32_t total[MOE_MAX_E], off[MOE_MAX_E + 1];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t run = 0;
+        for (int c = 0; c < nchunks; c++) {
+            int32_t v = chunk_counts[(int64_t)c * E + e];
+            chunk_counts[(int64_t)c * E + e] = run;
+            run += v;
+        }
+        total[e] = run;
+        if (counts) counts[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // E ≤ 1024 additions: not worth a parallel scan
+        off[0] = 0;
+        for (int e = 0; e < E; e++) off[e + 1] = off[e] + total[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = off[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int c = 0; c < nchunks; c++) chunk_counts[(int64_t)c * E + e] += off[e];
+}
+
+static __global__ void permute_scatter_kernel(int32_t *order, const int32_t *chunk_first, const int32_t *ids, int n,
+                                              int E) {
+    __shared__ int32_t cursor[MOE_MAX_E];
+    const int lane = threadIdx.x, a0 = blockIdx.x * PERMUTE_CHUNK, a1 = MT_MIN(n, a0 + PERMUTE_CHUNK);
+    for (int e = lane; e < E; e += 32) cursor[e] = chunk_first[(int64_t)blockIdx.x * E + e];
+    __syncwarp();
+    for (int base = a0; base < a1; base += 32) {
+        int a = base + lane;
+        int32_t e = permute_id(ids, a, a1, E);
+        unsigned same = __match_any_sync(0xffffffffu, e);
+        if (e >= 0) order[cursor[e] + __popc(same & ((1u << lane) - 1u))] = a;
+        __syncwarp();  // every lane has read its cursor before the group's leader moves it
+        if (e >= 0 && lane == __ffs(same) - 1) cursor[e] += __popc(same);
+        __syncwarp();
+    }
+}
+
+extern "C" void moe_permute_cuda(mt_backend *be, int32_t *order, int32_t *offsets, int32_t *counts,
+                                 const int32_t *ids, int T, int E, int k) {
+    moe_check("moe_permute_cuda", E, k);
+    cudaStream_t s = mt_cuda_begin(be);
+    const int n = T > 0 ? T * k : 0, nchunks = (n + PERMUTE_CHUNK - 1) / PERMUTE_CHUNK;
+    size_t bytes = (size_t)MT_MAX(nchunks, 1) * E * sizeof(int32_t);
+    int32_t *cc = (int32_t *)mt_work_alloc(be, bytes);
+    if (nchunks > 0) {
+        permute_count_kernel<<<nchunks, 32, 0, s>>>(cc, ids, n, E);
+        MT_CHECK_LAUNCH();
+    }
+    permute_scan_kernel<<<1, 1024, 0, s>>>(cc, offsets, counts, nchunks, E);
+    MT_CHECK_LAUNCH();
+    if (nchunks > 0) {
+        permute_scatter_kernel<<<nchunks, 32, 0, s>>>(order, cc, ids, n, E);
+        MT_CHECK_LAUNCH();
+    }
+    mt_work_free(be, cc, bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gather and combine
+
+// xs [n, H], row i = x [order[i] / k]; one block per row.
+static __global__ void gather_kernel(float *xs, const float *x, const int32_t *order, int n, int H, int k) {
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const float *src = x + (int64_t)(order[i] / k) * H;
+        for (int h = threadIdx.x; h < H; h += blockDim.x) xs[i * H + h] = src[h];
+    }
+}
+
+// inv [n]: inv[order[i]] = i (where each assignment sits in expert order)
+static __global__ void invert_kernel(int32_t *inv, const int32_t *order, int n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) inv[order[i]] = (int32_t)i;
+}
+
+// Token t's k positions in expert order, ascending (the order the CPU adds them in); pos[j] is a
+// position, asg[j] its assignment.
+static __device__ __forceinline__ void token_positions(const int32_t *inv, int64_t t, int k, int32_t *pos,
+                                                       int32_t *asg) {
+    for (int j = 0; j < k; j++) {
+        int32_t a = (int32_t)(t * k + j), p = inv[a];
+        int q = j;
+        for (; q > 0 && pos[q - 1] > p; q--) pos[q] = pos[q - 1], asg[q] = asg[q - 1];
+        pos[q] = p, asg[q] = a;
+    }
+}
+
+// dx [T, H] += Σ over token t's rows of dxs; block per token, rows added in ascending position.
+static __global__ void gather_backward_kernel(float *dx, const float *dxs, const int32_t *inv, int T, int H, int k) {
+    int32_t pos[MOE_MAX_K], asg[MOE_MAX_K];
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        token_positions(inv, t, k, pos, asg);
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            float v = dx[t * H + h];
+            for (int j = 0; j < k; j++) v += dxs[(int64_t)pos[j] * H + h];
+            dx[t * H + h] = v;
+        }
+    }
+}
+
+// out [T, H] += weights[a] · ys[i] over token t's assignments, in ascending i, rounded as the CPU
+// rounds (product, then sum: no FMA), so the combine matches it bit for bit.
+static __global__ void combine_kernel(float *out, const float *ys, const float *weights, const int32_t *inv, int T,
+                                      int H, int k) {
+    int32_t pos[MOE_MAX_K], asg[MOE_MAX_K];
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        token_positions(inv, t, k, pos, asg);
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            float v = out[t * H + h];
+            for (int j = 0; j < k; j++) v = __fadd_rn(v, __fmul_rn(weights[asg[j]], ys[(int64_t)pos[j] * H + h]));
+            out[t * H + h] = v;
+        }
+    }
+}
+
+// dys [n, H] += weights[a] · dout[t]; dweights [n] += <dout[t], ys[i]>; block per row i.
+static __global__ void combine_backward_kernel(float *dys, float *dweights, const float *dout, const float *ys,
+                                               const float *weights, const int32_t *order, int n, int H, int k) {
+    __shared__ float red[32];
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int32_t a = order[i];
+        const float *d = dout + (int64_t)(a / k) * H, *y = ys + i * H;
+        float dot = 0.0f;
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            if (dys) dys[i * H + h] += weights[a] * d[h];
+            if (dweights) dot += d[h] * y[h];
+        }
+        if (dweights) {  // uniform over the block
+            dot = mt_block_sum(dot, red);
+            if (threadIdx.x == 0) dweights[a] += dot;
+        }
+    }
+}
+
+extern "C" void moe_gather_cuda(mt_backend *be, float *xs, const float *x, const int32_t *order, int n, int H,
+                                int k) {
+    if (n <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    gather_kernel<<<mt_cuda_blocks(n, 1), THREADS, 0, s>>>(xs, x, order, n, H, k);
+    MT_CHECK_LAUNCH();
+}
+
+// The inverse of `order` in work scratch [n]; the caller frees it.
+static int32_t *invert_order(mt_backend *be, cudaStream_t s, const int32_t *order, int n, int k, const char *what) {
+    if (k < 1 || k > MOE_MAX_K || n % k != 0)
+        mt_fatal(MT_EXIT_ERROR, "%s: k=%d must be in [1, %d] and divide n=%d", what, k, (int)MOE_MAX_K, n);
+    int32_t *inv = (int32_t *)mt_work_alloc(be, (size_t)n * sizeof(int32_t));
+    invert_kernel<<<mt_cuda_blocks(n, THREADS, 0x7fffffffu), THREADS, 0, s>>>(inv, order, n);
+    MT_CHECK_LAUNCH();
+    return inv;
+}
+
+extern "C" void moe_gather_backward_cuda(mt_backend *be, float *dx, const float *dxs, const int32_t *order, int n,
+                                         int H, int k) {
+    if (n <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    int32_t *inv = invert_order(be, s, order, n, k, "moe_gather_backward_cuda");
+    gather_backward_kernel<<<mt_cuda_blocks(n / k, 1), THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
+}
+
+extern "C" void moe_combine_cuda(mt_backend *be, float *out, const float *ys, const float *weights,
+                                 const int32_t *order, int n, int H, int k) {
+    if (n <= 0 || H <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    int32_t *inv = invert_order(be, s, order, n, k, "moe_combine_cuda");
+    combine_kernel<<<mt_cuda_blocks(n / k, 1), THREADS, 0, s>>>(out, ys, weights, inv, n / k, H, k);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
+}
+
+extern "C" void moe_combine_backward_cuda(mt_backend *be, float *dys, float *dweights, const float *dout,
+                                          const float *ys, const float *weights, const int32_t *order, int n, int H,
+                                          int k) {
+    if (n <= 0 || H <= 0 || (!dys && !dweights)) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    combine_backward_kernel<<<mt_cuda_blocks(n, 1), THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+static __device__ __forceinline__ float sigmoid_f(float g) {  // no overflow: e^-|g| ≤ 1
+    if (g >= 0.0f) return 1.0f / (1.0f + expf(-g));
+    const float z = expf(g);
+    return z / (1.0f + z);
+}
+
+static __global__ void swiglu_forward_kernel(float *a, const float *g, const float *u, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        a[i] = g[i] * sigmoid_f(g[i]) * u[i];
+}
+
+static __global__ void swiglu_backward_kernel(float *dg, float *du, const float *da, const float *g, const float *u,
+                                              int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float s = sigmoid_f(g[i]);
+        if (dg) dg[i] += da[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        if (du) du[i] += da[i] * g[i] * s;
+    }
+}
+
+extern "C" void swiglu_forward_cuda(mt_backend *be, float *a, const float *g, const float *u, int64_t n) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    swiglu_forward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(a, g, u, n);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void swiglu_backward_cuda(mt_backend *be, float *dg, float *du, const float *da, const float *g,
+                                     const float *u, int64_t n) {
+    if (n <= 0 || (!dg && !du)) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    swiglu_backward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(dg, du, da, g, u, n);
+    MT_CHECK_LAUNCH();
+}

@@ -1,0 +1,634 @@
+// tests/cuda_ops_cases.h — the CUDA-vs-CPU parity cases of model/ops_cuda.h, written once for the
+// Criterion suite (tests/test_cuda_ops.c) and the standalone program (scripts/cuda_parity.c).
+//
+// Each case draws fresh random inputs (a fixed seed per case, so a failure reproduces), runs the
+// CPU twin and the CUDA op on the same values, and returns the worst normalised error over its
+// outputs: max |got − want| / max |want| per output (integer outputs: the count of mismatches).
+// Include only in CUDA builds (MT_CUDA). Define CUDA_OPS_NO_HOST_LIBS where lora/lora.c and
+// trainer/optim.c are not linked (no OpenBLAS / cJSON): the LoRA and AdamW cases then report
+// themselves skipped.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "model/ops.h"
+#include "model/ops_cuda.h"
+#include "moe/moe.h"
+#ifndef CUDA_OPS_NO_HOST_LIBS
+#include "lora/lora.h"
+#include "trainer/optim.h"
+#endif
+
+#define CUDA_OPS_TOL 1e-4  // fp32 paths (DESIGN.md: CUDA vs CPU per op)
+
+typedef struct {
+    char what[160];  // the worst output and where
+    double err;      // worst normalised error (or mismatch count) over the outputs
+    double tol;
+    int skipped;     // 1: not run (why in `what`)
+    int outputs;     // outputs compared so far
+} co_result;
+
+static co_result co_begin(void) {
+    co_result r;
+    memset(&r, 0, sizeof r);
+    r.tol = CUDA_OPS_TOL;
+    snprintf(r.what, sizeof r.what, "no output");
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host data and device copies
+
+static uint64_t co_rng = 1;
+static void co_seed(uint64_t s) { co_rng = s * 0x9e3779b97f4a7c15ull + 1; }
+static uint32_t co_next(void) {
+    co_rng = co_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(co_rng >> 32);
+}
+static float co_uniform(float lo, float hi) { return lo + (hi - lo) * (float)((co_next() >> 8) * (1.0 / 16777216.0)); }
+static int co_int(int n) { return (int)(co_next() % (uint32_t)n); }
+
+static float *co_rand(size_t n, float lo, float hi) {
+    float *x = mt_xmalloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) x[i] = co_uniform(lo, hi);
+    return x;
+}
+static float *co_copy(const float *x, size_t n) {
+    float *y = mt_xmalloc(n * sizeof(float) + 1);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+// Device memory of `be` holding `bytes` of host (or zeros when host is NULL).
+static void *co_up(mt_backend *be, const void *host, size_t bytes) {
+    void *d = NULL;
+    if (mt_backend_alloc(be, MT_MEM_ACT, bytes ? bytes : 1, &d) != 0) mt_fatal(MT_EXIT_OOM, "%s", mt_error_get());
+    if (host) be->ops->upload(be, d, host, bytes);
+    else be->ops->fill_zero(be, d, bytes ? bytes : 1);
+    return d;
+}
+static void co_down(mt_backend *be, void *host, const void *dev, size_t bytes) { be->ops->download(be, host, dev, bytes); }
+static void co_free(mt_backend *be, void *dev, size_t bytes) { mt_backend_release(be, MT_MEM_ACT, bytes ? bytes : 1, dev); }
+
+// Downloads n floats of `dev` and compares them with `want`; keeps the worst output in r.
+static void co_cmp_dev(co_result *r, mt_backend *be, const char *label, const void *dev, const float *want, size_t n) {
+    float *got = mt_xmalloc(n * sizeof(float) + 1);
+    co_down(be, got, dev, n * sizeof(float));
+    double maxd = 0, maxw = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d;
+        if (isinf(want[i]) || isinf(got[i])) d = got[i] == want[i] ? 0.0 : INFINITY;  // lse = -inf must match
+        else d = fabs((double)got[i] - want[i]);
+        if (!(d <= maxd)) maxd = d, worst = i;  // NaN counts as worst
+        if (isfinite(want[i]) && fabs(want[i]) > maxw) maxw = fabs(want[i]);
+    }
+    double err = maxd / (maxw > 0 ? maxw : 1.0);
+    if (r->outputs++ == 0 || !(err <= r->err)) {
+        r->err = err;
+        snprintf(r->what, sizeof r->what, "%s[%zu] got %.7g want %.7g", label, worst, n ? got[worst] : 0.0f,
+                 n ? want[worst] : 0.0f);
+    }
+    free(got);
+}
+
+// Integer outputs must match exactly: the error is the number of mismatches.
+static void co_cmp_dev_i32(co_result *r, mt_backend *be, const char *label, const void *dev, const int32_t *want,
+                           size_t n) {
+    int32_t *got = mt_xmalloc(n * sizeof(int32_t) + 1);
+    co_down(be, got, dev, n * sizeof(int32_t));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i] && bad++ == 0) first = i;
+    if (r->outputs++ == 0 || (double)bad > r->err) {
+        r->err = (double)bad;
+        if (bad) snprintf(r->what, sizeof r->what, "%s: %zu mismatches, first [%zu] got %d want %d", label, bad, first,
+                          got[first], want[first]);
+        else snprintf(r->what, sizeof r->what, "%s exact", label);
+    }
+    free(got);
+}
+
+static void co_cmp_scalar(co_result *r, const char *label, double got, double want) {
+    double err = fabs(got - want) / (fabs(want) > 0 ? fabs(want) : 1.0);
+    if (r->outputs++ == 0 || !(err <= r->err)) {
+        r->err = err;
+        snprintf(r->what, sizeof r->what, "%s got %.10g want %.10g", label, got, want);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// model/ops.h
+
+static co_result co_embedding(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(1);
+    const int T = 37, H = 100, V = 13;  // few rows in wte: tokens repeat
+    int32_t tok[37];
+    for (int t = 0; t < T; t++) tok[t] = co_int(V);
+    float *wte = co_rand((size_t)V * H, -1, 1), *dout = co_rand((size_t)T * H, -1, 1);
+    float *out = co_rand((size_t)T * H, 0, 0), *dwte = co_rand((size_t)V * H, -1, 1);
+    size_t tb = sizeof tok, wb = (size_t)V * H * 4, ob = (size_t)T * H * 4;
+    void *dtok = co_up(g, tok, tb), *dwt = co_up(g, wte, wb), *dout_d = co_up(g, dout, ob);
+    void *dout_y = co_up(g, NULL, ob), *ddw = co_up(g, dwte, wb);
+    embedding_forward_cpu(out, tok, wte, T, H);
+    embedding_backward_cpu(dwte, dout, tok, T, H);
+    embedding_forward_cuda(g, dout_y, dtok, dwt, T, H);
+    embedding_backward_cuda(g, ddw, dout_d, dtok, T, H);
+    co_cmp_dev(&r, g, "out", dout_y, out, (size_t)T * H);
+    co_cmp_dev(&r, g, "dwte", ddw, dwte, (size_t)V * H);
+    co_free(g, dtok, tb), co_free(g, dwt, wb), co_free(g, dout_d, ob), co_free(g, dout_y, ob), co_free(g, ddw, wb);
+    free(wte), free(dout), free(out), free(dwte);
+    return r;
+}
+
+static co_result co_rmsnorm(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(2);
+    const int T = 300, H = 257;  // T > one dw chunk of rows
+    size_t n = (size_t)T * H;
+    float *x = co_rand(n, -2, 2), *w = co_rand(H, 0.5f, 1.5f), *dy = co_rand(n, -1, 1);
+    float *y = co_rand(n, 0, 0), *rstd = co_rand(T, 0, 0), *dx = co_rand(n, -1, 1), *dw = co_rand(H, -1, 1);
+    void *X = co_up(g, x, n * 4), *W = co_up(g, w, H * 4), *DY = co_up(g, dy, n * 4), *Y = co_up(g, NULL, n * 4);
+    void *R = co_up(g, NULL, T * 4), *DX = co_up(g, dx, n * 4), *DW = co_up(g, dw, H * 4);
+    rmsnorm_forward_cpu(y, rstd, x, w, T, H, 1e-5f);
+    rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H);
+    rmsnorm_forward_cuda(g, Y, R, X, W, T, H, 1e-5f);
+    rmsnorm_backward_cuda(g, DX, DW, DY, X, W, R, T, H);
+    co_cmp_dev(&r, g, "y", Y, y, n);
+    co_cmp_dev(&r, g, "rstd", R, rstd, T);
+    co_cmp_dev(&r, g, "dx", DX, dx, n);
+    co_cmp_dev(&r, g, "dw", DW, dw, H);
+    co_free(g, X, n * 4), co_free(g, W, H * 4), co_free(g, DY, n * 4), co_free(g, Y, n * 4);
+    co_free(g, R, T * 4), co_free(g, DX, n * 4), co_free(g, DW, H * 4);
+    free(x), free(w), free(dy), free(y), free(rstd), free(dx), free(dw);
+    return r;
+}
+
+static co_result co_rope(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(3);
+    const int T = 19, nh = 3, hd = 64;
+    size_t n = (size_t)T * nh * hd;
+    int32_t pos[19];
+    for (int t = 0; t < T; t++) pos[t] = co_int(4096);
+    float *x = co_rand(n, -1, 1), *dx = co_rand(n, -1, 1);
+    void *P = co_up(g, pos, sizeof pos), *X = co_up(g, x, n * 4), *DX = co_up(g, dx, n * 4);
+    rope_forward_cpu(x, pos, T, nh, hd, 1e6f);
+    rope_backward_cpu(dx, pos, T, nh, hd, 1e6f);
+    rope_forward_cuda(g, X, P, T, nh, hd, 1e6f);
+    rope_backward_cuda(g, DX, P, T, nh, hd, 1e6f);
+    co_cmp_dev(&r, g, "x", X, x, n);
+    co_cmp_dev(&r, g, "dx", DX, dx, n);
+    co_free(g, P, sizeof pos), co_free(g, X, n * 4), co_free(g, DX, n * 4);
+    free(x), free(dx);
+    return r;
+}
+
+// Attention on one configuration; mask_kind 0: none, 1: padding at each sequence's end, 2: the
+// first keys of sequence 0 masked too (its first queries see nothing: out 0, lse -inf).
+static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
+                              uint64_t seed) {
+    co_result r = co_begin();
+    co_seed(seed);
+    const int T = B * S;
+    size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd, nl = (size_t)T * nh;
+    float *q = co_rand(nq, -1, 1), *k = co_rand(nk, -1, 1), *v = co_rand(nk, -1, 1), *dout = co_rand(nq, -1, 1);
+    float *out = co_rand(nq, 0, 0), *lse = co_rand(nl, 0, 0);
+    float *dq = co_rand(nq, -1, 1), *dk = co_rand(nk, -1, 1), *dv = co_rand(nk, -1, 1);
+    uint8_t *mask = NULL;
+    if (mask_kind) {
+        mask = mt_xmalloc((size_t)T);
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < S; j++) mask[b * S + j] = j < S - 3 * b - 2;
+        if (mask_kind == 2)
+            for (int j = 0; j < 3 && j < S; j++) mask[j] = 0;
+    }
+    void *Q = co_up(g, q, nq * 4), *K = co_up(g, k, nk * 4), *Vd = co_up(g, v, nk * 4), *DO = co_up(g, dout, nq * 4);
+    void *O = co_up(g, NULL, nq * 4), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
+    void *DQ = co_up(g, dq, nq * 4), *DK = co_up(g, dk, nk * 4), *DV = co_up(g, dv, nk * 4);
+    attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window);
+    attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window);
+    attention_forward_cuda(g, O, L, Q, K, Vd, M, B, S, nh, nkv, hd, window);
+    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, Vd, O, L, M, B, S, nh, nkv, hd, window);
+    co_cmp_dev(&r, g, "out", O, out, nq);
+    co_cmp_dev(&r, g, "lse", L, lse, nl);
+    co_cmp_dev(&r, g, "dq", DQ, dq, nq);
+    co_cmp_dev(&r, g, "dk", DK, dk, nk);
+    co_cmp_dev(&r, g, "dv", DV, dv, nk);
+    co_free(g, Q, nq * 4), co_free(g, K, nk * 4), co_free(g, Vd, nk * 4), co_free(g, DO, nq * 4);
+    co_free(g, O, nq * 4), co_free(g, L, nl * 4), co_free(g, DQ, nq * 4), co_free(g, DK, nk * 4), co_free(g, DV, nk * 4);
+    if (M) co_free(g, M, (size_t)T);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(mask);
+    return r;
+}
+
+// Cross-entropy with ignored rows; in_place: the gradient replaces the logits on the GPU.
+static co_result co_cross_entropy(mt_backend *g, int in_place) {
+    co_result r = co_begin();
+    co_seed(5 + in_place);
+    const int T = 21, V = 1000;
+    size_t n = (size_t)T * V;
+    int32_t tgt[21];
+    for (int t = 0; t < T; t++) tgt[t] = t % 5 == 3 ? -100 : co_int(V);
+    float *logits = co_rand(n, -8, 8), *dl = in_place ? co_rand(n, 0, 0) : co_rand(n, -1, 1);
+    float *want_dl = co_copy(dl, n);
+    void *TG = co_up(g, tgt, sizeof tgt), *LG = co_up(g, logits, n * 4), *DL = in_place ? LG : co_up(g, dl, n * 4);
+    int64_t cnt_cpu = 0, cnt_gpu = 0;
+    const float dscale = 1.0f / 17.0f;
+    double want = cross_entropy_cpu(want_dl, dscale, &cnt_cpu, logits, tgt, T, V, -100);
+    double got = cross_entropy_cuda(g, DL, dscale, &cnt_gpu, LG, TG, T, V, -100);
+    co_cmp_scalar(&r, "loss", got, want);
+    if (cnt_cpu != cnt_gpu) co_cmp_scalar(&r, "count", (double)cnt_gpu, (double)cnt_cpu);
+    if (in_place)  // ignored rows keep their logits, counted rows hold the gradient
+        for (int t = 0; t < T; t++)
+            if (tgt[t] == -100) memcpy(want_dl + (size_t)t * V, logits + (size_t)t * V, (size_t)V * 4);
+    co_cmp_dev(&r, g, in_place ? "dlogits (in place)" : "dlogits", DL, want_dl, n);
+    co_free(g, TG, sizeof tgt), co_free(g, LG, n * 4);
+    if (!in_place) co_free(g, DL, n * 4);
+    free(logits), free(dl), free(want_dl);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe/moe.h
+
+// Router logits with ties: row 0 all equal, row 1 two equal maxima, rows 2.. random.
+static float *co_router_logits(int T, int E) {
+    float *l = co_rand((size_t)T * E, -3, 3);
+    for (int e = 0; e < E; e++) l[e] = 0.5f;
+    if (T > 1 && E > 2) l[E + 1] = l[E + 2] = 4.0f;
+    return l;
+}
+
+static co_result co_router(mt_backend *g, int T, int E, int k, int norm) {
+    co_result r = co_begin();
+    co_seed(7 + (uint64_t)k * 10 + (uint64_t)norm);
+    size_t nl = (size_t)T * E, nk = (size_t)T * k;
+    float *logits = co_router_logits(T, E), *probs = co_rand(nl, 0, 0), *w = co_rand(nk, 0, 0);
+    float *dw = co_rand(nk, -1, 1), *dl = co_rand(nl, -1, 1);
+    int32_t *ids = mt_xmalloc(nk * 4);
+    void *LG = co_up(g, logits, nl * 4), *P = co_up(g, NULL, nl * 4), *W = co_up(g, NULL, nk * 4);
+    void *I = co_up(g, NULL, nk * 4), *DW = co_up(g, dw, nk * 4), *DL = co_up(g, dl, nl * 4);
+    router_forward_cpu(ids, w, probs, logits, T, E, k, norm);
+    router_backward_cpu(dl, dw, probs, ids, w, T, E, k, norm);
+    router_forward_cuda(g, I, W, P, LG, T, E, k, norm);
+    router_backward_cuda(g, DL, DW, P, I, W, T, E, k, norm);
+    co_cmp_dev(&r, g, "probs", P, probs, nl);
+    co_cmp_dev(&r, g, "weights", W, w, nk);
+    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
+    co_cmp_dev_i32(&r, g, "ids", I, ids, nk);
+    co_free(g, LG, nl * 4), co_free(g, P, nl * 4), co_free(g, W, nk * 4), co_free(g, I, nk * 4);
+    co_free(g, DW, nk * 4), co_free(g, DL, nl * 4);
+    free(logits), free(probs), free(w), free(dw), free(dl), free(ids);
+    return r;
+}
+
+// Aux loss over two "layers" with a row mask: statistics, loss and backward.
+static co_result co_aux_loss(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(11);
+    const int T = 300, E = 8, k = 2;
+    size_t nl = (size_t)T * E, nk = (size_t)T * k;
+    uint8_t mask[300];
+    for (int t = 0; t < T; t++) mask[t] = t % 7 != 0;
+    float *logits = co_router_logits(T, E), *probs = co_rand(nl, 0, 0), *w = co_rand(nk, 0, 0);
+    float *dl = co_rand(nl, -1, 1);
+    int32_t *ids = mt_xmalloc(nk * 4);
+    router_forward_cpu(ids, w, probs, logits, T, E, k, 1);
+    moe_aux_stats s, sg;
+    moe_aux_init(&s, E, k);
+    moe_aux_init(&sg, E, k);
+    size_t sb = MT_AUX_STATS_LEN(E) * sizeof(double);
+    void *P = co_up(g, probs, nl * 4), *I = co_up(g, ids, nk * 4), *M = co_up(g, mask, T), *DL = co_up(g, dl, nl * 4);
+    void *ST = co_up(g, NULL, sb);
+    for (int layer = 0; layer < 2; layer++) {
+        moe_aux_accumulate_cpu(&s, probs, ids, mask, T);
+        moe_aux_accumulate_cuda(g, ST, P, I, M, T, E, k);
+    }
+    moe_aux_stats_download_cuda(g, &sg, ST);
+    co_cmp_scalar(&r, "aux loss", moe_aux_loss(&sg), moe_aux_loss(&s));
+    if (sg.rows != s.rows) co_cmp_scalar(&r, "rows", (double)sg.rows, (double)s.rows);
+    for (int e = 0; e < E; e++)
+        if (sg.counts[e] != s.counts[e]) co_cmp_scalar(&r, "counts", sg.counts[e], s.counts[e]);
+    moe_aux_backward_cpu(dl, 0.02f, &s, probs, mask, T);
+    moe_aux_backward_cuda(g, DL, 0.02f, ST, P, M, T, E);
+    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
+    co_free(g, P, nl * 4), co_free(g, I, nk * 4), co_free(g, M, T), co_free(g, DL, nl * 4), co_free(g, ST, sb);
+    free(logits), free(probs), free(w), free(dl), free(ids);
+    return r;
+}
+
+static co_result co_zloss(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(12);
+    const int T = 150, E = 8;
+    size_t nl = (size_t)T * E;
+    uint8_t mask[150];
+    for (int t = 0; t < T; t++) mask[t] = t % 5 != 1;
+    float *logits = co_rand(nl, -6, 6), *dl = co_rand(nl, -1, 1);
+    void *LG = co_up(g, logits, nl * 4), *M = co_up(g, mask, T), *DL = co_up(g, dl, nl * 4);
+    int64_t rows_cpu = 3, rows_gpu = 3;  // added to, not set
+    double want = moe_zloss_sum_cpu(&rows_cpu, logits, mask, T, E);
+    double got = moe_zloss_sum_cuda(g, &rows_gpu, LG, M, T, E);
+    co_cmp_scalar(&r, "z sum", got, want);
+    if (rows_cpu != rows_gpu) co_cmp_scalar(&r, "rows", (double)rows_gpu, (double)rows_cpu);
+    moe_zloss_backward_cpu(dl, 0.001f / (float)rows_cpu, logits, mask, T, E);
+    moe_zloss_backward_cuda(g, DL, 0.001f / (float)rows_cpu, LG, M, T, E);
+    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
+    co_free(g, LG, nl * 4), co_free(g, M, T), co_free(g, DL, nl * 4);
+    free(logits), free(dl);
+    return r;
+}
+
+// ids [T, k] of T tokens: distinct experts per token, never expert `empty` (−1: any), all on
+// expert 0 when `one_expert`.
+static int32_t *co_ids(int T, int E, int k, int empty, int one_expert) {
+    int32_t *ids = mt_xmalloc((size_t)T * k * 4);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t e;
+            int again;
+            do {
+                e = one_expert ? j : co_int(E);
+                again = e == empty;
+                for (int i = 0; i < j; i++) again |= ids[t * k + i] == e;
+            } while (again);
+            ids[t * k + j] = e;
+        }
+    return ids;
+}
+
+static co_result co_permute(mt_backend *g, int T, int E, int k, int empty, int one_expert, uint64_t seed) {
+    co_result r = co_begin();
+    co_seed(seed);
+    const int n = T * k;
+    int32_t *ids = co_ids(T, E, k, empty, one_expert);
+    int32_t *order = mt_xmalloc((size_t)n * 4 + 4), *off = mt_xmalloc((size_t)(E + 1) * 4), *cnt = mt_xmalloc((size_t)E * 4);
+    void *I = co_up(g, ids, (size_t)n * 4), *O = co_up(g, NULL, (size_t)n * 4);
+    void *OF = co_up(g, NULL, (size_t)(E + 1) * 4), *C = co_up(g, NULL, (size_t)E * 4);
+    moe_permute_cpu(order, off, cnt, ids, T, E, k);
+    moe_permute_cuda(g, O, OF, C, I, T, E, k);
+    r.tol = 0.5;  // integers: no mismatch allowed
+    co_cmp_dev_i32(&r, g, "order", O, order, (size_t)n);
+    co_cmp_dev_i32(&r, g, "offsets", OF, off, (size_t)E + 1);
+    co_cmp_dev_i32(&r, g, "counts", C, cnt, (size_t)E);
+    co_free(g, I, (size_t)n * 4), co_free(g, O, (size_t)n * 4), co_free(g, OF, (size_t)(E + 1) * 4), co_free(g, C, (size_t)E * 4);
+    free(ids), free(order), free(off), free(cnt);
+    return r;
+}
+
+// gather, gather backward, combine and combine backward on the CPU's permutation.
+static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, uint64_t seed) {
+    co_result r = co_begin();
+    co_seed(seed);
+    const int n = T * k;
+    int32_t *ids = co_ids(T, E, k, E > 2 ? 1 : -1, 0), *order = mt_xmalloc((size_t)n * 4 + 4);
+    int32_t off[1025];
+    moe_permute_cpu(order, off, NULL, ids, T, E, k);
+    size_t nx = (size_t)T * H, ns = (size_t)n * H;
+    float *x = co_rand(nx, -1, 1), *xs = co_rand(ns, 0, 0), *dxs = co_rand(ns, -1, 1), *dx = co_rand(nx, -1, 1);
+    float *ys = co_rand(ns, -1, 1), *w = co_rand((size_t)n, 0, 1), *out = co_rand(nx, -1, 1);
+    float *dout = co_rand(nx, -1, 1), *dys = co_rand(ns, -1, 1), *dw = co_rand((size_t)n, -1, 1);
+    void *OR = co_up(g, order, (size_t)n * 4), *X = co_up(g, x, nx * 4), *XS = co_up(g, NULL, ns * 4);
+    void *DXS = co_up(g, dxs, ns * 4), *DX = co_up(g, dx, nx * 4), *YS = co_up(g, ys, ns * 4);
+    void *W = co_up(g, w, (size_t)n * 4), *OUT = co_up(g, out, nx * 4), *DOUT = co_up(g, dout, nx * 4);
+    void *DYS = co_up(g, dys, ns * 4), *DW = co_up(g, dw, (size_t)n * 4);
+    moe_gather_cpu(xs, x, order, n, H, k);
+    moe_gather_backward_cpu(dx, dxs, order, n, H, k);
+    moe_combine_cpu(out, ys, w, order, n, H, k);
+    moe_combine_backward_cpu(dys, dw, dout, ys, w, order, n, H, k);
+    moe_gather_cuda(g, XS, X, OR, n, H, k);
+    moe_gather_backward_cuda(g, DX, DXS, OR, n, H, k);
+    moe_combine_cuda(g, OUT, YS, W, OR, n, H, k);
+    moe_combine_backward_cuda(g, DYS, DW, DOUT, YS, W, OR, n, H, k);
+    co_cmp_dev(&r, g, "xs", XS, xs, ns);
+    co_cmp_dev(&r, g, "dx", DX, dx, nx);
+    co_cmp_dev(&r, g, "combine out", OUT, out, nx);
+    co_cmp_dev(&r, g, "dys", DYS, dys, ns);
+    co_cmp_dev(&r, g, "dweights", DW, dw, (size_t)n);
+    co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * 4), co_free(g, XS, ns * 4), co_free(g, DXS, ns * 4);
+    co_free(g, DX, nx * 4), co_free(g, YS, ns * 4), co_free(g, W, (size_t)n * 4), co_free(g, OUT, nx * 4);
+    co_free(g, DOUT, nx * 4), co_free(g, DYS, ns * 4), co_free(g, DW, (size_t)n * 4);
+    free(ids), free(order), free(x), free(xs), free(dxs), free(dx), free(ys), free(w), free(out), free(dout);
+    free(dys), free(dw);
+    return r;
+}
+
+static co_result co_swiglu(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(13);
+    const int64_t n = 5000;
+    float *gt = co_rand(n, -20, 20), *u = co_rand(n, -2, 2), *da = co_rand(n, -1, 1);
+    float *a = co_rand(n, 0, 0), *dg = co_rand(n, -1, 1), *du = co_rand(n, -1, 1);
+    void *G = co_up(g, gt, n * 4), *U = co_up(g, u, n * 4), *DA = co_up(g, da, n * 4), *A = co_up(g, NULL, n * 4);
+    void *DG = co_up(g, dg, n * 4), *DU = co_up(g, du, n * 4);
+    swiglu_forward_cpu(a, gt, u, n);
+    swiglu_backward_cpu(dg, du, da, gt, u, n);
+    swiglu_forward_cuda(g, A, G, U, n);
+    swiglu_backward_cuda(g, DG, DU, DA, G, U, n);
+    co_cmp_dev(&r, g, "a", A, a, n);
+    co_cmp_dev(&r, g, "dg", DG, dg, n);
+    co_cmp_dev(&r, g, "du", DU, du, n);
+    co_free(g, G, n * 4), co_free(g, U, n * 4), co_free(g, DA, n * 4), co_free(g, A, n * 4);
+    co_free(g, DG, n * 4), co_free(g, DU, n * 4);
+    free(gt), free(u), free(da), free(a), free(dg), free(du);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LoRA and AdamW (need lora/lora.c and trainer/optim.c, hence OpenBLAS and cJSON)
+
+__attribute__((unused)) static co_result co_skipped(const char *why) {
+    co_result r = co_begin();
+    r.skipped = 1;
+    snprintf(r.what, sizeof r.what, "%s", why);
+    return r;
+}
+
+#ifdef CUDA_OPS_NO_HOST_LIBS
+static co_result co_lora(mt_backend *g, double dropout) {
+    (void)g, (void)dropout;
+    return co_skipped("built without lora/lora.c (no OpenBLAS)");
+}
+static co_result co_adamw(mt_backend *g, int master) {
+    (void)g, (void)master;
+    return co_skipped("built without trainer/optim.c (no cJSON)");
+}
+#else
+static co_result co_lora(mt_backend *g, double dropout) {
+    co_result r = co_begin();
+    co_seed(17 + (uint64_t)(dropout * 100));
+    mt_backend *cpu = mt_backend_cpu_new();
+    const int64_t in = 48, out = 40, n = 33;
+    const int rank = 8;
+    mt_lora lc, lg;
+    if (mt_lora_init(&lc, cpu, MT_F32, in, out, rank, 16.0, 0, dropout, 5, 9) != 0 ||
+        mt_lora_init(&lg, g, MT_F32, in, out, rank, 16.0, 0, dropout, 5, 9) != 0)
+        mt_fatal(MT_EXIT_ERROR, "lora init: %s", mt_error_get());
+    lc.dropout_seed = lg.dropout_seed = 0x1234567ull;
+    float *b = co_rand((size_t)(out * rank), -0.5f, 0.5f);  // B = 0 at init: make it count
+    memcpy(lc.b->data, b, lc.b->nbytes);
+    float *da = co_rand((size_t)(rank * in), -1, 1), *db = co_rand((size_t)(out * rank), -1, 1);
+    memcpy(lc.da->data, da, lc.da->nbytes);
+    memcpy(lc.db->data, db, lc.db->nbytes);
+    mt_tensor_upload(lg.a, lc.a->data);
+    mt_tensor_upload(lg.b, b);
+    mt_tensor_upload(lg.da, da);
+    mt_tensor_upload(lg.db, db);
+    size_t nx = (size_t)(n * in), ny = (size_t)(n * out), na = (size_t)(n * rank);
+    float *x = co_rand(nx, -1, 1), *y = co_rand(ny, -1, 1), *dy = co_rand(ny, -1, 1), *dx = co_rand(nx, -1, 1);
+    float *xa = co_rand(na, 0, 0), *scratch = co_rand(na, 0, 0);
+    void *X = co_up(g, x, nx * 4), *Y = co_up(g, y, ny * 4), *DY = co_up(g, dy, ny * 4), *DX = co_up(g, dx, nx * 4);
+    void *XA = co_up(g, NULL, na * 4), *SC = co_up(g, NULL, na * 4);
+    mt_lora_forward_cpu(&lc, y, x, xa, n);
+    mt_lora_backward_cpu(&lc, dx, dy, x, xa, scratch, n);
+    mt_lora_forward_cuda(g, &lg, Y, X, XA, n);
+    mt_lora_backward_cuda(g, &lg, DX, DY, X, XA, SC, n);
+    co_cmp_dev(&r, g, "y", Y, y, ny);
+    co_cmp_dev(&r, g, "xa", XA, xa, na);
+    co_cmp_dev(&r, g, "dx", DX, dx, nx);
+    co_cmp_dev(&r, g, "dA", lg.da->data, lc.da->data, (size_t)(rank * in));
+    co_cmp_dev(&r, g, "dB", lg.db->data, lc.db->data, (size_t)(out * rank));
+    co_free(g, X, nx * 4), co_free(g, Y, ny * 4), co_free(g, DY, ny * 4), co_free(g, DX, nx * 4);
+    co_free(g, XA, na * 4), co_free(g, SC, na * 4);
+    mt_lora_free(&lc), mt_lora_free(&lg);
+    mt_backend_free(cpu);
+    free(b), free(da), free(db), free(x), free(y), free(dy), free(dx), free(xa), free(scratch);
+    return r;
+}
+
+// Three AdamW steps (clipping active on the first) of an f32 matrix (decay), an f32 vector (no
+// decay) and a bf16 matrix (with or without an fp32 master): CPU mt_adamw_step against
+// mt_grad_norm_cuda + mt_adamw_scalars_make + adamw_update_cuda.
+static co_result co_adamw(mt_backend *g, int master) {
+    co_result r = co_begin();
+    co_seed(19 + (uint64_t)master);
+    mt_backend *cpu = mt_backend_cpu_new();
+    enum { NP = 3 };
+    const int64_t shapes[NP][2] = {{37, 70}, {1, 300}, {20, 33}};
+    const mt_dtype dts[NP] = {MT_F32, MT_F32, MT_BF16};
+    mt_param pc[NP], pg[NP];
+    for (int i = 0; i < NP; i++) {
+        int nd = shapes[i][0] == 1 ? 1 : 2;
+        const int64_t *sh = nd == 1 ? &shapes[i][1] : shapes[i];
+        pc[i] = (mt_param){.name = "p", .w = mt_tensor_new(cpu, MT_MEM_TRAIN, dts[i], nd, sh),
+                           .g = mt_tensor_new(cpu, MT_MEM_GRAD, dts[i], nd, sh), .decay = nd == 2};
+        pg[i] = (mt_param){.name = "p", .w = mt_tensor_new(g, MT_MEM_TRAIN, dts[i], nd, sh),
+                           .g = mt_tensor_new(g, MT_MEM_GRAD, dts[i], nd, sh), .decay = nd == 2};
+        size_t n = (size_t)mt_tensor_numel(pc[i].w);
+        float *w = co_rand(n, -1, 1);
+        mt_convert(pc[i].w->data, dts[i], w, MT_F32, n);
+        mt_tensor_upload(pg[i].w, pc[i].w->data);
+        free(w);
+    }
+    mt_adamw_opts o = mt_adamw_opts_default();
+    o.weight_decay = 0.1;
+    o.master_weights = master;
+    mt_adamw oc, og;
+    if (mt_adamw_init(&oc, cpu, pc, NP, &o) != 0 || mt_adamw_init(&og, g, pg, NP, &o) != 0)
+        mt_fatal(MT_EXIT_ERROR, "adamw init: %s", mt_error_get());
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < NP; i++) {
+            size_t n = (size_t)mt_tensor_numel(pc[i].g);
+            float *gr = co_rand(n, -2, 2);
+            mt_convert(pc[i].g->data, dts[i], gr, MT_F32, n);
+            mt_tensor_upload(pg[i].g, pc[i].g->data);
+            free(gr);
+        }
+        double lr = 1e-3 * (step + 1), clip = 5.0, norm_cpu = 0;
+        if (mt_adamw_step(&oc, pc, NP, lr, clip, &norm_cpu) != 0) mt_fatal(MT_EXIT_ERROR, "adamw: %s", mt_error_get());
+        double norm_gpu = mt_grad_norm_cuda(g, pg, NP);
+        co_cmp_scalar(&r, "grad norm", norm_gpu, norm_cpu);
+        // The update on the CPU's scalars: the element rule is then compared bit for bit (a last-bit
+        // difference of the norms could flip a bf16 rounding, which is not what this checks).
+        mt_adamw_scalars k = mt_adamw_scalars_make(&og.opts, og.step + 1, lr, clip, norm_cpu);
+        if (adamw_update_cuda(g, &og, pg, NP, &k) != 0) mt_fatal(MT_EXIT_ERROR, "adamw cuda: %s", mt_error_get());
+        og.step++;
+    }
+    for (int i = 0; i < NP; i++) {
+        size_t n = (size_t)mt_tensor_numel(pc[i].w);
+        co_cmp_dev(&r, g, "m", og.m[i]->data, oc.m[i]->data, n);
+        co_cmp_dev(&r, g, "v", og.v[i]->data, oc.v[i]->data, n);
+        if (oc.master[i]) co_cmp_dev(&r, g, "master", og.master[i]->data, oc.master[i]->data, n);
+        if (dts[i] == MT_F32) {
+            co_cmp_dev(&r, g, "w", pg[i].w->data, pc[i].w->data, n);
+        } else {  // bf16 weights: compared as f32 values
+            float *want = mt_xmalloc(n * 4), *got16 = mt_xmalloc(n * 2), *got = mt_xmalloc(n * 4);
+            mt_convert(want, MT_F32, pc[i].w->data, MT_BF16, n);
+            mt_tensor_download(pg[i].w, got16);
+            mt_convert(got, MT_F32, got16, MT_BF16, n);
+            void *G = co_up(g, got, n * 4);
+            co_cmp_dev(&r, g, "w (bf16)", G, want, n);
+            co_free(g, G, n * 4);
+            free(want), free(got16), free(got);
+        }
+    }
+    mt_adamw_free(&oc), mt_adamw_free(&og);
+    for (int i = 0; i < NP; i++) mt_tensor_free(pc[i].w), mt_tensor_free(pc[i].g), mt_tensor_free(pg[i].w), mt_tensor_free(pg[i].g);
+    mt_backend_free(cpu);
+    return r;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// The list both runners walk.
+
+typedef struct {
+    const char *name;
+    co_result (*run)(mt_backend *g);
+} co_case;
+
+static co_result co_attention_causal(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21); }
+static co_result co_attention_window_mask(mt_backend *g) { return co_attention(g, 2, 70, 2, 1, 32, 5, 2, 22); }
+static co_result co_attention_hd128_padding(mt_backend *g) { return co_attention(g, 1, 45, 2, 2, 128, 0, 1, 23); }
+static co_result co_attention_hd40_window1(mt_backend *g) { return co_attention(g, 3, 20, 3, 1, 40, 1, 1, 24); }
+static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
+static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
+static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
+static co_result co_router_k1(mt_backend *g) { return co_router(g, 50, 8, 1, 0); }
+static co_result co_router_e64_k8(mt_backend *g) { return co_router(g, 40, 64, 8, 1); }
+static co_result co_permute_k2_empty(mt_backend *g) { return co_permute(g, 300, 8, 2, 5, 0, 31); }
+static co_result co_permute_k1(mt_backend *g) { return co_permute(g, 700, 8, 1, -1, 0, 32); }
+static co_result co_permute_one_expert(mt_backend *g) { return co_permute(g, 200, 8, 1, -1, 1, 33); }
+static co_result co_permute_e64(mt_backend *g) { return co_permute(g, 1000, 64, 4, 7, 0, 34); }
+static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 100, 41); }
+static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 42); }
+static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0); }
+static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25); }
+static co_result co_adamw_master(mt_backend *g) { return co_adamw(g, 1); }
+static co_result co_adamw_direct(mt_backend *g) { return co_adamw(g, 0); }
+
+__attribute__((unused)) static const co_case co_cases[] = {
+    {"embedding", co_embedding},
+    {"rmsnorm", co_rmsnorm},
+    {"rope", co_rope},
+    {"attention causal gqa", co_attention_causal},
+    {"attention window+mask (empty rows)", co_attention_window_mask},
+    {"attention hd128 padding", co_attention_hd128_padding},
+    {"attention hd40 window=1", co_attention_hd40_window1},
+    {"cross_entropy", co_ce_accumulate},
+    {"cross_entropy in place", co_ce_in_place},
+    {"router k=2 ties", co_router_k2},
+    {"router k=1 no norm", co_router_k1},
+    {"router E=64 k=8", co_router_e64_k8},
+    {"aux loss (masked rows)", co_aux_loss},
+    {"z-loss (masked rows)", co_zloss},
+    {"permute k=2, an empty expert", co_permute_k2_empty},
+    {"permute k=1", co_permute_k1},
+    {"permute all on one expert", co_permute_one_expert},
+    {"permute E=64 k=4 (many chunks)", co_permute_e64},
+    {"gather/combine k=2", co_gather_combine_k2},
+    {"gather/combine k=1", co_gather_combine_k1},
+    {"swiglu", co_swiglu},
+    {"lora", co_lora_plain},
+    {"lora dropout", co_lora_dropout},
+    {"adamw master", co_adamw_master},
+    {"adamw bf16 direct", co_adamw_direct},
+};

@@ -1,0 +1,81 @@
+// tests/test_cuda_ops.c — every CUDA op of model/ops_cuda.h against its CPU twin, on fresh random
+// inputs, fp32, normalised error < 1e-4 (integer outputs exact). The cases themselves live in
+// tests/cuda_ops_cases.h, shared with scripts/cuda_parity.c.
+//
+// Every test skips, saying why, in a CPU build or on a machine without a GPU; a skip is reported
+// as a skip, never as a pass.
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+
+#ifdef MT_CUDA
+#include "tests/cuda_ops_cases.h"
+#endif
+
+// The cuda backend on GPU 0, or the test is skipped with the reason (tests/test_cuda_backend.c).
+static mt_backend *gpu_or_skip(void) {
+#ifndef MT_CUDA
+    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
+    return NULL;
+#else
+    if (mt_cuda_device_count() == 0) {
+        mt_backend *be = mt_backend_cuda_new(0);
+        cr_assert_null(be, "mt_cuda_device_count() is 0 but the backend was created");
+        cr_skip_test("%s", mt_error_get());  // "no CUDA GPU: <the driver's reason>"
+    }
+    mt_backend *be = mt_backend_cuda_new(0);
+    if (!be && strstr(mt_error_get(), "compute capability"))  // a pre-Ampere GPU: nothing to test on
+        cr_skip_test("unsupported GPU: %s", mt_error_get());
+    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
+    return be;
+#endif
+}
+
+#ifdef MT_CUDA
+static void check_case(const char *name, co_result (*run)(mt_backend *)) {
+    mt_backend *be = gpu_or_skip();
+    uint64_t work0 = be->ledger.cur[MT_MEM_WORK];  // the cuBLASLt workspace
+    co_result r = run(be);
+    be->ops->synchronize(be);
+    uint64_t work = be->ledger.cur[MT_MEM_WORK], act = be->ledger.cur[MT_MEM_ACT];
+    mt_backend_free(be);
+    if (r.skipped) cr_skip_test("%s: %s", name, r.what);
+    cr_assert(r.err <= r.tol, "%s: error %.3e > tolerance %.0e; worst: %s", name, r.err, r.tol, r.what);
+    cr_assert_eq(work, work0, "%s: scratch not released: work %llu bytes, %llu before", name,
+                 (unsigned long long)work, (unsigned long long)work0);
+    cr_assert_eq(act, 0, "%s: %llu bytes of test buffers left in the ledger", name, (unsigned long long)act);
+}
+#define OP_TEST(test, fn) \
+    Test(cuda, test) { check_case(#test, fn); }
+#else
+#define OP_TEST(test, fn) \
+    Test(cuda, test) { gpu_or_skip(); }
+#endif
+
+OP_TEST(op_embedding, co_embedding)
+OP_TEST(op_rmsnorm, co_rmsnorm)
+OP_TEST(op_rope, co_rope)
+OP_TEST(op_attention_causal_gqa, co_attention_causal)
+OP_TEST(op_attention_sliding_window_masked_rows, co_attention_window_mask)
+OP_TEST(op_attention_hd128_padding, co_attention_hd128_padding)
+OP_TEST(op_attention_hd40_window1, co_attention_hd40_window1)
+OP_TEST(op_cross_entropy, co_ce_accumulate)
+OP_TEST(op_cross_entropy_in_place, co_ce_in_place)
+OP_TEST(op_router_k2_ties, co_router_k2)
+OP_TEST(op_router_k1, co_router_k1)
+OP_TEST(op_router_e64_k8, co_router_e64_k8)
+OP_TEST(op_aux_loss_masked_rows, co_aux_loss)
+OP_TEST(op_zloss_masked_rows, co_zloss)
+OP_TEST(op_permute_k2_empty_expert, co_permute_k2_empty)
+OP_TEST(op_permute_k1, co_permute_k1)
+OP_TEST(op_permute_all_on_one_expert, co_permute_one_expert)
+OP_TEST(op_permute_e64_many_chunks, co_permute_e64)
+OP_TEST(op_gather_combine_k2, co_gather_combine_k2)
+OP_TEST(op_gather_combine_k1, co_gather_combine_k1)
+OP_TEST(op_swiglu, co_swiglu)
+OP_TEST(op_lora, co_lora_plain)
+OP_TEST(op_lora_dropout, co_lora_dropout)
+OP_TEST(op_adamw_master, co_adamw_master)
+OP_TEST(op_adamw_bf16_direct, co_adamw_direct)
