@@ -1,7 +1,7 @@
 // model/expert_parallel.c — experts spread over the EP group: the rows each rank routes to an
 // expert travel to the expert's owner by an all-to-all and come back the same way.
 //
-// Layouts of one layer's T·k assignment rows (P ranks, expert e owned by rank e % P):
+// Layouts of one layer's T·k assignment rows (P ranks; experts placed as mixtral.h says):
 //   local  this rank's rows in expert order (offsets[e] .. offsets[e+1]), as on one rank;
 //   wire   the same rows grouped by owner: for p = 0..P-1, for p's experts ascending;
 //   inbox  what arrives: for source q = 0..P-1, for this rank's experts ascending;
@@ -30,7 +30,7 @@ void mt_ep_exchange_counts(mt_model *m, int L) {
     int64_t row = 0;
     for (int e = 0; e < E; e++) {
         kp->own_offsets[e] = row;
-        if (mt_expert_is_local(m, e))
+        if (mt_expert_is_local(m, L, e))
             for (int q = 0; q < P; q++) row += C[(int64_t)q * E + e];
     }
     kp->own_offsets[E] = row;
@@ -47,7 +47,8 @@ static void wire_rows(const mt_model *m, int L, float *wire, float *local, int64
     int64_t at_row = 0;
     for (int p = 0; p < P; p++) {
         rows[p] = 0;
-        for (int e = p; e < E; e += P) {
+        for (int e = 0; e < E; e++) {
+            if (mt_expert_owner(m, L, e) != p) continue;
             int64_t n = kp->peer_counts[(int64_t)me * E + e];
             if (wire && n) {
                 float *a = wire + at_row * w, *b = local + (int64_t)off[e] * w;
@@ -67,7 +68,8 @@ static void inbox_rows(const mt_model *m, int L, float *inbox, float *own, int64
     int64_t at_row = 0;
     for (int q = 0; q < P; q++) {
         rows[q] = 0;
-        for (int e = me; e < E; e += P) {
+        for (int e = 0; e < E; e++) {
+            if (mt_expert_owner(m, L, e) != me) continue;
             int64_t n = C[(int64_t)q * E + e], dst = kp->own_offsets[e];
             for (int q2 = 0; q2 < q; q2++) dst += C[(int64_t)q2 * E + e];
             if (inbox && n) {
@@ -165,7 +167,7 @@ void mt_model_gather_experts(mt_model *m) {
     if (m->par.ep_size == 1 || !m->par.ep) return;
     for (int L = 0; L < m->cfg.layers; L++)
         for (int e = 0; e < m->cfg.experts; e++) {
-            int owner = mt_expert_owner(m, e);
+            int owner = mt_expert_owner(m, L, e);
             if (owner == 0) continue;
             mt_layer *ly = &m->layers[L];
             gather_linear(m, &ly->w1[e], owner), gather_linear(m, &ly->w2[e], owner),

@@ -15,27 +15,30 @@ static void weights_of_choices(float *weights, const float *probs, const int32_t
     }
 }
 
-void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows) {
-    if (m->par.ep_size > 1) {
-        const int64_t *off = m->kept[L].own_offsets;
-        *row0 = off[e], *rows = off[e + 1] - off[e];
-        return;
-    }
-    if (!m->counting) {
-        const int32_t *off = I(m->kept[L].offsets);
-        *row0 = off[e], *rows = off[e + 1] - off[e];
-        return;
-    }
+// Balanced routing of this rank's T·k rows: T·k/E each, the first (T·k mod E) one more.
+static void balanced_rows(const mt_model *m, int e, int64_t *row0, int64_t *rows) {
     int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, E = m->cfg.experts, base = Tk / E, extra = Tk % E;
     *row0 = e * base + MT_MIN((int64_t)e, extra);
     *rows = base + (e < extra);
 }
 
-// Counting: the tokens per expert that balanced routing gives (for the load log).
+void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *rows) {
+    if (m->par.ep_size > 1) {
+        const int64_t *off = m->kept[L].own_offsets;
+        *row0 = off[e], *rows = off[e + 1] - off[e];
+    } else if (!m->counting) {
+        const int32_t *off = I(m->kept[L].offsets);
+        *row0 = off[e], *rows = off[e + 1] - off[e];
+    } else {
+        balanced_rows(m, e, row0, rows);
+    }
+}
+
+// Counting: the tokens per expert that balanced routing gives (for the load log and EP).
 static void balanced_counts(mt_model *m, int L) {
     for (int e = 0; e < m->cfg.experts; e++) {
         int64_t r0, n;
-        mt_expert_rows(m, L, e, &r0, &n);
+        balanced_rows(m, e, &r0, &n);
         m->kept[L].counts[e] = (int32_t)n;
     }
 }

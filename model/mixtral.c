@@ -113,7 +113,7 @@ static void layer_slots(loader *ld, int L) {
         for (size_t i = 0; i < MT_ARRAY_LEN(ex); i++) {
             snprintf(n, sizeof n, "%s.block_sparse_moe.experts.%d.%s", p, e, ex[i].name);
             linear_slot(ld, n, ex[i].l, ex[i].out, ex[i].in, role, lora && chosen && (o->targets & ex[i].target),
-                        !mt_expert_is_local(m, e));
+                        !mt_expert_is_local(m, L, e));
         }
     }
 }
@@ -343,6 +343,39 @@ int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, cons
     return mt_model_build_par(m, be, cfg, dir, opts, NULL);
 }
 
+// Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears).
+static int expert_trains(const mt_model *m, int L, int e) {
+    const mt_run_opts *o = &m->opts;
+    int chosen = mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e);
+    return o->mode == MT_MODE_FULL || (o->mode == MT_MODE_UNFREEZE && chosen) ||
+           (o->mode == MT_MODE_LORA && chosen && (o->targets & (MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3)));
+}
+
+// The placement of mixtral.h: trainable experts round-robin over the whole model, frozen ones
+// filling each rank's share of the layer.
+static void place_experts(mt_model *m) {
+    int P = m->par.ep_size, E = (int)m->cfg.experts;
+    m->owner = mt_xcalloc((size_t)(m->cfg.layers * E), sizeof(int32_t));
+    int *left = mt_xcalloc((size_t)P, sizeof(int));
+    int64_t next = 0;  // the round-robin's position, carried from layer to layer
+    for (int L = 0; L < m->cfg.layers; L++) {
+        for (int p = 0; p < P; p++) left[p] = E / P + (p < E % P);
+        for (int e = 0; e < E; e++) {
+            if (!expert_trains(m, L, e)) continue;
+            while (left[next % P] == 0) next++;
+            m->owner[(int64_t)L * E + e] = (int32_t)(next % P);
+            left[next++ % P]--;
+        }
+        for (int e = 0, p = 0; e < E; e++) {
+            if (expert_trains(m, L, e)) continue;
+            while (left[p] == 0) p++;
+            m->owner[(int64_t)L * E + e] = p;
+            left[p]--;
+        }
+    }
+    free(left);
+}
+
 int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                        const mt_run_opts *opts, const mt_model_par *par) {
     memset(m, 0, sizeof *m);
@@ -366,6 +399,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     }
     m->be = be;
     m->opts = *opts;
+    place_experts(m);
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
     m->recompute = opts->checkpointing == MT_CKPT_FULL;
     m->counting = be->ops->kind == MT_BACKEND_NULL;
@@ -388,10 +422,16 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
 void mt_model_placement(const mt_model *m, char *buf, size_t n) {
     size_t used = 0;
     buf[0] = 0;
+    int E = (int)m->cfg.experts;
     for (int p = 0; p < m->par.ep_size && used < n; p++) {
-        used += (size_t)snprintf(buf + used, n - used, "%sEP rank %d: experts", p ? "; " : "", p);
-        for (int e = p, first = 1; e < m->cfg.experts && used < n; e += m->par.ep_size, first = 0)
-            used += (size_t)snprintf(buf + used, n - used, "%s%d", first ? " " : ",", e);
+        int trains = 0, held = 0;
+        for (int L = 0; L < m->cfg.layers; L++)
+            for (int e = 0; e < E; e++)
+                if (mt_expert_owner(m, L, e) == p) held++, trains += expert_trains(m, L, e);
+        used += (size_t)snprintf(buf + used, n - used, "%sEP rank %d: %d experts (%d trainable), layer 0:", p ? "; " : "",
+                                 p, held, trains);
+        for (int e = 0; e < E && used < n; e++)
+            if (mt_expert_owner(m, 0, e) == p) used += (size_t)snprintf(buf + used, n - used, " %d", e);
     }
 }
 

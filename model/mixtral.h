@@ -61,9 +61,13 @@ typedef struct mt_loss {
     int64_t tokens;     // tokens counted in ce
 } mt_loss;
 
-// How the model is spread over ranks (trainer: --ep, and the ranks of mpirun). Experts go
-// round-robin: expert e of every layer lives on EP rank e % ep_size, which alone holds its
-// weights, LoRA and optimizer state; the rest of the model is replicated on every rank.
+// How the model is spread over ranks (trainer: --ep, and the ranks of mpirun). Each layer's
+// experts are partitioned over the EP group, E/P each (the first E mod P ranks one more): the
+// trainable ones first, round-robin over the ranks in (layer, expert) order across the whole
+// model, then the frozen ones to fill each rank's share, lowest rank first. So trainable experts
+// (and their optimizer state) spread as evenly as they can, as the planner assumes, and every
+// rank computes the same number of experts per layer. An expert's owner alone holds its weights,
+// LoRA and optimizer state; the rest of the model is replicated on every rank.
 typedef struct mt_model_par {
     int ep_rank, ep_size;  // this rank in its EP group, and the group's size (1: no EP)
     mt_comm *ep;           // the EP group (NULL when ep_size is 1, or counting as one rank)
@@ -102,11 +106,14 @@ typedef struct mt_model {
     int lowest_trainable;       // backward stops below this layer (nothing there trains), the
                                 // same on every rank whichever experts it holds
     mt_model_par par;
+    int32_t *owner;             // [layers × experts] the EP rank holding each expert
 } mt_model;
 
-// The EP rank that holds expert e (of every layer), and whether it is this one.
-static inline int mt_expert_owner(const mt_model *m, int e) { return e % m->par.ep_size; }
-static inline int mt_expert_is_local(const mt_model *m, int e) { return mt_expert_owner(m, e) == m->par.ep_rank; }
+// The EP rank that holds expert e of layer L, and whether it is this one.
+static inline int mt_expert_owner(const mt_model *m, int L, int e) { return m->owner[(int64_t)L * m->cfg.experts + e]; }
+static inline int mt_expert_is_local(const mt_model *m, int L, int e) {
+    return mt_expert_owner(m, L, e) == m->par.ep_rank;
+}
 
 // Builds the model of the checkpoint folder `dir` for opts->mode (lora / router / unfreeze /
 // full). The checkpoint streams through mt_quant_load: dense frozen Linears that

@@ -252,7 +252,7 @@ Test(plan, workspace_flag_overrides_the_guess) {
 
 Test(plan, checks_name_the_flag) {
     static const struct { const char *flags, *needle; } bad[] = {
-        {"--gpus 3 --ep 3", "--ep"},   {"--ep 3", "--ep"},          {"--gpus 2 --ep 4", "--gpus"},
+        {"--gpus 16 --ep 16", "--ep"}, {"--ep 3", "--ep"},          {"--gpus 2 --ep 4", "--gpus"},
         {"--layers 32", "--layers"},   {"--experts 0,8", "--experts"}, {"--zero 3", "--zero"},
         {"--seq 0", "--seq"},          {"--r 0", "--r"},
     };
@@ -404,15 +404,15 @@ Test(plan, cli_json) {
 Test(plan, cli_bad_input) {
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --bogus 1"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--bogus"), "%s", out);
-    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --gpus 3 --ep 3"), MT_EXIT_USAGE);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --gpus 16 --ep 16"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--ep") && strstr(out, "8 experts"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --ep 3"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--ep"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --mode lora"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--model"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --model /nonexistent/moetrain-model"), MT_EXIT_ERROR);
-    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case A --zero 1 --measure"), MT_EXIT_USAGE);
-    cr_expect(strstr(out, "--zero"), "--measure names what it cannot measure: %s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case A --gpus 2 --zero 2 --measure"), MT_EXIT_USAGE);
+    cr_expect(strstr(out, "--zero 2"), "--measure names what it cannot measure: %s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --blocksize 48"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--blocksize"), "%s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --help"), MT_EXIT_OK);

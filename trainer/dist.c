@@ -92,12 +92,13 @@ int mt_dist_init(mt_dist *d, mt_backend *be, const mt_param *params, int n, cons
         g->chunk = (g->numel + g->size - 1) / g->size;
         if (zero && g->size > 1 && g->numel > 0) {
             g->flat_bytes = mt_dtype_bytes(g->dtype, (size_t)(g->chunk * g->size));
+            g->sharded = 1;
             if (mt_backend_alloc(be, MT_MEM_COMM, g->flat_bytes, &g->flat) != 0) {
                 mt_error_prefix("the %s gradients' flat buffer", k ? "experts'" : "replicated");
                 return mt_dist_free(d), -1;
             }
         }
-        if (g->flat) {
+        if (g->sharded) {
             add_pieces(d, g);
         } else {
             for (int i = 0; i < g->n; i++) {
@@ -135,7 +136,7 @@ void mt_dist_reduce_grads(mt_dist *d) {
     for (int k = 0; k < MT_DIST_GROUPS && !d->counting; k++) {
         mt_dist_group *g = &d->group[k];
         if (g->size == 1) continue;
-        if (g->flat) {  // ZeRO: this rank's chunk of the sum lands where its pieces' g look
+        if (g->sharded) {  // ZeRO: this rank's chunk of the sum lands where its pieces' g look
             copy_range(d, g, 0, g->chunk * g->size, 1, 1);
             void *mine = (char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)(g->rank * g->chunk));
             mt_comm_reduce_scatter(g->comm, g->flat, mine, (size_t)g->chunk, comm_type(g->dtype), MT_COMM_SUM,
@@ -159,7 +160,7 @@ static double chunk_sumsq(mt_dist *d, mt_dist_group *g, int c) {
         const mt_tensor *t = d->params[g->idx[i]].g;
         int64_t a = MT_MAX(lo, g->start[i]), b = MT_MIN(hi, g->start[i] + mt_tensor_numel(t));
         if (a >= b) continue;
-        const char *x = g->flat ? (const char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)a)
+        const char *x = g->sharded ? (const char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)a)
                                 : (const char *)t->data + mt_dtype_bytes(g->dtype, (size_t)(a - g->start[i]));
         s += mt_sumsq(x, g->dtype, b - a);
     }
@@ -171,8 +172,8 @@ static double chunk_sumsq(mt_dist *d, mt_dist_group *g, int c) {
 static double group_sumsq(mt_dist *d, mt_dist_group *g) {
     double *part = mt_xcalloc((size_t)g->size, sizeof(double));
     for (int c = 0; c < g->size; c++)
-        if (!g->flat || c == g->rank) part[c] = chunk_sumsq(d, g, c);
-    if (g->flat) mt_comm_host_all_reduce(g->comm, part, (size_t)g->size, MT_COMM_F64, MT_COMM_SUM, MT_COMM_EXACT);
+        if (!g->sharded || c == g->rank) part[c] = chunk_sumsq(d, g, c);
+    if (g->sharded) mt_comm_host_all_reduce(g->comm, part, (size_t)g->size, MT_COMM_F64, MT_COMM_SUM, MT_COMM_EXACT);
     double s = 0.0;
     for (int c = 0; c < g->size; c++) s += part[c];
     free(part);
@@ -190,7 +191,7 @@ void mt_dist_share_weights(mt_dist *d) {
     if (!d->zero || d->counting) return;
     for (int k = 0; k < MT_DIST_GROUPS; k++) {
         mt_dist_group *g = &d->group[k];
-        if (!g->flat) continue;
+        if (!g->sharded) continue;
         int64_t lo = (int64_t)g->rank * g->chunk;
         copy_range(d, g, lo, lo + g->chunk, 0, 1);
         void *mine = (char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)lo);

@@ -29,7 +29,8 @@ typedef struct mt_dist_group {
     int64_t *start;        // [n] their offsets in the flat layout
     int64_t numel, chunk;  // elements, and the chunk each rank owns: ceil(numel / size)
     mt_dtype dtype;        // of the weights and gradients (one dtype per model)
-    void *flat;            // ZeRO and size > 1: [chunk × size] (ledger: comm); else NULL
+    int sharded;           // ZeRO and size > 1: each rank updates its chunk only
+    void *flat;            // sharded: [chunk × size] (ledger: comm; NULL when counting)
     size_t flat_bytes;
 } mt_dist_group;
 

@@ -224,8 +224,8 @@ static int plan_check(const mt_model_config *cfg, const mt_run_opts *o) {
         mt_error_set("--ep %d does not divide --gpus %d", o->ep, o->gpus);
         return -1;
     }
-    if (cfg->experts % o->ep) {
-        mt_error_set("--ep %d does not divide the model's %lld experts", o->ep, (long long)cfg->experts);
+    if (o->ep > cfg->experts) {  // uneven shares are fine: the first E mod ep ranks hold one more
+        mt_error_set("--ep %d is more ranks than the model's %lld experts", o->ep, (long long)cfg->experts);
         return -1;
     }
     if (o->zero < 0 || o->zero > 2) { mt_error_set("--zero must be 0, 1 or 2"); return -1; }
@@ -316,6 +316,8 @@ static void add_state(mt_plan *p, const mt_run_opts *o, int64_t n, int copies) {
     uint64_t master = o->master_weights ? (uint64_t)shard * 4 : 0;
     p->bytes[MT_MEM_TRAIN] += 2 * (uint64_t)n;
     p->bytes[MT_MEM_GRAD] += 2 * (uint64_t)grad;
+    // ZeRO-1 reduce-scatters a contiguous copy of the grads, padded to whole shards (trainer/dist.h)
+    if (o->zero == 1 && copies > 1 && n > 0) p->bytes[MT_MEM_COMM] += 2 * (uint64_t)(shard * copies);
     if (o->offload_optimizer) {
         p->host_bytes += optim + master;
     } else {
@@ -331,7 +333,7 @@ static void add_state(mt_plan *p, const mt_run_opts *o, int64_t n, int copies) {
 // holds, attention of every layer, embeddings, norms and frozen routers (replicated).
 static void frozen_base(const mt_model_config *cfg, const mt_run_opts *o, const linear_sizes *s,
                         const trainables *t, mt_plan *p) {
-    int64_t experts_gpu = cfg->layers * cfg->experts / o->ep;
+    int64_t experts_gpu = cfg->layers * ceil_div(cfg->experts, o->ep);
     int64_t frozen_experts = experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
     int64_t router[1] = {cfg->hidden * cfg->experts};
@@ -368,7 +370,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p
     p->workspace_guessed = o->workspace_bytes < 0;
     p->bytes[MT_MEM_WORK] = (uint64_t)(p->workspace_guessed ? (o->gpus > 1 ? 2.0e9 : 1.5e9)
                                                             : o->workspace_bytes);
-    p->bytes[MT_MEM_COMM] = 0;  // NCCL buffers are inside the workspace guess
+    // NCCL's own buffers are inside the workspace guess; `comm` holds ZeRO-1's flat grads.
 
     for (int c = 0; c < MT_MEM_COUNT; c++) p->total += p->bytes[c];
     p->gpu_mem = o->gpu_mem_bytes;

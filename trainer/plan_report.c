@@ -117,7 +117,7 @@ static const char *category_label(mt_mem_cat c, const mt_run_opts *o, const mt_p
         return o->checkpointing == MT_CKPT_FULL ? "activations (full checkpointing)"
                                                 : "activations (no checkpointing)";
     case MT_MEM_WORK: return p->workspace_guessed ? "workspace (a guess until measured)" : "workspace (--workspace)";
-    case MT_MEM_COMM: return "communication (inside the workspace)";
+    case MT_MEM_COMM: return "ZeRO-1's flat copy of the grads";
     default: return "?";
     }
 }

@@ -129,11 +129,20 @@ train lora-dp2 2 "${lora[@]}" --batch 2
 train lora-ep2-dp2-zero 4 "${lora[@]}" --batch 1 --ep 2 --zero 1
 # Loss to 1e-5 (seen: ~2e-8). Tensors to 1e-3 relative L2: the ranks' sums round differently
 # (~1e-7), and Adam divides each element's step by its own gradient's size, so an element whose
-# gradient is at rounding level moves by a different part of ±lr (seen: <= 7.2e-5).
+# gradient is at rounding level moves by a different part of ±lr (seen: <= 1.4e-4).
 for run in lora-ep2 lora-ep4 lora-ep2-dp2 lora-dp2; do
   same "$run == one process" lora-1 "$run" 1e-5 1e-3
 done
 same "ZeRO-1 == no ZeRO (np 4, ep 2)" lora-ep2-dp2 lora-ep2-dp2-zero 0
+# Without recomputation (the runs above recompute every layer, replaying its routing).
+train lora-1-keep 1 "${lora[@]}" --batch 4 --checkpointing none
+train lora-ep2-keep 2 "${lora[@]}" --batch 2 --ep 2 --checkpointing none
+same "ep2 without recomputation" lora-1-keep lora-ep2-keep 1e-5 1e-3
+same "recomputation == keeping (one process)" lora-1 lora-1-keep 0
+# Uneven shares: 8 experts over 3 ranks (3, 3, 2).
+train lora-1-b3 1 "${lora[@]}" --batch 3
+train lora-ep3 3 "${lora[@]}" --batch 1 --ep 3
+same "ep3 (uneven) == one process" lora-1-b3 lora-ep3 1e-5 1e-3
 
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
 train unfreeze-ep2-dp2 4 "${unfreeze[@]}" --batch 1 --ep 2
