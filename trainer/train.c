@@ -153,7 +153,8 @@ static int start_ranks(trainer *t) {
     }
     o->gpus = t->ranks;
     if (o->ep < 1 || t->ranks % o->ep != 0) {
-        mt_error_set("--ep %d does not divide the %d ranks", o->ep, t->ranks);
+        mt_error_set("--ep %d does not divide the %d rank%s%s", o->ep, t->ranks, t->ranks == 1 ? "" : "s",
+                     t->ranks == 1 ? " (start the ranks with a launcher: mpirun -np N moetrain ... --ep N)" : "");
         return -1;
     }
     if (o->ep > 1 && o->mode == MT_MODE_FULL) {
