@@ -39,6 +39,8 @@ typedef struct mt_backend_ops {
     void (*upload)(mt_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*download)(mt_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*fill_zero)(mt_backend *be, void *dst, size_t bytes);
+    // dst and src both memory of `be` (device to device on cuda, ordered on its stream).
+    void (*copy)(mt_backend *be, void *dst, const void *src, size_t bytes);
     // c [M, N] = alpha · op(a) · op(b) + beta · c, row-major, fp32 accumulation.
     // op(a) [M, K] is a [M, K], or a [K, M] transposed when trans_a; likewise b.
     // Returns 0, or -1 with mt_error_set() for unsupported dtypes or mismatched shapes.

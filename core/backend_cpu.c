@@ -83,6 +83,7 @@ static const mt_backend_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .fill_zero = cpu_fill_zero,
+    .copy = cpu_copy,
     .matmul = cpu_matmul,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,

@@ -123,6 +123,12 @@ static void cuda_fill_zero(mt_backend *be, void *dst, size_t bytes) {
     MT_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, cx->stream));
 }
 
+static void cuda_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    cuda_ctx *cx = cuda_enter(be);
+    MT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+}
+
 static void cuda_synchronize(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
@@ -331,6 +337,7 @@ static const mt_backend_ops cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .fill_zero = cuda_fill_zero,
+    .copy = cuda_copy,
     .matmul = cuda_matmul,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,

@@ -24,6 +24,9 @@ static void null_download(mt_backend *be, void *dst, const void *src, size_t byt
 }
 
 static void null_fill_zero(mt_backend *be, void *dst, size_t bytes) { (void)be, (void)dst, (void)bytes; }
+static void null_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be, (void)dst, (void)src, (void)bytes;
+}
 
 static int null_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
                        int trans_a, int trans_b, float alpha, float beta) {
@@ -43,6 +46,7 @@ static const mt_backend_ops null_ops = {
     .upload = null_upload,
     .download = null_download,
     .fill_zero = null_fill_zero,
+    .copy = null_copy,
     .matmul = null_matmul,
     .synchronize = null_synchronize,
     .destroy = null_destroy,

@@ -28,14 +28,23 @@ int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t
         mt_lora_free(l);
         return -1;
     }
-    if (be->ops->kind != MT_BACKEND_CPU) return 0;  // other backends: uploaded by the caller
+    if (be->ops->kind == MT_BACKEND_NULL) return 0;  // counted, never read
+    // A drawn on the host (the same numbers on every backend), in the tensors' dtype.
     mt_rng rng;
     mt_rng_seed(&rng, seed, stream);
-    float bound = 1.0f / sqrtf((float)in), *a = l->a->data;
+    float bound = 1.0f / sqrtf((float)in), *a = mt_xmalloc((size_t)(r * in) * sizeof(float));
     for (int64_t i = 0; i < r * in; i++) a[i] = bound * (2.0f * mt_rng_uniform(&rng) - 1.0f);
-    memset(l->b->data, 0, l->b->nbytes);
-    memset(l->da->data, 0, l->da->nbytes);
-    memset(l->db->data, 0, l->db->nbytes);
+    void *host = a;
+    if (dtype != MT_F32) {
+        host = mt_xmalloc(l->a->nbytes);
+        mt_convert(host, dtype, a, MT_F32, (size_t)(r * in));
+    }
+    mt_tensor_upload(l->a, host);
+    if (host != a) free(host);
+    free(a);
+    be->ops->fill_zero(be, l->b->data, l->b->nbytes);
+    be->ops->fill_zero(be, l->da->data, l->da->nbytes);
+    be->ops->fill_zero(be, l->db->data, l->db->nbytes);
     return 0;
 }
 

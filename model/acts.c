@@ -20,6 +20,7 @@ static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
     kp->x = act(m, MT_BF16, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
     kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
     kp->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
+    kp->host_offsets = mt_xcalloc((size_t)c->experts + 1, sizeof(int32_t));
     if (m->par.ep_size > 1) {
         kp->peer_counts = mt_xcalloc((size_t)(m->par.ep_size * c->experts), sizeof(int64_t));
         kp->own_offsets = mt_xcalloc((size_t)c->experts + 1, sizeof(int64_t));
@@ -28,7 +29,7 @@ static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
 
 static void layer_kept_free(mt_layer_kept *kp) {
     mt_tensor_free(kp->x), mt_tensor_free(kp->ids), mt_tensor_free(kp->order), mt_tensor_free(kp->offsets);
-    free(kp->counts), free(kp->peer_counts), free(kp->own_offsets);
+    free(kp->counts), free(kp->host_offsets), free(kp->peer_counts), free(kp->own_offsets);
     memset(kp, 0, sizeof *kp);
 }
 
@@ -109,6 +110,8 @@ void mt_model_acts_free(mt_model *m) {
     for (int L = 0; m->kept && L < m->cfg.layers; L++) layer_kept_free(&m->kept[L]);
     free(m->acts), free(m->kept);
     mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf), mt_tensor_free(m->logits);
+    mt_tensor_free(m->batch_dev), mt_tensor_free(m->aux_dev);
+    m->batch_dev = m->aux_dev = NULL;
     free(m->tokens), free(m->targets), free(m->positions), free(m->row_mask);
     m->acts = NULL;
     m->kept = NULL;
@@ -140,6 +143,15 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
     m->targets = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->positions = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->row_mask = mt_xcalloc((size_t)T, 1);
+    m->step_tokens = m->tokens, m->step_targets = m->targets, m->step_positions = m->positions;
+    m->step_mask = m->row_mask;
+    if (m->be->ops->kind == MT_BACKEND_CUDA) {  // the kernels read device copies
+        m->batch_dev = act(m, MT_U8, T * (3 * (int64_t)sizeof(int32_t) + 1), 0);
+        int32_t *d = m->batch_dev->data;
+        m->step_tokens = d, m->step_targets = d + T, m->step_positions = d + 2 * T;
+        m->step_mask = (uint8_t *)(d + 3 * T);
+        m->aux_dev = act(m, MT_U8, (2 * m->cfg.experts + 1) * (int64_t)sizeof(double), 0);  // doubles
+    }
 }
 
 static void layer_free(mt_layer *ly, int E) {

@@ -9,7 +9,7 @@
 // Zeroed work scratch of n floats (counting: reserved, no memory to zero).
 static float *scratch(mt_model *m, size_t n) {
     float *p = mt_work_alloc(m->be, n * sizeof(float));
-    if (p) memset(p, 0, n * sizeof(float));
+    if (p) m->be->ops->fill_zero(m->be, p, n * sizeof(float));
     return p;
 }
 static void unscratch(mt_model *m, float *p, size_t n) { mt_work_free(m->be, p, n * sizeof(float)); }
@@ -24,13 +24,13 @@ static void layer_backward(mt_model *m, int L, float *dx) {
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
     int r = m->opts.lora_r, Tk = T * k, qd = nh * hd, kvd = nkv * hd, run = !m->counting;
-    const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float theta = (float)c->rope_theta;
 #define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)
 
     // MoE: out = h + Σ weights · expert(ln2(h))
     float *dys = scratch(m, (size_t)Tk * H), *dweights = scratch(m, (size_t)Tk);
-    if (run) moe_combine_backward_cpu(dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (run) mt_op_combine_backward(m, dys, dweights, dx, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
@@ -47,10 +47,10 @@ static void layer_backward(mt_model *m, int L, float *dx) {
         if (n == 0) continue;
         float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
         float *act = at(F(a->a), o0 * f);
-        mt_linear_backward_cpu(&ly->w2[e], at(da, o0 * f), at(dys_own, o0 * H), act, XA(a->xa_w2, o0), n);
-        if (run) swiglu_backward_cpu(dg + o0 * f, du + o0 * f, da + o0 * f, g, u, n * f);
-        mt_linear_backward_cpu(&ly->w1[e], at(dxs, o0 * H), at(dg, o0 * f), xs, XA(a->xa_w1, o0), n);
-        mt_linear_backward_cpu(&ly->w3[e], at(dxs, o0 * H), at(du, o0 * f), xs, XA(a->xa_w3, o0), n);
+        mt_linear_backward(&ly->w2[e], at(da, o0 * f), at(dys_own, o0 * H), act, XA(a->xa_w2, o0), n);
+        if (run) mt_op_swiglu_backward(m, dg + o0 * f, du + o0 * f, da + o0 * f, g, u, n * f);
+        mt_linear_backward(&ly->w1[e], at(dxs, o0 * H), at(dg, o0 * f), xs, XA(a->xa_w1, o0), n);
+        mt_linear_backward(&ly->w3[e], at(dxs, o0 * H), at(du, o0 * f), xs, XA(a->xa_w3, o0), n);
     }
     unscratch(m, da, (size_t)R * f), unscratch(m, dg, (size_t)R * f), unscratch(m, du, (size_t)R * f);
     if (ep) {
@@ -61,39 +61,39 @@ static void layer_backward(mt_model *m, int L, float *dx) {
         dxs = dxs_local;
     }
     float *dln2 = scratch(m, (size_t)T * H);
-    if (run) moe_gather_backward_cpu(dln2, dxs, I(kp->order), Tk, H, k);
+    if (run) mt_op_gather_backward(m, dln2, dxs, I(kp->order), Tk, H, k);
     unscratch(m, dxs, (size_t)Tk * H), unscratch(m, dys, (size_t)Tk * H);
 
     // Router: through the top-k weights, the aux loss and the z-loss.
     float *dlogits = scratch(m, (size_t)T * E);
-    if (run) router_backward_cpu(dlogits, dweights, F(a->probs), I(kp->ids), F(a->weights), T, E, k, 1);
+    if (run) mt_op_router_backward(m, dlogits, dweights, F(a->probs), I(kp->ids), F(a->weights), T, E, k);
     unscratch(m, dweights, (size_t)Tk);
-    if (run && m->aux_coef != 0.0f) moe_aux_backward_cpu(dlogits, m->aux_coef, &m->aux, F(a->probs), mask, T);
+    if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, dlogits, m->aux_coef, F(a->probs), mask, T);
     if (run && m->z_coef != 0.0f && m->z_rows)
-        moe_zloss_backward_cpu(dlogits, m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
-    mt_linear_backward_cpu(&ly->gate, dln2, dlogits, F(a->ln2), XA(a->xa_gate, 0), T);
+        mt_op_zloss_backward(m, dlogits, m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
+    mt_linear_backward(&ly->gate, dln2, dlogits, F(a->ln2), XA(a->xa_gate, 0), T);
     unscratch(m, dlogits, (size_t)T * E);
-    if (run) rmsnorm_backward_cpu(dx, ly->dln2 ? F(ly->dln2) : NULL, dln2, F(a->h), F(ly->ln2), F(a->rstd2), T, H);
+    if (run) mt_op_rmsnorm_backward(m, dx, ly->dln2 ? F(ly->dln2) : NULL, dln2, F(a->h), F(ly->ln2), F(a->rstd2), T, H);
     unscratch(m, dln2, (size_t)T * H);  // dx is now the gradient of h
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     float *datt = scratch(m, (size_t)T * qd);
-    mt_linear_backward_cpu(&ly->o, datt, dx, F(a->att), XA(a->xa_o, 0), T);
+    mt_linear_backward(&ly->o, datt, dx, F(a->att), XA(a->xa_o, 0), T);
     float *dq = scratch(m, (size_t)T * qd), *dk = scratch(m, (size_t)T * kvd), *dv = scratch(m, (size_t)T * kvd);
     if (run)
-        attention_backward_cpu(dq, dk, dv, datt, F(a->q), F(a->k), F(a->v), F(a->att), F(a->lse), mask, B, S,
-                               nh, nkv, hd, (int)c->sliding_window);
+        mt_op_attention_backward(m, dq, dk, dv, datt, F(a->q), F(a->k), F(a->v), F(a->att), F(a->lse), mask, B, S,
+                                 nh, nkv, hd, (int)c->sliding_window);
     unscratch(m, datt, (size_t)T * qd);
     if (run) {
-        rope_backward_cpu(dq, m->positions, T, nh, hd, theta);
-        rope_backward_cpu(dk, m->positions, T, nkv, hd, theta);
+        mt_op_rope(m, dq, m->step_positions, T, nh, hd, theta, 1);
+        mt_op_rope(m, dk, m->step_positions, T, nkv, hd, theta, 1);
     }
     float *dln1 = scratch(m, (size_t)T * H);
-    mt_linear_backward_cpu(&ly->q, dln1, dq, F(a->ln1), XA(a->xa_q, 0), T);
-    mt_linear_backward_cpu(&ly->k, dln1, dk, F(a->ln1), XA(a->xa_k, 0), T);
-    mt_linear_backward_cpu(&ly->v, dln1, dv, F(a->ln1), XA(a->xa_v, 0), T);
+    mt_linear_backward(&ly->q, dln1, dq, F(a->ln1), XA(a->xa_q, 0), T);
+    mt_linear_backward(&ly->k, dln1, dk, F(a->ln1), XA(a->xa_k, 0), T);
+    mt_linear_backward(&ly->v, dln1, dv, F(a->ln1), XA(a->xa_v, 0), T);
     unscratch(m, dq, (size_t)T * qd), unscratch(m, dk, (size_t)T * kvd), unscratch(m, dv, (size_t)T * kvd);
-    if (run) rmsnorm_backward_cpu(dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(kp->x), F(ly->ln1), F(a->rstd1), T, H);
+    if (run) mt_op_rmsnorm_backward(m, dx, ly->dln1 ? F(ly->dln1) : NULL, dln1, F(kp->x), F(ly->ln1), F(a->rstd1), T, H);
     unscratch(m, dln1, (size_t)T * H);
 #undef XA
 }
@@ -104,13 +104,13 @@ void mt_model_backward(mt_model *m) {
     float *dlogits = scratch(m, (size_t)T * V);
     int64_t count;
     if (run)
-        cross_entropy_cpu(dlogits, m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits), m->targets,
-                          T, V, -100);
+        mt_op_cross_entropy(m, dlogits, m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits),
+                            m->step_targets, T, V);
     float *dxf = scratch(m, (size_t)T * H);
-    mt_linear_backward_cpu(&m->lm_head, dxf, dlogits, F(m->xf), NULL, T);
+    mt_linear_backward(&m->lm_head, dxf, dlogits, F(m->xf), NULL, T);
     unscratch(m, dlogits, (size_t)T * V);
     float *dx = scratch(m, (size_t)T * H);
-    if (run) rmsnorm_backward_cpu(dx, m->dnorm ? F(m->dnorm) : NULL, dxf, F(m->x_final), F(m->norm), F(m->rstdf), T, H);
+    if (run) mt_op_rmsnorm_backward(m, dx, m->dnorm ? F(m->dnorm) : NULL, dxf, F(m->x_final), F(m->norm), F(m->rstdf), T, H);
     unscratch(m, dxf, (size_t)T * H);
     // Layers below the lowest trainable one have nothing to learn and nothing above them needs
     // their input gradient: backward stops there.
@@ -118,7 +118,7 @@ void mt_model_backward(mt_model *m) {
         if (m->recompute) mt_layer_forward(m, L, NULL, 1);  // refill the shared set, same routing
         layer_backward(m, L, dx);
     }
-    if (run && m->dembed) embedding_backward_cpu(F(m->dembed), dx, m->tokens, T, H);
+    if (run && m->dembed) mt_op_embedding_backward(m, F(m->dembed), dx, m->step_tokens, T, H);
     unscratch(m, dx, (size_t)T * H);
 }
 

@@ -43,7 +43,7 @@ static void wire_rows(const mt_model *m, int L, float *wire, float *local, int64
                       int64_t *rows) {
     const mt_layer_kept *kp = &m->kept[L];
     int P = m->par.ep_size, me = m->par.ep_rank, E = (int)m->cfg.experts;
-    const int32_t *off = I(kp->offsets);
+    const int32_t *off = kp->host_offsets;
     int64_t at_row = 0;
     for (int p = 0; p < P; p++) {
         rows[p] = 0;

@@ -6,15 +6,6 @@
 #include "model/ops.h"
 #include "moe/moe.h"
 
-// Router weights of recorded choices: the chosen probabilities, renormalised (replay).
-static void weights_of_choices(float *weights, const float *probs, const int32_t *ids, int T, int E, int k) {
-    for (int t = 0; t < T; t++) {
-        float sum = 0;
-        for (int j = 0; j < k; j++) sum += probs[(int64_t)t * E + ids[t * k + j]];
-        for (int j = 0; j < k; j++) weights[t * k + j] = probs[(int64_t)t * E + ids[t * k + j]] / sum;
-    }
-}
-
 // Balanced routing of this rank's T·k rows: T·k/E each, the first (T·k mod E) one more.
 static void balanced_rows(const mt_model *m, int e, int64_t *row0, int64_t *rows) {
     int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, E = m->cfg.experts, base = Tk / E, extra = Tk % E;
@@ -27,7 +18,7 @@ void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *row
         const int64_t *off = m->kept[L].own_offsets;
         *row0 = off[e], *rows = off[e + 1] - off[e];
     } else if (!m->counting) {
-        const int32_t *off = I(m->kept[L].offsets);
+        const int32_t *off = m->kept[L].host_offsets;
         *row0 = off[e], *rows = off[e + 1] - off[e];
     } else {
         balanced_rows(m, e, row0, rows);
@@ -50,23 +41,23 @@ static void route(mt_model *m, int L, int replay) {
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
     int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k, run = !m->counting;
-    const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     if (!replay) {
         if (!run) {
             balanced_counts(m, L);
             return;
         }
-        router_forward_cpu(I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
-        moe_aux_accumulate_cpu(&m->aux, F(a->probs), I(kp->ids), mask, T);
-        if (m->z_coef != 0.0f) m->z_sum += moe_zloss_sum_cpu(&m->z_rows, F(a->logits), mask, T, E);
-        moe_permute_cpu(I(kp->order), I(kp->offsets), kp->counts, I(kp->ids), T, E, k);
+        mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
+        mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
+        if (m->z_coef != 0.0f) m->z_sum += mt_op_zloss_sum(m, &m->z_rows, F(a->logits), mask, T, E);
+        mt_op_permute(m, L);
         return;
     }
     size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
     int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
     if (run) {
-        router_forward_cpu(fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k, 1);
-        weights_of_choices(F(a->weights), F(a->probs), I(kp->ids), T, E, k);
+        mt_op_router_forward(m, fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k);
+        mt_op_weights_of_choices(m, F(a->weights), F(a->probs), I(kp->ids), T, E, k);
     }
     mt_work_free(m->be, fresh, ids_bytes);
 }
@@ -84,28 +75,28 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
     int r = m->opts.lora_r, Tk = T * k, run = !m->counting;
-    const uint8_t *mask = m->has_mask ? m->row_mask : NULL;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
 #define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)
 
-    if (run) rmsnorm_forward_cpu(F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
-    mt_linear_forward_cpu(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q, 0), T);
-    mt_linear_forward_cpu(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k, 0), T);
-    mt_linear_forward_cpu(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v, 0), T);
+    if (run) mt_op_rmsnorm_forward(m, F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
+    mt_linear_forward(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q, 0), T);
+    mt_linear_forward(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k, 0), T);
+    mt_linear_forward(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v, 0), T);
     if (run) {
-        rope_forward_cpu(F(a->q), m->positions, T, nh, hd, theta);
-        rope_forward_cpu(F(a->k), m->positions, T, nkv, hd, theta);
-        attention_forward_cpu(F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
-                              (int)c->sliding_window);
+        mt_op_rope(m, F(a->q), m->step_positions, T, nh, hd, theta, 0);
+        mt_op_rope(m, F(a->k), m->step_positions, T, nkv, hd, theta, 0);
+        mt_op_attention_forward(m, F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
+                                (int)c->sliding_window);
     }
     size_t th = (size_t)T * H * sizeof(float);
     float *o = mt_work_alloc(m->be, th);
-    mt_linear_forward_cpu(&ly->o, o, F(a->att), XA(a->xa_o, 0), T);
-    for (int64_t i = 0; run && i < (int64_t)T * H; i++) F(a->h)[i] = F(kp->x)[i] + o[i];
+    mt_linear_forward(&ly->o, o, F(a->att), XA(a->xa_o, 0), T);
+    if (run) mt_op_add(m, F(a->h), F(kp->x), o, (int64_t)T * H);
     mt_work_free(m->be, o, th);
 
-    if (run) rmsnorm_forward_cpu(F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
-    mt_linear_forward_cpu(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate, 0), T);
+    if (run) mt_op_rmsnorm_forward(m, F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
+    mt_linear_forward(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate, 0), T);
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
     int ep = m->par.ep_size > 1;
@@ -115,11 +106,11 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
         R = mt_ep_own_rows(m, L);
         mt_model_expert_acts_ensure(m, a, R);
         float *xl = mt_work_alloc(m->be, (size_t)Tk * H * sizeof(float));
-        if (run) moe_gather_cpu(xl, F(a->ln2), I(kp->order), Tk, H, k);
+        if (run) mt_op_gather(m, xl, F(a->ln2), I(kp->order), Tk, H, k);
         mt_ep_dispatch(m, L, F(a->xs), xl, H);
         mt_work_free(m->be, xl, (size_t)Tk * H * sizeof(float));
     } else if (run) {
-        moe_gather_cpu(F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
+        mt_op_gather(m, F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
     }
     float *ys_own = ep ? mt_work_alloc(m->be, (size_t)R * H * sizeof(float)) : F(a->ys);
     for (int e = 0; e < E; e++) {
@@ -128,18 +119,18 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
         if (n == 0) continue;  // an expert with no tokens does nothing
         float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
         float *act = at(F(a->a), o0 * f), *ys = at(ys_own, o0 * H);
-        mt_linear_forward_cpu(&ly->w1[e], g, xs, XA(a->xa_w1, o0), n);
-        mt_linear_forward_cpu(&ly->w3[e], u, xs, XA(a->xa_w3, o0), n);
-        if (run) swiglu_forward_cpu(act, g, u, n * f);
-        mt_linear_forward_cpu(&ly->w2[e], ys, act, XA(a->xa_w2, o0), n);
+        mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1, o0), n);
+        mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3, o0), n);
+        if (run) mt_op_swiglu_forward(m, act, g, u, n * f);
+        mt_linear_forward(&ly->w2[e], ys, act, XA(a->xa_w2, o0), n);
     }
     if (ep) {  // the outputs go back to the ranks their tokens came from
         mt_ep_return(m, L, F(a->ys), ys_own, H);
         mt_work_free(m->be, ys_own, (size_t)R * H * sizeof(float));
     }
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
-    memcpy(x_out, F(a->h), th);
-    moe_combine_cpu(x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    m->be->ops->copy(m->be, x_out, F(a->h), th);
+    mt_op_combine(m, x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
 #undef XA
 }
 
@@ -161,6 +152,7 @@ static void sum_over_ranks(mt_model *m, double *ce_sum, int64_t *count) {
     memcpy(m->aux.prob_sums, v + 4 + E, (size_t)E * sizeof(double));
     m->aux.rows = (int64_t)v[4 + 2 * E];
     free(v);
+    mt_op_aux_upload(m);  // the backward of the aux loss reads the device copy on cuda
 }
 
 static int check_batch(const mt_model *m, const mt_batch *b) {
@@ -198,17 +190,25 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
         m->targets[t] = s + 1 < b->S && m->row_mask[t] ? b->labels[t + 1] : -100;
         m->has_mask |= !m->row_mask[t];
     }
-    moe_aux_init(&m->aux, (int)c->experts, (int)c->top_k);
+    if (m->batch_dev) {  // one upload of the batch: tokens, targets, positions, mask
+        size_t n = (size_t)T * sizeof(int32_t);
+        m->be->ops->upload(m->be, m->step_tokens, m->tokens, n);
+        m->be->ops->upload(m->be, m->step_targets, m->targets, n);
+        m->be->ops->upload(m->be, m->step_positions, m->positions, n);
+        m->be->ops->upload(m->be, m->step_mask, m->row_mask, (size_t)T);
+    }
+    mt_op_aux_start(m);
     m->z_sum = 0, m->z_rows = 0;
     int run = !m->counting;
-    if (run) embedding_forward_cpu(F(m->kept[0].x), m->tokens, F(m->embed), T, H);
+    if (run) mt_op_embedding_forward(m, F(m->kept[0].x), m->step_tokens, F(m->embed), T, H);
     for (int L = 0; L < c->layers; L++)
         mt_layer_forward(m, L, L + 1 < c->layers ? F(m->kept[L + 1].x) : F(m->x_final), 0);
-    if (run) rmsnorm_forward_cpu(F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
-    mt_linear_forward_cpu(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
+    if (run) mt_op_rmsnorm_forward(m, F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
+    mt_linear_forward(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
 
     int64_t count = 0;  // counting: no loss, and no token counted
-    double ce_sum = run ? cross_entropy_cpu(NULL, 0.0f, &count, F(m->logits), m->targets, T, V, -100) : 0.0;
+    double ce_sum = run ? mt_op_cross_entropy(m, NULL, 0.0f, &count, F(m->logits), m->step_targets, T, V) : 0.0;
+    if (run) mt_op_aux_finish(m);
     if (m->par.data) sum_over_ranks(m, &ce_sum, &count);
     m->ce_count = count;
     out->tokens = count;

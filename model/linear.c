@@ -45,6 +45,82 @@ void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, cons
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Any backend: the CPU kernels above, or the backend's matmul (cuBLASLt) on f32 views of the
+// rows, a frozen 4-bit W dequantized into an f32 scratch for the call, and the LoRA's twin.
+
+static mt_backend *backend_of(const mt_linear *l) {
+    return l->w ? l->w->be : l->q ? l->q->be : l->lora ? l->lora->a->be : NULL;
+}
+
+#ifdef MT_CUDA
+#include "model/ops_cuda.h"
+
+static mt_tensor rows_view(mt_backend *be, const float *p, int64_t rows, int64_t cols) {
+    mt_tensor t = {.dtype = MT_F32, .ndim = 2, .shape = {rows, cols}, .data = (void *)p, .be = be,
+                   .cat = MT_MEM_WORK};
+    t.nbytes = (size_t)(rows * cols) * sizeof(float);
+    return t;
+}
+
+static void check(int rc, const char *what) {
+    if (rc != 0) mt_fatal(MT_EXIT_ERROR, "linear %s: %s", what, mt_error_get());
+}
+
+// y = x·Wᵀ (+ beta·y), or (transposed) dx = dy·W + dx, W dense or dequantized into scratch.
+static void dense_or_4bit(const mt_linear *l, mt_tensor *out, const mt_tensor *in, int transposed) {
+    mt_backend *be = backend_of(l);
+    if (!l->q) {
+        check(mt_matmul(out, in, l->w, 0, !transposed, 1.0f, transposed ? 1.0f : 0.0f), "matmul");
+        return;
+    }
+    size_t bytes = (size_t)(l->out * l->in) * sizeof(float);
+    float *s = mt_work_alloc(be, bytes);
+    mt_tensor scratch = rows_view(be, s, l->out, l->in);
+    check(transposed ? mt_qweight_matmul_t(out, in, l->q, &scratch, 1.0f) : mt_qweight_matmul(out, in, l->q, &scratch, 0.0f),
+          "4-bit matmul");
+    mt_work_free(be, s, bytes);
+}
+#endif
+
+void mt_linear_forward(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n) {
+    mt_backend *be = backend_of(l);
+    if (!be || be->ops->kind != MT_BACKEND_CUDA) {
+        mt_linear_forward_cpu(l, y, x, lora_xa, n);
+        return;
+    }
+#ifdef MT_CUDA
+    if (n == 0) return;
+    mt_tensor yv = rows_view(be, y, n, l->out), xv = rows_view(be, x, n, l->in);
+    dense_or_4bit(l, &yv, &xv, 0);
+    if (l->lora) mt_lora_forward_cuda(be, l->lora, y, x, lora_xa, n);
+#endif
+}
+
+void mt_linear_backward(const mt_linear *l, float *dx, const float *dy, const float *x, const float *lora_xa,
+                        int64_t n) {
+    mt_backend *be = backend_of(l);
+    if (!be || be->ops->kind != MT_BACKEND_CUDA) {
+        mt_linear_backward_cpu(l, dx, dy, x, lora_xa, n);
+        return;
+    }
+#ifdef MT_CUDA
+    if (n == 0) return;
+    mt_tensor dyv = rows_view(be, dy, n, l->out), xv = rows_view(be, x, n, l->in);
+    if (l->dw) check(mt_matmul(l->dw, &dyv, &xv, 1, 0, 1.0f, 1.0f), "weight gradient");  // dW += dyᵀ·x
+    if (dx) {
+        mt_tensor dxv = rows_view(be, dx, n, l->in);
+        dense_or_4bit(l, &dxv, &dyv, 1);
+    }
+    if (l->lora) {
+        size_t bytes = (size_t)n * (size_t)l->lora->r * sizeof(float);
+        float *scratch = mt_work_alloc(be, bytes);
+        mt_lora_backward_cuda(be, l->lora, dx, dy, x, lora_xa, scratch, n);
+        mt_work_free(be, scratch, bytes);
+    }
+#endif
+}
+
 void mt_linear_free(mt_linear *l) {
     mt_tensor_free(l->w);
     mt_tensor_free(l->dw);

@@ -29,6 +29,11 @@ void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *
 // LoRA's dA, dB accumulate.
 void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, const float *x,
                             const float *lora_xa, int64_t n);
+// The same on the Linear's backend: the CPU kernels above, or on CUDA the backend's matmul
+// (cuBLASLt; a 4-bit W dequantized into an f32 scratch for the call) and the LoRA's twin.
+void mt_linear_forward(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n);
+void mt_linear_backward(const mt_linear *l, float *dx, const float *dy, const float *x,
+                        const float *lora_xa, int64_t n);
 void mt_linear_free(mt_linear *l);
 
 #ifdef __cplusplus

@@ -28,6 +28,7 @@ typedef struct mt_layer_kept {
     mt_tensor *x;                        // [T, H] layer input
     mt_tensor *ids, *order, *offsets;    // [T, k] chosen experts; [T·k] expert order; [E+1]
     int32_t *counts;                     // tokens per expert (host), for load logging
+    int32_t *host_offsets;               // [E+1] offsets on the host, for the expert loop
     // Expert parallelism (model/expert_parallel.c): rows each EP rank sends each expert [P × E],
     // exchanged once by the first forward and reused by recomputation and backward; and the
     // owner-side layout of this rank's experts, expert-major then by source rank [E + 1].
@@ -99,6 +100,11 @@ typedef struct mt_model {
     mt_tensor *x_final, *xf, *rstdf, *logits;  // [T, H], [T, H], [T], [T, V]
     int32_t *tokens, *targets, *positions;     // [T] host
     uint8_t *row_mask;                         // [T] host, 1 = real token
+    // What the kernels read: the host arrays above on the cpu backend; on cuda their copies in
+    // batch_dev, uploaded once per forward. aux_dev: the aux statistics on cuda (raw doubles).
+    int32_t *step_tokens, *step_targets, *step_positions;
+    uint8_t *step_mask;
+    mt_tensor *batch_dev, *aux_dev;
     int has_mask;                              // 0: no padding in this batch (row_mask unused)
     moe_aux_stats aux;
     double z_sum;

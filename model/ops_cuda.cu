@@ -557,3 +557,18 @@ extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscal
     if (count) *count = h.count;
     return h.loss;
 }
+
+// ---------------------------------------------------------------------------------------------
+// y = a + b (the residual add)
+
+static __global__ void add_kernel(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+extern "C" void mt_add_cuda(mt_backend *be, float *y, const float *a, const float *b, int64_t n) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    add_kernel<<<mt_cuda_blocks(n, 256, 8192), 256, 0, s>>>(y, a, b, n);
+    MT_CHECK_LAUNCH();
+}

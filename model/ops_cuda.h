@@ -65,6 +65,9 @@ void attention_backward_cuda(mt_backend *be, float *dq, float *dk, float *dv, co
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,
                           const int32_t *targets, int T, int V, int ignore_index);
 
+// y [n] = a + b (the residual add of the block).
+void mt_add_cuda(mt_backend *be, float *y, const float *a, const float *b, int64_t n);
+
 // ---------------------------------------------------------------------------------------------
 // moe/moe.h
 
@@ -106,6 +109,10 @@ void moe_combine_cuda(mt_backend *be, float *out, const float *ys, const float *
                       int n, int H, int k);
 void moe_combine_backward_cuda(mt_backend *be, float *dys, float *dweights, const float *dout, const float *ys,
                                const float *weights, const int32_t *order, int n, int H, int k);
+
+// Replay of recorded routing: weights [T, k] = the chosen probs, renormalised (model/forward.c).
+void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *probs, const int32_t *ids, int T,
+                                 int E, int k);
 
 void swiglu_forward_cuda(mt_backend *be, float *a, const float *g, const float *u, int64_t n);
 void swiglu_backward_cuda(mt_backend *be, float *dg, float *du, const float *da, const float *g, const float *u,

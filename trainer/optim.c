@@ -12,6 +12,7 @@
 
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "model/ops_cuda.h"  // the cuda update and norm (MT_CUDA builds)
 
 #define OPTIM_FORMAT "moetrain-adamw"
 
@@ -412,14 +413,29 @@ static int adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, dou
         mt_error_set("adamw step: learning rate %g is negative or not finite", lr);
         return -1;
     }
-    for (int i = 0; i < n && !o->opts.offload; i++) {
+    int on_cuda = 0;  // every tensor on a cuda backend: the update runs there (optim_cuda.cu)
+#ifdef MT_CUDA
+    on_cuda = n > 0 && !o->opts.offload && !o->opts.adam_8bit && o->be->ops->kind == MT_BACKEND_CUDA;
+    for (int i = 0; i < n && on_cuda; i++)
+        on_cuda = params[i].w->be->ops->kind == MT_BACKEND_CUDA && params[i].g->be->ops->kind == MT_BACKEND_CUDA;
+    if (on_cuda) {
+        double norm = given_norm ? *given_norm : mt_grad_norm_cuda(o->be, params, n);
+        if (grad_norm_out) *grad_norm_out = norm;
+        if (!isfinite(norm)) return 1;
+        mt_adamw_scalars k = mt_adamw_scalars_make(&o->opts, o->step + 1, lr, clip, norm);
+        if (adamw_update_cuda(o->be, o, params, n, &k) != 0) return -1;
+        o->step++;
+        return 0;
+    }
+#endif
+    for (int i = 0; i < n && !o->opts.offload && !on_cuda; i++) {
         mt_backend_kind kw = params[i].w->be->ops->kind, ko = o->m[i]->be->ops->kind;
         if (kw == MT_BACKEND_NULL || ko == MT_BACKEND_NULL) continue;
         if (kw != MT_BACKEND_CPU || ko != MT_BACKEND_CPU ||
             params[i].g->be->ops->kind != MT_BACKEND_CPU) {
             char nb[32];
-            mt_error_set("adamw step: param '%s': only the cpu backend has an AdamW update so far "
-                         "(--offload-optimizer runs it on the host for any backend)",
+            mt_error_set("adamw step: param '%s': the update runs on the cpu backend, or on cuda with fp32 state "
+                         "(8-bit state on cuda: --offload-optimizer runs it on the host)",
                          pname(&params[i], i, nb, sizeof nb));
             return -1;
         }

@@ -63,10 +63,11 @@
 // usual rule: every matrix decays (embeddings and lm_head included, as the transformers Trainer
 // and llm.c do), 1-D tensors (norm weights, biases) do not.
 //
-// Backends: without offload the update runs where the tensors live; this issue has the CPU one
-// (host floats). On the null backend the state is allocated (so the ledger counts it) and steps
-// compute nothing. Other backends: mt_adamw_step returns -1 unless offload is on (the update
-// then runs on the host for any backend with download/upload).
+// Backends: without offload the update runs where the tensors live: the CPU one (host floats),
+// or CUDA (trainer/optim_cuda.cu: multi-tensor launches, fp32 state only; NOT yet run on a GPU).
+// On the null backend the state is allocated (so the ledger counts it) and steps compute
+// nothing. Other backends, and 8-bit state on CUDA: mt_adamw_step returns -1 unless offload is
+// on (the update then runs on the host for any backend with download/upload).
 #pragma once
 #include <stdint.h>
 

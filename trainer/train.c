@@ -61,7 +61,8 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
 
 typedef struct {
     mt_run_opts *o;
-    mt_comm *world, *ep, *dp;  // NULL on one process without a launcher
+    mt_backend *be;            // cpu, or cuda (--device)
+    mt_comm *world, *ep, *dp;  // NULL on one cpu process without a launcher
     int rank, ranks;           // world rank and size: rank r trains rows [r·B, r·B + B) of each
                                // micro-batch of B·ranks rows that every rank reads alike
     mt_dist dist;
@@ -140,13 +141,20 @@ static int64_t total_steps(trainer *t) {
     return steps > 0 ? steps : 1;
 }
 
-// A launched run (mpirun, srun) or one asking for several GPUs: the world, its EP × DP grid.
+// A launched run (mpirun, srun), one asking for several GPUs, or any cuda run (a 1-rank NCCL
+// world without a launcher, so that one GPU runs the path of many): the world, its EP × DP grid.
 static int start_ranks(trainer *t) {
     mt_run_opts *o = t->o;
+    int cuda = t->be->ops->kind == MT_BACKEND_CUDA;
     t->ranks = 1;
-    if (!mt_comm_launched() && o->gpus == 1 && o->ep == 1) return 0;
-    if (!(t->world = mt_comm_init(MT_COMM_AUTO, NULL))) return -1;
+    if (!cuda && !mt_comm_launched() && o->gpus == 1 && o->ep == 1) return 0;
+    if (!(t->world = mt_comm_init(MT_COMM_AUTO, cuda ? t->be : NULL))) return -1;
     t->rank = mt_comm_rank(t->world), t->ranks = mt_comm_size(t->world);
+    if (cuda && t->ranks > 1) {
+        mt_error_set("training over %d GPUs: the NCCL world starts, but the step's expert all-to-all and gradient "
+                     "reduction run on the cpu backend only so far (mpirun with --device cpu)", t->ranks);
+        return -1;
+    }
     if (o->gpus != 1 && o->gpus != t->ranks) {
         mt_error_set("--gpus %d, but the launcher started %d ranks (mpirun -np %d ...)", o->gpus, t->ranks, o->gpus);
         return -1;
@@ -170,11 +178,14 @@ static int setup(trainer *t) {
         mt_error_set("--model and --data are required (see moetrain train --help)");
         return -1;
     }
-    if (start_ranks(t) != 0) return -1;
-    if (strcmp(o->backend, "cpu") != 0) {
-        mt_error_set("--device %s: training runs on the cpu backend today (the CUDA step is issue 6)", o->backend);
+    if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
+        mt_error_set("--device %s: training runs on cpu or cuda", o->backend);
         return -1;
     }
+    // Before MPI starts: the node-local rank picks the GPU.
+    t->be = strcmp(o->backend, "cuda") == 0 ? mt_backend_cuda_new(mt_comm_local_rank()) : mt_backend_cpu_new();
+    if (!t->be) return -1;
+    if (start_ranks(t) != 0) return -1;
     if (!o->out[0]) snprintf(o->out, sizeof o->out, "moetrain-out");
     if (o->accum < 1 || o->batch < 1 || o->seq < 2) {
         mt_error_set("--accum and --batch must be at least 1 and --seq at least 2");
@@ -185,10 +196,10 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0 && print_plan(&cfg, o) != 0) return -1;
-    mt_backend *be = mt_backend_cpu_new();
+    mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
-    if (mt_model_build_par(&t->m, be, &cfg, o->model, o, &par) != 0) return mt_backend_free(be), -1;
+    if (mt_model_build_par(&t->m, be, &cfg, o->model, o, &par) != 0) return -1;
     if (o->ep > 1 && t->rank == 0) {
         char where[1024];
         mt_model_placement(&t->m, where, sizeof where);
@@ -267,17 +278,17 @@ static void teardown(trainer *t) {
     mt_adamw_free(&t->opt);
     mt_dist_free(&t->dist);
     mt_params_free(t->params, t->n_params);
-    mt_backend *be = t->m.be;
     mt_model_free(&t->m);
-    mt_backend_free(be);
     mt_dataset_free(&t->data);
     if (t->have_eval) mt_dataset_free(&t->eval);
     mt_tokenizer_free(&t->tok);
     free(t->tokens), free(t->labels), free(t->mask), free(t->load);
 }
 
+// The communicators (the world last), then the backend their NCCL streams belong to.
 static void end_ranks(trainer *t) {
-    mt_comm_free(t->ep), mt_comm_free(t->dp), mt_comm_free(t->world);  // the world last
+    mt_comm_free(t->ep), mt_comm_free(t->dp), mt_comm_free(t->world);
+    mt_backend_free(t->be);
 }
 
 static int run(trainer *t) {
