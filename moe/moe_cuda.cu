@@ -535,3 +535,25 @@ extern "C" void swiglu_backward_cuda(mt_backend *be, float *dg, float *du, const
     swiglu_backward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(dg, du, da, g, u, n);
     MT_CHECK_LAUNCH();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Replay: the recorded choices' weights from fresh probabilities (model/forward.c's twin).
+
+static __global__ void weights_of_choices_kernel(float *weights, const float *probs, const int32_t *ids, int T,
+                                                 int E, int k) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *p = probs + t * E;
+    const int32_t *id = ids + t * k;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += p[id[j]];
+    for (int j = 0; j < k; j++) weights[t * k + j] = p[id[j]] / sum;
+}
+
+extern "C" void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *probs, const int32_t *ids,
+                                            int T, int E, int k) {
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    weights_of_choices_kernel<<<mt_cuda_blocks(T, THREADS), THREADS, 0, s>>>(weights, probs, ids, T, E, k);
+    MT_CHECK_LAUNCH();
+}
