@@ -254,6 +254,47 @@ static int load_checkpoint(loader *ld, const char *dir) {
     return mt_quant_load(dir, ld->m->be, &q, sink, ld);
 }
 
+// Random weights (benchmarks of full-size shapes, nothing read): N(0, 0.02²) like transformers'
+// initializer_range, norms 1. One random matrix per shape serves every tensor of that shape, so
+// building Mixtral-8x7B costs a few draws and the quantization of each tensor.
+static int build_random(loader *ld, uint64_t seed) {
+    const mt_run_opts *o = &ld->m->opts;
+    typedef struct { int64_t d0, d1; float *v; } shape_values;
+    shape_values cache[8];
+    int n_cache = 0, rc = 0;
+    mt_rng rng;
+    mt_rng_seed(&rng, seed, 0x72616e64ull);
+    for (size_t i = 0; i < ld->n && rc == 0; i++) {
+        slot *s = &ld->slots[i];
+        if (s->remote) continue;
+        int64_t d1 = s->ndim > 1 ? s->shape[1] : 1;
+        float *v = NULL;
+        for (int c = 0; c < n_cache && !v; c++)
+            if (cache[c].d0 == s->shape[0] && cache[c].d1 == d1) v = cache[c].v;
+        if (!v) {
+            v = mt_xmalloc((size_t)(s->shape[0] * d1) * sizeof(float));
+            for (int64_t j = 0; j < s->shape[0] * d1; j++) v[j] = s->ndim == 1 ? 1.0f : 0.02f * mt_rng_normal(&rng);
+            if (n_cache < (int)MT_ARRAY_LEN(cache)) cache[n_cache++] = (shape_values){s->shape[0], d1, v};
+        }
+        mt_quant_item it = {.name = s->name, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}, .data = v,
+                            .dtype = MT_F32};
+        mt_qweight q;
+        memset(&q, 0, sizeof q);
+        if (s->role == FROZEN_QUANT) {
+            rc = mt_qweight_quantize(&q, ld->m->be, s->name, v, s->shape[0], s->shape[1], o->quant,
+                                     o->quant_blocksize, o->double_quant);
+            it.q = &q, it.data = NULL;
+        }
+        if (rc == 0) rc = place(ld, s, &it);
+        mt_qweight_free(&q);
+        int cached = 0;
+        for (int c = 0; c < n_cache; c++) cached |= cache[c].v == v;
+        if (!cached) free(v);
+    }
+    for (int c = 0; c < n_cache; c++) free(cache[c].v);
+    return rc;
+}
+
 // The null backend: every tensor allocated (counted), none read; 4-bit ones in the run's format.
 static int build_counted(loader *ld) {
     const mt_run_opts *o = &ld->m->opts;
@@ -388,10 +429,6 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
                      m->par.ep_size, m->par.ep_rank, (long long)cfg->experts);
         return -1;
     }
-    if (!dir && be->ops->kind != MT_BACKEND_NULL) {
-        mt_error_set("a model without its checkpoint is for the null backend only");
-        return -1;
-    }
     const char *name = dir ? dir : "the config";
     if (m->cfg.tie_word_embeddings) {
         mt_error_set("%s: tied word embeddings are not supported yet (Mixtral unties them)", name);
@@ -406,7 +443,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->wdtype = m->counting ? MT_BF16 : MT_F32;
     loader ld;
     loader_init(&ld, m);
-    int rc = m->counting ? build_counted(&ld) : load_checkpoint(&ld, dir);
+    int rc = m->counting ? build_counted(&ld) : !dir ? build_random(&ld, opts->seed) : load_checkpoint(&ld, dir);
     int named = rc && !m->counting;  // mt_quant_load's errors name the folder already
     if (rc == 0) rc = finish(&ld);
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all

@@ -130,8 +130,10 @@ static inline int mt_expert_is_local(const mt_model *m, int L, int e) {
 // `dir` may be a config.json, and every tensor is allocated (counted) without data.
 // 0, or -1 with an error.
 int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts);
-// The same from a config already read (`moetrain plan --case` has a built-in one); dir, the
-// checkpoint, may be NULL on the null backend only.
+// The same from a config already read (`moetrain plan --case` has a built-in one). dir NULL:
+// no checkpoint; on the null backend nothing is filled, on the others the weights are random
+// (N(0, 0.02²), norms 1, drawn from opts->seed; frozen targets quantized as the run asks): for
+// benchmarks of full-size shapes.
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_run_opts *opts);
 // The same for one rank of a parallel run: only this EP rank's experts are read and kept. `par`

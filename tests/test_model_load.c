@@ -194,3 +194,33 @@ Test(model_load, quant_targets_flag) {
                  MT_EXIT_USAGE);
     cr_expect(strstr(out, "--quant-targets"), "%s", out);
 }
+
+// No checkpoint on a computing backend: random weights of the config's shapes (the GPU benchmark's
+// Mixtral-8x7B), frozen experts quantized, a finite loss near ln V, the same from the same seed.
+Test(model_load, random_weights_without_a_checkpoint) {
+    mt_model_config cfg;
+    char path[256];
+    snprintf(path, sizeof path, "%s/configs/tiny.json", MT_REPO_ROOT);
+    cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4;
+    double losses[2];
+    for (int run = 0; run < 2; run++) {
+        mt_backend *be = mt_backend_cpu_new();
+        mt_model m;
+        cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, &o), 0, "%s", mt_error_get());
+        cr_expect_not_null(m.layers[0].w1[0].q, "frozen experts are 4-bit");
+        int32_t tokens[32], labels[32];
+        for (int i = 0; i < 32; i++) tokens[i] = labels[i] = (i * 37) % (int)cfg.vocab;
+        mt_batch b = {2, 16, tokens, labels, NULL};
+        mt_loss l;
+        cr_assert_eq(mt_model_forward(&m, &b, &l), 0);
+        losses[run] = l.ce;
+        mt_model_free(&m);
+        mt_backend_free(be);
+    }
+    cr_expect(isfinite(losses[0]) && fabs(losses[0] - log((double)cfg.vocab)) < 0.5, "ce %g, ln V %g", losses[0],
+              log((double)cfg.vocab));
+    cr_expect_eq(losses[0], losses[1], "same seed, same weights");
+}
