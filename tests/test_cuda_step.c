@@ -1,0 +1,109 @@
+// The whole training step on CUDA against the CPU reference: the same tiny checkpoint built on
+// both backends (4-bit experts, LoRA everywhere, dropout on, a padded row), one forward and
+// backward: loss and every LoRA gradient; then one AdamW step: the weights. Skips, saying why,
+// in a CPU build or without a GPU (a skip is not a pass).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "model/mixtral.h"
+#include "tests/test_util.h"
+#include "trainer/optim.h"
+#include "trainer/params.h"
+
+static mt_backend *gpu_or_skip(void) {
+#ifndef MT_CUDA
+    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
+    return NULL;
+#else
+    if (mt_cuda_device_count() == 0) {
+        mt_backend *be = mt_backend_cuda_new(0);
+        cr_assert_null(be);
+        cr_skip_test("%s", mt_error_get());
+    }
+    mt_backend *be = mt_backend_cuda_new(0);
+    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
+    return be;
+#endif
+}
+
+// ‖a − b‖ / ‖a‖ over n floats (0 when both are zero).
+static double rel_l2(const float *a, const float *b, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), s += (double)a[i] * a[i];
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+static float *host_copy(const mt_tensor *t) {
+    float *h = mt_xmalloc(t->nbytes);
+    mt_tensor_download(t, h);
+    return h;
+}
+
+Test(cuda, whole_step_matches_cpu) {
+    mt_backend *gpu = gpu_or_skip();
+    char tmp[64], dir[128], out[4096];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(dir, sizeof dir, "%s/tiny", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed 5", MT_REPO_ROOT,
+                             dir), 0, "%s", out);
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_dropout = 0.1, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    mt_backend *cpu = mt_backend_cpu_new();
+    mt_model mc, mg;
+    cr_assert_eq(mt_model_load(&mc, cpu, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&mg, gpu, dir, &o), 0, "%s", mt_error_get());
+    mt_param *pc, *pg;
+    int n = mt_model_params(&mc, &pc);
+    cr_assert_eq(mt_model_params(&mg, &pg), n);
+    // B = 0 at init would leave A's gradient zero: give B values (the same on both)
+    for (int i = 0; i < n; i++)
+        if (strstr(pc[i].name, "lora_B")) {
+            float *h = host_copy(pc[i].w);
+            for (int64_t j = 0; j < mt_tensor_numel(pc[i].w); j++) h[j] = 0.01f * (float)((j * 7) % 13 - 6);
+            mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, h);
+            free(h);
+        }
+    enum { B = 2, S = 24 };
+    int32_t tokens[B * S], labels[B * S], mask[B * S];
+    for (int i = 0; i < B * S; i++) {
+        tokens[i] = labels[i] = 3 + (i * 29) % 200;
+        mask[i] = !(i >= S && i % S >= 20);  // the second row is padded at its end
+    }
+    mt_batch b = {B, S, tokens, labels, mask};
+    mt_model_set_dropout_seed(&mc, 11, 0, 0), mt_model_set_dropout_seed(&mg, 11, 0, 0);
+    mt_loss lc, lg;
+    mt_model_zero_grad(&mc), mt_model_zero_grad(&mg);
+    cr_assert_eq(mt_model_forward(&mc, &b, &lc), 0);
+    cr_assert_eq(mt_model_forward(&mg, &b, &lg), 0);
+    cr_expect_leq(fabs(lg.loss - lc.loss), 1e-4 * fabs(lc.loss), "loss: cuda %.9g, cpu %.9g", lg.loss, lc.loss);
+    cr_expect_leq(fabs(lg.aux - lc.aux), 1e-4 * fabs(lc.aux), "aux: cuda %.9g, cpu %.9g", lg.aux, lc.aux);
+    cr_expect_eq(lg.tokens, lc.tokens);
+    mt_model_backward(&mc), mt_model_backward(&mg);
+    for (int i = 0; i < n; i++) {
+        float *g = host_copy(pg[i].g);
+        double e = rel_l2(pc[i].g->data, g, mt_tensor_numel(pc[i].g));
+        cr_expect_leq(e, 1e-3, "%s: gradient rel. L2 error %.3g", pc[i].name, e);
+        free(g);
+    }
+    mt_adamw oc, og;
+    cr_assert_eq(mt_adamw_init(&oc, cpu, pc, n, NULL), 0);
+    cr_assert_eq(mt_adamw_init(&og, gpu, pg, n, NULL), 0, "%s", mt_error_get());
+    double nc, ng;
+    cr_assert_eq(mt_adamw_step(&oc, pc, n, 1e-3, 1.0, &nc), 0);
+    cr_assert_eq(mt_adamw_step(&og, pg, n, 1e-3, 1.0, &ng), 0, "%s", mt_error_get());
+    cr_expect_leq(fabs(ng - nc), 1e-4 * nc, "grad norm: cuda %.9g, cpu %.9g", ng, nc);
+    for (int i = 0; i < n; i++) {
+        float *w = host_copy(pg[i].w);
+        double e = rel_l2(pc[i].w->data, w, mt_tensor_numel(pc[i].w));
+        cr_expect_leq(e, 1e-4, "%s: weight after AdamW rel. L2 error %.3g", pc[i].name, e);
+        free(w);
+    }
+    mt_adamw_free(&oc), mt_adamw_free(&og);
+    mt_params_free(pc, n), mt_params_free(pg, n);
+    mt_model_free(&mc), mt_model_free(&mg);
+    mt_backend_free(cpu), mt_backend_free(gpu);
+    mt_test_rmrf(tmp);
+}
