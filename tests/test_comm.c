@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "tests/gpu_or_skip.h"
 #include "core/comm.h"
 #include "core/comm_internal.h"
 #include "core/common.h"
@@ -317,18 +318,6 @@ Test(comm, exact_scratch_is_in_the_ledger) {
 }
 
 // --- NCCL on one GPU: the only NCCL test that can run on a single lent GPU ------------------
-
-static mt_backend *gpu_or_skip(void) {
-#ifndef MT_CUDA
-    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
-    return NULL;
-#else
-    if (mt_cuda_device_count() == 0) cr_skip_test("no CUDA GPU on this machine");
-    mt_backend *be = mt_backend_cuda_new(0);
-    if (!be) cr_skip_test("no usable GPU: %s", mt_error_get());
-    return be;
-#endif
-}
 
 static void *dev(mt_backend *be, const void *host, size_t bytes) {
     void *p;

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "tests/gpu_or_skip.h"
 #include "core/backend.h"
 #include "core/common.h"
 
@@ -14,24 +15,6 @@
 #include "tests/cuda_ops_cases.h"
 #endif
 
-// The cuda backend on GPU 0, or the test is skipped with the reason (tests/test_cuda_backend.c).
-static mt_backend *gpu_or_skip(void) {
-#ifndef MT_CUDA
-    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
-    return NULL;
-#else
-    if (mt_cuda_device_count() == 0) {
-        mt_backend *be = mt_backend_cuda_new(0);
-        cr_assert_null(be, "mt_cuda_device_count() is 0 but the backend was created");
-        cr_skip_test("%s", mt_error_get());  // "no CUDA GPU: <the driver's reason>"
-    }
-    mt_backend *be = mt_backend_cuda_new(0);
-    if (!be && strstr(mt_error_get(), "compute capability"))  // a pre-Ampere GPU: nothing to test on
-        cr_skip_test("unsupported GPU: %s", mt_error_get());
-    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
-    return be;
-#endif
-}
 
 #ifdef MT_CUDA
 static void check_case(const char *name, co_result (*run)(mt_backend *)) {

@@ -6,27 +6,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "tests/gpu_or_skip.h"
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "tests/test_util.h"
 #include "trainer/optim.h"
 #include "trainer/params.h"
 
-static mt_backend *gpu_or_skip(void) {
-#ifndef MT_CUDA
-    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
-    return NULL;
-#else
-    if (mt_cuda_device_count() == 0) {
-        mt_backend *be = mt_backend_cuda_new(0);
-        cr_assert_null(be);
-        cr_skip_test("%s", mt_error_get());
-    }
-    mt_backend *be = mt_backend_cuda_new(0);
-    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
-    return be;
-#endif
-}
 
 // ‖a − b‖ / ‖a‖ over n floats (0 when both are zero).
 static double rel_l2(const float *a, const float *b, int64_t n) {

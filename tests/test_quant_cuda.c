@@ -6,28 +6,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tests/gpu_or_skip.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "quant/quant.h"
 
-static mt_backend *gpu_or_skip(void) {
-#ifndef MT_CUDA
-    cr_skip_test("no CUDA GPU: this is a CPU build (rebuild with `make CUDA=1`)");
-    return NULL;
-#else
-    if (mt_cuda_device_count() == 0) {
-        mt_backend *be = mt_backend_cuda_new(0);
-        cr_assert_null(be, "mt_cuda_device_count() is 0 but the backend was created");
-        cr_skip_test("%s", mt_error_get());
-    }
-    mt_backend *be = mt_backend_cuda_new(0);
-    if (!be && strstr(mt_error_get(), "compute capability")) cr_skip_test("unsupported GPU: %s", mt_error_get());
-    cr_assert_not_null(be, "cuda backend on GPU 0: %s", mt_error_get());
-    return be;
-#endif
-}
 
 static void *host_copy(const mt_tensor *t) {
     if (!t) return NULL;
