@@ -9,7 +9,8 @@ void mt_model_acts_free(mt_model *m);
 static inline mt_layer_acts *layer_acts(mt_model *m, int L) { return &m->acts[m->recompute ? 0 : L]; }
 void mt_layer_forward(mt_model *m, int L, float *x_out, int replay);
 
-static inline float *F(const mt_tensor *t) { return (float *)t->data; }
+// A tensor's floats; NULL for no tensor (an EP rank whose experts got no rows has no expert buffers).
+static inline float *F(const mt_tensor *t) { return t ? (float *)t->data : NULL; }
 static inline int32_t *I(const mt_tensor *t) { return (int32_t *)t->data; }
 // Element `i` of a buffer that may have no data (the null backend): NULL stays NULL.
 static inline float *at(float *p, int64_t i) { return p ? p + i : NULL; }

@@ -139,6 +139,11 @@ train lora-1-keep 1 "${lora[@]}" --batch 4 --checkpointing none
 train lora-ep2-keep 2 "${lora[@]}" --batch 2 --ep 2 --checkpointing none
 same "ep2 without recomputation" lora-1-keep lora-ep2-keep 1e-5 1e-3
 same "recomputation == keeping (one process)" lora-1 lora-1-keep 0
+# An NF4 base routes so that some EP rank's experts get no rows at all in some layer (seen under
+# UBSan): that rank sends and computes nothing there but still takes part in the all-to-alls.
+train nf4-1 1 --mode lora --r 4 --quant nf4 --batch 4 --checkpointing none
+train nf4-ep4 4 --mode lora --r 4 --quant nf4 --batch 1 --ep 4 --checkpointing none
+same "ep4, experts without rows" nf4-1 nf4-ep4 1e-5 1e-3
 # Uneven shares: 8 experts over 3 ranks (3, 3, 2).
 train lora-1-b3 1 "${lora[@]}" --batch 3
 train lora-ep3 3 "${lora[@]}" --batch 1 --ep 3
