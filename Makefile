@@ -74,7 +74,7 @@ BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: all test asan bench fuzz clean deps test-mpi
+.PHONY: all test asan bench bench-gpu fuzz clean deps test-mpi
 all: $(BIN)
 
 # Installs (as root) or names the Debian packages a fresh machine lacks; runs once per build dir.
@@ -129,6 +129,19 @@ $(BUILD)/moetrain_bench: $(BUILD)/scripts/bench.o $(LIB_OBJ)
 
 bench: $(BUILD)/moetrain_bench
 	$(BUILD)/moetrain_bench
+
+# The CUDA training step at Mixtral-8x7B's size (scripts/bench_gpu.c); BENCH_GPU_ARGS passes flags.
+ifeq ($(CUDA),1)
+all: $(BUILD)/moetrain_bench_gpu
+$(BUILD)/moetrain_bench_gpu: $(BUILD)/scripts/bench_gpu.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+bench-gpu: $(BUILD)/moetrain_bench_gpu
+	$(BUILD)/moetrain_bench_gpu $(BENCH_GPU_ARGS)
+-include $(BUILD)/scripts/bench_gpu.d
+else
+bench-gpu:
+	@echo "bench-gpu: needs a CUDA build: make CUDA=1 bench-gpu"; exit 1
+endif
 
 # Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20

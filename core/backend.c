@@ -120,6 +120,23 @@ mt_backend *mt_backend_cuda_new(int device) {
     return NULL;
 }
 int mt_cuda_device_count(void) { return 0; }
+
+int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = *total_bytes = 0;
+    mt_error_set("this moetrain was built without CUDA (rebuild with `make CUDA=1`)");
+    return -1;
+}
+
+int mt_cuda_mem_peak_start(mt_backend *be) {
+    size_t f, t;
+    return mt_cuda_mem_info(be, &f, &t);
+}
+
+int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
+    *used_peak = 0;
+    return mt_cuda_mem_peak_start(be);
+}
 #endif
 
 void *mt_work_alloc(mt_backend *be, size_t bytes) {

@@ -61,6 +61,15 @@ mt_backend *mt_backend_null_new(void);
 // CUDA device `device`; NULL with mt_error_set() when built without CUDA or no GPU is present.
 mt_backend *mt_backend_cuda_new(int device);
 int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
+// The device's free and total memory as the driver sees it (cudaMemGetInfo: every process and
+// context on the GPU, not only this backend's allocations). 0, or -1 with an error when built
+// without CUDA or `be` is not a cuda backend.
+// mt_cuda_mem_peak_start/stop: the driver's used memory (total - free) at its highest, sampled
+// after every allocation of `be` between the two (one cudaMemGetInfo each: for measuring, not
+// for timed runs). 0 or -1 as above.
+int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes);
+int mt_cuda_mem_peak_start(mt_backend *be);
+int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak);
 // CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).

@@ -56,6 +56,10 @@ typedef struct {
     size_t workspace_bytes;
     matmul_plan plans[CUDA_PLAN_SLOTS];
     uint64_t clock;  // ticks once per matmul, for LRU eviction
+    // mt_cuda_mem_peak_start/stop: the driver's used memory sampled after every allocation (it
+    // only grows there), so the ledger's peak can be checked against what the device really held.
+    int sample_used;
+    size_t used_peak;
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -90,6 +94,11 @@ static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
         return -1;
     }
     MT_CHECK_CUDA(e);
+    if (cx->sample_used) {
+        size_t free_b = 0, total_b = 0;
+        MT_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+        cx->used_peak = MT_MAX(cx->used_peak, total_b - free_b);
+    }
     return 0;
 }
 
@@ -345,6 +354,37 @@ static const mt_backend_ops cuda_ops = {
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
 extern "C" void *mt_cuda_backend_enter(mt_backend *be) { return cuda_enter(be)->stream; }
+
+// Refuses, with an error, a backend that is not this file's (its ctx is something else).
+static cuda_ctx *cuda_ctx_of(mt_backend *be, const char *what) {
+    if (be && be->ops->kind == MT_BACKEND_CUDA) return cuda_enter(be);
+    mt_error_set("%s: not a cuda backend (%s)", what, be ? be->ops->name : "none");
+    return NULL;
+}
+
+extern "C" int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    if (!cuda_ctx_of(be, "mt_cuda_mem_info")) return -1;
+    MT_CHECK_CUDA(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
+}
+
+extern "C" int mt_cuda_mem_peak_start(mt_backend *be) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_mem_peak_start");
+    size_t free_b = 0, total_b = 0;
+    if (!cx) return -1;
+    MT_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    cx->used_peak = total_b - free_b;
+    cx->sample_used = 1;
+    return 0;
+}
+
+extern "C" int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_mem_peak_stop");
+    if (!cx) return -1;
+    cx->sample_used = 0;
+    *used_peak = cx->used_peak;
+    return 0;
+}
 
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;

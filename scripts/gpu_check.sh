@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh — on a GPU machine, from the repository root, in one call: show the GPU and
 # toolkit, build with CUDA=1, run the CUDA build's test suite, the standalone matmul and op parity
-# program (scripts/cuda_parity.c) and the benchmarks. Exits non-zero if anything failed.
+# program (scripts/cuda_parity.c), the benchmarks, three training steps of the CLI on cpu and on
+# cuda compared, and the Mixtral-8x7B step benchmark (make bench-gpu); ends with a table of the
+# checks and bench-gpu's result lines. Exits non-zero if anything failed.
 #
 #   bash scripts/gpu_check.sh               # on the GPU machine
 #   bash scripts/gpu_check.sh --fetch-debs  # on a machine with apt: put the Debian packages the
@@ -13,7 +15,8 @@
 # Without them the script says what is missing and runs what it can: without Criterion the
 # full build and the parity program but no suite; without OpenBLAS/cJSON/libyaml only the
 # parity program, built from the few core files it needs.
-# Environment: BUILD (default build-cuda), JOBS (default: all cores), CUDA_HOME;
+# Environment: BUILD (default build-cuda), JOBS (default: all cores), CUDA_HOME, BENCH_GPU_ARGS
+# (flags for moetrain_bench_gpu, e.g. "--case C --seq 2048 --steps 2");
 # MT_GPU_CHECK_MINIMAL=1 takes the parity-program-only path even where the packages are there.
 set -uo pipefail
 
@@ -42,8 +45,12 @@ if [ ! -x "$CUDA_HOME/bin/nvcc" ] && command -v nvcc >/dev/null; then  # a toolk
 fi
 export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 FAILED=()
-step() { echo; echo "=== $*"; }
-fail() { echo "gpu_check: FAILED: $*"; FAILED+=("$*"); }
+STEPS=() STEP_OK=()  # every step's title, and 0 once a failure happened under it: the final table
+step() { echo; echo "=== $*"; STEPS+=("$*"); STEP_OK+=(1); }
+fail() {
+  echo "gpu_check: FAILED: $*"; FAILED+=("$*")
+  [ ${#STEP_OK[@]} -gt 0 ] && STEP_OK[${#STEP_OK[@]}-1]=0
+}
 
 step "machine"
 if command -v nvidia-smi >/dev/null; then nvidia-smi || fail "nvidia-smi"; else fail "nvidia-smi not found (no NVIDIA driver?)"; fi
@@ -175,7 +182,40 @@ if [ $BASE_OK = 1 ] && grep -q '^bench:' Makefile && { [ -f scripts/bench.sh ] |
   make CUDA=1 BUILD="$BUILD" -j"$JOBS" bench || fail "make CUDA=1 bench"
 fi
 
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+if [ $BASE_OK = 1 ] && [ -x "$BUILD/moetrain" ]; then
+  # The whole step through the CLI: the same 3 steps on cpu and cuda, losses and adapters compared.
+  # --device cuda starts a 1-rank NCCL communicator, so this is also the 1-rank NCCL check.
+  step "train 3 steps on cpu and on cuda, compared (and a 1-rank NCCL run completes)"
+  if make CUDA=1 BUILD="$BUILD" -j"$JOBS" "$BUILD/tests/mpi/compare_runs" >/dev/null &&
+     "$BUILD/moetrain" init --config configs/tiny.json --out "$TMP/tiny" --seed 3 >/dev/null; then
+    for i in $(seq 0 63); do
+      printf '{"messages":[{"role":"user","content":"w%03d"},{"role":"assistant","content":"%03d"}]}\n' \
+        "$i" $(( (i * 7) % 1000 ))
+    done >"$TMP/data.jsonl"
+    args=(--model "$TMP/tiny" --data "$TMP/data.jsonl" --mode lora --r 4 --quant nf4 --seq 64 --batch 4
+          --dropout 0 --lr 1e-3 --steps 3)
+    for dev in cpu cuda; do
+      "$BUILD/moetrain" train "${args[@]}" --device $dev --out "$TMP/run-$dev" || fail "train --device $dev (exit $?)"
+    done
+    # Loss to 1e-2 and tensors to 5% relative L2: fp32 on both, but different summation orders
+    # and cuBLASLt's kernels over 3 steps of Adam (whose first steps amplify tiny differences).
+    "$BUILD/tests/mpi/compare_runs" "$TMP/run-cpu" "$TMP/run-cuda" 1e-2 0.05 || fail "cpu and cuda runs differ"
+  else
+    fail "build of compare_runs or moetrain init"
+  fi
+
+  step "make CUDA=1 bench-gpu (Mixtral-8x7B step: cases C, A, B)"
+  make CUDA=1 BUILD="$BUILD" -j"$JOBS" bench-gpu 2>&1 | tee "$TMP/bench_gpu.log" || fail "make CUDA=1 bench-gpu"
+fi
+
 echo
+echo "gpu_check: summary"
+for i in "${!STEPS[@]}"; do
+  printf '  %-4s  %s\n' "$([ "${STEP_OK[$i]}" = 1 ] && echo PASS || echo FAIL)" "${STEPS[$i]}"
+done
+grep -h '^bench_gpu: ' "$TMP/bench_gpu.log" 2>/dev/null | sed 's/^/  /'
 if [ ${#FAILED[@]} -eq 0 ]; then
   echo "gpu_check: all passed"
   exit 0

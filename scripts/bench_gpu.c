@@ -1,0 +1,279 @@
+// scripts/bench_gpu.c — `make CUDA=1 bench-gpu`: the CUDA training step at Mixtral-8x7B's size
+// (issue 6), on GPU 0, with random weights and tokens (nothing to download):
+//   * the card's bf16 matmul peak, measured in this run, as the MFU denominator;
+//   * BUDGETS.md §4's case C (LoRA r=16 on every expert and router, NF4 double-quant base,
+//     batch 1, full recomputation) at --seq 2048 and 4096: step time, tokens/s, ledger peak per
+//     category, the ledger's total peak against the driver's used memory, MFU;
+//   * cases A (routers) and B (6 layers × 2 experts unfrozen, optimizer offloaded) at s=1024.
+// One `bench_gpu: case=...` line per run at the end, for scripts. Exit 0; 1 when a run failed;
+// 2 without a usable GPU (or on a bad flag).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/rng.h"
+#include "model/config.h"
+#include "model/mixtral.h"
+#include "trainer/optim.h"
+#include "trainer/options.h"
+#include "trainer/params.h"
+#include "trainer/plan.h"
+
+enum { MAX_RUNS = 16 };
+
+typedef struct {
+    char which;
+    int64_t seq;
+    int ok;
+    char error[512];
+    double step_s, tokens_s, mfu;
+    double ledger_gb, driver_gb;  // the ledger's total peak; the driver's used peak less the baseline
+} result;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// What the driver says is used on the device (every context on it, not only ours).
+static size_t used_bytes(mt_backend *be) {
+    size_t free_b, total_b;
+    if (mt_cuda_mem_info(be, &free_b, &total_b) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: %s", mt_error_get());
+    return total_b - free_b;
+}
+
+// TFLOP/s of c [n, n] f32 = a [n, n] · bᵀ with a, b in `dt` (nn.Linear's layout, as the model's).
+static double matmul_peak(mt_backend *be, mt_dtype dt, int64_t n) {
+    enum { WARMUP = 3, TIMED = 20 };
+    int64_t shape[2] = {n, n};
+    mt_tensor *a = mt_tensor_new(be, MT_MEM_WORK, dt, 2, shape), *b = mt_tensor_new(be, MT_MEM_WORK, dt, 2, shape);
+    mt_tensor *c = mt_tensor_new(be, MT_MEM_WORK, MT_F32, 2, shape);
+    if (!a || !b || !c) mt_fatal(MT_EXIT_OOM, "bench_gpu: matmul peak: %s", mt_error_get());
+    // Random values: tensor-core throughput is the same for any finite data, but uninitialised
+    // memory may hold NaN or subnormal patterns that some kernels treat slowly.
+    void *host = mt_xmalloc(a->nbytes);
+    mt_rng rng;
+    mt_rng_seed(&rng, 1, 0);
+    for (int64_t i = 0; i < n * n; i++) {
+        float x = mt_rng_normal(&rng);
+        if (dt == MT_F32) ((float *)host)[i] = x;
+        else ((uint16_t *)host)[i] = mt_f32_to_bf16(x);
+    }
+    mt_tensor_upload(a, host), mt_tensor_upload(b, host);
+    free(host);
+    for (int i = 0; i < WARMUP; i++)
+        if (mt_matmul(c, a, b, 0, 1, 1.0f, 0.0f) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: matmul peak: %s", mt_error_get());
+    be->ops->synchronize(be);
+    double t0 = now_s();
+    for (int i = 0; i < TIMED; i++) mt_matmul(c, a, b, 0, 1, 1.0f, 0.0f);  // the warm-ups checked this call
+    be->ops->synchronize(be);
+    double t = now_s() - t0, tflops = 2.0 * (double)n * n * n * TIMED / t / 1e12;
+    printf("%s matmul peak: %lld x %lld x %lld, %s·%s -> f32, %d timed after %d warm-ups: %.3f ms each, %.1f TFLOP/s\n",
+           mt_dtype_name(dt), (long long)n, (long long)n, (long long)n, mt_dtype_name(dt), mt_dtype_name(dt), TIMED,
+           WARMUP, t / TIMED * 1e3, tflops);
+    mt_tensor_free(a), mt_tensor_free(b), mt_tensor_free(c);
+    return tflops;
+}
+
+// One training step as trainer/train.c runs it on one rank: forward, backward, AdamW, then
+// wait for the device so that the step's time is all of it. The loss goes to *loss.
+static int train_step(mt_model *m, mt_adamw *opt, const mt_param *p, int n, const mt_batch *b,
+                      const mt_run_opts *o, int64_t step, double *loss) {
+    mt_loss l;
+    double gnorm;
+    mt_model_zero_grad(m);
+    mt_model_set_dropout_seed(m, o->seed, step, 0);
+    if (mt_model_forward(m, b, &l) != 0) return -1;
+    mt_model_backward(m);
+    int rc = mt_adamw_step(opt, p, n, o->lr, o->clip, &gnorm);
+    if (rc < 0) return -1;
+    m->be->ops->synchronize(m->be);
+    if (rc == 1) mt_warn("bench_gpu: step %lld skipped: gradient norm %g", (long long)step, gnorm);
+    *loss = l.loss;
+    return 0;
+}
+
+// The warm-up step, then `steps` timed ones; the figures into *r and printed. The driver is
+// sampled during the warm-up only: each sample is a cudaMemGetInfo in the step's path.
+static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, const mt_batch *b,
+                   const mt_run_opts *o, int steps, double peak_tflops, size_t baseline, result *r) {
+    mt_backend *be = m->be;
+    double loss = 0, sum = 0, lo = INFINITY, hi = 0, t0 = now_s();
+    size_t driver_peak = 0;
+    if (mt_cuda_mem_peak_start(be) != 0) return -1;
+    int rc = train_step(m, opt, params, n, b, o, 0, &loss);
+    if (mt_cuda_mem_peak_stop(be, &driver_peak) != 0 || rc != 0) return -1;
+    // Driver memory the ledger does not hold, grown since the baseline: kernels loaded at their
+    // first launch, library caches, or an allocation that bypasses the ledger.
+    double extra = ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9;
+    printf("warm-up step: %.2f s, loss %.4f; driver memory outside the ledger grew %+.3f GB\n", now_s() - t0,
+           loss, extra);
+    for (int s = 1; s <= steps; s++) {
+        t0 = now_s();
+        if (train_step(m, opt, params, n, b, o, s, &loss) != 0) return -1;
+        double dt = now_s() - t0;
+        sum += dt, lo = fmin(lo, dt), hi = fmax(hi, dt);
+        printf("step %d: %.3f s, loss %.4f\n", s, dt, loss);
+    }
+    int64_t T = (int64_t)b->B * b->S, active = mt_config_active_params(&m->cfg);
+    r->step_s = sum / steps;
+    r->tokens_s = (double)T / r->step_s;
+    r->mfu = 8.0 * (double)active * (double)T / r->step_s / (peak_tflops * 1e12);
+    r->ledger_gb = be->ledger.total_peak / 1e9;
+    r->driver_gb = ((double)driver_peak - (double)baseline) / 1e9;
+    printf("step: %.3f s mean of %d (%.3f .. %.3f), %.1f tokens/s\n", r->step_s, steps, lo, hi, r->tokens_s);
+    printf("ledger peak by category (GB):");
+    for (int c = 0; c < MT_MEM_COUNT; c++) printf(" %s %.3f", mt_mem_cat_name((mt_mem_cat)c), be->ledger.peak[c] / 1e9);
+    printf("\nledger total peak %.3f GB; driver used peak %.3f GB less the baseline %.3f GB = %.3f GB (%+.2f%% of "
+           "the ledger's)\n", r->ledger_gb, driver_peak / 1e9, baseline / 1e9, r->driver_gb,
+           (r->driver_gb / r->ledger_gb - 1) * 100);
+    printf("MFU %.2f%% = 8 × %lld active params × %lld tokens / %.3f s / %.1f TFLOP/s (8 = 2 forward + 4 backward + "
+           "2 forward recomputed; attention's s² term and LoRA's own FLOPs not counted)\n",
+           r->mfu * 100, (long long)active, (long long)T, r->step_s, peak_tflops);
+    return 0;
+}
+
+static int set_opts(mt_run_opts *o, char which, int64_t seq) {
+    char s[32];
+    snprintf(s, sizeof s, "%lld", (long long)seq);
+    mt_run_opts_default(o);
+    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_set(o, "seq", s) != 0 || mt_run_opts_set(o, "device", "cuda") != 0)
+        return -1;
+    // Case B's states (2.1 B params × 16 B) do not fit a 44 GB card beside the base: Adam m, v
+    // and the masters go to host memory, one of the fixes `moetrain plan --case B` names.
+    if (which == 'B' && mt_run_opts_set(o, "offload-optimizer", "true") != 0) return -1;
+    return 0;
+}
+
+// Builds the case, runs 1 warm-up and `steps` timed steps, prints the figures, frees it all.
+static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int64_t seq, int steps,
+                    double peak_tflops, result *r) {
+    mt_run_opts o;
+    if (set_opts(&o, which, seq) != 0) return -1;
+    printf("\n--- case %c, seq %lld, batch %lld, --checkpointing full, %s%s\n", which, (long long)seq,
+           (long long)o.batch, mt_mode_name(o.mode), o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "");
+    // The driver's used memory that is not the ledger's (context, cuBLASLt, kernels loaded so far):
+    // taken off the driver's peak so that the two count the same bytes.
+    size_t baseline = used_bytes(be) - (size_t)be->ledger.total_cur;
+    double t0 = now_s();
+    mt_model m;
+    if (mt_model_build(&m, be, cfg, NULL, &o) != 0) return mt_error_prefix("build"), -1;
+    be->ops->synchronize(be);
+    mt_param *params;
+    int n = mt_model_params(&m, &params);
+    mt_adamw opt;
+    mt_adamw_opts aopts = mt_adamw_opts_default();
+    aopts.lr = o.lr, aopts.weight_decay = o.weight_decay;
+    aopts.adam_8bit = o.adam_8bit, aopts.master_weights = o.master_weights, aopts.offload = o.offload_optimizer;
+    if (mt_adamw_init(&opt, be, params, n, &aopts) != 0) {
+        mt_error_prefix("AdamW");
+        mt_params_free(params, n), mt_model_free(&m);
+        return -1;
+    }
+    printf("built in %.1f s: %llu trainable params in %d tensors\n", now_s() - t0,
+           (unsigned long long)mt_params_count(params, n), n);
+    if (o.offload_optimizer)
+        printf("optimizer state in host memory: %.3f GB\n", mt_adamw_host_bytes(&opt) / 1e9);
+
+    size_t T = (size_t)(o.batch * o.seq);
+    int32_t *tokens = mt_xmalloc(T * sizeof(int32_t));
+    mt_rng rng;
+    mt_rng_seed(&rng, o.seed, 7);
+    for (size_t i = 0; i < T; i++) tokens[i] = (int32_t)(mt_rng_next(&rng) % (uint64_t)cfg->vocab);
+    mt_batch b = {(int)o.batch, (int)o.seq, tokens, tokens, NULL};  // the model shifts labels by one
+
+    mt_ledger_reset_peak(&be->ledger);
+    int rc = measure(&m, &opt, params, n, &b, &o, steps, peak_tflops, baseline, r);
+    free(tokens);
+    mt_adamw_free(&opt);
+    mt_params_free(params, n);
+    mt_model_free(&m);
+    // Everything of the run is freed: what the driver still holds beyond the baseline is a leak
+    // or memory a library keeps (it becomes part of the next run's baseline).
+    printf("after free: ledger %.3f GB held, driver %+.3f GB against the baseline\n", be->ledger.total_cur / 1e9,
+           ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N]\n"
+               "  --case   which of BUDGETS.md's cases to run (repeatable; default C, A, B)\n"
+               "  --seq    case C's sequence length (repeatable; default 2048 and 4096; A and B run 1024)\n"
+               "  --steps  timed steps after the warm-up (default 3)\n");
+}
+
+int main(int argc, char **argv) {
+    char cases[8] = {0};
+    int64_t seqs[8];
+    int n_cases = 0, n_seqs = 0, steps = 3;
+    setvbuf(stdout, NULL, _IOLBF, 0);  // progress shows through a pipe (gpu_check.sh tees it)
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+        if (!v) return usage(stderr), MT_EXIT_USAGE;
+        if (!strcmp(argv[i], "--case") && strlen(v) == 1 && strchr("ABC", v[0]) && n_cases < 3)
+            cases[n_cases++] = v[0];
+        else if (!strcmp(argv[i], "--seq") && atoll(v) > 0 && n_seqs < 8)
+            seqs[n_seqs++] = atoll(v);
+        else if (!strcmp(argv[i], "--steps") && atoi(v) > 0)
+            steps = atoi(v);
+        else
+            return fprintf(stderr, "bench_gpu: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
+        i++;
+    }
+    if (!n_cases) strcpy(cases, "CAB"), n_cases = 3;
+    if (!n_seqs) seqs[0] = 2048, seqs[1] = 4096, n_seqs = 2;
+
+    mt_backend *be = mt_backend_cuda_new(0);
+    if (!be) {
+        fprintf(stderr, "bench_gpu: %s\n", mt_error_get());  // "no CUDA GPU: ..." on a machine without one
+        return 2;
+    }
+    size_t free_b, total_b;
+    if (mt_cuda_mem_info(be, &free_b, &total_b) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: %s", mt_error_get());
+    // Created = the CUDA context, the stream, the cuBLASLt handle and its workspace (the one
+    // allocation the ledger holds here): the part of the card no model can use.
+    printf("device memory %.3f GB; used after creating the backend: %.3f GB (of which the cuBLASLt workspace "
+           "%.3f GB, in the ledger; the rest is the CUDA context and libraries)\n", total_b / 1e9,
+           (total_b - free_b) / 1e9, be->ledger.total_cur / 1e9);
+    double peak = matmul_peak(be, MT_BF16, 8192);
+    // The step's activations are f32 on cuda today, so its Linears run f32 x f32 on cuBLASLt (no
+    // TF32): this is the ceiling they have now. MFU stays against the bf16 peak, the card's.
+    double peak_f32 = matmul_peak(be, MT_F32, 4096);
+
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    result res[MAX_RUNS];
+    int n_res = 0, failed = 0;
+    for (int c = 0; c < n_cases; c++)
+        for (int s = 0; s < (cases[c] == 'C' ? n_seqs : 1) && n_res < MAX_RUNS; s++) {
+            result *r = &res[n_res++];
+            memset(r, 0, sizeof *r);
+            r->which = cases[c], r->seq = cases[c] == 'C' ? seqs[s] : 1024;
+            r->ok = run_case(be, &cfg, r->which, r->seq, steps, peak, r) == 0;
+            if (!r->ok) {
+                snprintf(r->error, sizeof r->error, "%s", mt_error_get());
+                printf("case %c seq %lld FAILED: %s\n", r->which, (long long)r->seq, r->error);
+                failed++;
+            }
+        }
+    mt_backend_free(be);
+
+    printf("\n");
+    for (int i = 0; i < n_res; i++) {
+        const result *r = &res[i];
+        if (r->ok)
+            printf("bench_gpu: case=%c seq=%lld tokens_per_s=%.1f step_s=%.3f peak_gb=%.3f mfu=%.4f driver_gb=%.3f "
+                   "ledger_vs_driver=%+.2f%%\n", r->which, (long long)r->seq, r->tokens_s, r->step_s, r->ledger_gb,
+                   r->mfu, r->driver_gb, (r->driver_gb / r->ledger_gb - 1) * 100);
+        else
+            printf("bench_gpu: case=%c seq=%lld FAILED: %s\n", r->which, (long long)r->seq, r->error);
+    }
+    printf("bench_gpu: matmul_bf16_tflops=%.1f matmul_f32_tflops=%.1f\n", peak, peak_f32);
+    return failed ? MT_EXIT_ERROR : 0;
+}
