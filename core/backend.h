@@ -41,6 +41,8 @@ typedef struct mt_backend_ops {
     void (*fill_zero)(mt_backend *be, void *dst, size_t bytes);
     // dst and src both memory of `be` (device to device on cuda, ordered on its stream).
     void (*copy)(mt_backend *be, void *dst, const void *src, size_t bytes);
+    // x [n] *= s, x f32 or bf16 memory of `be` (gradient accumulation's average).
+    void (*scale)(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s);
     // c [M, N] = alpha · op(a) · op(b) + beta · c, row-major, fp32 accumulation.
     // op(a) [M, K] is a [M, K], or a [K, M] transposed when trans_a; likewise b.
     // Returns 0, or -1 with mt_error_set() for unsupported dtypes or mismatched shapes.

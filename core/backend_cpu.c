@@ -24,6 +24,16 @@ static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+static void cpu_scale(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s) {
+    (void)be;
+    if (dtype == MT_F32) {
+        for (size_t i = 0; i < n; i++) ((float *)x)[i] *= s;
+        return;
+    }
+    uint16_t *h = x;  // bf16: scaled in f32, rounded back to nearest even
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(mt_bf16_to_f32(h[i]) * s);
+}
+
 static void cpu_fill_zero(mt_backend *be, void *dst, size_t bytes) {
     (void)be;
     if (bytes) memset(dst, 0, bytes);
@@ -84,6 +94,7 @@ static const mt_backend_ops cpu_ops = {
     .download = cpu_copy,
     .fill_zero = cpu_fill_zero,
     .copy = cpu_copy,
+    .scale = cpu_scale,
     .matmul = cpu_matmul,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,

@@ -138,6 +138,11 @@ static void cuda_copy(mt_backend *be, void *dst, const void *src, size_t bytes) 
     MT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
 }
 
+static void scale_cuda(cuda_ctx *cx, void *x, mt_dtype t, size_t n, float s);
+static void cuda_scale_op(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s) {
+    if (n) scale_cuda(cuda_enter(be), x, dtype, n, s);
+}
+
 static void cuda_synchronize(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
@@ -347,6 +352,7 @@ static const mt_backend_ops cuda_ops = {
     .download = cuda_download,
     .fill_zero = cuda_fill_zero,
     .copy = cuda_copy,
+    .scale = cuda_scale_op,
     .matmul = cuda_matmul,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,

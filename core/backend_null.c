@@ -24,6 +24,9 @@ static void null_download(mt_backend *be, void *dst, const void *src, size_t byt
 }
 
 static void null_fill_zero(mt_backend *be, void *dst, size_t bytes) { (void)be, (void)dst, (void)bytes; }
+static void null_scale(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s) {
+    (void)be, (void)x, (void)dtype, (void)n, (void)s;
+}
 static void null_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be, (void)dst, (void)src, (void)bytes;
 }
@@ -47,6 +50,7 @@ static const mt_backend_ops null_ops = {
     .download = null_download,
     .fill_zero = null_fill_zero,
     .copy = null_copy,
+    .scale = null_scale,
     .matmul = null_matmul,
     .synchronize = null_synchronize,
     .destroy = null_destroy,

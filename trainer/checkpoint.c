@@ -14,14 +14,24 @@
 #include "core/fileio.h"
 #include "core/safetensors.h"
 
+// Each weight through its backend's download (device memory on cuda).
+static int fill_weight(void *ctx, size_t index, void *dst, size_t nbytes) {
+    const mt_param *p = &((const mt_param *)ctx)[index];
+    if (p->w->nbytes != nbytes) {
+        mt_error_set("checkpoint: internal size mismatch for '%s'", p->name);
+        return -1;
+    }
+    mt_tensor_download(p->w, dst);
+    return 0;
+}
+
 static int save_trainables(const char *path, const mt_param *p, int n) {
     mt_st_entry *e = mt_xcalloc((size_t)(n ? n : 1), sizeof *e);
     for (int i = 0; i < n; i++) {
-        e[i] = (mt_st_entry){.name = p[i].name, .dtype = mt_st_dtype_of(p[i].w->dtype), .ndim = p[i].w->ndim,
-                             .data = p[i].w->data};
+        e[i] = (mt_st_entry){.name = p[i].name, .dtype = mt_st_dtype_of(p[i].w->dtype), .ndim = p[i].w->ndim};
         memcpy(e[i].shape, p[i].w->shape, sizeof(int64_t) * (size_t)p[i].w->ndim);
     }
-    int rc = mt_st_write(path, e, (size_t)n, "{\"format\":\"moetrain-trainables\"}", NULL, NULL);
+    int rc = mt_st_write(path, e, (size_t)n, "{\"format\":\"moetrain-trainables\"}", fill_weight, (void *)p);
     free(e);
     return rc;
 }

@@ -107,8 +107,7 @@ void mt_model_set_lora_dropout(mt_model *m, float p) {
 
 void mt_params_scale_grads(const mt_param *p, int n, float s) {
     for (int i = 0; i < n; i++) {
-        float *g = p[i].g->data;
-        int64_t k = mt_tensor_numel(p[i].g);
-        for (int64_t j = 0; j < k; j++) g[j] *= s;
+        mt_backend *be = p[i].g->be;
+        be->ops->scale(be, p[i].g->data, p[i].g->dtype, (size_t)mt_tensor_numel(p[i].g), s);
     }
 }
