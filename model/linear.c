@@ -75,11 +75,11 @@ static void dense_or_4bit(const mt_linear *l, mt_tensor *out, const mt_tensor *i
         return;
     }
     size_t bytes = (size_t)(l->out * l->in) * sizeof(float);
-    float *s = mt_work_alloc(be, bytes);
-    mt_tensor scratch = rows_view(be, s, l->out, l->in);
+    float *s = l->dequant ? NULL : mt_work_alloc(be, bytes);  // per call only without the model's
+    mt_tensor scratch = l->dequant ? *l->dequant : rows_view(be, s, l->out, l->in);
     check(transposed ? mt_qweight_matmul_t(out, in, l->q, &scratch, 1.0f) : mt_qweight_matmul(out, in, l->q, &scratch, 0.0f),
           "4-bit matmul");
-    mt_work_free(be, s, bytes);
+    if (s) mt_work_free(be, s, bytes);
 }
 #endif
 

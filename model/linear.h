@@ -19,6 +19,8 @@ typedef struct mt_linear {
     mt_tensor *dw;             // gradient when the weight itself trains (unfreeze, router, full)
     mt_lora *lora;             // adapter, or NULL
     int remote;                // expert held by another EP rank: MT_REMOTE_* (0: held here)
+    mt_tensor *dequant;        // cuda: the model's one f32 scratch for a 4-bit W (not owned);
+                               // NULL: a scratch is taken for each call
 } mt_linear;
 
 enum { MT_REMOTE_FROZEN = 1, MT_REMOTE_TRAINS = 2, MT_REMOTE_LORA = 3 };

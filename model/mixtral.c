@@ -379,6 +379,32 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opt
     return mt_model_build(m, be, &cfg, dir, opts);
 }
 
+// Every 4-bit Linear of the model (with `visit`), for the shared dequantization scratch.
+static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
+    for (int L = 0; L < m->cfg.layers; L++) {
+        mt_layer *ly = &m->layers[L];
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
+        for (int i = 0; i < 5; i++) if (ls[i]->q) visit(m, ls[i], acc);
+        for (int e = 0; e < m->cfg.experts; e++) {
+            mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
+            for (int i = 0; i < 3; i++) if (ex[i]->q) visit(m, ex[i], acc);
+        }
+    }
+}
+static void largest(mt_model *m, mt_linear *l, int64_t *acc) { (void)m, *acc = MT_MAX(*acc, l->out * l->in); }
+static void attach(mt_model *m, mt_linear *l, int64_t *acc) { (void)acc, l->dequant = m->dequant; }
+
+// cuda: one f32 scratch that every 4-bit Linear dequantizes its W into, in turn (the step runs
+// one Linear at a time on one stream), instead of an allocation per call.
+static int share_dequant_scratch(mt_model *m) {
+    int64_t n = 0;
+    each_4bit(m, largest, &n);
+    if (n == 0) return 0;
+    if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_F32, 1, &n))) return -1;
+    each_4bit(m, attach, NULL);
+    return 0;
+}
+
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_run_opts *opts) {
     return mt_model_build_par(m, be, cfg, dir, opts, NULL);
@@ -448,6 +474,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     if (rc == 0) rc = finish(&ld);
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
+    if (rc == 0 && be->ops->kind == MT_BACKEND_CUDA) rc = share_dequant_scratch(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);

@@ -113,6 +113,8 @@ typedef struct mt_model {
                                 // same on every rank whichever experts it holds
     mt_model_par par;
     int32_t *owner;             // [layers × experts] the EP rank holding each expert
+    mt_tensor *dequant;         // cuda: f32 scratch of the largest 4-bit W, shared by every Linear
+                                // (ledger: work; BUDGETS.md's "dequant buffer for one expert")
 } mt_model;
 
 // The EP rank that holds expert e of layer L, and whether it is this one.

@@ -67,8 +67,9 @@ int mt_dist_init(mt_dist *d, mt_backend *be, const mt_param *params, int n, cons
     memset(d, 0, sizeof *d);
     d->be = be, d->params = params, d->n_params = n, d->zero = zero, d->ep = r->ep;
     d->counting = be->ops->kind == MT_BACKEND_NULL;
-    if (!d->counting && be->ops->kind != MT_BACKEND_CPU) {
-        mt_error_set("parallel training runs on the cpu backend today (the CUDA step is issue 6)");
+    // Other backends: one rank only (nothing to reduce or shard; the norm is the backend's).
+    if (!d->counting && be->ops->kind != MT_BACKEND_CPU && (r->world_size > 1 || r->dp_size > 1)) {
+        mt_error_set("training over several ranks runs on the cpu backend only so far");
         return -1;
     }
     mt_comm *comms[MT_DIST_GROUPS] = {r->world, r->dp};
@@ -182,6 +183,7 @@ static double group_sumsq(mt_dist *d, mt_dist_group *g) {
 
 double mt_dist_grad_norm(mt_dist *d) {
     if (d->counting) return 0.0;
+    if (d->be->ops->kind != MT_BACKEND_CPU) return mt_grad_norm_any(d->be, d->opt, d->n_opt);  // one rank
     double experts = group_sumsq(d, &d->group[MT_DIST_EXPERTS]);
     if (d->ep) experts = mt_comm_sum_f64(d->ep, experts);  // each EP rank holds other experts
     return sqrt(group_sumsq(d, &d->group[MT_DIST_REPLICATED]) + experts);

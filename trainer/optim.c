@@ -149,6 +149,17 @@ static int alloc_state(mt_adamw *o, int i, const mt_tensor *w) {
     return 0;
 }
 
+// The cuda backend itself, whose memory the update's kernels can read (not merely a device-kind
+// backend, such as the tests' stand-in whose memory is the host's).
+static int cuda_kernels_run_on(const mt_backend *be) {
+#ifdef MT_CUDA
+    return be->ops->kind == MT_BACKEND_CUDA && strcmp(be->ops->name, "cuda") == 0;
+#else
+    (void)be;
+    return 0;
+#endif
+}
+
 int mt_adamw_init(mt_adamw *o, mt_backend *be, const mt_param *params, int n,
                   const mt_adamw_opts *opts) {
     memset(o, 0, sizeof *o);
@@ -163,6 +174,11 @@ int mt_adamw_init(mt_adamw *o, mt_backend *be, const mt_param *params, int n,
     }
     for (int i = 0; i < n; i++)
         if (check_param(&params[i], i) != 0) return -1;
+    if (cuda_kernels_run_on(be) && o->opts.adam_8bit && !o->opts.offload) {
+        mt_error_set("adamw: 8-bit state is updated on the host only so far: with --adam-8bit on cuda add "
+                     "--offload-optimizer");
+        return -1;
+    }
     o->be = be;
     if (o->opts.offload)  // the host side of a null (measuring) run only counts, too
         o->host = be->ops->kind == MT_BACKEND_NULL ? mt_backend_null_new() : mt_backend_cpu_new();
@@ -252,6 +268,14 @@ double mt_sumsq(const void *x, mt_dtype dt, int64_t n) {
     double t = 0.0;
     sumsq_acc(x, dt, n, &t);
     return t;
+}
+
+double mt_grad_norm_any(mt_backend *be, const mt_param *params, int n) {
+#ifdef MT_CUDA
+    if (cuda_kernels_run_on(be)) return mt_grad_norm_cuda(be, params, n);
+#endif
+    (void)be;
+    return mt_grad_norm(params, n);
 }
 
 double mt_grad_norm(const mt_param *params, int n) {
@@ -415,9 +439,9 @@ static int adamw_step(mt_adamw *o, const mt_param *params, int n, double lr, dou
     }
     int on_cuda = 0;  // every tensor on a cuda backend: the update runs there (optim_cuda.cu)
 #ifdef MT_CUDA
-    on_cuda = n > 0 && !o->opts.offload && !o->opts.adam_8bit && o->be->ops->kind == MT_BACKEND_CUDA;
+    on_cuda = n > 0 && !o->opts.offload && !o->opts.adam_8bit && cuda_kernels_run_on(o->be);
     for (int i = 0; i < n && on_cuda; i++)
-        on_cuda = params[i].w->be->ops->kind == MT_BACKEND_CUDA && params[i].g->be->ops->kind == MT_BACKEND_CUDA;
+        on_cuda = cuda_kernels_run_on(params[i].w->be) && cuda_kernels_run_on(params[i].g->be);
     if (on_cuda) {
         double norm = given_norm ? *given_norm : mt_grad_norm_cuda(o->be, params, n);
         if (grad_norm_out) *grad_norm_out = norm;

@@ -128,6 +128,8 @@ void mt_adamw_free(mt_adamw *o);
 // the null backend count as zero; on a backend without a norm kernel the result is NaN (with
 // an error set), so a caller skips rather than trusting a wrong norm.
 double mt_grad_norm(const mt_param *params, int n);
+// The same where the grads live: on cuda the device's norm (trainer/optim_cuda.cu), else the above.
+double mt_grad_norm_any(mt_backend *be, const mt_param *params, int n);
 
 // Σ x² of host memory x [n] (f32 or bf16) in the norm's fixed blocked order.
 double mt_sumsq(const void *x, mt_dtype dt, int64_t n);

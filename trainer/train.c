@@ -322,7 +322,12 @@ static int run(trainer *t) {
         mt_dist_reduce_grads(&t->dist);
         double lr = mt_lr_at(t->st.step, total, o->warmup, o->lr, sched), gnorm = mt_dist_grad_norm(&t->dist);
         // loss and norm are the same on every rank: every rank skips the same steps
-        int skipped = !isfinite(loss) || mt_adamw_step_norm(&t->opt, t->dist.opt, t->dist.n_opt, lr, o->clip, gnorm) != 0;
+        int skipped = !isfinite(loss);
+        if (!skipped) {
+            int rc = mt_adamw_step_norm(&t->opt, t->dist.opt, t->dist.n_opt, lr, o->clip, gnorm);
+            if (rc < 0) return -1;  // an error, not a non-finite step: its message stands
+            skipped = rc == 1;
+        }
         if (!skipped) mt_dist_share_weights(&t->dist);
         if (skipped) {
             t->st.skips++;
