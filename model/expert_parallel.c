@@ -9,6 +9,8 @@
 // Within one expert the own layout lists rank 0's rows, then rank 1's, ...: when the ranks hold
 // consecutive slices of the global batch this is the order one process would see, so the
 // expert's matmuls (and its LoRA dropout, keyed by row) are those of the single-process run.
+// Rows move by the backend's copy and the comm's all-to-all: host memory and MPI on the cpu
+// backend, device memory and NCCL on cuda (that path has not run: no multi-GPU machine here).
 #include <string.h>
 
 #include "core/common.h"
@@ -52,7 +54,7 @@ static void wire_rows(const mt_model *m, int L, float *wire, float *local, int64
             int64_t n = kp->peer_counts[(int64_t)me * E + e];
             if (wire && n) {
                 float *a = wire + at_row * w, *b = local + (int64_t)off[e] * w;
-                memcpy(to_wire ? a : b, to_wire ? b : a, (size_t)(n * w) * sizeof(float));
+                m->be->ops->copy(m->be, to_wire ? a : b, to_wire ? b : a, (size_t)(n * w) * sizeof(float));
             }
             at_row += n, rows[p] += n;
         }
@@ -74,7 +76,7 @@ static void inbox_rows(const mt_model *m, int L, float *inbox, float *own, int64
             for (int q2 = 0; q2 < q; q2++) dst += C[(int64_t)q2 * E + e];
             if (inbox && n) {
                 float *a = inbox + at_row * w, *b = own + dst * w;
-                memcpy(to_own ? b : a, to_own ? a : b, (size_t)(n * w) * sizeof(float));
+                m->be->ops->copy(m->be, to_own ? b : a, to_own ? a : b, (size_t)(n * w) * sizeof(float));
             }
             at_row += n, rows[q] += n;
         }

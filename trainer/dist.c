@@ -29,11 +29,11 @@ static void copy_range(mt_dist *d, mt_dist_group *g, int64_t lo, int64_t hi, int
         int64_t a = MT_MAX(lo, g->start[i]), b = MT_MIN(hi, g->start[i] + mt_tensor_numel(t));
         if (a >= b) continue;
         char *f = (char *)g->flat + (size_t)a * esz, *x = (char *)t->data + (size_t)(a - g->start[i]) * esz;
-        memcpy(to_flat ? f : x, to_flat ? x : f, (size_t)(b - a) * esz);
+        d->be->ops->copy(d->be, to_flat ? f : x, to_flat ? x : f, (size_t)(b - a) * esz);
     }
     if (to_flat && hi > g->numel) {
         int64_t a = MT_MAX(lo, g->numel);
-        memset((char *)g->flat + (size_t)a * esz, 0, (size_t)(hi - a) * esz);
+        d->be->ops->fill_zero(d->be, (char *)g->flat + (size_t)a * esz, (size_t)(hi - a) * esz);
     }
 }
 
@@ -67,11 +67,6 @@ int mt_dist_init(mt_dist *d, mt_backend *be, const mt_param *params, int n, cons
     memset(d, 0, sizeof *d);
     d->be = be, d->params = params, d->n_params = n, d->zero = zero, d->ep = r->ep;
     d->counting = be->ops->kind == MT_BACKEND_NULL;
-    // Other backends: one rank only (nothing to reduce or shard; the norm is the backend's).
-    if (!d->counting && be->ops->kind != MT_BACKEND_CPU && (r->world_size > 1 || r->dp_size > 1)) {
-        mt_error_set("training over several ranks runs on the cpu backend only so far");
-        return -1;
-    }
     mt_comm *comms[MT_DIST_GROUPS] = {r->world, r->dp};
     int ranks[MT_DIST_GROUPS] = {r->world_rank, r->dp_rank}, sizes[MT_DIST_GROUPS] = {r->world_size, r->dp_size};
     for (int k = 0; k < MT_DIST_GROUPS; k++) {
@@ -163,7 +158,7 @@ static double chunk_sumsq(mt_dist *d, mt_dist_group *g, int c) {
         if (a >= b) continue;
         const char *x = g->sharded ? (const char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)a)
                                 : (const char *)t->data + mt_dtype_bytes(g->dtype, (size_t)(a - g->start[i]));
-        s += mt_sumsq(x, g->dtype, b - a);
+        s += mt_sumsq_any(d->be, x, g->dtype, b - a);
     }
     return s;
 }
@@ -183,7 +178,6 @@ static double group_sumsq(mt_dist *d, mt_dist_group *g) {
 
 double mt_dist_grad_norm(mt_dist *d) {
     if (d->counting) return 0.0;
-    if (d->be->ops->kind != MT_BACKEND_CPU) return mt_grad_norm_any(d->be, d->opt, d->n_opt);  // one rank
     double experts = group_sumsq(d, &d->group[MT_DIST_EXPERTS]);
     if (d->ep) experts = mt_comm_sum_f64(d->ep, experts);  // each EP rank holds other experts
     return sqrt(group_sumsq(d, &d->group[MT_DIST_REPLICATED]) + experts);

@@ -13,6 +13,10 @@
 // either way (each chunk's Σg² in the blocked order, chunks folded in order, then EP ranks
 // folded in order), so ZeRO-1 gives the same bits as no ZeRO, and every rank the same bits.
 //
+// Memory moves through the backend (copy, fill_zero) and the comm's data collectives, so the
+// same code runs on host memory over MPI (tested: tests/mpi) and on device memory over NCCL (not
+// run: no multi-GPU machine here).
+//
 // With ZeRO the flat buffer of a group of more than one rank is counted under `comm`: a copy of
 // its gradients, which the reduce-scatter needs contiguous (the planner counts it too).
 #pragma once

@@ -270,12 +270,22 @@ double mt_sumsq(const void *x, mt_dtype dt, int64_t n) {
     return t;
 }
 
-double mt_grad_norm_any(mt_backend *be, const mt_param *params, int n) {
+double mt_sumsq_any(mt_backend *be, const void *x, mt_dtype dt, int64_t n) {
 #ifdef MT_CUDA
-    if (cuda_kernels_run_on(be)) return mt_grad_norm_cuda(be, params, n);
+    if (cuda_kernels_run_on(be)) {  // a one-tensor list for the device's blocked sum
+        mt_tensor t = {.dtype = dt, .ndim = 1, .shape = {n}, .nbytes = mt_dtype_bytes(dt, (size_t)n),
+                       .data = (void *)x, .be = be, .cat = MT_MEM_GRAD};
+        mt_param p = {.name = "sumsq", .w = &t, .g = &t};
+        double *dev = mt_work_alloc(be, sizeof(double)), s = 0.0;
+        be->ops->fill_zero(be, dev, sizeof(double));
+        grad_sumsq_cuda(be, dev, &p, 1);
+        be->ops->download(be, &s, dev, sizeof(double));
+        mt_work_free(be, dev, sizeof(double));
+        return s;
+    }
 #endif
     (void)be;
-    return mt_grad_norm(params, n);
+    return mt_sumsq(x, dt, n);
 }
 
 double mt_grad_norm(const mt_param *params, int n) {

@@ -128,11 +128,11 @@ void mt_adamw_free(mt_adamw *o);
 // the null backend count as zero; on a backend without a norm kernel the result is NaN (with
 // an error set), so a caller skips rather than trusting a wrong norm.
 double mt_grad_norm(const mt_param *params, int n);
-// The same where the grads live: on cuda the device's norm (trainer/optim_cuda.cu), else the above.
-double mt_grad_norm_any(mt_backend *be, const mt_param *params, int n);
 
 // Σ x² of host memory x [n] (f32 or bf16) in the norm's fixed blocked order.
 double mt_sumsq(const void *x, mt_dtype dt, int64_t n);
+// The same of memory of `be` (cuda: the device's blocked sum, one small download).
+double mt_sumsq_any(mt_backend *be, const void *x, mt_dtype dt, int64_t n);
 
 // One step at learning rate lr, clipping to `clip` (0: no clipping). The norm before clipping
 // goes to *grad_norm_out (may be NULL). Returns 0 when applied; 1 when the norm is not finite

@@ -150,11 +150,6 @@ static int start_ranks(trainer *t) {
     if (!cuda && !mt_comm_launched() && o->gpus == 1 && o->ep == 1) return 0;
     if (!(t->world = mt_comm_init(MT_COMM_AUTO, cuda ? t->be : NULL))) return -1;
     t->rank = mt_comm_rank(t->world), t->ranks = mt_comm_size(t->world);
-    if (cuda && t->ranks > 1) {
-        mt_error_set("training over %d GPUs: the NCCL world starts, but the step's expert all-to-all and gradient "
-                     "reduction run on the cpu backend only so far (mpirun with --device cpu)", t->ranks);
-        return -1;
-    }
     if (o->gpus != 1 && o->gpus != t->ranks) {
         mt_error_set("--gpus %d, but the launcher started %d ranks (mpirun -np %d ...)", o->gpus, t->ranks, o->gpus);
         return -1;
