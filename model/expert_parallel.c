@@ -83,37 +83,33 @@ static void inbox_rows(const mt_model *m, int L, float *inbox, float *own, int64
     }
 }
 
-// local [T·k, w] (this rank's rows in expert order) -> own [own rows, w] on the owners.
-void mt_ep_dispatch(mt_model *m, int L, float *own, float *local, int64_t w) {
+// One exchange: out = 1 sends local rows to their owners (local -> wire -> all-to-all -> inbox ->
+// own); out = 0 brings the owners' rows back (own -> inbox -> all-to-all -> wire -> local).
+static void exchange(mt_model *m, int L, float *local, float *own, int64_t w, int out) {
     int P = m->par.ep_size, run = !m->counting;
     int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, R = mt_ep_own_rows(m, L);
-    int64_t *send_rows = mt_xcalloc((size_t)P, sizeof(int64_t)), *recv_rows = mt_xcalloc((size_t)P, sizeof(int64_t));
+    int64_t *wire_n = mt_xcalloc((size_t)P, sizeof(int64_t)), *inbox_n = mt_xcalloc((size_t)P, sizeof(int64_t));
     float *wire = mt_work_alloc(m->be, (size_t)(Tk * w) * sizeof(float));
     float *inbox = mt_work_alloc(m->be, (size_t)(R * w) * sizeof(float));
-    wire_rows(m, L, run ? wire : NULL, local, w, 1, send_rows);
-    inbox_rows(m, L, NULL, own, w, 1, recv_rows);
-    if (m->par.ep) mt_comm_all_to_all_v(m->par.ep, wire, send_rows, inbox, recv_rows, (size_t)w, MT_COMM_F32, 0);
-    if (run) inbox_rows(m, L, inbox, own, w, 1, recv_rows);
+    // Pack the side that sends; only count the side that receives.
+    wire_rows(m, L, run && out ? wire : NULL, local, w, 1, wire_n);
+    inbox_rows(m, L, run && !out ? inbox : NULL, own, w, 0, inbox_n);
+    if (m->par.ep) {
+        if (out) mt_comm_all_to_all_v(m->par.ep, wire, wire_n, inbox, inbox_n, (size_t)w, MT_COMM_F32, 0);
+        else mt_comm_all_to_all_v(m->par.ep, inbox, inbox_n, wire, wire_n, (size_t)w, MT_COMM_F32, 0);
+    }
+    if (run && out) inbox_rows(m, L, inbox, own, w, 1, inbox_n);
+    if (run && !out) wire_rows(m, L, wire, local, w, 0, wire_n);
     mt_work_free(m->be, inbox, (size_t)(R * w) * sizeof(float));
     mt_work_free(m->be, wire, (size_t)(Tk * w) * sizeof(float));
-    free(send_rows), free(recv_rows);
+    free(wire_n), free(inbox_n);
 }
 
+// local [T·k, w] (this rank's rows in expert order) -> own [own rows, w] on the owners.
+void mt_ep_dispatch(mt_model *m, int L, float *own, float *local, int64_t w) { exchange(m, L, local, own, w, 1); }
+
 // The way back: own [own rows, w] -> local [T·k, w] on the ranks the rows came from.
-void mt_ep_return(mt_model *m, int L, float *local, float *own, int64_t w) {
-    int P = m->par.ep_size, run = !m->counting;
-    int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, R = mt_ep_own_rows(m, L);
-    int64_t *send_rows = mt_xcalloc((size_t)P, sizeof(int64_t)), *recv_rows = mt_xcalloc((size_t)P, sizeof(int64_t));
-    float *inbox = mt_work_alloc(m->be, (size_t)(R * w) * sizeof(float));
-    float *wire = mt_work_alloc(m->be, (size_t)(Tk * w) * sizeof(float));
-    inbox_rows(m, L, run ? inbox : NULL, own, w, 0, send_rows);
-    wire_rows(m, L, NULL, local, w, 0, recv_rows);
-    if (m->par.ep) mt_comm_all_to_all_v(m->par.ep, inbox, send_rows, wire, recv_rows, (size_t)w, MT_COMM_F32, 0);
-    if (run) wire_rows(m, L, wire, local, w, 0, recv_rows);
-    mt_work_free(m->be, wire, (size_t)(Tk * w) * sizeof(float));
-    mt_work_free(m->be, inbox, (size_t)(R * w) * sizeof(float));
-    free(send_rows), free(recv_rows);
-}
+void mt_ep_return(mt_model *m, int L, float *local, float *own, int64_t w) { exchange(m, L, local, own, w, 0); }
 
 // ---------------------------------------------------------------------------------------------
 // The end of a run: EP rank 0 collects the trained experts it does not hold.
