@@ -186,6 +186,16 @@ Test(train, bad_input_is_named, .init = setup, .fini = teardown) {
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s --mem 1MB --steps 1 --out %s/o", model_dir, data,
                              tmp), 1);
     cr_assert(strstr(out, "--mem"), "%s", out);
+    // Parallel flags without the ranks to carry them, and what is planned but not built
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s --ep 2 --steps 1 --out %s/o", model_dir, data, tmp),
+                 1);
+    cr_assert(strstr(out, "--ep 2") && strstr(out, "mpirun"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s --gpus 2 --steps 1 --out %s/o", model_dir, data,
+                             tmp), 1);
+    cr_assert(strstr(out, "--gpus 2"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s --zero 2 --steps 1 --out %s/o", model_dir, data,
+                             tmp), 1);
+    cr_assert(strstr(out, "--zero 2") && strstr(out, "not implemented"), "%s", out);
 }
 
 Test(train, sigint_saves_a_checkpoint_and_exits_cleanly, .init = setup, .fini = teardown) {

@@ -147,6 +147,12 @@ static int start_ranks(trainer *t) {
     mt_run_opts *o = t->o;
     int cuda = t->be->ops->kind == MT_BACKEND_CUDA;
     t->ranks = 1;
+    if (o->zero > 1) {
+        mt_error_set("--zero %d: ZeRO-2 (sharded gradients) is planned by `moetrain plan`, not implemented; "
+                     "--zero 1 shards Adam state and master weights", o->zero);
+        return -1;
+    }
+
     if (!cuda && !mt_comm_launched() && o->gpus == 1 && o->ep == 1) return 0;
     if (!(t->world = mt_comm_init(MT_COMM_AUTO, cuda ? t->be : NULL))) return -1;
     t->rank = mt_comm_rank(t->world), t->ranks = mt_comm_size(t->world);
