@@ -175,7 +175,12 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
 
 int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r) {
     memset(r, 0, sizeof *r);
-    size_t cells = (size_t)B * (size_t)S;
+    // Several ranks (a parallel training run): each reads the same batches of B·ranks rows and
+    // evaluates its own B of them; the model sums the loss over ranks, so every rank gets the
+    // whole batch's figures. A rank left without rows by a short last batch still takes part
+    // (the EP all-to-alls and the sums are collective) with one padded row outside the loss.
+    int rank = m->par.data ? mt_comm_rank(m->par.data) : 0, ranks = m->par.data ? mt_comm_size(m->par.data) : 1;
+    size_t cells = (size_t)B * (size_t)ranks * (size_t)S;
     int32_t *tokens = mt_xmalloc(cells * sizeof(int32_t)), *labels = mt_xmalloc(cells * sizeof(int32_t));
     int32_t *mask = mt_xmalloc(cells * sizeof(int32_t));
     mt_data_cursor c = {0, 0};
@@ -183,14 +188,20 @@ int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r)
     int rc = 0;
     while (c.epoch == 0) {
         int64_t index = c.index;
-        int rows = mt_data_next_batch(d, &c, B, S, tokens, labels, mask);
+        int rows = mt_data_next_batch(d, &c, B * ranks, S, tokens, labels, mask);
         if (rows < 0) {
             rc = -1;
             break;
         }
         if (rows == 0) break;
         // Only the rows holding data (the last batch of the pass may be short).
-        mt_batch b = {rows, S, tokens, labels, mask};
+        int first = rank * B, mine = MT_MAX(0, MT_MIN(B, rows - first));
+        if (mine == 0) {
+            first = 0, mine = 1;
+            for (int i = 0; i < S; i++) tokens[i] = 0, labels[i] = -100, mask[i] = 0;
+        }
+        int64_t at = (int64_t)first * S;
+        mt_batch b = {mine, S, tokens + at, labels + at, mask + at};
         mt_loss l;
         if (mt_model_forward(m, &b, &l) != 0) {
             rc = -1;

@@ -20,10 +20,11 @@
 
 enum { MAX_STEPS = 4096 };
 
-// The last record of each step (a resumed run may repeat one); NAN where a step has none.
-// Returns the highest step.
-static int losses(const char *dir, double *loss) {
+// The last record of each step (a resumed run may repeat one); NAN where a step has none; the
+// last eval's loss into *eval (NAN without one). Returns the highest step.
+static int losses(const char *dir, double *loss, double *eval) {
     for (int s = 0; s < MAX_STEPS; s++) loss[s] = NAN;
+    *eval = NAN;
     char path[4200], *text;
     size_t len;
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
@@ -33,6 +34,7 @@ static int losses(const char *dir, double *loss) {
         cJSON *j = cJSON_Parse(line);
         const cJSON *type = cJSON_GetObjectItem(j, "type"), *step = cJSON_GetObjectItem(j, "step");
         const cJSON *l = cJSON_GetObjectItem(j, "loss");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "eval") && cJSON_IsNumber(l)) *eval = l->valuedouble;
         if (cJSON_IsString(type) && !strcmp(type->valuestring, "step") && cJSON_IsNumber(step) && cJSON_IsNumber(l)) {
             int s = (int)step->valuedouble;
             if (s >= 1 && s <= MAX_STEPS) {
@@ -69,7 +71,8 @@ int main(int argc, char **argv) {
     }
     double tol = atof(argv[3]), ttol = argc == 5 ? atof(argv[4]) : tol;
     static double la[MAX_STEPS], lb[MAX_STEPS];
-    int na = losses(argv[1], la), nb = losses(argv[2], lb), common = 0;
+    double ea, eb;
+    int na = losses(argv[1], la, &ea), nb = losses(argv[2], lb, &eb), common = 0;
     double worst_loss = 0;
     int same_bits = 1;
     for (int s = 0; s < MT_MIN(na, nb); s++) {
@@ -77,6 +80,14 @@ int main(int argc, char **argv) {
         worst_loss = fmax(worst_loss, fabs(la[s] - lb[s]) / fmax(fabs(la[s]), 1e-30));
         same_bits &= la[s] == lb[s];
         common++;
+    }
+    if ((ea == ea) != (eb == eb)) {
+        fprintf(stderr, "compare_runs: only one of the runs has an eval\n");
+        return 2;
+    }
+    if (ea == ea) {  // the final eval counts as one more loss
+        worst_loss = fmax(worst_loss, fabs(ea - eb) / fmax(fabs(ea), 1e-30));
+        same_bits &= ea == eb;
     }
     if (common == 0 || na != nb) {
         fprintf(stderr, "compare_runs: %d steps in %s, %d in %s, %d in common (%s)\n", na, argv[1], nb, argv[2],
@@ -117,8 +128,8 @@ int main(int argc, char **argv) {
         if (rel > worst_tensor || !(rel == rel)) worst_tensor = rel, worst_name = a->name;
     }
     int ok = tol == 0 && ttol == 0 ? same_bits : worst_loss <= tol && worst_tensor <= ttol;
-    printf("%d steps compared, %zu tensors: worst loss rel. error %.3g, worst tensor rel. L2 error %.3g (%s); "
-           "%s%s (tolerances %g, %g)\n", common, fa.n_tensors, worst_loss, worst_tensor, worst_name,
+    printf("%d steps%s compared, %zu tensors: worst loss rel. error %.3g, worst tensor rel. L2 error %.3g (%s); "
+           "%s%s (tolerances %g, %g)\n", common, ea == ea ? " and the eval" : "", fa.n_tensors, worst_loss, worst_tensor, worst_name,
            ok ? "same" : "DIFFERENT", same_bits ? ", bit for bit" : "", tol, ttol);
     mt_st_file_close(&fa), mt_st_file_close(&fb);
     return ok ? 0 : 1;

@@ -144,6 +144,12 @@ same "recomputation == keeping (one process)" lora-1 lora-1-keep 0
 train nf4-1 1 --mode lora --r 4 --quant nf4 --batch 4 --checkpointing none
 train nf4-ep4 4 --mode lora --r 4 --quant nf4 --batch 1 --ep 4 --checkpointing none
 same "ep4, experts without rows" nf4-1 nf4-ep4 1e-5 1e-3
+# Evaluation split over the ranks (every rank its slice, a short last batch padded): the final
+# eval loss equals one process's. 21 eval samples: 4 ranks × 1 row leave ranks without rows.
+head -n 21 "$work/data.jsonl" >"$work/eval.jsonl"
+train eval-1 1 "${lora[@]}" --batch 4 --eval-data "$work/eval.jsonl"
+train eval-ep2-dp2 4 "${lora[@]}" --batch 1 --ep 2 --eval-data "$work/eval.jsonl"
+same "eval split over 4 ranks == one process" eval-1 eval-ep2-dp2 1e-5 1e-3
 # Uneven shares: 8 experts over 3 ranks (3, 3, 2).
 train lora-1-b3 1 "${lora[@]}" --batch 3
 train lora-ep3 3 "${lora[@]}" --batch 1 --ep 3
