@@ -101,14 +101,14 @@ static void layer_backward(mt_model *m, int L, float *dx) {
 void mt_model_backward(mt_model *m) {
     const mt_model_config *c = &m->cfg;
     int T = m->B * m->S, H = (int)c->hidden, V = (int)c->vocab, run = !m->counting;
-    float *dlogits = scratch(m, (size_t)T * V);
+    // The loss's gradient is written over the logits: the step never holds two T×V fp32 buffers.
+    float *dlogits = F(m->logits);
     int64_t count;
     if (run)
         mt_op_cross_entropy(m, dlogits, m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits),
                             m->step_targets, T, V);
     float *dxf = scratch(m, (size_t)T * H);
     mt_linear_backward(&m->lm_head, dxf, dlogits, F(m->xf), NULL, T);
-    unscratch(m, dlogits, (size_t)T * V);
     float *dx = scratch(m, (size_t)T * H);
     if (run) mt_op_rmsnorm_backward(m, dx, m->dnorm ? F(m->dnorm) : NULL, dxf, F(m->x_final), F(m->norm), F(m->rstdf), T, H);
     unscratch(m, dxf, (size_t)T * H);

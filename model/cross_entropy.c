@@ -2,13 +2,15 @@
 // (CPU reference, fp32 log-softmax, double loss sum).
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/common.h"
 #include "model/ops.h"
 
 // logits [T, V], targets [T] → returns Σ over counted rows of (logsumexp(row) − row[target]),
 // *count = rows whose target ≠ ignore_index; dlogits [T, V] += dscale·(softmax − onehot) on those
-// rows (ignored rows untouched; dlogits may be NULL).
+// rows (ignored rows untouched; dlogits may be NULL). dlogits == logits: the gradient REPLACES
+// the logits (ignored rows become 0), so the model never holds two T×V fp32 buffers.
 double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const float *logits,
                          const int32_t *targets, int T, int V, int ignore_index) {
     // Checked before the parallel loop, so that a bad id is a clean fatal, not an OOB read.
@@ -25,7 +27,10 @@ double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const flo
 #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         row_loss[t] = 0.0;
-        if (targets[t] == ignore_index) continue;
+        if (targets[t] == ignore_index) {
+            if (dlogits && dlogits == logits) memset(dlogits + (int64_t)t * V, 0, (size_t)V * sizeof(float));
+            continue;
+        }
         const float *lt = logits + (int64_t)t * V;
         float m = -INFINITY;  // max-subtracted: exp never overflows
         for (int i = 0; i < V; i++) m = lt[i] > m ? lt[i] : m;
@@ -33,10 +38,10 @@ double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const flo
         for (int i = 0; i < V; i++) sum += expf(lt[i] - m);
         float lse = m + (float)log(sum);
         row_loss[t] = (double)lse - lt[targets[t]];
-        if (dlogits) {
+        if (dlogits) {  // in place, element i is read before it is written
             float *dt = dlogits + (int64_t)t * V;
-            float inv = (float)(1.0 / sum);
-            for (int i = 0; i < V; i++) dt[i] += dscale * (expf(lt[i] - m) * inv);
+            float inv = (float)(1.0 / sum), keep = dlogits == logits ? 0.0f : 1.0f;
+            for (int i = 0; i < V; i++) dt[i] = keep * dt[i] + dscale * (expf(lt[i] - m) * inv);
             dt[targets[t]] -= dscale;
         }
     }

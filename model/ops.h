@@ -45,7 +45,8 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
 
 // Cross-entropy of logits [T, V] against targets [T]; targets equal to ignore_index are skipped.
 // Returns the summed loss over counted tokens and sets *count. When dlogits is not NULL it is
-// ACCUMULATED with dscale · (softmax − onehot) on counted rows (dscale = 1/total count for a mean).
+// ACCUMULATED with dscale · (softmax − onehot) on counted rows (dscale = 1/total count for a mean);
+// when it IS logits the gradient replaces them instead, ignored rows zeroed (one T×V buffer).
 double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const float *logits,
                          const int32_t *targets, int T, int V, int ignore_index);
 

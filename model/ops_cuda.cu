@@ -485,6 +485,8 @@ static __global__ void cross_entropy_kernel(float *dlogits, float dscale, const 
         const int tgt = targets[t];
         if (tgt == ignore_index) {
             if (threadIdx.x == 0) row_loss[t] = 0.0;
+            if (in_place)  // the row's gradient is 0, and the logits it held must not pass for one
+                for (int i = threadIdx.x; i < V; i += blockDim.x) dlogits[t * V + i] = 0.0f;
             continue;
         }
         if (tgt < 0 || tgt >= V) {

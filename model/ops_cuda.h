@@ -58,8 +58,8 @@ void attention_backward_cuda(mt_backend *be, float *dq, float *dk, float *dv, co
 
 // One block per row: max, log-sum-exp and the gradient in one kernel. dlogits may be logits
 // itself: then each counted row of logits is REPLACED by dscale·(softmax − onehot) (the fused
-// lm_head path: fp32 logits are never duplicated); otherwise dlogits is accumulated as on the
-// CPU. Ignored rows are left untouched either way. Returns the loss sum (host) and sets *count:
+// lm_head path: fp32 logits are never duplicated) and ignored rows are zeroed; otherwise dlogits
+// is accumulated as on the CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count:
 // one device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
 // on the CPU (detected on the device, reported after the synchronisation).
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,

@@ -451,6 +451,22 @@ Test(model_ops, cross_entropy_backward_fd_with_ignored_targets) {
     free(logits), free(dl);
 }
 
+// In place (the model's backward): the gradient replaces the logits, ignored rows become 0; the
+// same loss and the same gradient bits as into a zeroed buffer of its own.
+Test(model_ops, cross_entropy_in_place_replaces_the_logits) {
+    enum { T = 5, V = 37 };
+    float logits[T * V], inplace[T * V], dl[T * V];
+    int32_t tgt[T] = {3, -100, 36, 0, -100};
+    for (int i = 0; i < T * V; i++) logits[i] = inplace[i] = (float)((i * 7919) % 101) / 13.0f - 3.0f, dl[i] = 0;
+    int64_t n1, n2;
+    double a = cross_entropy_cpu(dl, 0.25f, &n1, logits, tgt, T, V, -100);
+    double b = cross_entropy_cpu(inplace, 0.25f, &n2, inplace, tgt, T, V, -100);
+    cr_assert_eq(a, b);
+    cr_assert_eq(n1, 3);
+    cr_assert_eq(n2, 3);
+    cr_assert_eq(memcmp(dl, inplace, sizeof dl), 0, "the in-place gradient differs from the separate one");
+}
+
 Test(model_ops, cross_entropy_target_out_of_range_is_fatal, .exit_code = MT_EXIT_ERROR) {
     float logits[2 * 4] = {0};
     int32_t tgt[2] = {1, 4};

@@ -181,7 +181,7 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_
     int n = 0;
     t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
                                 -6 * k * sb * cfg->intermediate};
-    t[n++] = (mt_plan_act_term){"fp32 logits gradient 4·s·b·V: work in the model's backward", -4 * sb * V};
+    t[n++] = (mt_plan_act_term){"fp32 logits gradient 4·s·b·V: written over the logits", -4 * sb * V};
     t[n++] = (mt_plan_act_term){"bf16 logits 2·s·b·V: lm_head writes the fp32 logits, no bf16 copy", -2 * sb * V};
     t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
                                 full ? -2 * h * sb : 0};

@@ -300,8 +300,8 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
     fprintf(out, "  work: the plan's figure is a guess for what the null backend cannot see (CUDA context,\n"
                  "  cuBLAS and NCCL workspaces, the bf16 dequant buffer of one expert, allocator slack); the\n"
                  "  measured peak is the step's own scratch as the cpu step allocates it (activation gradients\n"
-                 "  in f32, 4-bit matmul tiles), of which the plan counts the experts' k·s·b·6f and the\n"
-                 "  logits' gradient under act.\n");
+                 "  in f32, 4-bit matmul tiles), of which the plan counts the experts' k·s·b·6f under act\n"
+                 "  (the logits' gradient is written over the logits: no buffer of its own).\n");
 }
 
 static void print_act_terms(FILE *out, const mt_plan_report *r) {
