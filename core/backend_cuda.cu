@@ -60,6 +60,12 @@ typedef struct {
     // only grows there), so the ledger's peak can be checked against what the device really held.
     int sample_used;
     size_t used_peak;
+    // Stream-ordered allocation (cudaMallocAsync/cudaFreeAsync on `stream`) where the device has
+    // memory pools: a free does not stall the device the way cudaFree does, which matters for
+    // the step's many short-lived work buffers. The pool keeps its default release threshold
+    // (0): freed memory goes back at the next synchronisation, so the driver's count follows the
+    // ledger's. Memory used on another stream (NCCL's) is ordered by the comm's events.
+    int async_alloc;
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -78,7 +84,7 @@ static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
     *out = NULL;
     if (bytes == 0) return 0;
     cuda_ctx *cx = cuda_enter(be);
-    cudaError_t e = cudaMalloc(out, bytes);
+    cudaError_t e = cx->async_alloc ? cudaMallocAsync(out, bytes, cx->stream) : cudaMalloc(out, bytes);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
         *out = NULL;
@@ -104,8 +110,9 @@ static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
 
 static void cuda_free(mt_backend *be, void *ptr) {
     if (!ptr) return;
-    cuda_enter(be);
-    MT_CHECK_CUDA(cudaFree(ptr));
+    cuda_ctx *cx = cuda_enter(be);
+    if (cx->async_alloc) MT_CHECK_CUDA(cudaFreeAsync(ptr, cx->stream));  // after the work queued on it
+    else MT_CHECK_CUDA(cudaFree(ptr));
 }
 
 // Returns once host_src may be reused: pageable memory is staged by the driver before
@@ -434,6 +441,8 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
     mt_ledger_init(&be->ledger, 0);
     cx->device = device;
     MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    MT_CHECK_CUDA(cudaDeviceGetAttribute(&cx->async_alloc, cudaDevAttrMemoryPoolsSupported, device));
+    if (getenv("MT_CUDA_SYNC_ALLOC")) cx->async_alloc = 0;  // cudaMalloc/cudaFree, to rule the pool out
     MT_CHECK_CUBLAS(cublasLtCreate(&cx->lt));
     if (mt_backend_alloc(be, MT_MEM_WORK, CUDA_WORKSPACE_BYTES, &cx->workspace) != 0) {
         mt_error_prefix("cuda backend: cuBLASLt workspace");
@@ -444,7 +453,8 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
         return NULL;
     }
     cx->workspace_bytes = CUDA_WORKSPACE_BYTES;
-    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d", device,
-           prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES);
+    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d",
+           device, prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES,
+           cx->async_alloc);
     return be;
 }
