@@ -136,9 +136,8 @@ static void gather_linear(mt_model *m, mt_linear *l, int owner) {
         mt_lora *got = NULL;
         if (me == 0) {
             got = mt_xcalloc(1, sizeof *got);
-            double alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : r;
-            if (mt_lora_init(got, m->be, m->wdtype, l->in, l->out, r, alpha, o->use_rslora, o->lora_dropout, o->seed,
-                             0) != 0)
+            if (mt_lora_init(got, m->be, m->wdtype, l->in, l->out, r, mt_run_opts_lora_alpha(o), o->use_rslora,
+                             o->lora_dropout, o->seed, 0) != 0)
                 mt_comm_abort(m->par.ep, MT_EXIT_OOM, "gathering the experts' LoRA: %s", mt_error_get());
             l->lora = got;
         }

@@ -73,6 +73,11 @@ static weight_role frozen_role(const mt_run_opts *o, unsigned qtarget) {
     return o->quant != MT_QUANT_NONE && (o->quant_targets & qtarget) ? FROZEN_QUANT : FROZEN_DENSE;
 }
 
+// Expert e of layer L is one --layers and --experts name.
+static int expert_chosen(const mt_run_opts *o, int L, int e) {
+    return mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e);
+}
+
 static void layer_slots(loader *ld, int L) {
     mt_model *m = ld->m;
     const mt_model_config *c = &m->cfg;
@@ -102,7 +107,7 @@ static void layer_slots(loader *ld, int L) {
     linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
                 lora && (o->targets & MT_TARGET_GATE), 0);
     for (int e = 0; e < c->experts; e++) {
-        int chosen = in_layers && mt_index_set_contains(&o->experts, e);
+        int chosen = expert_chosen(o, L, e);
         weight_role role = full || (o->mode == MT_MODE_UNFREEZE && chosen) ? TRAINABLE
                                                                            : frozen_role(o, MT_QTARGET_EXPERTS);
         struct { mt_linear *l; const char *name; int64_t out, in; unsigned target; } ex[] = {
@@ -325,7 +330,7 @@ static int finish(loader *ld) {
             mt_error_set("tensor '%s' is missing from the checkpoint", ld->slots[i].name);
             return -1;
         }
-    double alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : o->lora_r;  // NaN: r
+    double alpha = mt_run_opts_lora_alpha(o);
     for (size_t i = 0; i < ld->n; i++) {
         slot *s = &ld->slots[i];
         if (!s->lora || s->remote) continue;
@@ -413,7 +418,7 @@ int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, cons
 // Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears).
 static int expert_trains(const mt_model *m, int L, int e) {
     const mt_run_opts *o = &m->opts;
-    int chosen = mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e);
+    int chosen = expert_chosen(o, L, e);
     return o->mode == MT_MODE_FULL || (o->mode == MT_MODE_UNFREEZE && chosen) ||
            (o->mode == MT_MODE_LORA && chosen && (o->targets & (MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3)));
 }

@@ -110,7 +110,7 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
     double root = o->use_rslora ? sqrt((double)cfg.r) : (double)cfg.r;
     // alpha: the run's (--alpha, default r) unless the LoRAs were given another scale since
     // (an adapter loaded with its own alpha): then the one their scale implies.
-    cfg.lora_alpha = o->lora_alpha == o->lora_alpha ? o->lora_alpha : cfg.r;
+    cfg.lora_alpha = mt_run_opts_lora_alpha(o);
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);

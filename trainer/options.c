@@ -258,6 +258,8 @@ bad:
     return -1;
 }
 
+double mt_run_opts_lora_alpha(const mt_run_opts *o) { return o->lora_alpha == o->lora_alpha ? o->lora_alpha : o->lora_r; }
+
 int mt_index_set_contains(const mt_index_set *s, int i) {
     if (s->all) return i >= 0;
     for (int j = 0; j < s->count; j++)

@@ -118,6 +118,8 @@ int mt_index_set_count(const mt_index_set *s, int n);
 int mt_parse_bytes(const char *text, double *out);
 
 const char *mt_mode_name(mt_mode m);
+// The run's LoRA alpha: --alpha, or r when it was not given (NaN).
+double mt_run_opts_lora_alpha(const mt_run_opts *o);
 const char *mt_quant_name(mt_quant q);
 
 #ifdef __cplusplus
