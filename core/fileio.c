@@ -8,20 +8,26 @@
 
 #include "core/common.h"
 
-int mt_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
-    *out = NULL;
-    *len = 0;
+FILE *mt_open_regular(const char *path, struct stat *st) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         mt_error_set("%s: cannot open: %s", path, strerror(errno));
-        return -1;
+        return NULL;
     }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), st) != 0 || !S_ISREG(st->st_mode)) {
         mt_error_set("%s: not a regular file", path);
         fclose(f);
-        return -1;
+        return NULL;
     }
+    return f;
+}
+
+int mt_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    struct stat st;
+    FILE *f = mt_open_regular(path, &st);
+    if (!f) return -1;
     if ((uint64_t)st.st_size > max_bytes) {
         mt_error_set("%s: %lld bytes is larger than the %zu-byte limit for this kind of file", path,
                      (long long)st.st_size, max_bytes);

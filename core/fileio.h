@@ -2,11 +2,15 @@
 #pragma once
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+// `path` opened for reading, refused unless it is a regular file (a folder or a FIFO would read
+// as nothing or block); *st is its stat. NULL with an error naming the path.
+FILE *mt_open_regular(const char *path, struct stat *st);
 // Reads all of `path` (at most max_bytes) into a NUL-terminated buffer the caller frees.
 int mt_read_file(const char *path, size_t max_bytes, char **out, size_t *len);
 

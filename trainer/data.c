@@ -494,17 +494,9 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
         mt_error_set("%s: --seq %lld is too short for a sample", path, (long long)opts->seq);
         return -1;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        mt_error_set("%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        mt_error_set("%s: not a regular file", path);
-        fclose(f);
-        return -1;
-    }
+    FILE *f = mt_open_regular(path, &st);
+    if (!f) return -1;
     char magic[6] = {0};
     size_t got = fread(magic, 1, sizeof magic, f);
     rewind(f);
