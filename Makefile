@@ -20,10 +20,24 @@ CC ?= gcc
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 
-PKGS := libcjson yaml-0.1 openblas criterion
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -D_GNU_SOURCE -I. $(PKG_CFLAGS) -MMD -MP
-LDLIBS := -lopenblas -lcjson -lyaml -lm -fopenmp
+# Flags come from $(BUILD)/config.mk, which scripts/configure.sh writes after scripts/deps.sh has
+# installed what was missing: nothing is probed before the packages exist. make reads it, builds
+# it when absent or older than the scripts, and restarts with it.
+.DEFAULT_GOAL := all
+CONFIG_MK := $(BUILD)/config.mk
+NO_CONFIG_GOALS := clean layers
+ifneq ($(filter-out $(NO_CONFIG_GOALS),$(or $(MAKECMDGOALS),all)),)
+-include $(CONFIG_MK)
+endif
+$(CONFIG_MK): scripts/deps.sh scripts/configure.sh
+	@mkdir -p $(BUILD)
+	@bash scripts/deps.sh
+	@bash scripts/configure.sh > $@.tmp
+	@mv $@.tmp $@
+deps: $(CONFIG_MK)
+
+CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -MMD -MP
+LDLIBS := $(BLAS_LIBS) -lcjson -lyaml -lm -fopenmp
 # SentencePiece (Mixtral's tokenizer.model) through the C++ shim trainer/sentencepiece_shim.cc.
 CFLAGS += -DMT_SENTENCEPIECE
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -MMD -MP
@@ -53,46 +67,46 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 
           -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcudart -lnccl -lstdc++
 endif
 
-# MPI (Open MPI): core/comm_mpi.c and the NCCL bootstrap. Without mpicc, comm is single-process
-# only (core/comm_mpi.c compiles to a stub that says so) and `make test-mpi` refuses.
-MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
-MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
+# MPI (Open MPI): core/comm_mpi.c and the NCCL bootstrap. Without mpicc (config.mk's MPI_LIBS is
+# empty), comm is single-process only (core/comm_mpi.c compiles to a stub that says so) and
+# `make test-mpi` refuses.
 ifneq ($(MPI_LIBS),)
 CFLAGS += -DMT_MPI $(MPI_CFLAGS)
 LDLIBS += $(MPI_LIBS)
 ifeq ($(CUDA),1)
 NVCCFLAGS += -DMT_MPI $(MPI_CFLAGS)
 endif
-else
-$(warning moetrain: mpicc not found: building without MPI (single-process comm only))
 endif
+
+# Objects depend on a stamp of the flags they were built with: a changed flag (MPI found later,
+# a sanitizer, a define) rebuilds them instead of linking stale objects.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+FLAGS_NOW := $(CC) $(CFLAGS) | $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS)
+ifneq ($(wildcard $(CONFIG_MK)),)
+ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
+$(file >$(FLAGS_STAMP),$(FLAGS_NOW))
+endif
+endif
+$(FLAGS_STAMP):
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(CC_SRC:%.cc=$(BUILD)/%.cc.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
-DEPS_STAMP := $(BUILD)/.deps-ok
 
 .PHONY: all test asan bench bench-gpu fuzz clean deps test-mpi
 all: $(BIN)
 
-# Installs (as root) or names the Debian packages a fresh machine lacks; runs once per build dir.
-$(DEPS_STAMP): scripts/deps.sh
-	@mkdir -p $(BUILD)
-	@bash scripts/deps.sh
-	@touch $@
-deps: $(DEPS_STAMP)
-
-$(BUILD)/%.o: %.c | $(DEPS_STAMP)
+$(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu | $(DEPS_STAMP)
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP) | $(CONFIG_MK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/%.cc.o: %.cc | $(DEPS_STAMP)
+$(BUILD)/%.cc.o: %.cc $(FLAGS_STAMP) | $(CONFIG_MK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
@@ -150,12 +164,12 @@ FUZZ_SRC := $(LIB_SRC)
 FUZZ_SEEDS_config := configs/*.json
 FUZZ_SEEDS_yaml := configs/*.yaml
 FUZZ_SEEDS_safetensors := tests/fuzz/seeds/*.safetensors
-fuzz: $(DEPS_STAMP)
+fuzz: $(CONFIG_MK)
 	@mkdir -p $(FUZZ_DIR)
 	@set -e; for t in $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)); do \
-	  clang -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	  clang -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined \
 	    -fno-sanitize-recover=undefined tests/fuzz/fuzz_$$t.c $(FUZZ_SRC) -o $(FUZZ_DIR)/fuzz_$$t \
-	    -lopenblas -lcjson -lyaml -lm; \
+	    $(BLAS_LIBS) -lcjson -lyaml -lm; \
 	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
 	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
 	    yaml) cp $(FUZZ_SEEDS_yaml) $(FUZZ_DIR)/corpus_$$t/;; \
