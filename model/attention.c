@@ -1,36 +1,96 @@
 // model/attention.c — causal grouped-query attention with sliding window and key padding mask,
-// CPU reference, fp32. Forward keeps only lse [T, nh]; backward recomputes the probabilities
-// (flash-attention style), so no S×S matrix outlives a call.
+// CPU, fp32, as tiled flash attention. Forward keeps only lse [T, nh]; backward recomputes the
+// probabilities tile by tile, so no S×S matrix exists at any time. The scalar reference these
+// are tested against is model/attention_ref.c.
 //
-// Visibility (the one rule every loop below uses): key j is visible to query i of sequence b iff
+// Visibility (the one rule every kernel here and in attention_ref.c uses): key j is visible to
+// query i of sequence b iff
 //   j ≤ i  and  (window == 0 or i − j < window)  and  (key_mask == NULL or key_mask[b·S + j]).
 // This is transformers' sliding-window mask (masking_utils.sliding_window_overlay:
 // kv_idx > q_idx − sliding_window), so a query sees itself and the window − 1 keys before it;
 // window = 1 sees only itself. (flash-attn's window_size = (w, 0) means i − j ≤ w: one more key.)
+//
+// Tiles: queries in blocks of ATT_BQ rows, keys in blocks of ATT_BK on a grid from 0. Each block
+// product (Q_i K_jᵀ, P V_j, and the backward's four) is one sgemm on strided rows of q, k, v (no
+// copies); OpenBLAS runs it on the calling thread inside the parallel regions here. A block pair
+// with no visible element (above the diagonal, outside the window, or all keys masked) is never
+// computed; the mask is applied element by element only on the blocks it cuts.
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/common.h"
+#include "core/vmath.h"
 #include "model/ops.h"
 
-static inline int attn_visible(const uint8_t *key_mask, int b, int S, int i, int j, int window) {
-    return j <= i && (window == 0 || i - j < window) && (!key_mask || key_mask[(int64_t)b * S + j]);
-}
-
-// First visible key index for query i ignoring the mask: keys before it are outside the window.
-static inline int attn_first_key(int i, int window) {
-    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
-}
+enum { ATT_BQ = 64, ATT_BK = 64 };
 
 static void attn_check_shape(int nh, int nkv, int hd) {
     if (nkv <= 0 || nh % nkv != 0 || hd <= 0)
         mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d > 0", nh, nkv, hd);
 }
 
-static inline float dot_f(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int d = 0; d < n; d++) s += a[d] * b[d];
-    return s;
+// Key blocks [j0, j1) that can hold a key visible to some query of [i0, i1): from the block of
+// the first key inside the window of i0 to the block of i1 − 1.
+static inline int attn_key_block_first(int i0, int window) {
+    int lo = window > 0 && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
+    return lo / ATT_BK * ATT_BK;
+}
+
+// 1 if key block [j0, j0+nk) of sequence `km` (its key_mask row, or NULL) has a visible key.
+static inline int attn_keys_any(const uint8_t *km, int j0, int nk) {
+    if (!km) return 1;
+    for (int c = 0; c < nk; c++)
+        if (km[j0 + c]) return 1;
+    return 0;
+}
+
+// s [nq, ld]: sets the entries of invisible (query i0 + r, key j0 + c) pairs to −inf. Returns
+// without touching s when the whole block is visible.
+static void attn_mask_block(float *s, int ld, int nq, int nk, int i0, int j0, int window, const uint8_t *km) {
+    int full = j0 + nk - 1 <= i0 && (window == 0 || i0 + nq - 1 - j0 < window);
+    for (int c = 0; full && km && c < nk; c++) full = km[j0 + c] != 0;
+    if (full) return;
+    for (int r = 0; r < nq; r++) {
+        int i = i0 + r, lo = window > 0 ? i - window + 1 : 0;
+        float *sr = s + (int64_t)r * ld;
+        for (int c = 0; c < nk; c++) {
+            int j = j0 + c;
+            if (j > i || j < lo || (km && !km[j])) sr[c] = -INFINITY;
+        }
+    }
+}
+
+// One query block's online-softmax update on its scores s [nq, ld] (masked entries −inf):
+// m, l [nq] running max and sum, o [nq, hd] running output. s becomes P = exp(s − m_new) (0 where
+// masked or where the row has no visible key yet) and o rows are rescaled by exp(m_old − m_new).
+MT_HOT static void attn_online_softmax(float *restrict s, int ld, int nq, int nk, float *restrict m,
+                                       float *restrict l, float *restrict o, int hd) {
+    for (int r = 0; r < nq; r++) {
+        float *restrict sr = s + (int64_t)r * ld;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int c = 0; c < nk; c++) mx = sr[c] > mx ? sr[c] : mx;
+        float mnew = mx > m[r] ? mx : m[r];
+        float base = mnew == -INFINITY ? 0.0f : mnew;  // all masked so far: P = exp(−inf) = 0
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < nk; c++) {
+            float p = mt_vexpf(sr[c] - base);
+            sr[c] = p;
+            sum += p;
+        }
+        if (m[r] != mnew) {
+            float alpha = mt_vexpf(m[r] - base);
+            float *restrict orow = o + (int64_t)r * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) orow[d] *= alpha;
+            l[r] *= alpha;
+        }
+        l[r] += sum;
+        m[r] = mnew;
+    }
 }
 
 // q [T, nh, hd], k, v [T, nkv, hd], key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
@@ -38,113 +98,158 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
-    const int group = nh / nkv;
+    const int group = nh / nkv, nqb = (S + ATT_BQ - 1) / ATT_BQ;
+    const int ldq = nh * hd, ldk = nkv * hd;
 #pragma omp parallel
     {
-        float *p = mt_xmalloc((size_t)S * sizeof(float));  // this thread's row of scores
-#pragma omp for collapse(3)
+        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK), *o = mt_xmalloc(sizeof(float) * ATT_BQ * hd);
+        float m[ATT_BQ], l[ATT_BQ];
+        // Later query blocks have more key blocks: dynamic hands them out as threads free up.
+#pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
-            for (int i = 0; i < S; i++)
-                for (int h = 0; h < nh; h++) {
-                    int64_t ti = (int64_t)b * S + i;
-                    const float *qi = q + (ti * nh + h) * hd;
-                    float *oi = out + (ti * nh + h) * hd;
-                    int kvh = h / group;
-                    // scaled scores of visible keys and their max
-                    float m = -INFINITY;
-                    for (int j = attn_first_key(i, window); j <= i; j++) {
-                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
-                        const float *kj = k + (((int64_t)b * S + j) * nkv + kvh) * hd;
-                        p[j] = dot_f(qi, kj, hd) * scale;
-                        if (p[j] > m) m = p[j];
+            for (int h = 0; h < nh; h++)
+                for (int qb = 0; qb < nqb; qb++) {
+                    int i0 = qb * ATT_BQ, nq = MT_MIN(ATT_BQ, S - i0), kvh = h / group;
+                    const uint8_t *km = key_mask ? key_mask + (int64_t)b * S : NULL;
+                    const float *qi = q + ((int64_t)b * S + i0) * ldq + (int64_t)h * hd;
+                    for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.0f;
+                    memset(o, 0, sizeof(float) * nq * hd);
+                    for (int j0 = attn_key_block_first(i0, window); j0 < i0 + nq; j0 += ATT_BK) {
+                        int nk = MT_MIN(ATT_BK, S - j0);
+                        if (!attn_keys_any(km, j0, nk)) continue;
+                        const int64_t kr = ((int64_t)b * S + j0) * ldk + (int64_t)kvh * hd;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, k + kr,
+                                    ldk, 0.0f, s, ATT_BK);
+                        attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);
+                        attn_online_softmax(s, ATT_BK, nq, nk, m, l, o, hd);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, s, ATT_BK, v + kr,
+                                    ldk, 1.0f, o, hd);
                     }
-                    for (int d = 0; d < hd; d++) oi[d] = 0.0f;
-                    if (m == -INFINITY) {  // no visible key: out 0, lse -inf, and no 0/0
-                        lse[ti * nh + h] = -INFINITY;
-                        continue;
+                    for (int r = 0; r < nq; r++) {
+                        int64_t row = ((int64_t)b * S + i0 + r) * nh + h;
+                        float *orow = out + row * hd;
+                        if (l[r] == 0.0f) {  // no visible key: out 0, lse −inf, and no 0/0
+                            memset(orow, 0, sizeof(float) * hd);
+                            lse[row] = -INFINITY;
+                            continue;
+                        }
+                        float inv = 1.0f / l[r];
+                        for (int d = 0; d < hd; d++) orow[d] = o[(int64_t)r * hd + d] * inv;
+                        lse[row] = m[r] + logf(l[r]);
                     }
-                    // out = Σ_j exp(s_j − m) v_j / Σ_j exp(s_j − m)
-                    double sum = 0.0;
-                    for (int j = attn_first_key(i, window); j <= i; j++) {
-                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
-                        float e = expf(p[j] - m);
-                        sum += e;
-                        const float *vj = v + (((int64_t)b * S + j) * nkv + kvh) * hd;
-                        for (int d = 0; d < hd; d++) oi[d] += e * vj[d];
-                    }
-                    float inv = (float)(1.0 / sum);
-                    for (int d = 0; d < hd; d++) oi[d] *= inv;
-                    lse[ti * nh + h] = m + (float)log(sum);
                 }
-        free(p);
+        free(s);
+        free(o);
+    }
+}
+
+// Backward of one block pair, from its recomputed scores s = scale·Q_i K_jᵀ (masked −inf):
+// P = exp(s − lse) into s; dp = dO_i V_jᵀ becomes dS = P ∘ (dp − D). lse_r = −inf (a row with
+// no visible key) is passed as +inf, so its P row is exp(−inf) = 0.
+MT_HOT static void attn_block_ds(float *restrict s, float *restrict dp, int ld, int nq, int nk,
+                                 const float *restrict lse, const float *restrict D) {
+    for (int r = 0; r < nq; r++) {
+        float *restrict sr = s + (int64_t)r * ld, *restrict dr = dp + (int64_t)r * ld;
+        const float lr = lse[r], dd = D[r];
+#pragma omp simd
+        for (int c = 0; c < nk; c++) {
+            float p = mt_vexpf(sr[c] - lr);
+            sr[c] = p;
+            dr[c] = p * (dr[c] - dd);
+        }
     }
 }
 
 // With P_ij = exp(s_ij − lse_i), s_ij = scale·q_i·k_j:
 //   dP_ij = dO_i·v_j,  D_i = dO_i·O_i (= Σ_j P_ij dP_ij),  dS_ij = P_ij (dP_ij − D_i)
 //   dq_i += scale Σ_j dS_ij k_j,  dk_j += scale Σ_i dS_ij q_i,  dv_j += Σ_i P_ij dO_i
-// Two passes so that each output row has one writer (no atomics, deterministic at any thread
-// count): pass 1 over queries writes dq, pass 2 over (key, kv head) writes dk and dv, summing
-// the query heads of its group. D [T, nh] is computed once between them.
+// One pass per (sequence, query head), key blocks outer and query blocks inner, each block pair's
+// P recomputed once for all three gradients. A task owns its dq rows; dk and dv rows are shared by
+// the heads of a group, so with group > 1 each head writes its own partial and the partials are
+// summed in head order afterwards: no atomics, the same bits at any thread count.
 // dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
 void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
-    const int group = nh / nkv;
-    const int64_t T = (int64_t)B * S;
-    float *D = mt_xmalloc((size_t)T * nh * sizeof(float));
-#pragma omp parallel for
-    for (int64_t r = 0; r < T * nh; r++) D[r] = dot_f(dout + r * hd, out + r * hd, hd);
-
-    if (dq) {
-#pragma omp parallel for collapse(3)
+    const int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
+    // Per-head partials of dk and dv [B, nh, S, hd] when heads share a kv head.
+    const int partial = group > 1;
+    const size_t part_n = (size_t)B * nh * S * hd;
+    float *pk = partial && dk ? mt_xcalloc(part_n, sizeof(float)) : NULL;
+    float *pv = partial && dv ? mt_xcalloc(part_n, sizeof(float)) : NULL;
+#pragma omp parallel
+    {
+        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK), *dp = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK);
+        float *Dh = mt_xmalloc(sizeof(float) * S), *lh = mt_xmalloc(sizeof(float) * S);
+#pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++)
-            for (int i = 0; i < S; i++)
-                for (int h = 0; h < nh; h++) {
-                    int64_t ti = (int64_t)b * S + i, r = ti * nh + h;
-                    if (lse[r] == -INFINITY) continue;  // no visible key: zero gradient
-                    const float *qi = q + r * hd, *gi = dout + r * hd;
-                    float *dqi = dq + r * hd;
-                    int kvh = h / group;
-                    for (int j = attn_first_key(i, window); j <= i; j++) {
-                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
-                        int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
-                        const float *kj = k + kr * hd, *vj = v + kr * hd;
-                        float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
-                        float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
-                        for (int d = 0; d < hd; d++) dqi[d] += ds * kj[d];
+            for (int h = 0; h < nh; h++) {
+                const int kvh = h / group;
+                const uint8_t *km = key_mask ? key_mask + (int64_t)b * S : NULL;
+                const int64_t q0 = (int64_t)b * S * ldq + (int64_t)h * hd, k0 = (int64_t)b * S * ldk + (int64_t)kvh * hd;
+                for (int i = 0; i < S; i++) {  // D_i and lse_i of this head, contiguous
+                    const float *g = dout + q0 + (int64_t)i * ldq, *o = out + q0 + (int64_t)i * ldq;
+                    float d = 0.0f;
+                    for (int e = 0; e < hd; e++) d += g[e] * o[e];
+                    float li = lse[((int64_t)b * S + i) * nh + h];
+                    Dh[i] = d, lh[i] = li == -INFINITY ? INFINITY : li;
+                }
+                // Where this head's dk and dv rows go: its partial, or dk / dv themselves.
+                float *gk = NULL, *gv = NULL;
+                int ldg = partial ? hd : ldk;
+                if (partial) {
+                    size_t p0 = ((size_t)b * nh + h) * S * hd;
+                    gk = pk ? pk + p0 : NULL, gv = pv ? pv + p0 : NULL;
+                } else {
+                    gk = dk ? dk + k0 : NULL, gv = dv ? dv + k0 : NULL;
+                }
+                for (int j0 = 0; j0 < S; j0 += ATT_BK) {
+                    int nk = MT_MIN(ATT_BK, S - j0);
+                    if (!attn_keys_any(km, j0, nk)) continue;
+                    // Query blocks that can see a key of this block: from the one holding j0 to the
+                    // last one whose first query is within the window of the block's last key.
+                    int qlast = window > 0 ? MT_MIN(S - 1, j0 + nk - 1 + window - 1) : S - 1;
+                    for (int i0 = j0 / ATT_BQ * ATT_BQ; i0 <= qlast; i0 += ATT_BQ) {
+                        int nq = MT_MIN(ATT_BQ, S - i0);
+                        const float *qi = q + q0 + (int64_t)i0 * ldq, *gi = dout + q0 + (int64_t)i0 * ldq;
+                        const float *kj = k + k0 + (int64_t)j0 * ldk, *vj = v + k0 + (int64_t)j0 * ldk;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, kj, ldk,
+                                    0.0f, s, ATT_BK);
+                        attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, gi, ldq, vj, ldk,
+                                    0.0f, dp, ATT_BK);
+                        attn_block_ds(s, dp, ATT_BK, nq, nk, lh + i0, Dh + i0);
+                        if (gv)  // dV_j += Pᵀ dO_i
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, s, ATT_BK, gi,
+                                        ldq, 1.0f, gv + (int64_t)j0 * ldg, ldg);
+                        if (gk)  // dK_j += scale dSᵀ Q_i
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dp, ATT_BK, qi,
+                                        ldq, 1.0f, gk + (int64_t)j0 * ldg, ldg);
+                        if (dq)  // dQ_i += scale dS K_j
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dp, ATT_BK,
+                                        kj, ldk, 1.0f, dq + q0 + (int64_t)i0 * ldq, ldq);
                     }
                 }
-    }
-
-    if (dk || dv) {
-#pragma omp parallel for collapse(3)
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < S; j++)
-                for (int kvh = 0; kvh < nkv; kvh++) {
-                    int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
-                    if (key_mask && !key_mask[(int64_t)b * S + j]) continue;  // seen by no one
-                    const float *kj = k + kr * hd, *vj = v + kr * hd;
-                    int64_t reach = window > 0 ? (int64_t)j + window - 1 : S - 1;
-                    int last = reach < S - 1 ? (int)reach : S - 1;
-                    for (int i = j; i <= last; i++) {  // the queries that can see key j
-                        int64_t ti = (int64_t)b * S + i;
-                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;  // (bounds did)
+            }
+        free(s), free(dp), free(Dh), free(lh);
+        if (partial) {  // dk, dv rows += the partials of their group's heads, in head order
+#pragma omp for collapse(2)
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < S; j++)
+                    for (int kvh = 0; kvh < nkv; kvh++) {
+                        int64_t row = (((int64_t)b * S + j) * nkv + kvh) * hd;
                         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                            int64_t r = ti * nh + h;
-                            const float *qi = q + r * hd, *gi = dout + r * hd;
-                            float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
-                            if (dv)
-                                for (int d = 0; d < hd; d++) dv[kr * hd + d] += pij * gi[d];
-                            if (dk) {
-                                float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
-                                for (int d = 0; d < hd; d++) dk[kr * hd + d] += ds * qi[d];
-                            }
+                            size_t p = (((size_t)b * nh + h) * S + j) * hd;
+                            if (pk)
+                                for (int e = 0; e < hd; e++) dk[row + e] += pk[p + e];
+                            if (pv)
+                                for (int e = 0; e < hd; e++) dv[row + e] += pv[p + e];
                         }
                     }
-                }
+        }
     }
-    free(D);
+    free(pk);
+    free(pv);
 }

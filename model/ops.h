@@ -42,6 +42,13 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
 void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
+// The same two as scalar loops over (query, head, key) (model/attention_ref.c): the reference the
+// tiled kernels above are tested against.
+void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
+void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse,
+                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
 
 // Cross-entropy of logits [T, V] against targets [T]; targets equal to ignore_index are skipped.
 // Returns the summed loss over counted tokens and sets *count. When dlogits is not NULL it is

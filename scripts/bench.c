@@ -1,5 +1,6 @@
 // scripts/bench.c — `make bench`: measured throughput of the ops built so far, on every backend
 // this build and machine have. Prints what it measured; no goals are asserted here.
+#include <cblas.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -8,6 +9,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "model/ops.h"
 #include "quant/quant.h"
 #include "trainer/commands.h"
 
@@ -50,6 +52,55 @@ static void bench_matmul(mt_backend *be, mt_dtype dt, int64_t m, int64_t n, int6
            be->ops->name, mt_dtype_name(dt), (long long)m, (long long)n, (long long)k, reps, t, flops / 1e12);
     free(host);
     mt_tensor_free(x), mt_tensor_free(w), mt_tensor_free(y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU attention against the machine's sgemm
+
+// sgemm GFLOP/s on an [n, n] · [n, n] product with every thread: the yardstick the attention
+// figure below is read against.
+static double bench_sgemm_gflops(int n) {
+    float *a = mt_xmalloc(sizeof(float) * n * n), *b = mt_xmalloc(sizeof(float) * n * n), *c = mt_xmalloc(sizeof(float) * n * n);
+    for (int64_t i = 0; i < (int64_t)n * n; i++) a[i] = b[i] = 0.001f * (float)(i % 97);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    int reps = 0;
+    double t0 = now_s(), t;
+    do {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        reps++;
+    } while ((t = now_s() - t0) < 1.0);
+    free(a), free(b), free(c);
+    return 2.0 * n * n * n * reps / t / 1e9;
+}
+
+// Forward + backward of causal attention at configs/mid.json's heads (8 query, 2 kv, hd 64),
+// batch 1. FLOPs counted as flash-attention does: the forward's two products and the backward's
+// five (its recomputed scores included) over the causal half, 7 · 2 · S²/2 · hd per head.
+static void bench_attention(int S, double sgemm_gflops) {
+    const int nh = 8, nkv = 2, hd = 64;
+    int64_t nq = (int64_t)S * nh * hd, nk = (int64_t)S * nkv * hd;
+    float *q = mt_xmalloc(4 * nq), *k = mt_xmalloc(4 * nk), *v = mt_xmalloc(4 * nk), *o = mt_xmalloc(4 * nq);
+    float *g = mt_xmalloc(4 * nq), *dq = mt_xcalloc(nq, 4), *dk = mt_xcalloc(nk, 4), *dv = mt_xcalloc(nk, 4);
+    float *lse = mt_xmalloc(4 * (size_t)S * nh);
+    mt_rng rng;
+    mt_rng_seed(&rng, 3, 0);
+    for (int64_t i = 0; i < nq; i++) q[i] = mt_rng_normal(&rng), g[i] = mt_rng_normal(&rng);
+    for (int64_t i = 0; i < nk; i++) k[i] = mt_rng_normal(&rng), v[i] = mt_rng_normal(&rng);
+    int reps = 0;
+    double t0 = now_s(), t, tf = 0;
+    do {
+        double a = now_s();
+        attention_forward_cpu(o, lse, q, k, v, NULL, 1, S, nh, nkv, hd, 0);
+        tf += now_s() - a;
+        attention_backward_cpu(dq, dk, dv, g, q, k, v, o, lse, NULL, 1, S, nh, nkv, hd, 0);
+        reps++;
+    } while ((t = now_s() - t0) < 2.0 || reps < 2);
+    double mm = 2.0 * S * (double)S / 2 * hd * nh, gf = 7 * mm * reps / t / 1e9;
+    printf("bench attention_cpu seq=%d heads=%d kv_heads=%d head_dim=%d reps=%d fwd_ms=%.1f fwd_bwd_ms=%.1f "
+           "fwd_bwd_gflops=%.1f sgemm_gflops=%.1f ratio=%.2f goal=0.30 %s\n",
+           S, nh, nkv, hd, reps, 1e3 * tf / reps, 1e3 * t / reps, gf, sgemm_gflops, gf / sgemm_gflops,
+           gf >= 0.3 * sgemm_gflops ? "met" : "NOT MET");
+    free(q), free(k), free(v), free(o), free(g), free(dq), free(dk), free(dv), free(lse);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -165,6 +216,16 @@ static void bench_quantize_rss(const char *self) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "quantize-rss") == 0) return quantize_child(argv[2], argc - 3, argv + 3);
+    const char *only = getenv("MT_BENCH_ONLY");  // e.g. attention: that group alone
+    if (only && strcmp(only, "attention") == 0) {
+        double sg = bench_sgemm_gflops(1024);
+        bench_attention(2048, sg);
+        return 0;
+    }
+    double sg = bench_sgemm_gflops(1024);
+    printf("bench sgemm n=1024 threads=all gflops=%.1f\n", sg);
+    bench_attention(512, sg);
+    bench_attention(2048, sg);
     mt_backend *cpu = mt_backend_cpu_new();
     bench_matmul(cpu, MT_F32, 512, 1024, 1024);
     bench_matmul(cpu, MT_BF16, 512, 1024, 1024);

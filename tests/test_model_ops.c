@@ -379,6 +379,101 @@ Test(model_ops, attention_backward_fd_mha_and_single_kv_head) {
     attn_check_backward(4, 1, 3, PAD_MASK, 80);
 }
 
+// The tiled kernels (64-row blocks) against the scalar reference at sizes that cut blocks:
+// one row, a block less one, a block, a block plus one, several blocks; windows inside a block,
+// across blocks and wider than the sequence; left padding longer than a block and scattered holes.
+// Forward outputs and all three gradients, elementwise, relative to the largest |reference|.
+static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask, uint64_t seed) {
+    attn_ctx c = attn_make(B, S, nh, nkv, hd, window, mask, seed);
+    int64_t T = (int64_t)B * S, nq = T * nh * hd, nk = T * nkv * hd;
+    float *ro = zeros(nq), *rl = zeros(T * nh);
+    attn_loss(&c);
+    attention_forward_ref(ro, rl, c.q, c.k, c.v, mask, B, S, nh, nkv, hd, window);
+    char what[96];
+    snprintf(what, sizeof what, "B=%d S=%d nh=%d nkv=%d hd=%d window=%d mask=%d", B, S, nh, nkv, hd, window, !!mask);
+    for (int64_t i = 0; i < nq; i++)
+        cr_assert(fabsf(c.out[i] - ro[i]) < 2e-5f * (1 + fabsf(ro[i])), "%s: out[%lld] %g vs ref %g", what,
+                  (long long)i, c.out[i], ro[i]);
+    for (int64_t i = 0; i < T * nh; i++)
+        cr_assert(rl[i] == -INFINITY ? c.lse[i] == -INFINITY : fabsf(c.lse[i] - rl[i]) < 2e-5f * (1 + fabsf(rl[i])),
+                  "%s: lse[%lld] %g vs ref %g", what, (long long)i, c.lse[i], rl[i]);
+    // Gradients start from the same nonzero values: both kernels accumulate.
+    float *g[3] = {randn(nq, seed + 7, 0.5f), randn(nk, seed + 8, 0.5f), randn(nk, seed + 9, 0.5f)};
+    float *r[3] = {zeros(nq), zeros(nk), zeros(nk)};
+    int64_t n[3] = {nq, nk, nk};
+    for (int t = 0; t < 3; t++) memcpy(r[t], g[t], sizeof(float) * n[t]);
+    attention_backward_cpu(g[0], g[1], g[2], c.g, c.q, c.k, c.v, c.out, c.lse, mask, B, S, nh, nkv, hd, window);
+    attention_backward_ref(r[0], r[1], r[2], c.g, c.q, c.k, c.v, ro, rl, mask, B, S, nh, nkv, hd, window);
+    static const char *names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; t++) {
+        float big = fd_max_abs(r[t], n[t]);
+        for (int64_t i = 0; i < n[t]; i++)
+            cr_assert(fabsf(g[t][i] - r[t][i]) < 1e-4f * (1 + big), "%s: %s[%lld] %g vs ref %g", what, names[t],
+                      (long long)i, g[t][i], r[t][i]);
+        free(g[t]), free(r[t]);
+    }
+    free(ro), free(rl);
+    attn_free(&c);
+}
+
+Test(model_ops, attention_tiled_matches_scalar_reference) {
+    enum { S = 200 };
+    uint8_t pad[2 * S], holes[2 * S];
+    for (int i = 0; i < 2 * S; i++) {
+        pad[i] = !(i >= S && i < S + 70);  // sequence 1 left-padded by 70 (more than a block)
+        holes[i] = (i * 7 + 3) % 11 != 0;  // scattered masked keys in both sequences
+    }
+    for (int s = 0; s < 4; s++) {  // a row, a block less one, a block, a block plus one
+        static const int sizes[4] = {1, 63, 64, 65};
+        attn_vs_ref(2, sizes[s], 4, 2, 16, 0, NULL, 100 + s);
+    }
+    attn_vs_ref(1, S, 4, 2, 16, 0, NULL, 110);
+    attn_vs_ref(2, S, 4, 2, 16, 0, pad, 111);
+    attn_vs_ref(2, S, 4, 4, 16, 0, holes, 112);
+    attn_vs_ref(2, S, 4, 1, 16, 5, NULL, 113);    // window inside a block
+    attn_vs_ref(2, S, 4, 2, 16, 70, pad, 114);    // window across blocks, padding
+    attn_vs_ref(2, S, 4, 2, 16, 130, holes, 115);
+    attn_vs_ref(1, S, 2, 2, 16, 1, NULL, 116);    // sees only itself
+    attn_vs_ref(1, S, 2, 1, 16, 500, NULL, 117);  // wider than the sequence
+    attn_vs_ref(1, 130, 2, 1, 40, 64, holes, 118);  // head size not a multiple of 8
+    uint8_t none[2 * S] = {0};
+    attn_vs_ref(2, S, 4, 2, 16, 0, none, 119);  // every key masked
+}
+
+// Finite differences on multi-block cases, over the rows of the last query block and of the
+// block boundary (all rows would take minutes): x and g offset to those rows.
+static void attn_fd_tiled(int S, int nh, int nkv, int window, const uint8_t *mask, uint64_t seed) {
+    const int B = 2, hd = 8;
+    attn_ctx c = attn_make(B, S, nh, nkv, hd, window, mask, seed);
+    int64_t T = (int64_t)B * S, nq = T * nh * hd, nk = T * nkv * hd;
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
+    attn_loss(&c);
+    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, mask, B, S, nh, nkv, hd, window);
+    static const int rows[] = {62, 65, 127, 128};  // around block edges, then the last ones of batch 1
+    char what[96];
+    for (size_t r = 0; r < MT_ARRAY_LEN(rows); r++) {
+        int64_t t = rows[r] < S ? rows[r] : S - 1;
+        t += S;  // sequence 1 (padded when a mask is given)
+        snprintf(what, sizeof what, "attention S=%d window=%d row %lld: dq", S, window, (long long)t);
+        check_grad(attn_loss, &c, c.q + t * nh * hd, dq + t * nh * hd, nh * hd, what);
+        snprintf(what, sizeof what, "attention S=%d window=%d row %lld: dk", S, window, (long long)t);
+        check_grad(attn_loss, &c, c.k + t * nkv * hd, dk + t * nkv * hd, nkv * hd, what);
+        snprintf(what, sizeof what, "attention S=%d window=%d row %lld: dv", S, window, (long long)t);
+        check_grad(attn_loss, &c, c.v + t * nkv * hd, dv + t * nkv * hd, nkv * hd, what);
+    }
+    free(dq), free(dk), free(dv);
+    attn_free(&c);
+}
+
+Test(model_ops, attention_tiled_backward_fd_across_blocks) {
+    enum { S = 150 };
+    uint8_t pad[2 * S];
+    for (int i = 0; i < 2 * S; i++) pad[i] = !(i >= S && i < S + 40) && i % 13 != 5;
+    attn_fd_tiled(S, 4, 2, 0, NULL, 130);
+    attn_fd_tiled(S, 4, 2, 70, pad, 131);
+    attn_fd_tiled(S, 2, 1, 3, pad, 132);
+}
+
 // ---------------------------------------------------------------------------------------------
 // cross-entropy
 

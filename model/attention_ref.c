@@ -1,0 +1,151 @@
+// model/attention_ref.c — the scalar reference of model/attention.c: causal grouped-query attention
+// with sliding window and key padding mask, fp32, one (query, head, key) at a time. Forward keeps
+// only lse [T, nh]; backward recomputes the probabilities, so no S×S matrix outlives a call.
+// The tiled kernels in model/attention.c are tested against these (tests/test_model_ops.c).
+//
+// Visibility (the one rule every loop below uses): key j is visible to query i of sequence b iff
+//   j ≤ i  and  (window == 0 or i − j < window)  and  (key_mask == NULL or key_mask[b·S + j]).
+// This is transformers' sliding-window mask (masking_utils.sliding_window_overlay:
+// kv_idx > q_idx − sliding_window), so a query sees itself and the window − 1 keys before it;
+// window = 1 sees only itself. (flash-attn's window_size = (w, 0) means i − j ≤ w: one more key.)
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/common.h"
+#include "model/ops.h"
+
+static inline int attn_visible(const uint8_t *key_mask, int b, int S, int i, int j, int window) {
+    return j <= i && (window == 0 || i - j < window) && (!key_mask || key_mask[(int64_t)b * S + j]);
+}
+
+// First visible key index for query i ignoring the mask: keys before it are outside the window.
+static inline int attn_first_key(int i, int window) {
+    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+}
+
+static void attn_check_shape(int nh, int nkv, int hd) {
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0)
+        mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d > 0", nh, nkv, hd);
+}
+
+static inline float dot_f(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+// q [T, nh, hd], k, v [T, nkv, hd], key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
+void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
+    attn_check_shape(nh, nkv, hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int group = nh / nkv;
+#pragma omp parallel
+    {
+        float *p = mt_xmalloc((size_t)S * sizeof(float));  // this thread's row of scores
+#pragma omp for collapse(3)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < S; i++)
+                for (int h = 0; h < nh; h++) {
+                    int64_t ti = (int64_t)b * S + i;
+                    const float *qi = q + (ti * nh + h) * hd;
+                    float *oi = out + (ti * nh + h) * hd;
+                    int kvh = h / group;
+                    // scaled scores of visible keys and their max
+                    float m = -INFINITY;
+                    for (int j = attn_first_key(i, window); j <= i; j++) {
+                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
+                        const float *kj = k + (((int64_t)b * S + j) * nkv + kvh) * hd;
+                        p[j] = dot_f(qi, kj, hd) * scale;
+                        if (p[j] > m) m = p[j];
+                    }
+                    for (int d = 0; d < hd; d++) oi[d] = 0.0f;
+                    if (m == -INFINITY) {  // no visible key: out 0, lse -inf, and no 0/0
+                        lse[ti * nh + h] = -INFINITY;
+                        continue;
+                    }
+                    // out = Σ_j exp(s_j − m) v_j / Σ_j exp(s_j − m)
+                    double sum = 0.0;
+                    for (int j = attn_first_key(i, window); j <= i; j++) {
+                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
+                        float e = expf(p[j] - m);
+                        sum += e;
+                        const float *vj = v + (((int64_t)b * S + j) * nkv + kvh) * hd;
+                        for (int d = 0; d < hd; d++) oi[d] += e * vj[d];
+                    }
+                    float inv = (float)(1.0 / sum);
+                    for (int d = 0; d < hd; d++) oi[d] *= inv;
+                    lse[ti * nh + h] = m + (float)log(sum);
+                }
+        free(p);
+    }
+}
+
+// With P_ij = exp(s_ij − lse_i), s_ij = scale·q_i·k_j:
+//   dP_ij = dO_i·v_j,  D_i = dO_i·O_i (= Σ_j P_ij dP_ij),  dS_ij = P_ij (dP_ij − D_i)
+//   dq_i += scale Σ_j dS_ij k_j,  dk_j += scale Σ_i dS_ij q_i,  dv_j += Σ_i P_ij dO_i
+// Two passes so that each output row has one writer (no atomics, deterministic at any thread
+// count): pass 1 over queries writes dq, pass 2 over (key, kv head) writes dk and dv, summing
+// the query heads of its group. D [T, nh] is computed once between them.
+// dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
+void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse,
+                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
+    attn_check_shape(nh, nkv, hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int group = nh / nkv;
+    const int64_t T = (int64_t)B * S;
+    float *D = mt_xmalloc((size_t)T * nh * sizeof(float));
+#pragma omp parallel for
+    for (int64_t r = 0; r < T * nh; r++) D[r] = dot_f(dout + r * hd, out + r * hd, hd);
+
+    if (dq) {
+#pragma omp parallel for collapse(3)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < S; i++)
+                for (int h = 0; h < nh; h++) {
+                    int64_t ti = (int64_t)b * S + i, r = ti * nh + h;
+                    if (lse[r] == -INFINITY) continue;  // no visible key: zero gradient
+                    const float *qi = q + r * hd, *gi = dout + r * hd;
+                    float *dqi = dq + r * hd;
+                    int kvh = h / group;
+                    for (int j = attn_first_key(i, window); j <= i; j++) {
+                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;
+                        int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
+                        const float *kj = k + kr * hd, *vj = v + kr * hd;
+                        float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
+                        float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
+                        for (int d = 0; d < hd; d++) dqi[d] += ds * kj[d];
+                    }
+                }
+    }
+
+    if (dk || dv) {
+#pragma omp parallel for collapse(3)
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < S; j++)
+                for (int kvh = 0; kvh < nkv; kvh++) {
+                    int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
+                    if (key_mask && !key_mask[(int64_t)b * S + j]) continue;  // seen by no one
+                    const float *kj = k + kr * hd, *vj = v + kr * hd;
+                    int64_t reach = window > 0 ? (int64_t)j + window - 1 : S - 1;
+                    int last = reach < S - 1 ? (int)reach : S - 1;
+                    for (int i = j; i <= last; i++) {  // the queries that can see key j
+                        int64_t ti = (int64_t)b * S + i;
+                        if (!attn_visible(key_mask, b, S, i, j, window)) continue;  // (bounds did)
+                        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                            int64_t r = ti * nh + h;
+                            const float *qi = q + r * hd, *gi = dout + r * hd;
+                            float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
+                            if (dv)
+                                for (int d = 0; d < hd; d++) dv[kr * hd + d] += pij * gi[d];
+                            if (dk) {
+                                float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
+                                for (int d = 0; d < hd; d++) dk[kr * hd + d] += ds * qi[d];
+                            }
+                        }
+                    }
+                }
+    }
+    free(D);
+}
