@@ -9,6 +9,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "core/threads.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 #include "trainer/commands.h"
@@ -215,6 +216,7 @@ static void bench_quantize_rss(const char *self) {
 }
 
 int main(int argc, char **argv) {
+    mt_threads_init(argv);  // the policy moetrain runs with
     if (argc >= 3 && strcmp(argv[1], "quantize-rss") == 0) return quantize_child(argv[2], argc - 3, argv + 3);
     const char *only = getenv("MT_BENCH_ONLY");  // e.g. attention: that group alone
     if (only && strcmp(only, "attention") == 0) {

@@ -222,3 +222,25 @@ Test(train, sigint_saves_a_checkpoint_and_exits_cleanly, .init = setup, .fini = 
     cr_assert(strstr(text, "stopped by signal"), "%s", text);
     free(text);
 }
+
+// core/threads.h: without OMP_WAIT_POLICY or GOMP_SPINCOUNT the program re-executes itself with
+// OMP_WAIT_POLICY=passive, so libgomp sleeps at once instead of spinning 300,000 times. libgomp's
+// verbose display (printed at each start) shows the spin count in force: the last one printed
+// is '0' by default, and a user's own setting is kept.
+static long long last_spincount(const char *env) {
+    char cmd[4096], line[512];
+    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose %s %s --help 2>&1",
+             env, MT_TEST_BIN);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    long long spin = -1;
+    while (fgets(line, sizeof line, p)) sscanf(line, " GOMP_SPINCOUNT = '%lld'", &spin);
+    cr_assert_eq(pclose(p), 0);
+    return spin;
+}
+
+Test(train, omp_wait_policy_defaults_to_passive_unless_set) {
+    cr_assert_eq(last_spincount(""), 0, "default: passive (spin count 0)");
+    cr_assert_eq(last_spincount("GOMP_SPINCOUNT=1234"), 1234, "the user's spin count is kept");
+    cr_assert_gt(last_spincount("OMP_WAIT_POLICY=active"), 0, "the user's active policy is kept");
+}
