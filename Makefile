@@ -4,6 +4,7 @@
 #   make test       builds and runs the Criterion suite (CUDA tests skip, saying so, without a GPU)
 #   make asan       the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench      benchmarks
+#   make bench-torch  moetrain beside PyTorch+PEFT (needs torch from PyPI; not CI)
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 CUDA ?= 0
@@ -97,7 +98,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan bench bench-gpu fuzz clean deps test-mpi
+.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -145,6 +146,11 @@ $(BUILD)/moetrain_bench: $(BUILD)/scripts/bench.o $(LIB_OBJ)
 
 bench: $(BUILD)/moetrain_bench
 	$(BUILD)/moetrain_bench
+
+# moetrain beside PyTorch+transformers+PEFT (scripts/bench_torch/; not CI: installs torch from PyPI
+# into $$BENCH_TORCH_VENV on first use). BENCH_TORCH_ARGS passes flags, e.g. --seqs 128 --rounds 3.
+bench-torch: $(BIN)
+	bash scripts/bench_torch/run.sh $(BIN) $(BENCH_TORCH_ARGS)
 
 # The CUDA training step at Mixtral-8x7B's size (scripts/bench_gpu.c); BENCH_GPU_ARGS passes flags.
 ifeq ($(CUDA),1)
