@@ -16,12 +16,13 @@
 #define MT_HOT
 #endif
 
-// exp(x) in fp32 to ~2 ulp for x in [-87, 88.7]; 0 below −87 (and for −inf), +inf above 88.72.
+// exp(x) in fp32 to ~2 ulp for x in [−87, 88.37]; 0 below −87 (and for −inf); above 88.37 it
+// saturates at exp(88.37) ≈ 2.4e38 (callers only need 'huge' there: a sigmoid's 1/(1 + e)).
 // NaN in gives an unspecified finite or NaN value: callers never pass one.
 // exp(x) = 2^n · e^r with n = round(x / ln 2), r = x − n ln 2 (two-part ln 2), e^r by Cephes'
 // degree-6 polynomial on |r| ≤ ln2/2.
 static inline float mt_vexpf(float x) {
-    const float hi = 88.7228f, lo = -87.0f;
+    const float hi = 88.37f, lo = -87.0f;  // 2^n stays a normal float: n ≤ 127
     float xc = x > hi ? hi : x;
     xc = xc < lo ? lo : xc;
     float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest

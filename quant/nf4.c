@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/vmath.h"
 #include "quant/quant.h"
 
 // One block x [len] (len even, or odd for the very last block): absmax, then the codes of
@@ -47,8 +48,9 @@ void mt_q4_dequantize_ref(const float *map, const uint8_t *packed, const float *
     if (i1 > i0) mt_q4_dequantize_blocks(map, packed, absmax + i0 / blocksize, blocksize, i0, i1, y);
 }
 
-void mt_q4_dequantize_blocks(const float *map, const uint8_t *packed, const float *scales,
-                             int blocksize, int64_t i0, int64_t i1, float *y) {
+// The pair loop is `omp simd` (AVX2 gathers from the 16-entry table in the x86-64-v3 build).
+MT_HOT void mt_q4_dequantize_blocks(const float *map, const uint8_t *packed, const float *scales,
+                                    int blocksize, int64_t i0, int64_t i1, float *y) {
     int64_t b0 = i0 / blocksize;
     for (int64_t b = b0; b * blocksize < i1; b++) {
         int64_t s = MT_MAX(i0, b * blocksize), e = MT_MIN(i1, (b + 1) * blocksize);
@@ -62,6 +64,7 @@ void mt_q4_dequantize_blocks(const float *map, const uint8_t *packed, const floa
         const uint8_t *p = packed + (i >> 1);
         float *o = y + (i - i0);
         int64_t pairs = (e - i) / 2;
+#pragma omp simd
         for (int64_t j = 0; j < pairs; j++) {
             o[2 * j] = lut[p[j] >> 4];
             o[2 * j + 1] = lut[p[j] & 15];

@@ -12,6 +12,7 @@
 
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "core/vmath.h"
 #include "model/ops_cuda.h"  // the cuda update and norm (MT_CUDA builds)
 
 #define OPTIM_FORMAT "moetrain-adamw"
@@ -355,9 +356,10 @@ static inline float adamw_elem(float gi, float w, float *m, float *v, const adam
 }
 
 // w, g, m, v [n] f32, host memory.
-static void adamw_update_f32_cpu(float *w, const float *g, float *m, float *v, int64_t n,
-                                 const adamw_k *kp) {
+MT_HOT static void adamw_update_f32_cpu(float *restrict w, const float *restrict g, float *restrict m,
+                                        float *restrict v, int64_t n, const adamw_k *kp) {
     const adamw_k kk = *kp, *k = &kk;  // a local copy: stores to w cannot alias it
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) w[i] = adamw_elem(g[i] * k->scale, w[i], &m[i], &v[i], k);
 }
 
