@@ -14,6 +14,8 @@
 #include "quant/quant.h"
 #include "trainer/commands.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -215,6 +217,128 @@ static void bench_quantize_rss(const char *self) {
     if (system(rm) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
 }
 
+// ---------------------------------------------------------------------------------------------
+// A busy machine: the same training run with one CPU-burning process beside it
+
+// A child that spins until killed: the "other job" on the machine.
+static pid_t burner_start(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        volatile unsigned long x = 0;
+        for (;;) x++;
+    }
+    if (pid < 0) mt_fatal(MT_EXIT_ERROR, "bench: fork");
+    return pid;
+}
+
+static void burner_stop(pid_t pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static double load1(void) {
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf", &l) != 1) l = -1;
+    if (f) fclose(f);
+    return l;
+}
+
+// Wall time of cmd(argc, argv), quiet or beside a burner.
+static double timed_cmd(const char *name, int (*cmd)(int, char **), int argc, char **argv, int busy) {
+    pid_t burner = busy ? burner_start() : 0;
+    double t0 = now_s();
+    int rc = cmd(argc, argv);
+    double t = now_s() - t0;
+    if (busy) burner_stop(burner);
+    if (rc != 0) mt_fatal(MT_EXIT_ERROR, "bench: moetrain %s failed", name);
+    return t;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// LoRA training of configs/tiny.json at seq 128 (many short parallel regions: where a spinning
+// wait policy hurts most), quiet and busy in interleaved pairs; the bound is busy ≥ 0.4 × quiet
+// tok/s (one other job on the machine may take its fair share, no more). Then `moetrain demo`'s
+// wall time, quiet and busy. The runs' own output goes to a log in the temporary folder (named by
+// a failure's message, and left there).
+static void bench_busy(int demo) {
+    char dir[] = "/tmp/moetrain-bench-busy-XXXXXX", model[96], data[96], out[96], log[96], cfg[] = "configs/tiny.json";
+    if (!mkdtemp(dir)) mt_fatal(MT_EXIT_ERROR, "bench: mkdtemp");
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    snprintf(data, sizeof data, "%s/tokens.bin", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/runs.log", dir);
+    enum { SEQ = 128, ROWS = 64, STEPS = 40, PAIRS = 3 };
+    FILE *f = fopen(data, "wb");
+    if (!f) mt_fatal(MT_EXIT_ERROR, "bench: %s", data);
+    uint16_t flags = 0;
+    uint64_t rows = ROWS;
+    fwrite("MTTOK1", 1, 6, f), fwrite(&flags, 2, 1, f), fwrite(&rows, 8, 1, f);
+    mt_rng rng;
+    mt_rng_seed(&rng, 4, 0);
+    for (int r = 0; r < ROWS; r++) {
+        uint32_t len = SEQ;
+        fwrite(&len, 4, 1, f);
+        for (int i = 0; i < SEQ; i++) {
+            int32_t id = 3 + (int32_t)(mt_rng_next(&rng) % 250);
+            fwrite(&id, 4, 1, f);
+        }
+    }
+    fclose(f);
+    fflush(stdout);
+    int saved = dup(1), logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char *init_argv[] = {"--config", cfg, "--out", model};
+    dup2(logfd, 1), dup2(logfd, 2);
+    if (cmd_init((int)MT_ARRAY_LEN(init_argv), init_argv) != 0)
+        mt_fatal(MT_EXIT_ERROR, "bench: init of %s (see %s)", cfg, log);
+    char steps[16];
+    snprintf(steps, sizeof steps, "%d", STEPS);
+    char *train_argv[] = {"--model", model, "--data", data, "--mode", "lora", "--r", "16",
+                          "--targets", "experts", "--seq", "128", "--batch", "1", "--steps", steps, "--out", out};
+    double quiet[PAIRS], busy[PAIRS], ratio[PAIRS], load_start = load1();
+    for (int p = 0; p < PAIRS; p++) {
+        quiet[p] = (double)SEQ * STEPS / timed_cmd("train", cmd_train, (int)MT_ARRAY_LEN(train_argv), train_argv, 0);
+        busy[p] = (double)SEQ * STEPS / timed_cmd("train", cmd_train, (int)MT_ARRAY_LEN(train_argv), train_argv, 1);
+        ratio[p] = busy[p] / quiet[p];
+    }
+    double demo_quiet = 0, demo_busy = 0;
+    if (demo) {
+        char demo_out[112];
+        snprintf(demo_out, sizeof demo_out, "%s/demo", dir);
+        char *demo_argv[] = {"--out", demo_out};
+        demo_quiet = timed_cmd("demo", cmd_demo, (int)MT_ARRAY_LEN(demo_argv), demo_argv, 0);
+        char rm[160];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", demo_out);
+        if (system(rm) != 0) mt_fatal(MT_EXIT_ERROR, "bench: %s", rm);
+        demo_busy = timed_cmd("demo", cmd_demo, (int)MT_ARRAY_LEN(demo_argv), demo_argv, 1);
+    }
+    fflush(stdout), fflush(stderr);
+    dup2(saved, 1), dup2(saved, 2);
+    close(saved), close(logfd);
+    printf("bench busy_machine pairs (quiet, busy tok/s):");
+    for (int p = 0; p < PAIRS; p++) printf(" (%.0f, %.0f)", quiet[p], busy[p]);
+    printf("\n");
+    qsort(quiet, PAIRS, sizeof(double), cmp_double);
+    qsort(busy, PAIRS, sizeof(double), cmp_double);
+    qsort(ratio, PAIRS, sizeof(double), cmp_double);
+    const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    printf("bench busy_machine model=configs/tiny.json lora seq=%d steps=%d pairs=%d wait_policy=%s spincount=%s "
+           "quiet_tok_s=%.0f busy_tok_s=%.0f busy_over_quiet=%.2f (median of pairs) bound=0.40 %s load_start=%.2f "
+           "load_end=%.2f\n",
+           SEQ, STEPS, PAIRS, policy ? policy : "default", spin ? spin : "default", quiet[PAIRS / 2], busy[PAIRS / 2],
+           ratio[PAIRS / 2], ratio[PAIRS / 2] >= 0.4 ? "held" : "NOT HELD", load_start, load1());
+    if (demo)
+        printf("bench demo wall_s_quiet=%.1f wall_s_busy=%.1f busy_over_quiet=%.2f\n", demo_quiet, demo_busy,
+               demo_busy / demo_quiet);
+    char rm[160];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    if (system(rm) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+}
+
 int main(int argc, char **argv) {
     mt_threads_init(argv);  // the policy moetrain runs with
     if (argc >= 3 && strcmp(argv[1], "quantize-rss") == 0) return quantize_child(argv[2], argc - 3, argv + 3);
@@ -222,6 +346,10 @@ int main(int argc, char **argv) {
     if (only && strcmp(only, "attention") == 0) {
         double sg = bench_sgemm_gflops(1024);
         bench_attention(2048, sg);
+        return 0;
+    }
+    if (only && strcmp(only, "busy") == 0) {
+        bench_busy(getenv("MT_BENCH_NO_DEMO") == NULL);
         return 0;
     }
     double sg = bench_sgemm_gflops(1024);
@@ -237,6 +365,7 @@ int main(int argc, char **argv) {
     bench_quant(cpu, MT_QUANT_INT4, 0, 4096, 4096);
     mt_backend_free(cpu);
     bench_quantize_rss(argv[0]);
+    bench_busy(1);
     if (mt_cuda_device_count() > 0) {
         mt_backend *gpu = mt_backend_cuda_new(0);
         if (!gpu) mt_fatal(MT_EXIT_ERROR, "bench: %s", mt_error_get());
