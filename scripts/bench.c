@@ -79,7 +79,7 @@ static double bench_sgemm_gflops(int n) {
 // Forward + backward of causal attention at configs/mid.json's heads (8 query, 2 kv, hd 64),
 // batch 1. FLOPs counted as flash-attention does: the forward's two products and the backward's
 // five (its recomputed scores included) over the causal half, 7 · 2 · S²/2 · hd per head.
-static void bench_attention(int S, double sgemm_gflops) {
+static void bench_attention(int S, double sgemm_gflops, int ref) {
     const int nh = 8, nkv = 2, hd = 64;
     int64_t nq = (int64_t)S * nh * hd, nk = (int64_t)S * nkv * hd;
     float *q = mt_xmalloc(4 * nq), *k = mt_xmalloc(4 * nk), *v = mt_xmalloc(4 * nk), *o = mt_xmalloc(4 * nq);
@@ -91,18 +91,18 @@ static void bench_attention(int S, double sgemm_gflops) {
     for (int64_t i = 0; i < nk; i++) k[i] = mt_rng_normal(&rng), v[i] = mt_rng_normal(&rng);
     int reps = 0;
     double t0 = now_s(), t, tf = 0;
-    do {
+    do {  // ref: the scalar kernels (model/attention_ref.c) the tiled ones replaced
         double a = now_s();
-        attention_forward_cpu(o, lse, q, k, v, NULL, 1, S, nh, nkv, hd, 0);
+        (ref ? attention_forward_ref : attention_forward_cpu)(o, lse, q, k, v, NULL, 1, S, nh, nkv, hd, 0);
         tf += now_s() - a;
-        attention_backward_cpu(dq, dk, dv, g, q, k, v, o, lse, NULL, 1, S, nh, nkv, hd, 0);
+        (ref ? attention_backward_ref : attention_backward_cpu)(dq, dk, dv, g, q, k, v, o, lse, NULL, 1, S, nh, nkv, hd, 0);
         reps++;
     } while ((t = now_s() - t0) < 2.0 || reps < 2);
     double mm = 2.0 * S * (double)S / 2 * hd * nh, gf = 7 * mm * reps / t / 1e9;
-    printf("bench attention_cpu seq=%d heads=%d kv_heads=%d head_dim=%d reps=%d fwd_ms=%.1f fwd_bwd_ms=%.1f "
-           "fwd_bwd_gflops=%.1f sgemm_gflops=%.1f ratio=%.2f goal=0.30 %s\n",
-           S, nh, nkv, hd, reps, 1e3 * tf / reps, 1e3 * t / reps, gf, sgemm_gflops, gf / sgemm_gflops,
-           gf >= 0.3 * sgemm_gflops ? "met" : "NOT MET");
+    printf("bench attention_%s seq=%d heads=%d kv_heads=%d head_dim=%d reps=%d fwd_ms=%.1f fwd_bwd_ms=%.1f "
+           "fwd_bwd_gflops=%.1f sgemm_gflops=%.1f ratio=%.2f", ref ? "ref" : "cpu",
+           S, nh, nkv, hd, reps, 1e3 * tf / reps, 1e3 * t / reps, gf, sgemm_gflops, gf / sgemm_gflops);
+    printf(ref ? "\n" : " goal=0.30 %s\n", gf >= 0.3 * sgemm_gflops ? "met" : "NOT MET");
     free(q), free(k), free(v), free(o), free(g), free(dq), free(dk), free(dv), free(lse);
 }
 
@@ -345,7 +345,9 @@ int main(int argc, char **argv) {
     const char *only = getenv("MT_BENCH_ONLY");  // e.g. attention: that group alone
     if (only && strcmp(only, "attention") == 0) {
         double sg = bench_sgemm_gflops(1024);
-        bench_attention(2048, sg);
+        bench_attention(512, sg, 1);
+        bench_attention(512, sg, 0);
+        bench_attention(2048, sg, 0);
         return 0;
     }
     if (only && strcmp(only, "busy") == 0) {
@@ -354,8 +356,9 @@ int main(int argc, char **argv) {
     }
     double sg = bench_sgemm_gflops(1024);
     printf("bench sgemm n=1024 threads=all gflops=%.1f\n", sg);
-    bench_attention(512, sg);
-    bench_attention(2048, sg);
+    bench_attention(512, sg, 1);
+    bench_attention(512, sg, 0);
+    bench_attention(2048, sg, 0);
     mt_backend *cpu = mt_backend_cpu_new();
     bench_matmul(cpu, MT_F32, 512, 1024, 1024);
     bench_matmul(cpu, MT_BF16, 512, 1024, 1024);
