@@ -27,7 +27,7 @@ NVCC ?= $(CUDA_HOME)/bin/nvcc
 CONFIG_MK := $(BUILD)/config.mk
 NO_CONFIG_GOALS := clean layers
 ifneq ($(filter-out $(NO_CONFIG_GOALS),$(or $(MAKECMDGOALS),all)),)
--include $(CONFIG_MK)
+include $(CONFIG_MK)
 endif
 $(CONFIG_MK): scripts/deps.sh scripts/configure.sh
 	@mkdir -p $(BUILD)
