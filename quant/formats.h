@@ -1,6 +1,6 @@
 // quant/formats.h — the frozen-weight formats, defined once for C and nvcc (STYLE.md §5).
 //
-// Three formats (mt_quant, trainer/options.h), all 4-bit codes packed two per byte, element 2j
+// Three formats (mt_quant, below), all 4-bit codes packed two per byte, element 2j
 // in the HIGH nibble of byte j and 2j+1 in the low one; an odd count pads the last low nibble
 // with the code of 0.0. Blocks are runs of `blocksize` consecutive elements of the row-major
 // [out, in] weight (a block may span rows; the last may be partial).
@@ -24,7 +24,13 @@
 #pragma once
 #include <stdint.h>
 
-#include "trainer/options.h"  // mt_quant
+
+// The frozen base's format (--quant); MT_QUANT_NONE: bf16, nothing quantized.
+typedef enum { MT_QUANT_NF4, MT_QUANT_FP4, MT_QUANT_INT4, MT_QUANT_NONE } mt_quant;
+static inline const char *mt_quant_name(mt_quant q) {
+    static const char *const n[] = {"nf4", "fp4", "int4", "none"};
+    return q <= MT_QUANT_NONE ? n[q] : "?";
+}
 
 #ifdef __CUDACC__
 #define MT_QF_FN static inline __host__ __device__

@@ -8,7 +8,6 @@
 #include "core/safetensors.h"
 #include "quant/formats.h"
 #include "quant/qweight.h"
-#include "trainer/options.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -162,7 +162,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
     size_t baseline = used_bytes(be) - (size_t)be->ledger.total_cur;
     double t0 = now_s();
     mt_model m;
-    if (mt_model_build(&m, be, cfg, NULL, &o) != 0) return mt_error_prefix("build"), -1;
+    if (mt_model_build(&m, be, cfg, NULL, MT_MODEL_SPEC_OF(&o)) != 0) return mt_error_prefix("build"), -1;
     be->ops->synchronize(be);
     mt_param *params;
     int n = mt_model_params(&m, &params);

@@ -122,6 +122,12 @@ static void lora_dropout_off(mt_model *m) {
     }
 }
 
+// mt_model_load of the model the run options describe.
+static int load_as(mt_model *m, mt_backend *be, const mt_run_opts *o) {
+    mt_model_spec spec = mt_run_opts_model_spec(o);
+    return mt_model_load(m, be, o->model, &spec);
+}
+
 int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
     memset(m, 0, sizeof *m);
     if (!o->adapter[0]) {
@@ -129,7 +135,7 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
         o->mode = MT_MODE_LORA;
         o->targets = 0;
         o->layers.all = 0, o->layers.count = 0;
-        return mt_model_load(m, be, o->model, o);
+        return load_as(m, be, o);
     }
     span s;
     memset(&s, 0, sizeof s);
@@ -144,7 +150,7 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
             set_from_bitmap(&o->layers, s.layers);
             if (s.any_expert) set_from_bitmap(&o->experts, s.experts);
         }
-        if (mt_model_load(m, be, o->model, o) != 0) return -1;
+        if (load_as(m, be, o) != 0) return -1;
         if (mt_model_load_trained(m, o->adapter) != 0) {
             mt_model_free(m);
             return -1;
@@ -161,7 +167,7 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
     o->targets = s.targets;
     set_from_bitmap(&o->layers, s.layers);
     if (s.any_expert) set_from_bitmap(&o->experts, s.experts);
-    if (mt_model_load(m, be, o->model, o) != 0) return -1;
+    if (load_as(m, be, o) != 0) return -1;
     if (mt_model_load_adapter(m, o->adapter) != 0) {
         mt_model_free(m);
         return -1;

@@ -34,6 +34,11 @@ static int parse_opts(int argc, char **argv, mt_run_opts *o) {
 }
 
 // The model from --model, or the built-in Mixtral-8x7B for --case. Returns an exit code.
+static int plan_run(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p) {
+    mt_plan_opts po = mt_run_opts_plan(o);
+    return mt_plan_compute(cfg, &po, p);
+}
+
 static int load_model(const mt_run_opts *o, mt_model_config *cfg, char *name, size_t n) {
     if (o->model[0]) {
         if (mt_model_config_load(o->model, cfg) != 0) {
@@ -69,12 +74,13 @@ int cmd_plan(int argc, char **argv) {
     if (rc != MT_EXIT_OK) return rc;
 
     mt_plan plan;
-    if (mt_plan_compute(&cfg, &o, &plan) != 0) {
+    mt_plan_opts po = mt_run_opts_plan(&o);
+    if (plan_run(&cfg, &o, &plan) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
     mt_plan_suggestion suggestions[MT_PLAN_MAX_SUGGESTIONS];
-    int n = plan.fits ? 0 : mt_plan_suggest(&cfg, &o, suggestions, MT_PLAN_MAX_SUGGESTIONS);
+    int n = plan.fits ? 0 : mt_plan_suggest(&cfg, &po, suggestions, MT_PLAN_MAX_SUGGESTIONS);
     // For --case, the source's figures are compared with the case on its own settings.
     mt_run_opts case_opts;
     mt_plan case_plan;
@@ -82,14 +88,15 @@ int cmd_plan(int argc, char **argv) {
     if (o.plan_case) {
         mt_run_opts_default(&case_opts);
         have_case = mt_plan_case_apply(&case_opts, o.plan_case) == 0 &&
-                    mt_plan_compute(&cfg, &case_opts, &case_plan) == 0;
+                    plan_run(&cfg, &case_opts, &case_plan) == 0;
     }
     mt_plan_measurement measured;
-    if (o.measure && mt_plan_measure(&cfg, o.model[0] ? o.model : NULL, &o, &measured) != 0) {
+    mt_model_spec spec = mt_run_opts_model_spec(&o);
+    if (o.measure && mt_plan_measure(&cfg, o.model[0] ? o.model : NULL, &po, &spec, &measured) != 0) {
         fprintf(stderr, "moetrain plan --measure: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
-    mt_plan_report report = {name, &cfg, &o, &plan, suggestions, n, have_case ? &case_plan : NULL,
+    mt_plan_report report = {name, &cfg, &po, &plan, suggestions, n, have_case ? &case_plan : NULL,
                              o.measure ? &measured : NULL};
     if (o.json) {
         char *text = mt_plan_json(&report);

@@ -16,6 +16,7 @@ int cmd_not_built(const char *name, const char *issue);
 #include "model/mixtral.h"
 #include "trainer/data.h"
 #include "trainer/tokenizer.h"
+#include "trainer/options.h"
 
 int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

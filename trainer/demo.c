@@ -88,7 +88,8 @@ static int score(const char *model_dir, const char *adapter, const char *test_js
     mt_dataset data;
     memset(&data, 0, sizeof data);
     int rc = -1;
-    if (mt_model_load(&m, be, model_dir, &o) != 0) goto out_be;
+    mt_model_spec spec = mt_run_opts_model_spec(&o);
+    if (mt_model_load(&m, be, model_dir, &spec) != 0) goto out_be;
     if (adapter && mt_model_load_adapter(&m, adapter) != 0) goto out_model;
     if (mt_tokenizer_open(&tok, model_dir, m.cfg.vocab, (int32_t)m.cfg.bos_token_id, (int32_t)m.cfg.eos_token_id))
         goto out_model;

@@ -46,7 +46,7 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
     cfg->torch_dtype = MT_BF16;
 }
 
-int mt_plan_case_apply(mt_run_opts *o, char which) {
+int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {
     // BUDGETS.md §4: every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card.
     static const struct { char which; const char *key, *value; } settings[] = {
         {0, "quant", "nf4"}, {0, "double-quant", "true"}, {0, "seq", "1024"}, {0, "batch", "1"},
@@ -62,9 +62,8 @@ int mt_plan_case_apply(mt_run_opts *o, char which) {
     }
     for (size_t i = 0; i < MT_ARRAY_LEN(settings); i++)
         if ((settings[i].which == 0 || settings[i].which == which) &&
-            mt_run_opts_set(o, settings[i].key, settings[i].value) != 0)
+            set(ctx, settings[i].key, settings[i].value) != 0)
             return -1;
-    o->plan_case = which;
     return 0;
 }
 
@@ -111,7 +110,7 @@ static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
     return cfg->layers * layer + outer_params(cfg);
 }
 
-uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o) {
+uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
     if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
     // quant/'s own count (packed nibbles + per-block constants), so plan and ledger agree for
     // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25 (BUDGETS.md §2).
@@ -121,7 +120,7 @@ uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o) {
 
 // Frozen Linears of sizes n[0..count) held `copies` times, in bf16 or 4-bit as --quant and
 // --quant-targets (`target`) say; adds to the 4-bit or the bf16 tally of the plan.
-static uint64_t frozen_linears(mt_plan *p, const mt_run_opts *o, const int64_t *n, int count, int64_t copies,
+static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t *n, int count, int64_t copies,
                                unsigned target) {
     int quantized = o->quant != MT_QUANT_NONE && (o->quant_targets & target);
     uint64_t b = 0;
@@ -145,7 +144,7 @@ uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_
     return (uint64_t)(batch * seq * per_token);
 }
 
-uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o) {
+uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o) {
     uint64_t sb = (uint64_t)(o->seq * o->batch);
     uint64_t layer = mt_plan_act_layer_bytes(cfg, o->seq, o->batch);
     uint64_t transient = (uint64_t)cfg->top_k * sb * 6 * (uint64_t)cfg->intermediate;  // grads of g, u, h
@@ -159,7 +158,7 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o) {
 
 // LoRA xa buffers of one activation set: [T, r] per adapted attention Linear and router,
 // [T·k, r] per adapted expert weight (w1, w2, w3), bf16.
-static uint64_t lora_xa_bytes(const mt_model_config *cfg, const mt_run_opts *o, int64_t sb) {
+static uint64_t lora_xa_bytes(const mt_model_config *cfg, const mt_plan_opts *o, int64_t sb) {
     static const unsigned per_row[] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O, MT_TARGET_GATE};
     static const unsigned per_copy[] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
     if (o->mode != MT_MODE_LORA) return 0;
@@ -172,7 +171,7 @@ static uint64_t lora_xa_bytes(const mt_model_config *cfg, const mt_run_opts *o, 
     return b;
 }
 
-int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_act_term *t) {
+int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_act_term *t) {
     int64_t sb = o->seq * o->batch, h = cfg->hidden, k = cfg->top_k, E = cfg->experts, V = cfg->vocab;
     int64_t L = cfg->layers, qd = cfg->heads * cfg->head_dim, full = o->checkpointing == MT_CKPT_FULL;
     int64_t sets = full ? 1 : L;  // activation sets: one shared by recomputation, or one per layer
@@ -196,7 +195,7 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_
     return n;
 }
 
-uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_run_opts *o) {
+uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_plan_opts *o) {
     mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
     int64_t b = (int64_t)mt_plan_act_bytes(cfg, o);
     for (int i = 0, n = mt_plan_act_terms(cfg, o, t); i < n; i++) b += t[i].bytes;
@@ -217,7 +216,7 @@ static int check_index_set(const mt_index_set *s, int64_t n, const char *flag, c
     return 0;
 }
 
-static int plan_check(const mt_model_config *cfg, const mt_run_opts *o) {
+static int plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
     if (o->gpus < 1) { mt_error_set("--gpus must be at least 1"); return -1; }
     if (o->ep < 1) { mt_error_set("--ep must be at least 1"); return -1; }
     if (o->gpus % o->ep) {
@@ -268,7 +267,7 @@ static int64_t lora_params(int64_t r, const int64_t *in, const int64_t *out, int
     return s;
 }
 
-static void count_trainables(const mt_model_config *cfg, const mt_run_opts *o, const linear_sizes *s,
+static void count_trainables(const mt_model_config *cfg, const mt_plan_opts *o, const linear_sizes *s,
                              trainables *t, mt_plan *p) {
     static const unsigned attn_bits[4] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
     static const unsigned expert_bits[3] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
@@ -309,7 +308,7 @@ static void count_trainables(const mt_model_config *cfg, const mt_run_opts *o, c
 
 // Trainable weights of `n` params held by `copies` GPUs: bf16 W and grad, Adam m, v (fp32, or
 // 8-bit), fp32 master. ZeRO-1 shards Adam and master over the copies, ZeRO-2 the grads too.
-static void add_state(mt_plan *p, const mt_run_opts *o, int64_t n, int copies) {
+static void add_state(mt_plan *p, const mt_plan_opts *o, int64_t n, int copies) {
     int64_t shard = o->zero >= 1 ? ceil_div(n, copies) : n;
     int64_t grad = o->zero >= 2 ? ceil_div(n, copies) : n;
     uint64_t optim = (uint64_t)shard * (o->adam_8bit ? 2 : 8);
@@ -331,7 +330,7 @@ static void add_state(mt_plan *p, const mt_run_opts *o, int64_t n, int copies) {
 
 // Frozen weights on the worst GPU: its E/P experts of every layer less the trainable ones it
 // holds, attention of every layer, embeddings, norms and frozen routers (replicated).
-static void frozen_base(const mt_model_config *cfg, const mt_run_opts *o, const linear_sizes *s,
+static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const linear_sizes *s,
                         const trainables *t, mt_plan *p) {
     int64_t experts_gpu = cfg->layers * ceil_div(cfg->experts, o->ep);
     int64_t frozen_experts = experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
@@ -346,7 +345,7 @@ static void frozen_base(const mt_model_config *cfg, const mt_run_opts *o, const 
     p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;
 }
 
-int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p) {
+int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
     memset(p, 0, sizeof *p);
     if (plan_check(cfg, o)) return -1;
     linear_sizes s;
@@ -388,17 +387,17 @@ typedef struct {
     int max, n;
 } suggest_ctx;
 
-static void try_change(suggest_ctx *x, const mt_run_opts *changed, const char *label) {
+static void try_change(suggest_ctx *x, const mt_plan_opts *changed, const char *label) {
     mt_plan p;
     if (x->n >= x->max || mt_plan_compute(x->cfg, changed, &p) != 0 || !p.fits) return;
     snprintf(x->out[x->n].change, sizeof x->out[x->n].change, "%s", label);
     x->out[x->n++].plan = p;
 }
 
-int mt_plan_suggest(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_suggestion *out,
+int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_suggestion *out,
                     int max) {
     suggest_ctx x = {cfg, out, max, 0};
-    mt_run_opts c;
+    mt_plan_opts c;
     char label[96];
     if (o->quant == MT_QUANT_NONE) {
         c = *o;

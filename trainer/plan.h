@@ -9,11 +9,38 @@
 
 #include "core/ledger.h"
 #include "model/config.h"
-#include "trainer/options.h"
+#include "model/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// What the planner reads of a run (trainer/options.c: mt_run_opts_plan fills it from the flags of
+// the same names): the model as built, the shape of a step, parallelism and memory.
+typedef struct mt_plan_opts {
+    mt_mode mode;
+    int lora_r;
+    unsigned targets;         // MT_TARGET_* bits (lora mode)
+    mt_index_set layers;
+    mt_index_set experts;
+    mt_quant quant;
+    int double_quant;
+    int quant_blocksize;      // 0: the format's default
+    unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h)
+    int64_t seq;
+    int64_t batch;            // micro-batch per GPU
+    mt_ckpt checkpointing;
+    int gpus;
+    int ep;
+    int zero;                 // 0, 1 or 2
+    int offload_optimizer;
+    int adam_8bit;
+    int master_weights;
+    double gpu_mem_bytes;
+    double workspace_bytes;   // < 0: the planner's default guess
+    double lr, clip;          // --measure's AdamW step
+    char plan_case;           // 0, 'A', 'B' or 'C'
+} mt_plan_opts;
 
 #define MT_PLAN_MAX_PARTS 6
 #define MT_PLAN_MAX_SUGGESTIONS 16
@@ -58,14 +85,16 @@ typedef struct mt_plan_suggestion {
 
 // Mixtral-8x7B's config.json (FORMATS.md §3.1), for --case without --model.
 void mt_plan_mixtral_8x7b(mt_model_config *cfg);
-// Sets BUDGETS.md §4's case 'A', 'B' or 'C' on `o` (flags parsed afterwards override it).
-int mt_plan_case_apply(mt_run_opts *o, char which);
+// BUDGETS.md §4's case 'A', 'B' or 'C' as settings: calls set(ctx, key, value) for each, keys
+// being the flags' names ("mode", "layers", ...); trainer/options.c applies them to the run
+// options (mt_plan_case_apply). 0, or -1 (bad case, or the first non-zero set()).
+int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx);
 
 // Bytes of one frozen Linear of `n` weights in the run's base format (--quant).
-uint64_t mt_plan_linear_bytes(int64_t n, const mt_run_opts *o);
+uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o);
 // BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory.
 uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
-uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_run_opts *o);
+uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
 // The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
 // §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
@@ -77,17 +106,17 @@ typedef struct mt_plan_act_term {
     const char *what;
     int64_t bytes;
 } mt_plan_act_term;
-int mt_plan_act_terms(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_act_term *terms);
-uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_run_opts *o);
+int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_act_term *terms);
+uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
 // Checks the options against the model (errors name the flag) and computes the plan.
 // 0, or -1 with mt_error_set().
-int mt_plan_compute(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p);
+int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p);
 
 // Single changes to `o` that make the run fit, each with its plan: a 4-bit base, EP over 2, 4,
 // 8, ... GPUs, 8-bit Adam without master weights, optimizer offload, full checkpointing,
 // half the sequence, half the batch. Returns how many were written (0: none fits).
-int mt_plan_suggest(const mt_model_config *cfg, const mt_run_opts *o, mt_plan_suggestion *out,
+int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_suggestion *out,
                     int max);
 
 // `--measure` (trainer/plan_measure.c): one training step of the real code on the null backend.
@@ -103,14 +132,15 @@ typedef struct mt_plan_measurement {
 // config.json, for messages only; nothing is read), then runs zero_grad, forward, backward and
 // an AdamW step. Refuses, naming the flag, what the step cannot do yet (EP, DP, ZeRO, offload,
 // 8-bit Adam, no master weights). 0, or -1 with an error.
-int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_run_opts *o,
-                    mt_plan_measurement *out);
+// `spec` is the model the run builds (its mode and quantization as in `o`).
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                    const mt_model_spec *spec, mt_plan_measurement *out);
 
 // What the report prints: the run, its plan, and the suggestions when it does not fit.
 typedef struct mt_plan_report {
     const char *model_name;
     const mt_model_config *cfg;
-    const mt_run_opts *opts;
+    const mt_plan_opts *opts;
     const mt_plan *plan;
     const mt_plan_suggestion *suggestions;
     int n_suggestions;

@@ -18,7 +18,7 @@ static double now_s(void) {
 }
 
 // What the step cannot do yet is refused by name rather than measured as something else.
-static int measurable(const mt_run_opts *o) {
+static int measurable(const mt_plan_opts *o) {
     if (o->zero < 2) return 0;
     mt_error_set("--measure runs the step that exists; --zero 2 is planned, not implemented: measure --zero 1");
     return -1;
@@ -29,7 +29,7 @@ static int measurable(const mt_run_opts *o) {
 // backward, AdamW on the optimizer's params of trainer/dist.h. No rank exists beside it, so
 // every other rank is taken to route as this one does (balanced) and nothing is exchanged. The
 // tokens are never read on the null backend beyond their range check.
-static int one_step(mt_model *m, const mt_run_opts *o) {
+static int one_step(mt_model *m, const mt_plan_opts *o) {
     mt_param *params;
     int n = mt_model_params(m, &params);
     mt_dist dist;
@@ -59,8 +59,8 @@ static int one_step(mt_model *m, const mt_run_opts *o) {
     return rc;
 }
 
-int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_run_opts *o,
-                    mt_plan_measurement *out) {
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                    const mt_model_spec *spec, mt_plan_measurement *out) {
     memset(out, 0, sizeof *out);
     if (measurable(o) != 0) return -1;
     if (o->seq > INT32_MAX / 2 || o->batch * o->seq > INT32_MAX / 64) {
@@ -72,7 +72,7 @@ int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt
     mt_backend *be = mt_backend_null_new();
     mt_model m;
     mt_model_par par = {.ep_rank = 0, .ep_size = o->ep};
-    int rc = mt_model_build_par(&m, be, cfg, checkpoint, o, &par);
+    int rc = mt_model_build_par(&m, be, cfg, checkpoint, spec, &par);
     if (rc == 0) {
         rc = one_step(&m, o);
         memcpy(out->peak, be->ledger.peak, sizeof out->peak);

@@ -75,7 +75,7 @@ static const char *quant_targets_text(unsigned t, char *buf, size_t n) {
     return buf;
 }
 
-static const char *base_format_text(const mt_run_opts *o, const mt_plan *p, char *buf, size_t n) {
+static const char *base_format_text(const mt_plan_opts *o, const mt_plan *p, char *buf, size_t n) {
     switch (o->quant) {
     case MT_QUANT_NONE: snprintf(buf, n, "bf16"); break;
     case MT_QUANT_INT4:
@@ -102,7 +102,7 @@ static const char *parts_text(const mt_plan *p, char *buf, size_t n) {
     return buf;
 }
 
-static const char *category_label(mt_mem_cat c, const mt_run_opts *o, const mt_plan *p) {
+static const char *category_label(mt_mem_cat c, const mt_plan_opts *o, const mt_plan *p) {
     int off = o->offload_optimizer;
     switch (c) {
     case MT_MEM_BASE: return "frozen weights + quant constants";
@@ -195,7 +195,7 @@ static void print_source(FILE *out, const mt_plan_report *r) {
 // Text
 
 static void print_run(FILE *out, const mt_plan_report *r) {
-    const mt_run_opts *o = r->opts;
+    const mt_plan_opts *o = r->opts;
     char layers[256], experts[256], targets[64], fmt[96];
     fprintf(out, "moetrain plan: %s", r->model_name);
     if (o->plan_case) fprintf(out, ", case %c", o->plan_case);
@@ -343,7 +343,7 @@ void mt_plan_print(FILE *out, const mt_plan_report *r) {
 // ---------------------------------------------------------------------------------------------
 // JSON
 
-static void json_settings(cJSON *root, const mt_run_opts *o) {
+static void json_settings(cJSON *root, const mt_plan_opts *o) {
     char buf[256];
     cJSON *s = cJSON_AddObjectToObject(root, "settings");
     cJSON_AddStringToObject(s, "mode", mt_mode_name(o->mode));
