@@ -38,7 +38,7 @@ deps: $(CONFIG_MK)
 
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS := $(BLAS_LIBS) -lcjson -lyaml -lm -fopenmp
-# SentencePiece (Mixtral's tokenizer.model) through the C++ shim trainer/sentencepiece_shim.cc.
+# SentencePiece (Mixtral's tokenizer.model) through the C++ shim data/sentencepiece_shim.cc.
 CFLAGS += -DMT_SENTENCEPIECE
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -MMD -MP
 LDLIBS += -lsentencepiece -lsentencepiece_train -lstdc++
@@ -49,7 +49,10 @@ CXXFLAGS += $(SANFLAGS) -O1
 LDLIBS += $(SANFLAGS)
 endif
 
-DIRS := core quant lora moe model trainer
+# One folder per job, bottom-up by layer: core < quant, lora, moe < model < data, optim, plan <
+# trainer. The sub-commands (eval, generate, init, merge, plan, quantize, demo) live in
+# trainer/cmd/, beside the program's loop, checkpoints, metrics and options in trainer/.
+DIRS := core quant lora moe model data optim plan trainer trainer/cmd
 MAIN_SRC := trainer/main.c
 LIB_SRC := $(filter-out $(MAIN_SRC),$(foreach d,$(DIRS),$(wildcard $(d)/*.c)))
 TEST_SRC := $(wildcard tests/*.c)

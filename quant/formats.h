@@ -16,7 +16,7 @@
 //                 m = fp16(min x), d = fp16((max x − min x) / 15)      (round to nearest even)
 //                 q = clamp(rint((x − m) · (1/d)), 0, 15)  (q = 0 when d = 0), x̂ = q · d + m
 //             with d and m used as their fp16 values. Bits per weight: 4 + 32/128 = 4.25, the
-//             planner's figure (trainer/plan.c). No double quantization.
+//             planner's figure (plan/plan.c). No double quantization.
 //
 // Everything numeric here is fp32 with one rounding per operation: the CUDA side uses __fmul_rn
 // / __fadd_rn (nvcc would otherwise fuse a·b + c into an FMA), the C side relies on ISO C mode
@@ -263,7 +263,7 @@ MT_QF_FN int mt_q4_blocksize_ok(int bs) {
 
 // Bytes of the quantized weight on its backend, `base` in the ledger: packed codes, per-block
 // constants, and with double quantization the fp32 nested absmax. The same arithmetic as the
-// planner's (trainer/plan.c, mt_plan_linear_bytes). The maps are shared constants and not
+// planner's (plan/plan.c, mt_plan_linear_bytes). The maps are shared constants and not
 // counted; only an imported weight whose nested map is not the canonical one carries its own
 // copy (+1 KiB, see mt_qweight.nested_map).
 MT_QF_FN uint64_t mt_q4_weight_bytes(mt_quant type, int64_t n, int blocksize, int double_quant) {

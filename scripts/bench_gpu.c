@@ -18,10 +18,10 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/mixtral.h"
-#include "trainer/optim.h"
+#include "optim/optim.h"
 #include "trainer/options.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
+#include "optim/params.h"
+#include "plan/plan.h"
 
 enum { MAX_RUNS = 16 };
 

@@ -10,8 +10,8 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "tests/test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
 #include "trainer/options.h"
 
 

@@ -11,7 +11,7 @@
 #include "model/config.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 static int opts_of(char which, const char *flags, mt_run_opts *o) {
     char buf[512], *argv[32];

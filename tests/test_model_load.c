@@ -8,10 +8,10 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "quant/quant.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 #include "tests/test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
 #include "trainer/options.h"
 
 static char tmp[64];

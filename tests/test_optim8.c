@@ -9,9 +9,9 @@
 #include "core/safetensors.h"
 #include "model/mixtral.h"
 #include "test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
+#include "optim/optim.h"
+#include "optim/params.h"
+#include "plan/plan.h"
 #include "trainer/options.h"
 
 static float *fdata(const mt_tensor *t) { return (float *)t->data; }
@@ -332,7 +332,7 @@ Test(optim8, ledger_of_a_1m_tensor) {
             cr_assert_eq(mt_adamw_host_bytes(&o), 0);
         }
         if (c[k].q8) {
-            double planner = 2.0 * (double)n;  // trainer/plan.c: 2 B/param for --adam-8bit
+            double planner = 2.0 * (double)n;  // plan/plan.c: 2 B/param for --adam-8bit
             double rel = (double)c[k].optim / planner - 1.0;
             cr_assert(rel > 0 && rel < 0.02, "8-bit state %.4f%% over the planner's figure", 100 * rel);
         }

@@ -15,8 +15,8 @@
 #include "model/mixtral.h"
 #include "quant/qweight.h"
 #include "tests/test_util.h"
-#include "trainer/commands.h"
-#include "trainer/data.h"
+#include "trainer/cmd/commands.h"
+#include "data/data.h"
 #include "trainer/options.h"
 
 #define G1 MT_REPO_ROOT "/tests/data/golden/g1_top2_gqa_pad"

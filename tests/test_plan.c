@@ -10,7 +10,7 @@
 #include "model/config.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 // Options of BUDGETS.md case `which`, then `flags` (space-separated) on top.
 static int case_opts(char which, const char *flags, mt_run_opts *o) {

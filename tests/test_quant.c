@@ -18,7 +18,7 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "quant/quant.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "trainer/options.h"
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/quant/"

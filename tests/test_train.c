@@ -8,8 +8,8 @@
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "model/mixtral.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
 

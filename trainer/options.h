@@ -7,7 +7,7 @@
 #include <stdio.h>
 
 #include "model/spec.h"  // mt_mode, mt_ckpt, MT_TARGET_*, mt_model_spec; mt_index_set, mt_quant
-#include "trainer/plan.h"  // mt_plan_opts
+#include "plan/plan.h"  // mt_plan_opts
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,14 +14,14 @@
 #include "model/mixtral.h"
 #include "quant/formats.h"
 #include "trainer/checkpoint.h"
-#include "trainer/commands.h"
-#include "trainer/data.h"
-#include "trainer/dist.h"
+#include "trainer/cmd/commands.h"
+#include "data/data.h"
+#include "optim/dist.h"
 #include "trainer/metrics.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
-#include "trainer/schedule.h"
-#include "trainer/tokenizer.h"
+#include "optim/params.h"
+#include "plan/plan.h"
+#include "optim/schedule.h"
+#include "data/tokenizer.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
