@@ -4,6 +4,7 @@
 #   make test       builds and runs the Criterion suite (CUDA tests skip, saying so, without a GPU)
 #   make asan       the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench      benchmarks
+#   make layers     checks that no #include points up a layer (scripts/check_layers.sh)
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 CUDA ?= 0
@@ -50,8 +51,9 @@ LDLIBS += $(SANFLAGS)
 endif
 
 # One folder per job, bottom-up by layer: core < quant, lora, moe < model < data, optim, plan <
-# trainer. The sub-commands (eval, generate, init, merge, plan, quantize, demo) live in
-# trainer/cmd/, beside the program's loop, checkpoints, metrics and options in trainer/.
+# trainer (README "Layout"; `make layers` checks that no include points up). The sub-commands
+# (eval, generate, init, merge, plan, quantize, demo) live in trainer/cmd/, beside the
+# program's loop, checkpoints, metrics and options in trainer/.
 DIRS := core quant lora moe model data optim plan trainer trainer/cmd
 MAIN_SRC := trainer/main.c
 LIB_SRC := $(filter-out $(MAIN_SRC),$(foreach d,$(DIRS),$(wildcard $(d)/*.c)))
@@ -98,7 +100,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan bench bench-gpu fuzz clean deps test-mpi
+.PHONY: all test asan bench bench-gpu fuzz clean deps test-mpi layers
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -128,6 +130,10 @@ test: $(BIN) $(TEST_BIN)
 
 asan:
 	$(MAKE) SAN=1 test
+
+# No #include points up a layer (scripts/check_layers.sh says which may include which).
+layers:
+	@bash scripts/check_layers.sh
 
 # Multi-rank checks of core/comm and of parallel training: plain programs (Criterion forks, which
 # MPI does not survive) and moetrain itself, run under mpirun -np 2 and -np 4 --oversubscribe by

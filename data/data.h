@@ -1,3 +1,7 @@
+// data/ — datasets (JSONL text/instruction/chat, MTTOK1 token files), packing and masking,
+// tokenizers (SentencePiece through a C++ shim, byte-level BPE), chat templates. Uses core/;
+// used by trainer/ (train, eval, generate). This is its main header.
+//
 // data/data.h — training data: JSONL in three forms or pre-tokenized token files, made into
 // [B, S] batches of tokens, labels and attention mask, shuffled per epoch from the seed.
 //

@@ -1,3 +1,7 @@
+// model/ — the transformer: config, weights, the model built for a training mode (model/spec.h),
+// its forward and backward, expert parallelism, saving adapters and trained tensors. Uses core/,
+// quant/, lora/, moe/; used by optim/params, plan/ (--measure) and trainer/. Main header.
+//
 // model/mixtral.h — a Mixtral-family model built from a checkpoint for one training mode, and its
 // forward and backward on the CPU backend (the reference the CUDA step is tested against).
 #pragma once

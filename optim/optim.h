@@ -1,3 +1,8 @@
+// optim/ — AdamW (fp32 and 8-bit state, offload), its CUDA twin, learning-rate schedules, a
+// model's trainables as params (params.h) and their distribution over ranks with ZeRO-1
+// (dist.h). Uses core/, quant/ (8-bit maps), model/ (params.h); used by plan/ (--measure) and
+// trainer/. This is its main header.
+//
 // optim/optim.h — AdamW over a list of trainable tensors: global-norm clipping, bias
 // correction, decoupled weight decay, fp32 master copies of non-f32 weights, optional 8-bit
 // state (bitsandbytes' blockwise AdamW8bit), optional offload of the state to host memory, and

@@ -1,3 +1,7 @@
+// plan/ — the memory planner: BUDGETS.md's analytic budget, its report (text, JSON), and
+// --measure, one real step on the null backend. Uses core/, quant/, model/, optim/ (the
+// measured step); used by trainer/ (moetrain plan, and the plan printed before training).
+//
 // plan/plan.h — the analytic memory planner: BUDGETS.md's arithmetic, per GPU, by the
 // ledger's categories (core/ledger.h), for a model config and a run's options.
 //

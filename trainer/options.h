@@ -1,3 +1,7 @@
+// trainer/ — the moetrain program: main, the run options (this header), the training loop
+// (train.c), training-state checkpoints, metrics, and the sub-commands in trainer/cmd/. Uses
+// every folder below it; used by nobody but tests/ and scripts/.
+//
 // trainer/options.h — a run's settings, from flags and YAML run configs (flags win).
 //
 // One table (options.c) names every setting once: its flag, its YAML key (the flag without
