@@ -34,11 +34,6 @@ static int parse_opts(int argc, char **argv, mt_run_opts *o) {
 }
 
 // The model from --model, or the built-in Mixtral-8x7B for --case. Returns an exit code.
-static int plan_run(const mt_model_config *cfg, const mt_run_opts *o, mt_plan *p) {
-    mt_plan_opts po = mt_run_opts_plan(o);
-    return mt_plan_compute(cfg, &po, p);
-}
-
 static int load_model(const mt_run_opts *o, mt_model_config *cfg, char *name, size_t n) {
     if (o->model[0]) {
         if (mt_model_config_load(o->model, cfg) != 0) {
@@ -75,7 +70,7 @@ int cmd_plan(int argc, char **argv) {
 
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(&o);
-    if (plan_run(&cfg, &o, &plan) != 0) {
+    if (mt_plan_compute(&cfg, &po, &plan) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
@@ -88,7 +83,7 @@ int cmd_plan(int argc, char **argv) {
     if (o.plan_case) {
         mt_run_opts_default(&case_opts);
         have_case = mt_plan_case_apply(&case_opts, o.plan_case) == 0 &&
-                    plan_run(&cfg, &case_opts, &case_plan) == 0;
+                    mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&case_opts), &case_plan) == 0;
     }
     mt_plan_measurement measured;
     mt_model_spec spec = mt_run_opts_model_spec(&o);
