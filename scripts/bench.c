@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "quant/quant.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 
 #include <spawn.h>
 #include <stdlib.h>

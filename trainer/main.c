@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "core/common.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 #include "trainer/options.h"
 
 typedef struct {
