@@ -4,6 +4,7 @@
 #   make test       builds and runs the Criterion suite (CUDA tests skip, saying so, without a GPU)
 #   make asan       the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench      benchmarks
+#   make layers     checks that no #include points up a layer (scripts/check_layers.sh)
 #   make bench-torch  moetrain beside PyTorch+PEFT (needs torch from PyPI; not CI)
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -28,7 +29,7 @@ NVCC ?= $(CUDA_HOME)/bin/nvcc
 CONFIG_MK := $(BUILD)/config.mk
 NO_CONFIG_GOALS := clean layers
 ifneq ($(filter-out $(NO_CONFIG_GOALS),$(or $(MAKECMDGOALS),all)),)
--include $(CONFIG_MK)
+include $(CONFIG_MK)
 endif
 $(CONFIG_MK): scripts/deps.sh scripts/configure.sh
 	@mkdir -p $(BUILD)
@@ -42,7 +43,7 @@ deps: $(CONFIG_MK)
 # call, and either stops the vectorizer (core/vmath.h's exp, AdamW). Results are unchanged.
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -fno-trapping-math -fno-math-errno -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS := $(BLAS_LIBS) -lcjson -lyaml -lm -fopenmp
-# SentencePiece (Mixtral's tokenizer.model) through the C++ shim trainer/sentencepiece_shim.cc.
+# SentencePiece (Mixtral's tokenizer.model) through the C++ shim data/sentencepiece_shim.cc.
 CFLAGS += -DMT_SENTENCEPIECE
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -MMD -MP
 LDLIBS += -lsentencepiece -lsentencepiece_train -lstdc++
@@ -53,7 +54,11 @@ CXXFLAGS += $(SANFLAGS) -O1
 LDLIBS += $(SANFLAGS)
 endif
 
-DIRS := core quant lora moe model trainer
+# One folder per job, bottom-up by layer: core < quant, lora, moe < model < data, optim, plan <
+# trainer (README "Layout"; `make layers` checks that no include points up). The sub-commands
+# (eval, generate, init, merge, plan, quantize, demo) live in trainer/cmd/, beside the
+# program's loop, checkpoints, metrics and options in trainer/.
+DIRS := core quant lora moe model data optim plan trainer trainer/cmd
 MAIN_SRC := trainer/main.c
 LIB_SRC := $(filter-out $(MAIN_SRC),$(foreach d,$(DIRS),$(wildcard $(d)/*.c)))
 TEST_SRC := $(wildcard tests/*.c)
@@ -99,7 +104,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi
+.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi layers
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -129,6 +134,10 @@ test: $(BIN) $(TEST_BIN)
 
 asan:
 	$(MAKE) SAN=1 test
+
+# No #include points up a layer (scripts/check_layers.sh says which may include which).
+layers:
+	@bash scripts/check_layers.sh
 
 # Multi-rank checks of core/comm and of parallel training: plain programs (Criterion forks, which
 # MPI does not survive) and moetrain itself, run under mpirun -np 2 and -np 4 --oversubscribe by

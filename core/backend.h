@@ -1,3 +1,8 @@
+// core/ — the ground floor: tensors and dtypes, the backend interface and its cpu, cuda and null
+// backends, the memory ledger, comm (single, MPI, NCCL), safetensors, JSON/YAML, logging, RNG,
+// index sets. Uses only system libraries (BLAS, cJSON, libyaml, MPI, CUDA); used by every folder.
+// This header is its centre.
+//
 // core/backend.h — the op interface every backend fills in (cpu, cuda, null), and tensors.
 //
 // A backend owns one device's memory and its ledger. Every allocation goes through

@@ -1,3 +1,6 @@
+// lora/ — LoRA adapters: init, forward, backward, dropout, PEFT import/export. Uses core/; used by
+// model/ (one adapter per targeted Linear) and trainer/ (merge, eval). This is its main header.
+//
 // lora/lora.h — one LoRA adapter: y += scale · B · A · dropout(x), PEFT's definition (FORMATS.md §2.2).
 // Knows nothing of experts or layers: the model attaches one per targeted Linear.
 #pragma once

@@ -9,7 +9,7 @@
 #include "core/common.h"
 #include "lora/lora.h"
 #include "lora/lora_dropout.h"
-#include "model/ops_cuda.h"
+#include "lora/lora_cuda.h"
 
 enum { THREADS = 256 };
 

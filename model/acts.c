@@ -54,7 +54,7 @@ static int any_expert_lora(const mt_model *m, int L0, int n, int which) {
 static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden;
-    int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->opts.lora_r;
+    int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->spec.lora_r;
     // fp32 where BUDGETS.md §3.2 keeps fp32: rstd, lse, router probs (and the router logits and
     // top-k weights beside them); bf16 for the rest.
     a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
@@ -86,7 +86,7 @@ static void expert_acts_free(mt_layer_acts *a) {
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     if (a->xs && rows <= a->expert_rows) return;
     expert_acts_free(a);
-    int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->opts.lora_r;
+    int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->spec.lora_r;
     a->expert_rows = rows;
     if (rows == 0) return;
     a->xs = act(m, MT_BF16, rows, H), a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);

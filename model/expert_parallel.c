@@ -130,13 +130,13 @@ static void gather_linear(mt_model *m, mt_linear *l, int owner) {
     int me = m->par.ep_rank, lora = me == owner ? l->lora != NULL : l->remote == MT_REMOTE_LORA;
     int trains = me == owner ? l->dw != NULL : l->remote == MT_REMOTE_TRAINS;
     if (!lora && !trains) return;
-    const mt_run_opts *o = &m->opts;
+    const mt_model_spec *o = &m->spec;
     int r = o->lora_r;
     if (lora) {
         mt_lora *got = NULL;
         if (me == 0) {
             got = mt_xcalloc(1, sizeof *got);
-            if (mt_lora_init(got, m->be, m->wdtype, l->in, l->out, r, mt_run_opts_lora_alpha(o), o->use_rslora,
+            if (mt_lora_init(got, m->be, m->wdtype, l->in, l->out, r, mt_model_spec_lora_alpha(o), o->use_rslora,
                              o->lora_dropout, o->seed, 0) != 0)
                 mt_comm_abort(m->par.ep, MT_EXIT_OOM, "gathering the experts' LoRA: %s", mt_error_get());
             l->lora = got;

@@ -74,7 +74,7 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
     mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
-    int r = m->opts.lora_r, Tk = T * k, run = !m->counting;
+    int r = m->spec.lora_r, Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
 #define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)

@@ -69,19 +69,19 @@ static void linear_slot(loader *ld, const char *module, mt_linear *l, int64_t ou
 }
 
 // A frozen Linear is 4-bit when --quant is a format and --quant-targets names its kind.
-static weight_role frozen_role(const mt_run_opts *o, unsigned qtarget) {
+static weight_role frozen_role(const mt_model_spec *o, unsigned qtarget) {
     return o->quant != MT_QUANT_NONE && (o->quant_targets & qtarget) ? FROZEN_QUANT : FROZEN_DENSE;
 }
 
 // Expert e of layer L is one --layers and --experts name.
-static int expert_chosen(const mt_run_opts *o, int L, int e) {
+static int expert_chosen(const mt_model_spec *o, int L, int e) {
     return mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e);
 }
 
 static void layer_slots(loader *ld, int L) {
     mt_model *m = ld->m;
     const mt_model_config *c = &m->cfg;
-    const mt_run_opts *o = &m->opts;
+    const mt_model_spec *o = &m->spec;
     mt_layer *ly = &m->layers[L];
     int in_layers = mt_index_set_contains(&o->layers, L), full = o->mode == MT_MODE_FULL;
     int lora = o->mode == MT_MODE_LORA && in_layers;
@@ -133,7 +133,7 @@ static void loader_init(loader *ld, mt_model *m) {
     ld->m = m;
     ld->lowest = (int)m->cfg.layers;
     const mt_model_config *c = &m->cfg;
-    weight_role outer = m->opts.mode == MT_MODE_FULL ? TRAINABLE : FROZEN_DENSE;
+    weight_role outer = m->spec.mode == MT_MODE_FULL ? TRAINABLE : FROZEN_DENSE;
     m->layers = mt_xcalloc((size_t)c->layers, sizeof(mt_layer));
     dense_slot(ld, "model.embed_tokens.weight", outer, 2, c->vocab, c->hidden, &m->embed, &m->dembed);
     for (int L = 0; L < c->layers; L++) {
@@ -199,7 +199,7 @@ static int shape_matches(const slot *s, const mt_quant_item *it) {
 
 // Notes a 4-bit tensor stored in another format than the run asks for (it is used as stored).
 static void note_format(loader *ld, const slot *s, const mt_qweight *q) {
-    const mt_run_opts *o = &ld->m->opts;
+    const mt_model_spec *o = &ld->m->spec;
     int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
     if (q->type != o->quant || q->blocksize != bs || q->double_quant != (o->double_quant && q->type != MT_QUANT_INT4))
         if (ld->other_format++ == 0) ld->other_name = s->name;
@@ -253,7 +253,7 @@ static int want_4bit(void *ctx, const char *name) {
 }
 
 static int load_checkpoint(loader *ld, const char *dir) {
-    const mt_run_opts *o = &ld->m->opts;
+    const mt_model_spec *o = &ld->m->spec;
     mt_quant_load_opts q = {.type = o->quant, .blocksize = o->quant_blocksize, .double_quant = o->double_quant,
                             .targets = o->quant_targets, .want = want_4bit, .want_ctx = ld};
     return mt_quant_load(dir, ld->m->be, &q, sink, ld);
@@ -263,7 +263,7 @@ static int load_checkpoint(loader *ld, const char *dir) {
 // initializer_range, norms 1. One random matrix per shape serves every tensor of that shape, so
 // building Mixtral-8x7B costs a few draws and the quantization of each tensor.
 static int build_random(loader *ld, uint64_t seed) {
-    const mt_run_opts *o = &ld->m->opts;
+    const mt_model_spec *o = &ld->m->spec;
     typedef struct { int64_t d0, d1; float *v; } shape_values;
     shape_values cache[8];
     int n_cache = 0, rc = 0;
@@ -302,7 +302,7 @@ static int build_random(loader *ld, uint64_t seed) {
 
 // The null backend: every tensor allocated (counted), none read; 4-bit ones in the run's format.
 static int build_counted(loader *ld) {
-    const mt_run_opts *o = &ld->m->opts;
+    const mt_model_spec *o = &ld->m->spec;
     for (size_t i = 0; i < ld->n; i++) {
         slot *s = &ld->slots[i];
         if (s->remote) continue;
@@ -324,13 +324,13 @@ static int build_counted(loader *ld) {
 
 static int finish(loader *ld) {
     mt_model *m = ld->m;
-    const mt_run_opts *o = &m->opts;
+    const mt_model_spec *o = &m->spec;
     for (size_t i = 0; i < ld->n; i++)
         if (!ld->slots[i].filled && !ld->slots[i].remote) {
             mt_error_set("tensor '%s' is missing from the checkpoint", ld->slots[i].name);
             return -1;
         }
-    double alpha = mt_run_opts_lora_alpha(o);
+    double alpha = mt_model_spec_lora_alpha(o);
     for (size_t i = 0; i < ld->n; i++) {
         slot *s = &ld->slots[i];
         if (!s->lora || s->remote) continue;
@@ -351,7 +351,7 @@ static int finish(loader *ld) {
     return 0;
 }
 
-static int check_opts(const mt_model_config *c, const mt_run_opts *o) {
+static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
     for (int i = 0; i < o->layers.count; i++)
         if (!o->layers.all && o->layers.items[i] >= c->layers) {
             mt_error_set("--layers names layer %d but the model has %lld", o->layers.items[i], (long long)c->layers);
@@ -377,11 +377,11 @@ static int check_opts(const mt_model_config *c, const mt_run_opts *o) {
     return 0;
 }
 
-int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts) {
+int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_spec *spec) {
     mt_model_config cfg;
     memset(m, 0, sizeof *m);
     if (mt_model_config_load(dir, &cfg) != 0) return -1;
-    return mt_model_build(m, be, &cfg, dir, opts);
+    return mt_model_build(m, be, &cfg, dir, spec);
 }
 
 // Every 4-bit Linear of the model (with `visit`), for the shared dequantization scratch.
@@ -411,13 +411,13 @@ static int share_dequant_scratch(mt_model *m) {
 }
 
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
-                   const mt_run_opts *opts) {
-    return mt_model_build_par(m, be, cfg, dir, opts, NULL);
+                   const mt_model_spec *spec) {
+    return mt_model_build_par(m, be, cfg, dir, spec, NULL);
 }
 
 // Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears).
 static int expert_trains(const mt_model *m, int L, int e) {
-    const mt_run_opts *o = &m->opts;
+    const mt_model_spec *o = &m->spec;
     int chosen = expert_chosen(o, L, e);
     return o->mode == MT_MODE_FULL || (o->mode == MT_MODE_UNFREEZE && chosen) ||
            (o->mode == MT_MODE_LORA && chosen && (o->targets & (MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3)));
@@ -449,11 +449,11 @@ static void place_experts(mt_model *m) {
 }
 
 int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
-                       const mt_run_opts *opts, const mt_model_par *par) {
+                       const mt_model_spec *spec, const mt_model_par *par) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
-    if (check_opts(&m->cfg, opts) != 0) return -1;
+    if (check_opts(&m->cfg, spec) != 0) return -1;
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
@@ -466,15 +466,15 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
         return -1;
     }
     m->be = be;
-    m->opts = *opts;
+    m->spec = *spec;
     place_experts(m);
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
-    m->recompute = opts->checkpointing == MT_CKPT_FULL;
+    m->recompute = spec->checkpointing == MT_CKPT_FULL;
     m->counting = be->ops->kind == MT_BACKEND_NULL;
     m->wdtype = m->counting ? MT_BF16 : MT_F32;
     loader ld;
     loader_init(&ld, m);
-    int rc = m->counting ? build_counted(&ld) : !dir ? build_random(&ld, opts->seed) : load_checkpoint(&ld, dir);
+    int rc = m->counting ? build_counted(&ld) : !dir ? build_random(&ld, spec->seed) : load_checkpoint(&ld, dir);
     int named = rc && !m->counting;  // mt_quant_load's errors name the folder already
     if (rc == 0) rc = finish(&ld);
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
@@ -529,3 +529,10 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
     }
     return NULL;
 }
+
+const char *mt_mode_name(mt_mode m) {
+    static const char *n[] = {"lora", "router", "unfreeze", "full"};
+    return m <= MT_MODE_FULL ? n[m] : "?";
+}
+
+double mt_model_spec_lora_alpha(const mt_model_spec *s) { return s->lora_alpha == s->lora_alpha ? s->lora_alpha : s->lora_r; }

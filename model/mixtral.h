@@ -1,3 +1,7 @@
+// model/ — the transformer: config, weights, the model built for a training mode (model/spec.h),
+// its forward and backward, expert parallelism, saving adapters and trained tensors. Uses core/,
+// quant/, lora/, moe/; used by optim/params, plan/ (--measure) and trainer/. Main header.
+//
 // model/mixtral.h — a Mixtral-family model built from a checkpoint for one training mode, and its
 // forward and backward on the CPU backend (the reference the CUDA step is tested against).
 #pragma once
@@ -8,7 +12,7 @@
 #include "model/config.h"
 #include "model/linear.h"
 #include "moe/moe.h"
-#include "trainer/options.h"
+#include "model/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,7 +84,7 @@ typedef struct mt_model_par {
 typedef struct mt_model {
     mt_model_config cfg;
     mt_backend *be;
-    mt_run_opts opts;           // the mode, targets and quantization it was built for
+    mt_model_spec spec;         // the mode, targets and quantization it was built for
     // The null backend (moetrain plan --measure): every allocation of a step is made and
     // counted, no kernel runs and no device data is read; dense weights, LoRA, activations and
     // their gradients take the dtypes a GPU run stores (bf16; fp32 where it keeps fp32), where
@@ -123,26 +127,26 @@ static inline int mt_expert_is_local(const mt_model *m, int L, int e) {
     return mt_expert_owner(m, L, e) == m->par.ep_rank;
 }
 
-// Builds the model of the checkpoint folder `dir` for opts->mode (lora / router / unfreeze /
+// Builds the model of the checkpoint folder `dir` for spec->mode (lora / router / unfreeze /
 // full). The checkpoint streams through mt_quant_load: dense frozen Linears that
-// opts->quant_targets names are quantized to opts->quant as they arrive; a checkpoint written by
+// spec->quant_targets names are quantized to spec->quant as they arrive; a checkpoint written by
 // `moetrain quantize` (bnb-4bit NF4/FP4, or INT4) loads as stored, and with --quant none (or a
 // target not in quant_targets) its 4-bit tensors are dequantized on load. A weight that trains
 // must be stored dense: a 4-bit one is refused, naming it. On the null backend nothing is read:
 // `dir` may be a config.json, and every tensor is allocated (counted) without data.
 // 0, or -1 with an error.
-int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_run_opts *opts);
+int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_spec *spec);
 // The same from a config already read (`moetrain plan --case` has a built-in one). dir NULL:
 // no checkpoint; on the null backend nothing is filled, on the others the weights are random
-// (N(0, 0.02²), norms 1, drawn from opts->seed; frozen targets quantized as the run asks): for
+// (N(0, 0.02²), norms 1, drawn from spec->seed; frozen targets quantized as the run asks): for
 // benchmarks of full-size shapes.
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
-                   const mt_run_opts *opts);
+                   const mt_model_spec *spec);
 // The same for one rank of a parallel run: only this EP rank's experts are read and kept. `par`
 // NULL is one rank. Counting (null backend) with ep_size > 1 and no comm measures EP rank
 // ep_rank of a balanced run.
 int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
-                       const mt_run_opts *opts, const mt_model_par *par);
+                       const mt_model_spec *spec, const mt_model_par *par);
 // "expert e -> EP rank": the placement, one line per EP rank ("rank 0: experts 0,2,4,6").
 void mt_model_placement(const mt_model *m, char *buf, size_t n);
 // Collective over the EP group: EP rank 0 receives every other rank's trained expert tensors

@@ -102,15 +102,15 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
         loras[n++] = lo;
     }
     if (!first) {
-        mt_error_set("%s: the model has no LoRA to save (built in --mode %s)", dir, mt_mode_name(m->opts.mode));
+        mt_error_set("%s: the model has no LoRA to save (built in --mode %s)", dir, mt_mode_name(m->spec.mode));
         goto done;
     }
-    const mt_run_opts *o = &m->opts;
+    const mt_model_spec *o = &m->spec;
     mt_peft_config cfg = {.r = first->r, .use_rslora = o->use_rslora};
     double root = o->use_rslora ? sqrt((double)cfg.r) : (double)cfg.r;
     // alpha: the run's (--alpha, default r) unless the LoRAs were given another scale since
     // (an adapter loaded with its own alpha): then the one their scale implies.
-    cfg.lora_alpha = mt_run_opts_lora_alpha(o);
+    cfg.lora_alpha = mt_model_spec_lora_alpha(o);
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
@@ -186,7 +186,7 @@ int mt_model_save_trained(mt_model *m, const char *path) {
     int rc = -1;
     if (tl.n == 0) {
         mt_error_set("%s: the model has no trained full-precision tensor (--mode %s%s)", path,
-                     mt_mode_name(m->opts.mode), m->opts.mode == MT_MODE_LORA ? ": lora mode writes an adapter" : "");
+                     mt_mode_name(m->spec.mode), m->spec.mode == MT_MODE_LORA ? ": lora mode writes an adapter" : "");
     } else {
         mt_st_entry *e = mt_xcalloc(tl.n, sizeof *e);
         for (size_t i = 0; i < tl.n; i++) {
@@ -220,7 +220,7 @@ int mt_model_load_trained(mt_model *m, const char *path) {
         while (j < tl.n && strcmp(tl.desc[j]->name, f.tensors[i].name) != 0) j++;
         if (j == tl.n) {
             mt_error_set("%s: tensor '%s' is not trained in this run (--mode %s; see --layers, --experts)",
-                         path, f.tensors[i].name, mt_mode_name(m->opts.mode));
+                         path, f.tensors[i].name, mt_mode_name(m->spec.mode));
             rc = -1;
         }
     }

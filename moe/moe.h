@@ -1,3 +1,6 @@
+// moe/ — routing and experts: top-k router, aux and z losses, permute/gather/combine, SwiGLU.
+// Uses core/; used by model/ (the MoE block). This is its main header.
+//
 // moe/moe.h — routing and experts, CPU reference kernels, fp32 (conventions of model/ops.h:
 // forward writes, backward ACCUMULATES, NULL gradient = not needed).
 //

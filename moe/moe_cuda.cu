@@ -8,7 +8,7 @@
 
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
-#include "model/ops_cuda.h"
+#include "moe/moe_cuda.h"
 
 enum {
     THREADS = 256,

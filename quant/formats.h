@@ -1,6 +1,6 @@
 // quant/formats.h — the frozen-weight formats, defined once for C and nvcc (STYLE.md §5).
 //
-// Three formats (mt_quant, trainer/options.h), all 4-bit codes packed two per byte, element 2j
+// Three formats (mt_quant, below), all 4-bit codes packed two per byte, element 2j
 // in the HIGH nibble of byte j and 2j+1 in the low one; an odd count pads the last low nibble
 // with the code of 0.0. Blocks are runs of `blocksize` consecutive elements of the row-major
 // [out, in] weight (a block may span rows; the last may be partial).
@@ -16,7 +16,7 @@
 //                 m = fp16(min x), d = fp16((max x − min x) / 15)      (round to nearest even)
 //                 q = clamp(rint((x − m) · (1/d)), 0, 15)  (q = 0 when d = 0), x̂ = q · d + m
 //             with d and m used as their fp16 values. Bits per weight: 4 + 32/128 = 4.25, the
-//             planner's figure (trainer/plan.c). No double quantization.
+//             planner's figure (plan/plan.c). No double quantization.
 //
 // Everything numeric here is fp32 with one rounding per operation: the CUDA side uses __fmul_rn
 // / __fadd_rn (nvcc would otherwise fuse a·b + c into an FMA), the C side relies on ISO C mode
@@ -24,7 +24,13 @@
 #pragma once
 #include <stdint.h>
 
-#include "trainer/options.h"  // mt_quant
+
+// The frozen base's format (--quant); MT_QUANT_NONE: bf16, nothing quantized.
+typedef enum { MT_QUANT_NF4, MT_QUANT_FP4, MT_QUANT_INT4, MT_QUANT_NONE } mt_quant;
+static inline const char *mt_quant_name(mt_quant q) {
+    static const char *const n[] = {"nf4", "fp4", "int4", "none"};
+    return q <= MT_QUANT_NONE ? n[q] : "?";
+}
 
 #ifdef __CUDACC__
 #define MT_QF_FN static inline __host__ __device__
@@ -257,7 +263,7 @@ MT_QF_FN int mt_q4_blocksize_ok(int bs) {
 
 // Bytes of the quantized weight on its backend, `base` in the ledger: packed codes, per-block
 // constants, and with double quantization the fp32 nested absmax. The same arithmetic as the
-// planner's (trainer/plan.c, mt_plan_linear_bytes). The maps are shared constants and not
+// planner's (plan/plan.c, mt_plan_linear_bytes). The maps are shared constants and not
 // counted; only an imported weight whose nested map is not the canonical one carries its own
 // copy (+1 KiB, see mt_qweight.nested_map).
 MT_QF_FN uint64_t mt_q4_weight_bytes(mt_quant type, int64_t n, int blocksize, int double_quant) {

@@ -1,3 +1,7 @@
+// quant/ — the 4-bit frozen-weight formats (NF4, FP4, INT4): quantize, dequantize, 4-bit
+// matmuls, bitsandbytes checkpoints, quantize-on-load. Uses core/; used by model/ (its frozen
+// Linears), plan/ (byte counts), trainer/ (quantize, merge). This is its main header.
+//
 // quant/quant.h — everything of quant/ beyond the weight object (quant/qweight.h): the scalar
 // building blocks, bitsandbytes checkpoints (import, export), quantize-on-load, and the CUDA
 // kernels' entry points.
@@ -8,7 +12,6 @@
 #include "core/safetensors.h"
 #include "quant/formats.h"
 #include "quant/qweight.h"
-#include "trainer/options.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -13,7 +13,6 @@
 
 #include "core/backend.h"
 #include "quant/formats.h"
-#include "trainer/options.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,7 +12,7 @@
 #include "core/threads.h"
 #include "model/ops.h"
 #include "quant/quant.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -18,10 +18,10 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/mixtral.h"
-#include "trainer/optim.h"
+#include "optim/optim.h"
 #include "trainer/options.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
+#include "optim/params.h"
+#include "plan/plan.h"
 
 enum { MAX_RUNS = 16 };
 
@@ -162,7 +162,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
     size_t baseline = used_bytes(be) - (size_t)be->ledger.total_cur;
     double t0 = now_s();
     mt_model m;
-    if (mt_model_build(&m, be, cfg, NULL, &o) != 0) return mt_error_prefix("build"), -1;
+    if (mt_model_build(&m, be, cfg, NULL, MT_MODEL_SPEC_OF(&o)) != 0) return mt_error_prefix("build"), -1;
     be->ops->synchronize(be);
     mt_param *params;
     int n = mt_model_params(&m, &params);

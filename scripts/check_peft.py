@@ -10,7 +10,7 @@ PeftModel.from_pretrained, then checks:
   2. the mean cross-entropy over the loss tokens of FILE equals X (the `loss=` that
      `moetrain eval --model DIR --adapter DIR --data FILE --quant none` prints) to --rtol.
 
-FILE: a moetrain token file ("MTTOK1", trainer/data.h) or JSON {"samples": [[ids...], ...],
+FILE: a moetrain token file ("MTTOK1", data/data.h) or JSON {"samples": [[ids...], ...],
 "masks": [[0/1...], ...] (optional)}. Each sample is one row, as `moetrain eval` without
 --packing: label = the token where the mask is 1, the first token never a target; the loss is
 sum of CE / count over all samples (the router aux loss is not included, as in moetrain eval).

@@ -5,7 +5,7 @@
 // CPU twin and the CUDA op on the same values, and returns the worst normalised error over its
 // outputs: max |got − want| / max |want| per output (integer outputs: the count of mismatches).
 // Include only in CUDA builds (MT_CUDA). Define CUDA_OPS_NO_HOST_LIBS where lora/lora.c and
-// trainer/optim.c are not linked (no OpenBLAS / cJSON): the LoRA and AdamW cases then report
+// optim/optim.c are not linked (no OpenBLAS / cJSON): the LoRA and AdamW cases then report
 // themselves skipped.
 #pragma once
 #include <math.h>
@@ -18,10 +18,11 @@
 #include "core/common.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
+#include "optim/optim_cuda.h"
 #include "moe/moe.h"
 #ifndef CUDA_OPS_NO_HOST_LIBS
 #include "lora/lora.h"
-#include "trainer/optim.h"
+#include "optim/optim.h"
 #endif
 
 #define CUDA_OPS_TOL 1e-4  // fp32 paths (DESIGN.md: CUDA vs CPU per op)
@@ -441,7 +442,7 @@ static co_result co_swiglu(mt_backend *g) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// LoRA and AdamW (need lora/lora.c and trainer/optim.c, hence OpenBLAS and cJSON)
+// LoRA and AdamW (need lora/lora.c and optim/optim.c, hence OpenBLAS and cJSON)
 
 __attribute__((unused)) static co_result co_skipped(const char *why) {
     co_result r = co_begin();
@@ -457,7 +458,7 @@ static co_result co_lora(mt_backend *g, double dropout) {
 }
 static co_result co_adamw(mt_backend *g, int master) {
     (void)g, (void)master;
-    return co_skipped("built without trainer/optim.c (no cJSON)");
+    return co_skipped("built without optim/optim.c (no cJSON)");
 }
 #else
 static co_result co_lora(mt_backend *g, double dropout) {

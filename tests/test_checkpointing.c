@@ -6,6 +6,7 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "tests/test_util.h"
+#include "trainer/options.h"
 
 typedef struct { double loss; uint64_t act_peak; float *grads; size_t n; } run_result;
 
@@ -48,7 +49,7 @@ static void run(const char *dir, mt_ckpt ckpt, run_result *r) {
     o.quant = MT_QUANT_NONE;
     o.checkpointing = ckpt;
     mt_model m;
-    cr_assert_eq(mt_model_load(&m, be, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     // B non-zero, so that A's gradients carry information
     for (int L = 0; L < m.cfg.layers; L++)
         for (int e = 0; e < m.cfg.experts; e++) {

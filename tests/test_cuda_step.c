@@ -10,8 +10,9 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "tests/test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
+#include "trainer/options.h"
 
 
 // ‖a − b‖ / ‖a‖ over n floats (0 when both are zero).
@@ -39,8 +40,8 @@ Test(cuda, whole_step_matches_cpu) {
     o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_dropout = 0.1, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
     mt_backend *cpu = mt_backend_cpu_new();
     mt_model mc, mg;
-    cr_assert_eq(mt_model_load(&mc, cpu, dir, &o), 0, "%s", mt_error_get());
-    cr_assert_eq(mt_model_load(&mg, gpu, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&mg, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     mt_param *pc, *pg;
     int n = mt_model_params(&mc, &pc);
     cr_assert_eq(mt_model_params(&mg, &pg), n);

@@ -7,8 +7,8 @@
 
 #include "core/common.h"
 #include "tests/test_util.h"
-#include "trainer/data.h"
-#include "trainer/tokenizer.h"
+#include "data/data.h"
+#include "data/tokenizer.h"
 
 #define IGN MT_LABEL_IGNORE
 

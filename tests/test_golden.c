@@ -9,6 +9,7 @@
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "model/mixtral.h"
+#include "trainer/options.h"
 
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
 
@@ -80,7 +81,7 @@ static void expect_close(const char *what, const float *got, const mt_st_tensor 
 }
 
 static void build(mt_model *m, mt_backend *be, const fixture *fx, mt_run_opts *o) {
-    cr_assert_eq(mt_model_load(m, be, fx->dir, o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(m, be, fx->dir, MT_MODEL_SPEC_OF(o)), 0, "%s", mt_error_get());
 }
 
 // The last step's logits, copied before backward writes the loss's gradient over them.

@@ -11,7 +11,7 @@
 #include "model/config.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 static int opts_of(char which, const char *flags, mt_run_opts *o) {
     char buf[512], *argv[32];
@@ -31,8 +31,8 @@ static void expect_exact(const mt_model_config *cfg, char which, const char *fla
     cr_assert_eq(opts_of(which, flags, &o), 0, "%s: %s", flags, mt_error_get());
     mt_plan p;
     mt_plan_measurement m;
-    cr_assert_eq(mt_plan_compute(cfg, &o, &p), 0, "%s: %s", flags, mt_error_get());
-    cr_assert_eq(mt_plan_measure(cfg, NULL, &o, &m), 0, "%s: %s", flags, mt_error_get());
+    cr_assert_eq(mt_plan_compute(cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s: %s", flags, mt_error_get());
+    cr_assert_eq(mt_plan_measure(cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s: %s", flags, mt_error_get());
     for (size_t i = 0; i < MT_ARRAY_LEN(exact); i++)
         cr_expect_eq(m.peak[exact[i]], p.bytes[exact[i]], "case %c %s: %s measured %llu, planned %llu", which ? which : '-',
                      flags, mt_mem_cat_name(exact[i]), (unsigned long long)m.peak[exact[i]],
@@ -92,8 +92,8 @@ Test(measure, parallel_runs_per_rank_to_the_byte) {
     mt_plan p;
     mt_plan_measurement m;
     cr_assert_eq(opts_of('A', "--gpus 3 --ep 3 --layers 0-31", &o), 0);
-    cr_assert_eq(mt_plan_compute(&cfg, &o, &p), 0, "%s", mt_error_get());
-    cr_assert_eq(mt_plan_measure(&cfg, NULL, &o, &m), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s", mt_error_get());
     for (size_t i = 0; i < MT_ARRAY_LEN(exact); i++)
         cr_expect_eq(m.peak[exact[i]], p.bytes[exact[i]], "EP 3: %s", mt_mem_cat_name(exact[i]));
     cr_expect_gt(m.peak[MT_MEM_ACT], p.act_model, "rank 0 holds 3 of 8 experts: more rows than 1/3");
@@ -108,11 +108,11 @@ Test(measure, zero_saving_per_rank_matches_the_plan) {
     mt_plan p0, p1;
     mt_plan_measurement m0, m1;
     cr_assert_eq(opts_of('C', "--gpus 4", &o), 0);
-    cr_assert_eq(mt_plan_compute(&cfg, &o, &p0), 0);
-    cr_assert_eq(mt_plan_measure(&cfg, NULL, &o, &m0), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p0), 0);
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m0), 0, "%s", mt_error_get());
     cr_assert_eq(opts_of('C', "--gpus 4 --zero 1", &o), 0);
-    cr_assert_eq(mt_plan_compute(&cfg, &o, &p1), 0);
-    cr_assert_eq(mt_plan_measure(&cfg, NULL, &o, &m1), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p1), 0);
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m1), 0, "%s", mt_error_get());
     double planned = (double)(p0.bytes[MT_MEM_OPTIM] + p0.bytes[MT_MEM_MASTER]) -
                      (double)(p1.bytes[MT_MEM_OPTIM] + p1.bytes[MT_MEM_MASTER]);
     double measured = (double)(m0.peak[MT_MEM_OPTIM] + m0.peak[MT_MEM_MASTER]) -
@@ -132,7 +132,7 @@ Test(measure, refuses_what_the_step_cannot_do) {
         mt_run_opts o;
         mt_plan_measurement m;
         cr_assert_eq(opts_of('C', bad[i].flags, &o), 0);
-        cr_expect_neq(mt_plan_measure(&cfg, NULL, &o, &m), 0, "%s", bad[i].flags);
+        cr_expect_neq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s", bad[i].flags);
         cr_expect(strstr(mt_error_get(), bad[i].needle), "%s: %s", bad[i].flags, mt_error_get());
     }
 }

@@ -8,10 +8,11 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "quant/quant.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 #include "tests/test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
+#include "trainer/options.h"
 
 static char tmp[64];
 static char out[16384];
@@ -53,7 +54,7 @@ static void train_losses(const char *name, const char *flags, double *losses) {
     char dir[128];
     snprintf(dir, sizeof dir, "%s/%s", tmp, name);
     mt_model m;
-    cr_assert_eq(mt_model_load(&m, be, dir, &o), 0, "%s: %s", name, mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", name, mt_error_get());
     mt_param *p;
     int n = mt_model_params(&m, &p);
     for (int i = 0; i < n; i++)  // B = 0 at init: give A's path something to do from step 1
@@ -120,7 +121,7 @@ Test(model_load, int4_default_group_is_128) {
     char dir[128];
     snprintf(dir, sizeof dir, "%s/f32", tmp);
     mt_model m;
-    cr_assert_eq(mt_model_load(&m, be, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     const mt_qweight *q = m.layers[0].w1[0].q;
     cr_assert_not_null(q);
     cr_expect_eq(q->type, MT_QUANT_INT4);
@@ -139,14 +140,14 @@ Test(model_load, what_trains_must_be_stored_dense) {
     mt_run_opts o;
     opts_of("--mode unfreeze --layers 1 --experts 2", &o);
     mt_model m;
-    cr_assert_neq(mt_model_load(&m, be, dir, &o), 0);
+    cr_assert_neq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0);
     const char *e = mt_error_get();
     cr_expect(strstr(e, "model.layers.1.block_sparse_moe.experts.2.w") && strstr(e, "stored 4-bit") &&
                   strstr(e, "unquantized"), "%s", e);
     cr_expect_eq(be->ledger.total_cur, 0, "nothing left allocated after the refusal");
     // the router is stored dense there: router mode loads
     opts_of("--mode router", &o);
-    cr_assert_eq(mt_model_load(&m, be, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     cr_expect_not_null(m.layers[0].gate.dw);
     cr_expect_not_null(m.layers[0].w1[0].q, "frozen experts imported 4-bit");
     mt_model_free(&m);
@@ -168,7 +169,7 @@ Test(model_load, quant_none_dequantizes_on_load) {
     mt_run_opts o;
     opts_of("--quant none", &o);
     mt_model m;
-    cr_assert_eq(mt_model_load(&m, be, dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     cr_expect(m.layers[0].w2[3].w && !m.layers[0].w2[3].q, "dense");
     mt_model_free(&m);
     mt_backend_free(be);
@@ -209,7 +210,7 @@ Test(model_load, random_weights_without_a_checkpoint) {
     for (int run = 0; run < 2; run++) {
         mt_backend *be = mt_backend_cpu_new();
         mt_model m;
-        cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, &o), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
         cr_expect_not_null(m.layers[0].w1[0].q, "frozen experts are 4-bit");
         int32_t tokens[32], labels[32];
         for (int i = 0; i < 32; i++) tokens[i] = labels[i] = (i * 37) % (int)cfg.vocab;

@@ -8,8 +8,8 @@
 #include "core/common.h"
 #include "core/safetensors.h"
 #include "test_util.h"
-#include "trainer/optim.h"
-#include "trainer/schedule.h"
+#include "optim/optim.h"
+#include "optim/schedule.h"
 
 static mt_tensor *tensor_f32(mt_backend *be, mt_mem_cat cat, int ndim, const int64_t *shape,
                              const float *vals) {

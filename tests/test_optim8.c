@@ -9,9 +9,10 @@
 #include "core/safetensors.h"
 #include "model/mixtral.h"
 #include "test_util.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
+#include "optim/optim.h"
+#include "optim/params.h"
+#include "plan/plan.h"
+#include "trainer/options.h"
 
 static float *fdata(const mt_tensor *t) { return (float *)t->data; }
 
@@ -331,7 +332,7 @@ Test(optim8, ledger_of_a_1m_tensor) {
             cr_assert_eq(mt_adamw_host_bytes(&o), 0);
         }
         if (c[k].q8) {
-            double planner = 2.0 * (double)n;  // trainer/plan.c: 2 B/param for --adam-8bit
+            double planner = 2.0 * (double)n;  // plan/plan.c: 2 B/param for --adam-8bit
             double rel = (double)c[k].optim / planner - 1.0;
             cr_assert(rel > 0 && rel < 0.02, "8-bit state %.4f%% over the planner's figure", 100 * rel);
         }
@@ -361,10 +362,10 @@ Test(optim8, ledger_matches_the_planner_for_case_b) {
         for (char *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) argv[argc++] = t;
         cr_assert_eq(mt_run_opts_parse(&ro, argc, argv), 0, "%s", mt_error_get());
         mt_plan plan;
-        cr_assert_eq(mt_plan_compute(&cfg, &ro, &plan), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&ro), &plan), 0, "%s", mt_error_get());
         mt_backend *be = mt_backend_null_new();
         mt_model m;
-        cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, &ro), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, MT_MODEL_SPEC_OF(&ro)), 0, "%s", mt_error_get());
         mt_param *params;
         int n = mt_model_params(&m, &params);
         cr_assert(n > 0);
@@ -389,7 +390,7 @@ Test(optim8, ledger_matches_the_planner_for_case_b) {
             mt_run_opts r0;
             mt_run_opts_default(&r0);
             mt_plan_case_apply(&r0, 'B');
-            cr_assert_eq(mt_plan_compute(&cfg, &r0, &p0), 0);
+            cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&r0), &p0), 0);
             double psave = (double)(p0.bytes[MT_MEM_OPTIM] + p0.bytes[MT_MEM_MASTER]) - (po + pm);
             double lsave = (double)base_dev - (double)dev;
             cr_assert(psave > 0 && fabs(lsave / psave - 1.0) < 0.02, "%s: saving %.4g GB, planner %.4g GB",

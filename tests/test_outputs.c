@@ -15,8 +15,9 @@
 #include "model/mixtral.h"
 #include "quant/qweight.h"
 #include "tests/test_util.h"
-#include "trainer/commands.h"
-#include "trainer/data.h"
+#include "trainer/cmd/commands.h"
+#include "data/data.h"
+#include "trainer/options.h"
 
 #define G1 MT_REPO_ROOT "/tests/data/golden/g1_top2_gqa_pad"
 #define TINY MT_REPO_ROOT "/configs/tiny.json"
@@ -50,7 +51,7 @@ static void lora_opts(mt_run_opts *o, int r) {
 }
 
 static void load(mt_model *m, const char *dir, const mt_run_opts *o) {
-    cr_assert_eq(mt_model_load(m, be, dir, o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)), 0, "%s", mt_error_get());
 }
 
 // Every Linear of the model in module order, with its module path.

@@ -10,7 +10,7 @@
 #include "model/config.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 // Options of BUDGETS.md case `which`, then `flags` (space-separated) on top.
 static int case_opts(char which, const char *flags, mt_run_opts *o) {
@@ -28,7 +28,7 @@ static int plan_of(char which, const char *flags, mt_plan *p) {
     mt_run_opts o;
     mt_plan_mixtral_8x7b(&cfg);
     if (case_opts(which, flags, &o) != 0) return -1;
-    return mt_plan_compute(&cfg, &o, p);
+    return mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), p);
 }
 
 static double gb(uint64_t b) { return (double)b / 1e9; }
@@ -150,7 +150,7 @@ Test(plan, frozen_base_formats) {
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
-    cr_expect_eq(mt_plan_linear_bytes(14336LL * 4096, &o), 14336ull * 4096 / 2 + 917504 + 3584 * 4,
+    cr_expect_eq(mt_plan_linear_bytes(14336LL * 4096, MT_PLAN_OPTS_OF(&o)), 14336ull * 4096 / 2 + 917504 + 3584 * 4,
                  "an expert's w1: nibbles, uint8 absmax, fp32 nested absmax (FORMATS.md §1.4)");
 }
 
@@ -165,16 +165,16 @@ Test(plan, activations) {
         mt_run_opts_default(&o);
         o.seq = rows[i].seq;
         cr_expect_eq(mt_plan_act_layer_bytes(&cfg, o.seq, 1), 258232ull * (uint64_t)o.seq, "BUDGETS.md §3.2");
-        double ckpt = gb(mt_plan_act_bytes(&cfg, &o));
+        double ckpt = gb(mt_plan_act_bytes(&cfg, MT_PLAN_OPTS_OF(&o)));
         o.checkpointing = MT_CKPT_NONE;
-        double none = gb(mt_plan_act_bytes(&cfg, &o));
+        double none = gb(mt_plan_act_bytes(&cfg, MT_PLAN_OPTS_OF(&o)));
         cr_expect(fabs(ckpt - rows[i].ckpt_gb) <= 0.005, "s=%lld full ckpt: %.4f", (long long)o.seq, ckpt);
         cr_expect(fabs(none - rows[i].none_gb) <= 0.005, "s=%lld no ckpt: %.4f", (long long)o.seq, none);
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.batch = 2;
-    cr_expect_eq(mt_plan_act_bytes(&cfg, &o), 2 * 1036705792ull, "linear in the batch");
+    cr_expect_eq(mt_plan_act_bytes(&cfg, MT_PLAN_OPTS_OF(&o)), 2 * 1036705792ull, "linear in the batch");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ static int suggest(char which, const char *flags, mt_plan_suggestion *out) {
     mt_run_opts o;
     mt_plan_mixtral_8x7b(&cfg);
     cr_assert_eq(case_opts(which, flags, &o), 0);
-    return mt_plan_suggest(&cfg, &o, out, MT_PLAN_MAX_SUGGESTIONS);
+    return mt_plan_suggest(&cfg, MT_PLAN_OPTS_OF(&o), out, MT_PLAN_MAX_SUGGESTIONS);
 }
 
 Test(plan, suggestions_are_recomputed_plans_that_fit) {
@@ -329,8 +329,8 @@ Test(plan, builtin_config_matches_configs_json) {
         mt_run_opts o;
         mt_plan a, b;
         cr_assert_eq(case_opts(*c, "", &o), 0);
-        cr_assert_eq(mt_plan_compute(&file, &o, &a), 0);
-        cr_assert_eq(mt_plan_compute(&builtin, &o, &b), 0);
+        cr_assert_eq(mt_plan_compute(&file, MT_PLAN_OPTS_OF(&o), &a), 0);
+        cr_assert_eq(mt_plan_compute(&builtin, MT_PLAN_OPTS_OF(&o), &b), 0);
         cr_expect_eq(a.total, b.total, "case %c", *c);
     }
 }
@@ -347,7 +347,7 @@ Test(plan, model_count_matches_config_for_other_shapes) {
         mt_run_opts o;
         mt_plan p;
         cr_assert_eq(case_opts(0, "--mode full", &o), 0);
-        cr_assert_eq(mt_plan_compute(&cfg, &o, &p), 0, "%s: %s", names[i], mt_error_get());
+        cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s: %s", names[i], mt_error_get());
         cr_expect_eq(p.model_params, mt_config_total_params(&cfg), "%s", names[i]);
         cr_expect_eq(p.trainable_params, p.model_params, "%s: full mode trains everything", names[i]);
         seen++;

@@ -18,7 +18,8 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "quant/quant.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "trainer/options.h"
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/quant/"
 
@@ -543,7 +544,7 @@ static void expect_ledger_equals_planner(mt_quant type, int dq, int blocksize, c
     o.quant = type;
     o.double_quant = dq;
     o.quant_blocksize = blocksize;  // 0: the format's default in both (int4: group 128)
-    uint64_t plan = mt_plan_linear_bytes(out * in, &o);
+    uint64_t plan = mt_plan_linear_bytes(out * in, MT_PLAN_OPTS_OF(&o));
     cr_expect_eq(null->ledger.cur[MT_MEM_BASE], plan, "%s: ledger %llu vs planner %llu", flags_what,
                  (unsigned long long)null->ledger.cur[MT_MEM_BASE], (unsigned long long)plan);
     cr_expect_eq(mt_qweight_bytes(&q), plan);

@@ -6,10 +6,10 @@
 
 #include "core/common.h"
 #include "tests/test_util.h"
-#include "trainer/data.h"
-#include "trainer/tokenizer.h"
+#include "data/data.h"
+#include "data/tokenizer.h"
 #ifdef MT_SENTENCEPIECE
-#include "trainer/sentencepiece_shim.h"
+#include "data/sentencepiece_shim.h"
 #endif
 
 static void write_text(const char *path, const char *text) {
@@ -148,7 +148,7 @@ static void train_tiny_spm(const char *dir) {
 Test(tokenizer, sentencepiece_round_trip) {
 #ifndef MT_SENTENCEPIECE
     cr_skip_test("built without the SentencePiece shim (MT_SENTENCEPIECE; needs the Makefile's "
-                 "trainer/*.cc rule and -lsentencepiece)");
+                 "*.cc rule and -lsentencepiece)");
 #else
     char dir[64];
     mt_test_tmpdir(dir, sizeof dir);

@@ -8,9 +8,10 @@
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "model/mixtral.h"
-#include "trainer/optim.h"
-#include "trainer/params.h"
+#include "optim/optim.h"
+#include "optim/params.h"
 #include "tests/test_util.h"
+#include "trainer/options.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -46,7 +47,7 @@ static void steps_then_compare(mt_mode mode, const char *layers, const char *exp
     cr_assert_eq(mt_index_set_parse(&o.layers, layers), 0);
     cr_assert_eq(mt_index_set_parse(&o.experts, experts), 0);
     mt_model m;
-    cr_assert_eq(mt_model_load(&m, be, model_dir, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&m, be, model_dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     mt_param *p;
     int n = mt_model_params(&m, &p);
     if (mode == MT_MODE_LORA)  // B = 0 at init: give A's path something to do from step 1

@@ -5,8 +5,8 @@
 #include <stdint.h>
 
 #include "core/comm.h"
-#include "trainer/data.h"
-#include "trainer/optim.h"
+#include "data/data.h"
+#include "optim/optim.h"
 
 typedef struct mt_train_state {
     int64_t step;              // optimizer steps done

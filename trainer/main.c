@@ -4,7 +4,7 @@
 
 #include "core/common.h"
 #include "core/threads.h"
-#include "trainer/commands.h"
+#include "trainer/cmd/commands.h"
 #include "trainer/options.h"
 
 typedef struct {

@@ -124,16 +124,6 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->top_p = 1.0;
 }
 
-const char *mt_mode_name(mt_mode m) {
-    static const char *n[] = {"lora", "router", "unfreeze", "full"};
-    return m <= MT_MODE_FULL ? n[m] : "?";
-}
-
-const char *mt_quant_name(mt_quant q) {
-    static const char *n[] = {"nf4", "fp4", "int4", "none"};
-    return q <= MT_QUANT_NONE ? n[q] : "?";
-}
-
 int mt_parse_bytes(const char *text, double *out) {
     char *end;
     errno = 0;
@@ -225,53 +215,32 @@ static int parse_blocksize(const char *text, int *out) {
     return 0;
 }
 
-int mt_index_set_parse(mt_index_set *s, const char *text) {
-    memset(s, 0, sizeof *s);
-    if (strcmp(text, "all") == 0) { s->all = 1; return 0; }
-    static uint8_t member[MT_MAX_INDEX];
-    memset(member, 0, sizeof member);
-    const char *p = text;
-    if (!*p) goto bad;
-    while (*p) {
-        char *end;
-        if (!isdigit((unsigned char)*p)) goto bad;
-        long lo = strtol(p, &end, 10), hi = lo;
-        p = end;
-        if (*p == '-') {
-            if (!isdigit((unsigned char)p[1])) goto bad;
-            hi = strtol(p + 1, &end, 10);
-            p = end;
-        }
-        if (lo > hi || hi >= MT_MAX_INDEX) {
-            mt_error_set("'%s': range %ld-%ld is empty or beyond %d", text, lo, hi, MT_MAX_INDEX - 1);
-            return -1;
-        }
-        for (long i = lo; i <= hi; i++) member[i] = 1;
-        if (*p == ',') { p++; if (!*p) goto bad; }
-        else if (*p) goto bad;
-    }
-    for (int i = 0; i < MT_MAX_INDEX; i++)
-        if (member[i]) s->items[s->count++] = (uint16_t)i;
-    return 0;
-bad:
-    mt_error_set("'%s' is not an index set (all, 3, 0-5, 0,2,4-6)", text);
-    return -1;
-}
+static int set_opt(void *o, const char *key, const char *value) { return mt_run_opts_set(o, key, value); }
 
-double mt_run_opts_lora_alpha(const mt_run_opts *o) { return o->lora_alpha == o->lora_alpha ? o->lora_alpha : o->lora_r; }
-
-int mt_index_set_contains(const mt_index_set *s, int i) {
-    if (s->all) return i >= 0;
-    for (int j = 0; j < s->count; j++)
-        if (s->items[j] == i) return 1;
+int mt_plan_case_apply(mt_run_opts *o, char which) {
+    if (mt_plan_case_settings(which, set_opt, o) != 0) return -1;
+    o->plan_case = which;
     return 0;
 }
 
-int mt_index_set_count(const mt_index_set *s, int n) {
-    if (s->all) return n;
-    int c = 0;
-    for (int j = 0; j < s->count; j++) c += s->items[j] < n;
-    return c;
+mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
+    return (mt_plan_opts){
+        .mode = o->mode, .lora_r = o->lora_r, .targets = o->targets, .layers = o->layers, .experts = o->experts,
+        .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
+        .quant_targets = o->quant_targets, .seq = o->seq, .batch = o->batch, .checkpointing = o->checkpointing,
+        .gpus = o->gpus, .ep = o->ep, .zero = o->zero, .offload_optimizer = o->offload_optimizer,
+        .adam_8bit = o->adam_8bit, .master_weights = o->master_weights, .gpu_mem_bytes = o->gpu_mem_bytes,
+        .workspace_bytes = o->workspace_bytes, .lr = o->lr, .clip = o->clip, .plan_case = o->plan_case,
+    };
+}
+
+mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
+    return (mt_model_spec){
+        .mode = o->mode, .lora_r = o->lora_r, .lora_alpha = o->lora_alpha, .lora_dropout = o->lora_dropout,
+        .use_rslora = o->use_rslora, .targets = o->targets, .layers = o->layers, .experts = o->experts,
+        .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
+        .quant_targets = o->quant_targets, .checkpointing = o->checkpointing, .seed = o->seed,
+    };
 }
 
 static const opt_def *find_opt(const char *key) {

@@ -1,3 +1,7 @@
+// trainer/ — the moetrain program: main, the run options (this header), the training loop
+// (train.c), training-state checkpoints, metrics, and the sub-commands in trainer/cmd/. Uses
+// every folder below it; used by nobody but tests/ and scripts/.
+//
 // trainer/options.h — a run's settings, from flags and YAML run configs (flags win).
 //
 // One table (options.c) names every setting once: its flag, its YAML key (the flag without
@@ -6,31 +10,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model/spec.h"  // mt_mode, mt_ckpt, MT_TARGET_*, mt_model_spec; mt_index_set, mt_quant
+#include "plan/plan.h"  // mt_plan_opts
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define MT_MAX_INDEX 1024  // largest layer or expert index a set may name, plus one
-
-typedef enum { MT_MODE_LORA, MT_MODE_ROUTER, MT_MODE_UNFREEZE, MT_MODE_FULL } mt_mode;
-typedef enum { MT_QUANT_NF4, MT_QUANT_FP4, MT_QUANT_INT4, MT_QUANT_NONE } mt_quant;
-typedef enum { MT_CKPT_FULL, MT_CKPT_NONE } mt_ckpt;
-
-// A set of layer or expert indices: "all", or a list of indices and ranges ("0-5,7").
-typedef struct mt_index_set {
-    int all;
-    int count;
-    uint16_t items[MT_MAX_INDEX];  // sorted, unique
-} mt_index_set;
-
-// LoRA targets, as bits.
-enum {
-    MT_TARGET_W1 = 1 << 0, MT_TARGET_W2 = 1 << 1, MT_TARGET_W3 = 1 << 2,
-    MT_TARGET_GATE = 1 << 3,  // the router
-    MT_TARGET_Q = 1 << 4, MT_TARGET_K = 1 << 5, MT_TARGET_V = 1 << 6, MT_TARGET_O = 1 << 7,
-    MT_TARGET_EXPERTS = MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3,
-    MT_TARGET_ATTN = MT_TARGET_Q | MT_TARGET_K | MT_TARGET_V | MT_TARGET_O,
-};
 
 typedef struct mt_run_opts {
     // model and data
@@ -109,18 +94,19 @@ void mt_run_opts_print_help(FILE *out);
 // 1 when argv holds --help or -h: every sub-command then prints its usage and exits 0.
 int mt_args_want_help(int argc, char **argv);
 
-// "all", "3", "0-5", "0,2,4-6"; indices < MT_MAX_INDEX.
-int mt_index_set_parse(mt_index_set *s, const char *text);
-int mt_index_set_contains(const mt_index_set *s, int i);
-// Number of members among 0..n-1.
-int mt_index_set_count(const mt_index_set *s, int n);
 // Byte counts: "44GB", "44GiB", "44e9", "512MiB"; GB = 1e9, GiB = 2^30.
 int mt_parse_bytes(const char *text, double *out);
 
-const char *mt_mode_name(mt_mode m);
-// The run's LoRA alpha: --alpha, or r when it was not given (NaN).
-double mt_run_opts_lora_alpha(const mt_run_opts *o);
-const char *mt_quant_name(mt_quant q);
+// BUDGETS.md §4's case 'A', 'B' or 'C' (plan/plan.c) set on `o`, flags parsed afterwards override it.
+int mt_plan_case_apply(mt_run_opts *o, char which);
+// What the planner reads (plan/plan.h): the fields of `o` of the same names.
+mt_plan_opts mt_run_opts_plan(const mt_run_opts *o);
+// The model the run builds (model/spec.h): the fields of `o` the model reads.
+mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
+// Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:
+// a compound literal, alive until the end of the enclosing block.
+#define MT_MODEL_SPEC_OF(o) ((mt_model_spec[1]){mt_run_opts_model_spec(o)})
+#define MT_PLAN_OPTS_OF(o) ((mt_plan_opts[1]){mt_run_opts_plan(o)})
 
 #ifdef __cplusplus
 }

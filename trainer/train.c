@@ -14,14 +14,14 @@
 #include "model/mixtral.h"
 #include "quant/formats.h"
 #include "trainer/checkpoint.h"
-#include "trainer/commands.h"
-#include "trainer/data.h"
-#include "trainer/dist.h"
+#include "trainer/cmd/commands.h"
+#include "data/data.h"
+#include "optim/dist.h"
 #include "trainer/metrics.h"
-#include "trainer/params.h"
-#include "trainer/plan.h"
-#include "trainer/schedule.h"
-#include "trainer/tokenizer.h"
+#include "optim/params.h"
+#include "plan/plan.h"
+#include "optim/schedule.h"
+#include "data/tokenizer.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
@@ -48,8 +48,9 @@ static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, si
 
 static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
     mt_plan plan;
-    if (mt_plan_compute(cfg, o, &plan) != 0) return -1;
-    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = o, .plan = &plan};
+    mt_plan_opts po = mt_run_opts_plan(o);
+    if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
+    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan};
     mt_plan_print(stdout, &rep);
     if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
         mt_error_set("the plan needs %.2f GB but --mem allows %.2f GB; see `moetrain plan` for what would fit",
@@ -203,7 +204,8 @@ static int setup(trainer *t) {
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
-    if (mt_model_build_par(&t->m, be, &cfg, o->model, o, &par) != 0) return -1;
+    mt_model_spec spec = mt_run_opts_model_spec(o);
+    if (mt_model_build_par(&t->m, be, &cfg, o->model, &spec, &par) != 0) return -1;
     if (o->ep > 1 && t->rank == 0) {
         char where[1024];
         mt_model_placement(&t->m, where, sizeof where);

@@ -1,0 +1,232 @@
+// data/tokenizer.c — byte-level and SentencePiece tokenizers behind one interface.
+#include "data/tokenizer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/common.h"
+#ifdef MT_SENTENCEPIECE
+#include "data/sentencepiece_shim.h"
+#endif
+
+void mt_ids_push(mt_ids *a, int32_t id) {
+    if (a->n == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 256;
+        a->v = mt_xrealloc(a->v, a->cap * sizeof *a->v);
+    }
+    a->v[a->n++] = id;
+}
+
+void mt_ids_free(mt_ids *a) {
+    free(a->v);
+    *a = (mt_ids){0};
+}
+
+int mt_tokenizer_have_spm(void) {
+#ifdef MT_SENTENCEPIECE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int check_ids(int64_t vocab, int32_t bos, int32_t eos, const char *what) {
+    if (vocab <= 0 || vocab > INT32_MAX) {
+        mt_error_set("%s: vocab_size %lld is not a usable vocabulary size", what, (long long)vocab);
+        return -1;
+    }
+    if (bos < 0 || bos >= vocab || eos < 0 || eos >= vocab || bos == eos) {
+        mt_error_set("%s: bos_token_id %d and eos_token_id %d must be distinct ids below "
+                     "vocab_size %lld", what, (int)bos, (int)eos, (long long)vocab);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_tokenizer_init_bytes(mt_tokenizer *t, int64_t vocab, int32_t bos, int32_t eos) {
+    memset(t, 0, sizeof *t);
+    if (vocab < 256) {
+        mt_error_set("byte-level tokenizer: vocab_size %lld is below 256 (one id per byte)",
+                     (long long)vocab);
+        return -1;
+    }
+    if (check_ids(vocab, bos, eos, "byte-level tokenizer")) return -1;
+    t->kind = MT_TOKENIZER_BYTE;
+    t->vocab = vocab;
+    t->bos = bos;
+    t->eos = eos;
+    t->pad = 0;
+    snprintf(t->source, sizeof t->source, "bytes");
+    return 0;
+}
+
+int mt_tokenizer_load_spm(mt_tokenizer *t, const char *model_path, int64_t vocab, int32_t bos,
+                          int32_t eos) {
+    memset(t, 0, sizeof *t);
+    if (check_ids(vocab, bos, eos, model_path)) return -1;
+#ifdef MT_SENTENCEPIECE
+    mt_spm *s = mt_spm_load(model_path);
+    if (!s) return -1;
+    int pieces = mt_spm_piece_count(s);
+    if (pieces > vocab) {
+        mt_error_set("%s: the tokenizer has %d pieces but config.json's vocab_size is %lld: "
+                     "ids would run past the embedding", model_path, pieces, (long long)vocab);
+        mt_spm_free(s);
+        return -1;
+    }
+    int sb = mt_spm_bos_id(s), se = mt_spm_eos_id(s);
+    if ((sb >= 0 && sb != bos) || (se >= 0 && se != eos)) {
+        mt_error_set("%s: the tokenizer's BOS/EOS ids are %d/%d but config.json says %d/%d",
+                     model_path, sb, se, (int)bos, (int)eos);
+        mt_spm_free(s);
+        return -1;
+    }
+    t->kind = MT_TOKENIZER_SPM;
+    t->vocab = vocab;
+    t->bos = bos;
+    t->eos = eos;
+    t->pad = 0;
+    t->spm = s;
+    snprintf(t->source, sizeof t->source, "%s", model_path);
+    return 0;
+#else
+    mt_error_set("%s: this moetrain was built without SentencePiece (libsentencepiece); "
+                 "rebuild with the shim to use a tokenizer.model", model_path);
+    return -1;
+#endif
+}
+
+int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int32_t bos,
+                      int32_t eos) {
+    memset(t, 0, sizeof *t);
+    // --model may name the config.json itself: look beside it.
+    char dir[4096], path[4200];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s", model_dir);
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    if (stat(path, &st) == 0) return mt_tokenizer_load_spm(t, path, vocab, bos, eos);
+    if (errno != ENOENT) {
+        mt_error_set("%s: cannot read: %s", path, strerror(errno));
+        return -1;
+    }
+    // A real checkpoint with only the fast tokenizer's file: bytes would be silently wrong.
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (stat(path, &st) == 0) {
+        mt_error_set("%s: has tokenizer.json but no tokenizer.model; moetrain reads the "
+                     "SentencePiece tokenizer.model (Mixtral ships both)", dir);
+        return -1;
+    }
+    if (vocab < 256) {
+        mt_error_set("%s: no tokenizer.model, and vocab_size %lld is too small for the byte-level "
+                     "tokenizer (it needs 256)", dir, (long long)vocab);
+        return -1;
+    }
+    if (vocab > 1024)
+        mt_warn("%s: no tokenizer.model: byte-level tokenizer for vocab_size %lld (ids 256 and up "
+                "stay unused)", dir, (long long)vocab);
+    return mt_tokenizer_init_bytes(t, vocab, bos, eos);
+}
+
+void mt_tokenizer_free(mt_tokenizer *t) {
+#ifdef MT_SENTENCEPIECE
+    if (t->spm) mt_spm_free(t->spm);
+#endif
+    memset(t, 0, sizeof *t);
+}
+
+static int byte_reserved(const mt_tokenizer *t, int32_t b) {
+    return b == t->bos || b == t->eos || b == t->pad;
+}
+
+int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_ids *out) {
+    if (t->kind == MT_TOKENIZER_BYTE) {
+        for (size_t i = 0; i < len; i++) {
+            int32_t b = (uint8_t)text[i];
+            if (byte_reserved(t, b)) {
+                mt_error_set("byte 0x%02x at offset %zu is reserved by the byte-level tokenizer "
+                             "(BOS %d, EOS %d, pad %d)", (unsigned)b, i, (int)t->bos, (int)t->eos,
+                             (int)t->pad);
+                return -1;
+            }
+        }
+        for (size_t i = 0; i < len; i++) mt_ids_push(out, (uint8_t)text[i]);
+        return 0;
+    }
+#ifdef MT_SENTENCEPIECE
+    int32_t *ids;
+    size_t n;
+    if (mt_spm_encode(t->spm, text, len, &ids, &n)) return -1;
+    for (size_t i = 0; i < n; i++) mt_ids_push(out, ids[i]);
+    free(ids);
+    return 0;
+#else
+    mt_error_set("SentencePiece is not built in");
+    return -1;
+#endif
+}
+
+int mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, char **text,
+                        size_t *len) {
+    *text = NULL;
+    *len = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->vocab) {
+            mt_error_set("%s: decode: id %d at position %zu is outside the vocabulary (%lld)",
+                         t->source, (int)ids[i], i, (long long)t->vocab);
+            return -1;
+        }
+    if (t->kind == MT_TOKENIZER_BYTE) {
+        char *buf = mt_xmalloc(n + 1);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] < 256 && ids[i] != t->bos && ids[i] != t->eos) buf[k++] = (char)ids[i];
+        buf[k] = 0;
+        *text = buf;
+        *len = k;
+        return 0;
+    }
+#ifdef MT_SENTENCEPIECE
+    // Ids past the tokenizer's pieces (a padded embedding) are skipped, like unused bytes.
+    int pieces = mt_spm_piece_count(t->spm);
+    int32_t *keep = mt_xmalloc((n ? n : 1) * sizeof *keep);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < pieces) keep[k++] = ids[i];
+    int rc = mt_spm_decode(t->spm, keep, k, text, len);
+    free(keep);
+    return rc;
+#else
+    mt_error_set("SentencePiece is not built in");
+    return -1;
+#endif
+}
+
+int mt_tokenizer_piece(const mt_tokenizer *t, int32_t id, char *buf, size_t n) {
+    if (id < 0 || id >= t->vocab) {
+        mt_error_set("%s: id %d is outside the vocabulary (%lld)", t->source, (int)id,
+                     (long long)t->vocab);
+        return -1;
+    }
+    if (t->kind == MT_TOKENIZER_BYTE) {
+        if (id == t->bos) snprintf(buf, n, "<s>");
+        else if (id == t->eos) snprintf(buf, n, "</s>");
+        else if (id >= 256) snprintf(buf, n, "<unused>");
+        else if (id > 0x20 && id < 0x7f) snprintf(buf, n, "%c", (char)id);
+        else snprintf(buf, n, "<0x%02X>", (unsigned)id);
+        return 0;
+    }
+#ifdef MT_SENTENCEPIECE
+    const char *p = mt_spm_id_to_piece(t->spm, id);
+    snprintf(buf, n, "%s", p ? p : "<unused>");
+    return 0;
+#else
+    return -1;
+#endif
+}

@@ -1,0 +1,162 @@
+// plan/ — the memory planner: BUDGETS.md's analytic budget, its report (text, JSON), and
+// --measure, one real step on the null backend. Uses core/, quant/, model/, optim/ (the
+// measured step); used by trainer/ (moetrain plan, and the plan printed before training).
+//
+// plan/plan.h — the analytic memory planner: BUDGETS.md's arithmetic, per GPU, by the
+// ledger's categories (core/ledger.h), for a model config and a run's options.
+//
+// Every figure is for the most loaded GPU: with expert parallelism (EP) the rank that holds
+// the most trainable experts (they go round-robin over the EP ranks, so ceil(n/P)).
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/ledger.h"
+#include "model/config.h"
+#include "model/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What the planner reads of a run (trainer/options.c: mt_run_opts_plan fills it from the flags of
+// the same names): the model as built, the shape of a step, parallelism and memory.
+typedef struct mt_plan_opts {
+    mt_mode mode;
+    int lora_r;
+    unsigned targets;         // MT_TARGET_* bits (lora mode)
+    mt_index_set layers;
+    mt_index_set experts;
+    mt_quant quant;
+    int double_quant;
+    int quant_blocksize;      // 0: the format's default
+    unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h)
+    int64_t seq;
+    int64_t batch;            // micro-batch per GPU
+    mt_ckpt checkpointing;
+    int gpus;
+    int ep;
+    int zero;                 // 0, 1 or 2
+    int offload_optimizer;
+    int adam_8bit;
+    int master_weights;
+    double gpu_mem_bytes;
+    double workspace_bytes;   // < 0: the planner's default guess
+    double lr, clip;          // --measure's AdamW step
+    char plan_case;           // 0, 'A', 'B' or 'C'
+} mt_plan_opts;
+
+#define MT_PLAN_MAX_PARTS 6
+#define MT_PLAN_MAX_SUGGESTIONS 16
+
+// One kind of trainable weight: `count` copies of `each` params ("12 × 176,160,768 experts").
+typedef struct mt_plan_part {
+    const char *what;
+    int64_t count, each;
+    int replicated;  // 1: every GPU holds it (data parallel); 0: per expert, spread over EP ranks
+} mt_plan_part;
+
+typedef struct mt_plan {
+    // Parameter counts behind the bytes.
+    int64_t model_params;       // the checkpoint's weights
+    int64_t trainable_params;   // the whole run, each weight once (LoRA weights are new ones)
+    mt_plan_part parts[MT_PLAN_MAX_PARTS];
+    int n_parts;
+    int64_t units, units_gpu;   // trainable expert units (an expert, or its LoRA set): run, worst GPU
+    int64_t trainable_gpu;      // trainable params on the worst GPU
+    int64_t frozen_quant_gpu;   // frozen Linear weights on the worst GPU in the 4-bit format
+    int64_t frozen_bf16_gpu;    // frozen weights on the worst GPU in bf16
+    uint64_t frozen_quant_bytes;
+    double quant_bits;          // effective bits per 4-bit weight, constants included (0: none)
+    // Bytes on the worst GPU, by category, and their sum.
+    uint64_t bytes[MT_MEM_COUNT];
+    uint64_t total;
+    uint64_t host_bytes;        // Adam state + master moved to host memory (per GPU rank)
+    uint64_t act_layer;         // A_layer of BUDGETS.md §3.2: one layer's kept activations
+    uint64_t act_model;         // the activations the model allocates (ledger `act`), see
+                                // mt_plan_act_terms; bytes[MT_MEM_ACT] stays BUDGETS.md's
+    int workspace_guessed;      // 1: the default guess, not --workspace or a measurement
+    double gpu_mem;
+    double percent;             // total / gpu_mem · 100
+    int fits;
+} mt_plan;
+
+// A change to the run and the plan it gives.
+typedef struct mt_plan_suggestion {
+    char change[96];  // the flags to add, e.g. "--gpus 2 --ep 2"
+    mt_plan plan;
+} mt_plan_suggestion;
+
+// Mixtral-8x7B's config.json (FORMATS.md §3.1), for --case without --model.
+void mt_plan_mixtral_8x7b(mt_model_config *cfg);
+// BUDGETS.md §4's case 'A', 'B' or 'C' as settings: calls set(ctx, key, value) for each, keys
+// being the flags' names ("mode", "layers", ...); trainer/options.c applies them to the run
+// options (mt_plan_case_apply). 0, or -1 (bad case, or the first non-zero set()).
+int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx);
+
+// Bytes of one frozen Linear of `n` weights in the run's base format (--quant).
+uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o);
+// BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory.
+uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
+uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
+
+// The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
+// §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
+// ledger's `act` holds (the backward's transients are `work` there, the logits fp32 only, the
+// routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
+// mt_plan_act_model_bytes. Terms that are zero for this run are included (print what you like).
+#define MT_PLAN_MAX_ACT_TERMS 10
+typedef struct mt_plan_act_term {
+    const char *what;
+    int64_t bytes;
+} mt_plan_act_term;
+int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_act_term *terms);
+uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
+
+// Checks the options against the model (errors name the flag) and computes the plan.
+// 0, or -1 with mt_error_set().
+int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p);
+
+// Single changes to `o` that make the run fit, each with its plan: a 4-bit base, EP over 2, 4,
+// 8, ... GPUs, 8-bit Adam without master weights, optimizer offload, full checkpointing,
+// half the sequence, half the batch. Returns how many were written (0: none fits).
+int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_suggestion *out,
+                    int max);
+
+// `--measure` (plan/plan_measure.c): one training step of the real code on the null backend.
+typedef struct mt_plan_measurement {
+    uint64_t peak[MT_MEM_COUNT];  // the ledger's peak per category over build + step
+    uint64_t total_peak;          // peak of the sum
+    int64_t rows_per_expert;      // balanced routing: T·k/E rows each, the first rows_extra one more
+    int64_t rows_extra;
+    double seconds;
+} mt_plan_measurement;
+
+// Builds the model of `cfg` for `o` on a fresh null backend (checkpoint: its folder or
+// config.json, for messages only; nothing is read), then runs zero_grad, forward, backward and
+// an AdamW step. Refuses, naming the flag, what the step cannot do yet (EP, DP, ZeRO, offload,
+// 8-bit Adam, no master weights). 0, or -1 with an error.
+// `spec` is the model the run builds (its mode and quantization as in `o`).
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                    const mt_model_spec *spec, mt_plan_measurement *out);
+
+// What the report prints: the run, its plan, and the suggestions when it does not fit.
+typedef struct mt_plan_report {
+    const char *model_name;
+    const mt_model_config *cfg;
+    const mt_plan_opts *opts;
+    const mt_plan *plan;
+    const mt_plan_suggestion *suggestions;
+    int n_suggestions;
+    const mt_plan *case_plan;  // --case: the case on its own settings, beside the source's figures
+    const mt_plan_measurement *measured;  // --measure: printed beside the plan, or NULL
+} mt_plan_report;
+
+// The text table; for --case also the source document's figures beside ours.
+void mt_plan_print(FILE *out, const mt_plan_report *r);
+// The same as JSON (bytes as integers, GB as numbers); the caller frees the string.
+char *mt_plan_json(const mt_plan_report *r);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,88 @@
+// plan/plan_measure.c — `moetrain plan --measure`: one real training step (model build, AdamW
+// state, forward, backward, update) of the same code on the null backend, whose ledger counts
+// every byte while nothing is allocated or computed, and its peaks beside the plan's figures.
+#include <string.h>
+#include <time.h>
+
+#include "core/common.h"
+#include "model/mixtral.h"
+#include "optim/dist.h"
+#include "optim/optim.h"
+#include "optim/params.h"
+#include "plan/plan.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// What the step cannot do yet is refused by name rather than measured as something else.
+static int measurable(const mt_plan_opts *o) {
+    if (o->zero < 2) return 0;
+    mt_error_set("--measure runs the step that exists; --zero 2 is planned, not implemented: measure --zero 1");
+    return -1;
+}
+
+// One step of B·S tokens on rank 0 (the most loaded: the first of the round-robin experts, the
+// first and largest ZeRO shard) of a run over --gpus ranks with --ep: zero_grad, forward,
+// backward, AdamW on the optimizer's params of optim/dist.h. No rank exists beside it, so
+// every other rank is taken to route as this one does (balanced) and nothing is exchanged. The
+// tokens are never read on the null backend beyond their range check.
+static int one_step(mt_model *m, const mt_plan_opts *o) {
+    mt_param *params;
+    int n = mt_model_params(m, &params);
+    mt_dist dist;
+    mt_dist_ranks ranks = {.world_rank = 0, .world_size = o->gpus, .dp_rank = 0, .dp_size = o->gpus / o->ep};
+    if (mt_dist_init(&dist, m->be, params, n, &ranks, o->zero) != 0) return mt_params_free(params, n), -1;
+    mt_adamw opt;
+    mt_adamw_opts aopts = mt_adamw_opts_default();
+    aopts.adam_8bit = o->adam_8bit, aopts.master_weights = o->master_weights, aopts.offload = o->offload_optimizer;
+    if (mt_adamw_init(&opt, m->be, dist.opt, dist.n_opt, &aopts) != 0)
+        return mt_dist_free(&dist), mt_params_free(params, n), -1;
+    size_t T = (size_t)(o->batch * o->seq);
+    int32_t *tokens = mt_xcalloc(T, sizeof(int32_t)), *labels = mt_xcalloc(T, sizeof(int32_t));
+    mt_batch b = {(int)o->batch, (int)o->seq, tokens, labels, NULL};
+    mt_loss loss;
+    mt_model_zero_grad(m);
+    int rc = mt_model_forward(m, &b, &loss);
+    if (rc == 0) {
+        mt_model_backward(m);
+        mt_dist_reduce_grads(&dist);
+        rc = mt_adamw_step_norm(&opt, dist.opt, dist.n_opt, o->lr, o->clip, mt_dist_grad_norm(&dist)) < 0 ? -1 : 0;
+        mt_dist_share_weights(&dist);
+    }
+    free(tokens), free(labels);
+    mt_adamw_free(&opt);
+    mt_dist_free(&dist);
+    mt_params_free(params, n);
+    return rc;
+}
+
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                    const mt_model_spec *spec, mt_plan_measurement *out) {
+    memset(out, 0, sizeof *out);
+    if (measurable(o) != 0) return -1;
+    if (o->seq > INT32_MAX / 2 || o->batch * o->seq > INT32_MAX / 64) {
+        mt_error_set("--seq %lld × --batch %lld is beyond what one step indexes", (long long)o->seq,
+                     (long long)o->batch);
+        return -1;
+    }
+    double t0 = now_s();
+    mt_backend *be = mt_backend_null_new();
+    mt_model m;
+    mt_model_par par = {.ep_rank = 0, .ep_size = o->ep};
+    int rc = mt_model_build_par(&m, be, cfg, checkpoint, spec, &par);
+    if (rc == 0) {
+        rc = one_step(&m, o);
+        memcpy(out->peak, be->ledger.peak, sizeof out->peak);
+        out->total_peak = be->ledger.total_peak;
+        mt_model_free(&m);
+    }
+    mt_backend_free(be);
+    int64_t Tk = o->batch * o->seq * cfg->top_k;
+    out->rows_per_expert = Tk / cfg->experts;
+    out->rows_extra = Tk % cfg->experts;
+    out->seconds = now_s() - t0;
+    return rc;
+}

@@ -1,0 +1,162 @@
+// trainer/cmd/cmd_generate.c — `moetrain generate`: greedy decoding or temperature + nucleus
+// sampling from a prompt, with or without an adapter.
+//
+// Known cost: there is no KV cache. Every new token re-runs the whole forward over the prompt
+// and everything generated so far (O(n²) attention, n forwards), which is what a tiny demo model
+// can afford and a Mixtral-size one cannot; a cache is the fix when generation must be fast.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/rng.h"
+#include "trainer/cmd/commands.h"
+
+static void generate_usage(FILE *out) {
+    fprintf(out,
+            "usage: moetrain generate --model DIR --prompt TEXT [--adapter DIR|FILE.safetensors]\n"
+            "                         [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
+            "                         [--quant nf4|fp4|int4|none]\n\n"
+            "Encodes BOS + TEXT, then appends up to N tokens (default 64), stopping at EOS, and prints\n"
+            "the continuation. --temperature 0 (default) is greedy; above 0, tokens are sampled from\n"
+            "softmax(logits / T) restricted to the most likely ones whose probability reaches --top-p\n"
+            "(default 1: all), reproducibly for a --seed.\n");
+}
+
+typedef struct {
+    int32_t id;
+    double p;
+} cand;
+
+static int cand_desc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+// The next id from one row of logits [V].
+static int32_t pick(const float *logits, int V, const mt_gen_opts *g, mt_rng *rng, cand *c) {
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;  // ties: the lowest id
+    if (g->temperature <= 0) return best;
+    double sum = 0, mx = logits[best];
+    for (int i = 0; i < V; i++) {
+        c[i].id = i;
+        c[i].p = exp(((double)logits[i] - mx) / g->temperature);
+        sum += c[i].p;
+    }
+    qsort(c, (size_t)V, sizeof *c, cand_desc);
+    // nucleus: the fewest candidates whose probability reaches top_p (at least one)
+    int keep = 0;
+    double mass = 0;
+    while (keep < V && (keep == 0 || mass < g->top_p * sum)) mass += c[keep++].p;
+    double u = (double)mt_rng_uniform(rng) * mass, acc = 0;
+    for (int i = 0; i < keep; i++) {
+        acc += c[i].p;
+        if (u < acc) return c[i].id;
+    }
+    return c[keep - 1].id;
+}
+
+int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g, mt_ids *out, int *hit_eos) {
+    if (hit_eos) *hit_eos = 0;
+    if (n < 1) {
+        mt_error_set("generate: the prompt is empty (it holds BOS at least)");
+        return -1;
+    }
+    if (g->max_new_tokens < 0 || !(g->temperature >= 0) || !(g->top_p > 0 && g->top_p <= 1)) {
+        mt_error_set("generate: needs --max-new-tokens >= 0, --temperature >= 0 and 0 < --top-p <= 1");
+        return -1;
+    }
+    int V = (int)m->cfg.vocab, cap = n + g->max_new_tokens, rc = 0;
+    int32_t *seq = mt_xmalloc((size_t)cap * sizeof(int32_t)), *labels = mt_xmalloc((size_t)cap * sizeof(int32_t));
+    memcpy(seq, prompt, (size_t)n * sizeof(int32_t));
+    for (int i = 0; i < cap; i++) labels[i] = -100;
+    cand *c = g->temperature > 0 ? mt_xmalloc((size_t)V * sizeof(cand)) : NULL;
+    mt_rng rng;
+    mt_rng_seed(&rng, g->seed, mt_hash_string("generate"));
+    for (int len = n; len < cap; len++) {
+        if (len >= m->cfg.max_positions) {
+            mt_warn("generate: stopped at max_position_embeddings (%lld tokens)", (long long)m->cfg.max_positions);
+            break;
+        }
+        mt_batch b = {1, len, seq, labels, NULL};
+        mt_loss loss;
+        if (mt_model_forward(m, &b, &loss) != 0) {
+            rc = -1;
+            break;
+        }
+        const float *row = (const float *)m->logits->data + (size_t)(len - 1) * (size_t)V;
+        int32_t id = pick(row, V, g, &rng, c);
+        if (id == g->eos) {
+            if (hit_eos) *hit_eos = 1;
+            break;
+        }
+        seq[len] = id;
+        mt_ids_push(out, id);
+    }
+    free(c), free(seq), free(labels);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv) {
+    if (mt_args_want_help(argc, argv)) {
+        generate_usage(stdout);
+        return MT_EXIT_OK;
+    }
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    if (mt_run_opts_parse(&o, argc, argv) != 0) {
+        fprintf(stderr, "moetrain generate: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    if (!o.model[0]) {
+        fprintf(stderr, "moetrain generate: --model is required\n");
+        generate_usage(stderr);
+        return MT_EXIT_USAGE;
+    }
+    if (strcmp(o.backend, "cpu") != 0) {
+        fprintf(stderr, "moetrain generate: --device %s: generate runs on the cpu backend\n", o.backend);
+        return MT_EXIT_USAGE;
+    }
+    mt_gen_opts g = {o.max_new_tokens, o.temperature, o.top_p, o.seed, -1};
+    if (!(g.top_p > 0 && g.top_p <= 1)) {
+        fprintf(stderr, "moetrain generate: --top-p must be in (0, 1]\n");
+        return MT_EXIT_USAGE;
+    }
+    mt_model_config cfg;
+    mt_tokenizer tok;
+    if (mt_model_config_load(o.model, &cfg) != 0 ||
+        mt_tokenizer_open(&tok, o.model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0) {
+        fprintf(stderr, "moetrain generate: %s\n", mt_error_get());
+        return MT_EXIT_ERROR;
+    }
+    g.eos = tok.eos;
+    mt_ids prompt = {0}, out = {0};
+    mt_ids_push(&prompt, tok.bos);
+    int rc = MT_EXIT_ERROR, hit_eos = 0;
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m;
+    int loaded = 0;
+    char *text = NULL;
+    size_t text_len;
+    if (mt_tokenizer_encode(&tok, o.prompt, strlen(o.prompt), &prompt) != 0) goto done;
+    if (mt_model_load_for_inference(&m, be, &o) != 0) goto done;
+    loaded = 1;
+    if (mt_generate(&m, prompt.v, (int)prompt.n, &g, &out, &hit_eos) != 0) goto done;
+    if (mt_tokenizer_decode(&tok, out.v, out.n, &text, &text_len) != 0) goto done;
+    fwrite(text, 1, text_len, stdout);
+    printf("\n");
+    fprintf(stderr, "generate: prompt_tokens=%zu new_tokens=%zu stop=%s mode=%s quant=%s\n", prompt.n, out.n,
+            hit_eos ? "eos" : "max_new_tokens", mt_mode_name(o.mode), mt_quant_name(o.quant));
+    rc = MT_EXIT_OK;
+done:
+    if (rc != MT_EXIT_OK) fprintf(stderr, "moetrain generate: %s\n", mt_error_get());
+    free(text);
+    if (loaded) mt_model_free(&m);
+    mt_backend_free(be);
+    mt_ids_free(&prompt), mt_ids_free(&out);
+    mt_tokenizer_free(&tok);
+    return rc;
+}

@@ -1,0 +1,378 @@
+// trainer/cmd/cmd_merge.c — `moetrain merge`: an adapter folded into a Hugging Face checkpoint.
+//
+// For every adapted Linear W [out, in]: W' = W + scale · B · A (PEFT's merge, FORMATS.md §2.2),
+// computed in f32 and written in --dtype (bf16 by default). The base is read, never written:
+// a 4-bit base (a bnb-4bit checkpoint, or a dense one with --quant nf4|fp4|int4, quantized here
+// exactly as `moetrain train` quantizes it on load) is dequantized to f32 first, then the delta
+// is added. Everything else is copied through, converted to --dtype. A trained-tensor file
+// (router, unfreeze, full modes) given as --adapter replaces the tensors it holds instead.
+//
+// Tensors are produced one at a time inside the writer's fill callback (streaming, like init
+// and quantize): peak memory is one tensor in f32 plus the adapter.
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+#include "core/safetensors.h"
+#include "lora/peft.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "quant/quant.h"
+#include "trainer/cmd/commands.h"
+
+static void merge_usage(FILE *out) {
+    fprintf(out,
+            "usage: moetrain merge --model DIR --adapter DIR|FILE.safetensors --out DIR\n"
+            "                      [--dtype bf16|f32|f16] [--quant none|nf4|fp4|int4]\n"
+            "                      [--blocksize N] [--double-quant] [--quant-targets LIST]\n"
+            "                      [--shard-size SIZE]\n\n"
+            "Writes DIR (--out): config.json (without quantization_config) and the weights with\n"
+            "W + scale·B·A folded into every adapted Linear (model.safetensors, or shards with an index\n"
+            "above --shard-size, default 5GB), plus the base's tokenizer files. The base is never\n"
+            "modified: a bnb-4bit base is dequantized, then the delta added. --quant (default none)\n"
+            "quantizes a dense base's --quant-targets (default attention and experts) first, as training\n"
+            "on a 4-bit base did, so that the merge reproduces the model the adapter was trained against.\n"
+            "--dtype: the output's dtype (default bf16).\n");
+}
+
+typedef struct {
+    char *module;
+    int64_t in, out;
+    float *a, *b;  // A [r, in], B [out, r]
+    int used;
+} lora_pair;
+
+typedef struct {
+    mt_st_model st;
+    const mt_weight_desc *desc;  // [n] output tensors
+    size_t n;
+    // PEFT adapter
+    lora_pair *pairs;
+    size_t n_pairs;
+    int r;
+    float scale;
+    // or trained tensors
+    mt_st_file trained;
+    int have_trained;
+    // 4-bit base
+    mt_quant quant;
+    int blocksize, double_quant;
+    unsigned quant_targets;  // what training quantized (--quant-targets)
+    mt_dtype out_dtype;
+    mt_backend *cpu;
+    float *w;  // f32 scratch of the largest tensor
+} merge_ctx;
+
+static int dtype_of(const mt_st_tensor *t, mt_dtype *dt) {
+    if (mt_st_float_dtype(t->dtype, dt) != 0) {
+        mt_error_set("tensor '%s' has dtype %s (expected F32, BF16 or F16)", t->name, t->dtype);
+        return -1;
+    }
+    return 0;
+}
+
+static int collect_pair(void *ctx, const char *module, const mt_st_tensor *a, const mt_st_tensor *b) {
+    merge_ctx *c = ctx;
+    mt_dtype da, db;
+    if (dtype_of(a, &da) != 0 || dtype_of(b, &db) != 0) return -1;
+    c->pairs = mt_xrealloc(c->pairs, (c->n_pairs + 1) * sizeof *c->pairs);
+    lora_pair *p = &c->pairs[c->n_pairs++];
+    memset(p, 0, sizeof *p);
+    p->module = mt_xstrdup(module);
+    p->in = a->shape[1], p->out = b->shape[0];
+    p->a = mt_xmalloc((size_t)(a->shape[0] * p->in) * sizeof(float));
+    p->b = mt_xmalloc((size_t)(p->out * b->shape[1]) * sizeof(float));
+    mt_convert(p->a, MT_F32, a->data, da, (size_t)(a->shape[0] * p->in));
+    mt_convert(p->b, MT_F32, b->data, db, (size_t)(p->out * b->shape[1]));
+    return 0;
+}
+
+static lora_pair *find_pair(merge_ctx *c, const char *weight_name) {
+    size_t len = strlen(weight_name);
+    if (len < 7 || strcmp(weight_name + len - 7, ".weight") != 0) return NULL;
+    for (size_t i = 0; i < c->n_pairs; i++)
+        if (strlen(c->pairs[i].module) == len - 7 && strncmp(c->pairs[i].module, weight_name, len - 7) == 0)
+            return &c->pairs[i];
+    return NULL;
+}
+
+static size_t numel_of(const mt_weight_desc *d) {
+    return (size_t)d->shape[0] * (size_t)(d->ndim == 2 ? d->shape[1] : 1);
+}
+
+// Tensor `index` of the output: the base's values in f32 (dequantized when 4-bit), replaced by
+// a trained tensor or plus the adapter's delta, in the output dtype.
+static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
+    merge_ctx *c = ctx;
+    const mt_weight_desc *d = &c->desc[index];
+    size_t n = numel_of(d);
+    float *w = c->w;
+    (void)nbytes;
+    const mt_st_tensor *tt = c->have_trained ? mt_st_file_find(&c->trained, d->name) : NULL;
+    mt_bnb_parts parts;
+    int pre = tt ? 0 : mt_bnb_find_parts(&c->st, d->name, &parts);
+    if (pre < 0) return -1;
+    mt_dtype dt;
+    if (tt) {  // a trained tensor replaces the base's
+        if (dtype_of(tt, &dt) != 0) return -1;
+        mt_convert(w, MT_F32, tt->data, dt, n);
+    } else if (pre) {  // serialised 4-bit: dequantize
+        mt_qweight q;
+        if (mt_qweight_import(&q, c->cpu, d->name, &parts) != 0) return -1;
+        if ((size_t)(q.out * q.in) != n || q.out != d->shape[0]) {
+            mt_error_set("'%s': quant_state shape [%lld, %lld] where the config implies [%lld, %lld]", d->name,
+                         (long long)q.out, (long long)q.in, (long long)d->shape[0], (long long)d->shape[1]);
+            mt_qweight_free(&q);
+            return -1;
+        }
+        mt_qweight_dequantize_rows_cpu(&q, w, 0, q.out);
+        mt_qweight_free(&q);
+    } else {
+        const mt_st_tensor *t = mt_st_model_find(&c->st, d->name);
+        if (dtype_of(t, &dt) != 0) return -1;
+        mt_convert(w, MT_F32, t->data, dt, n);
+        // The 4-bit base training used: the same quantization as mt_model_load's, undone.
+        if (c->quant != MT_QUANT_NONE && d->kind == MT_WEIGHT_LINEAR &&
+            (mt_quant_target_of(d->name) & c->quant_targets)) {
+            mt_qweight q;
+            if (mt_qweight_quantize(&q, c->cpu, d->name, w, d->shape[0], d->shape[1], c->quant, c->blocksize,
+                                    c->double_quant) != 0)
+                return -1;
+            mt_qweight_dequantize_rows_cpu(&q, w, 0, q.out);
+            mt_qweight_free(&q);
+        }
+    }
+    lora_pair *p = tt ? NULL : find_pair(c, d->name);
+    if (p) {  // W [out, in] += scale · B [out, r] · A [r, in]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->out, (int)p->in, c->r, c->scale, p->b,
+                    c->r, p->a, (int)p->in, 1.0f, w, (int)p->in);
+        p->used = 1;
+    }
+    mt_convert(dst, c->out_dtype, w, MT_F32, n);
+    return 0;
+}
+
+// Shape check of the base's tensor (its unquantized shape for a 4-bit one).
+static int check_base(merge_ctx *c, const mt_weight_desc *d) {
+    const mt_st_tensor *t = mt_st_model_find(&c->st, d->name);
+    if (!t) {
+        mt_error_set("tensor '%s' is missing from the base checkpoint", d->name);
+        return -1;
+    }
+    mt_bnb_parts parts;
+    int pre = mt_bnb_find_parts(&c->st, d->name, &parts);
+    if (pre < 0) return -1;
+    if (pre) return 0;  // checked against its quant_state when dequantized
+    int ok = t->ndim == d->ndim;
+    for (int k = 0; ok && k < d->ndim; k++) ok = t->shape[k] == d->shape[k];
+    if (!ok) {
+        mt_error_set("tensor '%s' of the base does not have the shape its config implies", d->name);
+        return -1;
+    }
+    mt_dtype dt;
+    return dtype_of(t, &dt);
+}
+
+static int check_adapter(merge_ctx *c) {
+    for (size_t i = 0; i < c->n_pairs; i++) {
+        lora_pair *p = &c->pairs[i];
+        char name[300];
+        snprintf(name, sizeof name, "%s.weight", p->module);
+        size_t j = 0;
+        while (j < c->n && strcmp(c->desc[j].name, name) != 0) j++;
+        if (j == c->n || c->desc[j].kind != MT_WEIGHT_LINEAR) {
+            mt_error_set("adapter module '%s' is not a Linear of the base model", p->module);
+            return -1;
+        }
+        if (c->desc[j].shape[0] != p->out || c->desc[j].shape[1] != p->in) {
+            mt_error_set("adapter module '%s': A [%d, %lld], B [%lld, %d] do not fit the weight [%lld, %lld]",
+                         p->module, c->r, (long long)p->in, (long long)p->out, c->r, (long long)c->desc[j].shape[0],
+                         (long long)c->desc[j].shape[1]);
+            return -1;
+        }
+    }
+    if (c->have_trained)
+        for (size_t i = 0; i < c->trained.n_tensors; i++) {
+            const mt_st_tensor *t = &c->trained.tensors[i];
+            size_t j = 0;
+            while (j < c->n && strcmp(c->desc[j].name, t->name) != 0) j++;
+            int ok = j < c->n && t->ndim == c->desc[j].ndim;
+            for (int k = 0; ok && k < t->ndim; k++) ok = t->shape[k] == c->desc[j].shape[k];
+            if (!ok) {
+                mt_error_set("%s: tensor '%s' is not a tensor of the base model with this shape", c->trained.path,
+                             t->name);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+// Tokenizer and generation files beside the weights, so the output is a complete checkpoint.
+static int copy_side_files(const char *from, const char *to) {
+    static const char *files[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json", "generation_config.json"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(files); i++) {
+        char src[4200], dst[4200];
+        snprintf(src, sizeof src, "%s/%s", from, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", to, files[i]);
+        struct stat st;
+        if (stat(src, &st) != 0) continue;
+        char *data;
+        size_t len;
+        if (mt_read_file(src, (size_t)1 << 30, &data, &len) != 0) return -1;
+        int rc = mt_write_file_atomic(dst, data, len);
+        free(data);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int same_dir(const char *a, const char *b) {
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
+}
+
+static int run_merge(const mt_run_opts *o, mt_dtype out_dtype, double shard_size) {
+    mt_model_config cfg;
+    if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    if (mt_is_dir(o->out) && same_dir(o->out, o->model)) {
+        mt_error_set("--out %s is the base checkpoint's folder: merge never rewrites the base", o->out);
+        return -1;
+    }
+    merge_ctx c;
+    memset(&c, 0, sizeof c);
+    c.quant = o->quant, c.blocksize = o->quant_blocksize, c.double_quant = o->double_quant;
+    c.quant_targets = o->quant_targets;
+    c.out_dtype = out_dtype;
+    mt_weight_desc *desc = NULL;
+    int rc = -1;
+    mt_st_entry *e = NULL;
+    if (mt_st_model_open(&c.st, o->model) != 0) return -1;
+    struct stat st;
+    if (stat(o->adapter, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (mt_st_file_open(&c.trained, o->adapter) != 0) goto done;
+        c.have_trained = 1;
+    } else {
+        mt_peft_config pc;
+        if (mt_peft_read(o->adapter, &pc, collect_pair, &c) != 0) goto done;
+        c.r = pc.r;
+        // the scale the model applies (mt_lora_init's), so merged == base + adapter
+        c.scale = (float)(pc.use_rslora ? pc.lora_alpha / sqrt((double)pc.r) : pc.lora_alpha / pc.r);
+    }
+    c.n = mt_weights_list(&cfg, &desc);
+    c.desc = desc;
+    size_t largest = 0;
+    for (size_t i = 0; i < c.n; i++) {
+        if (check_base(&c, &desc[i]) != 0) goto done;
+        largest = MT_MAX(largest, numel_of(&desc[i]));
+    }
+    if (check_adapter(&c) != 0) goto done;
+    for (size_t i = 0; i < c.st.n_tensors; i++) {  // what a Mixtral checkpoint should not hold
+        const char *name = c.st.tensors[i]->name;
+        size_t j = 0;
+        while (j < c.n && strcmp(desc[j].name, name) != 0) j++;
+        if (j == c.n && !mt_bnb_is_part_name(name))
+            mt_warn("merge: base tensor '%s' is not part of a Mixtral checkpoint and is not copied", name);
+    }
+    c.cpu = mt_backend_cpu_new();
+    c.w = mt_xmalloc(largest * sizeof(float));
+    e = mt_xcalloc(c.n, sizeof *e);
+    for (size_t i = 0; i < c.n; i++) {
+        e[i].name = desc[i].name;
+        e[i].dtype = mt_st_dtype_of(out_dtype);
+        e[i].ndim = desc[i].ndim;
+        e[i].shape[0] = desc[i].shape[0];
+        e[i].shape[1] = desc[i].shape[1];
+    }
+    if (mt_mkdir_p(o->out) != 0 ||
+        mt_st_write_sharded(o->out, e, c.n, (uint64_t)shard_size, fill_tensor, &c) != 0)
+        goto done;
+    for (size_t i = 0; i < c.n_pairs; i++)
+        if (!c.pairs[i].used) {  // cannot happen after check_adapter; a guard for the invariant
+            mt_error_set("adapter module '%s' was not merged", c.pairs[i].module);
+            goto done;
+        }
+    cfg.quantized = 0;  // no quantization_config: the output is dense
+    cfg.torch_dtype = out_dtype;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", o->out);
+    if (mt_model_config_write(&cfg, path) != 0 || copy_side_files(o->model, o->out) != 0) goto done;
+    mt_info("merge: wrote %s: %zu tensors, %s, %zu adapted Linears%s%s", o->out, c.n, mt_dtype_name(out_dtype),
+            c.n_pairs, c.have_trained ? ", trained tensors from " : "", c.have_trained ? o->adapter : "");
+    rc = 0;
+done:
+    for (size_t i = 0; i < c.n_pairs; i++) free(c.pairs[i].module), free(c.pairs[i].a), free(c.pairs[i].b);
+    free(c.pairs);
+    free(c.w);
+    free(e);
+    free(desc);
+    if (c.cpu) mt_backend_free(c.cpu);
+    if (c.have_trained) mt_st_file_close(&c.trained);
+    mt_st_model_close(&c.st);
+    return rc;
+}
+
+int cmd_merge(int argc, char **argv) {
+    // --dtype and --shard-size are merge's own; the rest are run options.
+    const char *dtype_name = "bf16";
+    double shard_size = 5e9;
+    char **rest = mt_xcalloc((size_t)argc + 1, sizeof(char *));
+    int nrest = 0, rc = MT_EXIT_USAGE;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            merge_usage(stdout);
+            free(rest);
+            return MT_EXIT_OK;
+        }
+        int is_dtype = strncmp(a, "--dtype", 7) == 0 && (a[7] == 0 || a[7] == '=');
+        int is_shard = strncmp(a, "--shard-size", 12) == 0 && (a[12] == 0 || a[12] == '=');
+        if (!is_dtype && !is_shard) {
+            rest[nrest++] = argv[i];
+            continue;
+        }
+        const char *eq = strchr(a, '='), *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v) {
+            fprintf(stderr, "moetrain merge: %s needs a value\n", a);
+            goto out;
+        }
+        if (is_dtype) dtype_name = v;
+        else if (mt_parse_bytes(v, &shard_size) != 0 || shard_size < 1) {
+            fprintf(stderr, "moetrain merge: --shard-size: %s\n", mt_error_get());
+            goto out;
+        }
+    }
+    mt_dtype out_dtype;
+    if (mt_dtype_parse(dtype_name, &out_dtype) != 0 ||
+        (out_dtype != MT_BF16 && out_dtype != MT_F32 && out_dtype != MT_F16)) {
+        fprintf(stderr, "moetrain merge: --dtype '%s' is not bf16, f32 or f16\n", dtype_name);
+        goto out;
+    }
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.quant = MT_QUANT_NONE;  // merge's default: the base as stored
+    if (mt_run_opts_parse(&o, nrest, rest) != 0) {
+        fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
+        goto out;
+    }
+    if (!o.model[0] || !o.adapter[0] || !o.out[0]) {
+        fprintf(stderr, "moetrain merge: --model, --adapter and --out are required\n");
+        merge_usage(stderr);
+        goto out;
+    }
+    if (run_merge(&o, out_dtype, shard_size) != 0) {
+        fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
+        rc = MT_EXIT_ERROR;
+        goto out;
+    }
+    rc = MT_EXIT_OK;
+out:
+    free(rest);
+    return rc;
+}

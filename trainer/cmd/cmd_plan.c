@@ -1,0 +1,104 @@
+// trainer/cmd/cmd_plan.c — `moetrain plan`: the per-GPU memory of a run by category, whether it fits,
+// and what would make it fit (the arithmetic is in plan/plan.c).
+#include <string.h>
+
+#include "core/common.h"
+#include "model/config.h"
+#include "trainer/cmd/commands.h"
+#include "trainer/options.h"
+#include "plan/plan.h"
+
+static void plan_usage(FILE *out) {
+    fprintf(out,
+            "usage: moetrain plan --model DIR|CONFIG.json [FLAGS]\n"
+            "       moetrain plan --case A|B|C [FLAGS]    (BUDGETS.md's Mixtral-8x7B cases; flags override)\n\n"
+            "Prints the memory of one training step on the most loaded GPU, by category (GB = 1e9 B),\n"
+            "whether it fits --gpu-mem, and which single changes would make it fit.\n"
+            "Exit status: 0 fits, 3 does not fit, 2 bad flag, 1 bad model.\n\n"
+            "--measure also runs one training step of the real code on the null backend (the model built\n"
+            "from its config, nothing read, allocated or computed; the ledger counts every buffer) and\n"
+            "prints the measured peak per category beside the plan; exit 0 when it ran.\n\n");
+    mt_run_opts_print_help(out);
+}
+
+// A case sets the run first; flags and --config given beside it override its settings.
+static int parse_opts(int argc, char **argv, mt_run_opts *o) {
+    mt_run_opts_default(o);
+    if (mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    if (!o->plan_case) return 0;
+    char which = o->plan_case;
+    mt_run_opts_default(o);
+    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    o->plan_case = which;
+    return 0;
+}
+
+// The model from --model, or the built-in Mixtral-8x7B for --case. Returns an exit code.
+static int load_model(const mt_run_opts *o, mt_model_config *cfg, char *name, size_t n) {
+    if (o->model[0]) {
+        if (mt_model_config_load(o->model, cfg) != 0) {
+            fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
+            return MT_EXIT_ERROR;
+        }
+        snprintf(name, n, "%s", o->model);
+        return MT_EXIT_OK;
+    }
+    if (o->plan_case) {
+        mt_plan_mixtral_8x7b(cfg);
+        snprintf(name, n, "Mixtral-8x7B (built-in config)");
+        return MT_EXIT_OK;
+    }
+    fprintf(stderr, "moetrain plan: --model is required (a checkpoint folder or its config.json), "
+                    "or --case A|B|C for Mixtral-8x7B\n");
+    return MT_EXIT_USAGE;
+}
+
+int cmd_plan(int argc, char **argv) {
+    if (mt_args_want_help(argc, argv)) {
+        plan_usage(stdout);
+        return MT_EXIT_OK;
+    }
+    mt_run_opts o;
+    if (parse_opts(argc, argv, &o) != 0) {
+        fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    mt_model_config cfg;
+    char name[1100];
+    int rc = load_model(&o, &cfg, name, sizeof name);
+    if (rc != MT_EXIT_OK) return rc;
+
+    mt_plan plan;
+    mt_plan_opts po = mt_run_opts_plan(&o);
+    if (mt_plan_compute(&cfg, &po, &plan) != 0) {
+        fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    mt_plan_suggestion suggestions[MT_PLAN_MAX_SUGGESTIONS];
+    int n = plan.fits ? 0 : mt_plan_suggest(&cfg, &po, suggestions, MT_PLAN_MAX_SUGGESTIONS);
+    // For --case, the source's figures are compared with the case on its own settings.
+    mt_run_opts case_opts;
+    mt_plan case_plan;
+    int have_case = 0;
+    if (o.plan_case) {
+        mt_run_opts_default(&case_opts);
+        have_case = mt_plan_case_apply(&case_opts, o.plan_case) == 0 &&
+                    mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&case_opts), &case_plan) == 0;
+    }
+    mt_plan_measurement measured;
+    mt_model_spec spec = mt_run_opts_model_spec(&o);
+    if (o.measure && mt_plan_measure(&cfg, o.model[0] ? o.model : NULL, &po, &spec, &measured) != 0) {
+        fprintf(stderr, "moetrain plan --measure: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    mt_plan_report report = {name, &cfg, &po, &plan, suggestions, n, have_case ? &case_plan : NULL,
+                             o.measure ? &measured : NULL};
+    if (o.json) {
+        char *text = mt_plan_json(&report);
+        puts(text);
+        free(text);
+    } else {
+        mt_plan_print(stdout, &report);
+    }
+    return plan.fits || o.measure ? MT_EXIT_OK : MT_EXIT_NOFIT;  // --measure: 0 when it ran
+}

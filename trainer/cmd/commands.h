@@ -1,0 +1,57 @@
+// trainer/cmd/commands.h — the sub-commands of `moetrain`. Each takes the arguments after its
+// name and returns the process exit code (core/common.h).
+#pragma once
+
+int cmd_train(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);  // trainer/cmd/cmd_quantize.c
+int cmd_not_built(const char *name, const char *issue);
+
+// ---------------------------------------------------------------------------------------------
+// eval, generate, merge (trainer/cmd/cmd_eval.c, cmd_generate.c, cmd_merge.c)
+#include <stdint.h>
+
+#include "model/mixtral.h"
+#include "data/data.h"
+#include "data/tokenizer.h"
+#include "trainer/options.h"
+
+int cmd_eval(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
+
+// Builds the model of o->model on `be` with o->adapter (when set) applied, for inference:
+//   * a PEFT adapter folder: lora mode with the adapter's r, alpha and rsLoRA, and the targets,
+//     layers and experts its modules span; a LoRA of that span which the adapter lacks keeps
+//     B = 0 and adds exactly nothing;
+//   * a .safetensors of trained tensors (mt_model_save_trained): the mode its tensors imply
+//     (full when it holds embeddings, norms or lm_head; unfreeze when expert weights; else
+//     router), with the layers and experts it names.
+// LoRA dropout is off. o's mode, targets, layers, experts and LoRA fields are set to what was
+// built. 0, or -1 with an error.
+int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o);
+
+typedef struct mt_eval_result {
+    double loss;        // mean cross-entropy over the loss tokens; the router aux loss is not in it
+    double perplexity;  // exp(loss)
+    int64_t tokens;     // loss tokens counted
+    int64_t samples, batches;
+} mt_eval_result;
+// One pass over `d` (loaded with shuffle 0 and whole_epochs 1) in batches of B rows of S tokens.
+int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r);
+// `moetrain eval` without its printing: the model (with o->adapter), the tokenizer, o->data with
+// o->seq / o->batch / o->packing / o->overlong. 0, or -1 with an error.
+int mt_eval_run(mt_run_opts *o, mt_eval_result *r);
+
+typedef struct mt_gen_opts {
+    int max_new_tokens;
+    double temperature;  // 0: greedy (ties to the lowest id)
+    double top_p;        // nucleus: the fewest most likely tokens whose probability reaches top_p
+    uint64_t seed;       // sampling stream
+    int32_t eos;         // stop after this id (not kept in out); -1: never
+} mt_gen_opts;
+// Appends up to max_new_tokens ids after prompt[0..n) to `out`; *hit_eos (may be NULL) says
+// whether EOS ended it. 0, or -1 with an error (bad options, a token outside the vocabulary).
+int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g, mt_ids *out, int *hit_eos);
