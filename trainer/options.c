@@ -71,6 +71,8 @@ static const opt_def opt_table[] = {
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
+    {"save-total-limit", OPT_I64, F(save_total_limit), 0,
+     "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
     {"eval-data", OPT_STR, F(eval_data), S(eval_data), "held-out data for periodic evaluation"},
     {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
@@ -120,6 +122,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->seed = 42;
     strcpy(o->overlong, "truncate");
     o->max_skips = 10;
+    o->save_total_limit = 3;
     o->max_new_tokens = 64;
     o->top_p = 1.0;
 }

@@ -81,6 +81,7 @@ typedef struct mt_run_opts {
     int packing;
     char overlong[16];        // truncate | drop | refuse
     int64_t save_every;       // steps between checkpoints (0: only at the end)
+    int64_t save_total_limit; // checkpoints kept in --out (0: all); newest and best always
     char eval_data[1024];
     int64_t eval_every;
     char resume[1024];        // checkpoint folder (or an output folder: its latest checkpoint)
