@@ -361,6 +361,9 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     case OPT_BYTES: rc = mt_parse_bytes(value, (double *)field); break;
     case OPT_SPECIAL: rc = set_special(o, key, value); break;
     }
+    if (!rc && d->type != OPT_STR && d->type != OPT_BOOL && d->type != OPT_SPECIAL)
+        rc = mt_opt_range_check(key, d->type == OPT_INT ? *(int *)field : d->type == OPT_F64 || d->type == OPT_BYTES
+                                                               ? *(double *)field : (double)*(int64_t *)field, value);
     if (rc) mt_error_prefix("--%s", key);
     return rc;
 }
@@ -427,7 +430,9 @@ void mt_run_opts_print_help(FILE *out) {
     fprintf(out, "flags (each also a YAML key of a --config file; boolean flags take --no-NAME):\n");
     for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++) {
         const opt_def *d = &opt_table[i];
-        fprintf(out, "  --%-18s %s\n", d->key, d->help);
+        char range[96];
+        if (mt_opt_range_text(d->key, range, sizeof range)) fprintf(out, "  --%-18s %s; range %s\n", d->key, d->help, range);
+        else fprintf(out, "  --%-18s %s\n", d->key, d->help);
     }
 }
 

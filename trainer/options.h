@@ -107,6 +107,11 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv);
 // Sets one option by key ("r", "mode", ...) from text; used by flags and YAML alike.
 int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value);
 void mt_run_opts_print_help(FILE *out);
+// The documented range of a numeric setting (trainer/option_ranges.c): 0 when `v` (given as
+// `text`) lies in it (or the key has none), else -1 with an error saying the range. mt_opt_range_text writes it as
+// "[lo, hi]" / "(lo, hi]" and returns 0 for a key without one.
+int mt_opt_range_check(const char *key, double v, const char *text);
+int mt_opt_range_text(const char *key, char *buf, size_t n);
 // 1 when argv holds --help or -h: every sub-command then prints its usage and exits 0.
 int mt_args_want_help(int argc, char **argv);
 

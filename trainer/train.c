@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "core/fileio.h"
@@ -47,6 +48,21 @@ static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, si
              (long long)c->hidden, (long long)c->experts, (long long)c->vocab, o->gpus, o->ep, o->zero);
 }
 
+// --batch × --seq against this machine's memory, before anything is allocated: the host's token
+// buffers (tokens, labels, mask of every rank's rows), and on the cpu the whole plan too.
+static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double need = 3.0 * 4.0 * (double)o->batch * (double)o->gpus * (double)o->seq;
+    if (strcmp(o->backend, "cpu") == 0) need += (double)plan->total;
+    if (phys > 0 && need > phys) {
+        mt_error_set("--batch %lld × --seq %lld needs about %.2f GB of host memory, more than this machine's %.2f GB: "
+                     "lower --batch or --seq (gradient accumulation, --accum, keeps the tokens per step)",
+                     (long long)o->batch, (long long)o->seq, need / 1e9, phys / 1e9);
+        return -1;
+    }
+    return 0;
+}
+
 static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
     mt_plan plan;
     if (mt_plan_compute(cfg, o, &plan) != 0) return -1;
@@ -57,7 +73,7 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
                      plan.total / 1e9, o->mem_bytes / 1e9);
         return -1;
     }
-    return 0;
+    return check_host_memory(o, &plan);
 }
 
 typedef struct {
