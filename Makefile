@@ -157,7 +157,8 @@ bench-gpu:
 	@echo "bench-gpu: needs a CUDA build: make CUDA=1 bench-gpu"; exit 1
 endif
 
-# Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files; FUZZ_SECONDS each.
+# Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files (tests/fuzz/seeds/<target>/
+# for the newer targets); FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_DIR := build-fuzz
 FUZZ_SRC := $(LIB_SRC)
@@ -173,7 +174,8 @@ fuzz: $(CONFIG_MK)
 	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
 	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
 	    yaml) cp $(FUZZ_SEEDS_yaml) $(FUZZ_DIR)/corpus_$$t/;; \
-	    safetensors) cp $(FUZZ_SEEDS_safetensors) $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; esac; \
+	    safetensors) cp $(FUZZ_SEEDS_safetensors) $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; \
+	    *) cp tests/fuzz/seeds/$$t/* $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; esac; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 	  $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(FUZZ_DIR)/$$t- -print_final_stats=1 $(FUZZ_DIR)/corpus_$$t \

@@ -154,3 +154,29 @@ Test(checkpoint_integrity, verify_command_checks_checkpoints_adapters_and_traine
     cr_assert(strstr(out, "checkpoint-2/optimizer.safetensors: size"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "verify %s/nothing", tmp), 1, "%s", out);
 }
+
+// A version-1 state.json (written before checksums) still loads, with a warning; but a sealed
+// state whose seal was damaged never passes for one, whatever it claims (found by fuzz_state).
+Test(checkpoint_integrity, legacy_states_only_as_version_1_wrote_them) {
+    char tmp[64], path[128];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    const char *v1 = "{\n\t\"format\":\t\"moetrain-checkpoint\",\n\t\"version\":\t1,\n\t\"step\":\t4,\n\t\"epoch\":\t0,\n"
+                     "\t\"index\":\t8,\n\t\"skips\":\t0,\n\t\"data_fingerprint\":\t\"00ff\",\n\t\"run\":\t\"x\"\n}";
+    cr_assert_eq(mt_write_file_atomic(path, v1, strlen(v1)), 0);
+    cJSON *j;
+    cr_assert_eq(mt_ckpt_state_read(path, &j), 0, "%s", mt_error_get());
+    cJSON_Delete(j);
+    // the same object sealed, then the seal's own key damaged: refused
+    j = cJSON_Parse(v1);
+    char *text = mt_ckpt_state_seal(j);
+    cJSON_Delete(j);
+    char *key = strstr(text, "\"sha256\"");
+    cr_assert(key);
+    key[6] ^= 0x01;  // "sha256" -> "sha257"
+    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
+    free(text);
+    cr_assert_neq(mt_ckpt_state_read(path, &j), 0);
+    cr_assert(strstr(mt_error_get(), "no valid checksum"), "%s", mt_error_get());
+    mt_test_rmrf(tmp);
+}

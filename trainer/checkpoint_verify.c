@@ -100,6 +100,19 @@ static int state_unseal(const char *text, size_t len, const char *path) {
     return 0;
 }
 
+// Exactly what version 1 wrote: those keys and no other, "version" 1.
+static int legacy_state(const cJSON *j) {
+    static const char *const keys[] = {"format", "version", "step", "epoch", "index", "skips", "data_fingerprint", "run"};
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "version"), *e;
+    if (!cJSON_IsObject(j) || !cJSON_IsNumber(v) || v->valuedouble != 1) return 0;
+    cJSON_ArrayForEach(e, j) {
+        size_t i = 0;
+        while (i < MT_ARRAY_LEN(keys) && strcmp(e->string, keys[i]) != 0) i++;
+        if (i == MT_ARRAY_LEN(keys)) return 0;
+    }
+    return 1;
+}
+
 int mt_ckpt_state_read(const char *path, cJSON **out) {
     char *text;
     size_t len;
@@ -107,11 +120,17 @@ int mt_ckpt_state_read(const char *path, cJSON **out) {
     if (mt_read_file(path, STATE_MAX, &text, &len) != 0) return -1;
     int sealed = strlen(text) == len ? state_unseal(text, len, path) : -1;
     if (sealed < 0 && strlen(text) != len) mt_error_set("%s: holds a NUL byte", path);
-    if (sealed == 1) mt_warn("%s: written before checkpoints carried checksums: not verified", path);
     if (sealed >= 0 && !(*out = cJSON_ParseWithLength(text, len))) {
         mt_error_set("%s: not valid JSON", path);
         sealed = -1;
     }
+    if (sealed == 1 && !legacy_state(*out)) {  // e.g. a sealed file whose seal was damaged
+        mt_error_set("%s: no valid checksum at its end (truncated or edited)", path);
+        cJSON_Delete(*out);
+        *out = NULL;
+        sealed = -1;
+    }
+    if (sealed == 1) mt_warn("%s: written before checkpoints carried checksums: not verified", path);
     free(text);
     return sealed < 0 ? -1 : 0;
 }
