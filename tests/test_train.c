@@ -245,3 +245,18 @@ Test(train, sigint_saves_exits_130_and_resumes_bit_for_bit, .init = setup, .fini
               stopped);
     free(da), free(db);
 }
+
+Test(train, sigterm_saves_and_exits_143, .init = setup, .fini = teardown) {
+    char cmd[2048], out[4096], dir[256], latest[300];
+    snprintf(dir, sizeof dir, "%s/term", tmp);
+    snprintf(cmd, sizeof cmd,
+             "sh -c '%s --model %s --data %s %s --steps 100000 --out %s > %s.log 2>&1 & pid=$!; sleep 1.5; "
+             "kill -TERM $pid; wait $pid; echo rc=$?'", MT_TEST_BIN, model_dir, data, sigint_flags, dir, dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    cr_assert(strstr(out, "rc=143"), "SIGTERM exits 143 (128 + 15) after saving: %s", out);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    cr_assert(access(latest, F_OK) == 0, "a checkpoint was saved");
+}
