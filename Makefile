@@ -162,14 +162,20 @@ endif
 FUZZ_SECONDS ?= 20
 FUZZ_DIR := build-fuzz
 FUZZ_SRC := $(LIB_SRC)
+# The library is compiled once for every target (instrumented, not linked with the fuzzer's main).
+FUZZ_CFLAGS = -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -fno-sanitize-recover=undefined
+FUZZ_OBJ := $(FUZZ_SRC:%.c=$(FUZZ_DIR)/%.o)
+$(FUZZ_DIR)/%.o: %.c | $(CONFIG_MK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP -c $< -o $@
+-include $(FUZZ_OBJ:.o=.d)
 FUZZ_SEEDS_config := configs/*.json
 FUZZ_SEEDS_yaml := configs/*.yaml
 FUZZ_SEEDS_safetensors := tests/fuzz/seeds/*.safetensors
-fuzz: $(CONFIG_MK)
+fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 	@mkdir -p $(FUZZ_DIR)
 	@set -e; for t in $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)); do \
-	  clang -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined \
-	    -fno-sanitize-recover=undefined tests/fuzz/fuzz_$$t.c $(FUZZ_SRC) -o $(FUZZ_DIR)/fuzz_$$t \
+	  clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_$$t.c $(FUZZ_OBJ) -o $(FUZZ_DIR)/fuzz_$$t \
 	    $(BLAS_LIBS) -lcjson -lyaml -lm; \
 	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
 	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
