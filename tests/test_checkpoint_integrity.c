@@ -20,14 +20,8 @@ static const char *flags = "--mode lora --r 4 --quant none --seq 24 --batch 2 --
 static void setup(void) {
     char out[8192];
     mt_test_tmpdir(tmp, sizeof tmp);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", tmp);
-    snprintf(data, sizeof data, "%s/data.jsonl", tmp);
     snprintf(out_dir, sizeof out_dir, "%s/out", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed 3", MT_REPO_ROOT,
-                             model_dir), 0, "%s", out);
-    FILE *f = fopen(data, "w");
-    for (int i = 0; i < 48; i++) fprintf(f, "{\"text\":\"sample %d of the tiny set %03d\"}\n", i, i * 7);
-    fclose(f);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model_dir, data, 48), 0);
     // checkpoints at steps 2 and 4
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 4 --save-every 2 --out %s", model_dir,
                              data, flags, out_dir), 0, "%s", out);
@@ -178,5 +172,22 @@ Test(checkpoint_integrity, legacy_states_only_as_version_1_wrote_them) {
     free(text);
     cr_assert_neq(mt_ckpt_state_read(path, &j), 0);
     cr_assert(strstr(mt_error_get(), "no valid checksum"), "%s", mt_error_get());
+    mt_test_rmrf(tmp);
+}
+
+// Any object seals into valid JSON that reads back, the empty one too (found by fuzz_state).
+Test(checkpoint_integrity, any_object_seals_and_reads_back) {
+    char tmp[64], path[128];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    const char *objects[] = {"{}", "{\"a\":1}", "{\"a\":{},\"b\":[1,2,\"x\"]}"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(objects); i++) {
+        cJSON *j = cJSON_Parse(objects[i]), *back;
+        char *text = mt_ckpt_state_seal(j);
+        cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
+        cr_assert_eq(mt_ckpt_state_read(path, &back), 0, "%s: %s", objects[i], mt_error_get());
+        cr_assert_eq(cJSON_GetArraySize(back), cJSON_GetArraySize(j) + 1, "%s", objects[i]);
+        cJSON_Delete(back), cJSON_Delete(j), free(text);
+    }
     mt_test_rmrf(tmp);
 }

@@ -22,7 +22,7 @@
 #include "core/sha256.h"
 #include "trainer/checkpoint.h"
 
-#define SEAL_KEY ",\n\t\"sha256\":\t\""
+#define SEAL_KEY "\"sha256\":\t\""
 #define SEAL_END "\"\n}\n"
 #define STATE_MAX (1 << 20)
 
@@ -69,10 +69,11 @@ char *mt_ckpt_state_seal(const cJSON *state) {
     if (len < 2 || body[len - 1] != '}') mt_fatal(MT_EXIT_ERROR, "checkpoint: unexpected JSON text");
     len--;
     while (len && body[len - 1] == '\n') len--;
-    size_t klen = strlen(SEAL_KEY), elen = strlen(SEAL_END);
+    const char *sep = state->child ? ",\n\t" : "\n\t";  // after the last member, or after "{"
+    size_t klen = strlen(sep) + strlen(SEAL_KEY), elen = strlen(SEAL_END);
     char *text = mt_xmalloc(len + klen + 64 + elen + 1);
     memcpy(text, body, len);
-    memcpy(text + len, SEAL_KEY, klen);
+    snprintf(text + len, klen + 1, "%s%s", sep, SEAL_KEY);
     free(body);
     mt_sha256_hex(text, len + klen, text + len + klen);
     memcpy(text + len + klen + 64, SEAL_END, elen + 1);

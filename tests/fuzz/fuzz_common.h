@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-// "/tmp/moetrain-fuzz-<what>-<pid>", made once.
+// "/dev/shm/moetrain-fuzz-<what>-<pid>" (memory: the writers fsync), else under /tmp; made once.
 static inline const char *fuzz_dir(const char *what) {
     static char dir[128];
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/moetrain-fuzz-%s-%d", what, (int)getpid());
+        struct stat st;
+        const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
+        snprintf(dir, sizeof dir, "%s/moetrain-fuzz-%s-%d", base, what, (int)getpid());
         mkdir(dir, 0700);
     }
     return dir;
