@@ -122,14 +122,8 @@ static long long latest_mtime(const char *out) {
 Test(checkpoint_retention, sigkills_at_random_moments_leave_no_debris_and_at_most_n_checkpoints) {
     char tmp[64], model[128], data[128], out[160], log[8192];
     mt_test_tmpdir(tmp, sizeof tmp);
-    snprintf(model, sizeof model, "%s/tiny", tmp);
-    snprintf(data, sizeof data, "%s/data.jsonl", tmp);
     snprintf(out, sizeof out, "%s/out", tmp);
-    cr_assert_eq(mt_test_run(log, sizeof log, "init --config %s/configs/tiny.json --out %s --seed 3", MT_REPO_ROOT,
-                             model), 0, "%s", log);
-    FILE *f = fopen(data, "w");
-    for (int i = 0; i < 48; i++) fprintf(f, "{\"text\":\"kill test sample %d %03d\"}\n", i, i * 13);
-    fclose(f);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 48), 0);
     // Every run saves every step and keeps 2; each is killed (SIGKILL) after a delay from a fixed
     // sequence (often inside a save), then the next one resumes where the last verified checkpoint is.
     const int kills = 8;

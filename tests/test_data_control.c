@@ -9,6 +9,17 @@
 #include "trainer/tokenizer.h"
 #include "tests/test_util.h"
 
+// `path` with the byte-level tokenizer and default options.
+static int load(const char *path, mt_dataset *d) {
+    mt_tokenizer tok;
+    cr_assert_eq(mt_tokenizer_init_bytes(&tok, 256, 1, 2), 0);
+    mt_data_opts o;
+    mt_data_opts_default(&o);
+    int rc = mt_dataset_load(d, path, &tok, &o);
+    mt_tokenizer_free(&tok);
+    return rc;
+}
+
 // Loads `good line \n bad line` (bad given with its length, raw bytes and all); the error must name
 // line 2 and say what was found.
 static void expect_refused(const char *bad, size_t n, const char *phrase) {
@@ -20,18 +31,13 @@ static void expect_refused(const char *bad, size_t n, const char *phrase) {
     fwrite(bad, 1, n, f);
     fputs("\n", f);
     fclose(f);
-    mt_tokenizer tok;
-    cr_assert_eq(mt_tokenizer_init_bytes(&tok, 256, 1, 2), 0);
-    mt_data_opts o;
-    mt_data_opts_default(&o);
     mt_dataset d;
-    cr_assert_neq(mt_dataset_load(&d, path, &tok, &o), 0, "accepted: %.*s", (int)n, bad);
+    cr_assert_neq(load(path, &d), 0, "accepted: %.*s", (int)n, bad);
     char want[160];
     snprintf(want, sizeof want, "%s:2:", path);
     cr_assert(strstr(mt_error_get(), want), "line 2 not named: %s", mt_error_get());
     cr_assert(strstr(mt_error_get(), phrase), "'%s' not said: %s", phrase, mt_error_get());
     mt_dataset_free(&d);
-    mt_tokenizer_free(&tok);
     mt_test_rmrf(dir);
 }
 
@@ -64,14 +70,9 @@ Test(data_control, escapes_and_whitespace_between_tokens_are_fine) {
     FILE *f = fopen(path, "wb");
     fputs("{\t\"text\":\t\"a \\\"quoted\\\" \\\\ tab\\there\"\t}\r\n", f);
     fclose(f);
-    mt_tokenizer tok;
-    cr_assert_eq(mt_tokenizer_init_bytes(&tok, 256, 1, 2), 0);
-    mt_data_opts o;
-    mt_data_opts_default(&o);
     mt_dataset d;
-    int rc = mt_dataset_load(&d, path, &tok, &o);
+    int rc = load(path, &d);
     cr_assert(rc != 0 ? strstr(mt_error_get(), "reserved") != NULL : d.n == 1, "%s", mt_error_get());
     if (rc == 0) mt_dataset_free(&d);
-    mt_tokenizer_free(&tok);
     mt_test_rmrf(dir);
 }

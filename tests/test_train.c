@@ -202,17 +202,22 @@ Test(train, bad_input_is_named, .init = setup, .fini = teardown) {
 // uninterrupted one of any length take the same steps.
 static const char *sigint_flags = "--mode lora --r 4 --quant none --seq 24 --batch 2 --schedule constant --dropout 0.1";
 
-Test(train, sigint_saves_exits_130_and_resumes_bit_for_bit, .init = setup, .fini = teardown) {
-    char cmd[2048], out[16384], dir[256];
-    snprintf(dir, sizeof dir, "%s/int", tmp);
-    // A long run, interrupted after a second; the shell reports its exit code.
+// A long run in `dir`, sent SIG<sig> after 1.5 s; `out` gets the shell's "rc=<exit code>".
+static void interrupted_run(const char *sig, const char *dir, char *out, size_t cap) {
+    char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "sh -c '%s --model %s --data %s %s --steps 100000 --out %s > %s.log 2>&1 & pid=$!; sleep 1.5; "
-             "kill -INT $pid; wait $pid; echo rc=$?'", MT_TEST_BIN, model_dir, data, sigint_flags, dir, dir);
+             "kill -%s $pid; wait $pid; echo rc=$?'", MT_TEST_BIN, model_dir, data, sigint_flags, dir, dir, sig);
     FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, sizeof out - 1, p);
+    size_t n = fread(out, 1, cap - 1, p);
     out[n] = 0;
     pclose(p);
+}
+
+Test(train, sigint_saves_exits_130_and_resumes_bit_for_bit, .init = setup, .fini = teardown) {
+    char out[16384], dir[256];
+    snprintf(dir, sizeof dir, "%s/int", tmp);
+    interrupted_run("INT", dir, out, sizeof out);
     cr_assert(strstr(out, "rc=130"), "interrupted run exits 130 (128 + SIGINT) after saving: %s", out);
     char latest[300], *text;
     size_t len;
@@ -247,15 +252,9 @@ Test(train, sigint_saves_exits_130_and_resumes_bit_for_bit, .init = setup, .fini
 }
 
 Test(train, sigterm_saves_and_exits_143, .init = setup, .fini = teardown) {
-    char cmd[2048], out[4096], dir[256], latest[300];
+    char out[4096], dir[256], latest[300];
     snprintf(dir, sizeof dir, "%s/term", tmp);
-    snprintf(cmd, sizeof cmd,
-             "sh -c '%s --model %s --data %s %s --steps 100000 --out %s > %s.log 2>&1 & pid=$!; sleep 1.5; "
-             "kill -TERM $pid; wait $pid; echo rc=$?'", MT_TEST_BIN, model_dir, data, sigint_flags, dir, dir);
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    pclose(p);
+    interrupted_run("TERM", dir, out, sizeof out);
     cr_assert(strstr(out, "rc=143"), "SIGTERM exits 143 (128 + 15) after saving: %s", out);
     snprintf(latest, sizeof latest, "%s/latest", dir);
     cr_assert(access(latest, F_OK) == 0, "a checkpoint was saved");

@@ -106,20 +106,6 @@ static int read_state(const char *path, mt_train_state *st, char *run_id, size_t
     return rc;
 }
 
-static int remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? 0 : -1;
-    struct dirent *e;
-    char path[4400];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);  // checkpoints hold plain files only
-    }
-    closedir(d);
-    return rmdir(dir);
-}
-
 static void fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) fsync(fd), close(fd);
@@ -148,7 +134,7 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     snprintf(final, sizeof final, "%s/%s", out, name);
     int rc = 0;
     if (lead) {
-        remove_tree(tmp);
+        mt_remove_flat_dir(tmp);
         rc = mt_mkdir_p(tmp);
     }
     if (!all_ok(world, rc)) goto failed;
@@ -162,7 +148,7 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
         rc = write_state(path, st, run_id, tmp);
         if (!rc) {
             fsync_dir(tmp);
-            remove_tree(final);  // a checkpoint of the same step written before (a resumed run)
+            mt_remove_flat_dir(final);  // a checkpoint of the same step written before (a resumed run)
             if (rename(tmp, final) != 0) {
                 mt_error_set("%s: cannot rename into place: %s", final, strerror(errno));
                 rc = -1;
@@ -179,7 +165,7 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     if (all_ok(world, rc)) return 0;
 failed:
     if (rc == 0) mt_error_set("another rank failed to write its part");
-    if (lead) remove_tree(tmp);
+    if (lead) mt_remove_flat_dir(tmp);
     mt_error_prefix("saving checkpoint %s", final);
     return -1;
 }

@@ -12,22 +12,8 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/fileio.h"
 #include "trainer/checkpoint.h"
-
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[4400];
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);  // checkpoints hold plain files only
-        }
-        closedir(d);
-    }
-    if (rmdir(dir) != 0 && errno != ENOENT) unlink(dir);
-}
 
 typedef struct { long long step; double eval_loss; } kept;
 
@@ -91,7 +77,7 @@ void mt_checkpoint_prune(const char *out, int64_t limit) {
         snprintf(doomed, sizeof doomed, "%s/.checkpoint-%lld.del-%d", out, c[i].step, (int)getpid());
         // renamed first: a kill while removing leaves debris that the next start clears, never a
         // half-removed checkpoint-N that looks complete
-        if (rename(dir, doomed) == 0) remove_tree(doomed);
+        if (rename(dir, doomed) == 0) mt_remove_flat_dir(doomed);
         else mt_warn("%s: cannot remove old checkpoint: %s", dir, strerror(errno));
     }
     free(c);
@@ -124,7 +110,7 @@ int mt_checkpoint_remove_stale(const char *out) {
         if (pid < 0 || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
         snprintf(path, sizeof path, "%s/%s", out, e->d_name);
-        remove_tree(path);
+        mt_remove_flat_dir(path);
         removed++;
     }
     closedir(d);
