@@ -191,3 +191,18 @@ Test(checkpoint_integrity, any_object_seals_and_reads_back) {
     }
     mt_test_rmrf(tmp);
 }
+
+// RELIABILITY.md: a resume with another configuration (or other data) is refused, saying why.
+Test(checkpoint_integrity, resume_with_other_options_or_data_is_refused, .init = setup, .fini = teardown) {
+    char out[16384], other[200];
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --r 8 --steps 6 --resume %s --out %s", model_dir,
+                             data, flags, out_dir, out_dir), 1, "%s", out);
+    cr_assert(strstr(out, "different run") && strstr(out, "r=4") && strstr(out, "r=8"), "%s", out);
+    snprintf(other, sizeof other, "%s/other.jsonl", tmp);
+    FILE *f = fopen(other, "w");
+    fprintf(f, "{\"text\":\"something else entirely\"}\n");
+    fclose(f);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume %s --out %s", model_dir,
+                             other, flags, out_dir, out_dir), 1, "%s", out);
+    cr_assert(strstr(out, "different data"), "%s", out);
+}
