@@ -128,9 +128,11 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     char tmp[4200], final[4200], path[4400], name[64];
     int lead = !world || mt_comm_rank(world) == 0, multi = world && mt_comm_size(world) > 1;
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)st->step);
-    // Several ranks write into one folder, so its name cannot hold one rank's pid.
-    if (multi) snprintf(tmp, sizeof tmp, "%s/.%s.tmp", out, name);
-    else snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)getpid());
+    // Several ranks write into one folder: it carries rank 0's pid, so that a later start can
+    // tell whether its writer is gone (mt_checkpoint_remove_stale).
+    int32_t pid = (int32_t)getpid();
+    if (multi) mt_comm_host_broadcast(world, &pid, 1, MT_COMM_I32, 0);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)pid);
     snprintf(final, sizeof final, "%s/%s", out, name);
     int rc = 0;
     if (lead) {
