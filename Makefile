@@ -175,23 +175,31 @@ bench-gpu:
 	@echo "bench-gpu: needs a CUDA build: make CUDA=1 bench-gpu"; exit 1
 endif
 
-# Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files; FUZZ_SECONDS each.
+# Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files (tests/fuzz/seeds/<target>/
+# for the newer targets); FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_DIR := build-fuzz
 FUZZ_SRC := $(LIB_SRC)
+# The library is compiled once for every target (instrumented, not linked with the fuzzer's main).
+FUZZ_CFLAGS = -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -fno-sanitize-recover=undefined
+FUZZ_OBJ := $(FUZZ_SRC:%.c=$(FUZZ_DIR)/%.o)
+$(FUZZ_DIR)/%.o: %.c | $(CONFIG_MK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP -c $< -o $@
+-include $(FUZZ_OBJ:.o=.d)
 FUZZ_SEEDS_config := configs/*.json
 FUZZ_SEEDS_yaml := configs/*.yaml
 FUZZ_SEEDS_safetensors := tests/fuzz/seeds/*.safetensors
-fuzz: $(CONFIG_MK)
+fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 	@mkdir -p $(FUZZ_DIR)
 	@set -e; for t in $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)); do \
-	  clang -std=c11 -g -O1 -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -fsanitize=fuzzer,address,undefined \
-	    -fno-sanitize-recover=undefined tests/fuzz/fuzz_$$t.c $(FUZZ_SRC) -o $(FUZZ_DIR)/fuzz_$$t \
+	  clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_$$t.c $(FUZZ_OBJ) -o $(FUZZ_DIR)/fuzz_$$t \
 	    $(BLAS_LIBS) -lcjson -lyaml -lm; \
 	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
 	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
 	    yaml) cp $(FUZZ_SEEDS_yaml) $(FUZZ_DIR)/corpus_$$t/;; \
-	    safetensors) cp $(FUZZ_SEEDS_safetensors) $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; esac; \
+	    safetensors) cp $(FUZZ_SEEDS_safetensors) $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; \
+	    *) cp tests/fuzz/seeds/$$t/* $(FUZZ_DIR)/corpus_$$t/ 2>/dev/null || true;; esac; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 	  $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(FUZZ_DIR)/$$t- -print_final_stats=1 $(FUZZ_DIR)/corpus_$$t \

@@ -1,6 +1,7 @@
 // core/fileio.c — capped reads, atomic writes (temp + fsync + rename), mkdir -p.
 #include "core/fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -129,4 +130,21 @@ int mt_mkdir_p(const char *path) {
         return -1;
     }
     return 0;
+}
+
+int mt_remove_flat_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return errno == ENOTDIR ? unlink(path) : -1;
+    }
+    struct dirent *e;
+    char file[4400];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        unlink(file);
+    }
+    closedir(d);
+    return rmdir(path);
 }

@@ -280,7 +280,27 @@ static int has_nul_escape(const char *s, size_t len) {
     return 0;
 }
 
+// JSON forbids raw control bytes (< 0x20) inside strings, but cJSON copies them in, and a raw NUL
+// would then cut the sample short at strlen: the first one's column (from 1), or 0.
+static size_t raw_control(const char *s, size_t len) {
+    int in_string = 0;
+    while (len && (s[len - 1] == '\n' || s[len - 1] == '\r')) len--;  // the line's end
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 && (in_string || (c != '\t' && c != '\r' && c != '\n'))) return i + 1;
+        if (in_string && c == '\\') i++;
+        else if (c == '"') in_string = !in_string;
+    }
+    return 0;
+}
+
 static int parse_line(loader *L, const char *s, size_t len) {
+    size_t col = raw_control(s, len);
+    if (col) {
+        mt_error_set("%s: raw control byte 0x%02x at column %zu (JSON strings must escape it, e.g. \\u%04x)",
+                     L->where, (unsigned char)s[col - 1], col, (unsigned char)s[col - 1]);
+        return -1;
+    }
     if (has_nul_escape(s, len)) {
         mt_error_set("%s: a string holds \\u0000 (NUL), which a sample cannot carry", L->where);
         return -1;

@@ -15,8 +15,18 @@ static int read_config(const char *path, mt_peft_config *cfg) {
     char *text;
     size_t len;
     if (mt_read_file(path, 1 << 20, &text, &len) != 0) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    int rc = mt_peft_config_parse(text, len, path, cfg);
     free(text);
+    return rc;
+}
+
+// An empty target_modules ([] or "") adapts nothing: PEFT itself refuses it.
+static int empty_targets(const cJSON *t) {
+    return (cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0) || (cJSON_IsString(t) && !t->valuestring[0]);
+}
+
+int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft_config *cfg) {
+    cJSON *root = cJSON_ParseWithLength(text, len);
     int rc = -1;
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
     const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
@@ -29,9 +39,16 @@ static int read_config(const char *path, mt_peft_config *cfg) {
     if (!cJSON_IsObject(root)) mt_error_set("%s: not a JSON object", path);
     else if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
         mt_error_set("%s: peft_type is not \"LORA\"", path);
-    else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble != floor(r->valuedouble))
-        mt_error_set("%s: r must be a positive integer", path);
-    else if (alpha && !cJSON_IsNumber(alpha)) mt_error_set("%s: lora_alpha must be a number", path);
+    else if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= MT_PEFT_MAX_R) ||
+             r->valuedouble != floor(r->valuedouble))
+        mt_error_set("%s: key \"r\" must be an integer in 1..%d", path, MT_PEFT_MAX_R);
+    else if (alpha && (!cJSON_IsNumber(alpha) || !(alpha->valuedouble > 0 && alpha->valuedouble <= 1e6)))
+        mt_error_set("%s: key \"lora_alpha\" must be a number in (0, 1e6]", path);
+    else if (drop && !cJSON_IsNull(drop) &&
+             (!cJSON_IsNumber(drop) || !(drop->valuedouble >= 0 && drop->valuedouble < 1)))
+        mt_error_set("%s: key \"lora_dropout\" must be a number in [0, 1)", path);
+    else if (empty_targets(cJSON_GetObjectItemCaseSensitive(root, "target_modules")))
+        mt_error_set("%s: key \"target_modules\" is empty: the adapter would adapt nothing", path);
     else if (cJSON_IsTrue(dora)) mt_error_set("%s: use_dora adapters are not supported", path);
     else if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none") != 0)
         mt_error_set("%s: bias \"%s\" is not supported (only \"none\")", path, bias->valuestring);
@@ -49,7 +66,7 @@ static int read_config(const char *path, mt_peft_config *cfg) {
 }
 
 // "base_model.model.<module>.lora_A.weight" -> module and 'A' / 'B'; 0 when it is such a key.
-static int split_key(const char *key, char *module, size_t cap, char *which) {
+int mt_peft_split_key(const char *key, char *module, size_t cap, char *which) {
     size_t n = strlen(key), p = sizeof PREFIX - 1, s = sizeof ".lora_A.weight" - 1;
     if (n <= p + s || strncmp(key, PREFIX, p) != 0) return -1;
     const char *tail = key + n - s;
@@ -73,7 +90,7 @@ int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void 
     for (size_t i = 0; i < f.n_tensors && rc == 0; i++) {
         const mt_st_tensor *t = &f.tensors[i];
         char module[512], which, other[600];
-        if (split_key(t->name, module, sizeof module, &which) != 0) {
+        if (mt_peft_split_key(t->name, module, sizeof module, &which) != 0) {
             mt_error_set("%s: key '%s' is not a LoRA A/B weight (base_model.model.<module>.lora_A.weight)",
                          path, t->name);
             rc = -1;
@@ -96,7 +113,7 @@ int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void 
     }
     for (size_t i = 0; i < f.n_tensors && rc == 0; i++) {  // every B has its A
         char module[512], which, other[600];
-        split_key(f.tensors[i].name, module, sizeof module, &which);
+        mt_peft_split_key(f.tensors[i].name, module, sizeof module, &which);
         snprintf(other, sizeof other, "%s%s.lora_A.weight", PREFIX, module);
         if (which == 'B' && !mt_st_file_find(&f, other)) {
             mt_error_set("%s: '%s' has no matching '%s'", path, f.tensors[i].name, other);

@@ -23,6 +23,13 @@ typedef int (*mt_peft_pair_fn)(void *ctx, const char *module, const mt_st_tensor
 // a lora_A without its lora_B, an unknown key form, a rank that differs from the config's r
 // (rank_pattern is not supported), DoRA or bias terms.
 int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx);
+// adapter_config.json's text (len bytes; `path` names it in errors): r an integer in
+// 1..MT_PEFT_MAX_R, lora_alpha in (0, 1e6], lora_dropout in [0, 1), target_modules not empty.
+#define MT_PEFT_MAX_R 65536
+int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft_config *cfg);
+// "base_model.model.<module>.lora_A.weight" -> module (cap bytes) and 'A' / 'B'; 0 when it is
+// such a key, -1 otherwise.
+int mt_peft_split_key(const char *key, char *module, size_t cap, char *which);
 
 // ---------------------------------------------------------------------------------------------
 // Writing (lora/peft_write.c)

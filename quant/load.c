@@ -1,6 +1,7 @@
 // quant/load.c — bnb-4bit import (FORMATS.md §1.4) and quantize-on-load: a checkpoint streamed
 // tensor by tensor, targets quantized one at a time, each tensor's mmapped pages dropped once
 // it is done.
+#include <float.h>
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -262,8 +263,8 @@ static int parse_quant_state(const char *name, const mt_bnb_parts *p, quant_stat
                 bad = "nested_blocksize", snprintf(why, sizeof why, "must be 256");
             else if (!cJSON_IsString(ndt) || strcmp(ndt->valuestring, "float32") != 0)
                 bad = "nested_dtype", snprintf(why, sizeof why, "must be \"float32\"");
-            else if (!cJSON_IsNumber(off) || !isfinite(off->valuedouble))
-                bad = "nested_offset", snprintf(why, sizeof why, "must be a finite number");
+            else if (!cJSON_IsNumber(off) || !(fabs(off->valuedouble) <= FLT_MAX))  // stored as a float32
+                bad = "nested_offset", snprintf(why, sizeof why, "must be a finite float32");
             else
                 qs->offset = (float)off->valuedouble;
         } else if (cJSON_GetObjectItemCaseSensitive(root, "nested_blocksize") ||

@@ -408,6 +408,9 @@ Test(quant_load, malformed_quant_state) {
         {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [8, 64], \"x\": 1}", "unknown key"},
         {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [8, 64], "
          "\"nested_blocksize\": 128, \"nested_dtype\": \"float32\", \"nested_offset\": 0.1}", "nested_blocksize"},
+        // finite as a double, infinite as the float32 it is stored in (found by fuzz_quant_state)
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [8, 64], "
+         "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": 1e300}", "nested_offset"},
         // the shape in the JSON disagrees with the packed bytes
         {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [16, 64], "
          "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": 0.1}", "wrong shape"},

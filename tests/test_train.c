@@ -202,19 +202,27 @@ Test(train, bad_input_is_named, .init = setup, .fini = teardown) {
     cr_assert(strstr(out, "--zero 2") && strstr(out, "not implemented"), "%s", out);
 }
 
-Test(train, sigint_saves_a_checkpoint_and_exits_cleanly, .init = setup, .fini = teardown) {
-    char cmd[2048], out[16384], dir[256];
-    snprintf(dir, sizeof dir, "%s/int", tmp);
-    // A long run, interrupted after a second; the shell reports its exit code.
+// A constant schedule: the learning rate does not depend on --steps, so the interrupted run and an
+// uninterrupted one of any length take the same steps.
+static const char *sigint_flags = "--mode lora --r 4 --quant none --seq 24 --batch 2 --schedule constant --dropout 0.1";
+
+// A long run in `dir`, sent SIG<sig> after 1.5 s; `out` gets the shell's "rc=<exit code>".
+static void interrupted_run(const char *sig, const char *dir, char *out, size_t cap) {
+    char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "sh -c '%s --model %s --data %s --mode lora --r 4 --quant none --seq 24 --batch 2 --steps 100000 "
-             "--out %s > %s.log 2>&1 & pid=$!; sleep 1.5; kill -INT $pid; wait $pid; echo rc=$?'",
-             MT_TEST_BIN, model_dir, data, dir, dir);
+             "sh -c '%s --model %s --data %s %s --steps 100000 --out %s > %s.log 2>&1 & pid=$!; sleep 1.5; "
+             "kill -%s $pid; wait $pid; echo rc=$?'", MT_TEST_BIN, model_dir, data, sigint_flags, dir, dir, sig);
     FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, sizeof out - 1, p);
+    size_t n = fread(out, 1, cap - 1, p);
     out[n] = 0;
     pclose(p);
-    cr_assert(strstr(out, "rc=0"), "interrupted run exit: %s", out);
+}
+
+Test(train, sigint_saves_exits_130_and_resumes_bit_for_bit, .init = setup, .fini = teardown) {
+    char out[16384], dir[256];
+    snprintf(dir, sizeof dir, "%s/int", tmp);
+    interrupted_run("INT", dir, out, sizeof out);
+    cr_assert(strstr(out, "rc=130"), "interrupted run exits 130 (128 + SIGINT) after saving: %s", out);
     char latest[300], *text;
     size_t len;
     snprintf(latest, sizeof latest, "%s/latest", dir);
@@ -225,6 +233,35 @@ Test(train, sigint_saves_a_checkpoint_and_exits_cleanly, .init = setup, .fini = 
     cr_assert_eq(mt_read_file(latest, 1 << 20, &text, &len), 0);
     cr_assert(strstr(text, "stopped by signal"), "%s", text);
     free(text);
+    // the resumed run continues bit for bit: two more steps equal an uninterrupted run of S + 2
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    cr_assert_eq(mt_read_file(latest, 4096, &text, &len), 0);
+    long long stopped = atoll(text + 11);
+    free(text);
+    char whole[300];
+    snprintf(whole, sizeof whole, "%s/whole", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps %lld --resume %s --out %s", model_dir,
+                             data, sigint_flags, stopped + 2, dir, dir), 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps %lld --out %s", model_dir, data,
+                             sigint_flags, stopped + 2, whole), 0, "%s", out);
+    char pa[400], pb[400], *da, *db;
+    size_t la, lb;
+    snprintf(pa, sizeof pa, "%s/adapter/adapter_model.safetensors", dir);
+    snprintf(pb, sizeof pb, "%s/adapter/adapter_model.safetensors", whole);
+    cr_assert_eq(mt_read_file(pa, 1 << 26, &da, &la), 0);
+    cr_assert_eq(mt_read_file(pb, 1 << 26, &db, &lb), 0);
+    cr_assert(la == lb && memcmp(da, db, la) == 0, "resumed after SIGINT at step %lld differs from the whole run",
+              stopped);
+    free(da), free(db);
+}
+
+Test(train, sigterm_saves_and_exits_143, .init = setup, .fini = teardown) {
+    char out[4096], dir[256], latest[300];
+    snprintf(dir, sizeof dir, "%s/term", tmp);
+    interrupted_run("TERM", dir, out, sizeof out);
+    cr_assert(strstr(out, "rc=143"), "SIGTERM exits 143 (128 + 15) after saving: %s", out);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    cr_assert(access(latest, F_OK) == 0, "a checkpoint was saved");
 }
 
 // core/threads.h: without OMP_WAIT_POLICY or GOMP_SPINCOUNT the program re-executes itself with

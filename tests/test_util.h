@@ -44,3 +44,19 @@ static inline void mt_test_rmrf(const char *dir) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
+
+// In `tmp`: a tiny checkpoint (configs/tiny.json, seed 3) at model (128 bytes) and `lines` text
+// samples at data (128 bytes), for tests that run training.
+static inline int mt_test_tiny_run_inputs(const char *tmp, char *model, char *data, int lines) {
+    char log[8192];
+    snprintf(model, 128, "%s/tiny", tmp);
+    snprintf(data, 128, "%s/data.jsonl", tmp);
+    if (mt_test_run(log, sizeof log, "init --config %s/configs/tiny.json --out %s --seed 3", MT_REPO_ROOT, model) != 0) {
+        fprintf(stderr, "%s", log);
+        return -1;
+    }
+    FILE *f = fopen(data, "w");
+    if (!f) return -1;
+    for (int i = 0; i < lines; i++) fprintf(f, "{\"text\":\"sample %d of the tiny set %03d\"}\n", i, i * 7);
+    return fclose(f);
+}

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -57,64 +58,52 @@ static int load_trainables(const char *path, const mt_param *p, int n) {
     return rc;
 }
 
-static int write_state(const char *path, const mt_train_state *st, const char *run_id) {
+static int write_state(const char *path, const mt_train_state *st, const char *run_id, const char *dir) {
     char fp[32];
     snprintf(fp, sizeof fp, "%016llx", (unsigned long long)st->data_fingerprint);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "format", "moetrain-checkpoint");
-    cJSON_AddNumberToObject(j, "version", 1);
+    cJSON_AddNumberToObject(j, "version", 2);
     cJSON_AddNumberToObject(j, "step", (double)st->step);
     cJSON_AddNumberToObject(j, "epoch", (double)st->cursor.epoch);
     cJSON_AddNumberToObject(j, "index", (double)st->cursor.index);
     cJSON_AddNumberToObject(j, "skips", (double)st->skips);
+    if (st->eval_loss == st->eval_loss) cJSON_AddNumberToObject(j, "eval_loss", st->eval_loss);
     cJSON_AddStringToObject(j, "data_fingerprint", fp);
     cJSON_AddStringToObject(j, "run", run_id);
-    char *text = cJSON_Print(j);
+    int rc = mt_ckpt_manifest_add(j, dir);
+    char *text = rc ? NULL : mt_ckpt_state_seal(j);
     cJSON_Delete(j);
-    int rc = mt_write_file_atomic(path, text, strlen(text));
+    if (!rc) rc = mt_write_file_atomic(path, text, strlen(text));
     free(text);
     return rc;
 }
 
 static int read_state(const char *path, mt_train_state *st, char *run_id, size_t cap) {
-    char *text;
-    size_t len;
-    if (mt_read_file(path, 1 << 20, &text, &len) != 0) return -1;
-    cJSON *j = cJSON_ParseWithLength(text, len);
-    free(text);
+    cJSON *j;
+    if (mt_ckpt_state_read(path, &j) != 0) return -1;
     const cJSON *f = cJSON_GetObjectItem(j, "format"), *step = cJSON_GetObjectItem(j, "step"),
                 *ep = cJSON_GetObjectItem(j, "epoch"), *ix = cJSON_GetObjectItem(j, "index"),
                 *sk = cJSON_GetObjectItem(j, "skips"), *fp = cJSON_GetObjectItem(j, "data_fingerprint"),
-                *run = cJSON_GetObjectItem(j, "run");
+                *run = cJSON_GetObjectItem(j, "run"), *el = cJSON_GetObjectItem(j, "eval_loss");
     int rc = -1;
     if (!cJSON_IsString(f) || strcmp(f->valuestring, "moetrain-checkpoint") != 0 || !cJSON_IsNumber(step) ||
-        !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsString(fp) || !cJSON_IsString(run))
+        !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsString(fp) || !cJSON_IsString(run) ||
+        step->valuedouble < 0 || step->valuedouble > 9e15 || ep->valuedouble < 0 || ep->valuedouble > 9e15 ||
+        ix->valuedouble < 0 || ix->valuedouble > 9e15)
         mt_error_set("%s: not a moetrain checkpoint state (format, step, epoch, index, data_fingerprint, run)", path);
     else {
         st->step = (int64_t)step->valuedouble;
         st->cursor.epoch = (int64_t)ep->valuedouble;
         st->cursor.index = (int64_t)ix->valuedouble;
-        st->skips = cJSON_IsNumber(sk) ? (int64_t)sk->valuedouble : 0;
+        st->skips = cJSON_IsNumber(sk) && sk->valuedouble >= 0 && sk->valuedouble < 9e15 ? (int64_t)sk->valuedouble : 0;
+        st->eval_loss = cJSON_IsNumber(el) ? el->valuedouble : NAN;
         st->data_fingerprint = strtoull(fp->valuestring, NULL, 16);
         snprintf(run_id, cap, "%s", run->valuestring);
         rc = 0;
     }
     cJSON_Delete(j);
     return rc;
-}
-
-static int remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? 0 : -1;
-    struct dirent *e;
-    char path[4400];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);  // checkpoints hold plain files only
-    }
-    closedir(d);
-    return rmdir(dir);
 }
 
 static void fsync_dir(const char *dir) {
@@ -139,13 +128,15 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     char tmp[4200], final[4200], path[4400], name[64];
     int lead = !world || mt_comm_rank(world) == 0, multi = world && mt_comm_size(world) > 1;
     snprintf(name, sizeof name, "checkpoint-%lld", (long long)st->step);
-    // Several ranks write into one folder, so its name cannot hold one rank's pid.
-    if (multi) snprintf(tmp, sizeof tmp, "%s/.%s.tmp", out, name);
-    else snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)getpid());
+    // Several ranks write into one folder: it carries rank 0's pid, so that a later start can
+    // tell whether its writer is gone (mt_checkpoint_remove_stale).
+    int32_t pid = (int32_t)getpid();
+    if (multi) mt_comm_host_broadcast(world, &pid, 1, MT_COMM_I32, 0);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%d", out, name, (int)pid);
     snprintf(final, sizeof final, "%s/%s", out, name);
     int rc = 0;
     if (lead) {
-        remove_tree(tmp);
+        mt_remove_flat_dir(tmp);
         rc = mt_mkdir_p(tmp);
     }
     if (!all_ok(world, rc)) goto failed;
@@ -156,10 +147,10 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     if (!all_ok(world, rc)) goto failed;
     if (lead) {
         snprintf(path, sizeof path, "%s/state.json", tmp);
-        rc = write_state(path, st, run_id);
+        rc = write_state(path, st, run_id, tmp);
         if (!rc) {
             fsync_dir(tmp);
-            remove_tree(final);  // a checkpoint of the same step written before (a resumed run)
+            mt_remove_flat_dir(final);  // a checkpoint of the same step written before (a resumed run)
             if (rename(tmp, final) != 0) {
                 mt_error_set("%s: cannot rename into place: %s", final, strerror(errno));
                 rc = -1;
@@ -176,7 +167,7 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
     if (all_ok(world, rc)) return 0;
 failed:
     if (rc == 0) mt_error_set("another rank failed to write its part");
-    if (lead) remove_tree(tmp);
+    if (lead) mt_remove_flat_dir(tmp);
     mt_error_prefix("saving checkpoint %s", final);
     return -1;
 }
@@ -236,6 +227,11 @@ int mt_checkpoint_load(const char *dir, const mt_param *w, int nw, const mt_para
         mt_error_set("%s was written by a different run and cannot be resumed by this one:\n  saved: %s\n  now:   %s",
                      dir, saved_run, run_id);
         return -1;
+    }
+    const char *what[] = {"trainables", "optimizer"};
+    for (int i = 0; i < 2; i++) {  // the files this rank loads must be among those verified
+        rank_file(path, sizeof path, "", what[i], world);
+        if (mt_checkpoint_lists(dir, path + 1) != 0) return -1;
     }
     rank_file(path, sizeof path, dir, "trainables", world);
     if (load_trainables(path, w, nw) != 0) return -1;

@@ -13,6 +13,7 @@ typedef struct mt_train_state {
     mt_data_cursor cursor;     // where the data continues
     uint64_t data_fingerprint; // the dataset it was trained on
     int64_t skips;             // non-finite steps skipped so far
+    double eval_loss;          // eval loss at this step, NaN when none ran (retention keeps the best)
 } mt_train_state;
 
 // Writes OUT/checkpoint-<step>/ {trainables.safetensors (the weights w), optimizer.safetensors
@@ -27,6 +28,34 @@ int mt_checkpoint_save(const char *out, const mt_param *w, int nw, const mt_para
 // `latest` is missing, garbled or names a missing folder, the newest complete checkpoint (with a
 // warning). Fills dir (4096 bytes). 0, or -1 when there is none.
 int mt_checkpoint_find(const char *path, char *dir);
+// Like mt_checkpoint_find, but every candidate is verified (mt_checkpoint_verify) before it is
+// chosen: when the one `latest` names fails, a warning names the file and what failed and the
+// newest earlier checkpoint that verifies is used, saying so. A checkpoint folder given itself
+// must verify. 0, or -1 when none verifies.
+int mt_checkpoint_find_verified(const char *path, char *dir);
+// Checks state.json's own checksum, then the size and SHA-256 of every file it lists; `verbose`
+// prints a line per file. 0, or -1 with an error naming the file and what failed.
+int mt_checkpoint_verify(const char *dir, int verbose);
+// 0 when the checkpoint's state.json lists `file` (or lists nothing: version 1), else -1.
+int mt_checkpoint_lists(const char *dir, const char *file);
+// Retention (HF Trainer's save_total_limit): keeps at most `limit` checkpoint-N folders in `out`
+// (0: all), always the newest and the one with the lowest eval loss (so 2 when limit is 1 and
+// they differ). A pruned folder is renamed to a temporary name before it is removed.
+void mt_checkpoint_prune(const char *out, int64_t limit);
+// Removes, from `out`, the temporary folders and files (.checkpoint-N.tmp-PID, latest.tmp.PID,
+// ...) of processes that no longer exist; those of a live process are left alone. Returns how
+// many were removed.
+int mt_checkpoint_remove_stale(const char *out);
+
+// state.json (checkpoint_verify.c)
+typedef struct cJSON cJSON;
+// Adds "files": {name: {size, sha256}} for every file in dir but state.json.
+int mt_ckpt_manifest_add(cJSON *state, const char *dir);
+// The text of state.json: the object, then the SHA-256 of everything before it (malloc'd).
+char *mt_ckpt_state_seal(const cJSON *state);
+// Reads and parses state.json, refusing it unless its own checksum holds.
+int mt_ckpt_state_read(const char *path, cJSON **out);
+
 // Restores trainables and optimizer state (this rank's files); refuses (naming both) when run_id
 // differs.
 int mt_checkpoint_load(const char *dir, const mt_param *w, int nw, const mt_param *p, int n, mt_adamw *o,

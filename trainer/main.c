@@ -22,6 +22,7 @@ static const subcommand subcommands[] = {
     {"generate", "sample text, with or without an adapter", cmd_generate},
     {"merge", "fold an adapter into a bf16 checkpoint", cmd_merge},
     {"quantize", "write a 4-bit checkpoint once, load it fast later", cmd_quantize},
+    {"verify", "check a checkpoint, output folder, adapter or model against its checksums", cmd_verify},
 };
 
 static void print_usage(FILE *out) {

@@ -71,6 +71,8 @@ static const opt_def opt_table[] = {
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
+    {"save-total-limit", OPT_I64, F(save_total_limit), 0,
+     "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
     {"eval-data", OPT_STR, F(eval_data), S(eval_data), "held-out data for periodic evaluation"},
     {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
@@ -120,6 +122,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->seed = 42;
     strcpy(o->overlong, "truncate");
     o->max_skips = 10;
+    o->save_total_limit = 3;
     o->max_new_tokens = 64;
     o->top_p = 1.0;
 }
@@ -327,6 +330,9 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     case OPT_BYTES: rc = mt_parse_bytes(value, (double *)field); break;
     case OPT_SPECIAL: rc = set_special(o, key, value); break;
     }
+    if (!rc && d->type != OPT_STR && d->type != OPT_BOOL && d->type != OPT_SPECIAL)
+        rc = mt_opt_range_check(key, d->type == OPT_INT ? *(int *)field : d->type == OPT_F64 || d->type == OPT_BYTES
+                                                               ? *(double *)field : (double)*(int64_t *)field, value);
     if (rc) mt_error_prefix("--%s", key);
     return rc;
 }
@@ -393,7 +399,9 @@ void mt_run_opts_print_help(FILE *out) {
     fprintf(out, "flags (each also a YAML key of a --config file; boolean flags take --no-NAME):\n");
     for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++) {
         const opt_def *d = &opt_table[i];
-        fprintf(out, "  --%-18s %s\n", d->key, d->help);
+        char range[96];
+        if (mt_opt_range_text(d->key, range, sizeof range)) fprintf(out, "  --%-18s %s; range %s\n", d->key, d->help, range);
+        else fprintf(out, "  --%-18s %s\n", d->key, d->help);
     }
 }
 

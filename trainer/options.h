@@ -66,6 +66,7 @@ typedef struct mt_run_opts {
     int packing;
     char overlong[16];        // truncate | drop | refuse
     int64_t save_every;       // steps between checkpoints (0: only at the end)
+    int64_t save_total_limit; // checkpoints kept in --out (0: all); newest and best always
     char eval_data[1024];
     int64_t eval_every;
     char resume[1024];        // checkpoint folder (or an output folder: its latest checkpoint)
@@ -91,6 +92,11 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv);
 // Sets one option by key ("r", "mode", ...) from text; used by flags and YAML alike.
 int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value);
 void mt_run_opts_print_help(FILE *out);
+// The documented range of a numeric setting (trainer/option_ranges.c): 0 when `v` (given as
+// `text`) lies in it (or the key has none), else -1 with an error saying the range. mt_opt_range_text writes it as
+// "[lo, hi]" / "(lo, hi]" and returns 0 for a key without one.
+int mt_opt_range_check(const char *key, double v, const char *text);
+int mt_opt_range_text(const char *key, char *buf, size_t n);
 // 1 when argv holds --help or -h: every sub-command then prints its usage and exits 0.
 int mt_args_want_help(int argc, char **argv);
 

@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/rng.h"
+#include "core/sha256.h"
 #include "model/mixtral.h"
 #include "quant/formats.h"
 #include "trainer/checkpoint.h"
@@ -46,6 +48,21 @@ static void run_id(const mt_run_opts *o, const mt_model_config *c, char *buf, si
              (long long)c->hidden, (long long)c->experts, (long long)c->vocab, o->gpus, o->ep, o->zero);
 }
 
+// --batch × --seq against this machine's memory, before anything is allocated: the host's token
+// buffers (tokens, labels, mask of every rank's rows), and on the cpu the whole plan too.
+static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double need = 3.0 * 4.0 * (double)o->batch * (double)o->gpus * (double)o->seq;
+    if (strcmp(o->backend, "cpu") == 0) need += (double)plan->total;
+    if (phys > 0 && need > phys) {
+        mt_error_set("--batch %lld × --seq %lld needs about %.2f GB of host memory, more than this machine's %.2f GB: "
+                     "lower --batch or --seq (gradient accumulation, --accum, keeps the tokens per step)",
+                     (long long)o->batch, (long long)o->seq, need / 1e9, phys / 1e9);
+        return -1;
+    }
+    return 0;
+}
+
 static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(o);
@@ -57,7 +74,7 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
                      plan.total / 1e9, o->mem_bytes / 1e9);
         return -1;
     }
-    return 0;
+    return check_host_memory(o, &plan);
 }
 
 typedef struct {
@@ -79,6 +96,7 @@ typedef struct {
     char run_id[1024];
     int32_t *tokens, *labels, *mask;
     float *load;  // [layers × experts] expert load of the last step
+    int exit_code;  // 0, or 128 + the signal that stopped the run after its checkpoint was saved
 } trainer;
 
 // Mean CE over one pass of the eval data, with LoRA dropout off for the pass.
@@ -112,6 +130,7 @@ static int save(trainer *t) {
     if (mt_checkpoint_save(t->o->out, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st,
                            t->run_id, t->world) != 0)
         return -1;
+    if (t->rank == 0) mt_checkpoint_prune(t->o->out, t->o->save_total_limit);
     char f[96];
     snprintf(f, sizeof f, "\"step\":%lld", (long long)t->st.step);
     if (t->rank == 0) mt_metrics_event(&t->metrics, "save", f);
@@ -125,10 +144,18 @@ static int write_outputs(trainer *t) {
     char path[4200];
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        if (mt_model_save_adapter(&t->m, path, t->o->model) != 0) return -1;
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+        char list[4300];
+        snprintf(list, sizeof list, "%s/SHA256SUMS", path);
+        if (mt_model_save_adapter(&t->m, path, t->o->model) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
+            return -1;
     } else {
+        static const char *const files[] = {"trained.safetensors"};
+        char list[4300];
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
-        if (mt_model_save_trained(&t->m, path) != 0) return -1;
+        snprintf(list, sizeof list, "%s.sha256", path);
+        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0)
+            return -1;
     }
     mt_info("wrote %s", path);
     return 0;
@@ -193,6 +220,18 @@ static int setup(trainer *t) {
         mt_error_set("--accum and --batch must be at least 1 and --seq at least 2");
         return -1;
     }
+    // Debris of killed runs (temporary folders whose process is gone), before anything is written;
+    // the checkpoint to resume from verified before anything is loaded.
+    if (t->rank == 0) mt_checkpoint_remove_stale(o->out);
+    t->st.eval_loss = NAN;
+    char dir[4096];
+    int bad = o->resume[0] && mt_checkpoint_find_verified(o->resume, dir) != 0;
+    if (t->world ? mt_comm_any(t->world, bad) : bad) {
+        if (!bad) mt_error_set("another rank found no checkpoint that verifies");
+        return -1;
+    }
+    if (t->world && o->resume[0] && mt_comm_check_same(t->world, "checkpoint to resume", mt_hash_string(dir)) != 0)
+        return -1;
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
@@ -248,9 +287,7 @@ static int setup(trainer *t) {
     if (aopts.offload) mt_info("optimizer state in host memory: %.3f GB", mt_adamw_host_bytes(&t->opt) / 1e9);
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
     if (o->resume[0]) {
-        char dir[4096];
-        if (mt_checkpoint_find(o->resume, dir) != 0 ||
-            mt_checkpoint_load(dir, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
+        if (mt_checkpoint_load(dir, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
                                t->world) != 0)
             return -1;
         if (t->st.data_fingerprint != mt_dataset_fingerprint(&t->data)) {
@@ -313,6 +350,7 @@ static int run(trainer *t) {
         double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
         int64_t tokens = 0;
         mt_model_zero_grad(&t->m);
+        t->st.eval_loss = NAN;  // set again when this step evaluates
         for (int micro = 0; micro < o->accum; micro++) {
             mt_data_next_batch(&t->data, &t->st.cursor, B * t->ranks, S, t->tokens, t->labels, t->mask);
             mt_batch b = {B, S, t->tokens + mine, t->labels + mine, t->mask + mine};
@@ -358,6 +396,7 @@ static int run(trainer *t) {
         if (t->have_eval && o->eval_every > 0 && t->st.step % o->eval_every == 0) {
             int64_t n;
             double el = evaluate(t, &n);
+            t->st.eval_loss = el;
             char f[160];
             snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step,
                      el, exp(el), (long long)n);
@@ -369,6 +408,9 @@ static int run(trainer *t) {
     if (stop) {
         mt_info("stopped by signal %d at step %lld; checkpoint saved: resume with --resume %s", (int)stop_requested,
                 (long long)t->st.step, o->out);
+        // as shells report a death by signal: 130 for SIGINT, 143 for SIGTERM (a rank stopped
+        // because another was signalled: 130)
+        t->exit_code = 128 + (stop_requested ? (int)stop_requested : SIGINT);
         return 0;
     }
     if (t->have_eval) {
@@ -386,6 +428,9 @@ int cmd_train(int argc, char **argv) {
     if (mt_args_want_help(argc, argv)) {
         printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n\n");
         mt_run_opts_print_help(stdout);
+        printf("\nexit codes: 0 done; 1 error (message on stderr); 2 bad flag or value; 3 the plan does not fit;\n"
+               "  4 out of memory; 130 stopped by SIGINT, 143 by SIGTERM (after saving a checkpoint: resume\n"
+               "  with --resume OUT)\n");
         return MT_EXIT_OK;
     }
     mt_run_opts o;
@@ -399,6 +444,7 @@ int cmd_train(int argc, char **argv) {
     t.o = &o;
     int rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
     if (rc != MT_EXIT_OK) fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+    else if (t.exit_code) rc = t.exit_code;
     if (t.m.be) teardown(&t);
     end_ranks(&t);
     return rc;

@@ -7,6 +7,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);  // trainer/cmd/cmd_quantize.c
+int cmd_verify(int argc, char **argv);    // trainer/cmd/cmd_verify.c
 int cmd_not_built(const char *name, const char *issue);
 
 // ---------------------------------------------------------------------------------------------
