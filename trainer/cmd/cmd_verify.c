@@ -1,4 +1,4 @@
-// trainer/cmd_verify.c — `moetrain verify PATH`: checks what moetrain wrote, or a model folder.
+// trainer/cmd/cmd_verify.c — `moetrain verify PATH`: checks what moetrain wrote, or a model folder.
 //
 //   a checkpoint (state.json)      its own checksum, then size + SHA-256 of every file it lists
 //   an output folder (--out)       every checkpoint-N, adapter/ and trained.safetensors in it
