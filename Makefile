@@ -116,6 +116,8 @@ $(SIM_SELFTEST): $(SIM_SELFTEST).cu.o $(SIM_SRC:%.cc=$(BUILD)/%.cc.o)
 	$(CXX) $^ -o $@ $(LDLIBS)
 all: $(SIM_SELFTEST)
 -include $(SIM_SELFTEST).cu.d
+# tests/mpi's programs link core/, whose CUDA half needs the emulator's runtime.
+$(patsubst %.c,$(BUILD)/%,$(wildcard tests/mpi/*.c)): $(SIM_SRC:%.cc=$(BUILD)/%.cc.o)
 endif
 
 # Objects depend on a stamp of the flags they were built with: a changed flag (MPI found later,

@@ -235,8 +235,40 @@ static Thread *first_live() {
 
 int slot_of(int lin) { return threads[lin].read_half; }
 
+// Barriers are released as soon as their last participant arrives (the fast path below), and
+// the round continues from the first released thread in CUDASIM_ORDER: a warp runs from one
+// shuffle to the next while its stacks are in cache. What the fast path cannot judge (lanes of
+// one warp at different masks, exited threads) waits for the end of the round, where
+// release_warps and run_block decide, or report.
+struct WarpWait {
+    unsigned mask;
+    int op, count;
+    bool mixed;
+};
+static std::vector<WarpWait> warp_wait;
+static std::vector<int> pos_of;  // position of each thread in `order`
+static int block_waiting;
+
+// Continues the round from position `from` (cur among the released, or not).
+static void resume_from(int from) {
+    if (pos_of[cur->lin] == from) {  // the first to go on is the caller itself
+        round_pos = from;
+        return;
+    }
+    round_pos = from - 1;
+    switch_on(&cur->sp);
+}
+
 void block_barrier() {
     cur->state = AT_BLOCK;
+    const int n = (int)threads.size();
+    if (++block_waiting == n) {
+        block_waiting = 0;
+        for (Thread &t : threads) t.state = RUN;
+        race_block_sync();
+        resume_from(0);
+        return;
+    }
     yield_to_scheduler();
 }
 
@@ -248,6 +280,28 @@ void warp_barrier(unsigned mask, int op) {
     cur->state = AT_WARP;
     cur->wmask = mask;
     cur->wop = op;
+    WarpWait &w = warp_wait[base >> 5];
+    if (w.count == 0) {
+        w.mask = mask;
+        w.op = op;
+        w.mixed = false;
+    } else if (w.mask != mask || w.op != op) {
+        w.mixed = true;
+    }
+    if (++w.count == __builtin_popcount(mask) && !w.mixed) {
+        w.count = 0;
+        int first = n;
+        for (int j = 0; j < 32; j++)
+            if (mask >> j & 1) {
+                Thread &t = threads[base + j];
+                t.state = RUN;
+                t.read_half = t.slot_half;
+                first = std::min(first, pos_of[base + j]);
+            }
+        race_warp_sync(base, mask);
+        resume_from(first);
+        return;
+    }
     yield_to_scheduler();
 }
 
@@ -303,16 +357,22 @@ static void run_block(const std::function<void()> &body) {
         Thread &t = threads[i];
         t.state = RUN;
         fiber_init(t, i);
+        pos_of[order[i]] = i;
     }
+    warp_wait.assign((n + 31) / 32, WarpWait{0, 0, 0, false});
+    block_waiting = 0;
     sites.clear();
     static_next = dyn_bytes;
-    memset(arena, 0xff, std::max(arena_used, dyn_bytes));
     race_block_begin(n);
+    memset(arena, 0xff, std::max(arena_used, dyn_bytes));
+    race_block_arm();
     cur_body = &body;
     for (;;) {
         round_pos = -1;
         switch_on(&sched_sp);  // runs every runnable thread once, in order, then comes back
         cur = nullptr;
+        for (WarpWait &w : warp_wait) w.count = 0;  // the slow path decides what is still waiting
+        block_waiting = 0;
         if (release_warps()) continue;
         int at_block = 0, done = 0;
         for (Thread &t : threads) {
@@ -364,6 +424,7 @@ void run_grid(const char *name, const Cfg &c, const std::function<void()> &body)
         threads[i].tid = make_uint3(i % c.b.x, i / c.b.x % c.b.y, i / (c.b.x * c.b.y));
     }
     order.resize(n);
+    pos_of.resize(n);
     const int kind = order_kind();
     for (int i = 0; i < n; i++) order[i] = kind == ORDER_REVERSE ? n - 1 - i : i;
     std::mt19937_64 rng(order_seed() * 0x9E3779B97F4A7C15ull + ++launches);

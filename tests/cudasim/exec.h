@@ -23,11 +23,14 @@ size_t smem_used();
 bool race_enabled();
 void race_kernel_begin();
 void race_kernel_end();
-void race_block_begin(int nthreads);
+void race_block_begin(int nthreads);  // before the arena is refilled
+void race_block_arm();                // after
 void race_block_sync();
 void race_warp_sync(int base, unsigned mask);
 void race_thread_exit();
 bool race_fault(void *addr, bool write, void *uctx);  // SIGSEGV in the arena: recorded
 bool race_trap(void *uctx);                           // SIGTRAP after the single step
+// Lets the faulting instruction of uctx run once (the caller opened the memory), then after(arg).
+void step_over(void *uctx, void (*after)(void *), void *arg);
 
 }  // namespace cudasim

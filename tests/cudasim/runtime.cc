@@ -168,6 +168,7 @@ struct DeviceScope {
 };
 
 static void install_handlers();
+bool deferred();
 
 static cudaError_t dev_alloc(void **out, size_t n, bool pool) {
     *out = nullptr;
@@ -241,6 +242,69 @@ static void check_range(const void *p, size_t n, bool want_device, const char *r
 }
 
 // ---------------------------------------------------------------------------------------------
+// Pending downloads: in deferred mode the pages lying wholly inside the host destination of a
+// queued device-to-host copy are PROT_NONE until the copy runs, so a host access to them before
+// the synchronisation faults and is reported (CUDASIM_HOSTWATCH=0 turns this off). Pages shared
+// with other data are left alone (a destination smaller than a page is not watched): nothing
+// else ever faults on a watched page. A system call handed a watched page fails with EFAULT:
+// writing into a download still in flight is a bug of its own.
+
+struct Watch {
+    uintptr_t lo, hi;  // the watched pages
+    const char *dst;
+    std::string what;
+};
+static std::vector<Watch *> watches;
+static int hostwatch = -1;
+
+static bool hostwatch_on() {
+    if (hostwatch < 0) {
+        const char *h = getenv("CUDASIM_HOSTWATCH");
+        hostwatch = deferred() && !(h && !strcmp(h, "0"));
+    }
+    return hostwatch;
+}
+
+static Watch *watch_add(void *dst, size_t n, std::string what) {
+    if (!page_size) page_size = (size_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = round_up((uintptr_t)dst, page_size), hi = ((uintptr_t)dst + n) / page_size * page_size;
+    if (hi <= lo) return nullptr;
+    for (Watch *w : watches)
+        if (lo < w->hi && w->lo < hi) return nullptr;  // two downloads into one place: the first one watches
+    install_handlers();
+    Watch *w = new Watch{lo, hi, (const char *)dst, std::move(what)};
+    watches.push_back(w);
+    mprotect((void *)lo, hi - lo, PROT_NONE);
+    return w;
+}
+
+static void watch_remove(Watch *w) {
+    if (!w) return;
+    mprotect((void *)w->lo, w->hi - w->lo, PROT_READ | PROT_WRITE);
+    for (auto it = watches.begin(); it != watches.end(); ++it)
+        if (*it == w) {
+            watches.erase(it);
+            break;
+        }
+    delete w;
+}
+
+// A fault on a watched page is the report; false: not a watched page.
+static bool watch_fault(void *addr, bool write) {
+    for (Watch *w : watches)
+        if ((uintptr_t)addr >= w->lo && (uintptr_t)addr < w->hi) {
+            fprintf(stderr, "cudasim: the host %s %p, byte %td of the destination of %s, which has not run yet: the "
+                    "stream must be synchronised (cudaStreamSynchronize, cudaEventSynchronize) before the host uses a "
+                    "download. Host stack:\n", write ? "wrote" : "read", addr, (const char *)addr - w->dst, w->what.c_str());
+            void *bt[32];
+            int k = backtrace(bt, 32);
+            backtrace_symbols_fd(bt, k, 2);
+            abort();
+        }
+    return false;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Faults: device memory opened on first touch inside a kernel or runtime call; anything else
 // that faults in it is reported.
 
@@ -254,6 +318,7 @@ static void segv_handler(int sig, siginfo_t *si, void *uctx) {
         if ((char *)addr >= smem_base() + (SMEM_OPTIN_MAX + 4095) / 4096 * 4096)
             fail("%s past the end of the block's shared memory (%p)", write ? "write" : "read", addr);
     }
+    watch_fault(addr, write);
     Alloc *a = find_mapping(addr);
     if (a && device_depth > 0 && pthread_equal(pthread_self(), owner)) {
         if ((char *)addr < a->map + a->pages) {
@@ -318,7 +383,8 @@ struct Item {
 struct Stream {
     std::deque<Item> q;
     uint64_t queued = 0, done = 0;
-    bool blocking = true;  // synchronises with the legacy stream
+    bool blocking = true;      // synchronises with the legacy stream
+    std::string last_kernel;  // for reports: what a pending copy comes after
 };
 struct Event {
     Stream *s = nullptr;
@@ -427,6 +493,7 @@ void cudasim::submit_kernel(const char *name, const void *addr, const Cfg &c, st
         set_error(e);
         return;
     }
+    stream_of(c.st)->last_kernel = name;
     enqueue(c.st, std::string("kernel '") + name + "'", [name, c, body = std::move(body)] { run_grid(name, c, body); }, false);
 }
 
@@ -590,7 +657,8 @@ static cudaMemcpyKind resolve_kind(void *d, const void *s, cudaMemcpyKind k) {
 }
 
 // The checks every copy gets, then the copy as a stream item.
-static std::function<void()> copy_item(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+static std::function<void()> copy_item(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st = 0,
+                                       bool watch = false) {
     k = resolve_kind(d, s, k);
     const bool dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
     const bool sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
@@ -600,12 +668,24 @@ static std::function<void()> copy_item(void *d, const void *s, size_t n, cudaMem
         auto staged = std::make_shared<std::vector<char>>((const char *)s, (const char *)s + n);
         return [d, staged] { memcpy(d, staged->data(), staged->size()); };
     }
+    if (k == cudaMemcpyDeviceToHost && watch && hostwatch_on()) {
+        Stream *q = stream_of(st);
+        char what[256];
+        snprintf(what, sizeof what, "a cudaMemcpyAsync of %zu bytes from device %p (device to host, queued on stream %p%s%s%s)",
+                 n, s, (void *)st, q->last_kernel.empty() ? "" : " after kernel '", q->last_kernel.c_str(),
+                 q->last_kernel.empty() ? "" : "'");
+        Watch *w = watch_add(d, n, what);
+        return [d, s, n, w] {
+            watch_remove(w);
+            memmove(d, s, n);
+        };
+    }
     return [d, s, n] { memmove(d, s, n); };
 }
 
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
     API_ENTER("cudaMemcpyAsync");
-    if (n) enqueue(st, "cudaMemcpyAsync", copy_item(d, s, n, k), false);
+    if (n) enqueue(st, "cudaMemcpyAsync", copy_item(d, s, n, k, st, deferred()), false);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
