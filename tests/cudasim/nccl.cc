@@ -255,6 +255,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
         return bad(ncclSystemError, "MPI_Comm_create_group failed");
     MPI_Group_free(&g);
     MPI_Group_free(&wg);
+    if (getenv("CUDASIM_VERBOSE"))
+        fprintf(stderr, "cudasim NCCL: communicator of %d ranks over MPI: rank %d is world rank %d\n", nranks, rank, world);
     *out = (ncclComm_t)c;
     return ncclSuccess;
 #else

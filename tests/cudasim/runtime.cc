@@ -510,19 +510,35 @@ cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute a, int v) {
 // ---------------------------------------------------------------------------------------------
 // Device
 
+// An 8-GPU H100 SXM node (CUDASIM_DEVICES changes the count): ranks under mpirun each take the
+// device of their local rank. Every device of a process shares its one memory accounting.
+static int device_count() {
+    static int n = 0;
+    if (!n) {
+        const char *e = getenv("CUDASIM_DEVICES");
+        n = e && atoi(e) > 0 ? atoi(e) : 8;
+    }
+    return n;
+}
+static thread_local int current_device;
+
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : set_error(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return set_error(cudaErrorInvalidDevice);
+    current_device = d;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *d) {
-    *d = 0;
+    *d = current_device;
     return cudaSuccess;
 }
 
 // An H100 SXM (what the project is sized for), as the driver describes it.
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
-    if (d != 0) return set_error(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return set_error(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3 (cudasim: CPU-emulated)");
     p->major = 9;
@@ -546,7 +562,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
-    if (d != 0) return set_error(cudaErrorInvalidDevice);
+    if (d < 0 || d >= device_count()) return set_error(cudaErrorInvalidDevice);
     switch (a) {
     case cudaDevAttrMemoryPoolsSupported: *v = 1; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = SMEM_OPTIN_MAX; break;
