@@ -46,7 +46,8 @@ bool race_trap(void *uctx) {
 struct Word {
     uint32_t w_epoch, r_epoch;  // epoch of the last write / of the readers (0: none)
     int32_t writer, reader;     // thread (linear index); reader -2: more than one
-    uint32_t w_wsync, r_wsync;  // the warp-sync count of the accessing thread's warp then
+    int32_t r_warp;             // the readers' warp, -1 when they are of several
+    uint32_t w_wsync, r_wsync;  // the warp-sync count of that warp at the write / the last read
 };
 static std::vector<Word> shadow;
 static std::vector<uint32_t> warp_syncs;  // per warp: warp barriers released so far
@@ -71,7 +72,7 @@ void race_kernel_end() {
 void race_block_begin(int nthreads) {
     if (!race_enabled()) return;
     arena_protect(false);
-    shadow.assign(arena_span() / 4, Word{0, 0, -1, -1, 0, 0});
+    shadow.assign(arena_span() / 4, Word{0, 0, -1, -1, -1, 0, 0});
     warp_syncs.assign((nthreads + 31) / 32, 0);
     epoch = 1;
 }
@@ -109,21 +110,28 @@ bool race_fault(void *addr, bool write, void *uctx) {
              "%s it, with no __syncthreads between", off, write ? "writes" : "reads", o.x, o.y, o.z, what);
     };
     if (w.w_epoch == epoch && w.writer != me && !warp_ordered(w.writer, w.w_wsync)) race(w.writer, "wrote");
+    // Every earlier read of this epoch came before this access: no reader, or all of them lanes
+    // of this thread's warp with a warp barrier since the last of them.
+    const bool reads_before = w.r_epoch != epoch || w.reader == -1 ||
+                              (w.r_warp == me / 32 && warp_syncs[me / 32] != w.r_wsync);
     if (write) {
-        if (w.r_epoch == epoch && w.reader != me && w.reader != -1) {
-            if (w.reader >= 0 && !warp_ordered(w.reader, w.r_wsync)) race(w.reader, "read");
-            if (w.reader == -2) fail("shared-memory race at byte %zu of the block's shared memory: this thread writes "
-                                     "it after several threads read it, with no __syncthreads between", off);
+        if (!reads_before && w.reader != me) {
+            if (w.reader >= 0) race(w.reader, "read");
+            fail("shared-memory race at byte %zu of the block's shared memory: this thread writes it after several "
+                 "threads read it, with no __syncthreads between", off);
         }
         w.w_epoch = epoch;
         w.writer = me;
         w.w_wsync = ws;
-    } else if (w.r_epoch != epoch || w.reader == -1 || warp_ordered(w.reader, w.r_wsync)) {
+    } else if (reads_before) {
         w.r_epoch = epoch;
         w.reader = me;
+        w.r_warp = me / 32;
         w.r_wsync = ws;
     } else if (w.reader != me) {
         w.reader = -2;
+        if (w.r_warp != me / 32) w.r_warp = -1;
+        w.r_wsync = ws;
     }
     arena_protect(false);
     step_over(uctx, reclose, nullptr);

@@ -3,7 +3,7 @@
 #   1. the whole Criterion suite of the SIM build, once per thread order (CUDASIM_ORDERS,
 #      default "forward reverse"); every CUDA test (suites cuda, quant_cuda, and any test that
 #      calls gpu_or_skip) must run and pass: a skip is a failure here;
-#   2. the op and quant suites again with the shared-memory race detector (CUDASIM_RACECHECK=1);
+#   2. the op tests again with the shared-memory race detector (CUDASIM_RACECHECK=1);
 #   3. the planted-bug self-tests: each must be reported with the kernel (and the thread);
 #   4. the CLI: 100 steps of the tiny model with --device cuda against --device cpu;
 #   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process.
@@ -54,12 +54,13 @@ for order in $orders; do
 done
 
 # --- 2. the race detector over the op kernels ----------------------------------------------------
+# Every cuda/op_* test (each op's kernels on their edge cases) with CUDASIM_RACECHECK=1: two
+# signals per shared-memory access, so the quant and whole-step tests are left to the suite runs.
 t0=$(date +%s)
-if CUDASIM_RACECHECK=1 "$build/moetrain_tests" --jobs 2 --filter '@(cuda|quant_cuda)/@(*ops*|*quant*|*dequant*|*kernel*|*attention*|*rmsnorm*|*softmax*|*router*|*permute*|*cross_entropy*)' \
-     >"$work/race.log" 2>&1; then
-  ok "race detector over the op and quant tests: $(grep -oE 'Tested: [0-9]+' "$work/race.log"), no race ($(($(date +%s) - t0)) s)"
+if CUDASIM_RACECHECK=1 "$build/moetrain_tests" --jobs 2 --filter 'cuda/op_*' >"$work/race.log" 2>&1; then
+  ok "race detector over the cuda/op_* tests: $(grep -oE 'Tested: [0-9]+ \| Passing: [0-9]+' "$work/race.log"), no race ($(($(date +%s) - t0)) s)"
 else
-  bad "race detector over the op and quant tests"
+  bad "race detector over the cuda/op_* tests"
   grep -E 'cudasim|Synthesis' "$work/race.log" | head -10 | sed 's/^/      | /'
 fi
 
@@ -122,6 +123,7 @@ clean "reduction with its barriers (race detector on)" reduce_ok CUDASIM_RACECHE
 clean "shuffles, votes, __match_any_sync, __syncwarp" warp_ok CUDASIM_RACECHECK=1
 clean "download read after cudaStreamSynchronize" stream_sync_ok
 clean "64 KB dynamic shared memory with the attribute" smem_64k_attribute
+clean "cuBLASLt stand-in: refusals as documented, the product as computed" cublaslt_rules
 
 # --- 4. the CLI against the CPU -------------------------------------------------------------------
 moetrain=$build/moetrain
@@ -160,7 +162,7 @@ if command -v mpirun >/dev/null; then
     --out "$work/ep2" >"$work/ep2.log" 2>&1
   rc2=$?
   # The tolerance of `make test-mpi` (tests/mpi/run.sh): losses 1e-5, tensors 1e-3 relative L2.
-  if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" = 2 ] &&
+  if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" -ge 2 ] &&
      "$compare" "$work/one" "$work/ep2" 1e-5 1e-3 >"$work/cmp.log" 2>&1; then
     ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (tol 1e-5, 1e-3): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
   else

@@ -3,6 +3,8 @@
 //   build-sim/tests/cudasim/selftest CASE      exit 0: ran clean; the emulator aborts otherwise
 // Compiled exactly like the project's .cu files (cu2cpp.py, cudasim.h), so it is also a CUDA
 // program an nvcc build would accept.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,6 +120,67 @@ static int reduce(int sync) {
     return sync && got != want ? 1 : 0;
 }
 
+
+// The cuBLASLt stand-in: a documented combination works and gives the reference product; the
+// documented refusals come back as the library's statuses.
+static int cublaslt_rules(void) {
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c, bad_b, short_ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0, fails = 0;
+    const int m = 3, n = 2, k = 4;  // column-major: A m x k, B k x n, D m x n
+    cublasLtCreate(&lt);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, m, k, m);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, n, m);
+    cublasLtMatrixLayoutCreate(&bad_b, CUDA_R_16F, k, n, k);
+    cublasLtMatrixLayoutCreate(&short_ld, CUDA_R_16BF, m, k, m - 1);
+    cublasLtMatmulPreferenceCreate(&pref);
+    uint64_t ws = 0;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // bf16 x f16: not in the Datatypes Supported table
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, bad_b, c, c, pref, 1, &res, &found);
+    printf("bf16 x f16 -> %s\n", cublasLtGetStatusString(st));
+    fails += st != CUBLAS_STATUS_NOT_SUPPORTED;
+    // ld < rows in column-major order
+    st = cublasLtMatmulAlgoGetHeuristic(lt, desc, short_ld, b, c, c, pref, 1, &res, &found);
+    printf("ld < rows -> %s\n", cublasLtGetStatusString(st));
+    fails += st != CUBLAS_STATUS_INVALID_VALUE;
+    // a wrong attribute size
+    int64_t wide = CUBLAS_OP_T;
+    st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &wide, sizeof wide);
+    printf("TRANSA of 8 bytes -> %s\n", cublasLtGetStatusString(st));
+    fails += st != CUBLAS_STATUS_INVALID_VALUE;
+    // the valid product
+    st = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 1, &res, &found);
+    fails += st != CUBLAS_STATUS_SUCCESS || found != 1;
+    __nv_bfloat16 ha[m * k], hb[k * n];
+    float hd[m * n], want[m * n];
+    for (int i = 0; i < m * k; i++) ha[i] = __float2bfloat16((float)(i % 5) - 2.0f);
+    for (int i = 0; i < k * n; i++) hb[i] = __float2bfloat16((float)(i % 3) + 0.5f);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float sum = 0;
+            for (int p = 0; p < k; p++) sum += __bfloat162float(ha[i + p * m]) * __bfloat162float(hb[p + j * k]);
+            want[i + j * m] = 2.0f * sum;
+        }
+    void *da, *db, *dd;
+    CHECK(cudaMalloc(&da, sizeof ha));
+    CHECK(cudaMalloc(&db, sizeof hb));
+    CHECK(cudaMalloc(&dd, sizeof hd));
+    CHECK(cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice));
+    const float alpha = 2.0f, beta = 0.0f;  // beta 0: D (NaN-filled) is not read
+    st = cublasLtMatmul(lt, desc, &alpha, da, a, db, b, &beta, dd, c, dd, c, &res.algo, NULL, 0, 0);
+    CHECK(cudaMemcpy(hd, dd, sizeof hd, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < m * n; i++) fails += hd[i] != want[i];
+    printf("bf16 x bf16 -> f32: %s, D[0] %g (want %g)\n", cublasLtGetStatusString(st), hd[0], want[0]);
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     if (!strcmp(c, "reduce_ok")) return reduce(1);
@@ -199,6 +262,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (!strcmp(c, "cublaslt_rules")) return cublaslt_rules();
     if (!strcmp(c, "nan_fill")) {
         float *d, h[4];
         CHECK(cudaMalloc((void **)&d, sizeof h));
