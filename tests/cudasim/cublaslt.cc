@@ -64,6 +64,14 @@ cublasStatus_t refuse(cublasStatus_t st, const char *fmt, ...) {
     return st;
 }
 
+// The set-attribute calls: "CUBLAS_STATUS_INVALID_VALUE: buf is NULL or sizeInBytes doesn't match
+// the size of the internal storage for the selected attribute".
+bool size_ok(size_t got, size_t want, const char *attr) {
+    if (got == want) return true;
+    refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: %zu bytes, the attribute holds %zu", attr, got, want);
+    return false;
+}
+
 size_t type_size(cudaDataType_t t) {
     switch (t) {
     case CUDA_R_32F: return 4;
@@ -200,16 +208,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtM
                                               const void *v, size_t n) {
     Desc *d = (Desc *)dd;
     if (!d || !v) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute: NULL descriptor or buffer");
-    auto want = [&](size_t size, const char *name) {
-        if (n == size) return true;
-        refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute(%s): %zu bytes, the attribute holds %zu",
-               name, n, size);
-        return false;
-    };
     switch (a) {
     case CUBLASLT_MATMUL_DESC_TRANSA:
     case CUBLASLT_MATMUL_DESC_TRANSB: {
-        if (!want(sizeof(int32_t), "TRANSA/B")) return CUBLAS_STATUS_INVALID_VALUE;
+        if (!size_ok(n, sizeof(int32_t), "TRANSA/B")) return CUBLAS_STATUS_INVALID_VALUE;
         int32_t op;
         memcpy(&op, v, 4);
         // cublasOperation_t: N, T or C (C is T for real data).
@@ -219,15 +221,15 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtM
         return CUBLAS_STATUS_SUCCESS;
     }
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
-        if (!want(sizeof(uint32_t), "EPILOGUE")) return CUBLAS_STATUS_INVALID_VALUE;
+        if (!size_ok(n, sizeof(uint32_t), "EPILOGUE")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->epilogue, v, 4);
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-        if (!want(sizeof(void *), "BIAS_POINTER")) return CUBLAS_STATUS_INVALID_VALUE;
+        if (!size_ok(n, sizeof(void *), "BIAS_POINTER")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->bias, v, sizeof(void *));
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_POINTER_MODE:
-        if (!want(sizeof(int32_t), "POINTER_MODE")) return CUBLAS_STATUS_INVALID_VALUE;
+        if (!size_ok(n, sizeof(int32_t), "POINTER_MODE")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->pointer_mode, v, 4);
         if (d->pointer_mode != CUBLASLT_POINTER_MODE_HOST)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "pointer mode %d: the stand-in models host scalars only",
@@ -260,19 +262,19 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t ll, cubla
     if (!l || !v) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutSetAttribute: NULL");
     switch (a) {
     case CUBLASLT_MATRIX_LAYOUT_ORDER:
-        if (n != 4) return refuse(CUBLAS_STATUS_INVALID_VALUE, "ORDER: %zu bytes, the attribute holds 4", n);
+        if (!size_ok(n, 4, "ORDER")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&l->order, v, 4);
         // cublasLtOrder_t: the stand-in reads COL and ROW; the tiled orders are for int8/fp8 kernels.
         if (l->order != CUBLASLT_ORDER_COL && l->order != CUBLASLT_ORDER_ROW)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "order %d: only COL and ROW are modelled", l->order);
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
-        if (n != 4) return refuse(CUBLAS_STATUS_INVALID_VALUE, "BATCH_COUNT: %zu bytes, the attribute holds 4", n);
+        if (!size_ok(n, 4, "BATCH_COUNT")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&l->batch, v, 4);
         if (l->batch < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, "batch count %d", l->batch);
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
-        if (n != 8) return refuse(CUBLAS_STATUS_INVALID_VALUE, "STRIDED_BATCH_OFFSET: %zu bytes, the attribute holds 8", n);
+        if (!size_ok(n, 8, "STRIDED_BATCH_OFFSET")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&l->stride, v, 8);
         return CUBLAS_STATUS_SUCCESS;
     default:
@@ -297,14 +299,14 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     if (!p || !v) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceSetAttribute: NULL");
     switch (a) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
-        if (n != 8) return refuse(CUBLAS_STATUS_INVALID_VALUE, "MAX_WORKSPACE_BYTES: %zu bytes, the attribute holds 8", n);
+        if (!size_ok(n, 8, "MAX_WORKSPACE_BYTES")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&p->max_ws, v, 8);
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: {
-        if (n != 4) return refuse(CUBLAS_STATUS_INVALID_VALUE, "MIN_ALIGNMENT: %zu bytes, the attribute holds 4", n);
+        if (!size_ok(n, 4, "MIN_ALIGNMENT")) return CUBLAS_STATUS_INVALID_VALUE;
         uint32_t x;
         memcpy(&x, v, 4);
         if (!x || (x & (x - 1))) return refuse(CUBLAS_STATUS_INVALID_VALUE, "alignment %u is not a power of 2", x);

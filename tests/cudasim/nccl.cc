@@ -383,19 +383,22 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t n, ncclDataType_
     });
 }
 
-ncclResult_t ncclSend(const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t cc, cudaStream_t s) {
+// Point to point: posted non-blocking when its group ends (or at once, alone).
+static ncclResult_t p2p(const char *name, bool send, void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t cc,
+                        cudaStream_t s) {
     cudasim::LibCall lock;
     Comm *c = comm_of(cc);
     const size_t es = type_size(t);
-    if (!c || !es || peer < 0 || peer >= c->nranks) return bad(ncclInvalidArgument, "ncclSend: comm, type or peer %d", peer);
+    if (!c || !es || peer < 0 || peer >= c->nranks) return bad(ncclInvalidArgument, "%s: comm, type or peer %d", name, peer);
     if (!n) return ncclSuccess;
-    cudasim::lib_check_device(buf, n * es, "ncclSend sendbuff");
-    if (peer == c->rank) return bad(ncclInvalidUsage, "ncclSend to itself (the project copies to itself with cudaMemcpyAsync)");
-    return submit("ncclSend", s, true, [=](std::vector<void *> &reqs) {
+    cudasim::lib_check_device(buf, n * es, send ? "ncclSend sendbuff" : "ncclRecv recvbuff");
+    if (peer == c->rank) return bad(ncclInvalidUsage, "%s with itself (the project copies to itself with cudaMemcpyAsync)", name);
+    return submit(name, s, true, [=](std::vector<void *> &reqs) {
         cudasim::lib_open(buf);
 #ifdef MT_MPI
         MPI_Request *r = new MPI_Request;
-        MPI_Isend(buf, (int)(n * es), MPI_BYTE, peer, TAG_BASE + 999, c->mpi, r);
+        if (send) MPI_Isend(buf, (int)(n * es), MPI_BYTE, peer, TAG_BASE + 999, c->mpi, r);
+        else MPI_Irecv(buf, (int)(n * es), MPI_BYTE, peer, TAG_BASE + 999, c->mpi, r);
         reqs.push_back(r);
 #else
         (void)reqs;
@@ -403,24 +406,11 @@ ncclResult_t ncclSend(const void *buf, size_t n, ncclDataType_t t, int peer, ncc
     });
 }
 
+ncclResult_t ncclSend(const void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t cc, cudaStream_t s) {
+    return p2p("ncclSend", true, (void *)buf, n, t, peer, cc, s);
+}
 ncclResult_t ncclRecv(void *buf, size_t n, ncclDataType_t t, int peer, ncclComm_t cc, cudaStream_t s) {
-    cudasim::LibCall lock;
-    Comm *c = comm_of(cc);
-    const size_t es = type_size(t);
-    if (!c || !es || peer < 0 || peer >= c->nranks) return bad(ncclInvalidArgument, "ncclRecv: comm, type or peer %d", peer);
-    if (!n) return ncclSuccess;
-    cudasim::lib_check_device(buf, n * es, "ncclRecv recvbuff");
-    if (peer == c->rank) return bad(ncclInvalidUsage, "ncclRecv from itself");
-    return submit("ncclRecv", s, true, [=](std::vector<void *> &reqs) {
-        cudasim::lib_open(buf);
-#ifdef MT_MPI
-        MPI_Request *r = new MPI_Request;
-        MPI_Irecv(buf, (int)(n * es), MPI_BYTE, peer, TAG_BASE + 999, c->mpi, r);
-        reqs.push_back(r);
-#else
-        (void)reqs;
-#endif
-    });
+    return p2p("ncclRecv", false, buf, n, t, peer, cc, s);
 }
 
 }  // extern "C"
