@@ -154,6 +154,17 @@ std::vector<char> gather_all(Comm *c, const void *src, size_t n) {
     return all;
 }
 
+// Waits for the non-blocking transfers a stream item posted.
+void wait_all(std::vector<void *> &reqs) {
+#ifdef MT_MPI
+    for (void *r : reqs) {
+        MPI_Wait((MPI_Request *)r, MPI_STATUS_IGNORE);
+        delete (MPI_Request *)r;
+    }
+#endif
+    reqs.clear();
+}
+
 ncclResult_t submit(const char *name, cudaStream_t s, bool p2p, std::function<void(std::vector<void *> &)> run) {
     if (group_depth > 0) {
         group.push_back({s, p2p, std::move(run)});
@@ -162,12 +173,7 @@ ncclResult_t submit(const char *name, cudaStream_t s, bool p2p, std::function<vo
     cudasim::lib_enqueue(s, name, [run] {
         std::vector<void *> reqs;
         run(reqs);
-#ifdef MT_MPI
-        for (void *r : reqs) {
-            MPI_Wait((MPI_Request *)r, MPI_STATUS_IGNORE);
-            delete (MPI_Request *)r;
-        }
-#endif
+        wait_all(reqs);
     }, true);
     return ncclSuccess;
 }
@@ -301,12 +307,7 @@ ncclResult_t ncclGroupEnd() {
             if (p.p2p) p.run(reqs);
         for (const Pending &p : ops)
             if (!p.p2p) p.run(reqs);
-#ifdef MT_MPI
-        for (void *r : reqs) {
-            MPI_Wait((MPI_Request *)r, MPI_STATUS_IGNORE);
-            delete (MPI_Request *)r;
-        }
-#endif
+        wait_all(reqs);
     }, true);
     return ncclSuccess;
 }
