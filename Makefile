@@ -6,12 +6,17 @@
 #   make bench      benchmarks
 #   make layers     checks that no #include points up a layer (scripts/check_layers.sh)
 #   make bench-torch  moetrain beside PyTorch+PEFT (needs torch from PyPI; not CI)
+#   make SIM=1      the CUDA build with every .cu run on the CPU by tests/cudasim: build-sim/
+#   make test-sim   the whole suite on that build (CPU-emulated CUDA), in two thread orders
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 CUDA ?= 0
 SAN ?= 0
+SIM ?= 0
 ifeq ($(SAN),1)
 BUILD ?= build-asan
+else ifeq ($(SIM),1)
+BUILD ?= build-sim
 else ifeq ($(CUDA),1)
 BUILD ?= build-cuda
 else
@@ -87,10 +92,47 @@ NVCCFLAGS += -DMT_MPI $(MPI_CFLAGS)
 endif
 endif
 
+# ---------------------------------------------------------------------------------------------
+# SIM=1: the CUDA backend built for the CPU. Every .cu is rewritten by tests/cudasim/cu2cpp.py
+# (launches and __shared__) and compiled as C++ by the host compiler with tests/cudasim/cudasim.h
+# force-included; the C files see -DMT_CUDA as in CUDA=1; libcudart, libcublasLt and libnccl are
+# replaced by the emulator's runtime and stand-ins (tests/cudasim/*.cc). Test-only: nothing
+# outside tests/ includes or links tests/cudasim unless SIM=1.
+ifeq ($(SIM),1)
+CU_SRC := $(foreach d,$(DIRS),$(wildcard $(d)/*.cu))
+SIM_SRC := $(wildcard tests/cudasim/*.cc)
+CC_SRC += $(SIM_SRC)
+CFLAGS += -DMT_CUDA -I$(CUDA_HOME)/include
+SIMFLAGS := -std=c++20 -O2 -g -I. -Itests/cudasim -I$(CUDA_HOME)/include -DMT_CUDA -MMD -MP -fno-strict-aliasing
+ifneq ($(MPI_LIBS),)
+SIMFLAGS += -DMT_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(MPI_CFLAGS)
+endif
+LDLIBS += -lstdc++ -lpthread
+$(SIM_SRC:%.cc=$(BUILD)/%.cc.o): CXXFLAGS := $(SIMFLAGS) -Wall -Wextra
+SIM_CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+# nvcc-only spellings in the .cu files (attributes g++ does not know) are not warnings here.
+$(SIM_CU_OBJ): $(BUILD)/%.cu.o: %.cu tests/cudasim/cu2cpp.py $(BUILD)/flags.stamp | $(BUILD)/config.mk
+	@mkdir -p $(dir $@)
+	python3 tests/cudasim/cu2cpp.py $< $(@:.o=.cpp)
+	$(CXX) $(SIMFLAGS) -w -include tests/cudasim/cudasim.h -c $(@:.o=.cpp) -o $@
+# The emulator's own checks: programs with planted bugs it must report (tests/cudasim/selftest.cu).
+SIM_SELFTEST := $(BUILD)/tests/cudasim/selftest
+$(SIM_SELFTEST).cu.o: tests/cudasim/selftest.cu tests/cudasim/cu2cpp.py $(BUILD)/flags.stamp | $(BUILD)/config.mk
+	@mkdir -p $(dir $@)
+	python3 tests/cudasim/cu2cpp.py $< $(@:.o=.cpp)
+	$(CXX) $(SIMFLAGS) -Wall -Wextra -include tests/cudasim/cudasim.h -c $(@:.o=.cpp) -o $@
+$(SIM_SELFTEST): $(SIM_SELFTEST).cu.o $(SIM_SRC:%.cc=$(BUILD)/%.cc.o)
+	$(CXX) $^ -o $@ $(LDLIBS)
+all: $(SIM_SELFTEST)
+-include $(SIM_SELFTEST).cu.d
+# tests/mpi's programs link core/, whose CUDA half needs the emulator's runtime.
+$(patsubst %.c,$(BUILD)/%,$(wildcard tests/mpi/*.c)): $(SIM_SRC:%.cc=$(BUILD)/%.cc.o)
+endif
+
 # Objects depend on a stamp of the flags they were built with: a changed flag (MPI found later,
 # a sanitizer, a define) rebuilds them instead of linking stale objects.
 FLAGS_STAMP := $(BUILD)/flags.stamp
-FLAGS_NOW := $(CC) $(CFLAGS) | $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS)
+FLAGS_NOW := $(CC) $(CFLAGS) | $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(SIMFLAGS)
 ifneq ($(wildcard $(CONFIG_MK)),)
 ifneq ($(file <$(FLAGS_STAMP)),$(FLAGS_NOW))
 $(file >$(FLAGS_STAMP),$(FLAGS_NOW))
@@ -104,7 +146,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi layers
+.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi layers test-sim
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -138,6 +180,12 @@ asan:
 # No #include points up a layer (scripts/check_layers.sh says which may include which).
 layers:
 	@bash scripts/check_layers.sh
+
+# The CUDA suite executed on the CPU (tests/cudasim/run.sh: two thread orders, the planted-bug
+# self-tests, the CLI run against the CPU, the 2-rank NCCL run). Results are CPU-emulated.
+test-sim:
+	$(MAKE) SIM=1 all build-sim/moetrain_tests build-sim/tests/mpi/compare_runs
+	bash tests/cudasim/run.sh build-sim
 
 # Multi-rank checks of core/comm and of parallel training: plain programs (Criterion forks, which
 # MPI does not survive) and moetrain itself, run under mpirun -np 2 and -np 4 --oversubscribe by
@@ -208,6 +256,6 @@ fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 	done
 
 clean:
-	rm -rf build build-cuda build-asan build-fuzz
+	rm -rf build build-cuda build-asan build-fuzz build-sim
 
 -include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)

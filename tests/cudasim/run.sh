@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# tests/cudasim/run.sh BUILD — `make test-sim`: the CUDA code executed on the CPU by cudasim.
+#   1. the whole Criterion suite of the SIM build, once per thread order (CUDASIM_ORDERS,
+#      default "forward reverse"); every CUDA test (suites cuda, quant_cuda, and any test that
+#      calls gpu_or_skip) must run and pass: a skip is a failure here;
+#   2. the op tests again with the shared-memory race detector (CUDASIM_RACECHECK=1);
+#   3. the planted-bug self-tests: each must be reported with the kernel (and the thread);
+#   4. the CLI: 100 steps of the tiny model with --device cuda against --device cpu;
+#   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process.
+# Prints a line per check and a summary; exits 1 when anything failed. Results are CPU-emulated.
+set -uo pipefail
+build=${1:-build-sim}
+orders=${CUDASIM_ORDERS:-forward reverse}
+steps=${CUDASIM_CLI_STEPS:-100}
+start=$(date +%s)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$*"; }
+bad() { failed=$((failed + 1)); printf 'FAIL  %s\n' "$*"; }
+
+# --- 1. the suite, per order -------------------------------------------------------------------
+# The CUDA tests: suites cuda and quant_cuda, and every test whose body calls gpu_or_skip().
+perl -ne 'if (/^(?:Parameterized)?Test\(\s*(\w+)\s*,\s*(\w+)/) { $t = "$1::$2"; }
+          if (/gpu_or_skip\(\)/ && $t) { print "$t\n"; $t = ""; } $t = "" if eof;' tests/*.c >"$work/direct"
+"$build/moetrain_tests" --list 2>/dev/null | awk '
+  /^[a-z0-9_]+: [0-9]+ tests?$/ { suite = $1; sub(":", "", suite); next }
+  /^[├└]/ { name = $NF; if (suite == "cuda" || suite == "quant_cuda") print suite "::" name }' >"$work/suites"
+sort -u "$work/direct" "$work/suites" >"$work/cuda_tests"
+ncuda=$(wc -l <"$work/cuda_tests")
+cuda_runs=0
+for order in $orders; do
+  t0=$(date +%s)
+  CUDASIM_ORDER=$order "$build/moetrain_tests" --jobs 2 --tap="$work/$order.tap" >"$work/$order.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  tap=$work/$order.tap
+  total=$(grep -cE '^(not )?ok ' "$tap")
+  nfail=$(grep -cE '^not ok ' "$tap")
+  nskip=$(grep -cE '# SKIP' "$tap")
+  cuda_pass=$(grep -E '^ok - ' "$tap" | grep -v '# SKIP' | sed -E 's/^ok - ([^ ]+).*/\1/' | sort | comm -12 - "$work/cuda_tests" | wc -l)
+  cuda_runs=$((cuda_runs + cuda_pass))
+  line="suite, order $order: $total tests, $nfail failed, $nskip skipped; CUDA tests passed: $cuda_pass of $ncuda ($((t1 - t0)) s)"
+  if [ "$rc" = 0 ] && [ "$nfail" = 0 ] && [ "$nskip" = 0 ] && [ "$cuda_pass" = "$ncuda" ]; then
+    ok "$line"
+  else
+    bad "$line"
+    grep -E '^not ok |# SKIP' "$tap" | head -20 | sed 's/^/      | /'
+    grep -E 'cudasim|Assert|CRASH' "$work/$order.log" | head -20 | sed 's/^/      | /'
+    comm -23 "$work/cuda_tests" <(grep -E '^ok - ' "$tap" | grep -v '# SKIP' | sed -E 's/^ok - ([^ ]+).*/\1/' | sort) |
+      head -10 | sed 's/^/      | not passed: /'
+  fi
+done
+
+# --- 2. the race detector over the op kernels ----------------------------------------------------
+# The cuda/op_* tests with CUDASIM_RACECHECK=1: two signals per shared-memory access, so the
+# attention tests (minutes: every score goes through shared memory), the quant and the
+# whole-step tests are left out by default; CUDASIM_RACE_FILTER='cuda/op_*' runs them all.
+race_filter=${CUDASIM_RACE_FILTER:-cuda/op_!(attention*)}
+t0=$(date +%s)
+if CUDASIM_RACECHECK=1 "$build/moetrain_tests" --jobs 2 --filter "$race_filter" >"$work/race.log" 2>&1; then
+  ok "race detector over $race_filter: $(grep -oE 'Tested: [0-9]+ \| Passing: [0-9]+' "$work/race.log"), no race ($(($(date +%s) - t0)) s)"
+else
+  bad "race detector over $race_filter"
+  grep -E 'cudasim|Synthesis' "$work/race.log" | head -10 | sed 's/^/      | /'
+fi
+
+# --- 3. planted bugs ------------------------------------------------------------------------------
+selftest=$build/tests/cudasim/selftest
+# planted NAME CASE WANT_RC PATTERN [VAR=VALUE...]: the case exits WANT_RC (abort: 134) with PATTERN.
+planted() {
+  local name=$1 case=$2 want=$3 pattern=$4
+  shift 4
+  env "$@" "$selftest" "$case" >"$work/st.log" 2>&1
+  local rc=$?
+  local msg
+  msg=$(grep -m1 -E "$pattern" "$work/st.log")
+  if [ "$rc" = "$want" ] && [ -n "$msg" ]; then
+    ok "planted: $name"
+    printf '        %s\n' "$msg"
+  else
+    bad "planted: $name: exit code $rc (want $want), message /$pattern/ $([ -n "$msg" ] && echo found || echo missing)"
+    sed 's/^/      | /' "$work/st.log" | head -8
+  fi
+}
+clean() {
+  local name=$1 case=$2
+  shift 2
+  if env "$@" "$selftest" "$case" >"$work/st.log" 2>&1; then ok "clean twin: $name"; else
+    bad "clean twin: $name (exit $?)"
+    sed 's/^/      | /' "$work/st.log" | head -8
+  fi
+}
+planted "missing __syncthreads in a reduction" missing_syncthreads 134 \
+  "kernel 'reduce_kernel' block \(0,0,0\) thread \([0-9]+,0,0\): shared-memory race" CUDASIM_RACECHECK=1
+planted "a shared-memory race" shared_race 134 \
+  "kernel 'flag_race_kernel' block \(0,0,0\) thread \([0-9]+,0,0\): shared-memory race .* after thread" CUDASIM_RACECHECK=1
+planted "a host read of a device pointer" host_read 134 "the host read device memory at 0x"
+planted "a missing stream sync before using a download" missing_stream_sync 134 \
+  "the host read .* destination of a cudaMemcpyAsync .* after kernel 'fill_kernel'.* has not run yet"
+planted "a one-element out-of-bounds write (guard page)" oob_write 134 \
+  "kernel 'off_by_one_kernel' block \(4,0,0\) thread \(0,0,0\): out-of-bounds write .* 0 bytes past the end"
+planted "a one-element out-of-bounds write (redzone)" oob_write_redzone 134 \
+  "kernel 'off_by_one_kernel': out-of-bounds write: byte 0 past the end of a 4000-byte"
+planted "64 KB dynamic shared memory without the attribute" smem_64k 2 \
+  "launch of kernel 'smem_kernel' refused \(cudaErrorInvalidValue\): 65536 bytes of dynamic shared memory"
+planted "228 KB dynamic shared memory even with the attribute" smem_228k 2 \
+  "launch of kernel 'smem_kernel' refused .* over the 227 KiB"
+planted "more than 1024 threads per block" too_many_threads 2 \
+  "launch of kernel 'warp_ok_kernel' refused \(cudaErrorInvalidConfiguration\)"
+planted "__syncthreads in a branch some threads leave" divergent_barrier 134 \
+  "kernel 'divergent_barrier_kernel' block \(0,0,0\) thread \(0,0,0\): __syncthreads reached while thread \(16,0,0\)"
+planted "lanes of one shuffle with different masks" mask_mismatch 134 \
+  "kernel 'mask_mismatch_kernel' .* lanes of one warp disagree"
+planted "a shuffle reading an exited lane" exited_lane 134 \
+  "kernel 'exited_lane_kernel' .* names lane 16, which has exited"
+# Thread order alone (no detector): the reduction without barriers differs between orders.
+fwd=$(CUDASIM_ORDER=forward "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum [^ ]+')
+rev=$(CUDASIM_ORDER=reverse "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum [^ ]+')
+if [ -n "$fwd" ] && [ "$fwd" != "$rev" ]; then ok "thread order shows the missing barrier: forward $fwd, reverse $rev"; else
+  bad "thread order: forward '$fwd', reverse '$rev' (want different)"; fi
+planted "fresh device memory is NaN" nan_fill 0 "reads as -?nan"
+clean "reduction with its barriers (race detector on)" reduce_ok CUDASIM_RACECHECK=1
+clean "shuffles, votes, __match_any_sync, __syncwarp" warp_ok CUDASIM_RACECHECK=1
+clean "download read after cudaStreamSynchronize" stream_sync_ok
+clean "64 KB dynamic shared memory with the attribute" smem_64k_attribute
+clean "cuBLASLt stand-in: refusals as documented, the product as computed" cublaslt_rules
+
+# --- 4. the CLI against the CPU -------------------------------------------------------------------
+moetrain=$build/moetrain
+compare=$build/tests/mpi/compare_runs
+"$moetrain" init --config configs/tiny.json --out "$work/tiny" --seed 3 >/dev/null
+for i in $(seq 0 63); do
+  printf '{"messages":[{"role":"user","content":"w%03d"},{"role":"assistant","content":"%03d"}]}\n' \
+    "$i" $(( (i * 7) % 1000 ))
+done >"$work/data.jsonl"
+common=(--model "$work/tiny" --data "$work/data.jsonl" --quant none --seq 64 --lr 1e-3 --dropout 0
+        --save-every 0 --mode lora --r 4 --targets all)
+t0=$(date +%s)
+MT_COMM=single "$moetrain" train "${common[@]}" --steps "$steps" --batch 4 --device cpu --out "$work/cpu" >"$work/cpu.log" 2>&1
+rc_cpu=$?
+"$moetrain" train "${common[@]}" --steps "$steps" --batch 4 --device cuda --out "$work/cuda" >"$work/cuda.log" 2>&1
+rc_cuda=$?
+# The tiny model is fp32 (configs/tiny.json), so the CUDA path differs from the CPU only by
+# summation order: losses to 1e-5 relative per step and adapters to 1e-3 relative L2, the
+# tolerances of `make test-mpi` (seen over 100 steps: 3.8e-8 and 1.4e-5).
+if [ "$rc_cpu" = 0 ] && [ "$rc_cuda" = 0 ] && "$compare" "$work/cpu" "$work/cuda" 1e-5 1e-3 >"$work/cmp.log" 2>&1; then
+  ok "CLI: $steps steps, --device cuda (emulated) vs cpu, tol 1e-5/1e-3: $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
+else
+  bad "CLI: $steps steps --device cuda vs cpu (exit codes $rc_cpu/$rc_cuda): $(cat "$work/cmp.log" 2>/dev/null)"
+  tail -5 "$work/cuda.log" | sed 's/^/      | /'
+fi
+
+# --- 5. two ranks through the NCCL stand-in -------------------------------------------------------
+mpirun=(mpirun --oversubscribe)
+if [ "$(id -u)" = 0 ]; then mpirun+=(--allow-run-as-root); fi
+if command -v mpirun >/dev/null; then
+  mpi_common=("${common[@]}" --steps 5 --device cuda)
+  t0=$(date +%s)
+  "$moetrain" train "${mpi_common[@]}" --batch 4 --out "$work/one" >"$work/one.log" 2>&1
+  rc1=$?
+  CUDASIM_VERBOSE=1 MT_COMM_TIMEOUT=120 timeout 300 "${mpirun[@]}" -np 2 "$moetrain" train "${mpi_common[@]}" --batch 2 --ep 2 \
+    --out "$work/ep2" >"$work/ep2.log" 2>&1
+  rc2=$?
+  # The tolerance of `make test-mpi` (tests/mpi/run.sh): losses 1e-5, tensors 1e-3 relative L2.
+  if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" -ge 2 ] &&
+     "$compare" "$work/one" "$work/ep2" 1e-5 1e-3 >"$work/cmp.log" 2>&1; then
+    ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (tol 1e-5, 1e-3): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
+  else
+    bad "NCCL: mpirun -np 2 --device cuda --ep 2 vs one process (exit codes $rc1/$rc2): $(cat "$work/cmp.log" 2>/dev/null)"
+    tail -8 "$work/ep2.log" | sed 's/^/      | /'
+  fi
+else
+  bad "NCCL: no mpirun on PATH"
+fi
+
+printf 'test-sim (CPU-emulated CUDA): %d passed, %d failed; CUDA tests run and passed: %d (%d per order) in orders: %s; wall %d s\n' \
+  "$passed" "$failed" "$cuda_runs" "$ncuda" "$orders" "$(($(date +%s) - start))"
+[ "$failed" = 0 ]
