@@ -110,10 +110,18 @@ int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
                      (long long)c->shape[0], (long long)c->shape[1]);
         return -1;
     }
+    const mt_tensor *ops[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (mt_tensor_ld(ops[i]) < ops[i]->shape[1]) {
+            mt_error_set("matmul: %c has a row stride of %lld elements, below its %lld columns", "abc"[i],
+                         (long long)ops[i]->ld, (long long)ops[i]->shape[1]);
+            return -1;
+        }
     return 0;
 }
 
 #ifndef MT_CUDA
+void mt_cuda_backend_sync(mt_backend *be) { (void)be; }
 mt_backend *mt_backend_cuda_new(int device) {
     (void)device;
     mt_error_set("this moetrain was built without CUDA (rebuild with `make CUDA=1`)");

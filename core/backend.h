@@ -27,6 +27,8 @@ typedef struct mt_tensor {
     mt_dtype dtype;
     int ndim;
     int64_t shape[MT_MAX_DIMS];
+    int64_t ld;       // 2-D views only: elements from one row to the next; 0 = shape[1] (dense).
+                      // matmul honours it (a column block of a wider matrix); nothing else does
     size_t nbytes;
     void *data;       // memory of `be` (host for cpu, device for cuda, NULL for null)
     mt_backend *be;
@@ -60,6 +62,8 @@ typedef struct mt_backend_ops {
 struct mt_backend {
     const mt_backend_ops *ops;
     mt_ledger ledger;
+    uint64_t host_syncs;  // times the host waited for the device (cuda; 0 elsewhere): the step's
+                          // count goes into metrics.jsonl
     void *ctx;  // backend-private state
 };
 
@@ -81,6 +85,9 @@ int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak);
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).
 void *mt_cuda_backend_enter(mt_backend *be);
+// Waits for the backend's stream and counts the wait in be->host_syncs: every host wait of a
+// cuda op goes through it (or through download / synchronize, which count theirs).
+void mt_cuda_backend_sync(mt_backend *be);
 // By name: "cpu", "null" or "cuda"; NULL with an error otherwise.
 mt_backend *mt_backend_new(const char *name);
 void mt_backend_free(mt_backend *be);
@@ -107,9 +114,11 @@ int mt_matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a,
 #ifdef __cplusplus
 extern "C" {
 #endif
-// For backend implementations: validate 2-D matmul shapes and return M, N, K.
+// For backend implementations: validate 2-D matmul shapes and row strides (ld ≥ columns) and
+// return M, N, K. mt_tensor_ld: a 2-D tensor's row stride in elements.
 int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a,
                      int trans_b, int64_t *m, int64_t *n, int64_t *k);
+static inline int64_t mt_tensor_ld(const mt_tensor *t) { return t->ld ? t->ld : t->shape[1]; }
 #ifdef __cplusplus
 }
 #endif

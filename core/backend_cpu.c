@@ -65,6 +65,13 @@ static int cpu_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt
                      mt_dtype_name(b->dtype), mt_dtype_name(c->dtype));
         return -1;
     }
+    const mt_tensor *ops[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (ops[i]->dtype != MT_F32 && mt_tensor_ld(ops[i]) != ops[i]->shape[1]) {
+            mt_error_set("cpu matmul: a strided %s operand (only f32 ones may have a row stride)",
+                         mt_dtype_name(ops[i]->dtype));
+            return -1;
+        }
     float *sa, *sb, *sc;
     const float *fa = as_f32(be, a, &sa), *fb = fa ? as_f32(be, b, &sb) : NULL;
     float *fc = fb ? (float *)as_f32(be, c, &sc) : NULL;
@@ -72,7 +79,7 @@ static int cpu_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt
     if (fc) {
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, fa,
-                    (int)a->shape[1], fb, (int)b->shape[1], beta, fc, (int)n);
+                    (int)mt_tensor_ld(a), fb, (int)mt_tensor_ld(b), beta, fc, (int)mt_tensor_ld(c));
         if (sc) mt_convert(c->data, c->dtype, fc, MT_F32, (size_t)(m * n));
         rc = 0;
     }

@@ -31,6 +31,7 @@ enum {
 // What a cached plan is valid for.
 typedef struct {
     int64_t m, n, k;
+    int64_t lda, ldb, ldc;  // row strides (elements)
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
     uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume
@@ -123,7 +124,10 @@ static void cuda_upload(mt_backend *be, void *dst, const void *host_src, size_t 
     MT_CHECK_CUDA(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cx->stream));
     cudaPointerAttributes attr;
     MT_CHECK_CUDA(cudaPointerGetAttributes(&attr, host_src));
-    if (attr.type != cudaMemoryTypeUnregistered) MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    if (attr.type != cudaMemoryTypeUnregistered) {
+        MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+        be->host_syncs++;
+    }
 }
 
 static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
@@ -131,6 +135,7 @@ static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    be->host_syncs++;
 }
 
 static void cuda_fill_zero(mt_backend *be, void *dst, size_t bytes) {
@@ -153,7 +158,10 @@ static void cuda_scale_op(mt_backend *be, void *x, mt_dtype dtype, size_t n, flo
 static void cuda_synchronize(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    be->host_syncs++;
 }
+
+extern "C" void mt_cuda_backend_sync(mt_backend *be) { cuda_synchronize(be); }
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -215,7 +223,8 @@ static uint32_t ptr_alignment(const void *p) {
 }
 
 static int key_equal(const matmul_key *x, const matmul_key *y) {
-    return x->m == y->m && x->n == y->n && x->k == y->k && x->trans_a == y->trans_a &&
+    return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb &&
+           x->ldc == y->ldc && x->trans_a == y->trans_a &&
            x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
            x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
 }
@@ -241,12 +250,12 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
 
-    // A row-major [r, c] matrix is column-major [c, r] with leading dimension c.
+    // A row-major [r, c] matrix with row stride ld is column-major [c, r] with leading dimension ld.
     uint64_t b_rows = k->trans_b ? k->n : k->k, b_cols = k->trans_b ? k->k : k->n;  // b as stored
     uint64_t a_rows = k->trans_a ? k->k : k->m, a_cols = k->trans_a ? k->m : k->k;  // a as stored
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, (int64_t)b_cols));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, (int64_t)a_cols));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)k->m, k->n));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, k->ldb));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, k->lda));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)k->m, k->ldc));
 
     MT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
     uint64_t ws = cx->workspace_bytes;
@@ -317,6 +326,10 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     cuda_ctx *cx = cuda_enter(be);
     if (m == 0 || n == 0) return 0;
     if (k == 0) {  // an empty sum: c = beta · c (beta = 0 overwrites, as BLAS does)
+        if (mt_tensor_ld(c) != n) {
+            mt_error_set("cuda matmul: K = 0 into a strided c is not supported");
+            return -1;
+        }
         if (beta == 0.0f) MT_CHECK_CUDA(cudaMemsetAsync(c->data, 0, c->nbytes, cx->stream));
         else if (beta != 1.0f) scale_cuda(cx, c->data, c->dtype, (size_t)(m * n), beta);
         return 0;
@@ -324,6 +337,7 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     matmul_key key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k;
+    key.lda = mt_tensor_ld(a), key.ldb = mt_tensor_ld(b), key.ldc = mt_tensor_ld(c);
     key.trans_a = !!trans_a, key.trans_b = !!trans_b;
     key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
     key.align_a = ptr_alignment(a->data), key.align_b = ptr_alignment(b->data);

@@ -18,6 +18,10 @@ typedef enum {
     MT_DTYPE_COUNT
 } mt_dtype;
 
+// A bf16 element as plain C sees it (device code casts to __nv_bfloat16): what a GPU step
+// stores activations, dense weights, LoRA and their gradients in (model/model_internal.h).
+typedef uint16_t mt_bf16;
+
 const char *mt_dtype_name(mt_dtype t);           // "f32", "bf16", ...
 int mt_dtype_parse(const char *s, mt_dtype *out);  // accepts our names and "bfloat16"/"float32"/...
 // Bytes for n elements (MT_Q4: ceil(n/2)).

@@ -548,7 +548,7 @@ extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscal
     MT_CHECK_LAUNCH();
     ce_result h;
     MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
-    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the sum
+    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the sum
     mt_work_free(be, row_loss, bytes);
     if (h.bad_row != CE_NO_BAD_ROW) {
         int32_t bad = 0;

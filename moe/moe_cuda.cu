@@ -179,7 +179,7 @@ extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, c
     double h[MT_AUX_STATS_LEN(MOE_MAX_E)];
     cudaStream_t s = mt_cuda_begin(be);
     MT_CHECK_CUDA(cudaMemcpyAsync(h, stats, (size_t)MT_AUX_STATS_LEN(E) * sizeof(double), cudaMemcpyDeviceToHost, s));
-    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the totals
+    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the totals
     for (int e = 0; e < E; e++) {
         st->counts[e] = h[e];
         st->prob_sums[e] = h[E + e];
@@ -266,7 +266,7 @@ extern "C" double moe_zloss_sum_cuda(mt_backend *be, int64_t *rows, const float 
     MT_CHECK_LAUNCH();
     zloss_result h;
     MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
-    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the sum
+    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the sum
     mt_work_free(be, z, bytes);
     *rows += h.rows;
     return h.sum;

@@ -139,7 +139,7 @@ extern "C" double mt_grad_norm_cuda(mt_backend *be, const mt_param *params, int 
     MT_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double), s));
     grad_sumsq_cuda(be, d, params, n);
     MT_CHECK_CUDA(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s));
-    MT_CHECK_CUDA(cudaStreamSynchronize(s));  // the one synchronisation: the host wants the norm
+    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the norm
     mt_work_free(be, d, sizeof(double));
     return sqrt(h);
 }
