@@ -84,6 +84,21 @@ void mt_tensor_download(const mt_tensor *t, void *host_dst) {
     t->be->ops->download(t->be, host_dst, t->data, t->nbytes);
 }
 
+mt_tensor mt_view2(mt_backend *be, const void *p, mt_dtype dtype, int64_t rows, int64_t cols, int64_t ld) {
+    mt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dtype, t.ndim = 2, t.shape[0] = rows, t.shape[1] = cols, t.ld = ld == cols ? 0 : ld;
+    t.nbytes = rows ? mt_dtype_bytes(dtype, (size_t)((rows - 1) * (ld ? ld : cols) + cols)) : 0;
+    t.data = (void *)p, t.be = be, t.cat = MT_MEM_WORK;
+    return t;
+}
+
+mt_tensor mt_view_rows(const mt_tensor *t, int64_t row0, int64_t rows) {
+    int64_t ld = mt_tensor_ld(t);
+    const char *p = t->data ? (const char *)t->data + mt_dtype_bytes(t->dtype, (size_t)(row0 * ld)) : NULL;
+    return mt_view2(t->be, p, t->dtype, rows, t->shape[1], ld);
+}
+
 int mt_matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a, int trans_b,
               float alpha, float beta) {
     if (a->be != c->be || b->be != c->be) {

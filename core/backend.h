@@ -103,6 +103,11 @@ void mt_tensor_free(mt_tensor *t);
 int64_t mt_tensor_numel(const mt_tensor *t);
 void mt_tensor_upload(mt_tensor *t, const void *host_src);    // host bytes in t's dtype
 void mt_tensor_download(const mt_tensor *t, void *host_dst);
+// A 2-D view of `rows` rows of `cols` elements of be's memory at p, rows `ld` elements apart
+// (0: cols); nothing allocated (cat work, for messages). p may be NULL (the null backend).
+mt_tensor mt_view2(mt_backend *be, const void *p, mt_dtype dtype, int64_t rows, int64_t cols, int64_t ld);
+// Rows [row0, row0 + rows) of a 2-D tensor or view (same dtype, columns and ld).
+mt_tensor mt_view_rows(const mt_tensor *t, int64_t row0, int64_t rows);
 // Matmul through the tensor's backend (all three on the same backend).
 int mt_matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int trans_a, int trans_b,
               float alpha, float beta);

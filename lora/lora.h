@@ -39,6 +39,16 @@ void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, 
 void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,
                           const float *xa, float *scratch, int64_t n);
 
+// The same for the GPU step (lora/lora_dev.c), on 2-D views (core/backend.h: mt_view2) of the
+// adapter's backend: cuda runs it (bf16 A, B, x, xa; y and dy bf16 or f32, and may be column
+// blocks of a wider matrix), the null backend makes its allocations and runs nothing. The four
+// GEMMs go through the backend's matmul; dropout is regenerated on the device from the CPU's
+// hash. dx may be NULL. Scratch (dropout(x), scale·dy·B) is taken and returned through the
+// ledger under work.
+void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa);
+void mt_lora_backward_dev(const mt_lora *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
+                          const mt_tensor *xa);
+
 #ifdef __cplusplus
 }
 #endif

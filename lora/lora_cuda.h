@@ -1,5 +1,5 @@
-// lora/lora_cuda.h — CUDA twins of lora/lora.h's forward and backward (lora/lora_cuda.cu),
-// conventions as in model/ops_cuda.h; CUDA builds (MT_CUDA) only.
+// lora/lora_cuda.h — the LoRA's device kernel (lora/lora_cuda.cu), conventions as in
+// model/ops_cuda.h; CUDA builds (MT_CUDA) only. The GEMMs are lora/lora_dev.c's.
 #pragma once
 #include <stdint.h>
 
@@ -10,12 +10,10 @@
 extern "C" {
 #endif
 
-// A, B, dA, dB of `l` are f32 tensors of `be`; the matmuls go through the backend
-// (cuBLASLt), dropout is regenerated from the same hash as the CPU (lora/lora_dropout.h).
-
-void mt_lora_forward_cuda(mt_backend *be, const mt_lora *l, float *y, const float *x, float *xa, int64_t n);
-void mt_lora_backward_cuda(mt_backend *be, const mt_lora *l, float *dx, const float *dy, const float *x,
-                           const float *xa, float *scratch, int64_t n);
+// out [n] = x [n] · factor(i) (accumulate 0) or out [n] += x [n] · factor(i) (1), bf16 contiguous;
+// factor from lora/lora_dropout.h's hash of (seed, i): the CPU's mask, element for element.
+void mt_lora_dropout_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *x, int64_t n, uint64_t seed, float p,
+                          int accumulate);
 
 #ifdef __cplusplus
 }

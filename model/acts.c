@@ -5,6 +5,7 @@
 #include "core/common.h"
 #include "model/mixtral.h"
 #include "model/model_internal.h"
+#include "moe/moe_cuda.h"
 
 // dt is a GPU run's storage (bf16, or fp32 where precision needs it); the cpu keeps f32.
 static mt_tensor *act(mt_model *m, mt_dtype dt, int64_t d0, int64_t d1) {
@@ -77,9 +78,9 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
 }
 
 static void expert_acts_free(mt_layer_acts *a) {
-    mt_tensor *all[] = {a->xs, a->g, a->u, a->a, a->xa_w1, a->xa_w2, a->xa_w3};
+    mt_tensor *all[] = {a->xs, a->g, a->u, a->gu, a->a, a->xa_w1, a->xa_w2, a->xa_w3};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
-    a->xs = a->g = a->u = a->a = a->xa_w1 = a->xa_w2 = a->xa_w3 = NULL;
+    a->xs = a->g = a->u = a->gu = a->a = a->xa_w1 = a->xa_w2 = a->xa_w3 = NULL;
     a->expert_rows = 0;
 }
 
@@ -89,8 +90,9 @@ void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->spec.lora_r;
     a->expert_rows = rows;
     if (rows == 0) return;
-    a->xs = act(m, MT_BF16, rows, H), a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);
-    a->a = act(m, MT_BF16, rows, f);
+    a->xs = act(m, MT_BF16, rows, H), a->a = act(m, MT_BF16, rows, f);
+    if (gpu_step(m)) a->gu = act(m, MT_BF16, rows, 2 * f);
+    else a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);
     a->xa_w1 = a->expert_lora[0] ? act(m, MT_BF16, rows, r) : NULL;
     a->xa_w2 = a->expert_lora[1] ? act(m, MT_BF16, rows, r) : NULL;
     a->xa_w3 = a->expert_lora[2] ? act(m, MT_BF16, rows, r) : NULL;
@@ -145,12 +147,14 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
     m->row_mask = mt_xcalloc((size_t)T, 1);
     m->step_tokens = m->tokens, m->step_targets = m->targets, m->step_positions = m->positions;
     m->step_mask = m->row_mask;
-    if (m->be->ops->kind == MT_BACKEND_CUDA) {  // the kernels read device copies
+    if (gpu_step(m)) {  // the kernels read device copies (the null backend counts them)
         m->batch_dev = act(m, MT_U8, T * (3 * (int64_t)sizeof(int32_t) + 1), 0);
+        m->aux_dev = act(m, MT_U8, MT_AUX_STATS_LEN(m->cfg.experts) * (int64_t)sizeof(double), 0);  // doubles
+    }
+    if (m->be->ops->kind == MT_BACKEND_CUDA) {
         int32_t *d = m->batch_dev->data;
         m->step_tokens = d, m->step_targets = d + T, m->step_positions = d + 2 * T;
         m->step_mask = (uint8_t *)(d + 3 * T);
-        m->aux_dev = act(m, MT_U8, (2 * m->cfg.experts + 1) * (int64_t)sizeof(double), 0);  // doubles
     }
 }
 

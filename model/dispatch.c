@@ -1,6 +1,7 @@
 // model/dispatch.c — each op of a step on the model's backend: the CPU reference kernels, or
 // their CUDA twins (model/ops_cuda.h). The arguments are the CPU kernels'; pointers are memory
-// of m->be. The null backend never calls these (its step runs no kernel).
+// of m->be, mt_act ones in the step's storage dtype (model/model_internal.h: f32 on the cpu, bf16
+// on cuda). The null backend never calls these (its step runs no kernel).
 #include <string.h>
 
 #include "core/common.h"
@@ -29,41 +30,41 @@
     } while (0)
 #endif
 
-void mt_op_embedding_forward(mt_model *m, float *out, const int32_t *tokens, const float *wte, int T, int H) {
+void mt_op_embedding_forward(mt_model *m, mt_act *out, const int32_t *tokens, const mt_act *wte, int T, int H) {
     DISPATCH(m, embedding_forward_cpu(out, tokens, wte, T, H), embedding_forward_cuda(m->be, out, tokens, wte, T, H));
 }
 
-void mt_op_embedding_backward(mt_model *m, float *dwte, const float *dout, const int32_t *tokens, int T, int H) {
+void mt_op_embedding_backward(mt_model *m, mt_act *dwte, const mt_act *dout, const int32_t *tokens, int T, int H) {
     DISPATCH(m, embedding_backward_cpu(dwte, dout, tokens, T, H),
              embedding_backward_cuda(m->be, dwte, dout, tokens, T, H));
 }
 
-void mt_op_rmsnorm_forward(mt_model *m, float *y, float *rstd, const float *x, const float *w, int T, int H,
+void mt_op_rmsnorm_forward(mt_model *m, mt_act *y, float *rstd, const mt_act *x, const mt_act *w, int T, int H,
                            float eps) {
     DISPATCH(m, rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps), rmsnorm_forward_cuda(m->be, y, rstd, x, w, T, H, eps));
 }
 
-void mt_op_rmsnorm_backward(mt_model *m, float *dx, float *dw, const float *dy, const float *x, const float *w,
+void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *dy, const mt_act *x, const mt_act *w,
                             const float *rstd, int T, int H) {
     DISPATCH(m, rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H),
              rmsnorm_backward_cuda(m->be, dx, dw, dy, x, w, rstd, T, H));
 }
 
-void mt_op_rope(mt_model *m, float *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward) {
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward) {
     if (backward)
         DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, x, pos, T, nh, hd, theta));
     else
         DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, x, pos, T, nh, hd, theta));
 }
 
-void mt_op_attention_forward(mt_model *m, float *out, float *lse, const float *q, const float *k, const float *v,
+void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
              attention_forward_cuda(m->be, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
 }
 
-void mt_op_attention_backward(mt_model *m, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                              const float *k, const float *v, const float *out, const float *lse,
+void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout, const mt_act *q,
+                              const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
              attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
@@ -77,8 +78,10 @@ double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *c
     return sum;
 }
 
-void mt_op_add(mt_model *m, float *y, const float *a, const float *b, int64_t n) {
-    DISPATCH(m, for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i], mt_add_cuda(m->be, y, a, b, n));
+void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n) {
+    float *yf = y;
+    const float *af = a, *bf = b;
+    DISPATCH(m, for (int64_t i = 0; i < n; i++) yf[i] = af[i] + bf[i], mt_add_cuda(m->be, y, a, b, n));
 }
 
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
@@ -121,7 +124,8 @@ void mt_op_aux_start(mt_model *m) {
 }
 
 void mt_op_aux_finish(mt_model *m) {
-    DISPATCH(m, (void)0, moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data));
+    DISPATCH(m, (void)0,
+             moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, &m->z_sum, &m->z_rows));
 }
 
 // After the host statistics changed (summed over ranks): the device copy follows.
@@ -131,7 +135,7 @@ void mt_op_aux_upload(mt_model *m) {
     double *v = mt_xcalloc((size_t)MT_AUX_STATS_LEN(E), sizeof(double));
     memcpy(v, m->aux.counts, (size_t)E * sizeof(double));
     memcpy(v + E, m->aux.prob_sums, (size_t)E * sizeof(double));
-    v[2 * E] = (double)m->aux.rows;
+    v[2 * E] = (double)m->aux.rows, v[2 * E + 1] = m->z_sum, v[2 * E + 2] = (double)m->z_rows;
     mt_tensor_upload(m->aux_dev, v);
     free(v);
 }
@@ -141,11 +145,11 @@ void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *pr
              moe_aux_backward_cuda(m->be, dlogits, coef, (const double *)m->aux_dev->data, probs, mask, T, m->aux.E));
 }
 
-double mt_op_zloss_sum(mt_model *m, int64_t *rows, const float *logits, const uint8_t *mask, int T, int E) {
-    double sum = 0.0;
-    DISPATCH(m, sum = moe_zloss_sum_cpu(rows, logits, mask, T, E),
-             sum = moe_zloss_sum_cuda(m->be, rows, logits, mask, T, E));
-    return sum;
+// The z-loss statistics: m->z_sum / m->z_rows on the CPU; on CUDA two more doubles of aux_dev,
+// brought back with the aux statistics (no host wait per layer).
+void mt_op_zloss_accumulate(mt_model *m, const float *logits, const uint8_t *mask, int T, int E) {
+    DISPATCH(m, m->z_sum += moe_zloss_sum_cpu(&m->z_rows, logits, mask, T, E),
+             moe_zloss_accumulate_cuda(m->be, (double *)m->aux_dev->data, logits, mask, T, E));
 }
 
 void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float *logits, const uint8_t *mask, int T,
@@ -173,31 +177,48 @@ void mt_op_permute(mt_model *m, int L) {
     for (int e = 0; e < E; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
 }
 
-void mt_op_gather(mt_model *m, float *xs, const float *x, const int32_t *order, int n, int H, int k) {
+void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k) {
     DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, xs, x, order, n, H, k));
 }
 
-void mt_op_gather_backward(mt_model *m, float *dx, const float *dxs, const int32_t *order, int n, int H, int k) {
+void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k) {
     DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
 }
 
-void mt_op_combine(mt_model *m, float *out, const float *ys, const float *weights, const int32_t *order, int n, int H,
+void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n, int H,
                    int k) {
     DISPATCH(m, moe_combine_cpu(out, ys, weights, order, n, H, k),
              moe_combine_cuda(m->be, out, ys, weights, order, n, H, k));
 }
 
-void mt_op_combine_backward(mt_model *m, float *dys, float *dweights, const float *dout, const float *ys,
+void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_act *dout, const mt_act *ys,
                             const float *weights, const int32_t *order, int n, int H, int k) {
     DISPATCH(m, moe_combine_backward_cpu(dys, dweights, dout, ys, weights, order, n, H, k),
              moe_combine_backward_cuda(m->be, dys, dweights, dout, ys, weights, order, n, H, k));
 }
 
+// The CPU's SwiGLU of split g, u [n] (its experts run w1 and w3 apart).
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n) {
-    DISPATCH(m, swiglu_forward_cpu(a, g, u, n), swiglu_forward_cuda(m->be, a, g, u, n));
+    (void)m;
+    swiglu_forward_cpu(a, g, u, n);
 }
 
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n) {
-    DISPATCH(m, swiglu_backward_cpu(dg, du, da, g, u, n), swiglu_backward_cuda(m->be, dg, du, da, g, u, n));
+    (void)m;
+    swiglu_backward_cpu(dg, du, da, g, u, n);
+}
+
+// The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM).
+void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f) {
+    DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
+}
+
+void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows, int64_t f) {
+    DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f), swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
+}
+
+// dst [n] = src [n] rounded to the step's storage (an fp32 gradient about to feed a GEMM).
+void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n) {
+    DISPATCH(m, memcpy(dst, src, (size_t)n * sizeof(float)), mt_f32_to_bf16_cuda(m->be, dst, src, n));
 }

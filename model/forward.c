@@ -49,7 +49,7 @@ static void route(mt_model *m, int L, int replay) {
         }
         mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
         mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
-        if (m->z_coef != 0.0f) m->z_sum += mt_op_zloss_sum(m, &m->z_rows, F(a->logits), mask, T, E);
+        if (m->z_coef != 0.0f) mt_op_zloss_accumulate(m, F(a->logits), mask, T, E);
         mt_op_permute(m, L);
         return;
     }
@@ -67,36 +67,35 @@ static void route(mt_model *m, int L, int replay) {
 // forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
 // the aux statistics are not counted twice. Counting (null backend), the same buffers are
 // allocated and no kernel runs.
-void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
+void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
-    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, f = (int)c->intermediate;
-    int r = m->spec.lora_r, Tk = T * k, run = !m->counting;
+    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
+    int Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
-#define XA(t, i) ((t) ? at(F(t), (int64_t)(i) * r) : NULL)
+    mt_dtype adt = act_dtype(m);
 
-    if (run) mt_op_rmsnorm_forward(m, F(a->ln1), F(a->rstd1), F(kp->x), F(ly->ln1), T, H, eps);
-    mt_linear_forward(&ly->q, F(a->q), F(a->ln1), XA(a->xa_q, 0), T);
-    mt_linear_forward(&ly->k, F(a->k), F(a->ln1), XA(a->xa_k, 0), T);
-    mt_linear_forward(&ly->v, F(a->v), F(a->ln1), XA(a->xa_v, 0), T);
+    if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
+    mt_linear_forward(&ly->q, a->q, a->ln1, a->xa_q);
+    mt_linear_forward(&ly->k, a->k, a->ln1, a->xa_k);
+    mt_linear_forward(&ly->v, a->v, a->ln1, a->xa_v);
     if (run) {
-        mt_op_rope(m, F(a->q), m->step_positions, T, nh, hd, theta, 0);
-        mt_op_rope(m, F(a->k), m->step_positions, T, nkv, hd, theta, 0);
-        mt_op_attention_forward(m, F(a->att), F(a->lse), F(a->q), F(a->k), F(a->v), mask, B, S, nh, nkv, hd,
+        mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
+        mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);
+        mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), mask, B, S, nh, nkv, hd,
                                 (int)c->sliding_window);
     }
-    size_t th = (size_t)T * H * sizeof(float);
-    float *o = mt_work_alloc(m->be, th);
-    mt_linear_forward(&ly->o, o, F(a->att), XA(a->xa_o, 0), T);
-    if (run) mt_op_add(m, F(a->h), F(kp->x), o, (int64_t)T * H);
-    mt_work_free(m->be, o, th);
+    mt_tensor o = step_work(m, adt, T, H, 0);
+    mt_linear_forward(&ly->o, &o, a->att, a->xa_o);
+    if (run) mt_op_add(m, A(a->h), A(kp->x), o.data, (int64_t)T * H);
+    step_unwork(m, &o);
 
-    if (run) mt_op_rmsnorm_forward(m, F(a->ln2), F(a->rstd2), F(a->h), F(ly->ln2), T, H, eps);
-    mt_linear_forward(&ly->gate, F(a->logits), F(a->ln2), XA(a->xa_gate, 0), T);
+    if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
+    mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate);
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
     int ep = m->par.ep_size > 1;
@@ -105,33 +104,26 @@ void mt_layer_forward(mt_model *m, int L, float *x_out, int replay) {
         if (!replay) mt_ep_exchange_counts(m, L);
         R = mt_ep_own_rows(m, L);
         mt_model_expert_acts_ensure(m, a, R);
-        float *xl = mt_work_alloc(m->be, (size_t)Tk * H * sizeof(float));
-        if (run) mt_op_gather(m, xl, F(a->ln2), I(kp->order), Tk, H, k);
-        mt_ep_dispatch(m, L, F(a->xs), xl, H);
-        mt_work_free(m->be, xl, (size_t)Tk * H * sizeof(float));
+        mt_tensor xl = step_work(m, adt, Tk, H, 0);
+        if (run) mt_op_gather(m, xl.data, A(a->ln2), I(kp->order), Tk, H, k);
+        mt_ep_dispatch(m, L, A(a->xs), xl.data, H);
+        step_unwork(m, &xl);
     } else if (run) {
-        mt_op_gather(m, F(a->xs), F(a->ln2), I(kp->order), Tk, H, k);
+        mt_op_gather(m, A(a->xs), A(a->ln2), I(kp->order), Tk, H, k);
     }
-    float *ys_own = ep ? mt_work_alloc(m->be, (size_t)R * H * sizeof(float)) : F(a->ys);
+    mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
-        if (n == 0) continue;  // an expert with no tokens does nothing
-        float *xs = at(F(a->xs), o0 * H), *g = at(F(a->g), o0 * f), *u = at(F(a->u), o0 * f);
-        float *act = at(F(a->a), o0 * f), *ys = at(ys_own, o0 * H);
-        mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1, o0), n);
-        mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3, o0), n);
-        if (run) mt_op_swiglu_forward(m, act, g, u, n * f);
-        mt_linear_forward(&ly->w2[e], ys, act, XA(a->xa_w2, o0), n);
+        if (n) mt_expert_forward(m, L, e, o0, n, &ys_own);  // an expert with no tokens does nothing
     }
     if (ep) {  // the outputs go back to the ranks their tokens came from
-        mt_ep_return(m, L, F(a->ys), ys_own, H);
-        mt_work_free(m->be, ys_own, (size_t)R * H * sizeof(float));
+        mt_ep_return(m, L, A(a->ys), ys_own.data, H);
+        step_unwork(m, &ys_own);
     }
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
-    m->be->ops->copy(m->be, x_out, F(a->h), th);
-    mt_op_combine(m, x_out, F(a->ys), F(a->weights), I(kp->order), Tk, H, k);
-#undef XA
+    m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
+    mt_op_combine(m, x_out, A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
 }
 
 // Several ranks with a slice of the batch each: the loss's sums (CE, the aux statistics of every
@@ -197,14 +189,14 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
         m->be->ops->upload(m->be, m->step_positions, m->positions, n);
         m->be->ops->upload(m->be, m->step_mask, m->row_mask, (size_t)T);
     }
-    mt_op_aux_start(m);
     m->z_sum = 0, m->z_rows = 0;
+    mt_op_aux_start(m);
     int run = !m->counting;
-    if (run) mt_op_embedding_forward(m, F(m->kept[0].x), m->step_tokens, F(m->embed), T, H);
+    if (run) mt_op_embedding_forward(m, A(m->kept[0].x), m->step_tokens, A(m->embed), T, H);
     for (int L = 0; L < c->layers; L++)
-        mt_layer_forward(m, L, L + 1 < c->layers ? F(m->kept[L + 1].x) : F(m->x_final), 0);
-    if (run) mt_op_rmsnorm_forward(m, F(m->xf), F(m->rstdf), F(m->x_final), F(m->norm), T, H, (float)c->rms_norm_eps);
-    mt_linear_forward(&m->lm_head, F(m->logits), F(m->xf), NULL, T);
+        mt_layer_forward(m, L, L + 1 < c->layers ? A(m->kept[L + 1].x) : A(m->x_final), 0);
+    if (run) mt_op_rmsnorm_forward(m, A(m->xf), F(m->rstdf), A(m->x_final), A(m->norm), T, H, (float)c->rms_norm_eps);
+    mt_linear_forward(&m->lm_head, m->logits, m->xf, NULL);
 
     int64_t count = 0;  // counting: no loss, and no token counted
     double ce_sum = run ? mt_op_cross_entropy(m, NULL, 0.0f, &count, F(m->logits), m->step_targets, T, V) : 0.0;

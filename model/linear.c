@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/common.h"
+#include "model/ops_cuda.h"
 #include "quant/qweight.h"
 
 // The null backend: a Linear makes the cpu path's allocations (4-bit tiles, LoRA scratch) and
@@ -46,79 +47,127 @@ void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Any backend: the CPU kernels above, or the backend's matmul (cuBLASLt) on f32 views of the
-// rows, a frozen 4-bit W dequantized into an f32 scratch for the call, and the LoRA's twin.
+// Any backend: the CPU kernels above, or the GPU step on views.
+
 
 static mt_backend *backend_of(const mt_linear *l) {
     return l->w ? l->w->be : l->q ? l->q->be : l->lora ? l->lora->a->be : NULL;
-}
-
-#ifdef MT_CUDA
-#include "model/ops_cuda.h"
-
-static mt_tensor rows_view(mt_backend *be, const float *p, int64_t rows, int64_t cols) {
-    mt_tensor t = {.dtype = MT_F32, .ndim = 2, .shape = {rows, cols}, .data = (void *)p, .be = be,
-                   .cat = MT_MEM_WORK};
-    t.nbytes = (size_t)(rows * cols) * sizeof(float);
-    return t;
 }
 
 static void check(int rc, const char *what) {
     if (rc != 0) mt_fatal(MT_EXIT_ERROR, "linear %s: %s", what, mt_error_get());
 }
 
-// y = x·Wᵀ (+ beta·y), or (transposed) dx = dy·W + dx, W dense or dequantized into scratch.
-static void dense_or_4bit(const mt_linear *l, mt_tensor *out, const mt_tensor *in, int transposed) {
-    mt_backend *be = backend_of(l);
-    if (!l->q) {
-        check(mt_matmul(out, in, l->w, 0, !transposed, 1.0f, transposed ? 1.0f : 0.0f), "matmul");
-        return;
-    }
-    size_t bytes = (size_t)(l->out * l->in) * sizeof(float);
-    float *s = l->dequant ? NULL : mt_work_alloc(be, bytes);  // per call only without the model's
-    mt_tensor scratch = l->dequant ? *l->dequant : rows_view(be, s, l->out, l->in);
-    check(transposed ? mt_qweight_matmul_t(out, in, l->q, &scratch, 1.0f) : mt_qweight_matmul(out, in, l->q, &scratch, 0.0f),
-          "4-bit matmul");
-    if (s) mt_work_free(be, s, bytes);
-}
-#endif
-
-void mt_linear_forward(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n) {
-    mt_backend *be = backend_of(l);
-    if (!be || be->ops->kind != MT_BACKEND_CUDA) {
-        mt_linear_forward_cpu(l, y, x, lora_xa, n);
-        return;
-    }
+// dst = bf16(src), rows of an f32 view (cuda; the null backend has nothing to convert).
+static void to_bf16(mt_backend *be, mt_tensor *dst, const mt_tensor *src) {
 #ifdef MT_CUDA
-    if (n == 0) return;
-    mt_tensor yv = rows_view(be, y, n, l->out), xv = rows_view(be, x, n, l->in);
-    dense_or_4bit(l, &yv, &xv, 0);
-    if (l->lora) mt_lora_forward_cuda(be, l->lora, y, x, lora_xa, n);
+    int64_t ld = mt_tensor_ld(src), cols = src->shape[1];
+    if (ld == cols) {
+        mt_f32_to_bf16_cuda(be, dst->data, src->data, src->shape[0] * cols);
+    } else {
+        for (int64_t r = 0; r < src->shape[0]; r++)
+            mt_f32_to_bf16_cuda(be, (mt_bf16 *)dst->data + r * cols, (const float *)src->data + r * ld, cols);
+    }
+#else
+    (void)be, (void)dst, (void)src;
 #endif
 }
 
-void mt_linear_backward(const mt_linear *l, float *dx, const float *dy, const float *x, const float *lora_xa,
-                        int64_t n) {
+// The cpu kernels take contiguous f32 rows.
+static float *cpu_rows(const mt_tensor *t) {
+    if (!t) return NULL;
+    if (t->dtype != MT_F32 || mt_tensor_ld(t) != t->shape[1])
+        mt_fatal(MT_EXIT_ERROR, "linear: the cpu path takes contiguous f32 rows (got %s, ld %lld)",
+                 mt_dtype_name(t->dtype), (long long)t->ld);
+    return t->data;
+}
+
+mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch) {
+    if (!l->q) return mt_view2(l->w->be, l->w->data, l->w->dtype, l->out, l->in, 0);
+    mt_tensor w;
+    check(mt_qweight_dequantize_view(l->q, scratch, &w), "4-bit dequantize");
+    return w;
+}
+
+// A 4-bit W's bf16 scratch: the model's shared one, or (none attached) one for this call.
+static mt_tensor dequant_scratch(const mt_linear *l, void **own) {
+    *own = NULL;
+    if (l->dequant) return *l->dequant;
+    size_t bytes = mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in));
+    *own = mt_work_alloc(l->q->be, bytes);
+    return mt_view2(l->q->be, *own, MT_BF16, l->out, l->in, 0);
+}
+
+static void dequant_release(const mt_linear *l, void *own) {
+    if (l->q && !l->dequant) mt_work_free(l->q->be, own, mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in)));
+}
+
+void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
     mt_backend *be = backend_of(l);
-    if (!be || be->ops->kind != MT_BACKEND_CUDA) {
-        mt_linear_backward_cpu(l, dx, dy, x, lora_xa, n);
+    int64_t n = x->shape[0];
+    if (be->ops->kind == MT_BACKEND_CPU) {
+        mt_linear_forward_cpu(l, cpu_rows(y), cpu_rows(x), cpu_rows(xa), n);
         return;
     }
-#ifdef MT_CUDA
     if (n == 0) return;
-    mt_tensor dyv = rows_view(be, dy, n, l->out), xv = rows_view(be, x, n, l->in);
-    if (l->dw) check(mt_matmul(l->dw, &dyv, &xv, 1, 0, 1.0f, 1.0f), "weight gradient");  // dW += dyᵀ·x
-    if (dx) {
-        mt_tensor dxv = rows_view(be, dx, n, l->in);
-        dense_or_4bit(l, &dxv, &dyv, 1);
+    void *own = NULL;
+    mt_tensor scratch = l->q ? dequant_scratch(l, &own) : (mt_tensor){0};
+    mt_tensor w = mt_linear_weight(l, &scratch);
+    mt_tensor yv = *y, xv = *x;
+    check(mt_matmul(&yv, &xv, &w, 0, 1, 1.0f, 0.0f), "forward");  // y = x · Wᵀ
+    dequant_release(l, own);
+    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa);
+}
+
+// Rows of an f32 dy rounded to bf16 per chunk, so that no bf16 copy of a whole T×V gradient
+// exists: at most this many bytes.
+enum { DY_CHUNK_BYTES = 64 << 20 };
+
+static void backward_rows(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
+                          const mt_tensor *xa, const mt_tensor *w) {
+    mt_tensor dyv = *dy, xv = *x;
+    if (l->dw) {  // dW += dyᵀ · x
+        mt_tensor dwv = mt_view2(l->dw->be, l->dw->data, l->dw->dtype, l->out, l->in, 0);
+        check(mt_matmul(&dwv, &dyv, &xv, 1, 0, 1.0f, 1.0f), "weight gradient");
     }
-    if (l->lora) {
-        size_t bytes = (size_t)n * (size_t)l->lora->r * sizeof(float);
-        float *scratch = mt_work_alloc(be, bytes);
-        mt_lora_backward_cuda(be, l->lora, dx, dy, x, lora_xa, scratch, n);
-        mt_work_free(be, scratch, bytes);
+    if (dx) {  // dx += dy · W: the transpose flag, never a transposed copy
+        mt_tensor dxv = *dx, wv = *w;
+        check(mt_matmul(&dxv, &dyv, &wv, 0, 0, 1.0f, 1.0f), "input gradient");
     }
-#endif
+    if (l->lora) mt_lora_backward_dev(l->lora, dx, dy, x, xa);
+}
+
+void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
+                        const mt_tensor *xa) {
+    mt_backend *be = backend_of(l);
+    int64_t n = x->shape[0];
+    if (be->ops->kind == MT_BACKEND_CPU) {
+        mt_linear_backward_cpu(l, cpu_rows(dx), cpu_rows(dy), cpu_rows(x), cpu_rows(xa), n);
+        return;
+    }
+    if (n == 0) return;
+    void *own = NULL;
+    mt_tensor scratch = l->q ? dequant_scratch(l, &own) : (mt_tensor){0};
+    mt_tensor w = dx ? mt_linear_weight(l, &scratch) : (mt_tensor){0};
+    if (dy->dtype == MT_BF16) {
+        backward_rows(l, dx, dy, x, xa, &w);
+    } else {  // f32 (the logits' gradients): bf16 rows a chunk at a time
+        int64_t chunk = MT_MAX((int64_t)1, (int64_t)(DY_CHUNK_BYTES / (l->out * 2)));
+        chunk = MT_MIN(chunk, n);
+        size_t bytes = mt_dtype_bytes(MT_BF16, (size_t)(chunk * l->out));
+        mt_tensor conv = mt_view2(be, mt_work_alloc(be, bytes), MT_BF16, chunk, l->out, 0);
+        for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+            int64_t rows = MT_MIN(chunk, n - r0);
+            mt_tensor c = mt_view_rows(&conv, 0, rows), dyr = mt_view_rows(dy, r0, rows);
+            if (conv.data) to_bf16(be, &c, &dyr);
+            mt_tensor xr = mt_view_rows(x, r0, rows);
+            mt_tensor dxr = dx ? mt_view_rows(dx, r0, rows) : (mt_tensor){0};
+            mt_tensor xar = xa ? mt_view_rows(xa, r0, rows) : (mt_tensor){0};
+            backward_rows(l, dx ? &dxr : NULL, &c, &xr, xa ? &xar : NULL, &w);
+        }
+        mt_work_free(be, conv.data, bytes);
+    }
+    dequant_release(l, own);
 }
 
 void mt_linear_free(mt_linear *l) {

@@ -19,8 +19,8 @@ typedef struct mt_linear {
     mt_tensor *dw;             // gradient when the weight itself trains (unfreeze, router, full)
     mt_lora *lora;             // adapter, or NULL
     int remote;                // expert held by another EP rank: MT_REMOTE_* (0: held here)
-    mt_tensor *dequant;        // cuda: the model's one f32 scratch for a 4-bit W (not owned);
-                               // NULL: a scratch is taken for each call
+    mt_tensor *dequant;        // GPU step: the model's one bf16 scratch a 4-bit W is dequantized
+                               // into (not owned); NULL: a scratch is taken for each call
 } mt_linear;
 
 enum { MT_REMOTE_FROZEN = 1, MT_REMOTE_TRAINS = 2, MT_REMOTE_LORA = 3 };
@@ -31,11 +31,19 @@ void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *
 // LoRA's dA, dB accumulate.
 void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, const float *x,
                             const float *lora_xa, int64_t n);
-// The same on the Linear's backend: the CPU kernels above, or on CUDA the backend's matmul
-// (cuBLASLt; a 4-bit W dequantized into an f32 scratch for the call) and the LoRA's twin.
-void mt_linear_forward(const mt_linear *l, float *y, const float *x, float *lora_xa, int64_t n);
-void mt_linear_backward(const mt_linear *l, float *dx, const float *dy, const float *x,
-                        const float *lora_xa, int64_t n);
+// The same on the Linear's backend, on 2-D views of rows (core/backend.h: mt_view2): the cpu
+// backend runs the f32 kernels above (contiguous f32 views); the GPU step (cuda; the null backend
+// makes its allocations and runs nothing) is bf16 × bf16 with fp32 accumulation through the
+// backend's matmul, a 4-bit W dequantized to bf16 into l->dequant, the LoRA beside it as
+// (x·A)·B. On the GPU step y and dy may be f32 (router and lm_head logits: an f32 dy is rounded
+// to bf16 in bounded row chunks first) and may be column blocks of a wider matrix (ld).
+// xa: the LoRA's kept x·A rows (NULL without LoRA); dx NULL: not wanted.
+void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa);
+void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
+                        const mt_tensor *xa);
+// The GPU step's W as a bf16 [out, in] view: the dense weight, or the 4-bit one dequantized into
+// `scratch` (bf16, at least out·in elements; a null backend's may have no data).
+mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch);
 void mt_linear_free(mt_linear *l);
 
 #ifdef __cplusplus

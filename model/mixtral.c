@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/rng.h"
+#include "model/model_internal.h"
 #include "quant/quant.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -399,13 +400,16 @@ static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_
 static void largest(mt_model *m, mt_linear *l, int64_t *acc) { (void)m, *acc = MT_MAX(*acc, l->out * l->in); }
 static void attach(mt_model *m, mt_linear *l, int64_t *acc) { (void)acc, l->dequant = m->dequant; }
 
-// cuda: one f32 scratch that every 4-bit Linear dequantizes its W into, in turn (the step runs
-// one Linear at a time on one stream), instead of an allocation per call.
+// The GPU step: one bf16 scratch that every 4-bit Linear dequantizes its W into, in turn (the
+// step runs one Linear at a time on one stream), instead of an allocation per call.
 static int share_dequant_scratch(mt_model *m) {
     int64_t n = 0;
     each_4bit(m, largest, &n);
     if (n == 0) return 0;
-    if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_F32, 1, &n))) return -1;
+    for (int L = 0; L < m->cfg.layers; L++)  // w1 and w3 side by side: one GEMM with N = 2f
+        for (int e = 0; e < m->cfg.experts; e++)
+            if (m->layers[L].w1[e].q) n = MT_MAX(n, 2 * m->layers[L].w1[e].out * m->layers[L].w1[e].in);
+    if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_BF16, 1, &n))) return -1;
     each_4bit(m, attach, NULL);
     return 0;
 }
@@ -471,7 +475,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
     m->recompute = spec->checkpointing == MT_CKPT_FULL;
     m->counting = be->ops->kind == MT_BACKEND_NULL;
-    m->wdtype = m->counting ? MT_BF16 : MT_F32;
+    m->wdtype = act_dtype(m);
     loader ld;
     loader_init(&ld, m);
     int rc = m->counting ? build_counted(&ld) : !dir ? build_random(&ld, spec->seed) : load_checkpoint(&ld, dir);
@@ -479,7 +483,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     if (rc == 0) rc = finish(&ld);
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
-    if (rc == 0 && be->ops->kind == MT_BACKEND_CUDA) rc = share_dequant_scratch(m);
+    if (rc == 0 && gpu_step(m)) rc = share_dequant_scratch(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);

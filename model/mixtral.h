@@ -44,7 +44,10 @@ typedef struct mt_layer_kept {
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
     mt_tensor *logits, *probs, *weights;
-    mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows
+    mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows; g, u
+                                                     // on the cpu, gu on the GPU step (below)
+    mt_tensor *gu;                                   // [rows, 2f]: w1's and w3's outputs side by
+                                                     // side, one GEMM with N = 2f (GPU step)
     mt_tensor *ys;                                   // [T·k, H] in expert order
     mt_tensor *xa_q, *xa_k, *xa_v, *xa_o, *xa_gate;  // LoRA xa [T, r] (NULL without LoRA)
     mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [rows, r]
@@ -117,8 +120,10 @@ typedef struct mt_model {
                                 // same on every rank whichever experts it holds
     mt_model_par par;
     int32_t *owner;             // [layers × experts] the EP rank holding each expert
-    mt_tensor *dequant;         // cuda: f32 scratch of the largest 4-bit W, shared by every Linear
+    mt_tensor *dequant;         // GPU step: bf16 scratch of the largest 4-bit W (an expert's w1‖w3,
+                                // dequantized together for one GEMM), shared by every Linear
                                 // (ledger: work; BUDGETS.md's "dequant buffer for one expert")
+    uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
 } mt_model;
 
 // The EP rank that holds expert e of layer L, and whether it is this one.

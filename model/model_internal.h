@@ -7,18 +7,42 @@ void mt_model_acts_free(mt_model *m);
 
 // The activation set layer L uses: its own, or the shared one when recomputing.
 static inline mt_layer_acts *layer_acts(mt_model *m, int L) { return &m->acts[m->recompute ? 0 : L]; }
-void mt_layer_forward(mt_model *m, int L, float *x_out, int replay);
+void mt_layer_forward(mt_model *m, int L, void *x_out, int replay);  // x_out: step storage
 
-// A tensor's floats; NULL for no tensor (an EP rank whose experts got no rows has no expert buffers).
-static inline float *F(const mt_tensor *t) { return t ? (float *)t->data : NULL; }
-static inline int32_t *I(const mt_tensor *t) { return (int32_t *)t->data; }
-// Element `i` of a buffer that may have no data (the null backend): NULL stays NULL.
-static inline float *at(float *p, int64_t i) { return p ? p + i : NULL; }
-
-// A step buffer's dtype: `gpu`, what a GPU run stores, when counting on the null backend; the
-// cpu backend computes and keeps everything in f32 (integers stay as they are).
+// THE dtype rule of a step, in one place. The GPU step (cuda, and the null backend that counts it
+// for `plan --measure`) stores activations, their gradients, dense weights, LoRA and weight
+// gradients in bf16, and keeps fp32 where precision needs it: norm statistics (rstd), the
+// attention lse, the router's logits, probabilities and weights (and their gradients), the
+// lm_head logits and the loss. The cpu backend is the fp32 reference: everything f32.
+static inline int gpu_step(const mt_model *m) { return m->be->ops->kind != MT_BACKEND_CPU; }
 static inline mt_dtype step_dtype(const mt_model *m, mt_dtype gpu) {
-    return m->counting || gpu == MT_I32 ? gpu : MT_F32;
+    return gpu_step(m) || gpu == MT_I32 || gpu == MT_U8 ? gpu : MT_F32;
+}
+// The dtype of activations and weights: bf16 on the GPU step, f32 on the cpu.
+static inline mt_dtype act_dtype(const mt_model *m) { return step_dtype(m, MT_BF16); }
+
+// A step-storage buffer as the ops see it (f32 on the cpu, bf16 on cuda): only kernels look in.
+typedef void mt_act;
+static inline mt_act *A(const mt_tensor *t) { return t ? t->data : NULL; }
+// A tensor that is fp32 on every backend (rstd, lse, router buffers, logits).
+static inline float *F(const mt_tensor *t) {
+    return t ? (float *)t->data : NULL;
+}
+static inline int32_t *I(const mt_tensor *t) { return (int32_t *)t->data; }
+// Rows [r0, r0 + n) of a 2-D tensor as a view, or NULL for no tensor (a Linear without LoRA has
+// no xa). The view lives until the end of the enclosing block.
+#define ROWS(t, r0, n) ((t) ? (mt_tensor[1]){mt_view_rows((t), (r0), (n))} : (mt_tensor *)NULL)
+
+// Work scratch of a step: [rows, cols] of dt through the ledger (null: counted, no memory);
+// zeroed when `zero` (gradients accumulate into it). Every step_work needs its step_unwork.
+static inline mt_tensor step_work(mt_model *m, mt_dtype dt, int64_t rows, int64_t cols, int zero) {
+    size_t bytes = mt_dtype_bytes(dt, (size_t)(rows * cols));
+    void *p = mt_work_alloc(m->be, bytes);
+    if (p && zero) m->be->ops->fill_zero(m->be, p, bytes);
+    return mt_view2(m->be, p, dt, rows, cols, 0);
+}
+static inline void step_unwork(mt_model *m, mt_tensor *t) {
+    mt_work_free(m->be, t->data, mt_dtype_bytes(t->dtype, (size_t)(t->shape[0] * t->shape[1])));
 }
 
 // Rows [*row0, *row0 + *rows) of expert e in layer L's expert order. Counting, where routing has
@@ -30,24 +54,25 @@ void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *row
 // Expert parallelism (model/expert_parallel.c); EP ranks call these in the same order.
 void mt_ep_exchange_counts(mt_model *m, int L);
 int64_t mt_ep_own_rows(const mt_model *m, int L);
-void mt_ep_dispatch(mt_model *m, int L, float *own, float *local, int64_t w);
-void mt_ep_return(mt_model *m, int L, float *local, float *own, int64_t w);
-// Ops on the model's backend (model/dispatch.c): the CPU kernels' arguments, memory of m->be.
-void mt_op_embedding_forward(mt_model *m, float *out, const int32_t *tokens, const float *wte, int T, int H);
-void mt_op_embedding_backward(mt_model *m, float *dwte, const float *dout, const int32_t *tokens, int T, int H);
-void mt_op_rmsnorm_forward(mt_model *m, float *y, float *rstd, const float *x, const float *w, int T, int H,
+void mt_ep_dispatch(mt_model *m, int L, mt_act *own, mt_act *local, int64_t w);
+void mt_ep_return(mt_model *m, int L, mt_act *local, mt_act *own, int64_t w);
+// Ops on the model's backend (model/dispatch.c): the CPU kernels' arguments, memory of m->be;
+// mt_act buffers in the step's storage dtype.
+void mt_op_embedding_forward(mt_model *m, mt_act *out, const int32_t *tokens, const mt_act *wte, int T, int H);
+void mt_op_embedding_backward(mt_model *m, mt_act *dwte, const mt_act *dout, const int32_t *tokens, int T, int H);
+void mt_op_rmsnorm_forward(mt_model *m, mt_act *y, float *rstd, const mt_act *x, const mt_act *w, int T, int H,
                            float eps);
-void mt_op_rmsnorm_backward(mt_model *m, float *dx, float *dw, const float *dy, const float *x, const float *w,
+void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *dy, const mt_act *x, const mt_act *w,
                             const float *rstd, int T, int H);
-void mt_op_rope(mt_model *m, float *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward);
-void mt_op_attention_forward(mt_model *m, float *out, float *lse, const float *q, const float *k, const float *v,
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward);
+void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window);
-void mt_op_attention_backward(mt_model *m, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                              const float *k, const float *v, const float *out, const float *lse,
+void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout, const mt_act *q,
+                              const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window);
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V);
-void mt_op_add(mt_model *m, float *y, const float *a, const float *b, int64_t n);
+void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n);
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
                           int E, int k);
 void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, const float *probs,
@@ -59,19 +84,31 @@ void mt_op_aux_accumulate(mt_model *m, const float *probs, const int32_t *ids, c
 void mt_op_aux_finish(mt_model *m);
 void mt_op_aux_upload(mt_model *m);
 void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *probs, const uint8_t *mask, int T);
-double mt_op_zloss_sum(mt_model *m, int64_t *rows, const float *logits, const uint8_t *mask, int T, int E);
+void mt_op_zloss_accumulate(mt_model *m, const float *logits, const uint8_t *mask, int T, int E);
 void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float *logits, const uint8_t *mask, int T,
                           int E);
 void mt_op_permute(mt_model *m, int L);
-void mt_op_gather(mt_model *m, float *xs, const float *x, const int32_t *order, int n, int H, int k);
-void mt_op_gather_backward(mt_model *m, float *dx, const float *dxs, const int32_t *order, int n, int H, int k);
-void mt_op_combine(mt_model *m, float *out, const float *ys, const float *weights, const int32_t *order, int n, int H,
-                   int k);
-void mt_op_combine_backward(mt_model *m, float *dys, float *dweights, const float *dout, const float *ys,
+void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k);
+void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k);
+void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n,
+                   int H, int k);
+void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_act *dout, const mt_act *ys,
                             const float *weights, const int32_t *order, int n, int H, int k);
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n);
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n);
+void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f);
+void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows,
+                                 int64_t f);
+void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
+
+// Expert e of layer L on its rows [o0, o0 + n) of the expert buffers (model/experts.c): forward
+// xs -> a -> ys_own rows; backward from dys_own rows, ACCUMULATING into dxs rows, the experts'
+// weight and LoRA gradients. The cpu runs w1 and w3 apart (the f32 reference); the GPU step
+// runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
+void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own);
+void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
+                        const mt_tensor *dxs);
 
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);

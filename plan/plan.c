@@ -192,6 +192,8 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     t[n++] = (mt_plan_act_term){"q and attention output heads·head_dim wide where A_layer has h", 4 * (qd - h) * sb * sets};
     t[n++] = (mt_plan_act_term){"final norm input and output 2·2h, its rstd 4 per row", (4 * h + 4) * sb};
     t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", (int64_t)lora_xa_bytes(cfg, o, sb) * lora_sets};
+    t[n++] = (mt_plan_act_term){"the batch on the device (tokens, targets, positions 4 each, mask 1 per row) and "
+                                "the aux and z-loss statistics, 8·(2E+3)", 13 * sb + 8 * (2 * E + 3)};
     return n;
 }
 

@@ -105,7 +105,7 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 // ledger's `act` holds (the backward's transients are `work` there, the logits fp32 only, the
 // routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
 // mt_plan_act_model_bytes. Terms that are zero for this run are included (print what you like).
-#define MT_PLAN_MAX_ACT_TERMS 10
+#define MT_PLAN_MAX_ACT_TERMS 12
 typedef struct mt_plan_act_term {
     const char *what;
     int64_t bytes;

@@ -1,0 +1,109 @@
+// model/experts.c — one expert's MLP, down(silu(w1·x) ⊙ w3·x), forward and backward, on its rows
+// of the layer's expert buffers. The cpu runs w1 and w3 as two f32 Linears (the reference); the
+// GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
+// pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
+// column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
+#include "core/common.h"
+#include "lora/lora.h"
+#include "model/model_internal.h"
+
+#define XA(t) ROWS((t), o0, n)
+
+// The CPU reference: w1 and w3 apart into g and u.
+static void forward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                        const mt_tensor *ys) {
+    int64_t f = m->cfg.intermediate;
+    mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
+    mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1));
+    mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3));
+    if (!m->counting) mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
+    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2));
+}
+
+// gu's column blocks: w1's (g) and w3's (u), each [n, f] with row stride 2f.
+static mt_tensor block(const mt_tensor *gu, int64_t f, int which) {
+    mt_tensor v = mt_view2(gu->be, gu->data ? (char *)gu->data + mt_dtype_bytes(gu->dtype, (size_t)(which * f)) : NULL,
+                           gu->dtype, gu->shape[0], f, 2 * f);
+    return v;
+}
+
+// W13 = [w1; w3] [2f, H] dequantized into the model's scratch (a 4-bit pair), as one bf16 view.
+static mt_tensor w13_dequantized(mt_model *m, mt_linear *w1, mt_linear *w3) {
+    int64_t f = w1->out, H = w1->in;
+    mt_tensor s = *m->dequant, top = s, bottom = s;
+    bottom.data = s.data ? (char *)s.data + mt_dtype_bytes(MT_BF16, (size_t)(f * H)) : NULL;
+    mt_linear_weight(w1, &top), mt_linear_weight(w3, &bottom);
+    return mt_view2(m->be, s.data, MT_BF16, 2 * f, H, 0);
+}
+
+static void gemm(mt_tensor c, mt_tensor a, mt_tensor b, int ta, int tb, float beta) {
+    if (mt_matmul(&c, &a, &b, ta, tb, 1.0f, beta) != 0) mt_fatal(MT_EXIT_ERROR, "expert matmul: %s", mt_error_get());
+}
+
+static int fused_pair(const mt_linear *w1, const mt_linear *w3) { return w1->q && w3->q && w1->dequant; }
+
+static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                        const mt_tensor *ys) {
+    int64_t f = m->cfg.intermediate;
+    mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
+    mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
+    mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
+    if (fused_pair(w1, w3)) {  // one GEMM, N = 2f: gu = xs · [w1; w3]ᵀ, then each LoRA into its block
+        gemm(*gu, *xs, w13_dequantized(m, w1, w3), 0, 1, 0.0f);
+        if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1));
+        if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3));
+    } else {
+        mt_linear_forward(w1, &g, xs, XA(a->xa_w1));
+        mt_linear_forward(w3, &u, xs, XA(a->xa_w3));
+    }
+    if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
+    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2));
+}
+
+void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own) {
+    mt_layer_acts *a = layer_acts(m, L);
+    if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own);
+    else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own);
+}
+
+static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                         const mt_tensor *dys, const mt_tensor *dxs) {
+    int64_t f = m->cfg.intermediate;
+    mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
+    mt_tensor da = step_work(m, MT_F32, n, f, 1), dg = step_work(m, MT_F32, n, f, 1), du = step_work(m, MT_F32, n, f, 1);
+    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+    if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
+    mt_tensor *dx = ROWS(dxs, o0, n);
+    mt_linear_backward(&ly->w1[e], dx, &dg, xs, XA(a->xa_w1));
+    mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3));
+    step_unwork(m, &du), step_unwork(m, &dg), step_unwork(m, &da);
+}
+
+static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                         const mt_tensor *dys, const mt_tensor *dxs) {
+    int64_t f = m->cfg.intermediate;
+    mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
+    mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
+    mt_dtype dt = act_dtype(m);
+    mt_tensor da = step_work(m, dt, n, f, 1), dgu = step_work(m, dt, n, 2 * f, 1);
+    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+    if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
+    step_unwork(m, &da);
+    mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
+    if (fused_pair(w1, w3)) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
+        gemm(*dx, dgu, w13_dequantized(m, w1, w3), 0, 0, 1.0f);
+        if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1));
+        if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3));
+    } else {
+        mt_linear_backward(w1, dx, &dg, xs, XA(a->xa_w1));
+        mt_linear_backward(w3, dx, &du, xs, XA(a->xa_w3));
+    }
+    step_unwork(m, &dgu);
+}
+
+void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
+                        const mt_tensor *dxs) {
+    mt_layer_acts *a = layer_acts(m, L);
+    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs);
+    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs);
+}
