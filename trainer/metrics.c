@@ -183,8 +183,8 @@ void mt_metrics_step(mt_metrics *m, const mt_step_record *r) {
         put_num(f, "grad_norm", r->grad_norm);
         put_num(f, "tokens_per_s", r->tokens_per_s);
         put_num(f, "eta_s", r->eta_s);
-        fprintf(f, ",\"peak_bytes\":%" PRIu64 ",\"skipped\":%s,\"skips\":%" PRId64, r->peak_bytes,
-                r->skipped ? "true" : "false", m->skips);
+        fprintf(f, ",\"peak_bytes\":%" PRIu64 ",\"host_syncs\":%" PRIu64 ",\"skipped\":%s,\"skips\":%" PRId64,
+                r->peak_bytes, r->host_syncs, r->skipped ? "true" : "false", m->skips);
         put_num(f, "elapsed_s", mt_metrics_elapsed(m));
         put_loads(f, r);
         fputs("}\n", f);

@@ -3,12 +3,13 @@
 // JSONL: one object per line, flushed after each, each with "type":
 //   {"type":"step","step":12,"total":1000,"loss":2.31,"ce":2.3,"aux":0.012,"z":0.0001,
 //    "lr":0.0001,"grad_norm":0.53,"tokens_per_s":1234.5,"eta_s":3600.2,"peak_bytes":123456,
-//    "skipped":false,"skips":0,"elapsed_s":12.5,"expert_load":[[0.13,0.12,...],...]}
+//    "host_syncs":35,"skipped":false,"skips":0,"elapsed_s":12.5,"expert_load":[[0.13,0.12,...],...]}
 //   {"type":"<kind>","elapsed_s":..., <the caller's fields>}      from mt_metrics_event
 // Numbers: doubles as %.9g, expert loads as %.6g, integers as integers — always valid JSON;
 // a NaN or infinite value is written as null (a step whose loss or grad norm is not finite is
-// the caller's to mark skipped). "skips" counts the skipped steps recorded so far by this
-// writer. "expert_load" is [layers][experts], the fraction of the layer's tokens each expert
+// the caller's to mark skipped). "host_syncs": the step's host waits for the device, counted by
+// the cuda backend (one per MoE layer for its expert row counts, plus a few; 0 on the cpu).
+// "skips" counts the skipped steps recorded so far by this writer. "expert_load" is [layers][experts], the fraction of the layer's tokens each expert
 // got (the caller's numbers: with top-k routing counted per assignment a row sums to k), or
 // null when the record has none. Keys "type" and "elapsed_s"
 // are reserved in events.
@@ -51,6 +52,7 @@ typedef struct mt_step_record {
     int64_t step, total;
     double loss, ce, aux, z, lr, grad_norm, tokens_per_s, eta_s;
     uint64_t peak_bytes;
+    uint64_t host_syncs;  // times the host waited for the device this step (cuda; 0 on the cpu)
     int skipped;
     int layers, experts;
     const float *expert_load;

@@ -349,6 +349,7 @@ static int run(trainer *t) {
     while (t->st.step < total && !(stop = t->world ? mt_comm_any(t->world, stop_requested != 0) : stop_requested != 0)) {
         double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
         int64_t tokens = 0;
+        uint64_t syncs0 = t->m.be->host_syncs;
         mt_model_zero_grad(&t->m);
         t->st.eval_loss = NAN;  // set again when this step evaluates
         for (int micro = 0; micro < o->accum; micro++) {
@@ -390,6 +391,7 @@ static int run(trainer *t) {
                             .lr = lr, .grad_norm = gnorm, .tokens_per_s = dt > 0 ? tokens / dt : 0,
                             .eta_s = per_step * (double)(total - t->st.step),
                             .peak_bytes = t->m.be->ledger.total_peak, .skipped = skipped,
+                            .host_syncs = t->m.be->host_syncs - syncs0,
                             .layers = (int)t->m.cfg.layers, .experts = (int)t->m.cfg.experts,
                             .expert_load = t->load};
         if (t->rank == 0) mt_metrics_step(&t->metrics, &r);
