@@ -33,11 +33,14 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
     mt_tensor dxs = step_work(m, adt, R, H, 1);
+    // With EP an expert receives at most every rank's T rows.
+    mt_expert_scratch sc = mt_expert_scratch_new(m, MT_MIN(R, (int64_t)T * m->par.ep_size));
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
-        if (n) mt_expert_backward(m, L, e, o0, n, &dys_own, &dxs);
+        if (n) mt_expert_backward(m, L, e, o0, n, &dys_own, &dxs, &sc);
     }
+    mt_expert_scratch_free(m, &sc);
     if (ep) {
         step_unwork(m, &dys_own);
         mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);

@@ -66,29 +66,35 @@ void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const m
     else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own);
 }
 
+// The first n rows of an expert scratch, zeroed (the backward accumulates into them).
+static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t n) {
+    mt_tensor v = mt_view_rows(s, 0, n);
+    if (v.data) m->be->ops->fill_zero(m->be, v.data, v.nbytes);
+    return v;
+}
+
 static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs) {
+                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_tensor da = step_work(m, MT_F32, n, f, 1), dg = step_work(m, MT_F32, n, f, 1), du = step_work(m, MT_F32, n, f, 1);
+    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);  // [n, 2f]: dg | du
+    mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
+    mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
     mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
     if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
     mt_linear_backward(&ly->w1[e], dx, &dg, xs, XA(a->xa_w1));
     mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3));
-    step_unwork(m, &du), step_unwork(m, &dg), step_unwork(m, &da);
 }
 
 static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs) {
+                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
     mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
-    mt_dtype dt = act_dtype(m);
-    mt_tensor da = step_work(m, dt, n, f, 1), dgu = step_work(m, dt, n, 2 * f, 1);
+    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
     mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
     if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
-    step_unwork(m, &da);
     mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
     if (fused_pair(w1, w3)) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
         gemm(*dx, dgu, w13_dequantized(m, w1, w3), 0, 0, 1.0f);
@@ -98,12 +104,22 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
         mt_linear_backward(w1, dx, &dg, xs, XA(a->xa_w1));
         mt_linear_backward(w3, dx, &du, xs, XA(a->xa_w3));
     }
-    step_unwork(m, &dgu);
 }
 
+mt_expert_scratch mt_expert_scratch_new(mt_model *m, int64_t rows) {
+    int64_t f = m->cfg.intermediate;
+    mt_dtype dt = act_dtype(m);
+    return (mt_expert_scratch){step_work(m, dt, rows, f, 0), step_work(m, dt, rows, 2 * f, 0)};
+}
+
+void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s) { step_unwork(m, &s->dgu), step_unwork(m, &s->da); }
+
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs) {
+                        const mt_tensor *dxs, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
-    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs);
-    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs);
+    if (n > sc->da.shape[0])
+        mt_fatal(MT_EXIT_ERROR, "expert %d of layer %d has %lld rows, its scratch %lld", e, L, (long long)n,
+                 (long long)sc->da.shape[0]);
+    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
+    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
 }

@@ -106,9 +106,17 @@ void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 // xs -> a -> ys_own rows; backward from dys_own rows, ACCUMULATING into dxs rows, the experts'
 // weight and LoRA gradients. The cpu runs w1 and w3 apart (the f32 reference); the GPU step
 // runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
+// The backward's scratch, da [rows, f] and dgu [rows, 2f] (the cpu's dg | du), taken once per
+// layer for as many rows as one expert can get (each token picks k distinct experts: at most T),
+// so its size never depends on the routing and the plan can count it.
+typedef struct mt_expert_scratch {
+    mt_tensor da, dgu;
+} mt_expert_scratch;
+mt_expert_scratch mt_expert_scratch_new(mt_model *m, int64_t rows);
+void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s);
 void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own);
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs);
+                        const mt_tensor *dxs, const mt_expert_scratch *scratch);
 
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);
