@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "core/ledger.h"
+#include "core/backend.h"
 #include "model/config.h"
 #include "model/spec.h"
 
@@ -139,6 +140,11 @@ typedef struct mt_plan_measurement {
 // `spec` is the model the run builds (its mode and quantization as in `o`).
 int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
                     const mt_model_spec *spec, mt_plan_measurement *out);
+// The same step on a backend of the caller's (cuda: the run the plan is checked against; its
+// weights random, drawn from spec->seed): the peaks are the step's, above what the backend held
+// on entry (its cuBLASLt workspace).
+int mt_plan_measure_on(mt_backend *be, const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                       const mt_model_spec *spec, mt_plan_measurement *out);
 
 // What the report prints: the run, its plan, and the suggestions when it does not fit.
 typedef struct mt_plan_report {

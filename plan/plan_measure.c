@@ -59,8 +59,8 @@ static int one_step(mt_model *m, const mt_plan_opts *o) {
     return rc;
 }
 
-int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
-                    const mt_model_spec *spec, mt_plan_measurement *out) {
+int mt_plan_measure_on(mt_backend *be, const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                       const mt_model_spec *spec, mt_plan_measurement *out) {
     memset(out, 0, sizeof *out);
     if (measurable(o) != 0) return -1;
     if (o->seq > INT32_MAX / 2 || o->batch * o->seq > INT32_MAX / 64) {
@@ -69,20 +69,29 @@ int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt
         return -1;
     }
     double t0 = now_s();
-    mt_backend *be = mt_backend_null_new();
+    // The backend's own (a cuBLASLt workspace) is held throughout: the step's peaks are above it.
+    mt_ledger start = be->ledger;
+    mt_ledger_reset_peak(&be->ledger);
     mt_model m;
     mt_model_par par = {.ep_rank = 0, .ep_size = o->ep};
     int rc = mt_model_build_par(&m, be, cfg, checkpoint, spec, &par);
     if (rc == 0) {
         rc = one_step(&m, o);
-        memcpy(out->peak, be->ledger.peak, sizeof out->peak);
-        out->total_peak = be->ledger.total_peak;
+        for (int c = 0; c < MT_MEM_COUNT; c++) out->peak[c] = be->ledger.peak[c] - start.cur[c];
+        out->total_peak = be->ledger.total_peak - start.total_cur;
         mt_model_free(&m);
     }
-    mt_backend_free(be);
     int64_t Tk = o->batch * o->seq * cfg->top_k;
     out->rows_per_expert = Tk / cfg->experts;
     out->rows_extra = Tk % cfg->experts;
     out->seconds = now_s() - t0;
+    return rc;
+}
+
+int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
+                    const mt_model_spec *spec, mt_plan_measurement *out) {
+    mt_backend *be = mt_backend_null_new();
+    int rc = mt_plan_measure_on(be, cfg, checkpoint, o, spec, out);
+    mt_backend_free(be);
     return rc;
 }

@@ -1,6 +1,10 @@
 // The whole training step on CUDA against the CPU reference: the same tiny checkpoint built on
 // both backends (4-bit experts, LoRA everywhere, dropout on, a padded row), one forward and
-// backward: loss and every LoRA gradient; then one AdamW step: the weights. Skips, saying why,
+// backward: loss and every LoRA gradient; then one AdamW step: the weights. The GPU step stores
+// weights, activations and gradients in bf16 (8 bits of mantissa: one rounding is 2^-9 relative)
+// where the CPU is fp32 throughout, so the tolerances are bf16's: the loss to 1e-2 relative (a
+// mean over tokens, where the roundings average out; seen ~1e-3), every gradient's direction to
+// cosine 0.999 (a relative L2 error of ~4% still gives 0.999; seen ~1e-2). Skips, saying why,
 // in a CPU build or without a GPU (a skip is not a pass).
 #include <criterion/criterion.h>
 #include <math.h>
@@ -22,9 +26,21 @@ static double rel_l2(const float *a, const float *b, int64_t n) {
     return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
+// cos(a, b) over n floats (1 when both are zero).
+static double cosine(const float *a, const float *b, int64_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int64_t i = 0; i < n; i++) ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
+    return aa == 0 && bb == 0 ? 1.0 : ab / sqrt(aa * bb);
+}
+
+// A tensor's values as f32 on the host (the GPU step keeps bf16).
 static float *host_copy(const mt_tensor *t) {
-    float *h = mt_xmalloc(t->nbytes);
-    mt_tensor_download(t, h);
+    int64_t n = mt_tensor_numel(t);
+    void *raw = mt_xmalloc(t->nbytes);
+    mt_tensor_download(t, raw);
+    float *h = mt_xmalloc((size_t)n * sizeof(float));
+    mt_convert(h, MT_F32, raw, t->dtype, (size_t)n);
+    free(raw);
     return h;
 }
 
@@ -48,10 +64,13 @@ Test(cuda, whole_step_matches_cpu) {
     // B = 0 at init would leave A's gradient zero: give B values (the same on both)
     for (int i = 0; i < n; i++)
         if (strstr(pc[i].name, "lora_B")) {
+            int64_t len = mt_tensor_numel(pc[i].w);
             float *h = host_copy(pc[i].w);
-            for (int64_t j = 0; j < mt_tensor_numel(pc[i].w); j++) h[j] = 0.01f * (float)((j * 7) % 13 - 6);
-            mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, h);
-            free(h);
+            uint16_t *hb = mt_xmalloc((size_t)len * sizeof(uint16_t));
+            for (int64_t j = 0; j < len; j++) h[j] = 0.01f * (float)((j * 7) % 13 - 6);
+            mt_convert(hb, pg[i].w->dtype, h, MT_F32, (size_t)len);
+            mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, hb);
+            free(h), free(hb);
         }
     enum { B = 2, S = 24 };
     int32_t tokens[B * S], labels[B * S], mask[B * S];
@@ -65,27 +84,35 @@ Test(cuda, whole_step_matches_cpu) {
     mt_model_zero_grad(&mc), mt_model_zero_grad(&mg);
     cr_assert_eq(mt_model_forward(&mc, &b, &lc), 0);
     cr_assert_eq(mt_model_forward(&mg, &b, &lg), 0);
-    cr_expect_leq(fabs(lg.loss - lc.loss), 1e-4 * fabs(lc.loss), "loss: cuda %.9g, cpu %.9g", lg.loss, lc.loss);
-    cr_expect_leq(fabs(lg.aux - lc.aux), 1e-4 * fabs(lc.aux), "aux: cuda %.9g, cpu %.9g", lg.aux, lc.aux);
+    cr_log_info("loss: cuda %.9g, cpu %.9g (rel. %.3g); aux: cuda %.9g, cpu %.9g", lg.loss, lc.loss,
+                fabs(lg.loss - lc.loss) / fabs(lc.loss), lg.aux, lc.aux);
+    cr_expect_leq(fabs(lg.loss - lc.loss), 1e-2 * fabs(lc.loss), "loss: cuda %.9g, cpu %.9g", lg.loss, lc.loss);
+    cr_expect_leq(fabs(lg.aux - lc.aux), 1e-2 * fabs(lc.aux), "aux: cuda %.9g, cpu %.9g", lg.aux, lc.aux);
     cr_expect_eq(lg.tokens, lc.tokens);
     mt_model_backward(&mc), mt_model_backward(&mg);
+    double worst_cos = 1, worst_l2 = 0;
     for (int i = 0; i < n; i++) {
         float *g = host_copy(pg[i].g);
-        double e = rel_l2(pc[i].g->data, g, mt_tensor_numel(pc[i].g));
-        cr_expect_leq(e, 1e-3, "%s: gradient rel. L2 error %.3g", pc[i].name, e);
+        int64_t len = mt_tensor_numel(pc[i].g);
+        double c = cosine(pc[i].g->data, g, len), e = rel_l2(pc[i].g->data, g, len);
+        worst_cos = fmin(worst_cos, c), worst_l2 = fmax(worst_l2, e);
+        cr_expect_geq(c, 0.999, "%s: gradient cosine %.6f to the cpu's (rel. L2 %.3g)", pc[i].name, c, e);
         free(g);
     }
+    cr_log_info("%d LoRA gradients: worst cosine %.6f, worst rel. L2 %.3g", n, worst_cos, worst_l2);
     mt_adamw oc, og;
     cr_assert_eq(mt_adamw_init(&oc, cpu, pc, n, NULL), 0);
     cr_assert_eq(mt_adamw_init(&og, gpu, pg, n, NULL), 0, "%s", mt_error_get());
     double nc, ng;
     cr_assert_eq(mt_adamw_step(&oc, pc, n, 1e-3, 1.0, &nc), 0);
     cr_assert_eq(mt_adamw_step(&og, pg, n, 1e-3, 1.0, &ng), 0, "%s", mt_error_get());
-    cr_expect_leq(fabs(ng - nc), 1e-4 * nc, "grad norm: cuda %.9g, cpu %.9g", ng, nc);
+    cr_expect_leq(fabs(ng - nc), 1e-2 * nc, "grad norm: cuda %.9g, cpu %.9g", ng, nc);
+    // bf16 weights updated from their fp32 masters: one rounding each (≤ 2^-9 relative), and the
+    // step itself moved by bf16 gradients: 1e-2 relative L2.
     for (int i = 0; i < n; i++) {
         float *w = host_copy(pg[i].w);
         double e = rel_l2(pc[i].w->data, w, mt_tensor_numel(pc[i].w));
-        cr_expect_leq(e, 1e-4, "%s: weight after AdamW rel. L2 error %.3g", pc[i].name, e);
+        cr_expect_leq(e, 1e-2, "%s: weight after AdamW rel. L2 error %.3g", pc[i].name, e);
         free(w);
     }
     mt_adamw_free(&oc), mt_adamw_free(&og);

@@ -210,3 +210,41 @@ Test(measure, optimizer_options_measured_against_the_plan) {
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --measure --offload-optimizer"), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "optim           0.000        0.000     0.00%"), "%s", out);
 }
+
+// The plan equals the run: the same step on the cuda backend (CPU-emulated under `make
+// test-sim`), its ledger's peaks per category against plan --measure's (the null backend), every
+// category within 2% (act and work included). The GPU step's dtype rule and allocations are one
+// code path on both, so a difference here is a buffer one of them takes and the other does not.
+#include "tests/gpu_or_skip.h"
+
+static void expect_run_equals_plan(mt_backend *gpu, const char *config, const char *flags) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, config);
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+    mt_run_opts o;
+    cr_assert_eq(opts_of(0, flags, &o), 0, "%s: %s", flags, mt_error_get());
+    mt_plan_measurement planned, ran;
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &planned), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_plan_measure_on(gpu, &cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &ran), 0, "%s",
+                 mt_error_get());
+    for (int c = 0; c < MT_MEM_COUNT; c++) {
+        double p = (double)planned.peak[c], r = (double)ran.peak[c];
+        cr_log_info("%s %s: %-6s plan --measure %12.0f  cuda %12.0f  (%+.3f%%)", config, flags, mt_mem_cat_name(c), p, r,
+                    p > 0 ? 100 * (r - p) / p : 0.0);
+        cr_expect_leq(fabs(r - p), 0.02 * p, "%s %s: %s: plan --measure %.0f bytes, the cuda run %.0f", config, flags,
+                      mt_mem_cat_name(c), p, r);
+    }
+    cr_expect_leq(fabs((double)ran.total_peak - (double)planned.total_peak), 0.02 * (double)planned.total_peak,
+                  "%s %s: total peak: plan --measure %llu, cuda %llu", config, flags,
+                  (unsigned long long)planned.total_peak, (unsigned long long)ran.total_peak);
+}
+
+Test(measure, cuda_run_equals_the_plan) {
+    mt_backend *gpu = gpu_or_skip();
+    expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 4 --seq 48 --batch 2");
+    expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --dropout 0.1 --seq 40 --checkpointing none");
+    expect_run_equals_plan(gpu, "tiny.json", "--mode unfreeze --layers 1 --experts 0,3 --seq 32");
+    expect_run_equals_plan(gpu, "mid.json", "--mode lora --targets all --r 8 --quant none --layers 22,23 --seq 32 --batch 2");
+    mt_backend_free(gpu);
+}
