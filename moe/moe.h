@@ -68,6 +68,13 @@ void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, co
 void swiglu_forward_cpu(float *a, const float *g, const float *u, int64_t n);
 // dg, du [n] +=
 void swiglu_backward_cpu(float *dg, float *du, const float *da, const float *g, const float *u, int64_t n);
+// The same over the fused w1‖w3 output (the GPU step's one GEMM): row r of gu [rows, 2f] is
+// [g_r (f values) | u_r (f values)]. Element for element the split kernels' arithmetic, so the
+// results are equal bit for bit (tests/test_moe_ops.c); the fp32 twins of swiglu_fused_*_cuda.
+// a [rows, f] = silu(gu[:, :f]) ⊙ gu[:, f:]
+void swiglu_fused_forward_cpu(float *a, const float *gu, int64_t rows, int64_t f);
+// dgu [rows, 2f] += (d/dg, d/du) of a given da [rows, f]
+void swiglu_fused_backward_cpu(float *dgu, const float *da, const float *gu, int64_t rows, int64_t f);
 
 #ifdef __cplusplus
 }

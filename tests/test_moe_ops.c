@@ -616,3 +616,39 @@ Test(moe_ops, swiglu_large_gates_stay_finite) {
     cr_assert(fabsf(dg[1]) < 1e-30f && fabsf(dg[3]) < 1e-30f);
     cr_assert_float_eq(du[0], 100.0f, 1e-4);  // du = silu(g)
 }
+
+// The fused layout (row r of gu = [g_r | u_r], the GPU step's one w1‖w3 GEMM) against the split
+// kernels on the same values, bit for bit (same expressions, element for element). f = 37 and
+// rows = 5: column counts that are no multiple of any vector width; the accumulating backward
+// starts from non-zero gradients.
+Test(moe_ops, swiglu_fused_equals_split_exactly) {
+    rng_seed(10);
+    enum { R = 5, F = 37 };
+    float gu[R * 2 * F], g[R * F], u[R * F], da[R * F];
+    float a_fused[R * F], a_split[R * F], dgu[R * 2 * F], dg[R * F], du[R * F];
+    fill(gu, R * 2 * F, -12.0f, 12.0f);
+    fill(da, R * F, -1.0f, 1.0f);
+    fill(dgu, R * 2 * F, -1.0f, 1.0f);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < F; c++) {
+            g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
+            dg[r * F + c] = dgu[r * 2 * F + c], du[r * F + c] = dgu[r * 2 * F + F + c];
+        }
+    swiglu_forward_cpu(a_split, g, u, R * F);
+    swiglu_fused_forward_cpu(a_fused, gu, R, F);
+    swiglu_backward_cpu(dg, du, da, g, u, R * F);
+    swiglu_fused_backward_cpu(dgu, da, gu, R, F);
+    int moved = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < F; c++) {
+            const int i = r * F + c;
+            cr_assert(memcmp(&a_fused[i], &a_split[i], sizeof(float)) == 0, "a[%d,%d] %.9g vs %.9g", r, c,
+                      a_fused[i], a_split[i]);
+            cr_assert(memcmp(&dgu[r * 2 * F + c], &dg[i], sizeof(float)) == 0, "dg[%d,%d] %.9g vs %.9g", r, c,
+                      dgu[r * 2 * F + c], dg[i]);
+            cr_assert(memcmp(&dgu[r * 2 * F + F + c], &du[i], sizeof(float)) == 0, "du[%d,%d] %.9g vs %.9g", r, c,
+                      dgu[r * 2 * F + F + c], du[i]);
+            moved += a_split[i] != 0.0f;
+        }
+    cr_assert(moved > R * F / 2, "the forward gave mostly zeros: the comparison proves nothing");
+}
