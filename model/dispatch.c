@@ -121,7 +121,7 @@ void mt_op_aux_start(mt_model *m) {
 }
 
 void mt_op_aux_finish(mt_model *m) {
-    DISPATCH(m, (void)0, moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data));
+    DISPATCH(m, (void)0, moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, NULL, NULL));
 }
 
 // After the host statistics changed (summed over ranks): the device copy follows.
@@ -144,7 +144,7 @@ void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *pr
 double mt_op_zloss_sum(mt_model *m, int64_t *rows, const float *logits, const uint8_t *mask, int T, int E) {
     double sum = 0.0;
     DISPATCH(m, sum = moe_zloss_sum_cpu(rows, logits, mask, T, E),
-             sum = moe_zloss_sum_cuda(m->be, rows, logits, mask, T, E));
+             mt_fatal(MT_EXIT_ERROR, "cuda z-loss: moe_zloss_accumulate_cuda awaits the bf16 step (temporary)"));
     return sum;
 }
 
@@ -174,30 +174,31 @@ void mt_op_permute(mt_model *m, int L) {
 }
 
 void mt_op_gather(mt_model *m, float *xs, const float *x, const int32_t *order, int n, int H, int k) {
-    DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, xs, x, order, n, H, k));
+    DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, (mt_bf16 *)xs, (const mt_bf16 *)x, order, n, H, k));
 }
 
 void mt_op_gather_backward(mt_model *m, float *dx, const float *dxs, const int32_t *order, int n, int H, int k) {
-    DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
+    DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, (mt_bf16 *)dx, (const mt_bf16 *)dxs, order, n, H, k));
 }
 
 void mt_op_combine(mt_model *m, float *out, const float *ys, const float *weights, const int32_t *order, int n, int H,
                    int k) {
     DISPATCH(m, moe_combine_cpu(out, ys, weights, order, n, H, k),
-             moe_combine_cuda(m->be, out, ys, weights, order, n, H, k));
+             moe_combine_cuda(m->be, (mt_bf16 *)out, (const mt_bf16 *)ys, weights, order, n, H, k));
 }
 
 void mt_op_combine_backward(mt_model *m, float *dys, float *dweights, const float *dout, const float *ys,
                             const float *weights, const int32_t *order, int n, int H, int k) {
     DISPATCH(m, moe_combine_backward_cpu(dys, dweights, dout, ys, weights, order, n, H, k),
-             moe_combine_backward_cuda(m->be, dys, dweights, dout, ys, weights, order, n, H, k));
+             moe_combine_backward_cuda(m->be, (mt_bf16 *)dys, dweights, (const mt_bf16 *)dout, (const mt_bf16 *)ys, weights,
+                                       order, n, H, k));
 }
 
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n) {
-    DISPATCH(m, swiglu_forward_cpu(a, g, u, n), swiglu_forward_cuda(m->be, a, g, u, n));
+    DISPATCH(m, swiglu_forward_cpu(a, g, u, n), mt_fatal(MT_EXIT_ERROR, "cuda swiglu: swiglu_fused_forward_cuda awaits the bf16 step (temporary)"));
 }
 
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n) {
-    DISPATCH(m, swiglu_backward_cpu(dg, du, da, g, u, n), swiglu_backward_cuda(m->be, dg, du, da, g, u, n));
+    DISPATCH(m, swiglu_backward_cpu(dg, du, da, g, u, n), mt_fatal(MT_EXIT_ERROR, "cuda swiglu: swiglu_fused_backward_cuda awaits the bf16 step (temporary)"));
 }
