@@ -162,7 +162,8 @@ extern "C" void router_backward_cuda(mt_backend *be, float *dlogits, const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// Aux loss statistics on the device: stats [2E+1] = counts [E], prob_sums [E], rows.
+// Aux loss statistics on the device: the first 2E+1 of stats [MT_AUX_STATS_LEN(E)] = counts [E],
+// prob_sums [E], rows (the z-loss pair after them is moe_zloss_accumulate_cuda's).
 
 // part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic.
 static __global__ void aux_partial_kernel(double *part, const float *probs, const int32_t *ids, const uint8_t *mask,
