@@ -532,12 +532,13 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, ui
 // Fused SwiGLU: gu [rows, 2f] bf16 → a [rows, f] (starts as garbage), dgu += (starts non-zero).
 // Each stored value is fp32 arithmetic rounded once: CO_MOE_TOL_ROUND1 against the fp32 twin on
 // the same bf16 inputs (expf against the CPU's mt_vexpf: ~1e-6 before the rounding). f % 8 == 0
-// takes the 16-byte path, other f the scalar one.
-static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, uint64_t seed) {
+// takes the 16-byte path, other f the scalar one. Gates in [-gate, gate]: 500 saturates the
+// sigmoid both ways (e^500 overflows fp32), where a NaN or inf would be the worst output.
+static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float gate, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
     size_t na = (size_t)(rows * f), ng = 2 * na, b2 = sizeof(mt_bf16);
-    float *gu = co_rand(ng, -8, 8), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
+    float *gu = co_rand(ng, -gate, gate), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
     for (int64_t i = 0; i < rows; i++)  // the up half on a smaller scale than the gate half
         for (int64_t c = 0; c < f; c++) gu[i * 2 * f + f + c] *= 0.25f;
     void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
@@ -713,8 +714,9 @@ static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(
 static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 42); }
 static co_result co_gather_combine_k8(mt_backend *g) { return co_gather_combine(g, 40, 16, 8, 64, 43); }
 static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 44); }
-static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 13); }
-static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 14); }
+static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
+static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
+static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
 static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0); }
 static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25); }
 static co_result co_adamw_master(mt_backend *g) { return co_adamw(g, 1); }
@@ -745,6 +747,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"gather/combine k=8 H=50 (scalar path)", co_gather_combine_k8_h50},
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
+    {"swiglu fused, gates to ±500", co_swiglu_large_gates},
     {"lora", co_lora_plain},
     {"lora dropout", co_lora_dropout},
     {"adamw master", co_adamw_master},
