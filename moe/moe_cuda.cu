@@ -1,7 +1,9 @@
-// moe/moe_cuda.cu — CUDA twins of moe/moe.h (fp32): router, aux loss, z-loss, the expert
-// permutation (a stable counting sort on the device), gather/combine and SwiGLU. Contract in
-// model/ops_cuda.h. Nothing here synchronises the host except the two functions that return a
-// host value (moe_zloss_sum_cuda, moe_aux_stats_download_cuda).
+// moe/moe_cuda.cu — CUDA twins of moe/moe.h: router, aux loss, z-loss (fp32 logits, double
+// statistics), the expert permutation (a stable counting sort on the device), gather/combine and
+// the fused SwiGLU (bf16 storage, fp32 arithmetic, one rounding per stored element). Contract in
+// model/ops_cuda.h and moe/moe_cuda.h. Nothing here synchronises the host except
+// moe_aux_stats_download_cuda, which returns the step's statistics.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -16,7 +18,55 @@ enum {
     MOE_MAX_K = 16,       // choices per token in the scatters' sort
     PERMUTE_CHUNK = 256,  // assignments per warp in the counting sort
     AUX_ROWS = 256,       // rows per partial sum of the aux statistics
+    ZLOSS_ROWS = 256,     // rows (threads) per block of the z-loss partial sums
 };
+
+typedef __nv_bfloat16 bf16;
+
+// ---------------------------------------------------------------------------------------------
+// bf16 storage: V consecutive elements to and from fp32 registers. V = 8 is one 16-byte access
+// (the address must be 16-byte aligned: the launchers check), V = 1 the scalar fallback.
+
+template <int V> static __device__ __forceinline__ void bf16_load(float (&v)[V], const bf16 *p) {
+    if constexpr (V == 8) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __bfloat1622float2(h[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) v[i] = __bfloat162float(p[i]);
+    }
+}
+
+// Rounds each value once (to nearest even).
+template <int V> static __device__ __forceinline__ void bf16_store(bf16 *p, const float (&v)[V]) {
+    if constexpr (V == 8) {
+        uint4 raw;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *reinterpret_cast<uint4 *>(p) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) p[i] = __float2bfloat16_rn(v[i]);
+    }
+}
+
+template <int V> static __device__ __forceinline__ void bf16_copy(bf16 *dst, const bf16 *src) {
+    if constexpr (V == 8) *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    else
+        for (int i = 0; i < V; i++) dst[i] = src[i];
+}
+
+// 16-byte accesses: rows of `width` bf16 (a multiple of 8) from 16-byte aligned bases (NULL passes).
+static bool vec8_ok(int64_t width, const void *p0, const void *p1 = NULL, const void *p2 = NULL,
+                    const void *p3 = NULL) {
+    return width % 8 == 0 && ((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2 | (uintptr_t)p3) % 16 == 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Router: one thread per row, the CPU's algorithm step for step (E and k are small; ties and the
@@ -112,7 +162,8 @@ extern "C" void router_backward_cuda(mt_backend *be, float *dlogits, const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// Aux loss statistics on the device: stats [2E+1] = counts [E], prob_sums [E], rows.
+// Aux loss statistics on the device: the first 2E+1 of stats [MT_AUX_STATS_LEN(E)] = counts [E],
+// prob_sums [E], rows (the z-loss pair after them is moe_zloss_accumulate_cuda's).
 
 // part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic.
 static __global__ void aux_partial_kernel(double *part, const float *probs, const int32_t *ids, const uint8_t *mask,
@@ -174,8 +225,10 @@ extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const flo
     mt_work_free(be, part, bytes);
 }
 
-extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, const double *stats) {
+extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, const double *stats, double *z_sum,
+                                            int64_t *z_rows) {
     const int E = st->E;
+    moe_check("moe_aux_stats_download_cuda", E, 1);
     double h[MT_AUX_STATS_LEN(MOE_MAX_E)];
     cudaStream_t s = mt_cuda_begin(be);
     MT_CHECK_CUDA(cudaMemcpyAsync(h, stats, (size_t)MT_AUX_STATS_LEN(E) * sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -185,6 +238,8 @@ extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, c
         st->prob_sums[e] = h[E + e];
     }
     st->rows = (int64_t)h[2 * E];
+    if (z_sum) *z_sum = h[2 * E + 1];
+    if (z_rows) *z_rows = (int64_t)h[2 * E + 2];  // a count held exactly in a double (< 2^53)
 }
 
 extern "C" void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats,
@@ -210,36 +265,29 @@ static __device__ double row_lse(const float *l, int E) {
     return maxv + log(sum);
 }
 
-// z [T] = lse² on unmasked rows, 0 elsewhere; thread per row.
-static __global__ void zloss_rows_kernel(double *z, const float *logits, const uint8_t *mask, int T, int E) {
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    if (mask && !mask[t]) {
-        z[t] = 0.0;
-        return;
+// part [nblocks, 2] = (Σ lse², unmasked rows) over block b's ZLOSS_ROWS rows: thread per row,
+// combined in mt_block_sum's fixed tree.
+static __global__ void zloss_partial_kernel(double *part, const float *logits, const uint8_t *mask, int T, int E) {
+    __shared__ double red[32];
+    const int64_t t = (int64_t)blockIdx.x * ZLOSS_ROWS + threadIdx.x;
+    double z = 0.0, c = 0.0;
+    if (t < T && (!mask || mask[t])) {
+        const double lse = row_lse(logits + t * E, E);
+        z = lse * lse, c = 1.0;
     }
-    double lse = row_lse(logits + t * E, E);
-    z[t] = lse * lse;
+    z = mt_block_sum(z, red);
+    c = mt_block_sum(c, red);
+    if (threadIdx.x == 0) part[2 * blockIdx.x] = z, part[2 * blockIdx.x + 1] = c;
 }
 
-struct zloss_result {
-    double sum;
-    long long rows;
-};
-
-// res = Σ z and the unmasked row count, one block, fixed order.
-static __global__ void zloss_sum_kernel(zloss_result *res, const double *z, const uint8_t *mask, int T) {
+// stats[zi] += Σ_b part[b, 0], stats[zi + 1] += Σ_b part[b, 1]; one block, fixed order.
+static __global__ void zloss_sum_kernel(double *stats, int zi, const double *part, int nblocks) {
     __shared__ double red[32];
-    __shared__ long long redc[32];
-    double s = 0.0;
-    long long c = 0;
-    for (int t = threadIdx.x; t < T; t += blockDim.x) {
-        s += z[t];
-        c += !mask || mask[t];
-    }
-    s = mt_block_sum(s, red);
-    c = mt_block_sum(c, redc);
-    if (threadIdx.x == 0) res->sum = s, res->rows = c;
+    double z = 0.0, c = 0.0;
+    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) z += part[2 * b], c += part[2 * b + 1];
+    z = mt_block_sum(z, red);
+    c = mt_block_sum(c, red);
+    if (threadIdx.x == 0) stats[zi] += z, stats[zi + 1] += c;
 }
 
 // dlogits [T, E] += dscale · 2 · lse · softmax(logits) on unmasked rows
@@ -253,23 +301,19 @@ static __global__ void zloss_backward_kernel(float *dlogits, float dscale, const
     for (int e = 0; e < E; e++) dl[e] += (float)(c * exp((double)l[e] - lse));
 }
 
-extern "C" double moe_zloss_sum_cuda(mt_backend *be, int64_t *rows, const float *logits, const uint8_t *row_mask,
-                                     int T, int E) {
-    if (T <= 0) return 0.0;
+extern "C" void moe_zloss_accumulate_cuda(mt_backend *be, double *stats, const float *logits,
+                                          const uint8_t *row_mask, int T, int E) {
+    moe_check("moe_zloss_accumulate_cuda", E, 1);
+    if (T <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    size_t bytes = (size_t)T * sizeof(double) + sizeof(zloss_result);
-    double *z = (double *)mt_work_alloc(be, bytes);
-    zloss_result *res = (zloss_result *)(z + T);
-    zloss_rows_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(z, logits, row_mask, T, E);
+    const int nblocks = (int)(((int64_t)T + ZLOSS_ROWS - 1) / ZLOSS_ROWS);
+    const size_t bytes = (size_t)nblocks * 2 * sizeof(double);
+    double *part = (double *)mt_work_alloc(be, bytes);
+    zloss_partial_kernel<<<nblocks, ZLOSS_ROWS, 0, s>>>(part, logits, row_mask, T, E);
     MT_CHECK_LAUNCH();
-    zloss_sum_kernel<<<1, 1024, 0, s>>>(res, z, row_mask, T);
+    zloss_sum_kernel<<<1, THREADS, 0, s>>>(stats, 2 * E + 1, part, nblocks);
     MT_CHECK_LAUNCH();
-    zloss_result h;
-    MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
-    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the sum
-    mt_work_free(be, z, bytes);
-    *rows += h.rows;
-    return h.sum;
+    mt_work_free(be, part, bytes);
 }
 
 extern "C" void moe_zloss_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *logits,
@@ -378,11 +422,12 @@ extern "C" void moe_permute_cuda(mt_backend *be, int32_t *order, int32_t *offset
 // ---------------------------------------------------------------------------------------------
 // Gather and combine
 
-// xs [n, H], row i = x [order[i] / k]; one block per row.
-static __global__ void gather_kernel(float *xs, const float *x, const int32_t *order, int n, int H, int k) {
+// xs [n, H], row i = x [order[i] / k]; one block per row, V elements per thread and access.
+template <int V>
+static __global__ void gather_kernel(bf16 *xs, const bf16 *x, const int32_t *order, int n, int H, int k) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const float *src = x + (int64_t)(order[i] / k) * H;
-        for (int h = threadIdx.x; h < H; h += blockDim.x) xs[i * H + h] = src[h];
+        const bf16 *src = x + (int64_t)(order[i] / k) * H;
+        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) bf16_copy<V>(xs + i * H + h, src + h);
     }
 }
 
@@ -404,45 +449,73 @@ static __device__ __forceinline__ void token_positions(const int32_t *inv, int64
     }
 }
 
-// dx [T, H] += Σ over token t's rows of dxs; block per token, rows added in ascending position.
-static __global__ void gather_backward_kernel(float *dx, const float *dxs, const int32_t *inv, int T, int H, int k) {
+// dx [T, H] += Σ over token t's rows of dxs; block per token, rows added in ascending position in
+// fp32, one rounding.
+template <int V>
+static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, const int32_t *inv, int T, int H, int k) {
     int32_t pos[MOE_MAX_K], asg[MOE_MAX_K];
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         token_positions(inv, t, k, pos, asg);
-        for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            float v = dx[t * H + h];
-            for (int j = 0; j < k; j++) v += dxs[(int64_t)pos[j] * H + h];
-            dx[t * H + h] = v;
+        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+            float v[V], d[V];
+            bf16_load<V>(v, dx + t * H + h);
+            for (int j = 0; j < k; j++) {
+                bf16_load<V>(d, dxs + (int64_t)pos[j] * H + h);
+#pragma unroll
+                for (int e = 0; e < V; e++) v[e] += d[e];
+            }
+            bf16_store<V>(dx + t * H + h, v);
         }
     }
 }
 
-// out [T, H] += weights[a] · ys[i] over token t's assignments, in ascending i, rounded as the CPU
-// rounds (product, then sum: no FMA), so the combine matches it bit for bit.
-static __global__ void combine_kernel(float *out, const float *ys, const float *weights, const int32_t *inv, int T,
+// out [T, H] += weights[a] · ys[i] over token t's assignments, in ascending i, in fp32 rounded as
+// the CPU rounds (product, then sum: no FMA), then once to bf16.
+template <int V>
+static __global__ void combine_kernel(bf16 *out, const bf16 *ys, const float *weights, const int32_t *inv, int T,
                                       int H, int k) {
     int32_t pos[MOE_MAX_K], asg[MOE_MAX_K];
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         token_positions(inv, t, k, pos, asg);
-        for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            float v = out[t * H + h];
-            for (int j = 0; j < k; j++) v = __fadd_rn(v, __fmul_rn(weights[asg[j]], ys[(int64_t)pos[j] * H + h]));
-            out[t * H + h] = v;
+        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+            float v[V], y[V];
+            bf16_load<V>(v, out + t * H + h);
+            for (int j = 0; j < k; j++) {
+                const float w = weights[asg[j]];
+                bf16_load<V>(y, ys + (int64_t)pos[j] * H + h);
+#pragma unroll
+                for (int e = 0; e < V; e++) v[e] = __fadd_rn(v[e], __fmul_rn(w, y[e]));
+            }
+            bf16_store<V>(out + t * H + h, v);
         }
     }
 }
 
-// dys [n, H] += weights[a] · dout[t]; dweights [n] += <dout[t], ys[i]>; block per row i.
-static __global__ void combine_backward_kernel(float *dys, float *dweights, const float *dout, const float *ys,
+// dys [n, H] += weights[a] · dout[t] in fp32 as the CPU rounds it, then once to bf16;
+// dweights [n] += <dout[t], ys[i]> in fp32 (a block sum: the CPU's order differs); block per row i.
+template <int V>
+static __global__ void combine_backward_kernel(bf16 *dys, float *dweights, const bf16 *dout, const bf16 *ys,
                                                const float *weights, const int32_t *order, int n, int H, int k) {
     __shared__ float red[32];
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const int32_t a = order[i];
-        const float *d = dout + (int64_t)(a / k) * H, *y = ys + i * H;
+        const float w = weights[a];
+        const bf16 *d = dout + (int64_t)(a / k) * H, *y = ys + i * H;
         float dot = 0.0f;
-        for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            if (dys) dys[i * H + h] += weights[a] * d[h];
-            if (dweights) dot += d[h] * y[h];
+        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+            float dv[V], g[V], yv[V];
+            bf16_load<V>(dv, d + h);
+            if (dys) {
+                bf16_load<V>(g, dys + i * H + h);
+#pragma unroll
+                for (int e = 0; e < V; e++) g[e] = __fadd_rn(g[e], __fmul_rn(w, dv[e]));  // as the CPU: no FMA
+                bf16_store<V>(dys + i * H + h, g);
+            }
+            if (dweights) {
+                bf16_load<V>(yv, y + h);
+#pragma unroll
+                for (int e = 0; e < V; e++) dot += dv[e] * yv[e];
+            }
         }
         if (dweights) {  // uniform over the block
             dot = mt_block_sum(dot, red);
@@ -451,11 +524,15 @@ static __global__ void combine_backward_kernel(float *dys, float *dweights, cons
     }
 }
 
-extern "C" void moe_gather_cuda(mt_backend *be, float *xs, const float *x, const int32_t *order, int n, int H,
+extern "C" void moe_gather_cuda(mt_backend *be, mt_bf16 *xs_, const mt_bf16 *x_, const int32_t *order, int n, int H,
                                 int k) {
     if (n <= 0 || H <= 0) return;
+    bf16 *xs = (bf16 *)xs_;
+    const bf16 *x = (const bf16 *)x_;
     cudaStream_t s = mt_cuda_begin(be);
-    gather_kernel<<<mt_cuda_blocks(n, 1), THREADS, 0, s>>>(xs, x, order, n, H, k);
+    const unsigned grid = mt_cuda_blocks(n, 1);
+    if (vec8_ok(H, xs, x)) gather_kernel<8><<<grid, THREADS, 0, s>>>(xs, x, order, n, H, k);
+    else gather_kernel<1><<<grid, THREADS, 0, s>>>(xs, x, order, n, H, k);
     MT_CHECK_LAUNCH();
 }
 
@@ -469,37 +546,50 @@ static int32_t *invert_order(mt_backend *be, cudaStream_t s, const int32_t *orde
     return inv;
 }
 
-extern "C" void moe_gather_backward_cuda(mt_backend *be, float *dx, const float *dxs, const int32_t *order, int n,
-                                         int H, int k) {
+extern "C" void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx_, const mt_bf16 *dxs_, const int32_t *order,
+                                         int n, int H, int k) {
     if (n <= 0 || H <= 0) return;
+    bf16 *dx = (bf16 *)dx_;
+    const bf16 *dxs = (const bf16 *)dxs_;
     cudaStream_t s = mt_cuda_begin(be);
     int32_t *inv = invert_order(be, s, order, n, k, "moe_gather_backward_cuda");
-    gather_backward_kernel<<<mt_cuda_blocks(n / k, 1), THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
+    const unsigned grid = mt_cuda_blocks(n / k, 1);
+    if (vec8_ok(H, dx, dxs)) gather_backward_kernel<8><<<grid, THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
+    else gather_backward_kernel<1><<<grid, THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
     MT_CHECK_LAUNCH();
     mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
 }
 
-extern "C" void moe_combine_cuda(mt_backend *be, float *out, const float *ys, const float *weights,
+extern "C" void moe_combine_cuda(mt_backend *be, mt_bf16 *out_, const mt_bf16 *ys_, const float *weights,
                                  const int32_t *order, int n, int H, int k) {
     if (n <= 0 || H <= 0) return;
+    bf16 *out = (bf16 *)out_;
+    const bf16 *ys = (const bf16 *)ys_;
     cudaStream_t s = mt_cuda_begin(be);
     int32_t *inv = invert_order(be, s, order, n, k, "moe_combine_cuda");
-    combine_kernel<<<mt_cuda_blocks(n / k, 1), THREADS, 0, s>>>(out, ys, weights, inv, n / k, H, k);
+    const unsigned grid = mt_cuda_blocks(n / k, 1);
+    if (vec8_ok(H, out, ys)) combine_kernel<8><<<grid, THREADS, 0, s>>>(out, ys, weights, inv, n / k, H, k);
+    else combine_kernel<1><<<grid, THREADS, 0, s>>>(out, ys, weights, inv, n / k, H, k);
     MT_CHECK_LAUNCH();
     mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
 }
 
-extern "C" void moe_combine_backward_cuda(mt_backend *be, float *dys, float *dweights, const float *dout,
-                                          const float *ys, const float *weights, const int32_t *order, int n, int H,
-                                          int k) {
-    if (n <= 0 || H <= 0 || (!dys && !dweights)) return;
+extern "C" void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys_, float *dweights, const mt_bf16 *dout_,
+                                          const mt_bf16 *ys_, const float *weights, const int32_t *order, int n,
+                                          int H, int k) {
+    if (n <= 0 || H <= 0 || (!dys_ && !dweights)) return;
+    bf16 *dys = (bf16 *)dys_;
+    const bf16 *dout = (const bf16 *)dout_, *ys = (const bf16 *)ys_;
     cudaStream_t s = mt_cuda_begin(be);
-    combine_backward_kernel<<<mt_cuda_blocks(n, 1), THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
+    const unsigned grid = mt_cuda_blocks(n, 1);
+    if (vec8_ok(H, dys, dout, ys))
+        combine_backward_kernel<8><<<grid, THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
+    else combine_backward_kernel<1><<<grid, THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
     MT_CHECK_LAUNCH();
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU
+// SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] = [g_r | u_r].
 
 static __device__ __forceinline__ float sigmoid_f(float g) {  // no overflow: e^-|g| ≤ 1
     if (g >= 0.0f) return 1.0f / (1.0f + expf(-g));
@@ -507,32 +597,67 @@ static __device__ __forceinline__ float sigmoid_f(float g) {  // no overflow: e^
     return z / (1.0f + z);
 }
 
-static __global__ void swiglu_forward_kernel(float *a, const float *g, const float *u, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        a[i] = g[i] * sigmoid_f(g[i]) * u[i];
-}
-
-static __global__ void swiglu_backward_kernel(float *dg, float *du, const float *da, const float *g, const float *u,
-                                              int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float s = sigmoid_f(g[i]);
-        if (dg) dg[i] += da[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-        if (du) du[i] += da[i] * g[i] * s;
+// gu [rows, 2f] → a [rows, f]; thread per V consecutive columns of a row (f % V == 0).
+template <int V>
+static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int64_t rows, int64_t f) {
+    const int64_t nv = rows * (f / V);
+    for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = q / (f / V), c = (q % (f / V)) * V;
+        float g[V], u[V];
+        bf16_load<V>(g, gu + r * 2 * f + c);
+        bf16_load<V>(u, gu + r * 2 * f + f + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) g[e] = g[e] * sigmoid_f(g[e]) * u[e];
+        bf16_store<V>(a + r * f + c, g);
     }
 }
 
-extern "C" void swiglu_forward_cuda(mt_backend *be, float *a, const float *g, const float *u, int64_t n) {
-    if (n <= 0) return;
+// da [rows, f] → dgu [rows, 2f] += [dg | du]; silu'(g) = s·(1 + g·(1 − s)), s = sigmoid(g)
+template <int V>
+static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, const bf16 *gu, int64_t rows,
+                                                    int64_t f) {
+    const int64_t nv = rows * (f / V);
+    for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = q / (f / V), c = (q % (f / V)) * V;
+        float g[V], u[V], d[V], dg[V], du[V];
+        bf16_load<V>(g, gu + r * 2 * f + c);
+        bf16_load<V>(u, gu + r * 2 * f + f + c);
+        bf16_load<V>(d, da + r * f + c);
+        bf16_load<V>(dg, dgu + r * 2 * f + c);
+        bf16_load<V>(du, dgu + r * 2 * f + f + c);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            const float sg = sigmoid_f(g[e]);
+            dg[e] += d[e] * u[e] * sg * (1.0f + g[e] * (1.0f - sg));
+            du[e] += d[e] * g[e] * sg;
+        }
+        bf16_store<V>(dgu + r * 2 * f + c, dg);
+        bf16_store<V>(dgu + r * 2 * f + f + c, du);
+    }
+}
+
+extern "C" void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a_, const mt_bf16 *gu_, int64_t rows, int64_t f) {
+    if (rows <= 0 || f <= 0) return;
+    bf16 *a = (bf16 *)a_;
+    const bf16 *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
-    swiglu_forward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(a, g, u, n);
+    if (vec8_ok(f, a, gu))
+        swiglu_fused_forward_kernel<8><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f);
+    else swiglu_fused_forward_kernel<1><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f);
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void swiglu_backward_cuda(mt_backend *be, float *dg, float *du, const float *da, const float *g,
-                                     const float *u, int64_t n) {
-    if (n <= 0 || (!dg && !du)) return;
+extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu_, const mt_bf16 *da_, const mt_bf16 *gu_,
+                                           int64_t rows, int64_t f) {
+    if (rows <= 0 || f <= 0 || !dgu_) return;
+    bf16 *dgu = (bf16 *)dgu_;
+    const bf16 *da = (const bf16 *)da_, *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
-    swiglu_backward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(dg, du, da, g, u, n);
+    if (vec8_ok(f, dgu, da, gu))
+        swiglu_fused_backward_kernel<8><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(dgu, da, gu,
+                                                                                                      rows, f);
+    else swiglu_fused_backward_kernel<1><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(dgu, da, gu, rows,
+                                                                                                   f);
     MT_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,11 @@
 // moe/moe_cuda.h — CUDA twins of moe/moe.h's kernels (moe/moe_cuda.cu), conventions as in
 // model/ops_cuda.h: same arguments as the CPU twin, device pointers of the cuda backend, CUDA
 // builds (MT_CUDA) only.
+//
+// Dtypes (issue 12): the step's activations and their gradients are bf16 (mt_bf16): gather,
+// combine and SwiGLU read and write bf16, compute in fp32 and round once per stored element
+// (backward ops read their bf16 gradient, add in fp32, round once). The router, its losses,
+// permute and weights_of_choices stay fp32 (logits, probs, weights, dlogits, dweights).
 #pragma once
 #include <stdint.h>
 
@@ -16,21 +21,29 @@ void router_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *pr
 void router_backward_cuda(mt_backend *be, float *dlogits, const float *dweights, const float *probs,
                           const int32_t *ids, const float *weights, int T, int E, int k, int norm_topk);
 
-// The aux-loss statistics live on the device while a step runs, as MT_AUX_STATS_LEN(E) doubles:
-// counts [E], prob_sums [E], rows [1] (the fields of moe_aux_stats). The caller zeroes them at
-// the start of a step (fill_zero), each layer accumulates, and moe_aux_stats_download_cuda fills
-// a host moe_aux_stats (one synchronisation per step) for moe_aux_loss. The backward reads the
-// device totals, so it needs no host value.
-#define MT_AUX_STATS_LEN(E) (2 * (E) + 1)
+// The router's loss statistics live on the device while a step runs, as MT_AUX_STATS_LEN(E)
+// doubles: counts [E], prob_sums [E], rows [1] (the fields of moe_aux_stats), then the z-loss
+// sum [1] and its row count [1]. The caller zeroes them at the start of a step (fill_zero), each
+// layer accumulates (moe_aux_accumulate_cuda, moe_zloss_accumulate_cuda: no host wait), and
+// moe_aux_stats_download_cuda brings all of them to the host at once (the step's one
+// synchronisation for them) for moe_aux_loss and the z-loss mean. The backwards read the device
+// totals, so they need no host value.
+// stats [MT_AUX_STATS_LEN(E)] device doubles: the aux statistics, then the z-loss sum and its row count
+#define MT_AUX_STATS_LEN(E) (2 * (E) + 3)
 void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const float *probs, const int32_t *ids,
                              const uint8_t *row_mask, int T, int E, int k);
-void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *s, const double *stats);
+// Sets *s (its E from s->E, as moe_aux_init left it) and *z_sum, *z_rows (either may be NULL)
+// from the device totals: one copy, one synchronisation.
+void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *s, const double *stats, double *z_sum,
+                                 int64_t *z_rows);
 void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats, const float *probs,
                            const uint8_t *row_mask, int T, int E);
 
-// Returns the sum (host) and adds the row count to *rows: one copy and one synchronisation.
-double moe_zloss_sum_cuda(mt_backend *be, int64_t *rows, const float *logits, const uint8_t *row_mask, int T,
-                          int E);
+// stats[2E+1] += Σ over unmasked rows of logsumexp(logits)² (moe_zloss_sum_cpu's sum), stats[2E+2]
+// += their count; no host wait. Per-block partials in a fixed tree, then one block adds them in
+// block order: the same bits every run (they may differ from the CPU's in the last places).
+void moe_zloss_accumulate_cuda(mt_backend *be, double *stats, const float *logits, const uint8_t *row_mask, int T,
+                               int E);
 void moe_zloss_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *logits,
                              const uint8_t *row_mask, int T, int E);
 
@@ -40,23 +53,34 @@ void moe_zloss_backward_cuda(mt_backend *be, float *dlogits, float dscale, const
 // checked CUDA call reports the fault), where the CPU exits with a message.
 void moe_permute_cuda(mt_backend *be, int32_t *order, int32_t *offsets, int32_t *counts, const int32_t *ids,
                       int T, int E, int k);
-void moe_gather_cuda(mt_backend *be, float *xs, const float *x, const int32_t *order, int n, int H, int k);
+// xs [n, H] bf16: row i = x [order[i] / k] (a copy: exact).
+void moe_gather_cuda(mt_backend *be, mt_bf16 *xs, const mt_bf16 *x, const int32_t *order, int n, int H, int k);
 // The scatters (gather backward, combine) invert `order` on the device and add each token's k
-// rows in the CPU's order (ascending position in `order`): no atomics. k ≤ 16.
-void moe_gather_backward_cuda(mt_backend *be, float *dx, const float *dxs, const int32_t *order, int n, int H,
+// rows in the CPU's order (ascending position in `order`) in fp32, onto the fp32 value of the
+// bf16 output, and round once: no atomics. k ≤ 16. H % 8 == 0 takes 16-byte loads and stores.
+// dx [T, H] += Σ of token t's rows of dxs [n, H]
+void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx, const mt_bf16 *dxs, const int32_t *order, int n, int H,
                               int k);
-void moe_combine_cuda(mt_backend *be, float *out, const float *ys, const float *weights, const int32_t *order,
+// out [T, H] += weights[a] · ys[i] (weights fp32)
+void moe_combine_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *ys, const float *weights, const int32_t *order,
                       int n, int H, int k);
-void moe_combine_backward_cuda(mt_backend *be, float *dys, float *dweights, const float *dout, const float *ys,
-                               const float *weights, const int32_t *order, int n, int H, int k);
+// dys [n, H] += weights[a] · dout[t] (bf16); dweights [n] += <dout[t], ys[i]> (fp32, summed in
+// fp32); either may be NULL.
+void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys, float *dweights, const mt_bf16 *dout,
+                               const mt_bf16 *ys, const float *weights, const int32_t *order, int n, int H, int k);
 
 // Replay of recorded routing: weights [T, k] = the chosen probs, renormalised (model/forward.c).
 void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *probs, const int32_t *ids, int T,
                                  int E, int k);
 
-void swiglu_forward_cuda(mt_backend *be, float *a, const float *g, const float *u, int64_t n);
-void swiglu_backward_cuda(mt_backend *be, float *dg, float *du, const float *da, const float *g, const float *u,
-                          int64_t n);
+// SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] is [g_r (f) | u_r (f)], bf16.
+// f % 8 == 0 takes 16-byte loads and stores (8 bf16), other f a scalar path. CPU twins:
+// swiglu_fused_forward_cpu / swiglu_fused_backward_cpu (moe/moe.h).
+// a [rows, f] = silu(gu[:, :f]) * gu[:, f:]
+void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f);
+// dgu [rows, 2f] += (d/dg, d/du) of a given da [rows, f] (dgu NULL: nothing to do)
+void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu, int64_t rows,
+                                int64_t f);
 
 #ifdef __cplusplus
 }

@@ -258,6 +258,81 @@ static co_result co_cross_entropy(mt_backend *g, int in_place) {
 // ---------------------------------------------------------------------------------------------
 // moe/moe.h
 
+// The MoE cases judge each output against its own tolerance: r.err is the worst of err / tol
+// (r.tol = 1; tol 0: exact), and `what` says which output, its error and its tolerance.
+//
+// bf16 tolerances, from bf16's 8 significant bits: one round-to-nearest moves a value by at most
+// half an ulp, 2^-8 of the top of its binade (2^-9 of the binade's top value on average), so one
+// rounding costs at most 2^-8 ≈ 3.9e-3 of max |want|: CO_MOE_TOL_ROUND1 = 4e-3 (fp32 noise
+// before the rounding is ~1e-6 of that). Where the device does the CPU's fp32 operations in the
+// CPU's order (the scatters), its output is also compared with the CPU's rounded to bf16: exact.
+#define CO_MOE_TOL_ROUND1 4e-3
+#define CO_MOE_TOL_F32 1e-4  // fp32 outputs (dweights, dlogits): order of fp32 sums only
+
+static void co_moe_note(co_result *r, double err, double tol, const char *label, size_t i, double got, double want) {
+    double scaled = err == 0.0 ? 0.0 : tol > 0.0 ? err / tol : INFINITY;
+    if (isnan(err)) scaled = NAN;
+    if (r->outputs++ == 0 || (!isnan(r->err) && !(scaled <= r->err))) {  // a NaN stays the worst
+        r->err = scaled;
+        snprintf(r->what, sizeof r->what, "%s: err %.3g (tol %.0e) [%zu] got %.9g want %.9g", label, err, tol, i, got,
+                 want);
+    }
+    r->tol = 1.0;
+}
+
+// got, want [n] on the host: max |got − want| / max |want| (NaN counts as worst).
+static void co_moe_cmp(co_result *r, const char *label, const float *got, const float *want, size_t n, double tol) {
+    double maxd = 0, maxw = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(want[i]) > maxw) maxw = fabs(want[i]);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= maxd)) maxd = d, worst = i;
+        if (isnan(d)) break;
+    }
+    co_moe_note(r, maxd / (maxw > 0 ? maxw : 1.0), tol, label, worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0);
+}
+
+// The host values rounded to bf16 in place (what the CPU twin then reads is what the device
+// holds) and a device copy of them as bf16.
+static void *co_moe_up_bf16(mt_backend *be, float *host, size_t n) {
+    mt_bf16 *h = mt_xmalloc(n * sizeof(mt_bf16) + 2);
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(host[i]), host[i] = mt_bf16_to_f32(h[i]);
+    void *d = co_up(be, h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+
+// The device's n bf16 as f32 against want (fp32 CPU result) with tol, and, when `exact`, against
+// want rounded to bf16 with no difference allowed.
+static void co_moe_cmp_bf16(co_result *r, mt_backend *be, const char *label, const void *dev, const float *want,
+                            size_t n, double tol, int exact) {
+    mt_bf16 *h = mt_xmalloc(n * sizeof(mt_bf16) + 2);
+    float *got = mt_xmalloc(n * sizeof(float) + 4), *rounded = mt_xmalloc(n * sizeof(float) + 4);
+    co_down(be, h, dev, n * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) got[i] = mt_bf16_to_f32(h[i]), rounded[i] = mt_bf16_to_f32(mt_f32_to_bf16(want[i]));
+    co_moe_cmp(r, label, got, want, n, tol);
+    if (exact) {
+        char l2[80];
+        snprintf(l2, sizeof l2, "%s vs bf16(cpu)", label);
+        co_moe_cmp(r, l2, got, rounded, n, 0.0);
+    }
+    free(h), free(got), free(rounded);
+}
+
+static void co_moe_cmp_f32(co_result *r, mt_backend *be, const char *label, const void *dev, const float *want,
+                           size_t n, double tol) {
+    float *got = mt_xmalloc(n * sizeof(float) + 4);
+    co_down(be, got, dev, n * sizeof(float));
+    co_moe_cmp(r, label, got, want, n, tol);
+    free(got);
+}
+
+static void co_moe_scalar(co_result *r, const char *label, double got, double want, double tol) {
+    co_moe_note(r, fabs(got - want) / (fabs(want) > 0 ? fabs(want) : 1.0), tol, label, 0, got, want);
+}
+
 // Router logits with ties: row 0 all equal, row 1 two equal maxima, rows 2.. random.
 static float *co_router_logits(int T, int E) {
     float *l = co_rand((size_t)T * E, -3, 3);
@@ -311,8 +386,11 @@ static co_result co_aux_loss(mt_backend *g) {
         moe_aux_accumulate_cpu(&s, probs, ids, mask, T);
         moe_aux_accumulate_cuda(g, ST, P, I, M, T, E, k);
     }
-    moe_aux_stats_download_cuda(g, &sg, ST);
+    double zs = -1.0;
+    int64_t zr = -1;
+    moe_aux_stats_download_cuda(g, &sg, ST, &zs, &zr);
     co_cmp_scalar(&r, "aux loss", moe_aux_loss(&sg), moe_aux_loss(&s));
+    if (zs != 0.0 || zr != 0) co_cmp_scalar(&r, "z fields (the aux statistics must not touch them)", zs + zr, 0.0);
     if (sg.rows != s.rows) co_cmp_scalar(&r, "rows", (double)sg.rows, (double)s.rows);
     for (int e = 0; e < E; e++)
         if (sg.counts[e] != s.counts[e]) co_cmp_scalar(&r, "counts", sg.counts[e], s.counts[e]);
@@ -324,25 +402,50 @@ static co_result co_aux_loss(mt_backend *g) {
     return r;
 }
 
+// z-loss over two "layers" (different logits and masks; 700 rows: three full blocks of partial
+// sums and a partial one) into statistics that start non-zero: the sum and rows add to what was
+// there, the aux fields stay as they were; a second run from the same start gives the same bits.
+// Then the backward (fp32) on layer 0's logits.
 static co_result co_zloss(mt_backend *g) {
     co_result r = co_begin();
     co_seed(12);
-    const int T = 150, E = 8;
-    size_t nl = (size_t)T * E;
-    uint8_t mask[150];
-    for (int t = 0; t < T; t++) mask[t] = t % 5 != 1;
-    float *logits = co_rand(nl, -6, 6), *dl = co_rand(nl, -1, 1);
-    void *LG = co_up(g, logits, nl * 4), *M = co_up(g, mask, T), *DL = co_up(g, dl, nl * 4);
-    int64_t rows_cpu = 3, rows_gpu = 3;  // added to, not set
-    double want = moe_zloss_sum_cpu(&rows_cpu, logits, mask, T, E);
-    double got = moe_zloss_sum_cuda(g, &rows_gpu, LG, M, T, E);
-    co_cmp_scalar(&r, "z sum", got, want);
-    if (rows_cpu != rows_gpu) co_cmp_scalar(&r, "rows", (double)rows_gpu, (double)rows_cpu);
-    moe_zloss_backward_cpu(dl, 0.001f / (float)rows_cpu, logits, mask, T, E);
-    moe_zloss_backward_cuda(g, DL, 0.001f / (float)rows_cpu, LG, M, T, E);
-    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
-    co_free(g, LG, nl * 4), co_free(g, M, T), co_free(g, DL, nl * 4);
-    free(logits), free(dl);
+    const int T = 700, E = 8, L = MT_AUX_STATS_LEN(E);
+    size_t nl = (size_t)T * E, sb = (size_t)L * sizeof(double);
+    uint8_t mask[2][700];
+    for (int t = 0; t < T; t++) mask[0][t] = t % 5 != 1, mask[1][t] = t % 3 != 0;
+    float *logits[2] = {co_rand(nl, -6, 6), co_rand(nl, -3, 9)}, *dl = co_rand(nl, -1, 1);
+    double init[MT_AUX_STATS_LEN(8)];
+    for (int i = 0; i < L; i++) init[i] = i == 2 * E || i == 2 * E + 2 ? 100.0 + i : 1.5 + i;  // rows: integers
+    void *LG[2] = {co_up(g, logits[0], nl * 4), co_up(g, logits[1], nl * 4)};
+    void *M[2] = {co_up(g, mask[0], T), co_up(g, mask[1], T)}, *DL = co_up(g, dl, nl * 4);
+    void *ST[2] = {co_up(g, init, sb), co_up(g, init, sb)};
+    int64_t rows_cpu = 0;
+    double want = 0.0;
+    for (int layer = 0; layer < 2; layer++) want += moe_zloss_sum_cpu(&rows_cpu, logits[layer], mask[layer], T, E);
+    double zs[2];
+    int64_t zr[2];
+    moe_aux_stats sg;
+    for (int run = 0; run < 2; run++) {
+        for (int layer = 0; layer < 2; layer++) moe_zloss_accumulate_cuda(g, ST[run], LG[layer], M[layer], T, E);
+        moe_aux_init(&sg, E, 1);
+        moe_aux_stats_download_cuda(g, &sg, ST[run], &zs[run], &zr[run]);
+    }
+    // Both sums in double of the same lse² values (each to an ulp or so: exp and log on two
+    // machines), in different orders: 1e-12 relative would do, 1e-9 leaves room.
+    co_moe_scalar(&r, "z sum (two layers, added to the start)", zs[0], init[2 * E + 1] + want, 1e-9);
+    co_moe_scalar(&r, "z rows", (double)zr[0], init[2 * E + 2] + (double)rows_cpu, 0.0);
+    co_moe_scalar(&r, "z sum run to run", zs[1], zs[0], 0.0);
+    for (int e = 0; e < E; e++) {
+        co_moe_scalar(&r, "aux counts untouched", sg.counts[e], init[e], 0.0);
+        co_moe_scalar(&r, "aux prob sums untouched", sg.prob_sums[e], init[E + e], 0.0);
+    }
+    co_moe_scalar(&r, "aux rows untouched", (double)sg.rows, (double)(int64_t)init[2 * E], 0.0);
+    moe_zloss_backward_cpu(dl, 0.001f / (float)rows_cpu, logits[0], mask[0], T, E);
+    moe_zloss_backward_cuda(g, DL, 0.001f / (float)rows_cpu, LG[0], M[0], T, E);
+    co_moe_cmp_f32(&r, g, "dlogits", DL, dl, nl, CO_MOE_TOL_F32);
+    for (int i = 0; i < 2; i++) co_free(g, LG[i], nl * 4), co_free(g, M[i], T), co_free(g, ST[i], sb), free(logits[i]);
+    co_free(g, DL, nl * 4);
+    free(dl);
     return r;
 }
 
@@ -383,7 +486,12 @@ static co_result co_permute(mt_backend *g, int T, int E, int k, int empty, int o
     return r;
 }
 
-// gather, gather backward, combine and combine backward on the CPU's permutation.
+// gather, gather backward, combine and combine backward on the CPU's permutation, bf16
+// activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). Outputs that
+// accumulate start non-zero; xs starts as garbage. H % 8 == 0 takes the 16-byte path, other H
+// the scalar one. xs is a copy (exact); dx, out and dys are the CPU's fp32 operations in its
+// order, rounded once (CO_MOE_TOL_ROUND1 against the fp32 result, exact against it rounded);
+// dweights fp32 (CO_MOE_TOL_F32).
 static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
@@ -391,14 +499,15 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, ui
     int32_t *ids = co_ids(T, E, k, E > 2 ? 1 : -1, 0), *order = mt_xmalloc((size_t)n * 4 + 4);
     int32_t off[1025];
     moe_permute_cpu(order, off, NULL, ids, T, E, k);
-    size_t nx = (size_t)T * H, ns = (size_t)n * H;
-    float *x = co_rand(nx, -1, 1), *xs = co_rand(ns, 0, 0), *dxs = co_rand(ns, -1, 1), *dx = co_rand(nx, -1, 1);
+    if (E > 2 && off[2] != off[1]) mt_fatal(MT_EXIT_ERROR, "co_gather_combine: expert 1 was meant to be empty");
+    size_t nx = (size_t)T * H, ns = (size_t)n * H, b2 = sizeof(mt_bf16);
+    float *x = co_rand(nx, -1, 1), *xs = co_rand(ns, -3, 3), *dxs = co_rand(ns, -1, 1), *dx = co_rand(nx, -1, 1);
     float *ys = co_rand(ns, -1, 1), *w = co_rand((size_t)n, 0, 1), *out = co_rand(nx, -1, 1);
     float *dout = co_rand(nx, -1, 1), *dys = co_rand(ns, -1, 1), *dw = co_rand((size_t)n, -1, 1);
-    void *OR = co_up(g, order, (size_t)n * 4), *X = co_up(g, x, nx * 4), *XS = co_up(g, NULL, ns * 4);
-    void *DXS = co_up(g, dxs, ns * 4), *DX = co_up(g, dx, nx * 4), *YS = co_up(g, ys, ns * 4);
-    void *W = co_up(g, w, (size_t)n * 4), *OUT = co_up(g, out, nx * 4), *DOUT = co_up(g, dout, nx * 4);
-    void *DYS = co_up(g, dys, ns * 4), *DW = co_up(g, dw, (size_t)n * 4);
+    void *OR = co_up(g, order, (size_t)n * 4), *X = co_moe_up_bf16(g, x, nx), *XS = co_moe_up_bf16(g, xs, ns);
+    void *DXS = co_moe_up_bf16(g, dxs, ns), *DX = co_moe_up_bf16(g, dx, nx), *YS = co_moe_up_bf16(g, ys, ns);
+    void *W = co_up(g, w, (size_t)n * 4), *OUT = co_moe_up_bf16(g, out, nx), *DOUT = co_moe_up_bf16(g, dout, nx);
+    void *DYS = co_moe_up_bf16(g, dys, ns), *DW = co_up(g, dw, (size_t)n * 4);
     moe_gather_cpu(xs, x, order, n, H, k);
     moe_gather_backward_cpu(dx, dxs, order, n, H, k);
     moe_combine_cpu(out, ys, w, order, n, H, k);
@@ -407,37 +516,41 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, ui
     moe_gather_backward_cuda(g, DX, DXS, OR, n, H, k);
     moe_combine_cuda(g, OUT, YS, W, OR, n, H, k);
     moe_combine_backward_cuda(g, DYS, DW, DOUT, YS, W, OR, n, H, k);
-    co_cmp_dev(&r, g, "xs", XS, xs, ns);
-    co_cmp_dev(&r, g, "dx", DX, dx, nx);
-    co_cmp_dev(&r, g, "combine out", OUT, out, nx);
-    co_cmp_dev(&r, g, "dys", DYS, dys, ns);
-    co_cmp_dev(&r, g, "dweights", DW, dw, (size_t)n);
-    co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * 4), co_free(g, XS, ns * 4), co_free(g, DXS, ns * 4);
-    co_free(g, DX, nx * 4), co_free(g, YS, ns * 4), co_free(g, W, (size_t)n * 4), co_free(g, OUT, nx * 4);
-    co_free(g, DOUT, nx * 4), co_free(g, DYS, ns * 4), co_free(g, DW, (size_t)n * 4);
+    co_moe_cmp_bf16(&r, g, "xs", XS, xs, ns, 0.0, 0);
+    co_moe_cmp_bf16(&r, g, "dx", DX, dx, nx, CO_MOE_TOL_ROUND1, 1);
+    co_moe_cmp_bf16(&r, g, "combine out", OUT, out, nx, CO_MOE_TOL_ROUND1, 1);
+    co_moe_cmp_bf16(&r, g, "dys", DYS, dys, ns, CO_MOE_TOL_ROUND1, 1);
+    co_moe_cmp_f32(&r, g, "dweights", DW, dw, (size_t)n, CO_MOE_TOL_F32);
+    co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * b2), co_free(g, XS, ns * b2), co_free(g, DXS, ns * b2);
+    co_free(g, DX, nx * b2), co_free(g, YS, ns * b2), co_free(g, W, (size_t)n * 4), co_free(g, OUT, nx * b2);
+    co_free(g, DOUT, nx * b2), co_free(g, DYS, ns * b2), co_free(g, DW, (size_t)n * 4);
     free(ids), free(order), free(x), free(xs), free(dxs), free(dx), free(ys), free(w), free(out), free(dout);
     free(dys), free(dw);
     return r;
 }
 
-static co_result co_swiglu(mt_backend *g) {
+// Fused SwiGLU: gu [rows, 2f] bf16 → a [rows, f] (starts as garbage), dgu += (starts non-zero).
+// Each stored value is fp32 arithmetic rounded once: CO_MOE_TOL_ROUND1 against the fp32 twin on
+// the same bf16 inputs (expf against the CPU's mt_vexpf: ~1e-6 before the rounding). f % 8 == 0
+// takes the 16-byte path, other f the scalar one. Gates in [-gate, gate]: 500 saturates the
+// sigmoid both ways (e^500 overflows fp32), where a NaN or inf would be the worst output.
+static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float gate, uint64_t seed) {
     co_result r = co_begin();
-    co_seed(13);
-    const int64_t n = 5000;
-    float *gt = co_rand(n, -20, 20), *u = co_rand(n, -2, 2), *da = co_rand(n, -1, 1);
-    float *a = co_rand(n, 0, 0), *dg = co_rand(n, -1, 1), *du = co_rand(n, -1, 1);
-    void *G = co_up(g, gt, n * 4), *U = co_up(g, u, n * 4), *DA = co_up(g, da, n * 4), *A = co_up(g, NULL, n * 4);
-    void *DG = co_up(g, dg, n * 4), *DU = co_up(g, du, n * 4);
-    swiglu_forward_cpu(a, gt, u, n);
-    swiglu_backward_cpu(dg, du, da, gt, u, n);
-    swiglu_forward_cuda(g, A, G, U, n);
-    swiglu_backward_cuda(g, DG, DU, DA, G, U, n);
-    co_cmp_dev(&r, g, "a", A, a, n);
-    co_cmp_dev(&r, g, "dg", DG, dg, n);
-    co_cmp_dev(&r, g, "du", DU, du, n);
-    co_free(g, G, n * 4), co_free(g, U, n * 4), co_free(g, DA, n * 4), co_free(g, A, n * 4);
-    co_free(g, DG, n * 4), co_free(g, DU, n * 4);
-    free(gt), free(u), free(da), free(a), free(dg), free(du);
+    co_seed(seed);
+    size_t na = (size_t)(rows * f), ng = 2 * na, b2 = sizeof(mt_bf16);
+    float *gu = co_rand(ng, -gate, gate), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
+    for (int64_t i = 0; i < rows; i++)  // the up half on a smaller scale than the gate half
+        for (int64_t c = 0; c < f; c++) gu[i * 2 * f + f + c] *= 0.25f;
+    void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
+    void *DGU = co_moe_up_bf16(g, dgu, ng);
+    swiglu_fused_forward_cpu(a, gu, rows, f);
+    swiglu_fused_backward_cpu(dgu, da, gu, rows, f);
+    swiglu_fused_forward_cuda(g, A, GU, rows, f);
+    swiglu_fused_backward_cuda(g, DGU, DA, GU, rows, f);
+    co_moe_cmp_bf16(&r, g, "a", A, a, na, CO_MOE_TOL_ROUND1, 0);
+    co_moe_cmp_bf16(&r, g, "dgu", DGU, dgu, ng, CO_MOE_TOL_ROUND1, 0);
+    co_free(g, GU, ng * b2), co_free(g, DA, na * b2), co_free(g, A, na * b2), co_free(g, DGU, ng * b2);
+    free(gu), free(da), free(a), free(dgu);
     return r;
 }
 
@@ -597,8 +710,13 @@ static co_result co_permute_k2_empty(mt_backend *g) { return co_permute(g, 300, 
 static co_result co_permute_k1(mt_backend *g) { return co_permute(g, 700, 8, 1, -1, 0, 32); }
 static co_result co_permute_one_expert(mt_backend *g) { return co_permute(g, 200, 8, 1, -1, 1, 33); }
 static co_result co_permute_e64(mt_backend *g) { return co_permute(g, 1000, 64, 4, 7, 0, 34); }
-static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 100, 41); }
+static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 41); }
 static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 42); }
+static co_result co_gather_combine_k8(mt_backend *g) { return co_gather_combine(g, 40, 16, 8, 64, 43); }
+static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 44); }
+static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
+static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
+static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
 static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0); }
 static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25); }
 static co_result co_adamw_master(mt_backend *g) { return co_adamw(g, 1); }
@@ -623,9 +741,13 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"permute k=1", co_permute_k1},
     {"permute all on one expert", co_permute_one_expert},
     {"permute E=64 k=4 (many chunks)", co_permute_e64},
-    {"gather/combine k=2", co_gather_combine_k2},
-    {"gather/combine k=1", co_gather_combine_k1},
-    {"swiglu", co_swiglu},
+    {"gather/combine k=2 H=104, an empty expert", co_gather_combine_k2},
+    {"gather/combine k=1 H=33 (scalar path)", co_gather_combine_k1},
+    {"gather/combine k=8 H=64", co_gather_combine_k8},
+    {"gather/combine k=8 H=50 (scalar path)", co_gather_combine_k8_h50},
+    {"swiglu fused f=64", co_swiglu},
+    {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
+    {"swiglu fused, gates to ±500", co_swiglu_large_gates},
     {"lora", co_lora_plain},
     {"lora dropout", co_lora_dropout},
     {"adamw master", co_adamw_master},
