@@ -11,7 +11,7 @@
 set -uo pipefail
 build=${1:-build-sim}
 orders=${CUDASIM_ORDERS:-forward reverse}
-steps=${CUDASIM_CLI_STEPS:-100}
+steps=${CUDASIM_CLI_STEPS:-200}
 start=$(date +%s)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -142,13 +142,22 @@ MT_COMM=single "$moetrain" train "${common[@]}" --steps "$steps" --batch 4 --dev
 rc_cpu=$?
 "$moetrain" train "${common[@]}" --steps "$steps" --batch 4 --device cuda --out "$work/cuda" >"$work/cuda.log" 2>&1
 rc_cuda=$?
-# The tiny model is fp32 (configs/tiny.json), so the CUDA path differs from the CPU only by
-# summation order: losses to 1e-5 relative per step and adapters to 1e-3 relative L2, the
-# tolerances of `make test-mpi` (seen over 100 steps: 3.8e-8 and 1.4e-5).
-if [ "$rc_cpu" = 0 ] && [ "$rc_cuda" = 0 ] && "$compare" "$work/cpu" "$work/cuda" 1e-5 1e-3 >"$work/cmp.log" 2>&1; then
-  ok "CLI: $steps steps, --device cuda (emulated) vs cpu, tol 1e-5/1e-3: $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
+# The CUDA step stores weights, activations and gradients in bf16 (the CPU is the fp32
+# reference), so the runs part by bf16 roundings step after step: the acceptance is the final
+# loss within 2% of the CPU run's (issue 12), and the step's host waits at most one per layer
+# (the expert row counts) plus four (loss, aux statistics, grad norm, one spare).
+last() { grep '"type":"step"' "$1/metrics.jsonl" | tail -1 | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
+if [ "$rc_cpu" = 0 ] && [ "$rc_cuda" = 0 ]; then
+  lc=$(last "$work/cpu" loss) lg=$(last "$work/cuda" loss) syncs=$(last "$work/cuda" host_syncs)
+  layers=$(grep -oE '"num_hidden_layers": *[0-9]+' configs/tiny.json | grep -oE '[0-9]+$')
+  if awk -v a="$lc" -v b="$lg" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }' &&
+     [ "$syncs" -le $((layers + 4)) ]; then
+    ok "CLI: $steps steps, --device cuda (emulated, bf16) vs cpu (fp32): final loss $lg vs $lc (within 2%); host syncs per step $syncs (<= layers + 4) ($(($(date +%s) - t0)) s)"
+  else
+    bad "CLI: $steps steps, --device cuda vs cpu: final loss $lg vs $lc (want within 2%), host syncs $syncs (want <= $((layers + 4)))"
+  fi
 else
-  bad "CLI: $steps steps --device cuda vs cpu (exit codes $rc_cpu/$rc_cuda): $(cat "$work/cmp.log" 2>/dev/null)"
+  bad "CLI: $steps steps --device cuda vs cpu (exit codes $rc_cpu/$rc_cuda)"
   tail -5 "$work/cuda.log" | sed 's/^/      | /'
 fi
 
