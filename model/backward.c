@@ -22,8 +22,13 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     mt_dtype adt = act_dtype(m);
 
     // MoE: out = h + Σ weights · expert(ln2(h))
+    // dweights needs ys, which the experts recompute in their backward when recomputation is
+    // theirs (mt_experts_recompute_in_backward): then it is taken after them.
+    int late = mt_experts_recompute_in_backward(m);
     mt_tensor dys = step_work(m, adt, Tk, H, 1), dweights = step_work(m, MT_F32, Tk, 1, 1);
-    if (run) mt_op_combine_backward(m, dys.data, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (run)
+        mt_op_combine_backward(m, dys.data, late ? NULL : F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order),
+                               Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
@@ -41,6 +46,8 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         if (n) mt_expert_backward(m, L, e, o0, n, &dys_own, &dxs, &sc);
     }
     mt_expert_scratch_free(m, &sc);
+    if (run && late)
+        mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     if (ep) {
         step_unwork(m, &dys_own);
         mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);

@@ -27,6 +27,10 @@ static mt_tensor block(const mt_tensor *gu, int64_t f, int which) {
     return v;
 }
 
+int mt_experts_recompute_in_backward(const mt_model *m) {
+    return gpu_step(m) && m->recompute && m->par.ep_size == 1;
+}
+
 // W13 = [w1; w3] [2f, H] dequantized into the model's scratch (a 4-bit pair), as one bf16 view.
 static mt_tensor w13_dequantized(mt_model *m, mt_linear *w1, mt_linear *w3) {
     int64_t f = w1->out, H = w1->in;
@@ -87,17 +91,49 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3));
 }
 
+// A 4-bit w2 dequantized behind [w1; w3] in the scratch (which then holds 3·f·H), so that one
+// dequantization of the expert serves its recomputed forward and its backward.
+static mt_tensor w2_dequantized(mt_model *m, mt_linear *w2) {
+    mt_tensor s = *m->dequant;
+    s.data = s.data ? (char *)s.data + mt_dtype_bytes(MT_BF16, (size_t)(2 * w2->out * w2->in)) : NULL;
+    return mt_linear_weight(w2, &s);
+}
+
+// The GPU step. `recompute`: the replay forward left this expert's rows to the backward, which
+// recomputes gu, a and ys first with the same dequantized W (once per expert, not twice).
 static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc) {
+                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute) {
     int64_t f = m->cfg.intermediate;
-    mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
+    mt_linear *w1 = &ly->w1[e], *w2 = &ly->w2[e], *w3 = &ly->w3[e];
     mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
+    int fused = fused_pair(w1, w3), held = recompute && fused && w2->q;  // W13 and W2 held together
+    mt_tensor w13 = fused && recompute ? w13_dequantized(m, w1, w3) : (mt_tensor){0};
+    if (recompute) {  // the forward of these rows again: gu, a and ys
+        mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
+        if (fused) {
+            gemm(*gu, *xs, w13, 0, 1, 0.0f);
+            if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1));
+            if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3));
+        } else {
+            mt_linear_forward(w1, &g, xs, XA(a->xa_w1));
+            mt_linear_forward(w3, &u, xs, XA(a->xa_w3));
+        }
+        if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
+    }
     mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
-    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+    if (held) {
+        mt_tensor w2w = w2_dequantized(m, w2);
+        mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2));
+        mt_linear_backward_w(w2, &w2w, &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+    } else {
+        if (recompute) mt_linear_forward(w2, ROWS(a->ys, o0, n), act, XA(a->xa_w2));
+        mt_linear_backward(w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+        if (fused) w13 = w13_dequantized(m, w1, w3);  // after w2's, which uses the scratch's start
+    }
     if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
     mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
-    if (fused_pair(w1, w3)) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
-        gemm(*dx, dgu, w13_dequantized(m, w1, w3), 0, 0, 1.0f);
+    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
+        gemm(*dx, dgu, w13, 0, 0, 1.0f);
         if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1));
         if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3));
     } else {
@@ -120,6 +156,6 @@ void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const 
     if (n > sc->da.shape[0])
         mt_fatal(MT_EXIT_ERROR, "expert %d of layer %d has %lld rows, its scratch %lld", e, L, (long long)n,
                  (long long)sc->da.shape[0]);
-    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
+    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
     else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
 }

@@ -111,6 +111,7 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     } else if (run) {
         mt_op_gather(m, A(a->xs), A(a->ln2), I(kp->order), Tk, H, k);
     }
+    if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them
     mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;
     for (int e = 0; e < E; e++) {
         int64_t o0, n;

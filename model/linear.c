@@ -102,6 +102,14 @@ static void dequant_release(const mt_linear *l, void *own) {
     if (l->q && !l->dequant) mt_work_free(l->q->be, own, mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in)));
 }
 
+void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *y, const mt_tensor *x,
+                         const mt_tensor *xa) {
+    if (x->shape[0] == 0) return;
+    mt_tensor yv = *y, xv = *x, wv = *w;
+    check(mt_matmul(&yv, &xv, &wv, 0, 1, 1.0f, 0.0f), "forward");  // y = x · Wᵀ
+    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa);
+}
+
 void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
     mt_backend *be = backend_of(l);
     int64_t n = x->shape[0];
@@ -113,10 +121,8 @@ void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *
     void *own = NULL;
     mt_tensor scratch = l->q ? dequant_scratch(l, &own) : (mt_tensor){0};
     mt_tensor w = mt_linear_weight(l, &scratch);
-    mt_tensor yv = *y, xv = *x;
-    check(mt_matmul(&yv, &xv, &w, 0, 1, 1.0f, 0.0f), "forward");  // y = x · Wᵀ
+    mt_linear_forward_w(l, &w, y, x, xa);
     dequant_release(l, own);
-    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa);
 }
 
 // Rows of an f32 dy rounded to bf16 per chunk, so that no bf16 copy of a whole T×V gradient
@@ -137,6 +143,31 @@ static void backward_rows(const mt_linear *l, const mt_tensor *dx, const mt_tens
     if (l->lora) mt_lora_backward_dev(l->lora, dx, dy, x, xa);
 }
 
+void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,
+                          const mt_tensor *x, const mt_tensor *xa) {
+    int64_t n = x->shape[0];
+    if (n == 0) return;
+    if (dy->dtype == MT_BF16) {
+        backward_rows(l, dx, dy, x, xa, w);
+        return;
+    }
+    // f32 (the logits' gradients): bf16 rows a chunk at a time
+    mt_backend *be = backend_of(l);
+    int64_t chunk = MT_MIN(n, MT_MAX((int64_t)1, (int64_t)(DY_CHUNK_BYTES / (l->out * 2))));
+    size_t bytes = mt_dtype_bytes(MT_BF16, (size_t)(chunk * l->out));
+    mt_tensor conv = mt_view2(be, mt_work_alloc(be, bytes), MT_BF16, chunk, l->out, 0);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        int64_t rows = MT_MIN(chunk, n - r0);
+        mt_tensor c = mt_view_rows(&conv, 0, rows), dyr = mt_view_rows(dy, r0, rows);
+        if (conv.data) to_bf16(be, &c, &dyr);
+        mt_tensor xr = mt_view_rows(x, r0, rows);
+        mt_tensor dxr = dx ? mt_view_rows(dx, r0, rows) : (mt_tensor){0};
+        mt_tensor xar = xa ? mt_view_rows(xa, r0, rows) : (mt_tensor){0};
+        backward_rows(l, dx ? &dxr : NULL, &c, &xr, xa ? &xar : NULL, w);
+    }
+    mt_work_free(be, conv.data, bytes);
+}
+
 void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
                         const mt_tensor *xa) {
     mt_backend *be = backend_of(l);
@@ -147,27 +178,10 @@ void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor
     }
     if (n == 0) return;
     void *own = NULL;
-    mt_tensor scratch = l->q ? dequant_scratch(l, &own) : (mt_tensor){0};
+    mt_tensor scratch = l->q && dx ? dequant_scratch(l, &own) : (mt_tensor){0};
     mt_tensor w = dx ? mt_linear_weight(l, &scratch) : (mt_tensor){0};
-    if (dy->dtype == MT_BF16) {
-        backward_rows(l, dx, dy, x, xa, &w);
-    } else {  // f32 (the logits' gradients): bf16 rows a chunk at a time
-        int64_t chunk = MT_MAX((int64_t)1, (int64_t)(DY_CHUNK_BYTES / (l->out * 2)));
-        chunk = MT_MIN(chunk, n);
-        size_t bytes = mt_dtype_bytes(MT_BF16, (size_t)(chunk * l->out));
-        mt_tensor conv = mt_view2(be, mt_work_alloc(be, bytes), MT_BF16, chunk, l->out, 0);
-        for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-            int64_t rows = MT_MIN(chunk, n - r0);
-            mt_tensor c = mt_view_rows(&conv, 0, rows), dyr = mt_view_rows(dy, r0, rows);
-            if (conv.data) to_bf16(be, &c, &dyr);
-            mt_tensor xr = mt_view_rows(x, r0, rows);
-            mt_tensor dxr = dx ? mt_view_rows(dx, r0, rows) : (mt_tensor){0};
-            mt_tensor xar = xa ? mt_view_rows(xa, r0, rows) : (mt_tensor){0};
-            backward_rows(l, dx ? &dxr : NULL, &c, &xr, xa ? &xar : NULL, &w);
-        }
-        mt_work_free(be, conv.data, bytes);
-    }
-    dequant_release(l, own);
+    mt_linear_backward_w(l, &w, dx, dy, x, xa);
+    if (dx) dequant_release(l, own);
 }
 
 void mt_linear_free(mt_linear *l) {

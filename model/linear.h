@@ -41,6 +41,12 @@ void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, cons
 void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa);
 void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
                         const mt_tensor *xa);
+// The same with W given (a bf16 [out, in] view, dequantized once by the caller for several uses):
+// the GPU step only.
+void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *y, const mt_tensor *x,
+                         const mt_tensor *xa);
+void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,
+                          const mt_tensor *x, const mt_tensor *xa);
 // The GPU step's W as a bf16 [out, in] view: the dense weight, or the 4-bit one dequantized into
 // `scratch` (bf16, at least out·in elements; a null backend's may have no data).
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch);

@@ -406,9 +406,12 @@ static int share_dequant_scratch(mt_model *m) {
     int64_t n = 0;
     each_4bit(m, largest, &n);
     if (n == 0) return 0;
-    for (int L = 0; L < m->cfg.layers; L++)  // w1 and w3 side by side: one GEMM with N = 2f
+    // w1 and w3 side by side (one GEMM with N = 2f), and w2 behind them when the backward
+    // recomputes the experts with the weights it dequantized.
+    int64_t parts = mt_experts_recompute_in_backward(m) ? 3 : 2;
+    for (int L = 0; L < m->cfg.layers; L++)
         for (int e = 0; e < m->cfg.experts; e++)
-            if (m->layers[L].w1[e].q) n = MT_MAX(n, 2 * m->layers[L].w1[e].out * m->layers[L].w1[e].in);
+            if (m->layers[L].w1[e].q) n = MT_MAX(n, parts * m->layers[L].w1[e].out * m->layers[L].w1[e].in);
     if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_BF16, 1, &n))) return -1;
     each_4bit(m, attach, NULL);
     return 0;

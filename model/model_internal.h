@@ -115,6 +115,10 @@ typedef struct mt_expert_scratch {
 mt_expert_scratch mt_expert_scratch_new(mt_model *m, int64_t rows);
 void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s);
 void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own);
+// GPU step with recomputation on one EP rank: the replay forward skips the experts, and each
+// expert's backward recomputes its rows (gu, a, ys) first, so its 4-bit weights are dequantized
+// once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).
+int mt_experts_recompute_in_backward(const mt_model *m);
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
                         const mt_tensor *dxs, const mt_expert_scratch *scratch);
 
