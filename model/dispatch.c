@@ -30,43 +30,43 @@
 #endif
 
 void mt_op_embedding_forward(mt_model *m, float *out, const int32_t *tokens, const float *wte, int T, int H) {
-    DISPATCH(m, embedding_forward_cpu(out, tokens, wte, T, H), embedding_forward_cuda(m->be, out, tokens, wte, T, H));
+    DISPATCH(m, embedding_forward_cpu(out, tokens, wte, T, H), embedding_forward_cuda(m->be, (mt_bf16 *)out, tokens, (const mt_bf16 *)wte, T, H));
 }
 
 void mt_op_embedding_backward(mt_model *m, float *dwte, const float *dout, const int32_t *tokens, int T, int H) {
     DISPATCH(m, embedding_backward_cpu(dwte, dout, tokens, T, H),
-             embedding_backward_cuda(m->be, dwte, dout, tokens, T, H));
+             embedding_backward_cuda(m->be, (mt_bf16 *)dwte, (const mt_bf16 *)dout, tokens, T, H));
 }
 
 void mt_op_rmsnorm_forward(mt_model *m, float *y, float *rstd, const float *x, const float *w, int T, int H,
                            float eps) {
-    DISPATCH(m, rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps), rmsnorm_forward_cuda(m->be, y, rstd, x, w, T, H, eps));
+    DISPATCH(m, rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps), rmsnorm_forward_cuda(m->be, (mt_bf16 *)y, rstd, (const mt_bf16 *)x, (const mt_bf16 *)w, T, H, eps));
 }
 
 void mt_op_rmsnorm_backward(mt_model *m, float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int T, int H) {
     DISPATCH(m, rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H),
-             rmsnorm_backward_cuda(m->be, dx, dw, dy, x, w, rstd, T, H));
+             rmsnorm_backward_cuda(m->be, (mt_bf16 *)dx, (mt_bf16 *)dw, (const mt_bf16 *)dy, (const mt_bf16 *)x, (const mt_bf16 *)w, rstd, T, H));
 }
 
 void mt_op_rope(mt_model *m, float *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward) {
     if (backward)
-        DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, x, pos, T, nh, hd, theta));
+        DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, (mt_bf16 *)x, pos, T, nh, hd, theta));
     else
-        DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, x, pos, T, nh, hd, theta));
+        DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, (mt_bf16 *)x, pos, T, nh, hd, theta));
 }
 
 void mt_op_attention_forward(mt_model *m, float *out, float *lse, const float *q, const float *k, const float *v,
                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
-             attention_forward_cuda(m->be, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
+             attention_forward_cuda(m->be, (mt_bf16 *)out, lse, (const mt_bf16 *)q, (const mt_bf16 *)k, (const mt_bf16 *)v, mask, B, S, nh, nkv, hd, window));
 }
 
 void mt_op_attention_backward(mt_model *m, float *dq, float *dk, float *dv, const float *dout, const float *q,
                               const float *k, const float *v, const float *out, const float *lse,
                               const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
-             attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
+             attention_backward_cuda(m->be, (mt_bf16 *)dq, (mt_bf16 *)dk, (mt_bf16 *)dv, (const mt_bf16 *)dout, (const mt_bf16 *)q, (const mt_bf16 *)k, (const mt_bf16 *)v, (const mt_bf16 *)out, lse, mask, B, S, nh, nkv, hd, window));
 }
 
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
@@ -78,7 +78,7 @@ double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *c
 }
 
 void mt_op_add(mt_model *m, float *y, const float *a, const float *b, int64_t n) {
-    DISPATCH(m, for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i], mt_add_cuda(m->be, y, a, b, n));
+    DISPATCH(m, for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i], mt_add_cuda(m->be, (mt_bf16 *)y, (const mt_bf16 *)a, (const mt_bf16 *)b, n));
 }
 
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
