@@ -624,8 +624,8 @@ static void att_backward(cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv, const bf1
     }
 
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
-                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S, int nh, int nkv,
-                                       int hd, int window) {
+                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S,
+                                       int nh, int nkv, int hd, int window) {
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);

@@ -68,10 +68,11 @@ void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *
                              int window);
 
 // fp32 (the logits and their gradient stay fp32 by the dtype rule). One block per row: max,
-// log-sum-exp and the gradient in one kernel. dlogits may be logits itself: then each counted row of logits is REPLACED by dscale·(softmax − onehot) (the fused
-// lm_head path: fp32 logits are never duplicated) and ignored rows are zeroed; otherwise dlogits
-// is accumulated as on the CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count:
-// one device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
+// log-sum-exp and the gradient in one kernel. dlogits may be logits itself: then each counted
+// row of logits is REPLACED by dscale·(softmax − onehot) (the fused lm_head path: fp32 logits
+// are never duplicated) and ignored rows are zeroed; otherwise dlogits is accumulated as on the
+// CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count: one
+// device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
 // on the CPU (detected on the device, reported after the synchronisation).
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,
                           const int32_t *targets, int T, int V, int ignore_index);

@@ -228,15 +228,16 @@ static co_result cb_begin(uint64_t seed) {
 
 // Forward: a copy (bit for bit). Backward: the rows of a repeated token summed in fp32 in row
 // order onto the starting dwte, as the CPU does, then rounded once: rn(CPU's sum), bit for bit.
-static co_result co_embedding(mt_backend *g, int H, uint64_t seed) {
+// V − 2 < T: tokens repeat (across blocks of 256 rows when T is larger), rows V − 1 of wte gets
+// none, V − 2 one only (on the last row).
+static co_result co_embedding(mt_backend *g, int T, int H, int V, uint64_t seed) {
     co_result r = cb_begin(seed);
-    enum { T = 37, V = 16 };  // few rows in wte: tokens repeat, some rows get none
-    int32_t tok[T];
+    int32_t *tok = mt_xmalloc((size_t)T * 4);
     for (int t = 0; t < T; t++) tok[t] = co_int(V - 2);
-    tok[T - 1] = V - 2;  // a token seen once, on the last row
+    tok[T - 1] = V - 2;
     size_t nw = (size_t)V * H, no = (size_t)T * H;
     float *wte = cb_rand(nw, -1, 1), *dout = cb_rand(no, -1, 1), *dwte = cb_rand(nw, -1, 1), *out = co_rand(no, 0, 0);
-    void *TK = co_up(g, tok, sizeof tok), *W = cb_up(g, wte, nw), *DO = cb_up(g, dout, no), *O = co_up(g, NULL, no * 2);
+    void *TK = co_up(g, tok, (size_t)T * 4), *W = cb_up(g, wte, nw), *DO = cb_up(g, dout, no), *O = co_up(g, NULL, no * 2);
     void *DW = cb_up(g, dwte, nw);
     embedding_forward_cpu(out, tok, wte, T, H);
     embedding_backward_cpu(dwte, dout, tok, T, H);
@@ -246,9 +247,9 @@ static co_result co_embedding(mt_backend *g, int H, uint64_t seed) {
     embedding_backward_cuda(g, NULL, DO, TK, T, H);  // a frozen embedding: nothing to do
     cb_cmp(&r, g, "out", O, out, no, 1, CB_EXACT);
     cb_cmp(&r, g, "dwte", DW, dwte, nw, 1, CB_EXACT);
-    co_free(g, TK, sizeof tok), co_free(g, W, nw * 2), co_free(g, DO, no * 2), co_free(g, O, no * 2);
+    co_free(g, TK, (size_t)T * 4), co_free(g, W, nw * 2), co_free(g, DO, no * 2), co_free(g, O, no * 2);
     co_free(g, DW, nw * 2);
-    free(wte), free(dout), free(dwte), free(out);
+    free(tok), free(wte), free(dout), free(dwte), free(out);
     return r;
 }
 
@@ -765,8 +766,8 @@ typedef struct {
     co_result (*run)(mt_backend *g);
 } co_case;
 
-static co_result co_embedding_h100(mt_backend *g) { return co_embedding(g, 100, 1); }
-static co_result co_embedding_h128(mt_backend *g) { return co_embedding(g, 128, 11); }
+static co_result co_embedding_h100(mt_backend *g) { return co_embedding(g, 37, 100, 16, 1); }
+static co_result co_embedding_h128(mt_backend *g) { return co_embedding(g, 700, 128, 300, 11); }
 static co_result co_rmsnorm_h257(mt_backend *g) { return co_rmsnorm(g, 300, 257, 2); }
 static co_result co_rmsnorm_h256(mt_backend *g) { return co_rmsnorm(g, 600, 256, 12); }
 static co_result co_attention_causal(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21); }
@@ -792,7 +793,7 @@ static co_result co_adamw_direct(mt_backend *g) { return co_adamw(g, 0); }
 
 __attribute__((unused)) static const co_case co_cases[] = {
     {"embedding H=100", co_embedding_h100},
-    {"embedding H=128", co_embedding_h128},
+    {"embedding H=128 T=700", co_embedding_h128},
     {"rmsnorm H=257", co_rmsnorm_h257},
     {"rmsnorm H=256", co_rmsnorm_h256},
     {"rope", co_rope},

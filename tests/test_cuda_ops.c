@@ -39,7 +39,7 @@ static void check_case(const char *name, co_result (*run)(mt_backend *)) {
 #endif
 
 OP_TEST(op_embedding, co_embedding_h100)
-OP_TEST(op_embedding_h128, co_embedding_h128)
+OP_TEST(op_embedding_h128_rows_over_blocks, co_embedding_h128)
 OP_TEST(op_rmsnorm, co_rmsnorm_h257)
 OP_TEST(op_rmsnorm_h256, co_rmsnorm_h256)
 OP_TEST(op_rope, co_rope)
