@@ -1,5 +1,10 @@
-// model/ops_cuda.cu — CUDA twins of model/ops.h (fp32): embedding, RMSNorm, RoPE, fused causal
-// attention (sliding window, key mask, GQA) and cross-entropy. Contract in model/ops_cuda.h.
+// model/ops_cuda.cu — CUDA twins of model/ops.h on bf16 storage: embedding, RMSNorm, RoPE, fused
+// causal attention (sliding window, key mask, GQA), the residual add, the f32 → bf16 cast, and
+// the fp32 cross-entropy. Contract in model/ops_cuda.h.
+//
+// Every kernel loads bf16 into fp32 registers, computes in fp32 and rounds once on store
+// (__float2bfloat16_rn); a gradient it accumulates into is read, added in fp32 and rounded once.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -10,117 +15,295 @@
 
 enum { THREADS = 256 };
 
-// ---------------------------------------------------------------------------------------------
-// Embedding
+typedef __nv_bfloat16 bf16;
 
-// out [T, H] = wte[tokens[t]]; one block per row.
-static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, int T, int H) {
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const float *src = wte + (int64_t)tokens[t] * H;
-        for (int h = threadIdx.x; h < H; h += blockDim.x) out[t * H + h] = src[h];
+// ---------------------------------------------------------------------------------------------
+// bf16 helpers: chunks of 8 elements (16 bytes). VEC: one 16-byte access when the chunk is whole
+// (the launcher checked the alignment); otherwise element by element, the n valid ones only.
+
+static __device__ __forceinline__ float bf(const bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 rn(float x) { return __float2bfloat16_rn(x); }
+
+template <bool VEC> static __device__ __forceinline__ void load8(float f[8], const bf16 *p, int n) {
+    if (VEC && n == 8) {
+        uint4 u = *(const uint4 *)p;
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 t = __bfloat1622float2(h[i]);
+            f[2 * i] = t.x, f[2 * i + 1] = t.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = i < n ? bf(p[i]) : 0.0f;
     }
 }
 
-// dwte [V, H] += dout [T, H] by token: thread h walks t in order (no two threads share a column).
-static __global__ void embedding_backward_kernel(float *dwte, const float *dout, const int32_t *tokens, int T, int H) {
-    int h = blockIdx.x * blockDim.x + threadIdx.x;
-    if (h >= H) return;
-    for (int64_t t = 0; t < T; t++) dwte[(int64_t)tokens[t] * H + h] += dout[t * H + h];
+template <bool VEC> static __device__ __forceinline__ void store8(bf16 *p, const float f[8], int n) {
+    if (VEC && n == 8) {
+        uint4 u;
+        __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        *(uint4 *)p = u;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < n) p[i] = rn(f[i]);
+    }
 }
 
-extern "C" void embedding_forward_cuda(mt_backend *be, float *out, const int32_t *tokens, const float *wte, int T,
-                                       int H) {
+template <bool VEC> static __device__ __forceinline__ void load8(float f[8], const float *p, int n) {
+    if (VEC && n == 8) {
+        float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = i < n ? p[i] : 0.0f;
+    }
+}
+
+// 16-byte accesses are allowed when every pointer is 16-byte aligned and `step` (a row length in
+// elements, or 8 for flat arrays) keeps every chunk aligned.
+static inline bool vec_ok(int64_t step, const void *a, const void *b = NULL, const void *c = NULL,
+                          const void *d = NULL) {
+    return step % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0 &&
+           (uintptr_t)d % 16 == 0;
+}
+
+#define VEC_DISPATCH(ok, call) \
+    do {                       \
+        if (ok) call(true);    \
+        else call(false);      \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+// out [T, H] bf16 = wte [V, H] bf16 [tokens[t]] (an exact copy); one block per row.
+template <bool VEC>
+static __global__ void embedding_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *wte, int T, int H) {
+    const int chunks = (H + 7) / 8;
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const bf16 *src = wte + (int64_t)tokens[t] * H;
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const int n = MT_MIN(8, H - 8 * c);
+            if (VEC && n == 8) *(uint4 *)(out + t * H + 8 * c) = *(const uint4 *)(src + 8 * c);
+            else
+                for (int i = 0; i < n; i++) out[t * H + 8 * c + i] = src[8 * c + i];
+        }
+    }
+}
+
+// The backward sums the rows of a repeated token in fp32 and rounds once into dwte, so each
+// token's row has one writer: next[t] is the next row with the same token (−1: none), head[t]
+// is 1 when no earlier row has it. next: one thread per row scans the later tokens tile by tile
+// (the block stops when all its rows found theirs).
+static __global__ void embedding_next_kernel(int32_t *next, const int32_t *tokens, int T) {
+    __shared__ int32_t tile[THREADS];
+    __shared__ int red[32];
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int32_t tok = t < T ? tokens[t] : -1;
+    int found = t < T ? -1 : T;  // rows past T count as found
+    for (int u0 = blockIdx.x * blockDim.x + 1; u0 < T; u0 += blockDim.x) {
+        __syncthreads();  // the previous tile is consumed
+        if (u0 + (int)threadIdx.x < T) tile[threadIdx.x] = tokens[u0 + threadIdx.x];
+        __syncthreads();
+        if (found < 0)
+            for (int i = 0; i < (int)blockDim.x && u0 + i < T; i++)
+                if (u0 + i > t && tile[i] == tok) {
+                    found = u0 + i;
+                    break;
+                }
+        if (mt_block_sum(found < 0 ? 1 : 0, red) == 0) break;  // uniform over the block
+    }
+    if (t < T) next[t] = found < 0 ? -1 : found;
+}
+
+static __global__ void embedding_head_init_kernel(int32_t *head, int T) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < T) head[t] = 1;
+}
+
+// head [T] starts at 1; a row that is some row's next is not a head (one predecessor each: no race).
+static __global__ void embedding_head_kernel(int32_t *head, const int32_t *next, int T) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < T && next[t] >= 0) head[next[t]] = 0;
+}
+
+// dwte [V, H] += Σ over a token's rows of dout [T, H], in row order; one block per head row.
+template <bool VEC>
+static __global__ void embedding_backward_kernel(bf16 *dwte, const bf16 *dout, const int32_t *tokens,
+                                                 const int32_t *next, const int32_t *head, int T, int H) {
+    const int chunks = (H + 7) / 8;
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        if (!head[t]) continue;
+        bf16 *dst = dwte + (int64_t)tokens[t] * H;
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const int n = MT_MIN(8, H - 8 * c);
+            float acc[8], g[8];
+            load8<VEC>(acc, dst + 8 * c, n);
+            for (int64_t u = t; u >= 0; u = next[u]) {
+                load8<VEC>(g, dout + u * H + 8 * c, n);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[i] += g[i];
+            }
+            store8<VEC>(dst + 8 * c, acc, n);
+        }
+    }
+}
+
+extern "C" void embedding_forward_cuda(mt_backend *be, mt_bf16 *out, const int32_t *tokens, const mt_bf16 *wte,
+                                       int T, int H) {
     if (T <= 0 || H <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    embedding_forward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(out, tokens, wte, T, H);
+#define LAUNCH(V)                                                                                              \
+    embedding_forward_kernel<V><<<mt_cuda_blocks(T, 1), 128, 0, s>>>((bf16 *)out, tokens, (const bf16 *)wte, T, \
+                                                                     H)
+    VEC_DISPATCH(vec_ok(H, out, wte), LAUNCH);
+#undef LAUNCH
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void embedding_backward_cuda(mt_backend *be, float *dwte, const float *dout, const int32_t *tokens, int T,
-                                        int H) {
+extern "C" void embedding_backward_cuda(mt_backend *be, mt_bf16 *dwte, const mt_bf16 *dout, const int32_t *tokens,
+                                        int T, int H) {
     if (!dwte || T <= 0 || H <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    embedding_backward_kernel<<<mt_cuda_blocks(H, 128), 128, 0, s>>>(dwte, dout, tokens, T, H);
+    size_t bytes = (size_t)2 * T * sizeof(int32_t);
+    int32_t *next = (int32_t *)mt_work_alloc(be, bytes), *head = next + T;
+    const unsigned rblocks = mt_cuda_blocks(T, THREADS, 0x7fffffffu);
+    embedding_next_kernel<<<rblocks, THREADS, 0, s>>>(next, tokens, T);
     MT_CHECK_LAUNCH();
+    embedding_head_init_kernel<<<rblocks, THREADS, 0, s>>>(head, T);
+    MT_CHECK_LAUNCH();
+    embedding_head_kernel<<<rblocks, THREADS, 0, s>>>(head, next, T);
+    MT_CHECK_LAUNCH();
+#define LAUNCH(V)                                                                                                 \
+    embedding_backward_kernel<V><<<mt_cuda_blocks(T, 1), 128, 0, s>>>((bf16 *)dwte, (const bf16 *)dout, tokens, \
+                                                                      next, head, T, H)
+    VEC_DISPATCH(vec_ok(H, dwte, dout), LAUNCH);
+#undef LAUNCH
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, next, bytes);  // stream-ordered: the free waits for the kernels
 }
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
-// x [T, H], w [H] → y [T, H], rstd [T]; one block per row.
-static __global__ void rmsnorm_forward_kernel(float *y, float *rstd, const float *x, const float *w, int T, int H,
+// x [T, H] bf16, w [H] bf16 → y [T, H] bf16 = w · (x · r), rstd [T] f32 = r; one block per row.
+template <bool VEC>
+static __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, const bf16 *w, int T, int H,
                                               float eps) {
     __shared__ float red[32];
+    const int chunks = (H + 7) / 8;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const float *xt = x + t * H;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xt[i] * xt[i];
+        const bf16 *xt = x + t * H;
+        float ss = 0.0f, f[8], g[8];
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            load8<VEC>(f, xt + 8 * c, MT_MIN(8, H - 8 * c));
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss += f[i] * f[i];
+        }
         ss = mt_block_sum(ss, red);
-        float r = 1.0f / sqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x; i < H; i += blockDim.x) y[t * H + i] = w[i] * (xt[i] * r);
+        const float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const int n = MT_MIN(8, H - 8 * c);
+            load8<VEC>(f, xt + 8 * c, n);
+            load8<VEC>(g, w + 8 * c, n);
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = g[i] * (f[i] * r);
+            store8<VEC>(y + t * H + 8 * c, f, n);
+        }
         if (threadIdx.x == 0) rstd[t] = r;
     }
 }
 
 // dx [T, H] += r · (w dy − n · mean(w dy n)), n = x·r; one block per row.
-static __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dy, const float *x, const float *w,
+template <bool VEC>
+static __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *w,
                                                   const float *rstd, int T, int H) {
     __shared__ float red[32];
+    const int chunks = (H + 7) / 8;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const float *xt = x + t * H, *gt = dy + t * H;
-        float r = rstd[t], dot = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) dot += w[i] * gt[i] * (xt[i] * r);
-        float c = mt_block_sum(dot, red) / (float)H;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) dx[t * H + i] += r * (w[i] * gt[i] - (xt[i] * r) * c);
+        const bf16 *xt = x + t * H, *gt = dy + t * H;
+        const float r = rstd[t];
+        float dot = 0.0f, xf[8], gf[8], wf[8], d[8];
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const int n = MT_MIN(8, H - 8 * c);
+            load8<VEC>(xf, xt + 8 * c, n);
+            load8<VEC>(gf, gt + 8 * c, n);
+            load8<VEC>(wf, w + 8 * c, n);
+#pragma unroll
+            for (int i = 0; i < 8; i++) dot += wf[i] * gf[i] * (xf[i] * r);
+        }
+        const float m = mt_block_sum(dot, red) / (float)H;
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const int n = MT_MIN(8, H - 8 * c);
+            load8<VEC>(xf, xt + 8 * c, n);
+            load8<VEC>(gf, gt + 8 * c, n);
+            load8<VEC>(wf, w + 8 * c, n);
+            load8<VEC>(d, dx + t * H + 8 * c, n);
+#pragma unroll
+            for (int i = 0; i < 8; i++) d[i] += r * (wf[i] * gf[i] - (xf[i] * r) * m);
+            store8<VEC>(dx + t * H + 8 * c, d, n);
+        }
     }
 }
 
 enum { RMS_DW_ROWS = 256 };  // rows per partial column sum of dw
 
-// part [nchunks, H] = Σ over the chunk's rows of dy · x · r, in double; thread per column.
-static __global__ void rmsnorm_dw_partial_kernel(double *part, const float *dy, const float *x, const float *rstd,
-                                                 int T, int H) {
+// part [nchunks, H] f32 = Σ over the chunk's rows of dy · x · r; a thread per column.
+static __global__ void rmsnorm_dw_partial_kernel(float *part, const bf16 *dy, const bf16 *x, const float *rstd, int T,
+                                                 int H) {
     int h = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
     if (h >= H) return;
     int t0 = c * RMS_DW_ROWS, t1 = MT_MIN(T, t0 + RMS_DW_ROWS);
-    double s = 0.0;
-    for (int64_t t = t0; t < t1; t++) s += (double)dy[t * H + h] * (x[t * H + h] * rstd[t]);
+    float s = 0.0f;
+    for (int64_t t = t0; t < t1; t++) s += bf(dy[t * H + h]) * (bf(x[t * H + h]) * rstd[t]);
     part[(int64_t)c * H + h] = s;
 }
 
-// dw [H] += Σ_c part[c, h], chunks in order.
-static __global__ void rmsnorm_dw_sum_kernel(float *dw, const double *part, int nchunks, int H) {
+// dw [H] += Σ_c part[c, h], chunks in order, in fp32; one rounding into the bf16 gradient.
+static __global__ void rmsnorm_dw_sum_kernel(bf16 *dw, const float *part, int nchunks, int H) {
     int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= H) return;
-    double s = 0.0;
+    float s = 0.0f;
     for (int c = 0; c < nchunks; c++) s += part[(int64_t)c * H + h];
-    dw[h] += (float)s;
+    dw[h] = rn(bf(dw[h]) + s);
 }
 
-extern "C" void rmsnorm_forward_cuda(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int T,
-                                     int H, float eps) {
+extern "C" void rmsnorm_forward_cuda(mt_backend *be, mt_bf16 *y, float *rstd, const mt_bf16 *x, const mt_bf16 *w,
+                                     int T, int H, float eps) {
     if (T <= 0 || H <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    rmsnorm_forward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(y, rstd, x, w, T, H, eps);
+#define LAUNCH(V)                                                                                                  \
+    rmsnorm_forward_kernel<V><<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>((bf16 *)y, rstd, (const bf16 *)x,          \
+                                                                       (const bf16 *)w, T, H, eps)
+    VEC_DISPATCH(vec_ok(H, y, x, w), LAUNCH);
+#undef LAUNCH
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void rmsnorm_backward_cuda(mt_backend *be, float *dx, float *dw, const float *dy, const float *x,
-                                      const float *w, const float *rstd, int T, int H) {
+extern "C" void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, const mt_bf16 *dy, const mt_bf16 *x,
+                                      const mt_bf16 *w, const float *rstd, int T, int H) {
     if (T <= 0 || H <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
     if (dx) {
-        rmsnorm_backward_dx_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(dx, dy, x, w, rstd, T, H);
+#define LAUNCH(V)                                                                                                  \
+    rmsnorm_backward_dx_kernel<V><<<mt_cuda_blocks(T, 1), THREADS, 0, s>>>(                                       \
+        (bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)w, rstd, T, H)
+        VEC_DISPATCH(vec_ok(H, dx, dy, x, w), LAUNCH);
+#undef LAUNCH
         MT_CHECK_LAUNCH();
     }
     if (dw) {
         int nchunks = (T + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
-        size_t bytes = (size_t)nchunks * H * sizeof(double);
-        double *part = (double *)mt_work_alloc(be, bytes);
+        size_t bytes = (size_t)nchunks * H * sizeof(float);
+        float *part = (float *)mt_work_alloc(be, bytes);
         dim3 grid(mt_cuda_blocks(H, 128), (unsigned)nchunks);
-        rmsnorm_dw_partial_kernel<<<grid, 128, 0, s>>>(part, dy, x, rstd, T, H);
+        rmsnorm_dw_partial_kernel<<<grid, 128, 0, s>>>(part, (const bf16 *)dy, (const bf16 *)x, rstd, T, H);
         MT_CHECK_LAUNCH();
-        rmsnorm_dw_sum_kernel<<<mt_cuda_blocks(H, 128), 128, 0, s>>>(dw, part, nchunks, H);
+        rmsnorm_dw_sum_kernel<<<mt_cuda_blocks(H, 128), 128, 0, s>>>((bf16 *)dw, part, nchunks, H);
         MT_CHECK_LAUNCH();
         mt_work_free(be, part, bytes);  // stream-ordered: cudaFree waits for the kernels
     }
@@ -129,9 +312,9 @@ extern "C" void rmsnorm_backward_cuda(mt_backend *be, float *dx, float *dw, cons
 // ---------------------------------------------------------------------------------------------
 // RoPE
 
-// x [T, nh, hd] rotated in place by ±angle; one thread per (t, j), the angle shared by the heads.
-// The fp32 arithmetic of model/rope.c (powf, 1/x, one product, cosf/sinf).
-static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nh, int hd, float theta,
+// x [T, nh, hd] bf16 rotated in place by ±angle; one thread per (t, j), the angle shared by the
+// heads. The fp32 arithmetic of model/rope.c (powf, 1/x, one product, cosf/sinf).
+static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, int hd, float theta,
                                    float direction) {
     int half = hd / 2;
     int64_t n = (int64_t)T * half;
@@ -143,27 +326,29 @@ static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int nh, 
         float angle = (float)pos[t] * inv_freq;
         float c = cosf(angle), s = sinf(angle) * direction;
         for (int h = 0; h < nh; h++) {
-            float *xh = x + (t * nh + h) * hd;
-            float a = xh[j], b = xh[j + half];
-            xh[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));  // two roundings then one add, as HF
-            xh[j + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+            bf16 *xh = x + (t * nh + h) * hd;
+            float a = bf(xh[j]), b = bf(xh[j + half]);
+            xh[j] = rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));  // two roundings then one add, as HF
+            xh[j + half] = rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
         }
     }
 }
 
-static void rope_launch(mt_backend *be, float *x, const int32_t *pos, int T, int nh, int hd, float theta, float dir) {
+static void rope_launch(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int nh, int hd, float theta,
+                        float dir) {
     if (T <= 0 || nh <= 0 || hd < 2) return;
     cudaStream_t s = mt_cuda_begin(be);
-    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>(x, pos, T, nh, hd, theta, dir);
+    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>((bf16 *)x, pos, T, nh, hd, theta,
+                                                                                   dir);
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void rope_forward_cuda(mt_backend *be, float *x, const int32_t *pos, int T, int n_heads, int hd,
+extern "C" void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd,
                                   float theta) {
     rope_launch(be, x, pos, T, n_heads, hd, theta, 1.0f);
 }
 
-extern "C" void rope_backward_cuda(mt_backend *be, float *dx, const int32_t *pos, int T, int n_heads, int hd,
+extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd,
                                    float theta) {
     rope_launch(be, dx, pos, T, n_heads, hd, theta, -1.0f);
 }
@@ -175,7 +360,9 @@ extern "C" void rope_backward_cuda(mt_backend *be, float *dx, const int32_t *pos
 // Layout: a warp owns a query row (or, for dk/dv, a key row); its lanes take the 32 keys (or
 // queries) of the tile in shared memory for the scores, then the head dimensions d = lane + 32·i
 // for the outputs. Rows read lane-by-row are padded to hd + 1 floats so that the lanes' reads
-// fall in distinct banks.
+// fall in distinct banks. q, k, v, dout, out and the gradients are bf16 in global memory; the
+// shared-memory tiles are fp32 (converted once on load, so the inner dot products and the
+// accumulations are the fp32 code of before), lse and D fp32.
 
 enum { ATT_ROWS = 8, ATT_TILE = 32, ATT_MAX_ND = 8 };  // 8 warps per block, 32 per tile, hd ≤ 256
 
@@ -189,18 +376,18 @@ static __device__ __forceinline__ float dot_row(const float *a, const float *b, 
     return s;
 }
 
-// Loads `rows` rows of hd floats (row r from src + r·stride, zeros past `valid`) into dst with
-// row pitch `pitch`, all threads of the block.
-static __device__ void load_rows(float *dst, int pitch, const float *src, int64_t stride, int rows, int valid, int hd) {
+// Loads `rows` rows of hd bf16 (row r from src + r·stride, zeros past `valid`) into dst as fp32
+// with row pitch `pitch`, all threads of the block.
+static __device__ void load_rows(float *dst, int pitch, const bf16 *src, int64_t stride, int rows, int valid, int hd) {
     for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
         int r = idx / hd, d = idx % hd;
-        dst[r * pitch + d] = r < valid ? src[r * stride + d] : 0.0f;
+        dst[r * pitch + d] = r < valid ? bf(src[r * stride + d]) : 0.0f;
     }
 }
 
-// grid (ceil(S/8), nh, B): q [T, nh, hd], k, v [T, nkv, hd] → out [T, nh, hd], lse [T, nh]
+// grid (ceil(S/8), nh, B): q [T, nh, hd], k, v [T, nkv, hd] bf16 → out [T, nh, hd] bf16, lse [T, nh] f32
 template <int ND>
-static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                 const uint8_t *mask, int S, int nh, int nkv, int hd, int window,
                                                 float scale) {
     extern __shared__ float smem[];
@@ -246,25 +433,25 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
 #pragma unroll
     for (int u = 0; u < ND; u++) {
         int d = lane + 32 * u;
-        if (d < hd) out[row * hd + d] = acc[u] * inv;
+        if (d < hd) out[row * hd + d] = rn(acc[u] * inv);
     }
     if (lane == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
 }
 
-// D [T·nh] = Σ_d dout · out; one warp per row.
-static __global__ void attention_d_kernel(float *D, const float *dout, const float *out, int64_t rows, int hd) {
+// D [T·nh] f32 = Σ_d dout · out (both bf16); one warp per row.
+static __global__ void attention_d_kernel(float *D, const bf16 *dout, const bf16 *out, int64_t rows, int hd) {
     int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += dout[r * hd + d] * out[r * hd + d];
+    for (int d = lane; d < hd; d += 32) s += bf(dout[r * hd + d]) * bf(out[r * hd + d]);
     s = mt_warp_sum(s);
     if (lane == 0) D[r] = s;
 }
 
 // dq: grid (ceil(S/8), nh, B), a warp per query; dS_ij = P_ij (dO_i·v_j − D_i), dq_i += scale Σ_j dS_ij k_j.
 template <int ND>
-static __global__ void attention_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                            const float *lse, const float *D, const uint8_t *mask, int S, int nh,
                                            int nkv, int hd, int window, float scale) {
     extern __shared__ float smem[];
@@ -310,15 +497,15 @@ static __global__ void attention_dq_kernel(float *dq, const float *dout, const f
 #pragma unroll
     for (int u = 0; u < ND; u++) {
         int d = lane + 32 * u;
-        if (d < hd) dq[row * hd + d] += acc[u];
+        if (d < hd) dq[row * hd + d] = rn(bf(dq[row * hd + d]) + acc[u]);
     }
 }
 
 // dk, dv: grid (ceil(S/8), nkv, B), a warp per key j, lanes over the 32 queries of a tile, for
 // every query head of the kv head's group: dv_j += Σ P_ij dO_i, dk_j += scale Σ dS_ij q_i.
 template <int ND>
-static __global__ void attention_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
-                                            const float *v, const float *lse, const float *D, const uint8_t *mask,
+static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+                                            const bf16 *v, const float *lse, const float *D, const uint8_t *mask,
                                             int S, int nh, int nkv, int hd, int window, float scale) {
     extern __shared__ float smem[];
     float *Qs = smem, *Gs = Qs + ATT_TILE * (hd + 1), *Kj = Gs + ATT_TILE * (hd + 1), *Vj = Kj + ATT_ROWS * hd;
@@ -374,8 +561,8 @@ static __global__ void attention_dkv_kernel(float *dk, float *dv, const float *d
     for (int u = 0; u < ND; u++) {
         int d = lane + 32 * u;
         if (d >= hd) continue;
-        if (dv) dv[krow * hd + d] += accv[u];
-        if (dk) dk[krow * hd + d] += acck[u];
+        if (dv) dv[krow * hd + d] = rn(bf(dv[krow * hd + d]) + accv[u]);
+        if (dk) dk[krow * hd + d] = rn(bf(dk[krow * hd + d]) + acck[u]);
     }
 }
 
@@ -392,7 +579,7 @@ template <typename K> static void att_smem(K kernel, size_t bytes) {
 }
 
 template <int ND>
-static void att_forward(cudaStream_t s, float *out, float *lse, const float *q, const float *k, const float *v,
+static void att_forward(cudaStream_t s, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     size_t smem = (size_t)(ATT_ROWS * hd + ATT_TILE * (hd + 1) + ATT_TILE * hd) * sizeof(float);
     att_smem(attention_forward_kernel<ND>, smem);
@@ -403,8 +590,8 @@ static void att_forward(cudaStream_t s, float *out, float *lse, const float *q, 
 }
 
 template <int ND>
-static void att_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                         const float *k, const float *v, const float *lse, const float *D, const uint8_t *mask, int B,
+static void att_backward(cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                         const bf16 *k, const bf16 *v, const float *lse, const float *D, const uint8_t *mask, int B,
                          int S, int nh, int nkv, int hd, int window) {
     const float scale = 1.0f / sqrtf((float)hd);
     const unsigned tiles = (unsigned)((S + ATT_ROWS - 1) / ATT_ROWS);
@@ -436,24 +623,29 @@ static void att_backward(cudaStream_t s, float *dq, float *dk, float *dv, const 
     default: call(8); break;                                                                          \
     }
 
-extern "C" void attention_forward_cuda(mt_backend *be, float *out, float *lse, const float *q, const float *k,
-                                       const float *v, const uint8_t *key_mask, int B, int S, int nh, int nkv,
-                                       int hd, int window) {
+extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
+                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S,
+                                       int nh, int nkv, int hd, int window) {
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
+    bf16 *out = (bf16 *)out_;
+    const bf16 *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
 #define FWD(N) att_forward<N>(s, out, lse, q, k, v, key_mask, B, S, nh, nkv, hd, window)
     ATT_DISPATCH((hd + 31) / 32, FWD)
 #undef FWD
 }
 
-extern "C" void attention_backward_cuda(mt_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                                        const float *q, const float *k, const float *v, const float *out,
-                                        const float *lse, const uint8_t *key_mask, int B, int S, int nh, int nkv,
-                                        int hd, int window) {
+extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *dk_, mt_bf16 *dv_,
+                                        const mt_bf16 *dout_, const mt_bf16 *q_, const mt_bf16 *k_,
+                                        const mt_bf16 *v_, const mt_bf16 *out_, const float *lse,
+                                        const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     att_check(nh, nkv, hd);
-    if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return;
+    if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_)) return;
     cudaStream_t s = mt_cuda_begin(be);
+    bf16 *dq = (bf16 *)dq_, *dk = (bf16 *)dk_, *dv = (bf16 *)dv_;
+    const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
+    const bf16 *out = (const bf16 *)out_;
     const int64_t rows = (int64_t)B * S * nh;
     size_t dbytes = (size_t)rows * sizeof(float);
     float *D = (float *)mt_work_alloc(be, dbytes);
@@ -561,16 +753,49 @@ extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscal
 }
 
 // ---------------------------------------------------------------------------------------------
-// y = a + b (the residual add)
+// Elementwise: y = a + b (the residual add), and the f32 → bf16 cast
 
-static __global__ void add_kernel(float *y, const float *a, const float *b, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = a[i] + b[i];
+// y [n] bf16 = a + b, added in fp32 and rounded once; a thread per chunk of 8.
+template <bool VEC> static __global__ void add_kernel(bf16 *y, const bf16 *a, const bf16 *b, int64_t n) {
+    const int64_t chunks = (n + 7) / 8;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x) {
+        const int m = (int)MT_MIN((int64_t)8, n - 8 * c);
+        float fa[8], fb[8];
+        load8<VEC>(fa, a + 8 * c, m);
+        load8<VEC>(fb, b + 8 * c, m);
+#pragma unroll
+        for (int i = 0; i < 8; i++) fa[i] += fb[i];
+        store8<VEC>(y + 8 * c, fa, m);
+    }
 }
 
-extern "C" void mt_add_cuda(mt_backend *be, float *y, const float *a, const float *b, int64_t n) {
+// dst [n] bf16 = src [n] f32 rounded to nearest even (NaN stays NaN); a thread per chunk of 8.
+template <bool VEC> static __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, int64_t n) {
+    const int64_t chunks = (n + 7) / 8;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x) {
+        const int m = (int)MT_MIN((int64_t)8, n - 8 * c);
+        float f[8];
+        load8<VEC>(f, src + 8 * c, m);
+        store8<VEC>(dst + 8 * c, f, m);
+    }
+}
+
+extern "C" void mt_add_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *a, const mt_bf16 *b, int64_t n) {
     if (n <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    add_kernel<<<mt_cuda_blocks(n, 256, 8192), 256, 0, s>>>(y, a, b, n);
+    const unsigned blocks = mt_cuda_blocks((n + 7) / 8, 256, 8192);
+#define LAUNCH(V) add_kernel<V><<<blocks, 256, 0, s>>>((bf16 *)y, (const bf16 *)a, (const bf16 *)b, n)
+    VEC_DISPATCH(vec_ok(8, y, a, b), LAUNCH);
+#undef LAUNCH
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void mt_f32_to_bf16_cuda(mt_backend *be, mt_bf16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const unsigned blocks = mt_cuda_blocks((n + 7) / 8, 256, 8192);
+#define LAUNCH(V) f32_to_bf16_kernel<V><<<blocks, 256, 0, s>>>((bf16 *)dst, src, n)
+    VEC_DISPATCH(vec_ok(8, dst, src), LAUNCH);
+#undef LAUNCH
     MT_CHECK_LAUNCH();
 }

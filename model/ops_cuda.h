@@ -1,5 +1,5 @@
-// model/ops_cuda.h — CUDA twins of the CPU reference kernels of model/ops.h, fp32; with them,
-// the twins of moe/moe.h (moe/moe_cuda.h) and of the LoRA forward/backward (lora/lora_cuda.h).
+// model/ops_cuda.h — CUDA twins of the CPU reference kernels of model/ops.h (bf16 storage); with
+// them, the twins of moe/moe.h (moe/moe_cuda.h) and of the LoRA forward/backward (lora/lora_cuda.h).
 // The AdamW update's are optim/optim_cuda.h. What follows holds for all of them.
 //
 // Each `xxx_cuda(be, ...)` takes the arguments of its `xxx_cpu` twin with the same meaning, with
@@ -27,43 +27,63 @@ extern "C" {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// model/ops.h
+// model/ops.h, on bf16 storage (the dtype rule of a cuda step): activations, their gradients,
+// the dense weights (norm weights and embedding included) and the weight gradients are bf16
+// (mt_bf16 here, __nv_bfloat16 in the kernels); fp32 stays for RMSNorm's rstd, attention's lse,
+// the cross-entropy's logits and gradient. Kernels load bf16 into fp32, compute in fp32 and
+// round once on store; a gradient they accumulate into is read, added in fp32 and rounded once.
+// The CPU twins stay fp32: the parity tests feed them the bf16-rounded inputs.
 
-void embedding_forward_cuda(mt_backend *be, float *out, const int32_t *tokens, const float *wte, int T, int H);
-// Deterministic: one thread per column walks the tokens in order (as the CPU does), so repeated
-// tokens need no atomics; parallel over H only (a frozen embedding passes dwte = NULL).
-void embedding_backward_cuda(mt_backend *be, float *dwte, const float *dout, const int32_t *tokens, int T, int H);
+// out [T, H] = wte [V, H] [tokens[t]], an exact copy.
+void embedding_forward_cuda(mt_backend *be, mt_bf16 *out, const int32_t *tokens, const mt_bf16 *wte, int T, int H);
+// dwte [V, H] += dout [T, H] by token. Deterministic and one rounding per row of dwte: the rows
+// of a repeated token are summed in fp32, in row order, by the block of its first row (links to
+// the next row with the same token in work scratch, int32 [2T]). A frozen embedding passes
+// dwte = NULL.
+void embedding_backward_cuda(mt_backend *be, mt_bf16 *dwte, const mt_bf16 *dout, const int32_t *tokens, int T, int H);
 
-void rmsnorm_forward_cuda(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int T, int H,
+// x [T, H], w [H] → y [T, H] = w · x · rstd, rstd [T] f32.
+void rmsnorm_forward_cuda(mt_backend *be, mt_bf16 *y, float *rstd, const mt_bf16 *x, const mt_bf16 *w, int T, int H,
                           float eps);
-void rmsnorm_backward_cuda(mt_backend *be, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                           const float *rstd, int T, int H);
+// dx [T, H] += ..., dw [H] += Σ_t dy · x · rstd: reduced over T in fp32 (partials of 256 rows in
+// work scratch, f32 [ceil(T/256), H], then summed in order), one rounding into dw.
+void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, const mt_bf16 *dy, const mt_bf16 *x,
+                           const mt_bf16 *w, const float *rstd, int T, int H);
 
-void rope_forward_cuda(mt_backend *be, float *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
-void rope_backward_cuda(mt_backend *be, float *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
+// x [T, n_heads, hd] rotated in place (one rounding per element).
+void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
+void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
 
-// Fused (flash-style): one block per (sequence, head, tile of queries), online softmax in fp32;
-// lse as the CPU writes it. Backward recomputes the probabilities from lse, one pass for dq
+// Fused (flash-style, scalar fp32): one block per (sequence, head, tile of queries), online
+// softmax in fp32; lse [T, nh] f32 as the CPU writes it. q, k, v, out and the gradients bf16;
+// the shared-memory tiles fp32. Backward recomputes the probabilities from lse, one pass for dq
 // (over query tiles) and one for dk, dv (over key tiles), so each output row has one writer.
 // hd ≤ 256.
-void attention_forward_cuda(mt_backend *be, float *out, float *lse, const float *q, const float *k,
-                            const float *v, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
+void attention_forward_cuda(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
+                            const mt_bf16 *v, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
                             int window);
-void attention_backward_cuda(mt_backend *be, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                             const float *k, const float *v, const float *out, const float *lse,
-                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
+void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
+                             const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
+                             const float *lse, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
+                             int window);
 
-// One block per row: max, log-sum-exp and the gradient in one kernel. dlogits may be logits
-// itself: then each counted row of logits is REPLACED by dscale·(softmax − onehot) (the fused
-// lm_head path: fp32 logits are never duplicated) and ignored rows are zeroed; otherwise dlogits
-// is accumulated as on the CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count:
-// one device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
+// fp32 (the logits and their gradient stay fp32 by the dtype rule). One block per row: max,
+// log-sum-exp and the gradient in one kernel. dlogits may be logits itself: then each counted
+// row of logits is REPLACED by dscale·(softmax − onehot) (the fused lm_head path: fp32 logits
+// are never duplicated) and ignored rows are zeroed; otherwise dlogits is accumulated as on the
+// CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count: one
+// device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
 // on the CPU (detected on the device, reported after the synchronisation).
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,
                           const int32_t *targets, int T, int V, int ignore_index);
 
-// y [n] = a + b (the residual add of the block).
-void mt_add_cuda(mt_backend *be, float *y, const float *a, const float *b, int64_t n);
+// y [n] = a + b (the residual add of the block), bf16, added in fp32.
+void mt_add_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *a, const mt_bf16 *b, int64_t n);
+
+// dst [n] bf16 = src [n] f32 rounded to nearest even, NaN stays NaN (as mt_f32_to_bf16 of
+// core/dtype.h, bit for bit except a NaN's payload): the router's and lm_head's fp32 gradients
+// become GEMM inputs this way.
+void mt_f32_to_bf16_cuda(mt_backend *be, mt_bf16 *dst, const float *src, int64_t n);
 
 #ifdef __cplusplus
 }

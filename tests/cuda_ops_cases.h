@@ -3,7 +3,8 @@
 //
 // Each case draws fresh random inputs (a fixed seed per case, so a failure reproduces), runs the
 // CPU twin and the CUDA op on the same values, and returns the worst normalised error over its
-// outputs: max |got − want| / max |want| per output (integer outputs: the count of mismatches).
+// outputs: max |got − want| / max |want| per output (integer outputs: the count of mismatches;
+// the bf16 cases of model/ops.h: error / tolerance, see there).
 // Include only in CUDA builds (MT_CUDA). Define CUDA_OPS_NO_HOST_LIBS where lora/lora.c and
 // optim/optim.c are not linked (no OpenBLAS / cJSON): the LoRA and AdamW cases then report
 // themselves skipped.
@@ -125,84 +126,194 @@ static void co_cmp_scalar(co_result *r, const char *label, double got, double wa
 }
 
 // ---------------------------------------------------------------------------------------------
-// model/ops.h
+// model/ops.h, on bf16 storage (the dtype rule): the CUDA op runs on bf16 buffers, its fp32 CPU
+// twin on the same bf16-rounded values (as f32). bf16 keeps 8 significant bits (7 stored), so
+// one rounding to nearest errs by at most half an ulp: 2^-8 ≈ 3.9e-3 relative at worst (just
+// above a power of two), about 1.6e-3 in relative RMS over uniformly spread values (seen: 1.6e-3
+// to 1.8e-3 in these cases). (2^-9 ≈ 2e-3 is the typical error, not the bound.)
+//
+// Each output is checked against a tolerance `tol` stated at its case by two measures that must
+// both be ≤ tol: the relative L2 error ‖got − want‖ / ‖want‖, and the worst element |got − want|
+// / max |want| (so that one wrong element among many is not averaged away). These cases set
+// r.tol = 1 and r.err to the worst measure / tolerance. tol 0: bit for bit (a NaN matches any NaN).
 
-static co_result co_embedding(mt_backend *g) {
+// One rounding of each output element: both measures ≤ 2^-8 ≈ 3.9e-3 by the bound above, on top
+// of fp32 results that differ from the CPU's by summation order only (< 1e-4 in the fp32 tests):
+// 5e-3. A wrong formula, a lost accumulation or a sum rounded term by term gives far more.
+#define CB_ONE_ROUNDING 5e-3
+#define CB_FP32 CUDA_OPS_TOL  // fp32 outputs (rstd, lse) from the same bf16 inputs: order only
+#define CB_EXACT 0.0          // copies, and a single add or cast of the same fp32 values
+
+static float cb_r(float x) { return mt_bf16_to_f32(mt_f32_to_bf16(x)); }
+static uint32_t cb_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+// n random values in [lo, hi), rounded to bf16 (held as f32).
+static float *cb_rand(size_t n, float lo, float hi) {
+    float *x = co_rand(n, lo, hi);
+    for (size_t i = 0; i < n; i++) x[i] = cb_r(x[i]);
+    return x;
+}
+// A bf16 device copy of n floats (rounded to nearest even).
+static void *cb_up(mt_backend *be, const float *x, size_t n) {
+    uint16_t *h = mt_xmalloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
+    void *d = co_up(be, h, n * 2);
+    free(h);
+    return d;
+}
+// n elements of a bf16 (bf16 = 1) or f32 device buffer, as f32.
+static float *cb_down(mt_backend *be, const void *dev, size_t n, int bf16) {
+    float *f = mt_xmalloc(n * 4 + 4);
+    if (bf16) {
+        uint16_t *h = mt_xmalloc(n * 2 + 2);
+        co_down(be, h, dev, n * 2);
+        for (size_t i = 0; i < n; i++) f[i] = mt_bf16_to_f32(h[i]);
+        free(h);
+    } else {
+        co_down(be, f, dev, n * 4);
+    }
+    return f;
+}
+// The scale of a gradient for its non-zero starting values: its root mean square, at least 1e-3
+// (a gradient that is zero in exact arithmetic, e.g. dq with window 1, is fp32 noise of ~1e-8
+// on either side: starting values of 1e-3 keep that noise at ~1e-5 relative).
+static float cb_scale(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return (float)fmax(n ? sqrt(s / (double)n) : 0.0, 1e-3);
+}
+
+static void cb_check(co_result *r, const char *label, const float *got, const float *want, size_t n, double tol) {
+    double d2 = 0, w2 = 0, maxd = 0, maxw = 0, err;
+    size_t worst = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d;
+        if (isnan(want[i]) || isnan(got[i])) d = isnan(want[i]) && isnan(got[i]) ? 0.0 : INFINITY;
+        else if (isinf(want[i]) || isinf(got[i])) d = got[i] == want[i] ? 0.0 : INFINITY;  // lse = -inf must match
+        else d = fabs((double)got[i] - want[i]);
+        if (tol == 0 && d != 0 && bad++ == 0) worst = i;
+        if (tol != 0 && !(d <= maxd)) maxd = d, worst = i;
+        if (isfinite(d)) d2 += d * d;
+        else d2 = INFINITY;
+        if (isfinite(want[i])) w2 += (double)want[i] * want[i], maxw = fmax(maxw, fabs(want[i]));
+    }
+    double l2 = sqrt(d2) / (w2 > 0 ? sqrt(w2) : 1.0), mx = maxd / (maxw > 0 ? maxw : 1.0);
+    err = tol == 0 ? (bad ? INFINITY : 0.0) : fmax(l2, mx) / tol;
+    if (r->outputs++ == 0 || !(err <= r->err)) {
+        r->err = err;
+        if (tol == 0)
+            snprintf(r->what, sizeof r->what, "%s: %zu of %zu not bit for bit, first [%zu] got %.7g want %.7g", label,
+                     bad, n, worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
+        else
+            snprintf(r->what, sizeof r->what, "%s: rel L2 %.2e, max %.2e (tol %.0e) [%zu] got %.7g want %.7g",
+                     label, l2, mx, tol, worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
+    }
+}
+// Downloads a bf16 (bf16 = 1) or f32 device output and checks it.
+static void cb_cmp(co_result *r, mt_backend *be, const char *label, const void *dev, const float *want, size_t n,
+                   int bf16, double tol) {
+    float *got = cb_down(be, dev, n, bf16);
+    cb_check(r, label, got, want, n, tol);
+    free(got);
+}
+static co_result cb_begin(uint64_t seed) {
     co_result r = co_begin();
-    co_seed(1);
-    const int T = 37, H = 100, V = 13;  // few rows in wte: tokens repeat
-    int32_t tok[37];
-    for (int t = 0; t < T; t++) tok[t] = co_int(V);
-    float *wte = co_rand((size_t)V * H, -1, 1), *dout = co_rand((size_t)T * H, -1, 1);
-    float *out = co_rand((size_t)T * H, 0, 0), *dwte = co_rand((size_t)V * H, -1, 1);
-    size_t tb = sizeof tok, wb = (size_t)V * H * 4, ob = (size_t)T * H * 4;
-    void *dtok = co_up(g, tok, tb), *dwt = co_up(g, wte, wb), *dout_d = co_up(g, dout, ob);
-    void *dout_y = co_up(g, NULL, ob), *ddw = co_up(g, dwte, wb);
-    embedding_forward_cpu(out, tok, wte, T, H);
-    embedding_backward_cpu(dwte, dout, tok, T, H);
-    embedding_forward_cuda(g, dout_y, dtok, dwt, T, H);
-    embedding_backward_cuda(g, ddw, dout_d, dtok, T, H);
-    co_cmp_dev(&r, g, "out", dout_y, out, (size_t)T * H);
-    co_cmp_dev(&r, g, "dwte", ddw, dwte, (size_t)V * H);
-    co_free(g, dtok, tb), co_free(g, dwt, wb), co_free(g, dout_d, ob), co_free(g, dout_y, ob), co_free(g, ddw, wb);
-    free(wte), free(dout), free(out), free(dwte);
+    r.tol = 1.0;  // r.err is error / tolerance
+    co_seed(seed);
     return r;
 }
 
-static co_result co_rmsnorm(mt_backend *g) {
-    co_result r = co_begin();
-    co_seed(2);
-    const int T = 300, H = 257;  // T > one dw chunk of rows
+// Forward: a copy (bit for bit). Backward: the rows of a repeated token summed in fp32 in row
+// order onto the starting dwte, as the CPU does, then rounded once: rn(CPU's sum), bit for bit.
+// V − 2 < T: tokens repeat (across blocks of 256 rows when T is larger), rows V − 1 of wte gets
+// none, V − 2 one only (on the last row).
+static co_result co_embedding(mt_backend *g, int T, int H, int V, uint64_t seed) {
+    co_result r = cb_begin(seed);
+    int32_t *tok = mt_xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) tok[t] = co_int(V - 2);
+    tok[T - 1] = V - 2;
+    size_t nw = (size_t)V * H, no = (size_t)T * H;
+    float *wte = cb_rand(nw, -1, 1), *dout = cb_rand(no, -1, 1), *dwte = cb_rand(nw, -1, 1), *out = co_rand(no, 0, 0);
+    void *TK = co_up(g, tok, (size_t)T * 4), *W = cb_up(g, wte, nw), *DO = cb_up(g, dout, no), *O = co_up(g, NULL, no * 2);
+    void *DW = cb_up(g, dwte, nw);
+    embedding_forward_cpu(out, tok, wte, T, H);
+    embedding_backward_cpu(dwte, dout, tok, T, H);
+    for (size_t i = 0; i < nw; i++) dwte[i] = cb_r(dwte[i]);
+    embedding_forward_cuda(g, O, TK, W, T, H);
+    embedding_backward_cuda(g, DW, DO, TK, T, H);
+    embedding_backward_cuda(g, NULL, DO, TK, T, H);  // a frozen embedding: nothing to do
+    cb_cmp(&r, g, "out", O, out, no, 1, CB_EXACT);
+    cb_cmp(&r, g, "dwte", DW, dwte, nw, 1, CB_EXACT);
+    co_free(g, TK, (size_t)T * 4), co_free(g, W, nw * 2), co_free(g, DO, no * 2), co_free(g, O, no * 2);
+    co_free(g, DW, nw * 2);
+    free(tok), free(wte), free(dout), free(dwte), free(out);
+    return r;
+}
+
+// y, dx, dw: one rounding each (dw reduced over T in fp32 first). rstd fp32. Then dw alone
+// (dx = NULL) must give the same bits as with dx.
+static co_result co_rmsnorm(mt_backend *g, int T, int H, uint64_t seed) {
+    co_result r = cb_begin(seed);
     size_t n = (size_t)T * H;
-    float *x = co_rand(n, -2, 2), *w = co_rand(H, 0.5f, 1.5f), *dy = co_rand(n, -1, 1);
-    float *y = co_rand(n, 0, 0), *rstd = co_rand(T, 0, 0), *dx = co_rand(n, -1, 1), *dw = co_rand(H, -1, 1);
-    void *X = co_up(g, x, n * 4), *W = co_up(g, w, H * 4), *DY = co_up(g, dy, n * 4), *Y = co_up(g, NULL, n * 4);
-    void *R = co_up(g, NULL, T * 4), *DX = co_up(g, dx, n * 4), *DW = co_up(g, dw, H * 4);
+    float *x = cb_rand(n, -2, 2), *w = cb_rand(H, 0.5f, 1.5f), *dy = cb_rand(n, -1, 1);
+    float *y = co_rand(n, 0, 0), *rstd = co_rand(T, 0, 0), *dx = cb_rand(n, -1, 1), *dw = cb_rand(H, -1, 1);
+    void *X = cb_up(g, x, n), *W = cb_up(g, w, H), *DY = cb_up(g, dy, n), *Y = co_up(g, NULL, n * 2);
+    void *R = co_up(g, NULL, T * 4), *DX = cb_up(g, dx, n), *DW = cb_up(g, dw, H), *DW2 = cb_up(g, dw, H);
     rmsnorm_forward_cpu(y, rstd, x, w, T, H, 1e-5f);
     rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H);
     rmsnorm_forward_cuda(g, Y, R, X, W, T, H, 1e-5f);
     rmsnorm_backward_cuda(g, DX, DW, DY, X, W, R, T, H);
-    co_cmp_dev(&r, g, "y", Y, y, n);
-    co_cmp_dev(&r, g, "rstd", R, rstd, T);
-    co_cmp_dev(&r, g, "dx", DX, dx, n);
-    co_cmp_dev(&r, g, "dw", DW, dw, H);
-    co_free(g, X, n * 4), co_free(g, W, H * 4), co_free(g, DY, n * 4), co_free(g, Y, n * 4);
-    co_free(g, R, T * 4), co_free(g, DX, n * 4), co_free(g, DW, H * 4);
-    free(x), free(w), free(dy), free(y), free(rstd), free(dx), free(dw);
+    rmsnorm_backward_cuda(g, NULL, DW2, DY, X, W, R, T, H);
+    rmsnorm_backward_cuda(g, NULL, NULL, DY, X, W, R, T, H);  // both skipped
+    cb_cmp(&r, g, "y", Y, y, n, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "rstd", R, rstd, T, 0, CB_FP32);
+    cb_cmp(&r, g, "dx", DX, dx, n, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "dw", DW, dw, H, 1, CB_ONE_ROUNDING);
+    float *dw1 = cb_down(g, DW, H, 1);
+    cb_cmp(&r, g, "dw (dx = NULL) vs dw", DW2, dw1, H, 1, CB_EXACT);
+    co_free(g, X, n * 2), co_free(g, W, H * 2), co_free(g, DY, n * 2), co_free(g, Y, n * 2);
+    co_free(g, R, T * 4), co_free(g, DX, n * 2), co_free(g, DW, H * 2), co_free(g, DW2, H * 2);
+    free(x), free(w), free(dy), free(y), free(rstd), free(dx), free(dw), free(dw1);
     return r;
 }
 
+// A rotation: one rounding per element.
 static co_result co_rope(mt_backend *g) {
-    co_result r = co_begin();
-    co_seed(3);
+    co_result r = cb_begin(3);
     const int T = 19, nh = 3, hd = 64;
     size_t n = (size_t)T * nh * hd;
     int32_t pos[19];
     for (int t = 0; t < T; t++) pos[t] = co_int(4096);
-    float *x = co_rand(n, -1, 1), *dx = co_rand(n, -1, 1);
-    void *P = co_up(g, pos, sizeof pos), *X = co_up(g, x, n * 4), *DX = co_up(g, dx, n * 4);
+    float *x = cb_rand(n, -1, 1), *dx = cb_rand(n, -1, 1);
+    void *P = co_up(g, pos, sizeof pos), *X = cb_up(g, x, n), *DX = cb_up(g, dx, n);
     rope_forward_cpu(x, pos, T, nh, hd, 1e6f);
     rope_backward_cpu(dx, pos, T, nh, hd, 1e6f);
     rope_forward_cuda(g, X, P, T, nh, hd, 1e6f);
     rope_backward_cuda(g, DX, P, T, nh, hd, 1e6f);
-    co_cmp_dev(&r, g, "x", X, x, n);
-    co_cmp_dev(&r, g, "dx", DX, dx, n);
-    co_free(g, P, sizeof pos), co_free(g, X, n * 4), co_free(g, DX, n * 4);
+    cb_cmp(&r, g, "x", X, x, n, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "dx", DX, dx, n, 1, CB_ONE_ROUNDING);
+    co_free(g, P, sizeof pos), co_free(g, X, n * 2), co_free(g, DX, n * 2);
     free(x), free(dx);
     return r;
 }
 
 // Attention on one configuration; mask_kind 0: none, 1: padding at each sequence's end, 2: the
 // first keys of sequence 0 masked too (its first queries see nothing: out 0, lse -inf).
+// out: one rounding; lse fp32. The backward of both backends starts from the CUDA forward's
+// out (bf16) and lse, so that they differ by the backward alone; the gradients start non-zero
+// (accumulation), at the scale of the gradient itself (so that a wrong gradient is not hidden
+// under a large starting value), and end with one rounding each.
 static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
                               uint64_t seed) {
-    co_result r = co_begin();
-    co_seed(seed);
+    co_result r = cb_begin(seed);
     const int T = B * S;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd, nl = (size_t)T * nh;
-    float *q = co_rand(nq, -1, 1), *k = co_rand(nk, -1, 1), *v = co_rand(nk, -1, 1), *dout = co_rand(nq, -1, 1);
+    float *q = cb_rand(nq, -1, 1), *k = cb_rand(nk, -1, 1), *v = cb_rand(nk, -1, 1), *dout = cb_rand(nq, -1, 1);
     float *out = co_rand(nq, 0, 0), *lse = co_rand(nl, 0, 0);
-    float *dq = co_rand(nq, -1, 1), *dk = co_rand(nk, -1, 1), *dv = co_rand(nk, -1, 1);
+    float *gq = co_rand(nq, 0, 0), *gk = co_rand(nk, 0, 0), *gv = co_rand(nk, 0, 0);  // zeros
     uint8_t *mask = NULL;
     if (mask_kind) {
         mask = mt_xmalloc((size_t)T);
@@ -211,22 +322,31 @@ static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int 
         if (mask_kind == 2)
             for (int j = 0; j < 3 && j < S; j++) mask[j] = 0;
     }
-    void *Q = co_up(g, q, nq * 4), *K = co_up(g, k, nk * 4), *Vd = co_up(g, v, nk * 4), *DO = co_up(g, dout, nq * 4);
-    void *O = co_up(g, NULL, nq * 4), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
-    void *DQ = co_up(g, dq, nq * 4), *DK = co_up(g, dk, nk * 4), *DV = co_up(g, dv, nk * 4);
+    void *Q = cb_up(g, q, nq), *K = cb_up(g, k, nk), *Vd = cb_up(g, v, nk), *DO = cb_up(g, dout, nq);
+    void *O = co_up(g, NULL, nq * 2), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
     attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window);
-    attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window);
     attention_forward_cuda(g, O, L, Q, K, Vd, M, B, S, nh, nkv, hd, window);
+    cb_cmp(&r, g, "out", O, out, nq, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "lse", L, lse, nl, 0, CB_FP32);
+    float *gout = cb_down(g, O, nq, 1), *glse = cb_down(g, L, nl, 0);
+    attention_backward_cpu(gq, gk, gv, dout, q, k, v, gout, glse, mask, B, S, nh, nkv, hd, window);
+    float *dq = cb_rand(nq, -1, 1), *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nk, -1, 1);
+    const float sq = cb_scale(gq, nq), sk = cb_scale(gk, nk), sv = cb_scale(gv, nk);
+    for (size_t i = 0; i < nq; i++) dq[i] = cb_r(dq[i] * sq);
+    for (size_t i = 0; i < nk; i++) dk[i] = cb_r(dk[i] * sk), dv[i] = cb_r(dv[i] * sv);
+    void *DQ = cb_up(g, dq, nq), *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nk);
     attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, Vd, O, L, M, B, S, nh, nkv, hd, window);
-    co_cmp_dev(&r, g, "out", O, out, nq);
-    co_cmp_dev(&r, g, "lse", L, lse, nl);
-    co_cmp_dev(&r, g, "dq", DQ, dq, nq);
-    co_cmp_dev(&r, g, "dk", DK, dk, nk);
-    co_cmp_dev(&r, g, "dv", DV, dv, nk);
-    co_free(g, Q, nq * 4), co_free(g, K, nk * 4), co_free(g, Vd, nk * 4), co_free(g, DO, nq * 4);
-    co_free(g, O, nq * 4), co_free(g, L, nl * 4), co_free(g, DQ, nq * 4), co_free(g, DK, nk * 4), co_free(g, DV, nk * 4);
+    attention_backward_cuda(g, NULL, NULL, NULL, DO, Q, K, Vd, O, L, M, B, S, nh, nkv, hd, window);  // nothing
+    for (size_t i = 0; i < nq; i++) dq[i] += gq[i];  // the CPU twin's accumulation, in fp32
+    for (size_t i = 0; i < nk; i++) dk[i] += gk[i], dv[i] += gv[i];
+    cb_cmp(&r, g, "dq", DQ, dq, nq, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "dk", DK, dk, nk, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "dv", DV, dv, nk, 1, CB_ONE_ROUNDING);
+    co_free(g, Q, nq * 2), co_free(g, K, nk * 2), co_free(g, Vd, nk * 2), co_free(g, DO, nq * 2);
+    co_free(g, O, nq * 2), co_free(g, L, nl * 4), co_free(g, DQ, nq * 2), co_free(g, DK, nk * 2), co_free(g, DV, nk * 2);
     if (M) co_free(g, M, (size_t)T);
-    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(mask);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(gq), free(gk), free(gv), free(mask);
+    free(gout), free(glse), free(dq), free(dk), free(dv);
     return r;
 }
 
@@ -252,6 +372,68 @@ static co_result co_cross_entropy(mt_backend *g, int in_place) {
     co_free(g, TG, sizeof tgt), co_free(g, LG, n * 4);
     if (!in_place) co_free(g, DL, n * 4);
     free(logits), free(dl), free(want_dl);
+    return r;
+}
+
+// y = a + b: one add of the same fp32 values and one rounding, so rn(a + b) bit for bit; n not a
+// multiple of 8 (the 16-byte path and its tail), then at an offset of one element (misaligned:
+// the element path), which must leave y[0] alone.
+static co_result co_add(mt_backend *g) {
+    co_result r = cb_begin(7);
+    const size_t n = 1003;
+    float *a = cb_rand(n, -4, 4), *b = cb_rand(n, -1, 1), *y = co_rand(n, 0, 0);
+    for (size_t i = 0; i < n; i++) y[i] = cb_r(a[i] + b[i]);
+    void *A = cb_up(g, a, n), *Bd = cb_up(g, b, n), *Y = co_up(g, NULL, n * 2), *Y1 = co_up(g, NULL, n * 2);
+    mt_add_cuda(g, Y, A, Bd, (int64_t)n);
+    mt_add_cuda(g, (mt_bf16 *)Y1 + 1, (const mt_bf16 *)A + 1, (const mt_bf16 *)Bd + 1, (int64_t)n - 1);
+    cb_cmp(&r, g, "y", Y, y, n, 1, CB_EXACT);
+    y[0] = 0.0f;
+    cb_cmp(&r, g, "y (offset 1)", Y1, y, n, 1, CB_EXACT);
+    co_free(g, A, n * 2), co_free(g, Bd, n * 2), co_free(g, Y, n * 2), co_free(g, Y1, n * 2);
+    free(a), free(b), free(y);
+    return r;
+}
+
+// mt_f32_to_bf16_cuda against mt_f32_to_bf16 (core/dtype.h), bit for bit: ties to even, the
+// carry into the exponent, overflow to inf, subnormals, ±0, ±inf; a NaN must stay a NaN (its
+// payload may differ: the device gives the canonical one). Aligned, then at an offset of one.
+static co_result co_f32_to_bf16(mt_backend *g) {
+    co_result r = cb_begin(8);
+    r.tol = 0.5;  // r.err: the number of mismatches
+    const size_t n = 1003;
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,  // NaNs
+        0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f808001u, 0x3f807fffu,  // ties to even, just off a tie
+        0x3fffffffu, 0x3fff8000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,   // carries, overflow to inf
+        0x00000001u, 0x00008000u, 0x00018000u, 0x807fffffu, 0x00800000u};  // subnormals, the smallest normal
+    const size_t ns = sizeof special / sizeof special[0];
+    float *src = mt_xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = i < ns ? special[i] : co_next();  // all exponents, NaNs and infs included
+        memcpy(&src[i], &u, 4);
+    }
+    uint16_t *want = mt_xmalloc(n * 2), *got = mt_xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) want[i] = mt_f32_to_bf16(src[i]);
+    void *S = co_up(g, src, n * 4), *D = co_up(g, NULL, n * 2), *D1 = co_up(g, NULL, n * 2);
+    mt_f32_to_bf16_cuda(g, D, S, (int64_t)n);
+    mt_f32_to_bf16_cuda(g, (mt_bf16 *)D1 + 1, (const float *)S + 1, (int64_t)n - 1);
+    for (int pass = 0; pass < 2; pass++) {
+        co_down(g, got, pass ? D1 : D, n * 2);
+        if (pass) want[0] = 0;  // untouched
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++) {
+            int nan_w = (want[i] & 0x7fff) > 0x7f80, nan_g = (got[i] & 0x7fff) > 0x7f80;
+            if ((nan_w ? !nan_g : got[i] != want[i]) && bad++ == 0) first = i;
+        }
+        if (r.outputs++ == 0 || (double)bad > r.err) {
+            r.err = (double)bad;
+            snprintf(r.what, sizeof r.what, "%s: %zu mismatches, first [%zu] src 0x%08x got 0x%04x want 0x%04x",
+                     pass ? "offset 1" : "aligned", bad, first, bad ? cb_bits(src[first]) : 0u,
+                     bad ? got[first] : 0u, bad ? want[first] : 0u);
+        }
+    }
+    co_free(g, S, n * 4), co_free(g, D, n * 2), co_free(g, D1, n * 2);
+    free(src), free(want), free(got);
     return r;
 }
 
@@ -697,10 +879,15 @@ typedef struct {
     co_result (*run)(mt_backend *g);
 } co_case;
 
+static co_result co_embedding_h100(mt_backend *g) { return co_embedding(g, 37, 100, 16, 1); }
+static co_result co_embedding_h128(mt_backend *g) { return co_embedding(g, 700, 128, 300, 11); }
+static co_result co_rmsnorm_h257(mt_backend *g) { return co_rmsnorm(g, 300, 257, 2); }
+static co_result co_rmsnorm_h256(mt_backend *g) { return co_rmsnorm(g, 600, 256, 12); }
 static co_result co_attention_causal(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21); }
 static co_result co_attention_window_mask(mt_backend *g) { return co_attention(g, 2, 70, 2, 1, 32, 5, 2, 22); }
 static co_result co_attention_hd128_padding(mt_backend *g) { return co_attention(g, 1, 45, 2, 2, 128, 0, 1, 23); }
 static co_result co_attention_hd40_window1(mt_backend *g) { return co_attention(g, 3, 20, 3, 1, 40, 1, 1, 24); }
+static co_result co_attention_hd128_gqa_window(mt_backend *g) { return co_attention(g, 2, 24, 4, 1, 128, 9, 2, 25); }
 static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
 static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
@@ -723,15 +910,20 @@ static co_result co_adamw_master(mt_backend *g) { return co_adamw(g, 1); }
 static co_result co_adamw_direct(mt_backend *g) { return co_adamw(g, 0); }
 
 __attribute__((unused)) static const co_case co_cases[] = {
-    {"embedding", co_embedding},
-    {"rmsnorm", co_rmsnorm},
+    {"embedding H=100", co_embedding_h100},
+    {"embedding H=128 T=700", co_embedding_h128},
+    {"rmsnorm H=257", co_rmsnorm_h257},
+    {"rmsnorm H=256", co_rmsnorm_h256},
     {"rope", co_rope},
     {"attention causal gqa", co_attention_causal},
     {"attention window+mask (empty rows)", co_attention_window_mask},
     {"attention hd128 padding", co_attention_hd128_padding},
     {"attention hd40 window=1", co_attention_hd40_window1},
+    {"attention hd128 gqa window+mask", co_attention_hd128_gqa_window},
     {"cross_entropy", co_ce_accumulate},
     {"cross_entropy in place", co_ce_in_place},
+    {"add (bf16)", co_add},
+    {"f32 -> bf16", co_f32_to_bf16},
     {"router k=2 ties", co_router_k2},
     {"router k=1 no norm", co_router_k1},
     {"router E=64 k=8", co_router_e64_k8},

@@ -1,5 +1,6 @@
 // tests/test_cuda_ops.c — every CUDA op of model/ops_cuda.h against its CPU twin, on fresh random
-// inputs, fp32, normalised error < 1e-4 (integer outputs exact). The cases themselves live in
+// inputs: fp32 paths to a normalised error < 1e-4, bf16 paths (model/ops.h's twins) to the
+// per-output tolerances stated in the cases (integer outputs exact). The cases themselves live in
 // tests/cuda_ops_cases.h, shared with scripts/cuda_parity.c.
 //
 // Every test skips, saying why, in a CPU build or on a machine without a GPU; a skip is reported
@@ -37,15 +38,20 @@ static void check_case(const char *name, co_result (*run)(mt_backend *)) {
     Test(cuda, test) { gpu_or_skip(); }
 #endif
 
-OP_TEST(op_embedding, co_embedding)
-OP_TEST(op_rmsnorm, co_rmsnorm)
+OP_TEST(op_embedding, co_embedding_h100)
+OP_TEST(op_embedding_h128_rows_over_blocks, co_embedding_h128)
+OP_TEST(op_rmsnorm, co_rmsnorm_h257)
+OP_TEST(op_rmsnorm_h256, co_rmsnorm_h256)
 OP_TEST(op_rope, co_rope)
 OP_TEST(op_attention_causal_gqa, co_attention_causal)
 OP_TEST(op_attention_sliding_window_masked_rows, co_attention_window_mask)
 OP_TEST(op_attention_hd128_padding, co_attention_hd128_padding)
 OP_TEST(op_attention_hd40_window1, co_attention_hd40_window1)
+OP_TEST(op_attention_hd128_gqa_window_masked_rows, co_attention_hd128_gqa_window)
 OP_TEST(op_cross_entropy, co_ce_accumulate)
 OP_TEST(op_cross_entropy_in_place, co_ce_in_place)
+OP_TEST(op_add, co_add)
+OP_TEST(op_f32_to_bf16, co_f32_to_bf16)
 OP_TEST(op_router_k2_ties, co_router_k2)
 OP_TEST(op_router_k1, co_router_k1)
 OP_TEST(op_router_e64_k8, co_router_e64_k8)
