@@ -43,11 +43,18 @@ void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const fl
 // adapter's backend: cuda runs it (bf16 A, B, x, xa; y and dy bf16 or f32, and may be column
 // blocks of a wider matrix), the null backend makes its allocations and runs nothing. The four
 // GEMMs go through the backend's matmul; dropout is regenerated on the device from the CPU's
-// hash. dx may be NULL. Scratch (dropout(x), scale·dy·B) is taken and returned through the
-// ledger under work.
-void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa);
+// hash. dx may be NULL. Scratch (dropout(x), scale·dy·B): the caller's `sc` (at least
+// mt_lora_dev_scratch_bytes for these rows; its data NULL on the null backend), or with sc NULL
+// taken and returned through the ledger under work for the call.
+typedef struct mt_lora_scratch {
+    void *data;
+    size_t bytes;
+} mt_lora_scratch;
+size_t mt_lora_dev_scratch_bytes(const mt_lora *l, int64_t n);
+void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa,
+                         const mt_lora_scratch *sc);
 void mt_lora_backward_dev(const mt_lora *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
-                          const mt_tensor *xa);
+                          const mt_tensor *xa, const mt_lora_scratch *sc);
 
 #ifdef __cplusplus
 }

@@ -32,33 +32,51 @@ static void check(const mt_lora *l, const mt_tensor *x) {
                  mt_dtype_name(l->a->dtype), (long long)l->in);
 }
 
-void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
+size_t mt_lora_dev_scratch_bytes(const mt_lora *l, int64_t n) {
+    return mt_dtype_bytes(l->a->dtype, (size_t)(n * l->r)) +
+           (l->dropout > 0.0f ? mt_dtype_bytes(l->a->dtype, (size_t)(n * l->in)) : 0);
+}
+
+// `bytes` of scratch: the caller's (at least that much), or the ledger's for this call.
+static void *take(const mt_lora *l, const mt_lora_scratch *sc, size_t *at, size_t bytes) {
+    if (!sc) return mt_work_alloc(l->a->be, bytes);
+    if (*at + bytes > sc->bytes) mt_fatal(MT_EXIT_ERROR, "lora: scratch of %zu bytes, %zu wanted", sc->bytes, *at + bytes);
+    void *p = sc->data ? (char *)sc->data + *at : NULL;
+    *at += bytes;
+    return p;
+}
+static void give(const mt_lora *l, const mt_lora_scratch *sc, void *p, size_t bytes) {
+    if (!sc) mt_work_free(l->a->be, p, bytes);
+}
+
+void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa,
+                         const mt_lora_scratch *sc) {
     int64_t n = x->shape[0];
     if (n == 0) return;
     check(l, x);
     mt_backend *be = l->a->be;
-    size_t xbytes = mt_dtype_bytes(x->dtype, (size_t)(n * l->in));
-    void *xd = l->dropout > 0.0f ? mt_work_alloc(be, xbytes) : NULL;
+    size_t xbytes = mt_dtype_bytes(x->dtype, (size_t)(n * l->in)), at = 0;
+    void *xd = l->dropout > 0.0f ? take(l, sc, &at, xbytes) : NULL;
     if (l->dropout > 0.0f) dropout(l, xd, x->data, n * l->in, 0);
     mt_tensor xin = l->dropout > 0.0f ? mt_view2(be, xd, x->dtype, n, l->in, 0) : *x;
     gemm(*xa, xin, weight(l->a), 0, 1, 1.0f, 0.0f);         // xa = dropout(x) · Aᵀ
     gemm(*y, *xa, weight(l->b), 0, 1, l->scale, 1.0f);      // y += scale · xa · Bᵀ
-    if (l->dropout > 0.0f) mt_work_free(be, xd, xbytes);
+    if (l->dropout > 0.0f) give(l, sc, xd, xbytes);
 }
 
 void mt_lora_backward_dev(const mt_lora *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
-                          const mt_tensor *xa) {
+                          const mt_tensor *xa, const mt_lora_scratch *sc) {
     int64_t n = x->shape[0], r = l->r;
     if (n == 0) return;
     check(l, x);
     mt_backend *be = l->a->be;
     gemm(weight(l->db), *dy, *xa, 1, 0, l->scale, 1.0f);  // dB += scale · dyᵀ · xa
-    size_t dbytes = mt_dtype_bytes(l->a->dtype, (size_t)(n * r));
-    mt_tensor dxa = mt_view2(be, mt_work_alloc(be, dbytes), l->a->dtype, n, r, 0);
+    size_t dbytes = mt_dtype_bytes(l->a->dtype, (size_t)(n * r)), at = 0;
+    mt_tensor dxa = mt_view2(be, take(l, sc, &at, dbytes), l->a->dtype, n, r, 0);
     gemm(dxa, *dy, weight(l->b), 0, 0, l->scale, 0.0f);    // dxa = scale · dy · B
     size_t xbytes = mt_dtype_bytes(x->dtype, (size_t)(n * l->in));
     int drop = l->dropout > 0.0f;
-    mt_tensor buf = drop ? mt_view2(be, mt_work_alloc(be, xbytes), x->dtype, n, l->in, 0) : *x;
+    mt_tensor buf = drop ? mt_view2(be, take(l, sc, &at, xbytes), x->dtype, n, l->in, 0) : *x;
     if (drop) dropout(l, buf.data, x->data, n * l->in, 0);
     gemm(weight(l->da), dxa, buf, 1, 0, 1.0f, 1.0f);        // dA += dxaᵀ · dropout(x)
     if (dx && !drop) gemm(*dx, dxa, weight(l->a), 0, 0, 1.0f, 1.0f);  // dx += dxa · A
@@ -66,6 +84,6 @@ void mt_lora_backward_dev(const mt_lora *l, const mt_tensor *dx, const mt_tensor
         gemm(buf, dxa, weight(l->a), 0, 0, 1.0f, 0.0f);
         dropout(l, dx->data, buf.data, n * l->in, 1);      // dx += dropout'(dxa · A)
     }
-    if (drop) mt_work_free(be, buf.data, xbytes);
-    mt_work_free(be, dxa.data, dbytes);
+    if (drop) give(l, sc, buf.data, xbytes);
+    give(l, sc, dxa.data, dbytes);
 }

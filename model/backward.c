@@ -39,7 +39,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     }
     mt_tensor dxs = step_work(m, adt, R, H, 1);
     // With EP an expert receives at most every rank's T rows.
-    mt_expert_scratch sc = mt_expert_scratch_new(m, MT_MIN(R, (int64_t)T * m->par.ep_size));
+    mt_expert_scratch sc = mt_expert_scratch_new(m, L, MT_MIN(R, (int64_t)T * m->par.ep_size), 1);
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
@@ -66,14 +66,14 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
     if (run && m->z_coef != 0.0f && m->z_rows)
         mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
-    mt_linear_backward(&ly->gate, &dln2, &dlogits, a->ln2, a->xa_gate);
+    mt_linear_backward(&ly->gate, &dln2, &dlogits, a->ln2, a->xa_gate, NULL);
     step_unwork(m, &dlogits);
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln2), dln2.data, A(a->h), A(ly->ln2), F(a->rstd2), T, H);
     step_unwork(m, &dln2);  // dx is now the gradient of h
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     mt_tensor datt = step_work(m, adt, T, qd, 1);
-    mt_linear_backward(&ly->o, &datt, dx, a->att, a->xa_o);
+    mt_linear_backward(&ly->o, &datt, dx, a->att, a->xa_o, NULL);
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
@@ -84,9 +84,9 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
     }
     mt_tensor dln1 = step_work(m, adt, T, H, 1);
-    mt_linear_backward(&ly->q, &dln1, &dq, a->ln1, a->xa_q);
-    mt_linear_backward(&ly->k, &dln1, &dk, a->ln1, a->xa_k);
-    mt_linear_backward(&ly->v, &dln1, &dv, a->ln1, a->xa_v);
+    mt_linear_backward(&ly->q, &dln1, &dq, a->ln1, a->xa_q, NULL);
+    mt_linear_backward(&ly->k, &dln1, &dk, a->ln1, a->xa_k, NULL);
+    mt_linear_backward(&ly->v, &dln1, &dv, a->ln1, a->xa_v, NULL);
     step_unwork(m, &dq), step_unwork(m, &dk), step_unwork(m, &dv);
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln1), dln1.data, A(kp->x), A(ly->ln1), F(a->rstd1), T, H);
     step_unwork(m, &dln1);
@@ -103,7 +103,7 @@ void mt_model_backward(mt_model *m) {
         mt_op_cross_entropy(m, F(dlogits), m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits),
                             m->step_targets, T, V);
     mt_tensor dxf = step_work(m, adt, T, H, 1);
-    mt_linear_backward(&m->lm_head, &dxf, dlogits, m->xf, NULL);
+    mt_linear_backward(&m->lm_head, &dxf, dlogits, m->xf, NULL, NULL);
     mt_tensor dx = step_work(m, adt, T, H, 1);
     if (run) mt_op_rmsnorm_backward(m, dx.data, A(m->dnorm), dxf.data, A(m->x_final), A(m->norm), F(m->rstdf), T, H);
     step_unwork(m, &dxf);

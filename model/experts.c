@@ -9,15 +9,21 @@
 
 #define XA(t) ROWS((t), o0, n)
 
+static void check_rows(const mt_expert_scratch *sc, int L, int e, int64_t n) {
+    if (n > sc->rows)
+        mt_fatal(MT_EXIT_ERROR, "expert %d of layer %d has %lld rows, its scratch %lld", e, L, (long long)n,
+                 (long long)sc->rows);
+}
+
 // The CPU reference: w1 and w3 apart into g and u.
 static void forward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                        const mt_tensor *ys) {
+                        const mt_tensor *ys, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1));
-    mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3));
+    mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1), &sc->lora);
+    mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3), &sc->lora);
     if (!m->counting) mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
-    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2));
+    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
 }
 
 // gu's column blocks: w1's (g) and w3's (u), each [n, f] with row stride 2f.
@@ -47,27 +53,29 @@ static void gemm(mt_tensor c, mt_tensor a, mt_tensor b, int ta, int tb, float be
 static int fused_pair(const mt_linear *w1, const mt_linear *w3) { return w1->q && w3->q && w1->dequant; }
 
 static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                        const mt_tensor *ys) {
+                        const mt_tensor *ys, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
     mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
     if (fused_pair(w1, w3)) {  // one GEMM, N = 2f: gu = xs · [w1; w3]ᵀ, then each LoRA into its block
         gemm(*gu, *xs, w13_dequantized(m, w1, w3), 0, 1, 0.0f);
-        if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1));
-        if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3));
+        if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1), &sc->lora);
+        if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3), &sc->lora);
     } else {
-        mt_linear_forward(w1, &g, xs, XA(a->xa_w1));
-        mt_linear_forward(w3, &u, xs, XA(a->xa_w3));
+        mt_linear_forward(w1, &g, xs, XA(a->xa_w1), &sc->lora);
+        mt_linear_forward(w3, &u, xs, XA(a->xa_w3), &sc->lora);
     }
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
-    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2));
+    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
 }
 
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own) {
+void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
+                       const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
-    if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own);
-    else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own);
+    check_rows(sc, L, e, n);
+    if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
+    else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
 }
 
 // The first n rows of an expert scratch, zeroed (the backward accumulates into them).
@@ -84,11 +92,11 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
-    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
     if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
-    mt_linear_backward(&ly->w1[e], dx, &dg, xs, XA(a->xa_w1));
-    mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3));
+    mt_linear_backward(&ly->w1[e], dx, &dg, xs, XA(a->xa_w1), &sc->lora);
+    mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3), &sc->lora);
 }
 
 // A 4-bit w2 dequantized behind [w1; w3] in the scratch (which then holds 3·f·H), so that one
@@ -112,50 +120,60 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
         mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
         if (fused) {
             gemm(*gu, *xs, w13, 0, 1, 0.0f);
-            if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1));
-            if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3));
+            if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1), &sc->lora);
+            if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3), &sc->lora);
         } else {
-            mt_linear_forward(w1, &g, xs, XA(a->xa_w1));
-            mt_linear_forward(w3, &u, xs, XA(a->xa_w3));
+            mt_linear_forward(w1, &g, xs, XA(a->xa_w1), &sc->lora);
+            mt_linear_forward(w3, &u, xs, XA(a->xa_w3), &sc->lora);
         }
         if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
     }
     mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
     if (held) {
         mt_tensor w2w = w2_dequantized(m, w2);
-        mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2));
-        mt_linear_backward_w(w2, &w2w, &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+        mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+        mt_linear_backward_w(w2, &w2w, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
     } else {
-        if (recompute) mt_linear_forward(w2, ROWS(a->ys, o0, n), act, XA(a->xa_w2));
-        mt_linear_backward(w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2));
+        if (recompute) mt_linear_forward(w2, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+        mt_linear_backward(w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
         if (fused) w13 = w13_dequantized(m, w1, w3);  // after w2's, which uses the scratch's start
     }
     if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
     mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
     if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
         gemm(*dx, dgu, w13, 0, 0, 1.0f);
-        if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1));
-        if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3));
+        if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
+        if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3), &sc->lora);
     } else {
-        mt_linear_backward(w1, dx, &dg, xs, XA(a->xa_w1));
-        mt_linear_backward(w3, dx, &du, xs, XA(a->xa_w3));
+        mt_linear_backward(w1, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
+        mt_linear_backward(w3, dx, &du, xs, XA(a->xa_w3), &sc->lora);
     }
 }
 
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int64_t rows) {
+mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward) {
     int64_t f = m->cfg.intermediate;
     mt_dtype dt = act_dtype(m);
-    return (mt_expert_scratch){step_work(m, dt, rows, f, 0), step_work(m, dt, rows, 2 * f, 0)};
+    mt_expert_scratch s = {.rows = rows};
+    if (backward) s.da = step_work(m, dt, rows, f, 0), s.dgu = step_work(m, dt, rows, 2 * f, 0);
+    mt_layer *ly = &m->layers[L];
+    for (int e = 0; gpu_step(m) && e < m->cfg.experts; e++) {  // the cpu's LoRA takes its own
+        const mt_linear *ls[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
+        for (int i = 0; i < 3; i++)
+            if (ls[i]->lora) s.lora.bytes = MT_MAX(s.lora.bytes, mt_lora_dev_scratch_bytes(ls[i]->lora, rows));
+    }
+    if (s.lora.bytes) s.lora.data = mt_work_alloc(m->be, s.lora.bytes);
+    return s;
 }
 
-void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s) { step_unwork(m, &s->dgu), step_unwork(m, &s->da); }
+void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s) {
+    if (s->lora.bytes) mt_work_free(m->be, s->lora.data, s->lora.bytes);
+    if (s->dgu.ndim) step_unwork(m, &s->dgu), step_unwork(m, &s->da);
+}
 
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
                         const mt_tensor *dxs, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
-    if (n > sc->da.shape[0])
-        mt_fatal(MT_EXIT_ERROR, "expert %d of layer %d has %lld rows, its scratch %lld", e, L, (long long)n,
-                 (long long)sc->da.shape[0]);
+    check_rows(sc, L, e, n);
     if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
     else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
 }

@@ -80,9 +80,9 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     mt_dtype adt = act_dtype(m);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
-    mt_linear_forward(&ly->q, a->q, a->ln1, a->xa_q);
-    mt_linear_forward(&ly->k, a->k, a->ln1, a->xa_k);
-    mt_linear_forward(&ly->v, a->v, a->ln1, a->xa_v);
+    mt_linear_forward(&ly->q, a->q, a->ln1, a->xa_q, NULL);
+    mt_linear_forward(&ly->k, a->k, a->ln1, a->xa_k, NULL);
+    mt_linear_forward(&ly->v, a->v, a->ln1, a->xa_v, NULL);
     if (run) {
         mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
         mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);
@@ -90,12 +90,12 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
                                 (int)c->sliding_window);
     }
     mt_tensor o = step_work(m, adt, T, H, 0);
-    mt_linear_forward(&ly->o, &o, a->att, a->xa_o);
+    mt_linear_forward(&ly->o, &o, a->att, a->xa_o, NULL);
     if (run) mt_op_add(m, A(a->h), A(kp->x), o.data, (int64_t)T * H);
     step_unwork(m, &o);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
-    mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate);
+    mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate, NULL);
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
     int ep = m->par.ep_size > 1;
@@ -113,11 +113,13 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     }
     if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them
     mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;
+    mt_expert_scratch sc = mt_expert_scratch_new(m, L, MT_MIN(R, (int64_t)T * m->par.ep_size), 0);
     for (int e = 0; e < E; e++) {
         int64_t o0, n;
         mt_expert_rows(m, L, e, &o0, &n);
-        if (n) mt_expert_forward(m, L, e, o0, n, &ys_own);  // an expert with no tokens does nothing
+        if (n) mt_expert_forward(m, L, e, o0, n, &ys_own, &sc);  // an expert with no tokens does nothing
     }
+    mt_expert_scratch_free(m, &sc);
     if (ep) {  // the outputs go back to the ranks their tokens came from
         mt_ep_return(m, L, A(a->ys), ys_own.data, H);
         step_unwork(m, &ys_own);
@@ -197,7 +199,7 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
     for (int L = 0; L < c->layers; L++)
         mt_layer_forward(m, L, L + 1 < c->layers ? A(m->kept[L + 1].x) : A(m->x_final), 0);
     if (run) mt_op_rmsnorm_forward(m, A(m->xf), F(m->rstdf), A(m->x_final), A(m->norm), T, H, (float)c->rms_norm_eps);
-    mt_linear_forward(&m->lm_head, m->logits, m->xf, NULL);
+    mt_linear_forward(&m->lm_head, m->logits, m->xf, NULL, NULL);
 
     int64_t count = 0;  // counting: no loss, and no token counted
     double ce_sum = run ? mt_op_cross_entropy(m, NULL, 0.0f, &count, F(m->logits), m->step_targets, T, V) : 0.0;

@@ -103,14 +103,15 @@ static void dequant_release(const mt_linear *l, void *own) {
 }
 
 void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *y, const mt_tensor *x,
-                         const mt_tensor *xa) {
+                         const mt_tensor *xa, const mt_lora_scratch *sc) {
     if (x->shape[0] == 0) return;
     mt_tensor yv = *y, xv = *x, wv = *w;
     check(mt_matmul(&yv, &xv, &wv, 0, 1, 1.0f, 0.0f), "forward");  // y = x · Wᵀ
-    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa);
+    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa, sc);
 }
 
-void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
+void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa,
+                       const mt_lora_scratch *sc) {
     mt_backend *be = backend_of(l);
     int64_t n = x->shape[0];
     if (be->ops->kind == MT_BACKEND_CPU) {
@@ -121,7 +122,7 @@ void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *
     void *own = NULL;
     mt_tensor scratch = l->q ? dequant_scratch(l, &own) : (mt_tensor){0};
     mt_tensor w = mt_linear_weight(l, &scratch);
-    mt_linear_forward_w(l, &w, y, x, xa);
+    mt_linear_forward_w(l, &w, y, x, xa, sc);
     dequant_release(l, own);
 }
 
@@ -130,7 +131,7 @@ void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *
 enum { DY_CHUNK_BYTES = 64 << 20 };
 
 static void backward_rows(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
-                          const mt_tensor *xa, const mt_tensor *w) {
+                          const mt_tensor *xa, const mt_tensor *w, const mt_lora_scratch *sc) {
     mt_tensor dyv = *dy, xv = *x;
     if (l->dw) {  // dW += dyᵀ · x
         mt_tensor dwv = mt_view2(l->dw->be, l->dw->data, l->dw->dtype, l->out, l->in, 0);
@@ -140,15 +141,15 @@ static void backward_rows(const mt_linear *l, const mt_tensor *dx, const mt_tens
         mt_tensor dxv = *dx, wv = *w;
         check(mt_matmul(&dxv, &dyv, &wv, 0, 0, 1.0f, 1.0f), "input gradient");
     }
-    if (l->lora) mt_lora_backward_dev(l->lora, dx, dy, x, xa);
+    if (l->lora) mt_lora_backward_dev(l->lora, dx, dy, x, xa, sc);
 }
 
 void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,
-                          const mt_tensor *x, const mt_tensor *xa) {
+                          const mt_tensor *x, const mt_tensor *xa, const mt_lora_scratch *sc) {
     int64_t n = x->shape[0];
     if (n == 0) return;
     if (dy->dtype == MT_BF16) {
-        backward_rows(l, dx, dy, x, xa, w);
+        backward_rows(l, dx, dy, x, xa, w, sc);
         return;
     }
     // f32 (the logits' gradients): bf16 rows a chunk at a time
@@ -163,13 +164,13 @@ void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tenso
         mt_tensor xr = mt_view_rows(x, r0, rows);
         mt_tensor dxr = dx ? mt_view_rows(dx, r0, rows) : (mt_tensor){0};
         mt_tensor xar = xa ? mt_view_rows(xa, r0, rows) : (mt_tensor){0};
-        backward_rows(l, dx ? &dxr : NULL, &c, &xr, xa ? &xar : NULL, w);
+        backward_rows(l, dx ? &dxr : NULL, &c, &xr, xa ? &xar : NULL, w, sc);
     }
     mt_work_free(be, conv.data, bytes);
 }
 
 void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
-                        const mt_tensor *xa) {
+                        const mt_tensor *xa, const mt_lora_scratch *sc) {
     mt_backend *be = backend_of(l);
     int64_t n = x->shape[0];
     if (be->ops->kind == MT_BACKEND_CPU) {
@@ -180,7 +181,7 @@ void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor
     void *own = NULL;
     mt_tensor scratch = l->q && dx ? dequant_scratch(l, &own) : (mt_tensor){0};
     mt_tensor w = dx ? mt_linear_weight(l, &scratch) : (mt_tensor){0};
-    mt_linear_backward_w(l, &w, dx, dy, x, xa);
+    mt_linear_backward_w(l, &w, dx, dy, x, xa, sc);
     if (dx) dequant_release(l, own);
 }
 

@@ -37,16 +37,18 @@ void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, cons
 // backend's matmul, a 4-bit W dequantized to bf16 into l->dequant, the LoRA beside it as
 // (x·A)·B. On the GPU step y and dy may be f32 (router and lm_head logits: an f32 dy is rounded
 // to bf16 in bounded row chunks first) and may be column blocks of a wider matrix (ld).
-// xa: the LoRA's kept x·A rows (NULL without LoRA); dx NULL: not wanted.
-void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa);
+// xa: the LoRA's kept x·A rows (NULL without LoRA); dx NULL: not wanted. sc: the LoRA's scratch
+// (lora/lora.h), or NULL for one taken per call; the cpu ignores it.
+void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa,
+                       const mt_lora_scratch *sc);
 void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor *dy, const mt_tensor *x,
-                        const mt_tensor *xa);
+                        const mt_tensor *xa, const mt_lora_scratch *sc);
 // The same with W given (a bf16 [out, in] view, dequantized once by the caller for several uses):
 // the GPU step only.
 void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *y, const mt_tensor *x,
-                         const mt_tensor *xa);
+                         const mt_tensor *xa, const mt_lora_scratch *sc);
 void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,
-                          const mt_tensor *x, const mt_tensor *xa);
+                          const mt_tensor *x, const mt_tensor *xa, const mt_lora_scratch *sc);
 // The GPU step's W as a bf16 [out, in] view: the dense weight, or the 4-bit one dequantized into
 // `scratch` (bf16, at least out·in elements; a null backend's may have no data).
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch);

@@ -106,15 +106,19 @@ void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 // xs -> a -> ys_own rows; backward from dys_own rows, ACCUMULATING into dxs rows, the experts'
 // weight and LoRA gradients. The cpu runs w1 and w3 apart (the f32 reference); the GPU step
 // runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
-// The backward's scratch, da [rows, f] and dgu [rows, 2f] (the cpu's dg | du), taken once per
-// layer for as many rows as one expert can get (each token picks k distinct experts: at most T),
-// so its size never depends on the routing and the plan can count it.
+// The experts' scratch, taken once per layer for as many rows as one expert can get (each token
+// picks k distinct experts: at most T per rank), so that its size never depends on the routing
+// and the plan can count it: the backward's da [rows, f] and dgu [rows, 2f] (the cpu's dg | du),
+// and the GPU step's LoRA scratch for the largest expert LoRA.
 typedef struct mt_expert_scratch {
-    mt_tensor da, dgu;
+    int64_t rows;
+    mt_tensor da, dgu;       // backward only
+    mt_lora_scratch lora;
 } mt_expert_scratch;
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int64_t rows);
+mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward);
 void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s);
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own);
+void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
+                       const mt_expert_scratch *scratch);
 // GPU step with recomputation on one EP rank: the replay forward skips the experts, and each
 // expert's backward recomputes its rows (gu, a, ys) first, so its 4-bit weights are dequantized
 // once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).

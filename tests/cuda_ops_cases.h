@@ -747,8 +747,8 @@ __attribute__((unused)) static co_result co_skipped(const char *why) {
 }
 
 #ifdef CUDA_OPS_NO_HOST_LIBS
-static co_result co_lora(mt_backend *g, double dropout) {
-    (void)g, (void)dropout;
+static co_result co_lora(mt_backend *g, double dropout, int y_f32) {
+    (void)g, (void)dropout, (void)y_f32;
     return co_skipped("built without lora/lora.c (no OpenBLAS)");
 }
 static co_result co_adamw(mt_backend *g, int master) {
@@ -756,45 +756,62 @@ static co_result co_adamw(mt_backend *g, int master) {
     return co_skipped("built without optim/optim.c (no cJSON)");
 }
 #else
-static co_result co_lora(mt_backend *g, double dropout) {
-    co_result r = co_begin();
-    co_seed(17 + (uint64_t)(dropout * 100));
+// The GPU step's LoRA (lora/lora_dev.c) on bf16 A, B, x: xa = dropout(x)·Aᵀ is one rounding of an
+// fp32 sum of exact products (CB_ONE_ROUNDING); y, dA, dB and dx come one GEMM after a rounded
+// bf16 intermediate (xa, or the scratch scale·dy·B), so two roundings in a chain: 1e-2 (2 × 5e-3).
+// y is a column block of a wider matrix (ld) in bf16, or f32 as the router's logits are; the
+// gradients start non-zero (they accumulate). The CPU twin runs on the same bf16-rounded values.
+static co_result co_lora(mt_backend *g, double dropout, int y_f32) {
+    co_result r = cb_begin(17 + (uint64_t)(dropout * 100) + (uint64_t)y_f32);
     mt_backend *cpu = mt_backend_cpu_new();
-    const int64_t in = 48, out = 40, n = 33;
+    const int64_t in = 48, out = 40, n = 33, ldy = out + 24;
     const int rank = 8;
     mt_lora lc, lg;
     if (mt_lora_init(&lc, cpu, MT_F32, in, out, rank, 16.0, 0, dropout, 5, 9) != 0 ||
-        mt_lora_init(&lg, g, MT_F32, in, out, rank, 16.0, 0, dropout, 5, 9) != 0)
+        mt_lora_init(&lg, g, MT_BF16, in, out, rank, 16.0, 0, dropout, 5, 9) != 0)
         mt_fatal(MT_EXIT_ERROR, "lora init: %s", mt_error_get());
     lc.dropout_seed = lg.dropout_seed = 0x1234567ull;
-    float *b = co_rand((size_t)(out * rank), -0.5f, 0.5f);  // B = 0 at init: make it count
-    memcpy(lc.b->data, b, lc.b->nbytes);
-    float *da = co_rand((size_t)(rank * in), -1, 1), *db = co_rand((size_t)(out * rank), -1, 1);
-    memcpy(lc.da->data, da, lc.da->nbytes);
-    memcpy(lc.db->data, db, lc.db->nbytes);
-    mt_tensor_upload(lg.a, lc.a->data);
-    mt_tensor_upload(lg.b, b);
-    mt_tensor_upload(lg.da, da);
-    mt_tensor_upload(lg.db, db);
-    size_t nx = (size_t)(n * in), ny = (size_t)(n * out), na = (size_t)(n * rank);
-    float *x = co_rand(nx, -1, 1), *y = co_rand(ny, -1, 1), *dy = co_rand(ny, -1, 1), *dx = co_rand(nx, -1, 1);
-    float *xa = co_rand(na, 0, 0), *scratch = co_rand(na, 0, 0);
-    void *X = co_up(g, x, nx * 4), *Y = co_up(g, y, ny * 4), *DY = co_up(g, dy, ny * 4), *DX = co_up(g, dx, nx * 4);
-    void *XA = co_up(g, NULL, na * 4), *SC = co_up(g, NULL, na * 4);
+    size_t na_w = (size_t)(rank * in), nb_w = (size_t)(out * rank);
+    float *a = cb_rand(na_w, -0.3f, 0.3f), *b = cb_rand(nb_w, -0.5f, 0.5f);  // B = 0 at init: make it count
+    float *da = cb_rand(na_w, -1, 1), *db = cb_rand(nb_w, -1, 1);
+    memcpy(lc.a->data, a, lc.a->nbytes), memcpy(lc.b->data, b, lc.b->nbytes);
+    memcpy(lc.da->data, da, lc.da->nbytes), memcpy(lc.db->data, db, lc.db->nbytes);
+    void *ga = cb_up(g, a, na_w), *gb = cb_up(g, b, nb_w), *gda = cb_up(g, da, na_w), *gdb = cb_up(g, db, nb_w);
+    g->ops->copy(g, lg.a->data, ga, na_w * 2), g->ops->copy(g, lg.b->data, gb, nb_w * 2);
+    g->ops->copy(g, lg.da->data, gda, na_w * 2), g->ops->copy(g, lg.db->data, gdb, nb_w * 2);
+    size_t nx = (size_t)(n * in), nyw = (size_t)(n * ldy), ny = (size_t)(n * out), na = (size_t)(n * rank);
+    float *x = cb_rand(nx, -1, 1), *yw = cb_rand(nyw, -1, 1), *dy = cb_rand(ny, -1, 1), *dx = cb_rand(nx, -1, 1);
+    float *y = mt_xmalloc(ny * 4), *xa = co_rand(na, 0, 0), *scratch = co_rand(na, 0, 0);
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * out, yw + i * ldy, (size_t)out * 4);  // y: the first out columns
+    mt_dtype ydt = y_f32 ? MT_F32 : MT_BF16;
+    void *X = cb_up(g, x, nx), *DY = cb_up(g, dy, ny), *DX = cb_up(g, dx, nx), *XA = co_up(g, NULL, na * 2);
+    void *Y = y_f32 ? co_up(g, yw, nyw * 4) : cb_up(g, yw, nyw);
+    mt_tensor tx = mt_view2(g, X, MT_BF16, n, in, 0), ty = mt_view2(g, Y, ydt, n, out, ldy);
+    mt_tensor txa = mt_view2(g, XA, MT_BF16, n, rank, 0), tdy = mt_view2(g, DY, MT_BF16, n, out, 0);
+    mt_tensor tdx = mt_view2(g, DX, MT_BF16, n, in, 0);
     mt_lora_forward_cpu(&lc, y, x, xa, n);
     mt_lora_backward_cpu(&lc, dx, dy, x, xa, scratch, n);
-    mt_lora_forward_cuda(g, &lg, Y, X, XA, n);
-    mt_lora_backward_cuda(g, &lg, DX, DY, X, XA, SC, n);
-    co_cmp_dev(&r, g, "y", Y, y, ny);
-    co_cmp_dev(&r, g, "xa", XA, xa, na);
-    co_cmp_dev(&r, g, "dx", DX, dx, nx);
-    co_cmp_dev(&r, g, "dA", lg.da->data, lc.da->data, (size_t)(rank * in));
-    co_cmp_dev(&r, g, "dB", lg.db->data, lc.db->data, (size_t)(out * rank));
-    co_free(g, X, nx * 4), co_free(g, Y, ny * 4), co_free(g, DY, ny * 4), co_free(g, DX, nx * 4);
-    co_free(g, XA, na * 4), co_free(g, SC, na * 4);
+    mt_lora_forward_dev(&lg, &ty, &tx, &txa, NULL);
+    mt_lora_backward_dev(&lg, &tdx, &tdy, &tx, &txa, NULL);
+    float *yg = cb_down(g, Y, nyw, !y_f32), *yblock = mt_xmalloc(ny * 4);
+    int untouched = 1;  // the columns beyond the block are left as they were
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(yblock + i * out, yg + i * ldy, (size_t)out * 4);
+        for (int64_t j = out; j < ldy; j++) untouched &= cb_bits(yg[i * ldy + j]) == cb_bits(yw[i * ldy + j]);
+    }
+    cb_check(&r, "y (column block)", yblock, y, ny, 1e-2);
+    if (!untouched) r.err = INFINITY, snprintf(r.what, sizeof r.what, "y: columns beyond the block were written");
+    cb_cmp(&r, g, "xa", XA, xa, na, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "dx", DX, dx, nx, 1, 1e-2);
+    cb_cmp(&r, g, "dA", lg.da->data, lc.da->data, na_w, 1, 1e-2);
+    cb_cmp(&r, g, "dB", lg.db->data, lc.db->data, nb_w, 1, 1e-2);
+    co_free(g, X, nx * 2), co_free(g, Y, nyw * (y_f32 ? 4 : 2)), co_free(g, DY, ny * 2), co_free(g, DX, nx * 2);
+    co_free(g, XA, na * 2), co_free(g, ga, na_w * 2), co_free(g, gb, nb_w * 2), co_free(g, gda, na_w * 2);
+    co_free(g, gdb, nb_w * 2);
     mt_lora_free(&lc), mt_lora_free(&lg);
     mt_backend_free(cpu);
-    free(b), free(da), free(db), free(x), free(y), free(dy), free(dx), free(xa), free(scratch);
+    free(a), free(b), free(da), free(db), free(x), free(yw), free(y), free(dy), free(dx), free(xa), free(scratch);
+    free(yg), free(yblock);
     return r;
 }
 
@@ -904,8 +921,9 @@ static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_comb
 static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
 static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
 static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
-static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0); }
-static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25); }
+static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0, 0); }
+static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25, 0); }
+static co_result co_lora_f32_out(mt_backend *g) { return co_lora(g, 0.1, 1); }
 static co_result co_adamw_master(mt_backend *g) { return co_adamw(g, 1); }
 static co_result co_adamw_direct(mt_backend *g) { return co_adamw(g, 0); }
 
@@ -942,6 +960,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},
     {"lora", co_lora_plain},
     {"lora dropout", co_lora_dropout},
+    {"lora into f32 (router logits)", co_lora_f32_out},
     {"adamw master", co_adamw_master},
     {"adamw bf16 direct", co_adamw_direct},
 };
