@@ -1,12 +1,12 @@
 // model/ops_cuda.h — CUDA twins of the CPU reference kernels of model/ops.h (bf16 storage); with
-// them, the twins of moe/moe.h (moe/moe_cuda.h) and of the LoRA forward/backward (lora/lora_cuda.h).
+// them, the twins of moe/moe.h (moe/moe_cuda.h) and the LoRA's dropout (lora/lora_cuda.h).
 // The AdamW update's are optim/optim_cuda.h. What follows holds for all of them.
 //
 // Each `xxx_cuda(be, ...)` takes the arguments of its `xxx_cpu` twin with the same meaning, with
 // every array a device pointer of the cuda backend `be`; work is launched on the backend's stream
 // and nothing waits for it, except where the API returns a host value (cross_entropy_cuda,
-// moe_zloss_sum_cuda, moe_aux_stats_download_cuda, mt_grad_norm_cuda): those compute on the
-// device, copy one small result out and synchronise the stream once. Conventions as on the CPU:
+// moe_aux_stats_download_cuda, mt_grad_norm_cuda): those compute on the device, copy one small
+// result out and synchronise the stream once (mt_cuda_backend_sync: counted). Conventions as on the CPU:
 // forward writes, backward ACCUMULATES, a NULL gradient is skipped. Scratch goes through
 // mt_work_alloc (ledger: work). Reductions use no float atomics: results are reproducible run to
 // run (they may differ from the CPU in the last bits: summation order, FMA).

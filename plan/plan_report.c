@@ -298,10 +298,11 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
     fprintf(out, "  %-8s %12.3f %12.3f %8.2f%%   the plan's total; measured: the peak of the sum\n", "total",
             gb(p->total), gb(m->total_peak), diff_percent(p->total, m->total_peak));
     fprintf(out, "  work: the plan's figure is a guess for what the null backend cannot see (CUDA context,\n"
-                 "  cuBLAS and NCCL workspaces, the bf16 dequant buffer of one expert, allocator slack); the\n"
-                 "  measured peak is the step's own scratch as the cpu step allocates it (activation gradients\n"
-                 "  in f32, 4-bit matmul tiles), of which the plan counts the experts' k·s·b·6f under act\n"
-                 "  (the logits' gradient is written over the logits: no buffer of its own).\n");
+                 "  cuBLAS and NCCL workspaces, allocator slack); the measured peak is the GPU step's own\n"
+                 "  scratch as the cuda backend allocates it (bf16 activation gradients, the bf16 dequant\n"
+                 "  buffer of one expert's w1, w3 and w2, the experts' backward scratch for T rows), of\n"
+                 "  which the plan counts the experts' k·s·b·6f under act (the logits' gradient is written\n"
+                 "  over the logits: no buffer of its own).\n");
 }
 
 static void print_act_terms(FILE *out, const mt_plan_report *r) {
