@@ -52,14 +52,16 @@ static void gemm(mt_tensor c, mt_tensor a, mt_tensor b, int ta, int tb, float be
 
 static int fused_pair(const mt_linear *w1, const mt_linear *w3) { return w1->q && w3->q && w1->dequant; }
 
-static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                        const mt_tensor *ys, const mt_expert_scratch *sc) {
+// gu = xs · [w1; w3]ᵀ (+ each LoRA into its column block), then a = SwiGLU(gu). w13: the pair
+// dequantized side by side (fused: one GEMM with N = 2f), or NULL for two Linears.
+static void up_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                   const mt_tensor *w13, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
     mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
-    if (fused_pair(w1, w3)) {  // one GEMM, N = 2f: gu = xs · [w1; w3]ᵀ, then each LoRA into its block
-        gemm(*gu, *xs, w13_dequantized(m, w1, w3), 0, 1, 0.0f);
+    if (w13) {
+        gemm(*gu, *xs, *w13, 0, 1, 0.0f);
         if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1), &sc->lora);
         if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3), &sc->lora);
     } else {
@@ -67,7 +69,13 @@ static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int6
         mt_linear_forward(w3, &u, xs, XA(a->xa_w3), &sc->lora);
     }
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
-    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+}
+
+static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
+                        const mt_tensor *ys, const mt_expert_scratch *sc) {
+    mt_tensor w13 = fused_pair(&ly->w1[e], &ly->w3[e]) ? w13_dequantized(m, &ly->w1[e], &ly->w3[e]) : (mt_tensor){0};
+    up_gpu(m, ly, a, e, o0, n, w13.ndim ? &w13 : NULL, sc);
+    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), ROWS(a->a, o0, n), XA(a->xa_w2), &sc->lora);
 }
 
 void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
@@ -116,18 +124,7 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
     int fused = fused_pair(w1, w3), held = recompute && fused && w2->q;  // W13 and W2 held together
     mt_tensor w13 = fused && recompute ? w13_dequantized(m, w1, w3) : (mt_tensor){0};
-    if (recompute) {  // the forward of these rows again: gu, a and ys
-        mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
-        if (fused) {
-            gemm(*gu, *xs, w13, 0, 1, 0.0f);
-            if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1), &sc->lora);
-            if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3), &sc->lora);
-        } else {
-            mt_linear_forward(w1, &g, xs, XA(a->xa_w1), &sc->lora);
-            mt_linear_forward(w3, &u, xs, XA(a->xa_w3), &sc->lora);
-        }
-        if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
-    }
+    if (recompute) up_gpu(m, ly, a, e, o0, n, fused ? &w13 : NULL, sc);  // gu and a again; ys below
     mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
     if (held) {
         mt_tensor w2w = w2_dequantized(m, w2);

@@ -44,13 +44,34 @@ static float *host_copy(const mt_tensor *t) {
     return h;
 }
 
+// Every LoRA B of the cpu params pc and the gpu params pg set to the same values, scale ·
+// ((j · step) mod m − m/2), bf16-exact on both.
+static void set_lora_b(mt_param *pc, mt_param *pg, int n, float scale, int step, int mod) {
+    for (int i = 0; i < n; i++) {
+        if (!strstr(pc[i].name, "lora_B")) continue;
+        int64_t len = mt_tensor_numel(pc[i].w);
+        float *h = mt_xmalloc((size_t)len * sizeof(float));
+        uint16_t *hb = mt_xmalloc((size_t)len * sizeof(uint16_t));
+        for (int64_t j = 0; j < len; j++) h[j] = mt_bf16_to_f32(mt_f32_to_bf16(scale * (float)((j * step) % mod - mod / 2)));
+        mt_convert(hb, pg[i].w->dtype, h, MT_F32, (size_t)len);
+        mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, hb);
+        free(h), free(hb);
+    }
+}
+
+// A fresh tiny checkpoint (`moetrain init`) in dir [128], below a new temporary folder tmp [64].
+static void tiny_checkpoint(char *tmp, char *dir, int seed) {
+    char out[4096];
+    mt_test_tmpdir(tmp, 64);
+    snprintf(dir, 128, "%s/tiny", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed %d", MT_REPO_ROOT,
+                             dir, seed), 0, "%s", out);
+}
+
 Test(cuda, whole_step_matches_cpu) {
     mt_backend *gpu = gpu_or_skip();
-    char tmp[64], dir[128], out[4096];
-    mt_test_tmpdir(tmp, sizeof tmp);
-    snprintf(dir, sizeof dir, "%s/tiny", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed 5", MT_REPO_ROOT,
-                             dir), 0, "%s", out);
+    char tmp[64], dir[128];
+    tiny_checkpoint(tmp, dir, 5);
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_dropout = 0.1, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
@@ -61,17 +82,7 @@ Test(cuda, whole_step_matches_cpu) {
     mt_param *pc, *pg;
     int n = mt_model_params(&mc, &pc);
     cr_assert_eq(mt_model_params(&mg, &pg), n);
-    // B = 0 at init would leave A's gradient zero: give B values (the same on both)
-    for (int i = 0; i < n; i++)
-        if (strstr(pc[i].name, "lora_B")) {
-            int64_t len = mt_tensor_numel(pc[i].w);
-            float *h = host_copy(pc[i].w);
-            uint16_t *hb = mt_xmalloc((size_t)len * sizeof(uint16_t));
-            for (int64_t j = 0; j < len; j++) h[j] = 0.01f * (float)((j * 7) % 13 - 6);
-            mt_convert(hb, pg[i].w->dtype, h, MT_F32, (size_t)len);
-            mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, hb);
-            free(h), free(hb);
-        }
+    set_lora_b(pc, pg, n, 0.01f, 7, 13);  // B = 0 at init would leave A's gradient zero
     enum { B = 2, S = 24 };
     int32_t tokens[B * S], labels[B * S], mask[B * S];
     for (int i = 0; i < B * S; i++) {
@@ -138,11 +149,8 @@ static void expect_close(const char *what, int L, const float *want, const float
 
 Test(cuda, fused_experts_and_router_match_cpu) {
     mt_backend *gpu = gpu_or_skip();
-    char tmp[64], dir[128], out[4096];
-    mt_test_tmpdir(tmp, sizeof tmp);
-    snprintf(dir, sizeof dir, "%s/tiny", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed 8", MT_REPO_ROOT,
-                             dir), 0, "%s", out);
+    char tmp[64], dir[128];
+    tiny_checkpoint(tmp, dir, 8);
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA, o.lora_r = 4, o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
@@ -155,16 +163,7 @@ Test(cuda, fused_experts_and_router_match_cpu) {
     mt_param *pc, *pg;
     int n = mt_model_params(&mc, &pc);
     cr_assert_eq(mt_model_params(&mg, &pg), n);
-    for (int i = 0; i < n; i++)  // B ≠ 0, the same on both, so that the LoRAs add something
-        if (strstr(pc[i].name, "lora_B")) {
-            int64_t len = mt_tensor_numel(pc[i].w);
-            float *h = mt_xmalloc((size_t)len * sizeof(float));
-            uint16_t *hb = mt_xmalloc((size_t)len * sizeof(uint16_t));
-            for (int64_t j = 0; j < len; j++) h[j] = mt_bf16_to_f32(mt_f32_to_bf16(0.02f * (float)((j * 5) % 11 - 5)));
-            mt_convert(hb, MT_BF16, h, MT_F32, (size_t)len);
-            mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, hb);
-            free(h), free(hb);
-        }
+    set_lora_b(pc, pg, n, 0.02f, 5, 11);  // B ≠ 0 so that the LoRAs add something
     enum { B = 2, S = 20 };
     int32_t tokens[B * S], labels[B * S];
     for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 5 + (i * 37) % 240;
