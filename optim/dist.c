@@ -151,15 +151,21 @@ void mt_dist_reduce_grads(mt_dist *d) {
 // in order; read from the flat buffer (ZeRO) or from the tensors: the same numbers.
 static double chunk_sumsq(mt_dist *d, mt_dist_group *g, int c) {
     int64_t lo = (int64_t)c * g->chunk, hi = lo + g->chunk;
-    double s = 0.0;
+    const void **x = mt_xcalloc((size_t)g->n + 1, sizeof *x);
+    int64_t *len = mt_xcalloc((size_t)g->n + 1, sizeof *len);
+    double *sums = mt_xcalloc((size_t)g->n + 1, sizeof *sums), s = 0.0;
+    int count = 0;
     for (int i = 0; i < g->n; i++) {
         const mt_tensor *t = d->params[g->idx[i]].g;
         int64_t a = MT_MAX(lo, g->start[i]), b = MT_MIN(hi, g->start[i] + mt_tensor_numel(t));
         if (a >= b) continue;
-        const char *x = g->sharded ? (const char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)a)
-                                : (const char *)t->data + mt_dtype_bytes(g->dtype, (size_t)(a - g->start[i]));
-        s += mt_sumsq_any(d->be, x, g->dtype, b - a);
+        x[count] = g->sharded ? (const char *)g->flat + mt_dtype_bytes(g->dtype, (size_t)a)
+                              : (const char *)t->data + mt_dtype_bytes(g->dtype, (size_t)(a - g->start[i]));
+        len[count++] = b - a;
     }
+    mt_sumsq_pieces(d->be, x, g->dtype, len, count, sums);  // on cuda: one host wait
+    for (int i = 0; i < count; i++) s += sums[i];
+    free(x), free(len), free(sums);
     return s;
 }
 

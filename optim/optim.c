@@ -289,6 +289,26 @@ double mt_sumsq_any(mt_backend *be, const void *x, mt_dtype dt, int64_t n) {
     return mt_sumsq(x, dt, n);
 }
 
+void mt_sumsq_pieces(mt_backend *be, const void *const *x, mt_dtype dt, const int64_t *n, int count, double *sums) {
+#ifdef MT_CUDA
+    if (cuda_kernels_run_on(be) && count > 0) {  // one device double per piece, one download
+        size_t bytes = (size_t)count * sizeof(double);
+        double *dev = mt_work_alloc(be, bytes);
+        be->ops->fill_zero(be, dev, bytes);
+        for (int i = 0; i < count; i++) {
+            mt_tensor t = {.dtype = dt, .ndim = 1, .shape = {n[i]}, .nbytes = mt_dtype_bytes(dt, (size_t)n[i]),
+                           .data = (void *)x[i], .be = be, .cat = MT_MEM_GRAD};
+            mt_param p = {.name = "sumsq", .w = &t, .g = &t};
+            grad_sumsq_cuda(be, dev + i, &p, 1);
+        }
+        be->ops->download(be, sums, dev, bytes);
+        mt_work_free(be, dev, bytes);
+        return;
+    }
+#endif
+    for (int i = 0; i < count; i++) sums[i] = mt_sumsq_any(be, x[i], dt, n[i]);
+}
+
 double mt_grad_norm(const mt_param *params, int n) {
     double total = 0.0;
     for (int i = 0; i < n; i++) {

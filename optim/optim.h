@@ -138,6 +138,9 @@ double mt_grad_norm(const mt_param *params, int n);
 double mt_sumsq(const void *x, mt_dtype dt, int64_t n);
 // The same of memory of `be` (cuda: the device's blocked sum, one small download).
 double mt_sumsq_any(mt_backend *be, const void *x, mt_dtype dt, int64_t n);
+// The same for `count` pieces x[i] [n[i]] of dtype dt, into sums[i]: on cuda one download for
+// all of them (the host waits once, not once a piece).
+void mt_sumsq_pieces(mt_backend *be, const void *const *x, mt_dtype dt, const int64_t *n, int count, double *sums);
 
 // One step at learning rate lr, clipping to `clip` (0: no clipping). The norm before clipping
 // goes to *grad_norm_out (may be NULL). Returns 0 when applied; 1 when the norm is not finite
