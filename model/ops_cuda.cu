@@ -377,8 +377,20 @@ static __device__ __forceinline__ float dot_row(const float *a, const float *b, 
 }
 
 // Loads `rows` rows of hd bf16 (row r from src + r·stride, zeros past `valid`) into dst as fp32
-// with row pitch `pitch`, all threads of the block.
+// with row pitch `pitch`, all threads of the block: 8 elements (16 bytes) per load when every
+// row start is 16-byte aligned (the condition is uniform over the block), else one by one.
 static __device__ void load_rows(float *dst, int pitch, const bf16 *src, int64_t stride, int rows, int valid, int hd) {
+    if (hd % 8 == 0 && stride % 8 == 0 && (uintptr_t)src % 16 == 0) {
+        const int cpr = hd / 8;  // chunks per row
+        for (int idx = threadIdx.x; idx < rows * cpr; idx += blockDim.x) {
+            int r = idx / cpr, d = (idx % cpr) * 8;
+            float f[8];
+            load8<true>(f, src + r * stride + d, r < valid ? 8 : 0);  // n = 0: zeros, no read
+#pragma unroll
+            for (int i = 0; i < 8; i++) dst[r * pitch + d + i] = f[i];
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
         int r = idx / hd, d = idx % hd;
         dst[r * pitch + d] = r < valid ? bf(src[r * stride + d]) : 0.0f;

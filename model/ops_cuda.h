@@ -32,13 +32,16 @@ extern "C" {
 // (mt_bf16 here, __nv_bfloat16 in the kernels); fp32 stays for RMSNorm's rstd, attention's lse,
 // the cross-entropy's logits and gradient. Kernels load bf16 into fp32, compute in fp32 and
 // round once on store; a gradient they accumulate into is read, added in fp32 and rounded once.
-// The CPU twins stay fp32: the parity tests feed them the bf16-rounded inputs.
+// The CPU twins stay fp32: the parity tests feed them the bf16-rounded inputs. The row and
+// elementwise kernels move 8 bf16 (16 bytes) per access where the pointers are 16-byte aligned
+// and the row length a multiple of 8, element by element otherwise (any H).
 
 // out [T, H] = wte [V, H] [tokens[t]], an exact copy.
 void embedding_forward_cuda(mt_backend *be, mt_bf16 *out, const int32_t *tokens, const mt_bf16 *wte, int T, int H);
 // dwte [V, H] += dout [T, H] by token. Deterministic and one rounding per row of dwte: the rows
 // of a repeated token are summed in fp32, in row order, by the block of its first row (links to
-// the next row with the same token in work scratch, int32 [2T]). A frozen embedding passes
+// the next row with the same token in work scratch, int32 [2T], found by a tiled scan of the
+// later tokens: O(T²) comparisons at worst, ~1e9 for T = 32k). A frozen embedding passes
 // dwte = NULL.
 void embedding_backward_cuda(mt_backend *be, mt_bf16 *dwte, const mt_bf16 *dout, const int32_t *tokens, int T, int H);
 

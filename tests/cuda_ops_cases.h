@@ -905,6 +905,7 @@ static co_result co_attention_window_mask(mt_backend *g) { return co_attention(g
 static co_result co_attention_hd128_padding(mt_backend *g) { return co_attention(g, 1, 45, 2, 2, 128, 0, 1, 23); }
 static co_result co_attention_hd40_window1(mt_backend *g) { return co_attention(g, 3, 20, 3, 1, 40, 1, 1, 24); }
 static co_result co_attention_hd128_gqa_window(mt_backend *g) { return co_attention(g, 2, 24, 4, 1, 128, 9, 2, 25); }
+static co_result co_attention_hd36_padding(mt_backend *g) { return co_attention(g, 2, 19, 2, 2, 36, 0, 1, 26); }
 static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
 static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
@@ -938,6 +939,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"attention hd128 padding", co_attention_hd128_padding},
     {"attention hd40 window=1", co_attention_hd40_window1},
     {"attention hd128 gqa window+mask", co_attention_hd128_gqa_window},
+    {"attention hd36 (element loads) padding", co_attention_hd36_padding},
     {"cross_entropy", co_ce_accumulate},
     {"cross_entropy in place", co_ce_in_place},
     {"add (bf16)", co_add},
