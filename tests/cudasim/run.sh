@@ -144,17 +144,20 @@ rc_cpu=$?
 rc_cuda=$?
 # The CUDA step stores weights, activations and gradients in bf16 (the CPU is the fp32
 # reference), so the runs part by bf16 roundings step after step: the acceptance is the final
-# loss within 2% of the CPU run's (issue 12), and the step's host waits at most one per layer
-# (the expert row counts) plus four (loss, aux statistics, grad norm, one spare).
-last() { grep '"type":"step"' "$1/metrics.jsonl" | tail -1 | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
+# loss within 2% of the CPU run's (issue 12); the step's host waits at most one per layer (the
+# expert row counts) plus four (loss, aux statistics, grad norm, one spare); and no step leaks:
+# the ledger's peak after step 2 is the peak after the last.
+step_field() { grep '"type":"step"' "$1/metrics.jsonl" | sed -n "$3p" | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
+last() { step_field "$1" "$2" '$'; }
 if [ "$rc_cpu" = 0 ] && [ "$rc_cuda" = 0 ]; then
   lc=$(last "$work/cpu" loss) lg=$(last "$work/cuda" loss) syncs=$(last "$work/cuda" host_syncs)
+  peak2=$(step_field "$work/cuda" peak_bytes 2) peak=$(last "$work/cuda" peak_bytes)
   layers=$(grep -oE '"num_hidden_layers": *[0-9]+' configs/tiny.json | grep -oE '[0-9]+$')
   if awk -v a="$lc" -v b="$lg" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }' &&
-     [ "$syncs" -le $((layers + 4)) ]; then
-    ok "CLI: $steps steps, --device cuda (emulated, bf16) vs cpu (fp32): final loss $lg vs $lc (within 2%); host syncs per step $syncs (<= layers + 4) ($(($(date +%s) - t0)) s)"
+     [ "$syncs" -le $((layers + 4)) ] && [ "$peak2" = "$peak" ]; then
+    ok "CLI: $steps steps, --device cuda (emulated, bf16) vs cpu (fp32): final loss $lg vs $lc (within 2%); host syncs per step $syncs (<= layers + 4); ledger peak $peak bytes from step 2 on ($(($(date +%s) - t0)) s)"
   else
-    bad "CLI: $steps steps, --device cuda vs cpu: final loss $lg vs $lc (want within 2%), host syncs $syncs (want <= $((layers + 4)))"
+    bad "CLI: $steps steps, --device cuda vs cpu: final loss $lg vs $lc (want within 2%), host syncs $syncs (want <= $((layers + 4))), ledger peak $peak2 at step 2, $peak at the end (want equal)"
   fi
 else
   bad "CLI: $steps steps --device cuda vs cpu (exit codes $rc_cpu/$rc_cuda)"
