@@ -1,6 +1,7 @@
 // core/backend.c — backend selection, ledger-checked allocation and tensors.
 #include "core/backend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -78,6 +79,22 @@ int64_t mt_tensor_numel(const mt_tensor *t) {
 
 void mt_tensor_upload(mt_tensor *t, const void *host_src) {
     t->be->ops->upload(t->be, t->data, host_src, t->nbytes);
+}
+
+void mt_tensor_upload_f32(mt_tensor *t, const float *host_src) {
+    if (t->dtype == MT_F32) return mt_tensor_upload(t, host_src);
+    void *raw = mt_xmalloc(t->nbytes ? t->nbytes : 1);
+    mt_convert(raw, t->dtype, host_src, MT_F32, (size_t)mt_tensor_numel(t));
+    mt_tensor_upload(t, raw);
+    free(raw);
+}
+
+void mt_tensor_download_f32(const mt_tensor *t, float *host_dst) {
+    if (t->dtype == MT_F32) return mt_tensor_download(t, host_dst);
+    void *raw = mt_xmalloc(t->nbytes ? t->nbytes : 1);
+    mt_tensor_download(t, raw);
+    mt_convert(host_dst, MT_F32, raw, t->dtype, (size_t)mt_tensor_numel(t));
+    free(raw);
 }
 
 void mt_tensor_download(const mt_tensor *t, void *host_dst) {

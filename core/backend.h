@@ -103,6 +103,9 @@ void mt_tensor_free(mt_tensor *t);
 int64_t mt_tensor_numel(const mt_tensor *t);
 void mt_tensor_upload(mt_tensor *t, const void *host_src);    // host bytes in t's dtype
 void mt_tensor_download(const mt_tensor *t, void *host_dst);
+// The same from / to host f32 values, converted to / from t's float dtype (f32, bf16, f16).
+void mt_tensor_upload_f32(mt_tensor *t, const float *host_src);
+void mt_tensor_download_f32(const mt_tensor *t, float *host_dst);
 // A 2-D view of `rows` rows of `cols` elements of be's memory at p, rows `ld` elements apart
 // (0: cols); nothing allocated (cat work, for messages). p may be NULL (the null backend).
 mt_tensor mt_view2(mt_backend *be, const void *p, mt_dtype dtype, int64_t rows, int64_t cols, int64_t ld);

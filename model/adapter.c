@@ -39,8 +39,8 @@ static int set_pair(void *ctx, const char *module, const mt_st_tensor *a, const 
     size_t na = (size_t)(lo->r * lo->in), nb = (size_t)(lo->out * lo->r);
     float *host = mt_xmalloc(MT_MAX(na, nb) * sizeof(float));
     int rc = to_f32(a, host, na);
-    if (!rc) mt_tensor_upload(lo->a, host);
-    if (!rc && !(rc = to_f32(b, host, nb))) mt_tensor_upload(lo->b, host);
+    if (!rc) mt_tensor_upload_f32(lo->a, host);  // into the model's dtype (bf16 on the GPU step)
+    if (!rc && !(rc = to_f32(b, host, nb))) mt_tensor_upload_f32(lo->b, host);
     free(host);
     return rc;
 }

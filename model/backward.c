@@ -98,9 +98,8 @@ void mt_model_backward(mt_model *m) {
     mt_dtype adt = act_dtype(m);
     // The loss's gradient is written over the logits: the step never holds two T×V fp32 buffers.
     mt_tensor *dlogits = m->logits;
-    int64_t count;
-    if (run)
-        mt_op_cross_entropy(m, F(dlogits), m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, &count, F(m->logits),
+    if (run)  // the gradient alone: the forward took the loss (on cuda: no host wait here)
+        mt_op_cross_entropy(m, F(dlogits), m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, NULL, F(m->logits),
                             m->step_targets, T, V);
     mt_tensor dxf = step_work(m, adt, T, H, 1);
     mt_linear_backward(&m->lm_head, &dxf, dlogits, m->xf, NULL, NULL);

@@ -73,7 +73,8 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, c
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V) {
     double sum = 0.0;
-    DISPATCH(m, sum = cross_entropy_cpu(dlogits, dscale, count, logits, targets, T, V, -100),
+    int64_t unused;  // the CPU twin always counts
+    DISPATCH(m, sum = cross_entropy_cpu(dlogits, dscale, count ? count : &unused, logits, targets, T, V, -100),
              sum = cross_entropy_cuda(m->be, dlogits, dscale, count, logits, targets, T, V, -100));
     return sum;
 }

@@ -748,6 +748,10 @@ extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscal
     cross_entropy_kernel<<<mt_cuda_blocks(T, 1, 0x7fffffffu), 512, 0, s>>>(dlogits, dscale, logits, targets, T, V,
                                                                             ignore_index, row_loss, res);
     MT_CHECK_LAUNCH();
+    if (dlogits && !count) {  // the gradient alone (the backward's pass): no sum, no host wait
+        mt_work_free(be, row_loss, bytes);
+        return 0.0;
+    }
     cross_entropy_sum_kernel<<<1, 1024, 0, s>>>(row_loss, targets, T, V, ignore_index, res);
     MT_CHECK_LAUNCH();
     ce_result h;

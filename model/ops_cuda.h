@@ -76,7 +76,9 @@ void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *
 // are never duplicated) and ignored rows are zeroed; otherwise dlogits is accumulated as on the
 // CPU and ignored rows are left untouched. Returns the loss sum (host) and sets *count: one
 // device-to-host copy and one stream synchronisation. A target outside [0, V) is fatal, as
-// on the CPU (detected on the device, reported after the synchronisation).
+// on the CPU (detected on the device, reported after the synchronisation). With dlogits and
+// count NULL only the gradient is made (the backward's pass, whose forward checked the
+// targets): returns 0, no host wait.
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,
                           const int32_t *targets, int T, int V, int ignore_index);
 

@@ -71,7 +71,7 @@ static double shortest_of_float(float f) {
 
 static int fill_lora(void *ctx, size_t i, char which, float *dst) {
     const mt_lora *lo = ((mt_lora *const *)ctx)[i];
-    mt_tensor_download(which == 'A' ? lo->a : lo->b, dst);
+    mt_tensor_download_f32(which == 'A' ? lo->a : lo->b, dst);  // bf16 on the GPU step
     return 0;
 }
 
@@ -171,12 +171,13 @@ static void trained_list_free(trained_list *tl) {
 
 static int fill_trained(void *ctx, size_t index, void *dst, size_t nbytes) {
     const trained_list *tl = ctx;
-    if (nbytes != tl->t[index]->nbytes) {
-        mt_error_set("'%s': %zu bytes in the model, %zu in the file layout", tl->desc[index]->name,
-                     tl->t[index]->nbytes, nbytes);
+    size_t want = (size_t)mt_tensor_numel(tl->t[index]) * sizeof(float);  // written F32 whatever the model keeps
+    if (nbytes != want) {
+        mt_error_set("'%s': %zu bytes as f32 in the model, %zu in the file layout", tl->desc[index]->name, want,
+                     nbytes);
         return -1;
     }
-    mt_tensor_download(tl->t[index], dst);
+    mt_tensor_download_f32(tl->t[index], dst);
     return 0;
 }
 
@@ -253,7 +254,7 @@ int mt_model_load_trained(mt_model *m, const char *path) {
         size_t numel = (size_t)mt_tensor_numel(tl.t[j]);
         host = mt_xrealloc(host, numel * sizeof(float));
         mt_convert(host, MT_F32, t->data, dt, numel);
-        mt_tensor_upload(tl.t[j], host);
+        mt_tensor_upload_f32(tl.t[j], host);  // into the model's dtype (bf16 on the GPU step)
     }
     free(host);
     trained_list_free(&tl);

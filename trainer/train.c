@@ -237,9 +237,6 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0 && print_plan(&cfg, o) != 0) return -1;
-    if (t->rank == 0 && t->be->ops->kind == MT_BACKEND_CUDA)
-        mt_warn("the cuda step keeps activations, trainables and their gradients in fp32 so far, where the plan "
-                "counts bf16: expect up to twice its act, train and grad figures");
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};

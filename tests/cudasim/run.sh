@@ -145,7 +145,8 @@ rc_cuda=$?
 # The CUDA step stores weights, activations and gradients in bf16 (the CPU is the fp32
 # reference), so the runs part by bf16 roundings step after step: the acceptance is the final
 # loss within 2% of the CPU run's (issue 12); the step's host waits at most one per layer (the
-# expert row counts) plus four (loss, aux statistics, grad norm, one spare); and no step leaks:
+# expert row counts) plus four (the loss, the aux and z statistics, the grad norm of each of the
+# two parameter groups: replicated and experts); and no step leaks:
 # the ledger's peak after step 2 is the peak after the last.
 step_field() { grep '"type":"step"' "$1/metrics.jsonl" | sed -n "$3p" | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
 last() { step_field "$1" "$2" '$'; }
@@ -175,10 +176,12 @@ if command -v mpirun >/dev/null; then
   CUDASIM_VERBOSE=1 MT_COMM_TIMEOUT=120 timeout 300 "${mpirun[@]}" -np 2 "$moetrain" train "${mpi_common[@]}" --batch 2 --ep 2 \
     --out "$work/ep2" >"$work/ep2.log" 2>&1
   rc2=$?
-  # The tolerance of `make test-mpi` (tests/mpi/run.sh): losses 1e-5, tensors 1e-3 relative L2.
+  # bf16: the replicated adapters' gradients are summed over the ranks after each rank rounded its
+  # part to bf16 (one more rounding, ≤ 2^-8 per element), which Adam's normalised step passes on:
+  # losses to 1e-4 and tensors to 5e-2 relative L2 over 5 steps (seen: 1.2e-5 and 1.5e-2).
   if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" -ge 2 ] &&
-     "$compare" "$work/one" "$work/ep2" 1e-5 1e-3 >"$work/cmp.log" 2>&1; then
-    ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (tol 1e-5, 1e-3): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
+     "$compare" "$work/one" "$work/ep2" 1e-4 5e-2 >"$work/cmp.log" 2>&1; then
+    ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (bf16; tol 1e-4, 5e-2): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
   else
     bad "NCCL: mpirun -np 2 --device cuda --ep 2 vs one process (exit codes $rc1/$rc2): $(cat "$work/cmp.log" 2>/dev/null)"
     tail -8 "$work/ep2.log" | sed 's/^/      | /'
