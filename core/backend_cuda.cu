@@ -5,9 +5,13 @@
 // (CUBLAS_COMPUTE_32F, never TF32). cuBLASLt is column-major, so we ask it for
 // c^T [N, M] = op(b)^T · op(a)^T: a row-major matrix read column-major is its transpose, so
 // cuBLASLt's "A" is our b and its "B" is our a, each with its own transpose flag; nothing is
-// copied or transposed in memory. Descriptors and the chosen algorithm are cached per
-// (M, N, K, transposes, dtypes, pointer alignment) in a small LRU table; one workspace is
-// allocated at creation through the ledger under `work`.
+// copied or transposed in memory. Descriptors and the chosen algorithm are cached in a small
+// LRU table keyed on (bucket(M), N, K, row strides, transposes, dtypes, pointer alignment), where
+// bucket(M) is the next power of two: an expert's M (its token count) changes every step, and an
+// exact-M key re-planned nearly every call. The heuristic picks the algorithm for the bucket's
+// largest M; each call sets the real M on the plan's layouts and has cuBLASLt check the algorithm
+// for it (cublasLtMatmulAlgoCheck), falling back to a fresh heuristic for that call on a refusal.
+// One workspace is allocated at creation through the ledger under `work`.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,9 +32,12 @@ enum {
 // ---------------------------------------------------------------------------------------------
 // State
 
-// What a cached plan is valid for.
+// What a cached plan is valid for. m_bucket: the next power of two ≥ M. Powers of two because
+// cuBLASLt's tiles are (64, 128, 256 rows): within one octave the heuristic's choice is mostly
+// the same tile, while M = 1..300 needs only 10 plans; a finer geometric bucket would cost more
+// heuristic calls for choices that rarely differ (and the per-call check catches those that do).
 typedef struct {
-    int64_t m, n, k;
+    int64_t m_bucket, n, k;
     int64_t lda, ldb, ldc;  // row strides (elements)
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
@@ -46,7 +53,10 @@ typedef struct {
     cublasLtMatrixLayout_t lay_a;  // cuBLASLt's B: our a, read column-major
     cublasLtMatrixLayout_t lay_c;  // C and D: our c, read column-major ([N, M], ld N)
     cublasLtMatmulPreference_t pref;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;   // the heuristic's choice for M = m_plan
+    int64_t m_plan;              // the M the heuristic saw: the bucket's top (≤ lda when trans_a)
+    int64_t m_set;               // the M the layouts describe now
+    int64_t m_checked;           // the last M cublasLtMatmulAlgoCheck accepted `algo` for
 } matmul_plan;
 
 typedef struct {
@@ -57,16 +67,23 @@ typedef struct {
     size_t workspace_bytes;
     matmul_plan plans[CUDA_PLAN_SLOTS];
     uint64_t clock;  // ticks once per matmul, for LRU eviction
+    uint64_t plans_built;     // heuristic runs that filled a cache slot (mt_cuda_matmul_plans_built)
+    uint64_t algo_fallbacks;  // calls whose cached algorithm cuBLASLt refused for the real M
     // mt_cuda_mem_peak_start/stop: the driver's used memory sampled after every allocation (it
     // only grows there), so the ledger's peak can be checked against what the device really held.
     int sample_used;
     size_t used_peak;
     // Stream-ordered allocation (cudaMallocAsync/cudaFreeAsync on `stream`) where the device has
     // memory pools: a free does not stall the device the way cudaFree does, which matters for
-    // the step's many short-lived work buffers. The pool keeps its default release threshold
-    // (0): freed memory goes back at the next synchronisation, so the driver's count follows the
-    // ledger's. Memory used on another stream (NCCL's) is ordered by the comm's events.
+    // the step's many short-lived work buffers. The device's default pool gets a release
+    // threshold of UINT64_MAX: freed memory stays in the pool for the next allocation instead of
+    // going back to the driver at every synchronisation (and coming back through the OS on the
+    // next step). So the driver's used memory is the pool's high-water mark, not the ledger's
+    // current count; cudaMemPoolTrimTo(pool, 0) hands the unused part back (an allocation
+    // refused for lack of memory does that and retries once). Memory used on another stream
+    // (NCCL's) is ordered by the comm's events.
     int async_alloc;
+    cudaMemPool_t pool;  // the device's default pool, when async_alloc
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -86,6 +103,15 @@ static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
     if (bytes == 0) return 0;
     cuda_ctx *cx = cuda_enter(be);
     cudaError_t e = cx->async_alloc ? cudaMallocAsync(out, bytes, cx->stream) : cudaMalloc(out, bytes);
+    if (e == cudaErrorMemoryAllocation && cx->async_alloc) {
+        // The pool may hold freed memory in pieces too small for this request: wait for the frees
+        // queued on the stream, give every unused byte back to the driver and ask once more.
+        (void)cudaGetLastError();
+        MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+        be->host_syncs++;
+        MT_CHECK_CUDA(cudaMemPoolTrimTo(cx->pool, 0));
+        e = cudaMallocAsync(out, bytes, cx->stream);
+    }
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
         *out = NULL;
@@ -223,7 +249,7 @@ static uint32_t ptr_alignment(const void *p) {
 }
 
 static int key_equal(const matmul_key *x, const matmul_key *y) {
-    return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb &&
+    return x->m_bucket == y->m_bucket && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb &&
            x->ldc == y->ldc && x->trans_a == y->trans_a &&
            x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
            x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
@@ -239,11 +265,47 @@ static void plan_destroy(matmul_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-// Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm.
-// Returns 0, or -1 with an error when cuBLASLt has no algorithm for it (p left unused).
+// The heuristic's best algorithm for p's descriptors as they stand (their M is p->m_set).
+// 0 with *algo; 1 when cuBLASLt has none (the error set); a failing call is fatal.
+static int plan_heuristic(cuda_ctx *cx, const matmul_plan *p, cublasLtMatmulAlgo_t *algo) {
+    const matmul_key *k = &p->key;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c,
+                                                       p->lay_c, p->pref, 1, &res, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+        mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
+                     "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
+                     (long long)p->m_set, (long long)k->k, (long long)k->k, (long long)k->n, k->trans_a,
+                     k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
+                     k->align_a, k->align_b, k->align_c);
+        return 1;
+    }
+    MT_CHECK_CUBLAS(st);
+    *algo = res.algo;
+    return 0;
+}
+
+// The M the layouts describe: our a is cuBLASLt's B, column-major [a_cols, a_rows], so M is
+// its columns, or its rows when trans_a; c is [N, M] column-major, M its columns.
+static void plan_set_m(matmul_plan *p, int64_t m) {
+    if (p->m_set == m) return;
+    uint64_t v = (uint64_t)m;
+    cublasLtMatrixLayoutAttribute_t a_attr = p->key.trans_a ? CUBLASLT_MATRIX_LAYOUT_ROWS : CUBLASLT_MATRIX_LAYOUT_COLS;
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(p->lay_a, a_attr, &v, sizeof v));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(p->lay_c, CUBLASLT_MATRIX_LAYOUT_COLS, &v, sizeof v));
+    p->m_set = m;
+}
+
+// Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm for
+// M = the bucket's top. With trans_a, a is stored [K, M] with row stride lda ≥ M, so the
+// planning M is capped at lda (every M this key serves is). Returns 0, or -1 with an error when
+// cuBLASLt has no algorithm for it (p left unused).
 static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
+    p->m_plan = k->trans_a ? MT_MIN(k->m_bucket, k->lda) : k->m_bucket;
     MT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transa
     int32_t op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transb
@@ -251,11 +313,13 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
 
     // A row-major [r, c] matrix with row stride ld is column-major [c, r] with leading dimension ld.
+    uint64_t m = (uint64_t)p->m_plan;
     uint64_t b_rows = k->trans_b ? k->n : k->k, b_cols = k->trans_b ? k->k : k->n;  // b as stored
-    uint64_t a_rows = k->trans_a ? k->k : k->m, a_cols = k->trans_a ? k->m : k->k;  // a as stored
+    uint64_t a_rows = k->trans_a ? k->k : m, a_cols = k->trans_a ? m : k->k;        // a as stored
     MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, k->ldb));
     MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, k->lda));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)k->m, k->ldc));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, m, k->ldc));
+    p->m_set = p->m_plan;
 
     MT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
     uint64_t ws = cx->workspace_bytes;
@@ -270,24 +334,13 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     for (size_t i = 0; i < MT_ARRAY_LEN(aligns); i++)
         MT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(p->pref, aligns[i].attr, &aligns[i].bytes,
                                                              sizeof aligns[i].bytes));
-
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c,
-                                                       p->lay_c, p->pref, 1, &res, &found);
     p->used = 1;  // from here on plan_destroy releases the descriptors
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    if (plan_heuristic(cx, p, &p->algo) != 0) {
         plan_destroy(p);
-        mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
-                     "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
-                     (long long)k->m, (long long)k->k, (long long)k->k, (long long)k->n, k->trans_a,
-                     k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
-                     k->align_a, k->align_b, k->align_c);
         return -1;
     }
-    MT_CHECK_CUBLAS(st);
-    p->algo = res.algo;
+    p->m_checked = p->m_plan;
+    cx->plans_built++;
     return 0;
 }
 
@@ -310,6 +363,26 @@ static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
     if (plan_build(cx, victim, k) != 0) return NULL;
     victim->last_use = ++cx->clock;
     return victim;
+}
+
+// The algorithm for p at M = m (the layouts set to m): the cached one when cuBLASLt accepts it
+// for m with a workspace that fits ours (checked once per new M), else a fresh heuristic's
+// choice for this call into *scratch. NULL with an error when cuBLASLt has none.
+static const cublasLtMatmulAlgo_t *plan_algo_for(cuda_ctx *cx, matmul_plan *p, int64_t m,
+                                                 cublasLtMatmulAlgo_t *scratch) {
+    plan_set_m(p, m);
+    if (p->m_checked == m) return &p->algo;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    // Any refusal (INVALID_VALUE, NOT_SUPPORTED, ARCH_MISMATCH) means "the algo will not run".
+    cublasStatus_t st = cublasLtMatmulAlgoCheck(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c, p->lay_c,
+                                                &p->algo, &res);
+    if (st == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= cx->workspace_bytes) {
+        p->m_checked = m;
+        return &p->algo;
+    }
+    cx->algo_fallbacks++;
+    return plan_heuristic(cx, p, scratch) == 0 ? scratch : NULL;
 }
 
 // c [M, N] = alpha · op(a) [M, K] · op(b) [K, N] + beta · c, all row-major on this GPU.
@@ -336,7 +409,9 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     }
     matmul_key key;
     memset(&key, 0, sizeof key);
-    key.m = m, key.n = n, key.k = k;
+    key.m_bucket = 1;
+    while (key.m_bucket < m) key.m_bucket <<= 1;
+    key.n = n, key.k = k;
     key.lda = mt_tensor_ld(a), key.ldb = mt_tensor_ld(b), key.ldc = mt_tensor_ld(c);
     key.trans_a = !!trans_a, key.trans_b = !!trans_b;
     key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
@@ -344,8 +419,11 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     key.align_c = ptr_alignment(c->data);
     matmul_plan *p = plan_get(cx, &key);
     if (!p) return -1;
+    cublasLtMatmulAlgo_t fresh;
+    const cublasLtMatmulAlgo_t *algo = plan_algo_for(cx, p, m, &fresh);
+    if (!algo) return -1;
     MT_CHECK_CUBLAS(cublasLtMatmul(cx->lt, p->desc, &alpha, b->data, p->lay_b, a->data, p->lay_a, &beta,
-                                   c->data, p->lay_c, c->data, p->lay_c, &p->algo, cx->workspace,
+                                   c->data, p->lay_c, c->data, p->lay_c, algo, cx->workspace,
                                    cx->workspace_bytes, cx->stream));
     return 0;
 }
@@ -356,6 +434,8 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
 static void cuda_destroy(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    mt_log(MT_LOG_DEBUG, "cuda: matmul plans_built=%llu algo_fallbacks=%llu", (unsigned long long)cx->plans_built,
+           (unsigned long long)cx->algo_fallbacks);
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) plan_destroy(&cx->plans[i]);
     if (cx->workspace) mt_backend_release(be, MT_MEM_WORK, cx->workspace_bytes, cx->workspace);
     MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
@@ -413,6 +493,11 @@ extern "C" int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
     return 0;
 }
 
+extern "C" uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_matmul_plans_built");
+    return cx ? cx->plans_built : 0;
+}
+
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -457,6 +542,11 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
     MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     MT_CHECK_CUDA(cudaDeviceGetAttribute(&cx->async_alloc, cudaDevAttrMemoryPoolsSupported, device));
     if (getenv("MT_CUDA_SYNC_ALLOC")) cx->async_alloc = 0;  // cudaMalloc/cudaFree, to rule the pool out
+    if (cx->async_alloc) {  // the pool keeps what is freed (see cuda_ctx)
+        uint64_t keep = UINT64_MAX;
+        MT_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&cx->pool, device));
+        MT_CHECK_CUDA(cudaMemPoolSetAttribute(cx->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     MT_CHECK_CUBLAS(cublasLtCreate(&cx->lt));
     if (mt_backend_alloc(be, MT_MEM_WORK, CUDA_WORKSPACE_BYTES, &cx->workspace) != 0) {
         mt_error_prefix("cuda backend: cuBLASLt workspace");
@@ -467,8 +557,9 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
         return NULL;
     }
     cx->workspace_bytes = CUDA_WORKSPACE_BYTES;
-    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d",
+    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d "
+           "pool_release_threshold=%s",
            device, prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES,
-           cx->async_alloc);
+           cx->async_alloc, cx->async_alloc ? "max" : "none");
     return be;
 }
