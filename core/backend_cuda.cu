@@ -6,11 +6,13 @@
 // c^T [N, M] = op(b)^T · op(a)^T: a row-major matrix read column-major is its transpose, so
 // cuBLASLt's "A" is our b and its "B" is our a, each with its own transpose flag; nothing is
 // copied or transposed in memory. Descriptors and the chosen algorithm are cached in a small
-// LRU table keyed on (bucket(M), N, K, row strides, transposes, dtypes, pointer alignment), where
-// bucket(M) is the next power of two: an expert's M (its token count) changes every step, and an
-// exact-M key re-planned nearly every call. The heuristic picks the algorithm for the bucket's
-// largest M; each call sets the real M on the plan's layouts and has cuBLASLt check the algorithm
-// for it (cublasLtMatmulAlgoCheck), falling back to a fresh heuristic for that call on a refusal.
+// LRU table keyed on (bucket(M), N, bucket(K), row strides, transposes, dtypes, pointer
+// alignment), where bucket(x) is the next power of two: an expert's token count changes every
+// step, as M of its forward and dx GEMMs and as K of its weight (LoRA) gradients, and an exact
+// key re-planned nearly every call. The heuristic picks the algorithm for the buckets' largest
+// M and K (capped by the row strides that bound them); each call sets the real M and K on the
+// plan's layouts and has cuBLASLt check the algorithm for them (cublasLtMatmulAlgoCheck), falling
+// back to a fresh heuristic for that call on a refusal.
 // One workspace is allocated at creation through the ledger under `work`.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -32,12 +34,13 @@ enum {
 // ---------------------------------------------------------------------------------------------
 // State
 
-// What a cached plan is valid for. m_bucket: the next power of two ≥ M. Powers of two because
-// cuBLASLt's tiles are (64, 128, 256 rows): within one octave the heuristic's choice is mostly
-// the same tile, while M = 1..300 needs only 10 plans; a finer geometric bucket would cost more
-// heuristic calls for choices that rarely differ (and the per-call check catches those that do).
+// What a cached plan is valid for. m_bucket, k_bucket: the next power of two ≥ M, ≥ K. Powers
+// of two because cuBLASLt's tiles are too (64, 128, 256 rows): within one octave the heuristic's
+// choice is mostly the same tile, while M = 1..300 needs only 10 plans; a finer geometric bucket
+// would cost more heuristic calls for choices that rarely differ (and the per-call check catches
+// those that do). A fixed K is planned exactly whenever a dense operand's row stride is K.
 typedef struct {
-    int64_t m_bucket, n, k;
+    int64_t m_bucket, n, k_bucket;
     int64_t lda, ldb, ldc;  // row strides (elements)
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
@@ -53,10 +56,10 @@ typedef struct {
     cublasLtMatrixLayout_t lay_a;  // cuBLASLt's B: our a, read column-major
     cublasLtMatrixLayout_t lay_c;  // C and D: our c, read column-major ([N, M], ld N)
     cublasLtMatmulPreference_t pref;
-    cublasLtMatmulAlgo_t algo;   // the heuristic's choice for M = m_plan
-    int64_t m_plan;              // the M the heuristic saw: the bucket's top (≤ lda when trans_a)
-    int64_t m_set;               // the M the layouts describe now
-    int64_t m_checked;           // the last M cublasLtMatmulAlgoCheck accepted `algo` for
+    cublasLtMatmulAlgo_t algo;   // the heuristic's choice for (m_plan, k_plan)
+    int64_t m_plan, k_plan;      // what the heuristic saw: the buckets' tops, capped by row strides
+    int64_t m_set, k_set;        // what the layouts describe now
+    int64_t m_checked, k_checked;  // the last (M, K) cublasLtMatmulAlgoCheck accepted `algo` for
 } matmul_plan;
 
 typedef struct {
@@ -249,7 +252,7 @@ static uint32_t ptr_alignment(const void *p) {
 }
 
 static int key_equal(const matmul_key *x, const matmul_key *y) {
-    return x->m_bucket == y->m_bucket && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb &&
+    return x->m_bucket == y->m_bucket && x->n == y->n && x->k_bucket == y->k_bucket && x->lda == y->lda && x->ldb == y->ldb &&
            x->ldc == y->ldc && x->trans_a == y->trans_a &&
            x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
            x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
@@ -265,7 +268,7 @@ static void plan_destroy(matmul_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-// The heuristic's best algorithm for p's descriptors as they stand (their M is p->m_set).
+// The heuristic's best algorithm for p's descriptors as they stand (M, K = p->m_set, k_set).
 // 0 with *algo; 1 when cuBLASLt has none (the error set); a failing call is fatal.
 static int plan_heuristic(cuda_ctx *cx, const matmul_plan *p, cublasLtMatmulAlgo_t *algo) {
     const matmul_key *k = &p->key;
@@ -277,7 +280,7 @@ static int plan_heuristic(cuda_ctx *cx, const matmul_plan *p, cublasLtMatmulAlgo
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
         mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
                      "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
-                     (long long)p->m_set, (long long)k->k, (long long)k->k, (long long)k->n, k->trans_a,
+                     (long long)p->m_set, (long long)p->k_set, (long long)p->k_set, (long long)k->n, k->trans_a,
                      k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
                      k->align_a, k->align_b, k->align_c);
         return 1;
@@ -287,39 +290,61 @@ static int plan_heuristic(cuda_ctx *cx, const matmul_plan *p, cublasLtMatmulAlgo
     return 0;
 }
 
-// The M the layouts describe: our a is cuBLASLt's B, column-major [a_cols, a_rows], so M is
-// its columns, or its rows when trans_a; c is [N, M] column-major, M its columns.
-static void plan_set_m(matmul_plan *p, int64_t m) {
-    if (p->m_set == m) return;
-    uint64_t v = (uint64_t)m;
-    cublasLtMatrixLayoutAttribute_t a_attr = p->key.trans_a ? CUBLASLT_MATRIX_LAYOUT_ROWS : CUBLASLT_MATRIX_LAYOUT_COLS;
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(p->lay_a, a_attr, &v, sizeof v));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(p->lay_c, CUBLASLT_MATRIX_LAYOUT_COLS, &v, sizeof v));
-    p->m_set = m;
+// Rows and columns, column-major, of cuBLASLt's view of our a and b for M, K (a row-major
+// [r, c] matrix is column-major [c, r]): a is [M, K] stored, or [K, M] when trans_a; b is [K, N],
+// or [N, K] when trans_b.
+static void a_dims(const matmul_key *k, int64_t m, int64_t kk, uint64_t *rows, uint64_t *cols) {
+    *rows = (uint64_t)(k->trans_a ? m : kk), *cols = (uint64_t)(k->trans_a ? kk : m);
+}
+static void b_dims(const matmul_key *k, int64_t kk, uint64_t *rows, uint64_t *cols) {
+    *rows = (uint64_t)(k->trans_b ? kk : k->n), *cols = (uint64_t)(k->trans_b ? k->n : kk);
+}
+
+static void layout_set_dims(cublasLtMatrixLayout_t l, uint64_t rows, uint64_t cols) {
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols));
+}
+
+// The layouts made to describe M = m, K = kk (c is [N, M] column-major).
+static void plan_set_mk(matmul_plan *p, int64_t m, int64_t kk) {
+    if (p->m_set == m && p->k_set == kk) return;
+    uint64_t r, c;
+    a_dims(&p->key, m, kk, &r, &c);
+    layout_set_dims(p->lay_a, r, c);
+    if (p->k_set != kk) {
+        b_dims(&p->key, kk, &r, &c);
+        layout_set_dims(p->lay_b, r, c);
+    }
+    if (p->m_set != m) layout_set_dims(p->lay_c, (uint64_t)p->key.n, (uint64_t)m);
+    p->m_set = m, p->k_set = kk;
 }
 
 // Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm for
-// M = the bucket's top. With trans_a, a is stored [K, M] with row stride lda ≥ M, so the
-// planning M is capped at lda (every M this key serves is). Returns 0, or -1 with an error when
-// cuBLASLt has no algorithm for it (p left unused).
+// the buckets' tops. A row stride bounds the dimension it strides over (a [K, M] stored with
+// lda ≥ M, a [M, K] with lda ≥ K, b [N, K] with ldb ≥ K), so the planning M and K are capped by
+// those (every M and K this key serves is): a dense operand's K is planned exactly. Returns 0,
+// or -1 with an error when cuBLASLt has no algorithm for it (p left unused).
 static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     p->m_plan = k->trans_a ? MT_MIN(k->m_bucket, k->lda) : k->m_bucket;
+    p->k_plan = k->k_bucket;
+    if (!k->trans_a) p->k_plan = MT_MIN(p->k_plan, k->lda);
+    if (k->trans_b) p->k_plan = MT_MIN(p->k_plan, k->ldb);
     MT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transa
     int32_t op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transb
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
 
-    // A row-major [r, c] matrix with row stride ld is column-major [c, r] with leading dimension ld.
-    uint64_t m = (uint64_t)p->m_plan;
-    uint64_t b_rows = k->trans_b ? k->n : k->k, b_cols = k->trans_b ? k->k : k->n;  // b as stored
-    uint64_t a_rows = k->trans_a ? k->k : m, a_cols = k->trans_a ? m : k->k;        // a as stored
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, k->ldb));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, k->lda));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, m, k->ldc));
-    p->m_set = p->m_plan;
+    // Leading dimension = the row stride of the row-major matrix.
+    uint64_t ar, ac, br, bc;
+    a_dims(k, p->m_plan, p->k_plan, &ar, &ac);
+    b_dims(k, p->k_plan, &br, &bc);
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), br, bc, k->ldb));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), ar, ac, k->lda));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)p->m_plan, k->ldc));
+    p->m_set = p->m_plan, p->k_set = p->k_plan;
 
     MT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
     uint64_t ws = cx->workspace_bytes;
@@ -339,7 +364,7 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
         plan_destroy(p);
         return -1;
     }
-    p->m_checked = p->m_plan;
+    p->m_checked = p->m_plan, p->k_checked = p->k_plan;
     cx->plans_built++;
     return 0;
 }
@@ -365,20 +390,20 @@ static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
     return victim;
 }
 
-// The algorithm for p at M = m (the layouts set to m): the cached one when cuBLASLt accepts it
-// for m with a workspace that fits ours (checked once per new M), else a fresh heuristic's
-// choice for this call into *scratch. NULL with an error when cuBLASLt has none.
-static const cublasLtMatmulAlgo_t *plan_algo_for(cuda_ctx *cx, matmul_plan *p, int64_t m,
+// The algorithm for p at (M, K) = (m, kk), the layouts set to them: the cached one when cuBLASLt
+// accepts it there with a workspace that fits ours (checked once per new (M, K)), else a fresh
+// heuristic's choice for this call into *scratch. NULL with an error when cuBLASLt has none.
+static const cublasLtMatmulAlgo_t *plan_algo_for(cuda_ctx *cx, matmul_plan *p, int64_t m, int64_t kk,
                                                  cublasLtMatmulAlgo_t *scratch) {
-    plan_set_m(p, m);
-    if (p->m_checked == m) return &p->algo;
+    plan_set_mk(p, m, kk);
+    if (p->m_checked == m && p->k_checked == kk) return &p->algo;
     cublasLtMatmulHeuristicResult_t res;
     memset(&res, 0, sizeof res);
     // Any refusal (INVALID_VALUE, NOT_SUPPORTED, ARCH_MISMATCH) means "the algo will not run".
     cublasStatus_t st = cublasLtMatmulAlgoCheck(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c, p->lay_c,
                                                 &p->algo, &res);
     if (st == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= cx->workspace_bytes) {
-        p->m_checked = m;
+        p->m_checked = m, p->k_checked = kk;
         return &p->algo;
     }
     cx->algo_fallbacks++;
@@ -409,9 +434,10 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     }
     matmul_key key;
     memset(&key, 0, sizeof key);
-    key.m_bucket = 1;
+    key.m_bucket = key.k_bucket = 1;
     while (key.m_bucket < m) key.m_bucket <<= 1;
-    key.n = n, key.k = k;
+    while (key.k_bucket < k) key.k_bucket <<= 1;
+    key.n = n;
     key.lda = mt_tensor_ld(a), key.ldb = mt_tensor_ld(b), key.ldc = mt_tensor_ld(c);
     key.trans_a = !!trans_a, key.trans_b = !!trans_b;
     key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
@@ -420,7 +446,7 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     matmul_plan *p = plan_get(cx, &key);
     if (!p) return -1;
     cublasLtMatmulAlgo_t fresh;
-    const cublasLtMatmulAlgo_t *algo = plan_algo_for(cx, p, m, &fresh);
+    const cublasLtMatmulAlgo_t *algo = plan_algo_for(cx, p, m, k, &fresh);
     if (!algo) return -1;
     MT_CHECK_CUBLAS(cublasLtMatmul(cx->lt, p->desc, &alpha, b->data, p->lay_b, a->data, p->lay_a, &beta,
                                    c->data, p->lay_c, c->data, p->lay_c, algo, cx->workspace,

@@ -170,53 +170,60 @@ Test(cuda, matmul_plan_cache_eviction) {
     mt_backend_free(gpu);
 }
 
-// Expert matmuls: M (an expert's token count) changes every call while N and K stay. Plans are
-// cached per power-of-two bucket of M, so 200 calls with M in 1..300 build one plan per bucket
-// met (at most 10: 1, 2, 4, ..., 512), and each result matches the fp32 reference computed at
-// that exact M (bf16 inputs, f32 output: summation order only, as matmul_bf16_to_f32). Not with
-// trans_a: a dense a stored [K, M] has row stride M, part of the key, so every M is its own plan
-// there by design (the model's trans_a calls, weight gradients, have a fixed M).
-static void plan_buckets_check(int trans_a, int trans_b, int calls) {
+// Expert matmuls: an expert's token count changes every call, as M of its forward and dx GEMMs
+// and as K of its weight (LoRA) gradients, while the other two sizes stay. Plans are cached per
+// power-of-two bucket of M and of K, so `calls` matmuls with the varying size in 1..300 build one
+// plan per bucket met (at most 10: 1, 2, 4, ..., 512), and each result matches the fp32
+// reference at that exact size (bf16 inputs, f32 output: summation order only, as
+// matmul_bf16_to_f32). Not M with trans_a: a dense a stored [K, M] has row stride M, part of the
+// key, so there every M is its own plan by design (the model's trans_a calls, weight gradients,
+// have a fixed M and vary K).
+static void plan_buckets_check(char vary, int trans_a, int trans_b, int calls) {
     mt_backend *gpu = gpu_or_skip();
     mt_backend *cpu = mt_backend_cpu_new();
-    rng_state = 4242u + (unsigned)(trans_a * 2 + trans_b);
+    rng_state = 4242u + (unsigned)(trans_a * 2 + trans_b) + (unsigned)vary;
     uint64_t built0 = mt_cuda_matmul_plans_built(gpu);
     int seen[16] = {0}, buckets = 0;
     for (int i = 0; i < calls; i++) {
-        int64_t m = 1 + (int64_t)((rnd_uniform() + 1.0f) * 150.0f);  // 1..300
-        if (m > 300) m = 300;
+        int64_t x = 1 + (int64_t)((rnd_uniform() + 1.0f) * 150.0f);  // 1..300
+        if (x > 300) x = 300;
         int b = 0;
-        while (((int64_t)1 << b) < m) b++;
+        while (((int64_t)1 << b) < x) b++;
         if (!seen[b]) seen[b] = 1, buckets++;
-        parity p = matmul_parity(gpu, cpu, m, 24, 40, trans_a, trans_b, MT_BF16, MT_F32, 1.0f, 0.0f);
-        cr_expect(p.err < 1e-3, "call %d M=%lld ta=%d tb=%d: error %.3g (got %g want %g)", i, (long long)m, trans_a,
-                  trans_b, p.err, p.got, p.want);
+        int64_t m = vary == 'm' ? x : 24, k = vary == 'k' ? x : 40;
+        parity p = matmul_parity(gpu, cpu, m, 24, k, trans_a, trans_b, MT_BF16, MT_F32, 1.0f, 0.0f);
+        cr_expect(p.err < 1e-3, "call %d M=%lld K=%lld ta=%d tb=%d: error %.3g (got %g want %g)", i, (long long)m,
+                  (long long)k, trans_a, trans_b, p.err, p.got, p.want);
     }
     uint64_t built = mt_cuda_matmul_plans_built(gpu) - built0;
-    cr_log_info("%d matmuls, %d buckets of M met, %llu plans built", calls, buckets, (unsigned long long)built);
+    cr_log_info("%d matmuls varying %c (ta=%d tb=%d), %d buckets met, %llu plans built", calls, vary, trans_a, trans_b,
+                buckets, (unsigned long long)built);
     cr_expect(built >= 1 && built <= (uint64_t)buckets,
-              "%d matmuls with M in 1..300 (N=24, K=40): %llu plans built, expected at most one per bucket (%d)", calls,
+              "%d matmuls with %c in 1..300: %llu plans built, expected at most one per bucket (%d)", calls, vary,
               (unsigned long long)built, buckets);
-    cr_expect(buckets <= 10, "M in 1..300 spans at most 10 power-of-two buckets, saw %d", buckets);
+    cr_expect(buckets <= 10, "1..300 spans at most 10 power-of-two buckets, saw %d", buckets);
     mt_backend_free(cpu);
     mt_backend_free(gpu);
 }
 
-Test(cuda, matmul_plans_by_m_bucket) { plan_buckets_check(0, 0, 200); }
+Test(cuda, matmul_plans_by_m_bucket) { plan_buckets_check('m', 0, 0, 200); }
 // x · Wᵀ, the expert forward's layout.
-Test(cuda, matmul_plans_by_m_bucket_trans_b) { plan_buckets_check(0, 1, 100); }
+Test(cuda, matmul_plans_by_m_bucket_trans_b) { plan_buckets_check('m', 0, 1, 100); }
+// dB += dyᵀ · xa, a LoRA gradient's layout: K is the expert's token count.
+Test(cuda, matmul_plans_by_k_bucket_trans_a) { plan_buckets_check('k', 1, 0, 100); }
 
 #ifdef MT_CUDA
 // Under the emulator, CUDASIM_ALGOCHECK=refuse makes cuBLASLt refuse every cached algorithm at
-// a new M (a real device may refuse one chosen for another M): every such call must fall back to
-// a fresh heuristic and still give the right result.
+// a new M or K (a real device may refuse one chosen for another size): every such call must fall
+// back to a fresh heuristic and still give the right result.
 Test(cuda, matmul_algo_check_refusal_falls_back) {
     struct cudaDeviceProp prop;
     if (mt_cuda_device_count() == 0 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess || !strstr(prop.name, "cudasim"))
         cr_skip_test("needs the cudasim emulator, whose cuBLASLt stand-in can be told to refuse algorithms");
     setenv("CUDASIM_ALGOCHECK", "refuse", 1);
     setenv("CUDASIM_QUIET_CUBLAS", "1", 1);
-    plan_buckets_check(0, 0, 40);
+    plan_buckets_check('m', 0, 0, 30);
+    plan_buckets_check('k', 1, 0, 30);
 }
 #endif
 
