@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "quant/qweight.h"
 
 #ifdef MT_CUDA
 #include <cuda_runtime.h>
@@ -382,4 +383,37 @@ Test(cuda, alloc_failure_reports_and_leaves_ledger) {
     cr_assert_not_null(ok, "%s", mt_error_get());
     mt_tensor_free(ok);
     mt_backend_free(gpu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dequantize kernel's traffic (quant/qweight.h): every byte the weight holds on its backend
+// (the ledger's count, from the tensors really allocated), the shared 1 KiB nested map with
+// double quantization, and the elements written. Runs on the cpu backend: a count, no kernel.
+Test(cuda, dequant_bytes_match_the_weight) {
+    mt_backend *cpu = mt_backend_cpu_new();
+    const int64_t out = 96, in = 200, n = out * in;  // 300 blocks of 64: two nested blocks, the last partial
+    float *w = mt_xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) w[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    const struct { mt_quant type; int dq; mt_dtype dst; uint64_t extra; } cases[] = {
+        {MT_QUANT_NF4, 1, MT_BF16, 1024 + 2 * (uint64_t)n},
+        {MT_QUANT_NF4, 0, MT_F32, 4 * (uint64_t)n},
+        {MT_QUANT_INT4, 0, MT_BF16, 2 * (uint64_t)n},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
+        mt_qweight q;
+        cr_assert_eq(mt_qweight_quantize(&q, cpu, "t", w, out, in, cases[i].type, 0, cases[i].dq), 0, "%s",
+                     mt_error_get());
+        uint64_t got = mt_qweight_dequant_bytes(&q, cases[i].dst), want = mt_qweight_bytes(&q) + cases[i].extra;
+        cr_expect_eq(got, want, "%s dq=%d -> %s: %llu bytes, the weight holds %llu (+ %llu map and output)",
+                     mt_quant_name(cases[i].type), cases[i].dq, mt_dtype_name(cases[i].dst), (unsigned long long)got,
+                     (unsigned long long)mt_qweight_bytes(&q), (unsigned long long)cases[i].extra);
+        mt_qweight_free(&q);
+    }
+    // Mixtral's w2 [4096, 14336], NF4 double quant, bf16: codes n/2, one 8-bit code per 64-block,
+    // one fp32 nested absmax per 256 blocks, the map, 2 bytes an element.
+    uint64_t N = 4096ull * 14336ull, blocks = N / 64;
+    cr_expect_eq(mt_qweight_dequant_bytes_of(MT_QUANT_NF4, 4096, 14336, 64, 1, MT_BF16),
+                 N / 2 + blocks + 4 * ((blocks + 255) / 256) + 1024 + 2 * N);
+    free(w);
+    mt_backend_free(cpu);
 }
