@@ -28,7 +28,10 @@
 
 enum {
     CUDA_WORKSPACE_BYTES = 32 << 20,  // cuBLASLt workspace (Hopper kernels want up to 32 MiB)
-    CUDA_PLAN_SLOTS = 64,             // cached matmul plans; the least recently used is evicted
+    // Cached matmul plans; the least recently used is evicted. A step of the tiny test model
+    // meets ~100 distinct keys (every call site × buckets of M and K): 64 slots thrashed, every
+    // step re-planned. A plan is a few hundred bytes of host memory.
+    CUDA_PLAN_SLOTS = 512,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -44,11 +47,12 @@ typedef struct {
     int64_t lda, ldb, ldc;  // row strides (elements)
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
-    uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume
+    uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume (≤ 16)
 } matmul_key;
 
 typedef struct {
     matmul_key key;
+    uint64_t hash;  // of key, compared first: a lookup scans every slot
     int used;
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
@@ -244,11 +248,23 @@ static int matmul_dtypes_ok(mt_dtype a, mt_dtype b, mt_dtype c) {
     return a == MT_F32 && c == MT_F32;
 }
 
+// The pointer's alignment as the algorithm may assume it, capped at 16 bytes: cuBLASLt's kernels
+// load at most 16 bytes at a time, so nothing is gained above it, and uncapped a buffer's rows
+// at different offsets (an expert's rows inside the permuted buffer) would split one shape into
+// several plans. PyTorch caps the same way (aten/src/ATen/cuda/CUDABlas.cpp, _getAlignment).
 static uint32_t ptr_alignment(const void *p) {
     uintptr_t u = (uintptr_t)p;
-    uint32_t a = 256;
+    uint32_t a = 16;
     while (a > 1 && (u & (a - 1))) a >>= 1;
     return a;
+}
+
+// FNV-1a over the key's bytes (the key is zeroed before it is filled, padding included).
+static uint64_t key_hash(const matmul_key *k) {
+    const unsigned char *b = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
 }
 
 static int key_equal(const matmul_key *x, const matmul_key *y) {
@@ -371,10 +387,11 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
 
 // The cached plan for k, built on a miss into a free or the least recently used slot.
 static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
+    const uint64_t h = key_hash(k);
     matmul_plan *victim = &cx->plans[0];
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) {
         matmul_plan *p = &cx->plans[i];
-        if (p->used && key_equal(&p->key, k)) {
+        if (p->used && p->hash == h && key_equal(&p->key, k)) {
             p->last_use = ++cx->clock;
             return p;
         }
@@ -386,6 +403,7 @@ static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
     }
     plan_destroy(victim);
     if (plan_build(cx, victim, k) != 0) return NULL;
+    victim->hash = h;
     victim->last_use = ++cx->clock;
     return victim;
 }

@@ -13,7 +13,9 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "model/mixtral.h"
 #include "quant/qweight.h"
+#include "trainer/options.h"
 
 #ifdef MT_CUDA
 #include <cuda_runtime.h>
@@ -45,7 +47,7 @@ Test(cuda, new_reports_missing_gpu) {
 static uint64_t rng_state;
 static float rnd_uniform(void) {  // [-1, 1)
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) * (1.0 / 8388608.0)) * 2.0f - 1.0f;
+    return (float)((rng_state >> 41) * (1.0 / 8388608.0)) * 2.0f - 1.0f;  // 23 bits: [0, 1)
 }
 
 // Host values of n elements of `dt`, random in [-1, 1), and the same values as f32
@@ -156,17 +158,25 @@ Test(cuda, matmul_alpha_beta) {
     parity_all(MT_BF16, MT_BF16, 1e-2, -2.0f, 0.25f);
 }
 
-// More distinct shapes than the plan cache holds: evicted plans are rebuilt correctly.
+// More distinct shapes than the plan cache holds (512 slots; N is never bucketed, so 600 values
+// of N are 600 plans): the second round finds its plans evicted, rebuilds them, and the results
+// stay right.
 Test(cuda, matmul_plan_cache_eviction) {
     mt_backend *gpu = gpu_or_skip();
     mt_backend *cpu = mt_backend_cpu_new();
     rng_state = 777;
-    for (int round = 0; round < 2; round++)
-        for (int64_t m = 1; m <= 80; m++) {
-            parity p = matmul_parity(gpu, cpu, m, 9, 17, (int)(m & 1), 0, MT_BF16, MT_F32, 1.0f, 0.0f);
-            cr_expect(p.err < 1e-3, "round %d M=%lld: error %.3g (got %g want %g)", round, (long long)m,
-                      p.err, p.got, p.want);
+    uint64_t built[2];
+    for (int round = 0; round < 2; round++) {
+        uint64_t before = mt_cuda_matmul_plans_built(gpu);
+        for (int64_t n = 1; n <= 600; n++) {
+            parity p = matmul_parity(gpu, cpu, 3, n, 5, (int)(n & 1), 0, MT_BF16, MT_F32, 1.0f, 0.0f);
+            cr_expect(p.err < 1e-3, "round %d N=%lld: error %.3g (got %g want %g)", round, (long long)n, p.err, p.got,
+                      p.want);
         }
+        built[round] = mt_cuda_matmul_plans_built(gpu) - before;
+    }
+    cr_expect_eq(built[0], 600, "round 1: %llu plans built for 600 shapes", (unsigned long long)built[0]);
+    cr_expect_gt(built[1], 0, "round 2 rebuilt nothing: the cache never evicted (600 shapes)");
     mt_backend_free(cpu);
     mt_backend_free(gpu);
 }
@@ -212,6 +222,53 @@ Test(cuda, matmul_plans_by_m_bucket) { plan_buckets_check('m', 0, 0, 200); }
 Test(cuda, matmul_plans_by_m_bucket_trans_b) { plan_buckets_check('m', 0, 1, 100); }
 // dB += dyᵀ · xa, a LoRA gradient's layout: K is the expert's token count.
 Test(cuda, matmul_plans_by_k_bucket_trans_a) { plan_buckets_check('k', 1, 0, 100); }
+
+// Steps whose shapes were all met before re-plan nothing: the tiny model (LoRA on the experts
+// and routers, NF4 base, full recomputation, as case C) runs forward and backward on three
+// random batches (each expert's token count differs between them), then on the same three again
+// (no update in between, so the same routing). The second pass must build no plan: the cache
+// holds every (call site, bucket) of a step, and the keys do not depend on where the work
+// buffers land. With 64 slots and uncapped alignment the second pass rebuilt ~100 plans a step.
+Test(cuda, training_steps_replan_nothing_when_warm) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(MT_REPO_ROOT "/configs/tiny.json", &cfg), 0, "%s", mt_error_get());
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    cr_assert_eq(mt_plan_case_apply(&o, 'C'), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_run_opts_set(&o, "seq", "64"), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_run_opts_set(&o, "batch", "2"), 0, "%s", mt_error_get());
+    mt_model m;
+    cr_assert_eq(mt_model_build(&m, gpu, &cfg, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    int32_t tokens[3][128];
+    rng_state = 99;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 128; i++) tokens[k][i] = (int32_t)((rnd_uniform() + 1.0f) * 0.5f * (float)(m.cfg.vocab - 1));
+    uint64_t built[2] = {0, 0};
+    double loss[2][3];
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3; k++) {
+            mt_batch b = {2, 64, tokens[k], tokens[k], NULL};
+            uint64_t before = mt_cuda_matmul_plans_built(gpu);
+            mt_loss l;
+            mt_model_zero_grad(&m);
+            cr_assert_eq(mt_model_forward(&m, &b, &l), 0, "%s", mt_error_get());
+            mt_model_backward(&m);
+            gpu->ops->synchronize(gpu);
+            built[pass] += mt_cuda_matmul_plans_built(gpu) - before;
+            loss[pass][k] = l.loss;
+            cr_log_info("pass %d batch %d: loss %.6f, %llu plans built", pass, k, l.loss,
+                        (unsigned long long)(mt_cuda_matmul_plans_built(gpu) - before));
+        }
+    cr_expect_gt(built[0], 0, "the first pass built no plan");
+    cr_expect_eq(built[1], 0, "the second pass over the same batches built %llu plans (the first %llu)",
+                 (unsigned long long)built[1], (unsigned long long)built[0]);
+    for (int k = 0; k < 3; k++)
+        cr_expect_eq(loss[1][k], loss[0][k], "batch %d: loss %.9g, then %.9g (same weights, same tokens)", k,
+                     loss[0][k], loss[1][k]);
+    mt_model_free(&m);
+    mt_backend_free(gpu);
+}
 
 #ifdef MT_CUDA
 // Under the emulator, CUDASIM_ALGOCHECK=refuse makes cuBLASLt refuse every cached algorithm at
