@@ -210,17 +210,24 @@ bench: $(BUILD)/moetrain_bench
 bench-torch: $(BIN)
 	bash scripts/bench_torch/run.sh $(BIN) $(BENCH_TORCH_ARGS)
 
-# The CUDA training step at Mixtral-8x7B's size (scripts/bench_gpu.c); BENCH_GPU_ARGS passes flags.
+# The roofline PROJECTION of the QLoRA step on an H100 (scripts/roofline.c, any machine, no GPU),
+# then, in a CUDA build, the CUDA training step at Mixtral-8x7B's size measured (scripts/bench_gpu.c);
+# BENCH_GPU_ARGS passes flags to the latter.
+$(BUILD)/moetrain_roofline: $(BUILD)/scripts/roofline.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+-include $(BUILD)/scripts/roofline.d
 ifeq ($(CUDA),1)
 all: $(BUILD)/moetrain_bench_gpu
 $(BUILD)/moetrain_bench_gpu: $(BUILD)/scripts/bench_gpu.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-bench-gpu: $(BUILD)/moetrain_bench_gpu
+bench-gpu: $(BUILD)/moetrain_roofline $(BUILD)/moetrain_bench_gpu
+	$(BUILD)/moetrain_roofline
 	$(BUILD)/moetrain_bench_gpu $(BENCH_GPU_ARGS)
 -include $(BUILD)/scripts/bench_gpu.d
 else
-bench-gpu:
-	@echo "bench-gpu: needs a CUDA build: make CUDA=1 bench-gpu"; exit 1
+bench-gpu: $(BUILD)/moetrain_roofline
+	$(BUILD)/moetrain_roofline
+	@echo "bench-gpu: the measured step needs a CUDA build and a GPU: make CUDA=1 bench-gpu"
 endif
 
 # Parsers under libFuzzer with ASan/UBSan (clang), seeded from real files (tests/fuzz/seeds/<target>/

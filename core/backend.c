@@ -160,6 +160,11 @@ mt_backend *mt_backend_cuda_new(int device) {
     return NULL;
 }
 int mt_cuda_device_count(void) { return 0; }
+uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
+    (void)be;
+    mt_error_set("this moetrain was built without CUDA (rebuild with `make CUDA=1`)");
+    return 0;
+}
 
 int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;

@@ -81,6 +81,10 @@ int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
 int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes);
 int mt_cuda_mem_peak_start(mt_backend *be);
 int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak);
+// Matmul plans (cuBLASLt descriptors + heuristic) built so far by `be`: plans are cached per
+// power-of-two bucket of M and of K, so this grows with distinct buckets, not distinct token
+// counts. 0 without CUDA or for another backend (with an error).
+uint64_t mt_cuda_matmul_plans_built(mt_backend *be);
 // CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).

@@ -5,9 +5,15 @@
 // (CUBLAS_COMPUTE_32F, never TF32). cuBLASLt is column-major, so we ask it for
 // c^T [N, M] = op(b)^T · op(a)^T: a row-major matrix read column-major is its transpose, so
 // cuBLASLt's "A" is our b and its "B" is our a, each with its own transpose flag; nothing is
-// copied or transposed in memory. Descriptors and the chosen algorithm are cached per
-// (M, N, K, transposes, dtypes, pointer alignment) in a small LRU table; one workspace is
-// allocated at creation through the ledger under `work`.
+// copied or transposed in memory. Descriptors and the chosen algorithm are cached in a small
+// LRU table keyed on (bucket(M), N, bucket(K), row strides, transposes, dtypes, pointer
+// alignment), where bucket(x) is the next power of two: an expert's token count changes every
+// step, as M of its forward and dx GEMMs and as K of its weight (LoRA) gradients, and an exact
+// key re-planned nearly every call. The heuristic picks the algorithm for the buckets' largest
+// M and K (capped by the row strides that bound them); each call sets the real M and K on the
+// plan's layouts and has cuBLASLt check the algorithm for them (cublasLtMatmulAlgoCheck), falling
+// back to a fresh heuristic for that call on a refusal.
+// One workspace is allocated at creation through the ledger under `work`.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,23 +28,31 @@
 
 enum {
     CUDA_WORKSPACE_BYTES = 32 << 20,  // cuBLASLt workspace (Hopper kernels want up to 32 MiB)
-    CUDA_PLAN_SLOTS = 64,             // cached matmul plans; the least recently used is evicted
+    // Cached matmul plans; the least recently used is evicted. A step of the tiny test model
+    // meets ~100 distinct keys (every call site × buckets of M and K): 64 slots thrashed, every
+    // step re-planned. A plan is a few hundred bytes of host memory.
+    CUDA_PLAN_SLOTS = 512,
 };
 
 // ---------------------------------------------------------------------------------------------
 // State
 
-// What a cached plan is valid for.
+// What a cached plan is valid for. m_bucket, k_bucket: the next power of two ≥ M, ≥ K. Powers
+// of two because cuBLASLt's tiles are too (64, 128, 256 rows): within one octave the heuristic's
+// choice is mostly the same tile, while M = 1..300 needs only 10 plans; a finer geometric bucket
+// would cost more heuristic calls for choices that rarely differ (and the per-call check catches
+// those that do). A fixed K is planned exactly whenever a dense operand's row stride is K.
 typedef struct {
-    int64_t m, n, k;
+    int64_t m_bucket, n, k_bucket;
     int64_t lda, ldb, ldc;  // row strides (elements)
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
-    uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume
+    uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume (≤ 16)
 } matmul_key;
 
 typedef struct {
     matmul_key key;
+    uint64_t hash;  // of key, compared first: a lookup scans every slot
     int used;
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
@@ -46,7 +60,10 @@ typedef struct {
     cublasLtMatrixLayout_t lay_a;  // cuBLASLt's B: our a, read column-major
     cublasLtMatrixLayout_t lay_c;  // C and D: our c, read column-major ([N, M], ld N)
     cublasLtMatmulPreference_t pref;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;   // the heuristic's choice for (m_plan, k_plan)
+    int64_t m_plan, k_plan;      // what the heuristic saw: the buckets' tops, capped by row strides
+    int64_t m_set, k_set;        // what the layouts describe now
+    int64_t m_checked, k_checked;  // the last (M, K) cublasLtMatmulAlgoCheck accepted `algo` for
 } matmul_plan;
 
 typedef struct {
@@ -57,16 +74,23 @@ typedef struct {
     size_t workspace_bytes;
     matmul_plan plans[CUDA_PLAN_SLOTS];
     uint64_t clock;  // ticks once per matmul, for LRU eviction
+    uint64_t plans_built;     // heuristic runs that filled a cache slot (mt_cuda_matmul_plans_built)
+    uint64_t algo_fallbacks;  // calls whose cached algorithm cuBLASLt refused for the real M
     // mt_cuda_mem_peak_start/stop: the driver's used memory sampled after every allocation (it
     // only grows there), so the ledger's peak can be checked against what the device really held.
     int sample_used;
     size_t used_peak;
     // Stream-ordered allocation (cudaMallocAsync/cudaFreeAsync on `stream`) where the device has
     // memory pools: a free does not stall the device the way cudaFree does, which matters for
-    // the step's many short-lived work buffers. The pool keeps its default release threshold
-    // (0): freed memory goes back at the next synchronisation, so the driver's count follows the
-    // ledger's. Memory used on another stream (NCCL's) is ordered by the comm's events.
+    // the step's many short-lived work buffers. The device's default pool gets a release
+    // threshold of UINT64_MAX: freed memory stays in the pool for the next allocation instead of
+    // going back to the driver at every synchronisation (and coming back through the OS on the
+    // next step). So the driver's used memory is the pool's high-water mark, not the ledger's
+    // current count; cudaMemPoolTrimTo(pool, 0) hands the unused part back (an allocation
+    // refused for lack of memory does that and retries once). Memory used on another stream
+    // (NCCL's) is ordered by the comm's events.
     int async_alloc;
+    cudaMemPool_t pool;  // the device's default pool, when async_alloc
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -86,6 +110,15 @@ static int cuda_alloc(mt_backend *be, size_t bytes, void **out) {
     if (bytes == 0) return 0;
     cuda_ctx *cx = cuda_enter(be);
     cudaError_t e = cx->async_alloc ? cudaMallocAsync(out, bytes, cx->stream) : cudaMalloc(out, bytes);
+    if (e == cudaErrorMemoryAllocation && cx->async_alloc) {
+        // The pool may hold freed memory in pieces too small for this request: wait for the frees
+        // queued on the stream, give every unused byte back to the driver and ask once more.
+        (void)cudaGetLastError();
+        MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+        be->host_syncs++;
+        MT_CHECK_CUDA(cudaMemPoolTrimTo(cx->pool, 0));
+        e = cudaMallocAsync(out, bytes, cx->stream);
+    }
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
         *out = NULL;
@@ -215,15 +248,27 @@ static int matmul_dtypes_ok(mt_dtype a, mt_dtype b, mt_dtype c) {
     return a == MT_F32 && c == MT_F32;
 }
 
+// The pointer's alignment as the algorithm may assume it, capped at 16 bytes: cuBLASLt's kernels
+// load at most 16 bytes at a time, so nothing is gained above it, and uncapped a buffer's rows
+// at different offsets (an expert's rows inside the permuted buffer) would split one shape into
+// several plans. PyTorch caps the same way (aten/src/ATen/cuda/CUDABlas.cpp, _getAlignment).
 static uint32_t ptr_alignment(const void *p) {
     uintptr_t u = (uintptr_t)p;
-    uint32_t a = 256;
+    uint32_t a = 16;
     while (a > 1 && (u & (a - 1))) a >>= 1;
     return a;
 }
 
+// FNV-1a over the key's bytes (the key is zeroed before it is filled, padding included).
+static uint64_t key_hash(const matmul_key *k) {
+    const unsigned char *b = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
 static int key_equal(const matmul_key *x, const matmul_key *y) {
-    return x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda && x->ldb == y->ldb &&
+    return x->m_bucket == y->m_bucket && x->n == y->n && x->k_bucket == y->k_bucket && x->lda == y->lda && x->ldb == y->ldb &&
            x->ldc == y->ldc && x->trans_a == y->trans_a &&
            x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
            x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
@@ -239,23 +284,83 @@ static void plan_destroy(matmul_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-// Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm.
-// Returns 0, or -1 with an error when cuBLASLt has no algorithm for it (p left unused).
+// The heuristic's best algorithm for p's descriptors as they stand (M, K = p->m_set, k_set).
+// 0 with *algo; 1 when cuBLASLt has none (the error set); a failing call is fatal.
+static int plan_heuristic(cuda_ctx *cx, const matmul_plan *p, cublasLtMatmulAlgo_t *algo) {
+    const matmul_key *k = &p->key;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c,
+                                                       p->lay_c, p->pref, 1, &res, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+        mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
+                     "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
+                     (long long)p->m_set, (long long)p->k_set, (long long)p->k_set, (long long)k->n, k->trans_a,
+                     k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
+                     k->align_a, k->align_b, k->align_c);
+        return 1;
+    }
+    MT_CHECK_CUBLAS(st);
+    *algo = res.algo;
+    return 0;
+}
+
+// Rows and columns, column-major, of cuBLASLt's view of our a and b for M, K (a row-major
+// [r, c] matrix is column-major [c, r]): a is [M, K] stored, or [K, M] when trans_a; b is [K, N],
+// or [N, K] when trans_b.
+static void a_dims(const matmul_key *k, int64_t m, int64_t kk, uint64_t *rows, uint64_t *cols) {
+    *rows = (uint64_t)(k->trans_a ? m : kk), *cols = (uint64_t)(k->trans_a ? kk : m);
+}
+static void b_dims(const matmul_key *k, int64_t kk, uint64_t *rows, uint64_t *cols) {
+    *rows = (uint64_t)(k->trans_b ? kk : k->n), *cols = (uint64_t)(k->trans_b ? k->n : kk);
+}
+
+static void layout_set_dims(cublasLtMatrixLayout_t l, uint64_t rows, uint64_t cols) {
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols));
+}
+
+// The layouts made to describe M = m, K = kk (c is [N, M] column-major).
+static void plan_set_mk(matmul_plan *p, int64_t m, int64_t kk) {
+    if (p->m_set == m && p->k_set == kk) return;
+    uint64_t r, c;
+    a_dims(&p->key, m, kk, &r, &c);
+    layout_set_dims(p->lay_a, r, c);
+    if (p->k_set != kk) {
+        b_dims(&p->key, kk, &r, &c);
+        layout_set_dims(p->lay_b, r, c);
+    }
+    if (p->m_set != m) layout_set_dims(p->lay_c, (uint64_t)p->key.n, (uint64_t)m);
+    p->m_set = m, p->k_set = kk;
+}
+
+// Fills p for key k: descriptors, layouts, preference and the heuristic's best algorithm for
+// the buckets' tops. A row stride bounds the dimension it strides over (a [K, M] stored with
+// lda ≥ M, a [M, K] with lda ≥ K, b [N, K] with ldb ≥ K), so the planning M and K are capped by
+// those (every M and K this key serves is): a dense operand's K is planned exactly. Returns 0,
+// or -1 with an error when cuBLASLt has no algorithm for it (p left unused).
 static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     memset(p, 0, sizeof *p);
     p->key = *k;
+    p->m_plan = k->trans_a ? MT_MIN(k->m_bucket, k->lda) : k->m_bucket;
+    p->k_plan = k->k_bucket;
+    if (!k->trans_a) p->k_plan = MT_MIN(p->k_plan, k->lda);
+    if (k->trans_b) p->k_plan = MT_MIN(p->k_plan, k->ldb);
     MT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transa
     int32_t op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transb
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
 
-    // A row-major [r, c] matrix with row stride ld is column-major [c, r] with leading dimension ld.
-    uint64_t b_rows = k->trans_b ? k->n : k->k, b_cols = k->trans_b ? k->k : k->n;  // b as stored
-    uint64_t a_rows = k->trans_a ? k->k : k->m, a_cols = k->trans_a ? k->m : k->k;  // a as stored
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), b_cols, b_rows, k->ldb));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), a_cols, a_rows, k->lda));
-    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)k->m, k->ldc));
+    // Leading dimension = the row stride of the row-major matrix.
+    uint64_t ar, ac, br, bc;
+    a_dims(k, p->m_plan, p->k_plan, &ar, &ac);
+    b_dims(k, p->k_plan, &br, &bc);
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_b, cuda_dtype(k->tb), br, bc, k->ldb));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_a, cuda_dtype(k->ta), ar, ac, k->lda));
+    MT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p->lay_c, cuda_dtype(k->tc), (uint64_t)k->n, (uint64_t)p->m_plan, k->ldc));
+    p->m_set = p->m_plan, p->k_set = p->k_plan;
 
     MT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
     uint64_t ws = cx->workspace_bytes;
@@ -270,33 +375,23 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     for (size_t i = 0; i < MT_ARRAY_LEN(aligns); i++)
         MT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(p->pref, aligns[i].attr, &aligns[i].bytes,
                                                              sizeof aligns[i].bytes));
-
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c,
-                                                       p->lay_c, p->pref, 1, &res, &found);
     p->used = 1;  // from here on plan_destroy releases the descriptors
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    if (plan_heuristic(cx, p, &p->algo) != 0) {
         plan_destroy(p);
-        mt_error_set("cuda matmul: cuBLASLt has no algorithm for [%lld, %lld] x [%lld, %lld] "
-                     "(trans_a=%d trans_b=%d, %s x %s -> %s, alignment %u/%u/%u bytes)",
-                     (long long)k->m, (long long)k->k, (long long)k->k, (long long)k->n, k->trans_a,
-                     k->trans_b, mt_dtype_name(k->ta), mt_dtype_name(k->tb), mt_dtype_name(k->tc),
-                     k->align_a, k->align_b, k->align_c);
         return -1;
     }
-    MT_CHECK_CUBLAS(st);
-    p->algo = res.algo;
+    p->m_checked = p->m_plan, p->k_checked = p->k_plan;
+    cx->plans_built++;
     return 0;
 }
 
 // The cached plan for k, built on a miss into a free or the least recently used slot.
 static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
+    const uint64_t h = key_hash(k);
     matmul_plan *victim = &cx->plans[0];
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) {
         matmul_plan *p = &cx->plans[i];
-        if (p->used && key_equal(&p->key, k)) {
+        if (p->used && p->hash == h && key_equal(&p->key, k)) {
             p->last_use = ++cx->clock;
             return p;
         }
@@ -308,8 +403,29 @@ static matmul_plan *plan_get(cuda_ctx *cx, const matmul_key *k) {
     }
     plan_destroy(victim);
     if (plan_build(cx, victim, k) != 0) return NULL;
+    victim->hash = h;
     victim->last_use = ++cx->clock;
     return victim;
+}
+
+// The algorithm for p at (M, K) = (m, kk), the layouts set to them: the cached one when cuBLASLt
+// accepts it there with a workspace that fits ours (checked once per new (M, K)), else a fresh
+// heuristic's choice for this call into *scratch. NULL with an error when cuBLASLt has none.
+static const cublasLtMatmulAlgo_t *plan_algo_for(cuda_ctx *cx, matmul_plan *p, int64_t m, int64_t kk,
+                                                 cublasLtMatmulAlgo_t *scratch) {
+    plan_set_mk(p, m, kk);
+    if (p->m_checked == m && p->k_checked == kk) return &p->algo;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    // Any refusal (INVALID_VALUE, NOT_SUPPORTED, ARCH_MISMATCH) means "the algo will not run".
+    cublasStatus_t st = cublasLtMatmulAlgoCheck(cx->lt, p->desc, p->lay_b, p->lay_a, p->lay_c, p->lay_c,
+                                                &p->algo, &res);
+    if (st == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= cx->workspace_bytes) {
+        p->m_checked = m, p->k_checked = kk;
+        return &p->algo;
+    }
+    cx->algo_fallbacks++;
+    return plan_heuristic(cx, p, scratch) == 0 ? scratch : NULL;
 }
 
 // c [M, N] = alpha · op(a) [M, K] · op(b) [K, N] + beta · c, all row-major on this GPU.
@@ -336,7 +452,10 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     }
     matmul_key key;
     memset(&key, 0, sizeof key);
-    key.m = m, key.n = n, key.k = k;
+    key.m_bucket = key.k_bucket = 1;
+    while (key.m_bucket < m) key.m_bucket <<= 1;
+    while (key.k_bucket < k) key.k_bucket <<= 1;
+    key.n = n;
     key.lda = mt_tensor_ld(a), key.ldb = mt_tensor_ld(b), key.ldc = mt_tensor_ld(c);
     key.trans_a = !!trans_a, key.trans_b = !!trans_b;
     key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
@@ -344,8 +463,11 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     key.align_c = ptr_alignment(c->data);
     matmul_plan *p = plan_get(cx, &key);
     if (!p) return -1;
+    cublasLtMatmulAlgo_t fresh;
+    const cublasLtMatmulAlgo_t *algo = plan_algo_for(cx, p, m, k, &fresh);
+    if (!algo) return -1;
     MT_CHECK_CUBLAS(cublasLtMatmul(cx->lt, p->desc, &alpha, b->data, p->lay_b, a->data, p->lay_a, &beta,
-                                   c->data, p->lay_c, c->data, p->lay_c, &p->algo, cx->workspace,
+                                   c->data, p->lay_c, c->data, p->lay_c, algo, cx->workspace,
                                    cx->workspace_bytes, cx->stream));
     return 0;
 }
@@ -356,6 +478,8 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
 static void cuda_destroy(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    mt_log(MT_LOG_DEBUG, "cuda: matmul plans_built=%llu algo_fallbacks=%llu", (unsigned long long)cx->plans_built,
+           (unsigned long long)cx->algo_fallbacks);
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) plan_destroy(&cx->plans[i]);
     if (cx->workspace) mt_backend_release(be, MT_MEM_WORK, cx->workspace_bytes, cx->workspace);
     MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
@@ -413,6 +537,11 @@ extern "C" int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
     return 0;
 }
 
+extern "C" uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_matmul_plans_built");
+    return cx ? cx->plans_built : 0;
+}
+
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -457,6 +586,11 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
     MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     MT_CHECK_CUDA(cudaDeviceGetAttribute(&cx->async_alloc, cudaDevAttrMemoryPoolsSupported, device));
     if (getenv("MT_CUDA_SYNC_ALLOC")) cx->async_alloc = 0;  // cudaMalloc/cudaFree, to rule the pool out
+    if (cx->async_alloc) {  // the pool keeps what is freed (see cuda_ctx)
+        uint64_t keep = UINT64_MAX;
+        MT_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&cx->pool, device));
+        MT_CHECK_CUDA(cudaMemPoolSetAttribute(cx->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     MT_CHECK_CUBLAS(cublasLtCreate(&cx->lt));
     if (mt_backend_alloc(be, MT_MEM_WORK, CUDA_WORKSPACE_BYTES, &cx->workspace) != 0) {
         mt_error_prefix("cuda backend: cuBLASLt workspace");
@@ -467,8 +601,9 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
         return NULL;
     }
     cx->workspace_bytes = CUDA_WORKSPACE_BYTES;
-    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d",
+    mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d "
+           "pool_release_threshold=%s",
            device, prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES,
-           cx->async_alloc);
+           cx->async_alloc, cx->async_alloc ? "max" : "none");
     return be;
 }

@@ -278,6 +278,8 @@ static void dequant_launch(const deq_args &a, int64_t i0, int64_t i1, OUT *dst, 
         dequant1_kernel<OUT><<<ctas(i1 - vec_end, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, vec_end, i1, dst + (vec_end - i0));
 }
 
+// Elements [i0, i1) of W into dst. The bytes a whole weight moves here: mt_qweight_dequant_bytes
+// (quant/qweight.h), which must follow any change to what this reads or writes.
 extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {
     if (i1 <= i0) return;
     cudaStream_t st = q_begin(q->be, q->packed->data);

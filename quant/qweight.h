@@ -59,6 +59,23 @@ int mt_qweight_alloc(mt_qweight *q, mt_backend *be, const char *name, int64_t ou
 // Bytes held on the backend (what the ledger counts under base for it).
 uint64_t mt_qweight_bytes(const mt_qweight *q);
 
+// Bytes one whole dequantization (mt_qweight_dequantize on cuda: quant/quant.cu) moves through
+// device memory: it reads every packed code and every block constant (NF4/FP4 fp32 absmax;
+// double quant: the 8-bit codes, the fp32 nested absmax and the 256-entry nested map, 1 KiB;
+// INT4: fp16 scale and minimum) once, and writes out·in elements of `dst` (bf16 or f32). The
+// 16-entry codebook sits in shared memory and is not counted. For GB/s against the card's copy
+// bandwidth (scripts/bench_gpu.c) and the roofline (scripts/roofline.c), which has no weight.
+static inline uint64_t mt_qweight_dequant_bytes_of(mt_quant type, int64_t out, int64_t in, int blocksize,
+                                                   int double_quant, mt_dtype dst) {
+    int64_t n = out * in;
+    int dq = type != MT_QUANT_INT4 && double_quant;
+    return mt_q4_weight_bytes(type, n, mt_q4_blocksize_or_default(type, blocksize), dq) + (dq ? 256u * 4u : 0u) +
+           (uint64_t)mt_dtype_bytes(dst, (size_t)n);
+}
+static inline uint64_t mt_qweight_dequant_bytes(const mt_qweight *q, mt_dtype dst) {
+    return mt_qweight_dequant_bytes_of(q->type, q->out, q->in, q->blocksize, q->double_quant, dst);
+}
+
 // CPU backend. Rows [row0, row0+nrows) dequantized to f32 / bf16 host memory.
 void mt_qweight_dequantize_rows_cpu(const mt_qweight *q, float *dst, int64_t row0, int64_t nrows);
 void mt_qweight_dequantize_rows_bf16_cpu(const mt_qweight *q, uint16_t *dst, int64_t row0,

@@ -1,10 +1,15 @@
 // scripts/bench_gpu.c — `make CUDA=1 bench-gpu`: the CUDA training step at Mixtral-8x7B's size
 // (issue 6), on GPU 0, with random weights and tokens (nothing to download):
-//   * the card's bf16 matmul peak, measured in this run, as the MFU denominator;
+//   * the card's bf16 matmul peak, its device-to-device copy bandwidth, and the NF4 -> bf16
+//     dequantize kernel's GB/s on an expert-sized weight against that copy bandwidth;
 //   * BUDGETS.md §4's case C (LoRA r=16 on every expert and router, NF4 double-quant base,
 //     batch 1, full recomputation) at --seq 2048 and 4096: step time, tokens/s, ledger peak per
-//     category, the ledger's total peak against the driver's used memory, MFU;
+//     category, the ledger's total peak against the driver's used memory, MFU and HFU;
 //   * cases A (routers) and B (6 layers × 2 experts unfrozen, optimizer offloaded) at s=1024.
+// MFU = (4·N + 6·S·d_attn·L) per token × tokens/s ÷ 989 TFLOP/s (H100 SXM dense bf16), as
+// DESIGN.md ("GPU performance") defines it; HFU = the hardware FLOPs of the step (recompute,
+// LoRA, attention as today's kernels run it, dequantization) over the same peak. Both from
+// scripts/step_model.h, which the roofline projection (scripts/roofline.c) uses too.
 // One `bench_gpu: case=...` line per run at the end, for scripts. Exit 0; 1 when a run failed;
 // 2 without a usable GPU (or on a bad flag).
 #include <math.h>
@@ -12,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cuda_runtime.h>  // the default pool, trimmed between runs (this program is CUDA-only)
 
 #include "core/backend.h"
 #include "core/common.h"
@@ -22,6 +29,12 @@
 #include "trainer/options.h"
 #include "optim/params.h"
 #include "plan/plan.h"
+#include "quant/qweight.h"
+#include "quant/quant.h"
+#include "scripts/step_model.h"
+
+// H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet): the MFU and HFU denominator.
+#define PEAK_BF16_H100 989e12
 
 enum { MAX_RUNS = 16 };
 
@@ -30,7 +43,7 @@ typedef struct {
     int64_t seq;
     int ok;
     char error[512];
-    double step_s, tokens_s, mfu;
+    double step_s, tokens_s, mfu, hfu;  // hfu < 0: not modelled for this case
     double ledger_gb, driver_gb;  // the ledger's total peak; the driver's used peak less the baseline
 } result;
 
@@ -45,6 +58,87 @@ static size_t used_bytes(mt_backend *be) {
     size_t free_b, total_b;
     if (mt_cuda_mem_info(be, &free_b, &total_b) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: %s", mt_error_get());
     return total_b - free_b;
+}
+
+// The backend's pool keeps freed memory for reuse (core/backend_cuda.cu); between runs it is
+// handed back, so that each run's baseline and driver peak count only that run. Returns the
+// bytes the pool gave back.
+static double trim_pool(mt_backend *be) {
+    size_t before = used_bytes(be);
+    be->ops->synchronize(be);
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
+        cudaError_t e = cudaMemPoolTrimTo(pool, 0);
+        if (e != cudaSuccess) mt_fatal(MT_EXIT_ERROR, "bench_gpu: cudaMemPoolTrimTo: %s", cudaGetErrorString(e));
+    } else {
+        (void)cudaGetLastError();  // no pools on this device: nothing held
+    }
+    return ((double)before - (double)used_bytes(be)) / 1e9;
+}
+
+// Bytes the default pool holds freed for reuse (reserved less used); 0 without pools.
+static double pool_held_bytes(void) {
+    cudaMemPool_t pool;
+    uint64_t reserved = 0, used = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess ||
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess ||
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return reserved > used ? (double)(reserved - used) : 0.0;
+}
+
+// GB/s of a device-to-device copy of `bytes` (read + write counted): the card's copy bandwidth.
+static double copy_bandwidth(mt_backend *be, size_t bytes) {
+    enum { WARMUP = 2, TIMED = 10 };
+    void *a, *b;
+    if (mt_backend_alloc(be, MT_MEM_WORK, bytes, &a) != 0 || mt_backend_alloc(be, MT_MEM_WORK, bytes, &b) != 0)
+        mt_fatal(MT_EXIT_OOM, "bench_gpu: copy bandwidth: %s", mt_error_get());
+    be->ops->fill_zero(be, a, bytes);
+    for (int i = 0; i < WARMUP; i++) be->ops->copy(be, b, a, bytes);
+    be->ops->synchronize(be);
+    double t0 = now_s();
+    for (int i = 0; i < TIMED; i++) be->ops->copy(be, b, a, bytes);
+    be->ops->synchronize(be);
+    double t = now_s() - t0, gbs = 2.0 * (double)bytes * TIMED / t / 1e9;
+    printf("copy bandwidth: %.0f MB device to device, %d timed: %.3f ms each, %.0f GB/s (read + write)\n", bytes / 1e6,
+           TIMED, t / TIMED * 1e3, gbs);
+    mt_backend_release(be, MT_MEM_WORK, bytes, b);
+    mt_backend_release(be, MT_MEM_WORK, bytes, a);
+    return gbs;
+}
+
+// GB/s of the NF4 (double quant, blocksize 64) -> bf16 dequantize kernel on one Mixtral w2-sized
+// weight [hidden, ffn], bytes as mt_qweight_dequant_bytes counts them; against the copy bandwidth.
+static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, double copy_gbs) {
+    enum { WARMUP = 2, TIMED = 10 };
+    int64_t out = cfg->hidden, in = cfg->intermediate, n = out * in;
+    float *w = mt_xmalloc((size_t)n * sizeof(float));
+    mt_rng rng;
+    mt_rng_seed(&rng, 3, 0);
+    for (int64_t i = 0; i < n; i++) w[i] = 0.02f * mt_rng_normal(&rng);
+    mt_qweight q;
+    if (mt_qweight_quantize(&q, be, "bench.w2", w, out, in, MT_QUANT_NF4, 64, 1) != 0)
+        mt_fatal(MT_EXIT_ERROR, "bench_gpu: dequant: %s", mt_error_get());
+    free(w);
+    mt_tensor *dst = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 1, &n);
+    if (!dst) mt_fatal(MT_EXIT_OOM, "bench_gpu: dequant: %s", mt_error_get());
+    for (int i = 0; i < WARMUP; i++)
+        if (mt_qweight_dequantize(&q, dst) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: dequant: %s", mt_error_get());
+    be->ops->synchronize(be);
+    double t0 = now_s();
+    for (int i = 0; i < TIMED; i++) mt_qweight_dequantize(&q, dst);
+    be->ops->synchronize(be);
+    double t = now_s() - t0, bytes = (double)mt_qweight_dequant_bytes(&q, MT_BF16);
+    double gbs = bytes * TIMED / t / 1e9;
+    printf("dequant NF4 -> bf16: [%lld, %lld] double quant, %.1f MB moved (codes %.1f MB + block constants + bf16 "
+           "%.1f MB), %d timed: %.3f ms each, %.0f GB/s = %.0f%% of the copy bandwidth\n", (long long)out, (long long)in,
+           bytes / 1e6, (double)((n + 1) / 2) / 1e6, 2.0 * (double)n / 1e6, TIMED, t / TIMED * 1e3, gbs,
+           100 * gbs / copy_gbs);
+    mt_tensor_free(dst);
+    mt_qweight_free(&q);
+    return gbs;
 }
 
 // TFLOP/s of c [n, n] f32 = a [n, n] · bᵀ with a, b in `dt` (nn.Linear's layout, as the model's).
@@ -100,6 +194,24 @@ static int train_step(mt_model *m, mt_adamw *opt, const mt_param *p, int n, cons
 
 // The warm-up step, then `steps` timed ones; the figures into *r and printed. The driver is
 // sampled during the warm-up only: each sample is a cudaMemGetInfo in the step's path.
+// The step model of this run (scripts/step_model.h), for HFU: LoRA mode only (the model counts a
+// frozen base with adapters); 0 otherwise.
+static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_shape *sh) {
+    if (o->mode != MT_MODE_LORA) return 0;
+    memset(sh, 0, sizeof *sh);
+    sh->cfg = *cfg;
+    sh->batch = o->batch, sh->seq = o->seq;
+    sh->lora_r = o->lora_r;
+    sh->targets = o->targets;
+    sh->quant = o->quant;
+    sh->quant_experts = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
+    sh->quant_attn = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_ATTN);
+    sh->blocksize = o->quant_blocksize, sh->double_quant = o->double_quant;
+    sh->recompute = o->checkpointing == MT_CKPT_FULL;
+    sh->dequants_per_use = 1;
+    return 1;
+}
+
 static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, const mt_batch *b,
                    const mt_run_opts *o, int steps, double peak_tflops, size_t baseline, result *r) {
     mt_backend *be = m->be;
@@ -109,10 +221,12 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
     int rc = train_step(m, opt, params, n, b, o, 0, &loss);
     if (mt_cuda_mem_peak_stop(be, &driver_peak) != 0 || rc != 0) return -1;
     // Driver memory the ledger does not hold, grown since the baseline: kernels loaded at their
-    // first launch, library caches, or an allocation that bypasses the ledger.
-    double extra = ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9;
-    printf("warm-up step: %.2f s, loss %.4f; driver memory outside the ledger grew %+.3f GB\n", now_s() - t0,
-           loss, extra);
+    // first launch, library caches, or an allocation that bypasses the ledger; what the pool
+    // keeps freed for the next step is not part of it (and is printed beside it).
+    double held = pool_held_bytes();
+    double extra = ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline - held) / 1e9;
+    printf("warm-up step: %.2f s, loss %.4f; driver memory outside the ledger grew %+.3f GB (the pool keeps %.3f GB "
+           "freed for reuse besides)\n", now_s() - t0, loss, extra, held / 1e9);
     for (int s = 1; s <= steps; s++) {
         t0 = now_s();
         if (train_step(m, opt, params, n, b, o, s, &loss) != 0) return -1;
@@ -120,10 +234,19 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
         sum += dt, lo = fmin(lo, dt), hi = fmax(hi, dt);
         printf("step %d: %.3f s, loss %.4f\n", s, dt, loss);
     }
-    int64_t T = (int64_t)b->B * b->S, active = mt_config_active_params(&m->cfg);
+    int64_t T = (int64_t)b->B * b->S;
+    double per_token = step_model_flops_per_token(&m->cfg, b->S);
     r->step_s = sum / steps;
     r->tokens_s = (double)T / r->step_s;
-    r->mfu = 8.0 * (double)active * (double)T / r->step_s / (peak_tflops * 1e12);
+    r->mfu = per_token * (double)T / r->step_s / PEAK_BF16_H100;
+    step_shape sh;
+    step_ops ops;
+    double hw = -1;
+    if (step_shape_of(o, &m->cfg, &sh)) {
+        step_build(&sh, &ops);
+        hw = step_hw_flops(&ops);
+    }
+    r->hfu = hw < 0 ? -1 : hw / r->step_s / PEAK_BF16_H100;
     r->ledger_gb = be->ledger.total_peak / 1e9;
     r->driver_gb = ((double)driver_peak - (double)baseline) / 1e9;
     printf("step: %.3f s mean of %d (%.3f .. %.3f), %.1f tokens/s\n", r->step_s, steps, lo, hi, r->tokens_s);
@@ -132,9 +255,19 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
     printf("\nledger total peak %.3f GB; driver used peak %.3f GB less the baseline %.3f GB = %.3f GB (%+.2f%% of "
            "the ledger's)\n", r->ledger_gb, driver_peak / 1e9, baseline / 1e9, r->driver_gb,
            (r->driver_gb / r->ledger_gb - 1) * 100);
-    printf("MFU %.2f%% = 8 × %lld active params × %lld tokens / %.3f s / %.1f TFLOP/s (8 = 2 forward + 4 backward + "
-           "2 forward recomputed; attention's s² term and LoRA's own FLOPs not counted)\n",
-           r->mfu * 100, (long long)active, (long long)T, r->step_s, peak_tflops);
+    printf("MFU %.2f%% = (4 × %.4g N + 6 × %lld S × %lld d_attn × %lld layers = %.4g FLOP/token) × %.1f tokens/s / "
+           "989 TFLOP/s (H100 SXM bf16 dense; N = active params less the input embedding; 4 = 2 forward + 2 backward dx, "
+           "frozen base; no credit for the recompute or LoRA); against this run's measured bf16 matmul peak %.1f "
+           "TFLOP/s: %.2f%%\n", r->mfu * 100, step_matmul_params(&m->cfg), (long long)b->S,
+           (long long)(m->cfg.heads * m->cfg.head_dim), (long long)m->cfg.layers, per_token, r->tokens_s, peak_tflops,
+           r->mfu * PEAK_BF16_H100 / (peak_tflops * 1e12) * 100);
+    if (r->hfu >= 0)
+        printf("HFU %.2f%% = %.4g hardware FLOP/step / %.3f s / 989 TFLOP/s (forward + recompute forward + backward dx, "
+               "LoRA's GEMMs, attention as today's kernels run it: 2 + 2 + 7 units of S·d_attn per token and layer, "
+               "one FLOP per dequantized element per use, elementwise ops; scripts/step_model.h)\n",
+               r->hfu * 100, hw, r->step_s);
+    else
+        printf("HFU: not modelled for mode %s (scripts/step_model.h counts a frozen base with LoRA)\n", mt_mode_name(o->mode));
     return 0;
 }
 
@@ -158,7 +291,9 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
     printf("\n--- case %c, seq %lld, batch %lld, --checkpointing full, %s%s\n", which, (long long)seq,
            (long long)o.batch, mt_mode_name(o.mode), o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "");
     // The driver's used memory that is not the ledger's (context, cuBLASLt, kernels loaded so far):
-    // taken off the driver's peak so that the two count the same bytes.
+    // taken off the driver's peak so that the two count the same bytes. The pool's kept memory
+    // is handed back first: it would count in the baseline and then serve this run unseen.
+    trim_pool(be);
     size_t baseline = used_bytes(be) - (size_t)be->ledger.total_cur;
     double t0 = now_s();
     mt_model m;
@@ -193,9 +328,12 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
     mt_adamw_free(&opt);
     mt_params_free(params, n);
     mt_model_free(&m);
-    // Everything of the run is freed: what the driver still holds beyond the baseline is a leak
-    // or memory a library keeps (it becomes part of the next run's baseline).
-    printf("after free: ledger %.3f GB held, driver %+.3f GB against the baseline\n", be->ledger.total_cur / 1e9,
+    // Everything of the run is freed: the pool keeps it for reuse until trimmed; what the driver
+    // still holds beyond the baseline after the trim is a leak or memory a library keeps (it
+    // becomes part of the next run's baseline).
+    double kept = trim_pool(be);
+    printf("after free: ledger %.3f GB held; the pool had kept %.3f GB for reuse; after trimming it, driver %+.3f GB "
+           "against the baseline\n", be->ledger.total_cur / 1e9, kept,
            ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9);
     return rc;
 }
@@ -248,6 +386,8 @@ int main(int argc, char **argv) {
 
     mt_model_config cfg;
     mt_plan_mixtral_8x7b(&cfg);
+    double copy_gbs = copy_bandwidth(be, (size_t)1 << 30);
+    double deq_gbs = dequant_bandwidth(be, &cfg, copy_gbs);
     result res[MAX_RUNS];
     int n_res = 0, failed = 0;
     for (int c = 0; c < n_cases; c++)
@@ -268,12 +408,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_res; i++) {
         const result *r = &res[i];
         if (r->ok)
-            printf("bench_gpu: case=%c seq=%lld tokens_per_s=%.1f step_s=%.3f peak_gb=%.3f mfu=%.4f driver_gb=%.3f "
-                   "ledger_vs_driver=%+.2f%%\n", r->which, (long long)r->seq, r->tokens_s, r->step_s, r->ledger_gb,
-                   r->mfu, r->driver_gb, (r->driver_gb / r->ledger_gb - 1) * 100);
+            printf("bench_gpu: case=%c seq=%lld tokens_per_s=%.1f step_s=%.3f peak_gb=%.3f mfu=%.4f hfu=%.4f "
+                   "driver_gb=%.3f ledger_vs_driver=%+.2f%%\n", r->which, (long long)r->seq, r->tokens_s, r->step_s,
+                   r->ledger_gb, r->mfu, r->hfu, r->driver_gb, (r->driver_gb / r->ledger_gb - 1) * 100);
         else
             printf("bench_gpu: case=%c seq=%lld FAILED: %s\n", r->which, (long long)r->seq, r->error);
     }
-    printf("bench_gpu: matmul_bf16_tflops=%.1f matmul_f32_tflops=%.1f\n", peak, peak_f32);
+    printf("bench_gpu: matmul_bf16_tflops=%.1f matmul_f32_tflops=%.1f copy_gbs=%.0f dequant_nf4_bf16_gbs=%.0f\n", peak,
+           peak_f32, copy_gbs, deq_gbs);
     return failed ? MT_EXIT_ERROR : 0;
 }

@@ -206,7 +206,7 @@ if [ $BASE_OK = 1 ] && [ -x "$BUILD/moetrain" ]; then
     fail "build of compare_runs or moetrain init"
   fi
 
-  step "make CUDA=1 bench-gpu (Mixtral-8x7B step: cases C, A, B)"
+  step "make CUDA=1 bench-gpu (roofline projection, then the Mixtral-8x7B step measured: cases C, A, B)"
   make CUDA=1 BUILD="$BUILD" -j"$JOBS" bench-gpu 2>&1 | tee "$TMP/bench_gpu.log" || fail "make CUDA=1 bench-gpu"
 fi
 
@@ -215,7 +215,8 @@ echo "gpu_check: summary"
 for i in "${!STEPS[@]}"; do
   printf '  %-4s  %s\n' "$([ "${STEP_OK[$i]}" = 1 ] && echo PASS || echo FAIL)" "${STEPS[$i]}"
 done
-grep -h '^bench_gpu: ' "$TMP/bench_gpu.log" 2>/dev/null | sed 's/^/  /'
+# The projection's totals beside the measured lines: the gap between them is the next work.
+grep -h '^PROJECTION seq\|^bench_gpu: ' "$TMP/bench_gpu.log" 2>/dev/null | sed 's/^/  /'
 if [ ${#FAILED[@]} -eq 0 ]; then
   echo "gpu_check: all passed"
   exit 0

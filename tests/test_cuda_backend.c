@@ -13,6 +13,9 @@
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/dtype.h"
+#include "model/mixtral.h"
+#include "quant/qweight.h"
+#include "trainer/options.h"
 
 #ifdef MT_CUDA
 #include <cuda_runtime.h>
@@ -44,7 +47,7 @@ Test(cuda, new_reports_missing_gpu) {
 static uint64_t rng_state;
 static float rnd_uniform(void) {  // [-1, 1)
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) * (1.0 / 8388608.0)) * 2.0f - 1.0f;
+    return (float)((rng_state >> 41) * (1.0 / 8388608.0)) * 2.0f - 1.0f;  // 23 bits: [0, 1)
 }
 
 // Host values of n elements of `dt`, random in [-1, 1), and the same values as f32
@@ -155,20 +158,132 @@ Test(cuda, matmul_alpha_beta) {
     parity_all(MT_BF16, MT_BF16, 1e-2, -2.0f, 0.25f);
 }
 
-// More distinct shapes than the plan cache holds: evicted plans are rebuilt correctly.
+// More distinct shapes than the plan cache holds (512 slots; N is never bucketed, so 600 values
+// of N are 600 plans): the second round finds its plans evicted, rebuilds them, and the results
+// stay right.
 Test(cuda, matmul_plan_cache_eviction) {
     mt_backend *gpu = gpu_or_skip();
     mt_backend *cpu = mt_backend_cpu_new();
     rng_state = 777;
-    for (int round = 0; round < 2; round++)
-        for (int64_t m = 1; m <= 80; m++) {
-            parity p = matmul_parity(gpu, cpu, m, 9, 17, (int)(m & 1), 0, MT_BF16, MT_F32, 1.0f, 0.0f);
-            cr_expect(p.err < 1e-3, "round %d M=%lld: error %.3g (got %g want %g)", round, (long long)m,
-                      p.err, p.got, p.want);
+    uint64_t built[2];
+    for (int round = 0; round < 2; round++) {
+        uint64_t before = mt_cuda_matmul_plans_built(gpu);
+        for (int64_t n = 1; n <= 600; n++) {
+            parity p = matmul_parity(gpu, cpu, 3, n, 5, (int)(n & 1), 0, MT_BF16, MT_F32, 1.0f, 0.0f);
+            cr_expect(p.err < 1e-3, "round %d N=%lld: error %.3g (got %g want %g)", round, (long long)n, p.err, p.got,
+                      p.want);
         }
+        built[round] = mt_cuda_matmul_plans_built(gpu) - before;
+    }
+    cr_expect_eq(built[0], 600, "round 1: %llu plans built for 600 shapes", (unsigned long long)built[0]);
+    cr_expect_gt(built[1], 0, "round 2 rebuilt nothing: the cache never evicted (600 shapes)");
     mt_backend_free(cpu);
     mt_backend_free(gpu);
 }
+
+// Expert matmuls: an expert's token count changes every call, as M of its forward and dx GEMMs
+// and as K of its weight (LoRA) gradients, while the other two sizes stay. Plans are cached per
+// power-of-two bucket of M and of K, so `calls` matmuls with the varying size in 1..300 build one
+// plan per bucket met (at most 10: 1, 2, 4, ..., 512), and each result matches the fp32
+// reference at that exact size (bf16 inputs, f32 output: summation order only, as
+// matmul_bf16_to_f32). Not M with trans_a: a dense a stored [K, M] has row stride M, part of the
+// key, so there every M is its own plan by design (the model's trans_a calls, weight gradients,
+// have a fixed M and vary K).
+static void plan_buckets_check(char vary, int trans_a, int trans_b, int calls) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_backend *cpu = mt_backend_cpu_new();
+    rng_state = 4242u + (unsigned)(trans_a * 2 + trans_b) + (unsigned)vary;
+    uint64_t built0 = mt_cuda_matmul_plans_built(gpu);
+    int seen[16] = {0}, buckets = 0;
+    for (int i = 0; i < calls; i++) {
+        int64_t x = 1 + (int64_t)((rnd_uniform() + 1.0f) * 150.0f);  // 1..300
+        if (x > 300) x = 300;
+        int b = 0;
+        while (((int64_t)1 << b) < x) b++;
+        if (!seen[b]) seen[b] = 1, buckets++;
+        int64_t m = vary == 'm' ? x : 24, k = vary == 'k' ? x : 40;
+        parity p = matmul_parity(gpu, cpu, m, 24, k, trans_a, trans_b, MT_BF16, MT_F32, 1.0f, 0.0f);
+        cr_expect(p.err < 1e-3, "call %d M=%lld K=%lld ta=%d tb=%d: error %.3g (got %g want %g)", i, (long long)m,
+                  (long long)k, trans_a, trans_b, p.err, p.got, p.want);
+    }
+    uint64_t built = mt_cuda_matmul_plans_built(gpu) - built0;
+    cr_log_info("%d matmuls varying %c (ta=%d tb=%d), %d buckets met, %llu plans built", calls, vary, trans_a, trans_b,
+                buckets, (unsigned long long)built);
+    cr_expect(built >= 1 && built <= (uint64_t)buckets,
+              "%d matmuls with %c in 1..300: %llu plans built, expected at most one per bucket (%d)", calls, vary,
+              (unsigned long long)built, buckets);
+    cr_expect(buckets <= 10, "1..300 spans at most 10 power-of-two buckets, saw %d", buckets);
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+}
+
+Test(cuda, matmul_plans_by_m_bucket) { plan_buckets_check('m', 0, 0, 200); }
+// x · Wᵀ, the expert forward's layout.
+Test(cuda, matmul_plans_by_m_bucket_trans_b) { plan_buckets_check('m', 0, 1, 100); }
+// dB += dyᵀ · xa, a LoRA gradient's layout: K is the expert's token count.
+Test(cuda, matmul_plans_by_k_bucket_trans_a) { plan_buckets_check('k', 1, 0, 100); }
+
+// Steps whose shapes were all met before re-plan nothing: the tiny model (LoRA on the experts
+// and routers, NF4 base, full recomputation, as case C) runs forward and backward on three
+// random batches (each expert's token count differs between them), then on the same three again
+// (no update in between, so the same routing). The second pass must build no plan: the cache
+// holds every (call site, bucket) of a step, and the keys do not depend on where the work
+// buffers land. With 64 slots and uncapped alignment the second pass rebuilt ~100 plans a step.
+Test(cuda, training_steps_replan_nothing_when_warm) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(MT_REPO_ROOT "/configs/tiny.json", &cfg), 0, "%s", mt_error_get());
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    cr_assert_eq(mt_plan_case_apply(&o, 'C'), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_run_opts_set(&o, "seq", "64"), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_run_opts_set(&o, "batch", "2"), 0, "%s", mt_error_get());
+    mt_model m;
+    cr_assert_eq(mt_model_build(&m, gpu, &cfg, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    int32_t tokens[3][128];
+    rng_state = 99;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 128; i++) tokens[k][i] = (int32_t)((rnd_uniform() + 1.0f) * 0.5f * (float)(m.cfg.vocab - 1));
+    uint64_t built[2] = {0, 0};
+    double loss[2][3];
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3; k++) {
+            mt_batch b = {2, 64, tokens[k], tokens[k], NULL};
+            uint64_t before = mt_cuda_matmul_plans_built(gpu);
+            mt_loss l;
+            mt_model_zero_grad(&m);
+            cr_assert_eq(mt_model_forward(&m, &b, &l), 0, "%s", mt_error_get());
+            mt_model_backward(&m);
+            gpu->ops->synchronize(gpu);
+            built[pass] += mt_cuda_matmul_plans_built(gpu) - before;
+            loss[pass][k] = l.loss;
+            cr_log_info("pass %d batch %d: loss %.6f, %llu plans built", pass, k, l.loss,
+                        (unsigned long long)(mt_cuda_matmul_plans_built(gpu) - before));
+        }
+    cr_expect_gt(built[0], 0, "the first pass built no plan");
+    cr_expect_eq(built[1], 0, "the second pass over the same batches built %llu plans (the first %llu)",
+                 (unsigned long long)built[1], (unsigned long long)built[0]);
+    for (int k = 0; k < 3; k++)
+        cr_expect_eq(loss[1][k], loss[0][k], "batch %d: loss %.9g, then %.9g (same weights, same tokens)", k,
+                     loss[0][k], loss[1][k]);
+    mt_model_free(&m);
+    mt_backend_free(gpu);
+}
+
+#ifdef MT_CUDA
+// Under the emulator, CUDASIM_ALGOCHECK=refuse makes cuBLASLt refuse every cached algorithm at
+// a new M or K (a real device may refuse one chosen for another size): every such call must fall
+// back to a fresh heuristic and still give the right result.
+Test(cuda, matmul_algo_check_refusal_falls_back) {
+    struct cudaDeviceProp prop;
+    if (mt_cuda_device_count() == 0 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess || !strstr(prop.name, "cudasim"))
+        cr_skip_test("needs the cudasim emulator, whose cuBLASLt stand-in can be told to refuse algorithms");
+    setenv("CUDASIM_ALGOCHECK", "refuse", 1);
+    setenv("CUDASIM_QUIET_CUBLAS", "1", 1);
+    plan_buckets_check('m', 0, 0, 30);
+    plan_buckets_check('k', 1, 0, 30);
+}
+#endif
 
 // K = 0 is an empty sum: c = beta · c.
 Test(cuda, matmul_empty_k) {
@@ -257,10 +372,17 @@ Test(cuda, ledger_counts_and_returns) {
 
 #ifdef MT_CUDA
 // The ledger and the driver agree: a 256 MiB tensor takes 256 MiB (up to the allocator's
-// rounding) of the driver's free memory and gives it back.
+// rounding) of the driver's free memory. Where the device has memory pools, the backend's pool
+// keeps freed memory (release threshold UINT64_MAX): after the free and a synchronisation the
+// driver still counts it as used, a second allocation of the same size reuses it (the driver's
+// free memory does not fall again), and cudaMemPoolTrimTo(pool, 0) gives it back.
 Test(cuda, ledger_matches_driver) {
     mt_backend *gpu = gpu_or_skip();
-    size_t free0, free1, free2, total;
+    const size_t slack = 8u << 20;  // allocator granules (2 MiB pool steps, 512 B cudaMalloc)
+    int pools = 0;
+    cr_assert_eq(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0), cudaSuccess);
+    if (getenv("MT_CUDA_SYNC_ALLOC")) pools = 0;
+    size_t free0, free1, free2, free3, total;
     cr_assert_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
     int64_t shape[1] = {64 << 20};
     mt_tensor *t = mt_tensor_new(gpu, MT_MEM_ACT, MT_F32, 1, shape);
@@ -268,16 +390,32 @@ Test(cuda, ledger_matches_driver) {
     cr_assert_eq(cudaMemGetInfo(&free1, &total), cudaSuccess);
     cr_assert_eq(gpu->ledger.cur[MT_MEM_ACT], t->nbytes);
     size_t taken = free0 - free1;
-    cr_expect(taken >= t->nbytes && taken <= t->nbytes + (8u << 20),
+    cr_expect(taken >= t->nbytes && taken <= t->nbytes + slack,
               "ledger says %zu bytes, the driver's free memory fell by %zu", t->nbytes, taken);
     mt_tensor_free(t);
-    // A stream-ordered free (cudaFreeAsync) gives the bytes back to the pool when the stream
-    // reaches it, and the pool to the driver at the next synchronisation (release threshold 0):
-    // without this the driver's count is read before either.
+    // A stream-ordered free (cudaFreeAsync) gives the bytes to the pool when the stream reaches
+    // it: the synchronisation makes sure it has.
     gpu->ops->synchronize(gpu);
+    cr_assert_eq(gpu->ledger.cur[MT_MEM_ACT], 0);
     cr_assert_eq(cudaMemGetInfo(&free2, &total), cudaSuccess);
-    cr_expect(free2 + (8u << 20) >= free0, "the driver did not get the memory back: %zu free before, %zu after",
-              free0, free2);
+    if (pools) {
+        cr_expect(free2 + t->nbytes <= free0 + slack,
+                  "the pool should keep the freed %zu bytes: %zu free before the allocation, %zu after the free",
+                  t->nbytes, free0, free2);
+        mt_tensor *again = mt_tensor_new(gpu, MT_MEM_ACT, MT_F32, 1, shape);
+        cr_assert_not_null(again, "%s", mt_error_get());
+        cr_assert_eq(cudaMemGetInfo(&free3, &total), cudaSuccess);
+        cr_expect(free3 + slack >= free2, "a second allocation of the freed size should reuse the pool's memory: the "
+                  "driver's free memory fell from %zu to %zu", free2, free3);
+        mt_tensor_free(again);
+        gpu->ops->synchronize(gpu);
+        cudaMemPool_t pool;
+        cr_assert_eq(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+        cr_assert_eq(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+        cr_assert_eq(cudaMemGetInfo(&free2, &total), cudaSuccess);
+    }
+    cr_expect(free2 + slack >= free0, "the driver did not get the memory back: %zu free before, %zu after", free0,
+              free2);
     mt_backend_free(gpu);
 }
 #endif
@@ -302,4 +440,37 @@ Test(cuda, alloc_failure_reports_and_leaves_ledger) {
     cr_assert_not_null(ok, "%s", mt_error_get());
     mt_tensor_free(ok);
     mt_backend_free(gpu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dequantize kernel's traffic (quant/qweight.h): every byte the weight holds on its backend
+// (the ledger's count, from the tensors really allocated), the shared 1 KiB nested map with
+// double quantization, and the elements written. Runs on the cpu backend: a count, no kernel.
+Test(cuda, dequant_bytes_match_the_weight) {
+    mt_backend *cpu = mt_backend_cpu_new();
+    const int64_t out = 96, in = 200, n = out * in;  // 300 blocks of 64: two nested blocks, the last partial
+    float *w = mt_xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) w[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    const struct { mt_quant type; int dq; mt_dtype dst; uint64_t extra; } cases[] = {
+        {MT_QUANT_NF4, 1, MT_BF16, 1024 + 2 * (uint64_t)n},
+        {MT_QUANT_NF4, 0, MT_F32, 4 * (uint64_t)n},
+        {MT_QUANT_INT4, 0, MT_BF16, 2 * (uint64_t)n},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(cases); i++) {
+        mt_qweight q;
+        cr_assert_eq(mt_qweight_quantize(&q, cpu, "t", w, out, in, cases[i].type, 0, cases[i].dq), 0, "%s",
+                     mt_error_get());
+        uint64_t got = mt_qweight_dequant_bytes(&q, cases[i].dst), want = mt_qweight_bytes(&q) + cases[i].extra;
+        cr_expect_eq(got, want, "%s dq=%d -> %s: %llu bytes, the weight holds %llu (+ %llu map and output)",
+                     mt_quant_name(cases[i].type), cases[i].dq, mt_dtype_name(cases[i].dst), (unsigned long long)got,
+                     (unsigned long long)mt_qweight_bytes(&q), (unsigned long long)cases[i].extra);
+        mt_qweight_free(&q);
+    }
+    // Mixtral's w2 [4096, 14336], NF4 double quant, bf16: codes n/2, one 8-bit code per 64-block,
+    // one fp32 nested absmax per 256 blocks, the map, 2 bytes an element.
+    uint64_t N = 4096ull * 14336ull, blocks = N / 64;
+    cr_expect_eq(mt_qweight_dequant_bytes_of(MT_QUANT_NF4, 4096, 14336, 64, 1, MT_BF16),
+                 N / 2 + blocks + 4 * ((blocks + 255) / 256) + 1024 + 2 * N);
+    free(w);
+    mt_backend_free(cpu);
 }

@@ -10,7 +10,8 @@
 // It checks what the caller controls: each descriptor and layout attribute set (type and size of
 // the value), the type combination, the shapes against the transposes, leading dimensions,
 // C/D agreement, the workspace against the preference, and the pointers' alignment against the
-// alignment the algorithm was chosen for. Rules cite the cuBLAS documentation
+// alignment and types the algorithm was chosen for (cublasLtMatmulAlgoCheck judges the same for
+// a cached algorithm on changed layouts). Rules cite the cuBLAS documentation
 // (docs.nvidia.com/cuda/cublas, "cuBLASLt API Reference"). It does not model NVIDIA's kernels:
 // their accumulation order, their speed, or which algorithms exist for which shapes.
 #include <cublasLt.h>
@@ -50,6 +51,10 @@ struct Pref {
     uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D: the documented default
 };
 const int ALGO_MAGIC = 0x5157u;  // in algo.data[0]: "chosen by this stand-in's heuristic"
+// algo.data as int32 words: [0] the magic, [1..4] the alignments of A, B, C, D it was chosen for,
+// [5..8] the types of A, B, C, D, [9] the compute type. A real cublasLtMatmulAlgo_t is bound to
+// its type combination (cublasLtMatmulAlgoInit takes them), not to a problem size.
+enum { ALGO_W_ALIGN = 1, ALGO_W_TYPES = 5, ALGO_W_COMPUTE = 9 };
 
 cublasStatus_t refuse(cublasStatus_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 cublasStatus_t refuse(cublasStatus_t st, const char *fmt, ...) {
@@ -273,6 +278,18 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t ll, cubla
         memcpy(&l->batch, v, 4);
         if (l->batch < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, "batch count %d", l->batch);
         return CUBLAS_STATUS_SUCCESS;
+    // cublasLtMatrixLayoutAttribute_t: ROWS and COLS are uint64_t ("usually only values that can
+    // be expressed as int32_t are supported"); what changes M of a cached layout per call.
+    case CUBLASLT_MATRIX_LAYOUT_ROWS:
+    case CUBLASLT_MATRIX_LAYOUT_COLS: {
+        if (!size_ok(n, 8, "ROWS/COLS")) return CUBLAS_STATUS_INVALID_VALUE;
+        uint64_t x;
+        memcpy(&x, v, 8);
+        if (x > 0x7fffffffu) return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s %llu does not fit int32_t",
+                                           a == CUBLASLT_MATRIX_LAYOUT_ROWS ? "ROWS" : "COLS", (unsigned long long)x);
+        (a == CUBLASLT_MATRIX_LAYOUT_ROWS ? l->rows : l->cols) = x;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
         if (!size_ok(n, 8, "STRIDED_BATCH_OFFSET")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&l->stride, v, 8);
@@ -354,11 +371,65 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     memset(res, 0, sizeof *res);
     int32_t *w = (int32_t *)res->algo.data;
     w[0] = ALGO_MAGIC;
-    for (int i = 0; i < 4; i++) w[1 + i] = (int32_t)P.align[i];
+    for (int i = 0; i < 4; i++) w[ALGO_W_ALIGN + i] = (int32_t)P.align[i];
+    const cudaDataType_t types[4] = {A.type, B.type, C.type, Dl.type};
+    for (int i = 0; i < 4; i++) w[ALGO_W_TYPES + i] = (int32_t)types[i];
+    w[ALGO_W_COMPUTE] = (int32_t)D.compute;
     res->workspaceSize = 0;  // the reference GEMM needs none (real algorithms may: MAX_WORKSPACE_BYTES caps them)
     res->state = CUBLAS_STATUS_SUCCESS;
     res->wavesCount = 1.0f;
     *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// An algorithm from this stand-in's heuristic, for these types: SUCCESS, or INVALID_VALUE as
+// cublasLtMatmulAlgoCheck() documents ("matrix layout descriptors or operation descriptor don't
+// match algo descriptor").
+static cublasStatus_t algo_matches(const cublasLtMatmulAlgo_t *algo, const Desc &D, const Layout &A, const Layout &B,
+                                   const Layout &C, const Layout &Dl, const char *who) {
+    const int32_t *w = (const int32_t *)algo->data;
+    if (w[0] != ALGO_MAGIC)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: algo was not returned by cublasLtMatmulAlgoGetHeuristic", who);
+    const cudaDataType_t types[4] = {A.type, B.type, C.type, Dl.type};
+    for (int i = 0; i < 4; i++)
+        if (w[ALGO_W_TYPES + i] != (int32_t)types[i])
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: matrix %c has type %d, the algo was chosen for %d", who,
+                          "ABCD"[i], (int)types[i], w[ALGO_W_TYPES + i]);
+    if (w[ALGO_W_COMPUTE] != (int32_t)D.compute)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: compute type %d, the algo was chosen for %d", who, (int)D.compute,
+                      w[ALGO_W_COMPUTE]);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// cublasLtMatmulAlgoCheck(): the problem as the heuristic judges it, and the algo against the
+// descriptors; result gets the workspace (none) and wave count, result->algo is left alone
+// ("algo field is never updated"). CUDASIM_ALGOCHECK=refuse answers NOT_SUPPORTED for every
+// valid call ("algo configuration ... is not currently supported on given device"), which a
+// real device may say of an algorithm chosen for another M: it drives the caller's fallback.
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *res) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!dd || !a || !b || !c || !d || !algo || !res)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulAlgoCheck: NULL argument");
+    const Desc &D = *(Desc *)dd;
+    const Layout &A = *(Layout *)a, &B = *(Layout *)b, &C = *(Layout *)c, &Dl = *(Layout *)d;
+    cublasStatus_t st = check_problem(D, A, B, C, Dl);
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(A, "A");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(B, "B");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(C, "C");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(Dl, "D");
+    if (st == CUBLAS_STATUS_SUCCESS) st = algo_matches(algo, D, A, B, C, Dl, "cublasLtMatmulAlgoCheck");
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    const char *mode = getenv("CUDASIM_ALGOCHECK");
+    if (mode && !strcmp(mode, "refuse"))
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulAlgoCheck: refused as CUDASIM_ALGOCHECK=refuse asks");
+    const cublasLtMatmulAlgo_t keep = *algo;  // algo may point to res->algo
+    memset(res, 0, sizeof *res);
+    res->algo = keep;
+    res->workspaceSize = 0;
+    res->state = CUBLAS_STATUS_SUCCESS;
+    res->wavesCount = 1.0f;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -375,19 +446,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, const
     const Desc D = *(Desc *)dd;  // copies: the caller may destroy the descriptors once queued
     const Layout A = *(Layout *)a, B = *(Layout *)b, C = *(Layout *)c, Dl = *(Layout *)d;
     cublasStatus_t st = check_problem(D, A, B, C, Dl);
+    // The leading dimensions again: a cached layout's ROWS/COLS may have changed since the heuristic.
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(A, "A");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(B, "B");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(C, "C");
+    if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(Dl, "D");
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (algo) {
         const int32_t *w = (const int32_t *)algo->data;
-        if (w[0] != ALGO_MAGIC)
-            return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: algo was not returned by cublasLtMatmulAlgoGetHeuristic");
+        st = algo_matches(algo, D, A, B, C, Dl, "cublasLtMatmul");
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
         // An algorithm chosen under MIN_ALIGNMENT_X_BYTES = n may assume pointers aligned to n.
         const void *ptrs[4] = {A_, B_, C_, D_};
         const char *names = "ABCD";
         for (int i = 0; i < 4; i++)
-            if (ptrs[i] && alignment_of(ptrs[i]) < (uint32_t)w[1 + i])
+            if (ptrs[i] && alignment_of(ptrs[i]) < (uint32_t)w[ALGO_W_ALIGN + i])
                 return refuse(CUBLAS_STATUS_INVALID_VALUE, "matrix %c at %p is aligned to %u bytes, but the algorithm was "
                               "chosen for %d (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES)", names[i], ptrs[i],
-                              alignment_of(ptrs[i]), w[1 + i], names[i]);
+                              alignment_of(ptrs[i]), w[ALGO_W_ALIGN + i], names[i]);
     }
     (void)ws;
     (void)ws_bytes;  // the chosen algorithm needs no workspace (workspaceSize 0)

@@ -15,8 +15,11 @@
 //     shows in the results.
 // The accounting behind cudaMemGetInfo follows a driver's: cudaMalloc counts in 512-byte
 // steps until cudaFree; cudaMallocAsync takes from the stream-ordered pool, which grows in
-// 2 MiB steps; cudaFreeAsync returns bytes to the pool, and the pool gives back what it holds
-// unused at the next synchronisation (its default release threshold, 0). An H100 SXM: 80 GiB.
+// 2 MiB steps; cudaFreeAsync returns bytes to the pool, and at the next synchronisation the pool
+// gives back to the driver what it holds beyond its release threshold (default 0: all it holds
+// unused; cudaMemPoolAttrReleaseThreshold = UINT64_MAX: nothing), never what is in use;
+// cudaMemPoolTrimTo gives back down to what it is asked to keep. One default pool for all the
+// emulated devices, as they share one accounting. An H100 SXM: 80 GiB.
 //
 // Streams. CUDASIM_ASYNC=deferred (the default) queues every kernel, copy, memset, cuBLASLt
 // matmul and stream-ordered free on its stream, and runs the queue only at a synchronisation
@@ -40,6 +43,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <map>
@@ -225,8 +229,21 @@ static Alloc *alloc_for_free(void *p, const char *what) {
     return a;
 }
 
-// After a synchronisation the pool keeps only what is in use (release threshold 0).
-static void pool_trim() { pool_reserved = round_up(pool_in_use, POOL_STEP); }
+// cudaMemPoolAttrReleaseThreshold: "Amount of reserved memory in bytes to hold onto before trying
+// to release memory back to the OS" (default 0).
+static uint64_t pool_threshold;
+
+// Down to `keep` bytes reserved, never below what is in use (in POOL_STEP granules); a pool
+// holding no more than `keep` is left alone (cudaMemPoolTrimTo's "no-op").
+static void pool_trim_to(size_t keep) {
+    if (pool_reserved <= keep) return;
+    pool_reserved = std::max(round_up(pool_in_use, POOL_STEP), round_up(keep, POOL_STEP));
+}
+// At a synchronisation: "When more than the release threshold bytes of memory are held by the
+// memory pool, the allocator will try to release memory back to the OS".
+static void pool_trim() {
+    if (pool_reserved > pool_threshold) pool_trim_to((size_t)pool_threshold);
+}
 
 // The range [p, p + n) must lie in one allocation, or in host memory.
 static void check_range(const void *p, size_t n, bool want_device, const char *role) {
@@ -641,6 +658,51 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     enqueue(s, "cudaFreeAsync", [a] { dev_release(a); }, false);
     return cudaSuccess;
 }
+// The default pool (one for every device: see the accounting above). Attributes: the release
+// threshold (cuuint64_t), and reading the reserved and used bytes; the others are not modelled.
+static int pool_handle;
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int d) {
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (d < 0 || d >= device_count()) return set_error(cudaErrorInvalidDevice);
+    *p = (cudaMemPool_t)&pool_handle;
+    return cudaSuccess;
+}
+static bool pool_ok(cudaMemPool_t p) { return p == (cudaMemPool_t)&pool_handle; }
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t p, enum cudaMemPoolAttr a, void *v) {
+    API_ENTER("cudaMemPoolSetAttribute");
+    if (!pool_ok(p) || !v) return set_error(cudaErrorInvalidValue);
+    if (a != cudaMemPoolAttrReleaseThreshold) {
+        fprintf(stderr, "cudasim: cudaMemPoolSetAttribute: attribute %d is not modelled\n", (int)a);
+        return set_error(cudaErrorInvalidValue);
+    }
+    memcpy(&pool_threshold, v, sizeof pool_threshold);
+    return cudaSuccess;
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t p, enum cudaMemPoolAttr a, void *v) {
+    API_ENTER("cudaMemPoolGetAttribute");
+    if (!pool_ok(p) || !v) return set_error(cudaErrorInvalidValue);
+    uint64_t x;
+    switch (a) {
+    case cudaMemPoolAttrReleaseThreshold: x = pool_threshold; break;
+    case cudaMemPoolAttrReservedMemCurrent: x = pool_reserved; break;
+    case cudaMemPoolAttrUsedMemCurrent: x = pool_in_use; break;
+    default:
+        fprintf(stderr, "cudasim: cudaMemPoolGetAttribute: attribute %d is not modelled\n", (int)a);
+        return set_error(cudaErrorInvalidValue);
+    }
+    memcpy(v, &x, sizeof x);
+    return cudaSuccess;
+}
+// "Allocations that have been asynchronously freed but whose completion has not been observed on
+// the host (eg. by a synchronize) can count as outstanding": here a queued cudaFreeAsync that has
+// not run holds its bytes.
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t p, size_t keep) {
+    API_ENTER("cudaMemPoolTrimTo");
+    if (!pool_ok(p)) return set_error(cudaErrorInvalidValue);
+    pool_trim_to(keep);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
     API_ENTER("cudaMemGetInfo");
     *t = DEVICE_BYTES;

@@ -1,0 +1,190 @@
+// scripts/roofline.c — `make bench-gpu` on any machine: a roofline PROJECTION of one QLoRA
+// training step on one H100 SXM, op by op (scripts/step_model.h counts FLOPs and bytes), each op
+// timed at max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency)) and summed (no
+// overlap between ops, no launch overhead). Nothing here is measured: every rate below is a
+// published peak times an efficiency factor, and each factor says where it comes from.
+//
+// The case (the brief of issue 12's performance work; note that configs/case-c.yaml puts LoRA on
+// the routers instead of attention): Mixtral-8x7B, NF4 double-quant frozen experts and
+// attention, LoRA r=16 on every expert's w1, w2, w3 and on q, k, v, o, bf16 activations,
+// --checkpointing full (one recompute forward), micro-batch 1, one GPU, no expert parallelism.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "model/config.h"
+#include "plan/plan.h"
+#include "scripts/step_model.h"
+
+// NVIDIA H100 SXM5 datasheet (nvidia.com/en-us/data-center/h100, "H100 SXM" column): dense
+// bf16 tensor core 989 TFLOP/s (1979 is with sparsity), fp32 (CUDA cores) 67 TFLOP/s, HBM3
+// 3.35 TB/s.
+#define PEAK_BF16 989e12
+#define PEAK_FP32 67e12
+#define HBM_BW 3.35e12
+// Efficiencies.
+//   GEMM 0.75 at large M: DESIGN.md ("GPU performance") takes ~800 TFLOP/s (0.81 of peak) as what
+//     cuBLASLt's dense bf16 GEMMs reach on an H100; 0.75 leaves room for the step's non-square
+//     shapes (N = 1024 for k and v, K = 16 LoRA products). Assumed, to be replaced by
+//     bench_gpu's measured matmul peak.
+//   Small M: × M / (M + 64). Assumed: a 128-row tile is on average half idle on the last
+//     row-tile of each expert, and few row-tiles leave SMs idle (132 SMs); at M = 1024 rows per
+//     expert (s = 4096, top-2 of 8) it gives 0.71, at M = 64 half the large-M rate.
+//   Memory-bound kernels 0.80 of 3.35 TB/s: DESIGN.md expects ~3 TB/s (0.9) for plain copies;
+//     gathers, reductions and small kernels reach less. Assumed.
+//   Attention 0.25 of the fp32 CUDA-core peak: today's kernel (model/ops_cuda.cu) is a scalar
+//     fp32 flash kernel, a warp per query row, no tensor cores; issue 13 replaces it. No H100
+//     measurement of it exists: assumed, and the largest single uncertainty in this table.
+#define EFF_GEMM 0.75
+#define EFF_MEM 0.80
+#define EFF_ATTN 0.25
+#define GEMM_HALF_M 64.0
+
+static double op_eff(const step_op *o) {
+    switch (o->cls) {
+    case STEP_GEMM: return EFF_GEMM * o->m / (o->m + GEMM_HALF_M);
+    case STEP_ATTN_FP32: return EFF_ATTN;
+    default: return EFF_MEM;
+    }
+}
+
+static double op_peak(const step_op *o) { return o->cls == STEP_ATTN_FP32 ? PEAK_FP32 : PEAK_BF16; }
+
+// Seconds, and whether compute (1) or memory (0) bounds it.
+static double op_time(const step_op *o, int *compute_bound) {
+    double tc = o->cls == STEP_MEM ? 0.0 : o->flops / (op_peak(o) * op_eff(o));
+    double tm = o->bytes / (HBM_BW * (o->cls == STEP_MEM ? op_eff(o) : EFF_MEM));
+    *compute_bound = tc > tm;
+    return fmax(tc, tm);
+}
+
+typedef struct {
+    double step_s, tokens_s, mfu, hfu, hw_flops, model_flops;
+} totals;
+
+static totals project(const step_shape *sh, int print) {
+    step_ops ops;
+    step_build(sh, &ops);
+    totals t;
+    memset(&t, 0, sizeof t);
+    double T = (double)(sh->batch * sh->seq);
+    if (print) {
+        printf("%-30s %2s %7s %10s %9s %8s %-7s %5s %9s\n", "op", "ph", "calls", "GFLOP", "GB", "FLOP/B", "bound", "eff",
+               "ms");
+    }
+    double by_phase[4] = {0};
+    for (int i = 0; i < ops.n; i++) {
+        const step_op *o = &ops.op[i];
+        int cb;
+        double s = op_time(o, &cb);
+        t.step_s += s;
+        by_phase[o->phase == 'F' ? 0 : o->phase == 'R' ? 1 : o->phase == 'B' ? 2 : 3] += s;
+        // eff: of the resource that bounds the op (its peak compute rate, or HBM bandwidth).
+        if (print)
+            printf("%-30s %2c %7.0f %10.1f %9.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
+                   o->bytes / 1e9, o->bytes > 0 ? o->flops / o->bytes : 0.0, cb ? "compute" : "memory",
+                   100 * (cb ? op_eff(o) : EFF_MEM), s * 1e3);
+    }
+    t.hw_flops = step_hw_flops(&ops);
+    t.model_flops = step_model_flops_per_token(&sh->cfg, sh->seq) * T;
+    t.tokens_s = T / t.step_s;
+    t.mfu = t.model_flops / t.step_s / PEAK_BF16;
+    t.hfu = t.hw_flops / t.step_s / PEAK_BF16;
+    if (print) {
+        printf("%-30s %2s %7s %10.1f %9s %8s %-7s %5s %9.2f\n", "total", "", "", t.hw_flops / 1e9, "", "", "", "",
+               t.step_s * 1e3);
+        printf("by phase (ms): forward %.1f, recompute %.1f, backward %.1f, optimizer %.1f\n", by_phase[0] * 1e3,
+               by_phase[1] * 1e3, by_phase[2] * 1e3, by_phase[3] * 1e3);
+        printf("LoRA parameters: %.1f M\n", step_lora_params(&ops) / 1e6);
+    }
+    return t;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]\n"
+               "  --model  a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
+               "  --seq    sequence length of the detailed table (default 4096)\n");
+}
+
+int main(int argc, char **argv) {
+    step_shape sh;
+    memset(&sh, 0, sizeof sh);
+    mt_plan_mixtral_8x7b(&sh.cfg);
+    int64_t seqs[8];
+    int n_seqs = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+        if (!v) return usage(stderr), MT_EXIT_USAGE;
+        if (!strcmp(argv[i], "--model")) {
+            if (mt_model_config_load(v, &sh.cfg) != 0) return fprintf(stderr, "roofline: %s\n", mt_error_get()), MT_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--seq") && atoll(v) > 0 && n_seqs < 8) {
+            seqs[n_seqs++] = atoll(v);
+        } else {
+            return fprintf(stderr, "roofline: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
+        }
+        i++;
+    }
+    if (!n_seqs) seqs[0] = 4096, n_seqs = 1;
+    sh.batch = 1;
+    sh.lora_r = 16;
+    sh.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN;
+    sh.quant_experts = sh.quant_attn = 1;
+    sh.quant = MT_QUANT_NF4, sh.blocksize = 64, sh.double_quant = 1;
+    sh.recompute = 1;
+    sh.dequants_per_use = 1;
+
+    const mt_model_config *c = &sh.cfg;
+    double N = step_matmul_params(c);
+    printf("=== ROOFLINE PROJECTION (not a measurement) — one H100 SXM, QLoRA step ===\n");
+    printf("model: hidden %lld, %lld layers, %lld experts top-%lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld\n",
+           (long long)c->hidden, (long long)c->layers, (long long)c->experts, (long long)c->top_k,
+           (long long)c->intermediate, (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
+           (long long)c->vocab);
+    printf("case: NF4 double-quant (blocksize 64) frozen experts and q,k,v,o; LoRA r=16 on w1,w2,w3 (all experts) and "
+           "q,k,v,o; bf16 activations; --checkpointing full; micro-batch 1; one GPU, no EP\n");
+    printf("N (matmul params per token, input embedding excluded) = %.3f e9 (mt_config_active_params %.3f e9)\n",
+           N / 1e9, (double)mt_config_active_params(c) / 1e9);
+    printf("peaks (H100 SXM datasheet): bf16 dense %.0f TFLOP/s, fp32 %.0f TFLOP/s, HBM %.2f TB/s; ridge points "
+           "%.0f FLOP/B (bf16 tensor), %.0f FLOP/B (fp32)\n", PEAK_BF16 / 1e12, PEAK_FP32 / 1e12, HBM_BW / 1e12,
+           PEAK_BF16 / HBM_BW, PEAK_FP32 / HBM_BW);
+    printf("efficiencies (see scripts/roofline.c for sources; 'assumed' = no measurement yet): GEMM %.2f x M/(M+%.0f) "
+           "(assumed, from DESIGN.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, DESIGN.md ~3 TB/s), attention "
+           "%.2f of fp32 peak (assumed: today's scalar fp32 flash kernel, issue 13 replaces it)\n",
+           EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN);
+    printf("dequant: every forward, recompute and backward use of a 4-bit matrix dequantizes it (today's linear.c); "
+           "bytes per Mixtral expert (w1||w3 + w2) = %.1f MB (mt_qweight_dequant_bytes_of)\n",
+           (double)(mt_qweight_dequant_bytes_of(MT_QUANT_NF4, 2 * c->intermediate, c->hidden, 64, 1, MT_BF16) +
+                    mt_qweight_dequant_bytes_of(MT_QUANT_NF4, c->hidden, c->intermediate, 64, 1, MT_BF16)) / 1e6);
+    printf("phases: F forward, R recompute forward, B backward (dx and LoRA grads), O optimizer\n\n");
+
+    sh.seq = seqs[0];
+    printf("--- seq %lld (%lld tokens a step) ---\n", (long long)sh.seq, (long long)(sh.batch * sh.seq));
+    totals t = project(&sh, 1);
+    printf("PROJECTION seq %lld: step %.3f s, %.0f tokens/s, MFU %.1f%% ((4·N + 6·S·d_attn·L) = %.2f GFLOP/token), "
+           "HFU %.1f%% (%.1f TFLOP hardware / step, all against the bf16 peak)\n\n", (long long)sh.seq, t.step_s,
+           t.tokens_s, 100 * t.mfu, step_model_flops_per_token(c, sh.seq) / 1e9, 100 * t.hfu, t.hw_flops / 1e12);
+
+    const int64_t cols[3] = {2048, 4096, 16384};
+    printf("PROJECTION by sequence length (micro-batch 1; time only: whether it fits is `moetrain plan`'s question)\n");
+    printf("%8s %10s %12s %8s %8s %16s\n", "seq", "step s", "tokens/s", "MFU", "HFU", "attention share");
+    for (int i = 0; i < 3; i++) {
+        step_shape x = sh;
+        x.seq = cols[i];
+        totals u = project(&x, 0);
+        step_ops ops;
+        step_build(&x, &ops);
+        double att = 0;
+        for (int j = 0; j < ops.n; j++)
+            if (ops.op[j].cls == STEP_ATTN_FP32) {
+                int cb;
+                att += op_time(&ops.op[j], &cb);
+            }
+        printf("%8lld %10.3f %12.0f %7.1f%% %7.1f%% %15.1f%%\n", (long long)x.seq, u.step_s, u.tokens_s, 100 * u.mfu,
+               100 * u.hfu, 100 * att / u.step_s);
+    }
+    printf("roofline: PROJECTION, not measured; `make CUDA=1 bench-gpu` on an H100 measures the same step\n");
+    return 0;
+}

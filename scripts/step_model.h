@@ -1,0 +1,259 @@
+// scripts/step_model.h — the FLOPs and bytes of one QLoRA training step of a Mixtral-family
+// model, op by op, for the roofline projection (scripts/roofline.c) and for bench_gpu.c's MFU and
+// HFU: one model, so that the projection and the measurement count the same things.
+//
+// Conventions (DESIGN.md, "GPU performance"):
+//   * N = matmul parameters active per token: mt_config_active_params less the input embedding
+//     table (a lookup, no FLOPs; the lm_head, a GEMM, stays in); the norms' weights (0.27 M for
+//     Mixtral-8x7B) stay in too, a 2e-5 error not worth a second convention.
+//   * Model FLOPs per token = 4·N (2 forward + 2 for dx backward: the base is frozen, so no dW)
+//     + causal attention 6·S·(heads·head_dim) per layer: forward QKᵀ and P·V each cost
+//     2·hd per (query, key) pair and head, over S²/2 visible pairs per sequence, i.e.
+//     2·S·d_attn per token; the textbook backward is twice that (dQ, dK, dV, dP). No credit for
+//     the recompute or for LoRA's own FLOPs.
+//   * Hardware FLOPs (HFU) = every FLOP the step executes as counted per op below: forward,
+//     the recompute forward (--checkpointing full), backward dx, LoRA's 2 + 2 + 4 small GEMMs,
+//     attention as today's kernels run it (forward 2, recompute 2, backward 7 units of S·d_attn
+//     per token: the dq kernel recomputes QKᵀ and dO·Vᵀ, the dk/dv kernel both again), one FLOP
+//     per element for each dequantization (the scale multiply), and the elementwise ops' few.
+// Bytes are what each op reads and writes in device memory, every operand once per kernel
+// (accumulating outputs read and written); L2 reuse inside a kernel (flash attention's K/V
+// re-reads, GEMM tiles) is not traffic. Storage follows issue 12's dtype rule: bf16 activations,
+// weights, LoRA and gradients; fp32 rstd, lse, router logits, lm_head logits, optimizer state.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include "model/config.h"
+#include "model/spec.h"
+#include "quant/qweight.h"
+
+typedef enum { STEP_GEMM, STEP_ATTN_FP32, STEP_MEM } step_class;
+
+typedef struct {
+    char name[48];
+    char phase;         // 'F' forward, 'R' recompute forward, 'B' backward, 'O' optimizer
+    double count;       // kernel calls (or GEMMs) in the step
+    double flops, bytes;
+    double m;           // GEMMs: rows per call (the M the efficiency depends on)
+    step_class cls;
+} step_op;
+
+typedef struct {
+    mt_model_config cfg;
+    int64_t batch, seq;
+    int lora_r;
+    unsigned targets;       // MT_TARGET_* bits with LoRA
+    int quant_experts, quant_attn;  // frozen Linears stored 4-bit (dequantized to bf16 per use)
+    mt_quant quant;
+    int blocksize, double_quant;
+    int recompute;          // --checkpointing full: one recompute forward of every layer
+    int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes (today)
+} step_shape;
+
+enum { STEP_MAX_OPS = 64 };
+
+typedef struct {
+    step_op op[STEP_MAX_OPS];
+    int n;
+} step_ops;
+
+static inline void step_add(step_ops *s, const char *name, char phase, double count, double flops, double bytes,
+                            double m, step_class cls) {
+    if (s->n >= STEP_MAX_OPS || count <= 0) return;
+    step_op *o = &s->op[s->n++];
+    memset(o, 0, sizeof *o);
+    strncpy(o->name, name, sizeof o->name - 1);
+    o->phase = phase, o->count = count, o->flops = flops, o->bytes = bytes, o->m = m, o->cls = cls;
+}
+
+// N: matmul parameters per token (see the conventions above).
+static inline double step_matmul_params(const mt_model_config *c) {
+    double embed_in = c->tie_word_embeddings ? 0.0 : (double)c->vocab * (double)c->hidden;
+    return (double)mt_config_active_params(c) - embed_in;
+}
+
+// Model FLOPs per token at sequence length `seq`: 4·N + 6·S·d_attn per layer.
+static inline double step_model_flops_per_token(const mt_model_config *c, int64_t seq) {
+    return 4.0 * step_matmul_params(c) + 6.0 * (double)seq * (double)(c->heads * c->head_dim) * (double)c->layers;
+}
+
+// One LoRA pair on an [out, in] Linear over `rows` rows: forward x·Aᵀ then (xa)·Bᵀ added into y;
+// backward dB, dxa, dA, and dx += dxa·A.
+static inline void step_lora(step_ops *s, const char *name, double calls, double rows, double in, double out,
+                             double r, int recompute) {
+    const double bf = 2.0;
+    double f_flops = 2.0 * rows * r * (in + out);
+    double f_bytes = bf * (rows * in + r * in + 2 * rows * r + r * out + 2 * rows * out);
+    double b_flops = 2.0 * f_flops;
+    // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
+    double b_bytes = bf * (rows * (2 * out + 4 * r + 3 * in) + 3 * r * (in + out));
+    step_add(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, STEP_GEMM);
+    if (recompute) step_add(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, STEP_GEMM);
+    step_add(s, name, 'B', calls, b_flops * calls, b_bytes * calls, rows, STEP_GEMM);
+}
+
+// The step, op by op.
+static inline void step_build(const step_shape *sh, step_ops *s) {
+    const mt_model_config *c = &sh->cfg;
+    const double bf = 2.0, f32 = 4.0;
+    const double T = (double)(sh->batch * sh->seq), S = (double)sh->seq, L = (double)c->layers;
+    const double h = (double)c->hidden, f = (double)c->intermediate, E = (double)c->experts, K = (double)c->top_k;
+    const double V = (double)c->vocab, H = (double)c->heads, dq = (double)(c->heads * c->head_dim);
+    const double dkv = (double)(c->kv_heads * c->head_dim), r = (double)sh->lora_r;
+    const double Tk = T * K, Me = Tk / E;  // expert rows: every token k times, spread evenly (assumed)
+    const int R = sh->recompute;
+    memset(s, 0, sizeof *s);
+
+    step_add(s, "embedding", 'F', 1, 0, 2 * bf * T * h, T, STEP_MEM);
+
+    // Two RMSNorms per layer and the final one (not recomputed: it is outside the layers).
+    double nf_b = 2 * bf * T * h + f32 * T, nb_b = 4 * bf * T * h + f32 * T;
+    step_add(s, "rmsnorm", 'F', 2 * L + 1, 4 * T * h * (2 * L + 1), nf_b * (2 * L + 1), T, STEP_MEM);
+    if (R) step_add(s, "rmsnorm", 'R', 2 * L, 4 * T * h * 2 * L, nf_b * 2 * L, T, STEP_MEM);
+    step_add(s, "rmsnorm", 'B', 2 * L + 1, 6 * T * h * (2 * L + 1), nb_b * (2 * L + 1), T, STEP_MEM);
+
+    // Attention projections: q, k, v as three GEMMs reading x each; o. Base frozen: backward is dx only.
+    const double nqkv = dq + 2 * dkv;
+    double qkv_f = 2 * T * h * nqkv, qkv_fb = bf * (h * nqkv + 3 * T * h + T * nqkv);
+    double qkv_bb = bf * (h * nqkv + T * nqkv + 3 * 2 * T * h);
+    step_add(s, "q,k,v GEMMs", 'F', 3 * L, qkv_f * L, qkv_fb * L, T, STEP_GEMM);
+    if (R) step_add(s, "q,k,v GEMMs", 'R', 3 * L, qkv_f * L, qkv_fb * L, T, STEP_GEMM);
+    step_add(s, "q,k,v GEMMs (dx)", 'B', 3 * L, qkv_f * L, qkv_bb * L, T, STEP_GEMM);
+    double o_f = 2 * T * dq * h, o_fb = bf * (dq * h + T * dq + T * h), o_bb = bf * (dq * h + T * h + 2 * T * dq);
+    step_add(s, "o GEMM", 'F', L, o_f * L, o_fb * L, T, STEP_GEMM);
+    if (R) step_add(s, "o GEMM", 'R', L, o_f * L, o_fb * L, T, STEP_GEMM);
+    step_add(s, "o GEMM (dx)", 'B', L, o_f * L, o_bb * L, T, STEP_GEMM);
+    if (sh->targets & MT_TARGET_ATTN) {
+        // Per adapted projection; q, k, v, o have (in, out) = (h, dq), (h, dkv), (h, dkv), (dq, h).
+        step_ops tmp;
+        memset(&tmp, 0, sizeof tmp);
+        const unsigned bits[4] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
+        const double ins[4] = {h, h, h, dq}, outs[4] = {dq, dkv, dkv, h};
+        for (int i = 0; i < 4; i++)
+            if (sh->targets & bits[i]) step_lora(&tmp, "x", L, T, ins[i], outs[i], r, R);
+        // Summed into one row per phase.
+        const char phases[3] = {'F', 'R', 'B'};
+        for (int p = 0; p < 3; p++) {
+            double cnt = 0, fl = 0, by = 0;
+            for (int i = 0; i < tmp.n; i++)
+                if (tmp.op[i].phase == phases[p]) cnt += tmp.op[i].count, fl += tmp.op[i].flops, by += tmp.op[i].bytes;
+            step_add(s, "LoRA q,k,v,o", phases[p], cnt, fl, by, T, STEP_GEMM);
+        }
+    }
+
+    double rope_b = 2 * bf * T * (dq + dkv), rope_f = 6 * T * (dq + dkv) / 2;
+    step_add(s, "rope (q, k)", 'F', L, rope_f * L, rope_b * L, T, STEP_MEM);
+    if (R) step_add(s, "rope (q, k)", 'R', L, rope_f * L, rope_b * L, T, STEP_MEM);
+    step_add(s, "rope (q, k)", 'B', L, rope_f * L, rope_b * L, T, STEP_MEM);
+
+    // Attention (causal): forward 2·T·S·d_attn; backward as today's two kernels, 7 units.
+    double at_fb = bf * (2 * T * dq + 2 * T * dkv) + f32 * T * H;
+    double at_bb = bf * (3 * T * dq + 2 * T * dkv + T * dq + 2 * T * dkv) + f32 * 2 * T * H;
+    step_add(s, "attention fwd (fp32 scalar)", 'F', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN_FP32);
+    if (R) step_add(s, "attention fwd (fp32 scalar)", 'R', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN_FP32);
+    step_add(s, "attention bwd (fp32 scalar)", 'B', L, 7 * T * S * dq * L, at_bb * L, T, STEP_ATTN_FP32);
+
+    // Router: x·Wgᵀ to fp32 logits, softmax and top-k (folded in); backward dx = dlogits·Wg.
+    double ro_f = 2 * T * h * E, ro_fb = bf * (T * h + E * h) + f32 * (2 * T * E) + (f32 + 4) * Tk;
+    double ro_bb = f32 * 2 * T * E + bf * (E * h + 2 * T * h);
+    step_add(s, "router GEMM + top-k", 'F', L, ro_f * L, ro_fb * L, T, STEP_GEMM);
+    if (R) step_add(s, "router GEMM + top-k", 'R', L, ro_f * L, ro_fb * L, T, STEP_GEMM);
+    step_add(s, "router GEMM (dx)", 'B', L, ro_f * L, ro_bb * L, T, STEP_GEMM);
+    if (sh->targets & MT_TARGET_GATE) step_lora(s, "LoRA gate", L, T, h, E, r, R);
+
+    // Tokens to expert rows (each token k times) and back, weighted by the router.
+    double pc_fb = bf * (2 * Tk * h + Tk * h + T * h), pc_bb = bf * (2 * Tk * h + 2 * Tk * h + 2 * T * h);
+    step_add(s, "permute/gather + combine", 'F', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
+    if (R) step_add(s, "permute/gather + combine", 'R', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
+    step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
+
+    // NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix.
+    const char phases[3] = {'F', 'R', 'B'};
+    for (int p = 0; p < 3; p++) {
+        if (phases[p] == 'R' && !R) continue;
+        if (sh->quant_experts) {
+            double by = (double)mt_qweight_dequant_bytes_of(sh->quant, 2 * c->intermediate, c->hidden, sh->blocksize,
+                                                            sh->double_quant, MT_BF16) +
+                        (double)mt_qweight_dequant_bytes_of(sh->quant, c->hidden, c->intermediate, sh->blocksize,
+                                                            sh->double_quant, MT_BF16);
+            double n = L * E * sh->dequants_per_use;
+            step_add(s, "dequant NF4->bf16 experts", phases[p], 2 * n, 3 * h * f * n, by * n, 0, STEP_MEM);
+        }
+        if (sh->quant_attn) {
+            double by = 0;
+            const int64_t ins[4] = {c->hidden, c->hidden, c->hidden, c->heads * c->head_dim};
+            const int64_t outs[4] = {c->heads * c->head_dim, c->kv_heads * c->head_dim, c->kv_heads * c->head_dim,
+                                     c->hidden};
+            for (int i = 0; i < 4; i++)
+                by += (double)mt_qweight_dequant_bytes_of(sh->quant, outs[i], ins[i], sh->blocksize, sh->double_quant,
+                                                          MT_BF16);
+            double n = L * sh->dequants_per_use;
+            step_add(s, "dequant NF4->bf16 q,k,v,o", phases[p], 4 * n, (h * nqkv + dq * h) * n, by * n, 0, STEP_MEM);
+        }
+    }
+
+    // Experts: w1‖w3 as one GEMM (N = 2f), SwiGLU, w2; E calls of Me rows each.
+    double e13_f = 2 * Tk * h * 2 * f, e13_fb = bf * (E * 2 * f * h + Tk * h + Tk * 2 * f);
+    double e13_bb = bf * (E * 2 * f * h + Tk * 2 * f + 2 * Tk * h);
+    double e2_f = 2 * Tk * f * h, e2_fb = bf * (E * h * f + Tk * f + Tk * h), e2_bb = bf * (E * h * f + Tk * h + 2 * Tk * f);
+    step_add(s, "expert GEMM w1||w3 (N=2f)", 'F', E * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
+    if (R) step_add(s, "expert GEMM w1||w3 (N=2f)", 'R', E * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
+    step_add(s, "expert GEMM w1||w3 (dx)", 'B', E * L, e13_f * L, e13_bb * L, Me, STEP_GEMM);
+    double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * 2 * Tk * f);
+    step_add(s, "SwiGLU", 'F', E * L, 8 * Tk * f * L, sw_fb * L, Me, STEP_MEM);
+    if (R) step_add(s, "SwiGLU", 'R', E * L, 8 * Tk * f * L, sw_fb * L, Me, STEP_MEM);
+    step_add(s, "SwiGLU", 'B', E * L, 12 * Tk * f * L, sw_bb * L, Me, STEP_MEM);
+    step_add(s, "expert GEMM w2", 'F', E * L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
+    if (R) step_add(s, "expert GEMM w2", 'R', E * L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
+    step_add(s, "expert GEMM w2 (dx)", 'B', E * L, e2_f * L, e2_bb * L, Me, STEP_GEMM);
+    if (sh->targets & MT_TARGET_EXPERTS) {
+        step_ops tmp;
+        memset(&tmp, 0, sizeof tmp);
+        if (sh->targets & MT_TARGET_W1) step_lora(&tmp, "x", E * L, Me, h, f, r, R);
+        if (sh->targets & MT_TARGET_W3) step_lora(&tmp, "x", E * L, Me, h, f, r, R);
+        if (sh->targets & MT_TARGET_W2) step_lora(&tmp, "x", E * L, Me, f, h, r, R);
+        for (int p = 0; p < 3; p++) {
+            double cnt = 0, fl = 0, by = 0;
+            for (int i = 0; i < tmp.n; i++)
+                if (tmp.op[i].phase == phases[p]) cnt += tmp.op[i].count, fl += tmp.op[i].flops, by += tmp.op[i].bytes;
+            step_add(s, "LoRA experts w1,w3,w2", phases[p], cnt, fl, by, Me, STEP_GEMM);
+        }
+    }
+
+    // Residual adds, two per layer (the backward passes gradients through by accumulation).
+    step_add(s, "residual adds", 'F', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
+    if (R) step_add(s, "residual adds", 'R', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
+
+    // lm_head (frozen bf16) to fp32 logits; cross-entropy writes dlogits in place; dx = dlogits·W.
+    step_add(s, "lm_head GEMM", 'F', 1, 2 * T * h * V, bf * (V * h + T * h) + f32 * T * V, T, STEP_GEMM);
+    step_add(s, "cross-entropy (fwd+bwd)", 'B', 1, 6 * T * V, 2 * f32 * T * V, T, STEP_MEM);
+    step_add(s, "lm_head GEMM (dx)", 'B', 1, 2 * T * h * V, bf * (V * h + 2 * T * h) + f32 * T * V, T, STEP_GEMM);
+
+    // AdamW on the LoRA parameters: bf16 param and grad, fp32 m, v and master, read and written,
+    // and the gradient zeroed: 2+2+4+4+4 read, 2+4+4+4 written, 2 zeroed = 32 bytes a parameter.
+    double P = 0;
+    const unsigned eb[3] = {MT_TARGET_W1, MT_TARGET_W3, MT_TARGET_W2};
+    for (int i = 0; i < 3; i++)
+        if (sh->targets & eb[i]) P += L * E * r * (h + f);
+    if (sh->targets & MT_TARGET_Q) P += L * r * (h + dq);
+    if (sh->targets & MT_TARGET_K) P += L * r * (h + dkv);
+    if (sh->targets & MT_TARGET_V) P += L * r * (h + dkv);
+    if (sh->targets & MT_TARGET_O) P += L * r * (dq + h);
+    if (sh->targets & MT_TARGET_GATE) P += L * r * (h + E);
+    step_add(s, "AdamW (LoRA params)", 'O', 1, 15 * P, 32 * P, 0, STEP_MEM);
+}
+
+// Hardware FLOPs of the step: the sum over its ops.
+static inline double step_hw_flops(const step_ops *s) {
+    double x = 0;
+    for (int i = 0; i < s->n; i++) x += s->op[i].flops;
+    return x;
+}
+
+// LoRA parameters the optimizer updates (from the AdamW row's bytes, 32 a parameter).
+static inline double step_lora_params(const step_ops *s) {
+    for (int i = 0; i < s->n; i++)
+        if (s->op[i].phase == 'O') return s->op[i].bytes / 32.0;
+    return 0;
+}
