@@ -130,11 +130,12 @@ int main(int argc, char **argv) {
     if (!n_seqs) seqs[0] = 4096, n_seqs = 1;
     sh.batch = 1;
     sh.lora_r = 16;
-    sh.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN;
+    sh.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;  // case C (configs/case-c.yaml)
     sh.quant_experts = sh.quant_attn = 1;
     sh.quant = MT_QUANT_NF4, sh.blocksize = 64, sh.double_quant = 1;
     sh.recompute = 1;
     sh.dequants_per_use = 1;
+    sh.experts_recompute_in_backward = 1;  // model/experts.c on one GPU
 
     const mt_model_config *c = &sh.cfg;
     double N = step_matmul_params(c);
@@ -143,8 +144,8 @@ int main(int argc, char **argv) {
            (long long)c->hidden, (long long)c->layers, (long long)c->experts, (long long)c->top_k,
            (long long)c->intermediate, (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
            (long long)c->vocab);
-    printf("case: NF4 double-quant (blocksize 64) frozen experts and q,k,v,o; LoRA r=16 on w1,w2,w3 (all experts) and "
-           "q,k,v,o; bf16 activations; --checkpointing full; micro-batch 1; one GPU, no EP\n");
+    printf("case C (configs/case-c.yaml): NF4 double-quant (blocksize 64) frozen experts and q,k,v,o; LoRA r=16 on "
+           "w1,w2,w3 (all experts) and the routers; bf16 activations; --checkpointing full; micro-batch 1; one GPU, no EP\n");
     printf("N (matmul params per token, input embedding excluded) = %.3f e9 (mt_config_active_params %.3f e9)\n",
            N / 1e9, (double)mt_config_active_params(c) / 1e9);
     printf("peaks (H100 SXM datasheet): bf16 dense %.0f TFLOP/s, fp32 %.0f TFLOP/s, HBM %.2f TB/s; ridge points "
@@ -154,7 +155,8 @@ int main(int argc, char **argv) {
            "(assumed, from DESIGN.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, DESIGN.md ~3 TB/s), attention "
            "%.2f of fp32 peak (assumed: today's scalar fp32 flash kernel, issue 13 replaces it)\n",
            EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN);
-    printf("dequant: every forward, recompute and backward use of a 4-bit matrix dequantizes it (today's linear.c); "
+    printf("dequant: q,k,v,o at every use (forward, recompute, backward); an expert's w1||w3 and w2 in the forward and "
+           "once more for its recompute and backward together (model/experts.c); "
            "bytes per Mixtral expert (w1||w3 + w2) = %.1f MB (mt_qweight_dequant_bytes_of)\n",
            (double)(mt_qweight_dequant_bytes_of(MT_QUANT_NF4, 2 * c->intermediate, c->hidden, 64, 1, MT_BF16) +
                     mt_qweight_dequant_bytes_of(MT_QUANT_NF4, c->hidden, c->intermediate, 64, 1, MT_BF16)) / 1e6);

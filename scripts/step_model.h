@@ -48,7 +48,10 @@ typedef struct {
     mt_quant quant;
     int blocksize, double_quant;
     int recompute;          // --checkpointing full: one recompute forward of every layer
-    int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes (today)
+    int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes
+    int experts_recompute_in_backward;  // the GPU step with recomputation on one rank (today):
+                                        // an expert's backward recomputes its rows with the
+                                        // weights it dequantized, so experts dequantize in F and B only
 } step_shape;
 
 enum { STEP_MAX_OPS = 64 };
@@ -168,11 +171,12 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (R) step_add(s, "permute/gather + combine", 'R', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
 
-    // NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix.
+    // NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix; an expert's
+    // recompute shares its backward's.
     const char phases[3] = {'F', 'R', 'B'};
     for (int p = 0; p < 3; p++) {
         if (phases[p] == 'R' && !R) continue;
-        if (sh->quant_experts) {
+        if (sh->quant_experts && !(phases[p] == 'R' && sh->experts_recompute_in_backward)) {
             double by = (double)mt_qweight_dequant_bytes_of(sh->quant, 2 * c->intermediate, c->hidden, sh->blocksize,
                                                             sh->double_quant, MT_BF16) +
                         (double)mt_qweight_dequant_bytes_of(sh->quant, c->hidden, c->intermediate, sh->blocksize,
