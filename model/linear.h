@@ -1,5 +1,6 @@
 // model/linear.h — one bias-free nn.Linear [out, in] as the model sees it: a frozen weight
-// (f32, or 4-bit from quant/) or a trainable one (f32 with its gradient), plus an optional LoRA.
+// (dense, or 4-bit from quant/) or a trainable one (dense with its gradient), plus an optional
+// LoRA. Dense means the model's weight dtype: f32 on the cpu, bf16 on the GPU step.
 #pragma once
 #include <stdint.h>
 
@@ -14,7 +15,7 @@ struct mt_qweight;
 
 typedef struct mt_linear {
     int64_t out, in;
-    mt_tensor *w;              // f32 [out, in] (base when frozen, train when trainable); NULL if q
+    mt_tensor *w;              // [out, in] (base when frozen, train when trainable); NULL if q
     struct mt_qweight *q;      // frozen 4-bit weight, or NULL
     mt_tensor *dw;             // gradient when the weight itself trains (unfreeze, router, full)
     mt_lora *lora;             // adapter, or NULL

@@ -89,11 +89,10 @@ typedef struct mt_model {
     mt_backend *be;
     mt_model_spec spec;         // the mode, targets and quantization it was built for
     // The null backend (moetrain plan --measure): every allocation of a step is made and
-    // counted, no kernel runs and no device data is read; dense weights, LoRA, activations and
-    // their gradients take the dtypes a GPU run stores (bf16; fp32 where it keeps fp32), where
-    // the cpu backend keeps everything f32.
+    // counted, no kernel runs and no device data is read. It follows the cuda step's dtypes and
+    // allocations (model/model_internal.h: step_dtype), where the cpu backend keeps f32.
     int counting;
-    mt_dtype wdtype;            // dense weights, LoRA and their gradients: F32 (cpu), BF16 (null)
+    mt_dtype wdtype;            // dense weights, LoRA and their gradients: F32 (cpu), BF16 (cuda, null)
     mt_tensor *embed, *dembed;  // [V, H]
     mt_tensor *norm, *dnorm;    // [H]
     mt_linear lm_head;          // [V, H]
