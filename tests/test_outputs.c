@@ -562,7 +562,10 @@ Test(outputs, eval_of_golden_adapter_equals_direct_forward) {
     char want_line[64];
     snprintf(want_line, sizeof want_line, "loss=%.6f perplexity=", r.loss);
     cr_expect(strstr(out, want_line), "%s not in\n%s", want_line, out);
-    cr_expect(strstr(out, "aux loss is not included"), "%s", out);
+    char want_aux[64];
+    snprintf(want_aux, sizeof want_aux, "aux=%.6f", r.aux);
+    cr_expect(r.aux > 0 && isfinite(r.aux), "the router aux loss is reported: %g", r.aux);
+    cr_expect(strstr(out, want_aux) && strstr(out, "not included in loss"), "%s not in\n%s", want_aux, out);
     // errors are reported, not crashes
     cr_expect_eq(mt_test_run(out, sizeof out, "eval --model %s --data %s --adapter %s/nowhere", G1, data, tmp), 1);
     cr_expect_eq(mt_test_run(out, sizeof out, "eval --model %s", G1), 2);
@@ -727,10 +730,18 @@ Test(outputs, merge_forward_equals_base_plus_adapter) {
     cr_expect_null(cJSON_GetObjectItem(j, "quantization_config"));
     cr_expect_str_eq(cJSON_GetObjectItem(j, "torch_dtype")->valuestring, "float32");
     cJSON_Delete(j);
-    // default bf16, sharded like init
+    // default: the base's dtype (G1 is f32); --dtype bf16 sharded like init
+    snprintf(dir, sizeof dir, "%s/merged_default", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s", G1, G1, dir), 0, "%s", out);
+    mt_st_model sd;
+    cr_assert_eq(mt_st_model_open(&sd, dir), 0, "%s", mt_error_get());
+    const mt_st_tensor *td = mt_st_model_find(&sd, "model.layers.0.block_sparse_moe.experts.0.w1.weight");
+    cr_assert_not_null(td);
+    cr_expect_str_eq(td->dtype, "F32", "an f32 base merges to f32 by default");
+    mt_st_model_close(&sd);
     snprintf(dir, sizeof dir, "%s/merged_bf16", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s --shard-size 100KB", G1, G1, dir),
-                 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s --shard-size 100KB --dtype bf16", G1,
+                             G1, dir), 0, "%s", out);
     mt_st_model st;
     cr_assert_eq(mt_st_model_open(&st, dir), 0, "%s", mt_error_get());
     cr_expect_gt(st.n_files, 1, "sharded");

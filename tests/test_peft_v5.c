@@ -11,7 +11,7 @@
 #include "lora/peft.h"
 #include "test_util.h"
 
-#define FX "tests/data/peft_v5"
+#define FX MT_REPO_ROOT "/tests/data/peft_v5"
 
 typedef struct {
     int n;
@@ -152,5 +152,41 @@ Test(peft_v5, format_auto_follows_the_declared_transformers) {
     cr_assert_eq(f, MT_PEFT_V5);
     cr_assert_neq(mt_peft_format_parse("v6", tmp, &f), 0);
     cr_assert(strstr(mt_error_get(), "--peft-format"), "%s", mt_error_get());
+    mt_test_rmrf(tmp);
+}
+
+// The CLI end to end: the same training written as v4 and as v5 evaluates to the same loss, and
+// a v5 adapter given to train --adapter (lr ~0) comes out as the same model in v4.
+static void loss_line(const char *out, char *line, size_t n) {
+    const char *p = strstr(out, "loss=");
+    cr_assert(p, "no loss= in\n%s", out);
+    size_t k = strcspn(p, " ");
+    snprintf(line, n, "%.*s", (int)k, p);
+}
+
+Test(peft_v5, cli_v4_and_v5_same_loss_and_train_from_adapter, .timeout = 120) {
+    char tmp[64], model[128], data[128], out[16384], dir[256], l4[64], l5[64], lr[64];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 6), 0);
+    const char *common = "--mode lora --r 4 --targets all --experts 0,2 --quant none --steps 2 --seq 32 --lr 0.02";
+    for (int v = 4; v <= 5; v++) {
+        cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --out %s/v%d --peft-format v%d", model, data,
+                                 common, tmp, v, v), 0, "%s", out);
+        cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --adapter %s/v%d/adapter --data %s --quant none",
+                                 model, tmp, v, data), 0, "%s", out);
+        loss_line(out, v == 4 ? l4 : l5, 64);
+    }
+    cr_expect_str_eq(l4, l5, "v4 and v5 adapters of one training evaluate alike");
+    snprintf(dir, sizeof dir, "%s/v5/adapter/adapter_model.safetensors", tmp);
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, dir), 0, "%s", mt_error_get());
+    cr_expect_not_null(mt_st_file_find(&f, "base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight"));
+    mt_st_file_close(&f);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --lr 1e-12 --out %s/again --peft-format v4 "
+                             "--adapter %s/v5/adapter", model, data, common, tmp, tmp), 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --adapter %s/again/adapter --data %s --quant none", model,
+                             tmp, data), 0, "%s", out);
+    loss_line(out, lr, sizeof lr);
+    cr_expect_str_eq(lr, l5, "train --adapter starts from the adapter");
     mt_test_rmrf(tmp);
 }

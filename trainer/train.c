@@ -268,6 +268,14 @@ static int setup(trainer *t) {
     }
     if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
     t->m.z_coef = (float)o->z_coef;
+    // --adapter: the LoRAs start from a PEFT adapter (v4 or v5 layout; its alpha replaces --alpha);
+    // a --resume checkpoint, restored later, still wins.
+    if (o->adapter[0] && o->mode != MT_MODE_LORA) {
+        mt_error_set("--adapter %s: a PEFT adapter starts a --mode lora run (this run is --mode %s)", o->adapter,
+                     mt_mode_name(o->mode));
+        return -1;
+    }
+    if (o->adapter[0] && mt_model_load_adapter(&t->m, o->adapter) != 0) return mt_error_prefix("--adapter"), -1;
     if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
         return -1;
     mt_data_opts dopts;
