@@ -182,8 +182,8 @@ static int visit_pair(const char *dir, const char *path, const mt_st_file *f, co
         snprintf(other, sizeof other, "%s%s.base_layer.lora_A.weight", PREFIX, module);
         gate_up = mt_st_file_find(f, other) ? 0 : lone_experts_kind(dir, module);
         if (gate_up < 0) {
-            mt_error_set("%s: '%s' is neither gate_up_proj nor down_proj: adapter_config.json's target_parameters "
-                         "names exactly one of them for '%s'", path, a->name, module);
+            mt_error_set("%s: '%s' cannot be told gate_up_proj or down_proj: adapter_config.json's "
+                         "target_parameters must name exactly one of them for '%s'", path, a->name, module);
             return -1;
         }
     }

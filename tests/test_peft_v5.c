@@ -190,3 +190,36 @@ Test(peft_v5, cli_v4_and_v5_same_loss_and_train_from_adapter, .timeout = 120) {
     cr_expect_str_eq(lr, l5, "train --adapter starts from the adapter");
     mt_test_rmrf(tmp);
 }
+
+// A fused tensor that does not split into E blocks of the rank is an error naming file and key.
+static int zero_fill(void *ctx, size_t index, void *dst, size_t nbytes) {
+    (void)ctx, (void)index;
+    memset(dst, 0, nbytes);
+    return 0;
+}
+
+static int refuse_pair(void *ctx, const char *module, const mt_st_tensor *a, const mt_st_tensor *b) {
+    (void)ctx, (void)module, (void)a, (void)b;
+    return 0;
+}
+
+Test(peft_v5, bad_fused_shape_is_named) {
+    char tmp[64], path[256];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    mt_st_entry e[2] = {
+        {"base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight", "F32", 2, {7, 40}, NULL},
+        {"base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight", "F32", 2, {112, 7}, NULL},
+    };
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
+    cr_assert_eq(mt_st_write(path, e, 2, NULL, zero_fill, NULL), 0, "%s", mt_error_get());
+    snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+    FILE *f = fopen(path, "w");
+    fputs("{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 4, \"target_parameters\": [\"gate_up_proj\"]}", f);
+    fclose(f);
+    mt_peft_config cfg;
+    cr_assert_neq(mt_peft_read(tmp, &cfg, refuse_pair, NULL), 0);
+    const char *err = mt_error_get();
+    cr_expect(strstr(err, "adapter_model.safetensors") && strstr(err, "base_layer.lora_A.weight") &&
+              strstr(err, "gate_up_proj"), "%s", err);
+    mt_test_rmrf(tmp);
+}
