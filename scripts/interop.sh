@@ -29,7 +29,9 @@ check() {  # name python adapter loss required
     local out
     out=$("$2" "$ROOT/scripts/check_peft.py" --base "$W/base" --adapter "$3" --data "$DATA" --loss "$4" 2>&1)
     local rc=$?
-    printf '    %-28s %s\n' "$1" "$(echo "$out" | grep -E '^(stack|keys|loss|MISMATCH|PEFT WARNING|check_peft)' | tr '\n' ';' | sed 's/;/ | /g')"
+    local crash=""
+    echo "$out" | grep -q '^check_peft:' || crash=" | CRASHED: $(echo "$out" | grep -E 'Error' | tail -1 | cut -c1-200)"
+    printf '    %-28s %s%s\n' "$1" "$(echo "$out" | grep -E '^(stack|keys|loss|MISMATCH|PEFT WARNING|check_peft)' | tr '\n' ';' | sed 's/;/ | /g')" "$crash"
     if [ $rc -ne 0 ] && [ "$5" = required ]; then fail=1; fi
 }
 
