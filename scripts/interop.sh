@@ -74,6 +74,26 @@ sys.exit(0 if d <= 1e-6 else 1)
 PY
 done
 
+# bnb-4bit checkpoints written by `moetrain quantize` (README's matrix; reported, not required):
+# per-expert 4-bit experts load on 4.57, not on 5.x (upstream); attention-only 4-bit loads on both.
+echo "== bnb-4bit checkpoints (moetrain quantize) loaded by transformers"
+for qt in "experts,attn" "attn"; do
+    q=$W/q4_${qt/,/_}
+    "$MT" quantize --model "$W/base" --out "$q" --quant-targets "$qt" >/dev/null 2>&1 || { echo "    quantize failed"; fail=1; continue; }
+    for py in "$T4PY" "$T5PY"; do
+        "$py" - "$q" "$qt" <<'PY' 2>/dev/null | tail -1
+import sys, transformers
+from transformers import AutoModelForCausalLM
+try:
+    m = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+    n4 = sum(type(p).__name__ == "Params4bit" for p in m.parameters())
+    print("    --quant-targets %-13s transformers %-7s loads (%d Params4bit)" % (sys.argv[2], transformers.__version__, n4))
+except Exception as e:
+    print("    --quant-targets %-13s transformers %-7s does not load: %s" % (sys.argv[2], transformers.__version__, type(e).__name__))
+PY
+    done
+done
+
 if [ "${FIXTURES:-0}" = 1 ]; then
     FX=$ROOT/tests/data/peft_v5
     rm -rf "$FX"; mkdir -p "$FX"
