@@ -146,7 +146,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan bench bench-torch bench-gpu fuzz clean deps test-mpi layers test-sim
+.PHONY: all test asan interop bench bench-torch bench-gpu fuzz clean deps test-mpi layers test-sim
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -176,6 +176,12 @@ test: $(BIN) $(TEST_BIN)
 
 asan:
 	$(MAKE) SAN=1 test
+
+# moetrain's adapters against the Hugging Face stacks (scripts/interop.sh): needs torch, so it is
+# run by hand, not in CI. T5PY / T4PY: the pythons of a transformers 5 + PEFT + bitsandbytes venv
+# and a transformers 4.57 + PEFT 0.17 one; FIXTURES=1 rewrites tests/data/peft_v5/.
+interop: $(BIN)
+	bash scripts/interop.sh
 
 # No #include points up a layer (scripts/check_layers.sh says which may include which).
 layers:

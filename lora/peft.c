@@ -25,6 +25,58 @@ static int empty_targets(const cJSON *t) {
     return (cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0) || (cJSON_IsString(t) && !t->valuestring[0]);
 }
 
+// Which fused expert parameter a rank_pattern / alpha_pattern key names: 1 gate_up_proj,
+// 2 down_proj, 0 neither.
+static int pattern_target(const char *key) {
+    size_t n = strlen(key);
+    if (n >= 12 && strcmp(key + n - 12, "gate_up_proj") == 0) return 1;
+    if (n >= 9 && strcmp(key + n - 9, "down_proj") == 0) return 2;
+    return 0;
+}
+
+// rank_pattern / alpha_pattern: only for v5's fused experts (PEFT's converter gives gate_up_proj
+// rank 2r, alpha 2·alpha), and only where the scale stays the adapter's: one scale per adapter.
+static int read_patterns(const cJSON *root, const char *path, mt_peft_config *cfg) {
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(root, "rank_pattern");
+    const cJSON *alphas = cJSON_GetObjectItemCaseSensitive(root, "alpha_pattern");
+    if (!cJSON_IsObject(ranks)) ranks = NULL;
+    if (!cJSON_IsObject(alphas)) alphas = NULL;
+    double want = cfg->lora_alpha / (cfg->use_rslora ? sqrt(cfg->r) : cfg->r);
+    double alpha_of[3] = {0, cfg->lora_alpha, cfg->lora_alpha};
+    int rank_of[3] = {0, cfg->r, cfg->r};
+    const cJSON *it;
+    cJSON_ArrayForEach(it, ranks) {
+        int w = pattern_target(it->string);
+        if (!w || !cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > MT_PEFT_MAX_R ||
+            it->valuedouble != floor(it->valuedouble)) {
+            mt_error_set("%s: rank_pattern \"%s\" is not supported (only an integer rank for the fused experts' "
+                         "gate_up_proj / down_proj)", path, it->string);
+            return -1;
+        }
+        rank_of[w] = (int)it->valuedouble;
+    }
+    cJSON_ArrayForEach(it, alphas) {
+        int w = pattern_target(it->string);
+        if (!w || !cJSON_IsNumber(it) || !(it->valuedouble > 0)) {
+            mt_error_set("%s: alpha_pattern \"%s\" is not supported (only a positive alpha for the fused experts' "
+                         "gate_up_proj / down_proj)", path, it->string);
+            return -1;
+        }
+        alpha_of[w] = it->valuedouble;
+    }
+    for (int w = 1; w <= 2; w++) {
+        double s = alpha_of[w] / (cfg->use_rslora ? sqrt(rank_of[w]) : rank_of[w]);
+        if (fabs(s - want) > 1e-6 * want) {
+            mt_error_set("%s: rank_pattern / alpha_pattern give %s the scale %g where the adapter's is %g "
+                         "(one scale per adapter is supported)", path, w == 1 ? "gate_up_proj" : "down_proj", s, want);
+            return -1;
+        }
+    }
+    cfg->r_gate_up = rank_of[1] != cfg->r ? rank_of[1] : 0;
+    cfg->r_down = rank_of[2] != cfg->r ? rank_of[2] : 0;
+    return 0;
+}
+
 int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft_config *cfg) {
     cJSON *root = cJSON_ParseWithLength(text, len);
     int rc = -1;
@@ -35,7 +87,6 @@ int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "use_rslora");
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(root, "lora_dropout");
-    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(root, "rank_pattern");
     if (!cJSON_IsObject(root)) mt_error_set("%s: not a JSON object", path);
     else if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
         mt_error_set("%s: peft_type is not \"LORA\"", path);
@@ -52,14 +103,13 @@ int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft
     else if (cJSON_IsTrue(dora)) mt_error_set("%s: use_dora adapters are not supported", path);
     else if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none") != 0)
         mt_error_set("%s: bias \"%s\" is not supported (only \"none\")", path, bias->valuestring);
-    else if (cJSON_IsObject(ranks) && cJSON_GetArraySize(ranks) > 0)
-        mt_error_set("%s: rank_pattern is not supported", path);
     else {
         cfg->r = (int)r->valuedouble;
         cfg->lora_alpha = alpha ? alpha->valuedouble : 8.0;  // PEFT's default
         cfg->use_rslora = cJSON_IsTrue(rs);
         cfg->lora_dropout = cJSON_IsNumber(drop) ? drop->valuedouble : 0.0;
-        rc = 0;
+        cfg->r_gate_up = cfg->r_down = 0;
+        rc = read_patterns(root, path, cfg);
     }
     cJSON_Delete(root);
     return rc;
@@ -77,6 +127,71 @@ int mt_peft_split_key(const char *key, char *module, size_t cap, char *which) {
     memcpy(module, key + p, n - p - s);
     module[n - p - s] = 0;
     return 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+// PEFT's target_parameters rule: an entry equals the parameter's name or is a ".entry" suffix.
+static int targets_param(const cJSON *list, const char *name) {
+    const cJSON *it;
+    if (!cJSON_IsArray(list)) return 0;
+    cJSON_ArrayForEach(it, list) {
+        if (!cJSON_IsString(it)) continue;
+        size_t n = strlen(name), k = strlen(it->valuestring);
+        if (strcmp(name, it->valuestring) == 0 || (n > k && name[n - k - 1] == '.' && ends_with(name, it->valuestring)))
+            return 1;
+    }
+    return 0;
+}
+
+// A v5 "model.layers.L.mlp.experts" pair without a base_layer beside it holds whichever of
+// gate_up_proj / down_proj target_parameters names for the layer: 1 gate_up, 0 down, -1 unknown.
+static int lone_experts_kind(const char *dir, const char *module) {
+    char path[4200], name[600], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (mt_read_file(path, 1 << 20, &text, &len) != 0) return -1;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
+    snprintf(name, sizeof name, "%s.gate_up_proj", module);
+    int gu = targets_param(tp, name);
+    snprintf(name, sizeof name, "%s.down_proj", module);
+    int down = targets_param(tp, name);
+    cJSON_Delete(root);
+    free(text);
+    return gu == down ? -1 : gu;
+}
+
+// One A/B pair of the file: a v4 module as it is, a v5 router under its v4 name, v5 fused experts
+// split per expert.
+static int visit_pair(const char *dir, const char *path, const mt_st_file *f, const mt_peft_config *cfg,
+                      const char *module, const mt_st_tensor *a, const mt_st_tensor *b, mt_peft_pair_fn fn, void *ctx) {
+    char prefix[512], other[600];
+    size_t n = strlen(module);
+    if (ends_with(module, ".mlp.gate") && n - 9 < sizeof prefix - 32) {
+        snprintf(prefix, sizeof prefix, "%.*s.block_sparse_moe.gate", (int)(n - 9), module);
+        return fn(ctx, prefix, a, b);
+    }
+    int gate_up = -1;
+    if (ends_with(module, ".mlp.experts.base_layer")) gate_up = 1, n -= strlen(".mlp.experts.base_layer");
+    else if (ends_with(module, ".mlp.experts")) {
+        n -= strlen(".mlp.experts");
+        snprintf(other, sizeof other, "%s%s.base_layer.lora_A.weight", PREFIX, module);
+        gate_up = mt_st_file_find(f, other) ? 0 : lone_experts_kind(dir, module);
+        if (gate_up < 0) {
+            mt_error_set("%s: '%s' cannot be told gate_up_proj or down_proj: adapter_config.json's "
+                         "target_parameters must name exactly one of them for '%s'", path, a->name, module);
+            return -1;
+        }
+    }
+    if (gate_up < 0) return fn(ctx, module, a, b);
+    if (n >= sizeof prefix) n = sizeof prefix - 1;
+    memcpy(prefix, module, n);
+    prefix[n] = 0;
+    return mt_peft_v5_experts(path, cfg, prefix, gate_up, a, b, fn, ctx);
 }
 
 int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx) {
@@ -102,12 +217,14 @@ int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void 
         if (!b) {
             mt_error_set("%s: '%s' has no matching '%s'", path, t->name, other);
             rc = -1;
+        } else if (strstr(module, ".mlp.experts")) {  // fused: ranks checked per expert
+            rc = visit_pair(dir, path, &f, cfg, module, t, b, fn, ctx);
         } else if (t->ndim != 2 || b->ndim != 2 || t->shape[0] != cfg->r || b->shape[1] != cfg->r) {
             mt_error_set("%s: module '%s': A [%lld, ...] and B [..., %lld] do not have the rank r=%d of "
                          "adapter_config.json", path, module, (long long)t->shape[0],
                          (long long)(b->ndim == 2 ? b->shape[1] : -1), cfg->r);
             rc = -1;
-        } else if ((rc = fn(ctx, module, t, b)) != 0) {
+        } else if ((rc = visit_pair(dir, path, &f, cfg, module, t, b, fn, ctx)) != 0) {
             mt_error_prefix("%s", path);
         }
     }

@@ -12,7 +12,14 @@ typedef struct mt_peft_config {
     double lora_alpha;
     double lora_dropout;
     int use_rslora;
+    // v5 fused experts (rank_pattern): the rank of gate_up_proj / down_proj's per-expert blocks,
+    // 0 when it is r. alpha_pattern must keep their scale equal to the adapter's.
+    int r_gate_up, r_down;
 } mt_peft_config;
+
+// The two adapter layouts (FORMATS.md §2.3, §2.4): v4 per-expert Linears (transformers 4.x),
+// v5 fused experts through target_parameters (transformers 5.x).
+typedef enum { MT_PEFT_V4 = 4, MT_PEFT_V5 = 5 } mt_peft_format;
 
 // Called once per adapted module with its A [r, in] and B [out, r] tensors (any float dtype).
 // Return non-zero (with mt_error_set) to stop.
@@ -21,7 +28,11 @@ typedef int (*mt_peft_pair_fn)(void *ctx, const char *module, const mt_st_tensor
 
 // Reads the folder's config and walks its adapter pairs. Errors name the file and the key:
 // a lora_A without its lora_B, an unknown key form, a rank that differs from the config's r
-// (rank_pattern is not supported), DoRA or bias terms.
+// (rank_pattern only for v5 fused experts with an unchanged scale), DoRA or bias terms.
+// Both layouts: a v5 adapter's fused experts are split into per-expert v4 pairs
+// ("model.layers.L.block_sparse_moe.experts.E.w1", A [r, in], B [out, r], F32) and its router
+// "mlp.gate" is reported as "block_sparse_moe.gate"; an expert whose A and B are all zero (not
+// trained) is not reported.
 int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx);
 // adapter_config.json's text (len bytes; `path` names it in errors): r an integer in
 // 1..MT_PEFT_MAX_R, lora_alpha in (0, 1e6], lora_dropout in [0, 1), target_modules not empty.
@@ -34,15 +45,11 @@ int mt_peft_split_key(const char *key, char *module, size_t cap, char *which);
 // ---------------------------------------------------------------------------------------------
 // Writing (lora/peft_write.c)
 
-// PEFT's target_modules for the adapted subset of a model's Linear module paths all[0..n):
-//   * the leaf names (["q_proj", "w1", ...], in order of first appearance) when every module
-//     carrying a listed leaf is adapted (PEFT matches a list entry as the name or a ".leaf"
-//     suffix, so the list then selects exactly the adapted modules);
-//   * otherwise one regular expression that matches exactly the adapted paths under PEFT's
-//     re.fullmatch: numeric path components become alternations factored per component,
-//     e.g. model\.layers\.(0|1)\.block_sparse_moe\.experts\.(0|3)\.(w1|w2|w3).
+// PEFT's target_modules for the adapted subset of a model's Linear module paths all[0..n): per
+// leaf name ("q_proj", "w1", ...; in order of first appearance) the leaf itself when every module
+// carrying it is adapted, else the full paths of its adapted modules. Never a regular expression:
+// PEFT's v4->v5 converter rewrites lists entry by entry but can only guess at a regex.
 typedef struct mt_peft_targets {
-    int regex;     // 1: names[0] is a regular expression; 0: names[0..n) are leaf names
     int n;
     char **names;
 } mt_peft_targets;
@@ -71,6 +78,33 @@ int mt_peft_write(const char *dir, const mt_peft_config *cfg, const mt_peft_targ
 // The adapter_config.json text alone (malloc'ed, NUL-terminated; the caller frees).
 char *mt_peft_config_json(const mt_peft_config *cfg, const mt_peft_targets *targets,
                           const char *base_model);
+
+// adapter_config.json from rendered JSON values (target_parameters NULL: the key is left out;
+// rank_pattern / alpha_pattern NULL: {}), and the helpers that render them (malloc'ed):
+// a list of strings at the config's indentation ("null" when n is 0) and one string.
+char *mt_peft_config_json_ex(const mt_peft_config *cfg, const char *target_modules,
+                             const char *target_parameters, const char *rank_pattern,
+                             const char *alpha_pattern, const char *base_model);
+char *mt_peft_json_list(const char *const *names, int n);
+char *mt_peft_json_string(const char *s);
+
+// The v5 layout (lora/peft_v5.c) of the same v4 modules (names as in mt_peft_module, Mixtral's
+// "model.layers.L.{self_attn.q_proj|block_sparse_moe.gate|block_sparse_moe.experts.E.w1}"):
+// attention as is; the router as "mlp.gate" through target_parameters "gate.weight"; per layer
+// the experts' w1+w3 fused into "mlp.experts.gate_up_proj" (rank 2r: A rows e·2r.., w1's then
+// w3's; B block-diagonal, columns k·E+e) and w2 into "mlp.experts.down_proj" (rank r), experts
+// not adapted as zeros. With both in a layer, down_proj is the outer ParamWrapper
+// ("mlp.experts.lora_A") and gate_up_proj the inner ("mlp.experts.base_layer.lora_A").
+// layers, experts: the model's counts (target lists name full paths only for a layer subset).
+int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *base_model, int layers,
+                     int experts, const mt_peft_module *mods, size_t n, mt_peft_fill_fn fill, void *ctx);
+// (peft.c's reader) One fused expert tensor pair of a v5 adapter in `path` — gate_up (1) or
+// down (0) of the layer whose module prefix is "model.layers.L" — split into per-expert pairs.
+int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const char *prefix, int gate_up,
+                       const mt_st_tensor *a, const mt_st_tensor *b, mt_peft_pair_fn fn, void *ctx);
+// "auto" -> the format of the transformers a model folder declares (config.json's
+// "transformers_version": 4.x -> v4, else v5; none declared -> v5). model may be a config.json.
+int mt_peft_format_parse(const char *text, const char *model, mt_peft_format *out);
 
 #ifdef __cplusplus
 }

@@ -166,7 +166,9 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module);
 
 // Outputs (model/save.c): a PEFT adapter folder of the LoRAs; the trained full-precision tensors
 // under their checkpoint names (router, unfreeze, full modes), and that file read back.
-int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name);
+int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name);  // v4 layout
+// peft_format: MT_PEFT_V4 or MT_PEFT_V5 (lora/peft.h: per-expert or fused-expert layout).
+int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_model_name, int peft_format);
 int mt_model_save_trained(mt_model *m, const char *path);
 int mt_model_load_trained(mt_model *m, const char *path);
 

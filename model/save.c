@@ -75,7 +75,7 @@ static int fill_lora(void *ctx, size_t i, char which, float *dst) {
     return 0;
 }
 
-int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name) {
+int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_model_name, int peft_format) {
     linear_list ll;
     linears_list(m, &ll);
     unsigned char *adapted = mt_xcalloc(ll.n, 1);
@@ -114,6 +114,10 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
+    if (peft_format == MT_PEFT_V5) {
+        rc = mt_peft_write_v5(dir, &cfg, base_model_name, m->cfg.layers, m->cfg.experts, mods, n, fill_lora, loras);
+        goto done;
+    }
     mt_peft_targets targets;
     if (mt_peft_targets_make(&targets, names, ll.n, adapted) != 0) goto done;
     rc = mt_peft_write(dir, &cfg, &targets, base_model_name, mods, n, fill_lora, loras);
@@ -122,6 +126,10 @@ done:
     free(adapted), free(names), free(mods), free(loras);
     linears_free(&ll);
     return rc;
+}
+
+int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name) {
+    return mt_model_save_adapter_as(m, dir, base_model_name, MT_PEFT_V4);
 }
 
 // ---------------------------------------------------------------------------------------------

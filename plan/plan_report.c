@@ -208,7 +208,9 @@ static void print_run(FILE *out, const mt_plan_report *r) {
     fprintf(out, "; seq %lld, batch %lld, checkpointing %s\n", (long long)o->seq, (long long)o->batch,
             o->checkpointing == MT_CKPT_FULL ? "full" : "none");
     if (o->mode == MT_MODE_FULL) fprintf(out, "  base    none: every weight is trained\n");
-    else if (o->quant == MT_QUANT_NONE) fprintf(out, "  base    bf16, every frozen weight\n");
+    else if (o->quant == MT_QUANT_NONE)  // the GPU step stores the base bf16 whatever the checkpoint's dtype
+        fprintf(out, "  base    every frozen weight as stored (%s in the checkpoint; bf16 on a GPU, as planned here)\n",
+                r->cfg ? mt_dtype_name(r->cfg->torch_dtype) : "?");
     else fprintf(out, "  base    %s on %s; the rest bf16\n", base_format_text(o, r->plan, fmt, sizeof fmt),
                  quant_targets_text(o->quant_targets, targets, sizeof targets));
     fprintf(out, "  GPUs    %d (EP %d, ZeRO %d); Adam %s, master weights %s%s\n", o->gpus, o->ep, o->zero,

@@ -3,7 +3,6 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
-#include <regex.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -277,20 +276,17 @@ static int all_module_names(const mt_model_config *c, char names[][96], int cap)
     return n;
 }
 
-// re.fullmatch of PEFT, with POSIX ERE: the whole name, anchored.
-static int fullmatch(const regex_t *re, const char *s) {
-    regmatch_t mt;
-    return regexec(re, s, 1, &mt, 0) == 0;
+// PEFT's list rule: an entry is the whole name or a ".entry" suffix.
+static int list_match(char *const *entries, int n, const char *name) {
+    for (int k = 0; k < n; k++) {
+        size_t ln = strlen(name), lk = strlen(entries[k]);
+        if (!strcmp(name, entries[k]) || (ln > lk && name[ln - lk - 1] == '.' && !strcmp(name + ln - lk, entries[k])))
+            return 1;
+    }
+    return 0;
 }
 
-static void compile_full(regex_t *re, const char *pattern) {
-    char *anchored = mt_xmalloc(strlen(pattern) + 8);
-    sprintf(anchored, "^(%s)$", pattern);
-    cr_assert_eq(regcomp(re, anchored, REG_EXTENDED | REG_NOSUB), 0, "bad regex %s", anchored);
-    free(anchored);
-}
-
-static void check_regex_adapter(const char *layers, const char *experts, unsigned targets) {
+static void check_list_adapter(const char *layers, const char *experts, unsigned targets) {
     mt_run_opts o;
     lora_opts(&o, 4);
     o.targets = targets;
@@ -303,32 +299,31 @@ static void check_regex_adapter(const char *layers, const char *experts, unsigne
     cr_assert_eq(mt_model_save_adapter(&m, dir, NULL), 0, "%s", mt_error_get());
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     cJSON *j = read_json(path);
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
-    cr_assert(cJSON_IsString(tm), "a subset is a regex string");
-    regex_t re;
-    compile_full(&re, tm->valuestring);
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules"), *it;
+    cr_assert(cJSON_IsArray(tm), "target_modules is always a list (never a regex a converter rewrites)");
+    char *entries[4096];
+    int ne = 0;
+    cJSON_ArrayForEach(it, tm) entries[ne++] = it->valuestring;
     static char names[1000][96];
     int n = all_module_names(&m.cfg, names, 1000), adapted = 0;
     for (int i = 0; i < n; i++) {
         mt_linear *l = mt_model_find_linear(&m, names[i]);
         int want = l && l->lora;
         adapted += want;
-        cr_expect_eq(fullmatch(&re, names[i]), want, "%s: regex %s says %d, the model %d", names[i],
-                     tm->valuestring, !want, want);
+        cr_expect_eq(list_match(entries, ne, names[i]), want, "%s: the list says %d, the model %d", names[i], !want, want);
     }
     cr_expect_gt(adapted, 0);
-    regfree(&re);
     cJSON_Delete(j);
     // and it loads back
     cr_assert_eq(mt_model_load_adapter(&m, dir), 0, "%s", mt_error_get());
     mt_model_free(&m);
 }
 
-Test(outputs, regex_target_matches_exactly_the_adapted_modules) {
-    check_regex_adapter("1", "0,3,5", MT_TARGET_EXPERTS | MT_TARGET_Q | MT_TARGET_GATE);
-    check_regex_adapter("all", "2", MT_TARGET_W1 | MT_TARGET_W3);      // a subset of experts only
-    check_regex_adapter("0", "all", MT_TARGET_ATTN);                  // a subset of layers only
-    check_regex_adapter("0,1", "6,7", MT_TARGET_EXPERTS | MT_TARGET_V);  // attn in every layer, experts not
+Test(outputs, list_target_matches_exactly_the_adapted_modules) {
+    check_list_adapter("1", "0,3,5", MT_TARGET_EXPERTS | MT_TARGET_Q | MT_TARGET_GATE);
+    check_list_adapter("all", "2", MT_TARGET_W1 | MT_TARGET_W3);      // a subset of experts only
+    check_list_adapter("0", "all", MT_TARGET_ATTN);                  // a subset of layers only
+    check_list_adapter("0,1", "6,7", MT_TARGET_EXPERTS | MT_TARGET_V);  // attn in every layer, experts not
 }
 
 // The rule itself on random subsets, including ones that are not products of layers × experts.
@@ -348,7 +343,7 @@ Test(outputs, target_rule_on_random_subsets) {
     }
     mt_rng rng;
     mt_rng_seed(&rng, 3, 0);
-    int lists = 0, regexes = 0;
+    int leaves = 0, paths = 0;
     for (int trial = 0; trial < 60; trial++) {
         unsigned char adapted[600] = {0};
         double p = trial < 10 ? 0.97 : (trial % 5 + 1) * 0.15;
@@ -364,25 +359,14 @@ Test(outputs, target_rule_on_random_subsets) {
             for (int k = 0; k < nl; k++)
                 if (lin[k] == names[i]) li = k;
             int want = li >= 0 && adapted[li], got = 0;
-            if (t.regex) {
-                regex_t re;
-                compile_full(&re, t.names[0]);
-                got = fullmatch(&re, names[i]);
-                regfree(&re);
-            } else {  // PEFT's list rule: the name, or a ".leaf" suffix
-                for (int k = 0; k < t.n && !got; k++) {
-                    size_t ln = strlen(names[i]), lk = strlen(t.names[k]);
-                    got = !strcmp(names[i], t.names[k]) ||
-                          (ln > lk && names[i][ln - lk - 1] == '.' && !strcmp(names[i] + ln - lk, t.names[k]));
-                }
-            }
-            cr_assert_eq(got, want, "trial %d: %s (%s %s)", trial, names[i], t.regex ? "regex" : "list", t.names[0]);
+            got = list_match(t.names, t.n, names[i]);
+            cr_assert_eq(got, want, "trial %d: %s (list %s ...)", trial, names[i], t.names[0]);
         }
-        lists += !t.regex, regexes += t.regex;
+        for (int k = 0; k < t.n; k++) paths += strchr(t.names[k], '.') != NULL, leaves += !strchr(t.names[k], '.');
         mt_peft_targets_free(&t);
     }
-    cr_expect_gt(lists, 0);
-    cr_expect_gt(regexes, 0);
+    cr_expect_gt(leaves, 0);
+    cr_expect_gt(paths, 0);
     unsigned char none[600] = {0};
     mt_peft_targets t;
     cr_expect_eq(mt_peft_targets_make(&t, lin, (size_t)nl, none), -1, "nothing adapted is an error");
@@ -578,7 +562,10 @@ Test(outputs, eval_of_golden_adapter_equals_direct_forward) {
     char want_line[64];
     snprintf(want_line, sizeof want_line, "loss=%.6f perplexity=", r.loss);
     cr_expect(strstr(out, want_line), "%s not in\n%s", want_line, out);
-    cr_expect(strstr(out, "aux loss is not included"), "%s", out);
+    char want_aux[64];
+    snprintf(want_aux, sizeof want_aux, "aux=%.6f", r.aux);
+    cr_expect(r.aux > 0 && isfinite(r.aux), "the router aux loss is reported: %g", r.aux);
+    cr_expect(strstr(out, want_aux) && strstr(out, "not included in loss"), "%s not in\n%s", want_aux, out);
     // errors are reported, not crashes
     cr_expect_eq(mt_test_run(out, sizeof out, "eval --model %s --data %s --adapter %s/nowhere", G1, data, tmp), 1);
     cr_expect_eq(mt_test_run(out, sizeof out, "eval --model %s", G1), 2);
@@ -743,10 +730,18 @@ Test(outputs, merge_forward_equals_base_plus_adapter) {
     cr_expect_null(cJSON_GetObjectItem(j, "quantization_config"));
     cr_expect_str_eq(cJSON_GetObjectItem(j, "torch_dtype")->valuestring, "float32");
     cJSON_Delete(j);
-    // default bf16, sharded like init
+    // default: the base's dtype (G1 is f32); --dtype bf16 sharded like init
+    snprintf(dir, sizeof dir, "%s/merged_default", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s", G1, G1, dir), 0, "%s", out);
+    mt_st_model sd;
+    cr_assert_eq(mt_st_model_open(&sd, dir), 0, "%s", mt_error_get());
+    const mt_st_tensor *td = mt_st_model_find(&sd, "model.layers.0.block_sparse_moe.experts.0.w1.weight");
+    cr_assert_not_null(td);
+    cr_expect_str_eq(td->dtype, "F32", "an f32 base merges to f32 by default");
+    mt_st_model_close(&sd);
     snprintf(dir, sizeof dir, "%s/merged_bf16", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s --shard-size 100KB", G1, G1, dir),
-                 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "merge --model %s --adapter %s --out %s --shard-size 100KB --dtype bf16", G1,
+                             G1, dir), 0, "%s", out);
     mt_st_model st;
     cr_assert_eq(mt_st_model_open(&st, dir), 0, "%s", mt_error_get());
     cr_expect_gt(st.n_files, 1, "sharded");

@@ -24,10 +24,10 @@ typedef struct {
 #define F(field) offsetof(mt_run_opts, field)
 #define S(field) sizeof(((mt_run_opts *)0)->field)
 static const opt_def opt_table[] = {
-    {"config", OPT_SPECIAL, 0, 0, "YAML run config; flags given on the command line override it"},
+    {"config", OPT_SPECIAL, 0, 0, "YAML run config; flags given on the command line override it (default: none)"},
     {"model", OPT_STR, F(model), S(model), "checkpoint folder or config.json"},
     {"data", OPT_STR, F(data), S(data), "training data file"},
-    {"out", OPT_STR, F(out), S(out), "output folder"},
+    {"out", OPT_STR, F(out), S(out), "output folder (train: default ./moetrain-out)"},
     {"backend", OPT_STR, F(backend), S(backend), "cpu | cuda | null"},
     {"mode", OPT_SPECIAL, F(mode), 0, "lora | router | unfreeze | full"},
     {"r", OPT_INT, F(lora_r), 0, "LoRA rank"},
@@ -37,7 +37,7 @@ static const opt_def opt_table[] = {
     {"targets", OPT_SPECIAL, F(targets), 0, "LoRA targets: w1,w2,w3,gate,q,k,v,o, experts, attn, all"},
     {"layers", OPT_SPECIAL, F(layers), 0, "layers to train: all, or e.g. 0-5,7"},
     {"experts", OPT_SPECIAL, F(experts), 0, "experts to train: all, or e.g. 0,1"},
-    {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | none (bf16)"},
+    {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | none (the checkpoint's own dtype); a dense checkpoint is quantized on load"},
     {"double-quant", OPT_BOOL, F(double_quant), 0, "double-quantize NF4/FP4 absmax (default on)"},
     {"blocksize", OPT_SPECIAL, F(quant_blocksize), 0,
      "4-bit block size: 32..4096, a power of two; 0 = the format's (64 nf4/fp4, 128 int4)"},
@@ -78,7 +78,11 @@ static const opt_def opt_table[] = {
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
     {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
-    {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply"},
+    {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply; train: the LoRAs start from it (v4 or v5 layout)"},
+    {"peft-format", OPT_SPECIAL, F(peft_format), S(peft_format),
+     "adapter layout train writes: v4 (transformers 4.x, per-expert w1/w2/w3) | v5 (transformers 5.x, fused "
+     "experts) | auto (the transformers_version in --model's config.json; v5 when none)"},
+    {"verbose", OPT_BOOL, F(verbose), 0, "train: print the planner's full memory block"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "generate: the prompt text"},
     {"max-new-tokens", OPT_INT, F(max_new_tokens), 0, "generate: tokens to produce"},
     {"temperature", OPT_F64, F(temperature), 0, "generate: sampling temperature (0: greedy)"},
@@ -125,6 +129,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->save_total_limit = 3;
     o->max_new_tokens = 64;
     o->top_p = 1.0;
+    strcpy(o->peft_format, "auto");
 }
 
 int mt_parse_bytes(const char *text, double *out) {
@@ -275,6 +280,13 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         return 0;
     }
     if (strcmp(key, "targets") == 0) return parse_targets(value, &o->targets);
+    if (strcmp(key, "peft-format") == 0) {
+        static const char *n[] = {"v4", "v5", "auto"};
+        int v;
+        if (set_from_list(value, n, 3, &v)) return -1;
+        strcpy(o->peft_format, n[v]);
+        return 0;
+    }
     if (strcmp(key, "quant-targets") == 0) return mt_quant_targets_parse(value, &o->quant_targets);
     if (strcmp(key, "blocksize") == 0) return parse_blocksize(value, &o->quant_blocksize);
     if (strcmp(key, "layers") == 0) return mt_index_set_parse(&o->layers, value);
@@ -393,15 +405,50 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
     return 0;
 }
 
+// The default of option d as --help shows it, or "" when it has none (a required path) or its
+// help text already says it.
+static void default_text(const mt_run_opts *def, const opt_def *d, char *buf, size_t n) {
+    const char *field = (const char *)def + d->offset;
+    buf[0] = 0;
+    if (strstr(d->help, "default")) return;
+    switch (d->type) {
+    case OPT_STR:
+        snprintf(buf, n, "%s", field[0] ? field : "none");
+        break;
+    case OPT_INT: snprintf(buf, n, "%d", *(const int *)field); break;
+    case OPT_I64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)field); break;
+    case OPT_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)field); break;
+    case OPT_F64: snprintf(buf, n, "%g", *(const double *)field); break;
+    case OPT_BOOL: snprintf(buf, n, "%s", *(const int *)field ? "on" : "off"); break;
+    case OPT_BYTES: {
+        double v = *(const double *)field;
+        if (v >= 1e9 && fmod(v, 1e9) == 0) snprintf(buf, n, "%gGB", v / 1e9);
+        else snprintf(buf, n, "%g", v);
+        break;
+    }
+    case OPT_SPECIAL: {
+        static const struct { const char *key, *text; } special[] = {
+            {"mode", "lora"}, {"targets", "experts"}, {"layers", "all"}, {"experts", "all"}, {"quant", "nf4"},
+            {"checkpointing", "full"}, {"ckpt", "full"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
+        };
+        for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
+            if (strcmp(special[i].key, d->key) == 0) snprintf(buf, n, "%s", special[i].text);
+        break;
+    }
+    }
+}
+
 void mt_run_opts_print_help(FILE *out) {
     mt_run_opts def;
     mt_run_opts_default(&def);
     fprintf(out, "flags (each also a YAML key of a --config file; boolean flags take --no-NAME):\n");
     for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++) {
         const opt_def *d = &opt_table[i];
-        char range[96];
-        if (mt_opt_range_text(d->key, range, sizeof range)) fprintf(out, "  --%-18s %s; range %s\n", d->key, d->help, range);
-        else fprintf(out, "  --%-18s %s\n", d->key, d->help);
+        char range[96], dflt[96], tail[256] = "";
+        if (mt_opt_range_text(d->key, range, sizeof range)) snprintf(tail, sizeof tail, "; range %s", range);
+        default_text(&def, d, dflt, sizeof dflt);
+        if (dflt[0]) snprintf(tail + strlen(tail), sizeof tail - strlen(tail), " (default %s)", dflt);
+        fprintf(out, "  --%-18s %s%s\n", d->key, d->help, tail);
     }
 }
 

@@ -74,6 +74,8 @@ typedef struct mt_run_opts {
     int max_skips;            // stop after this many non-finite steps in a row
     // eval / generate / merge
     char adapter[1024];       // PEFT adapter folder to apply
+    char peft_format[8];      // adapter layout written: v4 | v5 | auto (lora/peft.h)
+    int verbose;              // train: the planner's full block
     char prompt[4096];
     int max_new_tokens;
     double temperature;       // 0: greedy

@@ -13,6 +13,7 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "core/sha256.h"
+#include "lora/peft.h"
 #include "model/mixtral.h"
 #include "quant/formats.h"
 #include "trainer/checkpoint.h"
@@ -68,7 +69,22 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
     mt_plan_opts po = mt_run_opts_plan(o);
     if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
     mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan};
-    mt_plan_print(stdout, &rep);
+    if (o->verbose) mt_plan_print(stdout, &rep);
+    else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
+        int top[3] = {-1, -1, -1};
+        for (int c = 0; c < MT_MEM_COUNT; c++)
+            for (int k = 0; k < 3; k++)
+                if (top[k] < 0 || plan.bytes[c] > plan.bytes[top[k]]) {
+                    for (int j = 2; j > k; j--) top[j] = top[j - 1];
+                    top[k] = c;
+                    break;
+                }
+        printf("plan: %.2f GB per GPU of %.0f GB (%.0f%%), %s; largest:", plan.total / 1e9, plan.gpu_mem / 1e9,
+               plan.percent, plan.fits ? "fits" : "DOES NOT FIT");
+        for (int k = 0; k < 3; k++)
+            if (plan.bytes[top[k]]) printf("%s %s %.3g GB", k ? "," : "", mt_mem_cat_name((mt_mem_cat)top[k]), plan.bytes[top[k]] / 1e9);
+        printf(" (full table: --verbose or `moetrain plan`)\n");
+    }
     if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
         mt_error_set("the plan needs %.2f GB but --mem allows %.2f GB; see `moetrain plan` for what would fit",
                      plan.total / 1e9, o->mem_bytes / 1e9);
@@ -147,7 +163,9 @@ static int write_outputs(trainer *t) {
         static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
-        if (mt_model_save_adapter(&t->m, path, t->o->model) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
+        mt_peft_format fmt;
+        if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0 ||
+            mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
@@ -236,6 +254,7 @@ static int setup(trainer *t) {
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
+    if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
     if (t->rank == 0 && print_plan(&cfg, o) != 0) return -1;
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
@@ -249,6 +268,14 @@ static int setup(trainer *t) {
     }
     if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
     t->m.z_coef = (float)o->z_coef;
+    // --adapter: the LoRAs start from a PEFT adapter (v4 or v5 layout; its alpha replaces --alpha);
+    // a --resume checkpoint, restored later, still wins.
+    if (o->adapter[0] && o->mode != MT_MODE_LORA) {
+        mt_error_set("--adapter %s: a PEFT adapter starts a --mode lora run (this run is --mode %s)", o->adapter,
+                     mt_mode_name(o->mode));
+        return -1;
+    }
+    if (o->adapter[0] && mt_model_load_adapter(&t->m, o->adapter) != 0) return mt_error_prefix("--adapter"), -1;
     if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
         return -1;
     mt_data_opts dopts;

@@ -16,7 +16,7 @@ static void config(const uint8_t *data, size_t size) {
     if (c.r < 1 || c.r > MT_PEFT_MAX_R || !(c.lora_alpha > 0) || !(c.lora_dropout >= 0 && c.lora_dropout < 1))
         __builtin_trap();
     char *names[] = {"w1"};
-    mt_peft_targets t = {.regex = 0, .n = 1, .names = names};
+    mt_peft_targets t = {.n = 1, .names = names};
     char *json = mt_peft_config_json(&c, &t, NULL);
     memset(&back, 0, sizeof back);
     if (mt_peft_config_parse(json, strlen(json), "fuzz/written.json", &back) != 0) __builtin_trap();

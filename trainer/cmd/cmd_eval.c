@@ -16,7 +16,8 @@ static void eval_usage(FILE *out) {
             "usage: moetrain eval --model DIR --data FILE [--adapter DIR|FILE.safetensors]\n"
             "                     [--seq N] [--batch N] [--quant nf4|fp4|int4|none] [--packing]\n\n"
             "Prints loss=<mean cross-entropy over the loss tokens> and perplexity=exp(loss), in one\n"
-            "pass over FILE (JSONL or a token file) in file order. The router aux loss is not included.\n"
+            "pass over FILE (JSONL or a token file) in file order, and aux=<the router load-balancing loss>\n"
+            "(transformers' load_balancing_loss_func per batch, averaged over batches; not in loss).\n"
             "--adapter: a PEFT adapter folder, or a trained-tensor .safetensors (router, unfreeze or\n"
             "full mode). The frozen base is built as training builds it (--quant, default nf4).\n");
 }
@@ -179,6 +180,12 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
 // ---------------------------------------------------------------------------------------------
 // Evaluation
 
+void mt_note_quant_on_load(const mt_model_config *cfg, const mt_run_opts *o, const char *cmd) {
+    if (o->quant == MT_QUANT_NONE || cfg->quantized || o->quant_targets == 0 || o->mode == MT_MODE_FULL) return;
+    fprintf(stderr, "%s: the dense %s checkpoint is quantized to %s on load (--quant-targets); --quant none keeps it %s\n",
+            cmd, mt_dtype_name(cfg->torch_dtype), mt_quant_name(o->quant), mt_dtype_name(cfg->torch_dtype));
+}
+
 int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r) {
     memset(r, 0, sizeof *r);
     // Several ranks (a parallel training run): each reads the same batches of B·ranks rows and
@@ -190,7 +197,7 @@ int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r)
     int32_t *tokens = mt_xmalloc(cells * sizeof(int32_t)), *labels = mt_xmalloc(cells * sizeof(int32_t));
     int32_t *mask = mt_xmalloc(cells * sizeof(int32_t));
     mt_data_cursor c = {0, 0};
-    double ce_sum = 0;
+    double ce_sum = 0, aux_sum = 0;
     int rc = 0;
     while (c.epoch == 0) {
         int64_t index = c.index;
@@ -214,6 +221,7 @@ int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r)
             break;
         }
         ce_sum += l.ce * (double)l.tokens;
+        aux_sum += l.aux;
         r->tokens += l.tokens;
         r->batches++;
         r->samples += (c.epoch > 0 ? d->n : c.index) - index;
@@ -225,6 +233,7 @@ int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r)
         return -1;
     }
     r->loss = ce_sum / (double)r->tokens;
+    r->aux = aux_sum / (double)MT_MAX(r->batches, 1);
     r->perplexity = exp(r->loss);
     return 0;
 }
@@ -267,6 +276,7 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
     }
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    mt_note_quant_on_load(&cfg, o, "eval");
     mt_tokenizer tok;
     if (open_tokenizer(&tok, o, &cfg) != 0) return -1;
     mt_data_opts dopts;
@@ -325,7 +335,8 @@ int cmd_eval(int argc, char **argv) {
     printf("eval: model=%s adapter=%s data=%s mode=%s quant=%s samples=%lld batches=%lld\n", o.model,
            o.adapter[0] ? o.adapter : "none", o.data, mt_mode_name(o.mode), mt_quant_name(o.quant),
            (long long)r.samples, (long long)r.batches);
-    printf("loss=%.6f perplexity=%.6f tokens=%lld\n", r.loss, r.perplexity, (long long)r.tokens);
-    printf("(loss: mean cross-entropy over the loss tokens; the router aux loss is not included)\n");
+    printf("loss=%.6f perplexity=%.6f tokens=%lld aux=%.6f\n", r.loss, r.perplexity, (long long)r.tokens, r.aux);
+    printf("(loss: mean cross-entropy over the loss tokens; aux: the router load-balancing loss, mean over "
+           "batches, not included in loss)\n");
     return MT_EXIT_OK;
 }

@@ -17,7 +17,8 @@ static void init_usage(FILE *out) {
             "Writes DIR/config.json and the weights (norms 1, everything else N(0, initializer_range))\n"
             "as model.safetensors, or as model-0000i-of-0000N.safetensors shards with\n"
             "model.safetensors.index.json when larger than --shard-size (default 5GB, as\n"
-            "transformers' save_pretrained). The same seed gives the same bytes whatever the sharding.\n");
+            "transformers' save_pretrained). The same seed gives the same bytes whatever the sharding.\n"
+            "Defaults: --seed 42, --dtype config.json's torch_dtype (bf16 when it names none).\n");
 }
 
 typedef struct {

@@ -1,7 +1,7 @@
 // trainer/cmd/cmd_merge.c — `moetrain merge`: an adapter folded into a Hugging Face checkpoint.
 //
 // For every adapted Linear W [out, in]: W' = W + scale · B · A (PEFT's merge, FORMATS.md §2.2),
-// computed in f32 and written in --dtype (bf16 by default). The base is read, never written:
+// computed in f32 and written in --dtype (by default the base's own dtype). The base is read, never written:
 // a 4-bit base (a bnb-4bit checkpoint, or a dense one with --quant nf4|fp4|int4, quantized here
 // exactly as `moetrain train` quantizes it on load) is dequantized to f32 first, then the delta
 // is added. Everything else is copied through, converted to --dtype. A trained-tensor file
@@ -38,7 +38,8 @@ static void merge_usage(FILE *out) {
             "modified: a bnb-4bit base is dequantized, then the delta added. --quant (default none)\n"
             "quantizes a dense base's --quant-targets (default attention and experts) first, as training\n"
             "on a 4-bit base did, so that the merge reproduces the model the adapter was trained against.\n"
-            "--dtype: the output's dtype (default bf16).\n");
+            "--dtype: the output's dtype (default: the base's own, config.json's torch_dtype; bf16 for a\n"
+            "4-bit base stored without one).\n");
 }
 
 typedef struct {
@@ -238,9 +239,12 @@ static int same_dir(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
-static int run_merge(const mt_run_opts *o, mt_dtype out_dtype, double shard_size) {
+// out_dtype -1: the base's own dtype (config.json's torch_dtype), so an f32 base merges to f32.
+static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_size) {
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    mt_dtype out_dtype = out_dtype_or_base >= 0 ? (mt_dtype)out_dtype_or_base : cfg.torch_dtype;
+    if (out_dtype != MT_BF16 && out_dtype != MT_F32 && out_dtype != MT_F16) out_dtype = MT_BF16;
     if (mt_is_dir(o->out) && same_dir(o->out, o->model)) {
         mt_error_set("--out %s is the base checkpoint's folder: merge never rewrites the base", o->out);
         return -1;
@@ -320,7 +324,7 @@ done:
 
 int cmd_merge(int argc, char **argv) {
     // --dtype and --shard-size are merge's own; the rest are run options.
-    const char *dtype_name = "bf16";
+    const char *dtype_name = NULL;  // the base's
     double shard_size = 5e9;
     char **rest = mt_xcalloc((size_t)argc + 1, sizeof(char *));
     int nrest = 0, rc = MT_EXIT_USAGE;
@@ -348,9 +352,9 @@ int cmd_merge(int argc, char **argv) {
             goto out;
         }
     }
-    mt_dtype out_dtype;
-    if (mt_dtype_parse(dtype_name, &out_dtype) != 0 ||
-        (out_dtype != MT_BF16 && out_dtype != MT_F32 && out_dtype != MT_F16)) {
+    mt_dtype out_dtype = MT_BF16;
+    if (dtype_name && (mt_dtype_parse(dtype_name, &out_dtype) != 0 ||
+                       (out_dtype != MT_BF16 && out_dtype != MT_F32 && out_dtype != MT_F16))) {
         fprintf(stderr, "moetrain merge: --dtype '%s' is not bf16, f32 or f16\n", dtype_name);
         goto out;
     }
@@ -366,7 +370,7 @@ int cmd_merge(int argc, char **argv) {
         merge_usage(stderr);
         goto out;
     }
-    if (run_merge(&o, out_dtype, shard_size) != 0) {
+    if (run_merge(&o, dtype_name ? (int)out_dtype : -1, shard_size) != 0) {
         fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
         rc = MT_EXIT_ERROR;
         goto out;

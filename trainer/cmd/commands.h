@@ -39,8 +39,12 @@ typedef struct mt_eval_result {
     double perplexity;  // exp(loss)
     int64_t tokens;     // loss tokens counted
     int64_t samples, batches;
+    double aux;         // the router load-balancing (aux) loss, transformers' definition, mean over batches
 } mt_eval_result;
 // One pass over `d` (loaded with shuffle 0 and whole_epochs 1) in batches of B rows of S tokens.
+// One line on stderr when `cmd` (train, eval) quantizes a dense checkpoint on load (--quant),
+// saying how to keep it as stored.
+void mt_note_quant_on_load(const mt_model_config *cfg, const mt_run_opts *o, const char *cmd);
 int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r);
 // `moetrain eval` without its printing: the model (with o->adapter), the tokenizer, o->data with
 // o->seq / o->batch / o->packing / o->overlong. 0, or -1 with an error.
