@@ -103,7 +103,7 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
 // The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
 // §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
-// ledger's `act` holds (the backward's transients are `work` there, the logits fp32 only, the
+// ledger's `act` holds (the backward's transients are `work` there, no logits at all, the
 // routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
 // mt_plan_act_model_bytes. Terms that are zero for this run are included (print what you like).
 #define MT_PLAN_MAX_ACT_TERMS 12
