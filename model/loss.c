@@ -14,6 +14,7 @@
 #include "core/common.h"
 #include "model/linear.h"
 #include "model/model_internal.h"
+#include "model/ops_cuda.h"  // MT_CE_ACC_BYTES: the null backend counts the cuda accumulator
 
 // The chunk's fp32 logits take at most this much; the GPU step's bf16 copy of the chunk's
 // gradient (model/linear.c, DY_CHUNK_BYTES) at most half of it again. At V = 32000 that is
@@ -41,20 +42,27 @@ static mt_tensor chunk_logits(mt_model *m, const mt_tensor *lg, int64_t r0, int6
     return y;
 }
 
+// The GPU step sums the chunks' losses on the device and waits once, at the end (the cpu adds
+// each chunk's sum on the host); its accumulator goes through the ledger, so the null backend
+// counts it too. Either way the rows are summed in order: the same sum at any thread count.
 double mt_model_loss_forward(mt_model *m, int64_t *count) {
     int64_t T = (int64_t)m->B * m->S, V = m->cfg.vocab, c = mt_loss_chunk_rows(m, T);
-    int run = !m->counting;
+    int run = !m->counting, dev = gpu_step(m);
     double sum = 0.0;
     *count = 0;
     mt_tensor lg = step_work(m, MT_F32, c, V, 0);
+    mt_tensor acc = dev ? step_work(m, MT_U8, (int64_t)MT_CE_ACC_BYTES(c), 1, 0) : (mt_tensor){0};
+    if (run && dev) mt_op_ce_acc_start(m, acc.data, (int)c);
     for (int64_t r0 = 0; r0 < T; r0 += c) {
         int64_t n = MT_MIN(c, T - r0), k = 0;
         if (!any_counted(m, r0, n)) continue;
         mt_tensor y = chunk_logits(m, &lg, r0, n);
-        // in order, chunk by chunk: the same sum at any thread count (each chunk's is in order)
-        if (run) sum += mt_op_cross_entropy(m, NULL, 0.0f, &k, F(&y), m->step_targets + r0, (int)n, (int)V);
+        if (run && dev) mt_op_ce_acc_add(m, acc.data, (int)c, F(&y), r0, (int)n, (int)V);
+        else if (run) sum += mt_op_cross_entropy(m, NULL, 0.0f, &k, F(&y), m->step_targets + r0, (int)n, (int)V);
         *count += k;
     }
+    if (run && dev) sum = mt_op_ce_acc_finish(m, acc.data, (int)c, (int)V, count);
+    if (dev) step_unwork(m, &acc);
     step_unwork(m, &lg);
     return sum;
 }

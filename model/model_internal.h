@@ -79,6 +79,10 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, c
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V);
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n);
+// cuda: the fused loss's chunks summed on the device, one host wait (model/ops_cuda.h).
+void mt_op_ce_acc_start(mt_model *m, void *acc, int rows);
+void mt_op_ce_acc_add(mt_model *m, void *acc, int rows, const float *logits, int64_t row0, int n, int V);
+double mt_op_ce_acc_finish(mt_model *m, void *acc, int rows, int V, int64_t *count);
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
                           int E, int k);
 void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, const float *probs,

@@ -140,7 +140,9 @@ Test(loss, chunked_equals_unchunked_on_cpu) {
 }
 
 // The cuda step with 5-row chunks against the cpu's unchunked one: the tolerances of the GPU
-// step (tests/test_cuda_step.c): the loss to 1e-2 relative, each gradient to cosine 0.999.
+// step (tests/test_cuda_step.c): the loss to 1e-2 relative, each gradient to cosine 0.999. Against
+// its own one-chunk step: the loss to 1e-5 (the same bf16 logits row by row, fp32 softmax, double
+// sums) and the same number of host waits (one for the loss, whatever the chunks).
 Test(loss, cuda_chunked_matches_cpu) {
     mt_backend *gpu = gpu_or_skip();
     char tmp[64], dir[128];
@@ -156,7 +158,14 @@ Test(loss, cuda_chunked_matches_cpu) {
     cr_assert_eq(mt_model_params(&mg, &pg), n);
     int32_t tokens[T], labels[T], mask[T];
     mt_batch b = test_batch(tokens, labels, mask);
-    mt_loss lc = step(&mc, &b, 0), lg = step(&mg, &b, 5);
+    mt_loss lc = step(&mc, &b, 0), lg1 = step(&mg, &b, 0);
+    uint64_t waits_one = gpu->host_syncs;
+    mt_loss lg = step(&mg, &b, 5);
+    uint64_t waits_five = gpu->host_syncs - waits_one;
+    // the chunks' losses are summed on the device: as many host waits as with one chunk
+    cr_expect_eq(waits_five, waits_one, "host waits of a step: %llu with 5-row chunks, %llu with one chunk",
+                 (unsigned long long)waits_five, (unsigned long long)waits_one);
+    cr_expect_leq(fabs(lg.ce - lg1.ce), 1e-5 * lg1.ce, "cuda ce: 5-row chunks %.9g, one chunk %.9g", lg.ce, lg1.ce);
     cr_log_info("ce: cuda (5-row chunks) %.9g, cpu (one chunk) %.9g", lg.ce, lc.ce);
     cr_expect_leq(fabs(lg.ce - lc.ce), 1e-2 * lc.ce, "ce: cuda %.9g, cpu %.9g", lg.ce, lc.ce);
     cr_expect_eq(lg.tokens, lc.tokens);
