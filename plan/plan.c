@@ -181,7 +181,7 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
                                 -6 * k * sb * cfg->intermediate};
     t[n++] = (mt_plan_act_term){"logits and loss 10·s·b·V: none kept, the fused loss holds a chunk of rows at a time "
-                                "(work, at most 192 MB at V = 32000)", -10 * sb * V};
+                                "(work: 201 MB at V = 32000)", -10 * sb * V};
     t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
                                 full ? -2 * h * sb : 0};
     t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * sets};
