@@ -111,13 +111,13 @@ void mt_model_acts_free(mt_model *m) {
     for (int i = 0; m->acts && i < n_sets; i++) layer_acts_free(&m->acts[i]);
     for (int L = 0; m->kept && L < m->cfg.layers; L++) layer_kept_free(&m->kept[L]);
     free(m->acts), free(m->kept);
-    mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf), mt_tensor_free(m->logits);
+    mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf);
     mt_tensor_free(m->batch_dev), mt_tensor_free(m->aux_dev);
     m->batch_dev = m->aux_dev = NULL;
     free(m->tokens), free(m->targets), free(m->positions), free(m->row_mask);
     m->acts = NULL;
     m->kept = NULL;
-    m->x_final = m->xf = m->rstdf = m->logits = NULL;
+    m->x_final = m->xf = m->rstdf = NULL;
     m->tokens = m->targets = m->positions = NULL;
     m->row_mask = NULL;
     m->B = m->S = 0;
@@ -138,9 +138,9 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
         m->acts = mt_xcalloc((size_t)L, sizeof(mt_layer_acts));
         for (int i = 0; i < L; i++) layer_acts_alloc(m, i, 1, &m->acts[i]);
     }
-    // The logits are fp32: lm_head writes them so and the loss reads them (no bf16 copy).
+    // No logits: the loss computes them a chunk at a time from xf (model/loss.c).
     m->x_final = act(m, MT_BF16, T, m->cfg.hidden), m->xf = act(m, MT_BF16, T, m->cfg.hidden);
-    m->rstdf = act(m, MT_F32, T, 0), m->logits = act(m, MT_F32, T, m->cfg.vocab);
+    m->rstdf = act(m, MT_F32, T, 0);
     m->tokens = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->targets = mt_xcalloc((size_t)T, sizeof(int32_t));
     m->positions = mt_xcalloc((size_t)T, sizeof(int32_t));

@@ -94,15 +94,10 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
 
 void mt_model_backward(mt_model *m) {
     const mt_model_config *c = &m->cfg;
-    int T = m->B * m->S, H = (int)c->hidden, V = (int)c->vocab, run = !m->counting;
+    int T = m->B * m->S, H = (int)c->hidden, run = !m->counting;
     mt_dtype adt = act_dtype(m);
-    // The loss's gradient is written over the logits: the step never holds two T×V fp32 buffers.
-    mt_tensor *dlogits = m->logits;
-    if (run)  // the gradient alone: the forward took the loss (on cuda: no host wait here)
-        mt_op_cross_entropy(m, F(dlogits), m->ce_count ? 1.0f / (float)m->ce_count : 0.0f, NULL, F(m->logits),
-                            m->step_targets, T, V);
     mt_tensor dxf = step_work(m, adt, T, H, 1);
-    mt_linear_backward(&m->lm_head, &dxf, dlogits, m->xf, NULL, NULL);
+    mt_model_loss_backward(m, &dxf);  // logits a chunk at a time, never [T, V] whole
     mt_tensor dx = step_work(m, adt, T, H, 1);
     if (run) mt_op_rmsnorm_backward(m, dx.data, A(m->dnorm), dxf.data, A(m->x_final), A(m->norm), F(m->rstdf), T, H);
     step_unwork(m, &dxf);

@@ -79,6 +79,26 @@ double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *c
     return sum;
 }
 
+// The fused loss's forward on cuda (model/ops_cuda.h: cross_entropy_acc_*); the cpu sums each
+// chunk with cross_entropy_cpu instead and never calls these.
+void mt_op_ce_acc_start(mt_model *m, void *acc, int rows) {
+    DISPATCH(m, (void)acc, cross_entropy_acc_start(m->be, acc, rows));
+    (void)rows;
+}
+
+void mt_op_ce_acc_add(mt_model *m, void *acc, int rows, const float *logits, int64_t row0, int n, int V) {
+    DISPATCH(m, (void)logits, cross_entropy_acc_add(m->be, acc, rows, logits, m->step_targets + row0, row0, n, V, -100));
+    (void)acc, (void)rows, (void)row0, (void)n, (void)V;
+}
+
+double mt_op_ce_acc_finish(mt_model *m, void *acc, int rows, int V, int64_t *count) {
+    double sum = 0.0;
+    *count = 0;
+    DISPATCH(m, (void)acc, sum = cross_entropy_acc_finish(m->be, acc, rows, m->step_targets, V, -100, count));
+    (void)rows, (void)V;
+    return sum;
+}
+
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n) {
     float *yf = y;
     const float *af = a, *bf = b;

@@ -174,7 +174,7 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
     if (check_batch(m, b) != 0) return -1;
     const mt_model_config *c = &m->cfg;
     mt_model_acts_ensure(m, b->B, b->S);
-    int T = b->B * b->S, H = (int)c->hidden, V = (int)c->vocab;
+    int T = b->B * b->S, H = (int)c->hidden;
     m->has_mask = 0;
     for (int t = 0; t < T; t++) {
         int s = t % b->S;
@@ -199,10 +199,8 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
     for (int L = 0; L < c->layers; L++)
         mt_layer_forward(m, L, L + 1 < c->layers ? A(m->kept[L + 1].x) : A(m->x_final), 0);
     if (run) mt_op_rmsnorm_forward(m, A(m->xf), F(m->rstdf), A(m->x_final), A(m->norm), T, H, (float)c->rms_norm_eps);
-    mt_linear_forward(&m->lm_head, m->logits, m->xf, NULL, NULL);
-
     int64_t count = 0;  // counting: no loss, and no token counted
-    double ce_sum = run ? mt_op_cross_entropy(m, NULL, 0.0f, &count, F(m->logits), m->step_targets, T, V) : 0.0;
+    double ce_sum = mt_model_loss_forward(m, &count);
     if (run) mt_op_aux_finish(m);
     if (m->par.data) sum_over_ranks(m, &ce_sum, &count);
     m->ce_count = count;

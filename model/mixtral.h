@@ -103,7 +103,8 @@ typedef struct mt_model {
     int recompute;              // --checkpointing full: one shared mt_layer_acts, layers recomputed
     mt_layer_kept *kept;        // [layers]
     mt_layer_acts *acts;        // [layers], or [1] when recomputing
-    mt_tensor *x_final, *xf, *rstdf, *logits;  // [T, H], [T, H], [T], [T, V]
+    mt_tensor *x_final, *xf, *rstdf;  // [T, H], [T, H], [T]: the loss reads xf (model/loss.c)
+    int64_t loss_chunk_rows;    // rows of logits the loss holds at once; 0: mt_loss_chunk_rows's
     int32_t *tokens, *targets, *positions;     // [T] host
     uint8_t *row_mask;                         // [T] host, 1 = real token
     // What the kernels read: the host arrays above on the cpu backend; on cuda their copies in
@@ -177,6 +178,12 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out);
 // Backward of the last forward: accumulates every trainable's gradient.
 void mt_model_backward(mt_model *m);
 void mt_model_zero_grad(mt_model *m);
+// The last forward's logits of rows [t0, t0 + n) into host out [n, V] fp32, computed again from
+// the kept final-norm output (the loss never holds [T, V] logits: model/loss.c). 0 or -1.
+int mt_model_logits(mt_model *m, int64_t t0, int64_t n, float *out);
+// Rows of logits the fused loss computes at once for T tokens: LOSS_CHUNK_BYTES of fp32 logits
+// (≤ 256 MB of loss scratch at V = 32000 for any T), or m->loss_chunk_rows when set (tests).
+int64_t mt_loss_chunk_rows(const mt_model *m, int64_t T);
 
 #ifdef __cplusplus
 }

@@ -9,11 +9,17 @@ void mt_model_acts_free(mt_model *m);
 static inline mt_layer_acts *layer_acts(mt_model *m, int L) { return &m->acts[m->recompute ? 0 : L]; }
 void mt_layer_forward(mt_model *m, int L, void *x_out, int replay);  // x_out: step storage
 
+// The fused, chunked lm_head + cross-entropy (model/loss.c). Forward: the CE sum over counted
+// rows, *count of them (counting: 0, no kernel). Backward: dxf [T, H] rows get the loss's
+// gradient (dscale 1/m->ce_count), a trainable lm_head's dW and LoRA accumulate.
+double mt_model_loss_forward(mt_model *m, int64_t *count);
+void mt_model_loss_backward(mt_model *m, const mt_tensor *dxf);
+
 // THE dtype rule of a step, in one place. The GPU step (cuda, and the null backend that counts it
 // for `plan --measure`) stores activations, their gradients, dense weights, LoRA and weight
 // gradients in bf16, and keeps fp32 where precision needs it: norm statistics (rstd), the
 // attention lse, the router's logits, probabilities and weights (and their gradients), the
-// lm_head logits and the loss. The cpu backend is the fp32 reference: everything f32.
+// lm_head logits (a chunk at a time) and the loss. The cpu backend is the fp32 reference: everything f32.
 static inline int gpu_step(const mt_model *m) { return m->be->ops->kind != MT_BACKEND_CPU; }
 static inline mt_dtype step_dtype(const mt_model *m, mt_dtype gpu) {
     return gpu_step(m) || gpu == MT_I32 || gpu == MT_U8 ? gpu : MT_F32;
@@ -73,6 +79,10 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, c
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V);
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n);
+// cuda: the fused loss's chunks summed on the device, one host wait (model/ops_cuda.h).
+void mt_op_ce_acc_start(mt_model *m, void *acc, int rows);
+void mt_op_ce_acc_add(mt_model *m, void *acc, int rows, const float *logits, int64_t row0, int n, int V);
+double mt_op_ce_acc_finish(mt_model *m, void *acc, int rows, int V, int64_t *count);
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
                           int E, int k);
 void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, const float *probs,

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
@@ -681,8 +682,10 @@ struct ce_result {
 
 // One block per row: max, Σ exp, lse, the row's loss, and the gradient written in the same
 // kernel (in place when dlogits == logits: every read of the row precedes the block's barriers).
+// row0: the first row's index in the step, for the bad-row report of a chunk.
 static __global__ void cross_entropy_kernel(float *dlogits, float dscale, const float *logits, const int32_t *targets,
-                                            int T, int V, int ignore_index, double *row_loss, ce_result *res) {
+                                            int T, int V, int ignore_index, double *row_loss, ce_result *res,
+                                            int64_t row0) {
     __shared__ float red[32];
     const int in_place = dlogits == logits;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -696,7 +699,7 @@ static __global__ void cross_entropy_kernel(float *dlogits, float dscale, const 
         if (tgt < 0 || tgt >= V) {
             if (threadIdx.x == 0) {
                 row_loss[t] = 0.0;
-                atomicMin(&res->bad_row, (int)t);  // reported on the host after the sync
+                atomicMin(&res->bad_row, (int)(row0 + t));  // reported on the host after the sync
             }
             continue;
         }
@@ -720,9 +723,10 @@ static __global__ void cross_entropy_kernel(float *dlogits, float dscale, const 
     }
 }
 
-// res->loss = Σ row_loss in a fixed order, res->count = counted rows; one block.
+// res->loss = Σ row_loss in a fixed order, res->count = counted rows (added to them when
+// `accumulate`: the chunks of the fused loss, one after another on the stream); one block.
 static __global__ void cross_entropy_sum_kernel(const double *row_loss, const int32_t *targets, int T, int V,
-                                                int ignore_index, ce_result *res) {
+                                                int ignore_index, ce_result *res, int accumulate) {
     __shared__ double red[32];
     __shared__ long long redc[32];
     double s = 0.0;
@@ -733,7 +737,26 @@ static __global__ void cross_entropy_sum_kernel(const double *row_loss, const in
     }
     s = mt_block_sum(s, red);
     c = mt_block_sum(c, redc);
-    if (threadIdx.x == 0) res->loss = s, res->count = c;
+    if (threadIdx.x == 0) {
+        if (accumulate) res->loss += s, res->count += c;
+        else res->loss = s, res->count = c;
+    }
+}
+
+// The result to the host: the one synchronisation (the host wants the sum); a target outside
+// [0, V) is fatal, named by its row in the step (targets: the step's).
+static ce_result ce_result_to_host(mt_backend *be, const ce_result *res, const int32_t *targets, int V,
+                                   int ignore_index) {
+    ce_result h;
+    MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, mt_cuda_begin(be)));
+    mt_cuda_backend_sync(be);
+    if (h.bad_row != CE_NO_BAD_ROW) {
+        int32_t bad = 0;
+        MT_CHECK_CUDA(cudaMemcpy(&bad, targets + h.bad_row, sizeof bad, cudaMemcpyDeviceToHost));
+        mt_fatal(MT_EXIT_ERROR, "cross_entropy: row %d has target %d outside [0, %d) (ignore_index %d)", h.bad_row,
+                 bad, V, ignore_index);
+    }
+    return h;
 }
 
 extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count,
@@ -746,25 +769,53 @@ extern "C" double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscal
     ce_result *res = (ce_result *)(row_loss + T);
     MT_CHECK_CUDA(cudaMemsetAsync(res, 0x7f, sizeof *res, s));
     cross_entropy_kernel<<<mt_cuda_blocks(T, 1, 0x7fffffffu), 512, 0, s>>>(dlogits, dscale, logits, targets, T, V,
-                                                                            ignore_index, row_loss, res);
+                                                                            ignore_index, row_loss, res, 0);
     MT_CHECK_LAUNCH();
     if (dlogits && !count) {  // the gradient alone (the backward's pass): no sum, no host wait
         mt_work_free(be, row_loss, bytes);
         return 0.0;
     }
-    cross_entropy_sum_kernel<<<1, 1024, 0, s>>>(row_loss, targets, T, V, ignore_index, res);
+    cross_entropy_sum_kernel<<<1, 1024, 0, s>>>(row_loss, targets, T, V, ignore_index, res, 0);
     MT_CHECK_LAUNCH();
-    ce_result h;
-    MT_CHECK_CUDA(cudaMemcpyAsync(&h, res, sizeof h, cudaMemcpyDeviceToHost, s));
-    mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the sum
+    ce_result h = ce_result_to_host(be, res, targets, V, ignore_index);
     mt_work_free(be, row_loss, bytes);
-    if (h.bad_row != CE_NO_BAD_ROW) {
-        int32_t bad = 0;
-        MT_CHECK_CUDA(cudaMemcpy(&bad, targets + h.bad_row, sizeof bad, cudaMemcpyDeviceToHost));
-        mt_fatal(MT_EXIT_ERROR, "cross_entropy: row %d has target %d outside [0, %d) (ignore_index %d)", h.bad_row,
-                 bad, V, ignore_index);
-    }
     if (count) *count = h.count;
+    return h.loss;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused loss's forward: chunks accumulated on the device, one host wait at the end
+
+static_assert(sizeof(ce_result) <= MT_CE_ACC_BYTES(0), "the accumulator's result slot");
+
+static ce_result *ce_acc_result(void *acc, int rows) { return (ce_result *)((double *)acc + rows); }
+
+extern "C" void cross_entropy_acc_start(mt_backend *be, void *acc, int rows) {
+    cudaStream_t s = mt_cuda_begin(be);
+    ce_result *res = ce_acc_result(acc, rows);
+    MT_CHECK_CUDA(cudaMemsetAsync(res, 0, offsetof(ce_result, bad_row), s));  // loss 0.0, count 0
+    MT_CHECK_CUDA(cudaMemsetAsync(&res->bad_row, 0x7f, sizeof res->bad_row, s));
+}
+
+extern "C" void cross_entropy_acc_add(mt_backend *be, void *acc, int rows, const float *logits,
+                                      const int32_t *targets, int64_t row0, int n, int V, int ignore_index) {
+    if (n <= 0) return;
+    if (n > rows) mt_fatal(MT_EXIT_ERROR, "cross_entropy_acc_add: %d rows in an accumulator of %d", n, rows);
+    cudaStream_t s = mt_cuda_begin(be);
+    double *row_loss = (double *)acc;
+    ce_result *res = ce_acc_result(acc, rows);
+    cross_entropy_kernel<<<mt_cuda_blocks(n, 1, 0x7fffffffu), 512, 0, s>>>((float *)nullptr, 0.0f, logits, targets,
+                                                                            n, V, ignore_index, row_loss, res, row0);
+    MT_CHECK_LAUNCH();
+    // in stream order: this chunk's row losses are summed before the next chunk overwrites them
+    cross_entropy_sum_kernel<<<1, 1024, 0, s>>>(row_loss, targets, n, V, ignore_index, res, 1);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" double cross_entropy_acc_finish(mt_backend *be, void *acc, int rows, const int32_t *targets, int V,
+                                           int ignore_index, int64_t *count) {
+    ce_result h = ce_result_to_host(be, ce_acc_result(acc, rows), targets, V, ignore_index);
+    *count = h.count;
     return h.loss;
 }
 

@@ -82,6 +82,21 @@ void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *
 double cross_entropy_cuda(mt_backend *be, float *dlogits, float dscale, int64_t *count, const float *logits,
                           const int32_t *targets, int T, int V, int ignore_index);
 
+// The fused loss's forward (model/loss.c) over chunks of rows, with one host wait for all of
+// them: acc is device scratch of MT_CE_ACC_BYTES(rows), rows the largest chunk (the caller takes
+// it through the ledger, so the null backend counts it too). start zeroes the running sum; add
+// takes a chunk's logits [n, V] fp32 and targets [n] (rows row0.. of the step) and adds their
+// loss, summed in row order, to it on the device (no wait; the row losses are consumed before the
+// next chunk's kernel overwrites them, in stream order); finish waits once and returns the sum
+// and *count. A target outside [0, V) is fatal at finish, named by its row in `targets` (the
+// step's). Deterministic: one stream, one writer, no atomics on the sums.
+#define MT_CE_ACC_BYTES(rows) ((size_t)(rows) * sizeof(double) + 64)
+void cross_entropy_acc_start(mt_backend *be, void *acc, int rows);
+void cross_entropy_acc_add(mt_backend *be, void *acc, int rows, const float *logits, const int32_t *targets,
+                           int64_t row0, int n, int V, int ignore_index);
+double cross_entropy_acc_finish(mt_backend *be, void *acc, int rows, const int32_t *targets, int V, int ignore_index,
+                                int64_t *count);
+
 // y [n] = a + b (the residual add of the block), bf16, added in fp32.
 void mt_add_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *a, const mt_bf16 *b, int64_t n);
 

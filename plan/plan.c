@@ -180,8 +180,8 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     int n = 0;
     t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
                                 -6 * k * sb * cfg->intermediate};
-    t[n++] = (mt_plan_act_term){"fp32 logits gradient 4·s·b·V: written over the logits", -4 * sb * V};
-    t[n++] = (mt_plan_act_term){"bf16 logits 2·s·b·V: lm_head writes the fp32 logits, no bf16 copy", -2 * sb * V};
+    t[n++] = (mt_plan_act_term){"logits and loss 10·s·b·V: none kept, the fused loss holds a chunk of rows at a time "
+                                "(work: 201 MB at V = 32000)", -10 * sb * V};
     t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
                                 full ? -2 * h * sb : 0};
     t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * sets};

@@ -103,7 +103,7 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
 // The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
 // §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
-// ledger's `act` holds (the backward's transients are `work` there, the logits fp32 only, the
+// ledger's `act` holds (the backward's transients are `work` there, no logits at all, the
 // routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
 // mt_plan_act_model_bytes. Terms that are zero for this run are included (print what you like).
 #define MT_PLAN_MAX_ACT_TERMS 12
@@ -145,6 +145,20 @@ int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt
 // on entry (its cuBLASLt workspace).
 int mt_plan_measure_on(mt_backend *be, const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
                        const mt_model_spec *spec, mt_plan_measurement *out);
+
+// --measure's verdict: the measured peak of the sum on a card of gpu_mem bytes. With --measure
+// it decides (exit 3 when it does not fit), also where the plan's total, an upper bound built on
+// BUDGETS.md §3.2's act and a guessed workspace, says otherwise.
+static inline int mt_plan_measured_fits(const mt_plan_measurement *m, double gpu_mem) {
+    return (double)m->total_peak <= gpu_mem;
+}
+
+// `plan --max-seq`: the longest --seq in [1, limit] whose total fits o->gpu_mem_bytes, by binary
+// search (totals grow with the sequence): the plan's total when spec is NULL, else the measured
+// one (one null-backend step per probe, spec the model the run builds). *total gets the deciding
+// total at the answer. 0: not even one token fits; -1: an error (mt_error_get).
+int64_t mt_plan_max_seq(const mt_model_config *cfg, const mt_plan_opts *o, const mt_model_spec *spec, int64_t limit,
+                        uint64_t *total);
 
 // What the report prints: the run, its plan, and the suggestions when it does not fit.
 typedef struct mt_plan_report {

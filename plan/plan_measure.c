@@ -95,3 +95,38 @@ int mt_plan_measure(const mt_model_config *cfg, const char *checkpoint, const mt
     mt_backend_free(be);
     return rc;
 }
+
+// The deciding total of a run at sequence `seq`: 0 fits, 1 does not, -1 error.
+static int total_at(const mt_model_config *cfg, const mt_plan_opts *o, const mt_model_spec *spec, int64_t seq,
+                    uint64_t *total) {
+    mt_plan_opts at = *o;
+    at.seq = seq;
+    if (!spec) {
+        mt_plan p;
+        if (mt_plan_compute(cfg, &at, &p) != 0) return -1;
+        *total = p.total;
+        return p.fits ? 0 : 1;
+    }
+    mt_plan_measurement m;
+    if (mt_plan_measure(cfg, NULL, &at, spec, &m) != 0) return -1;
+    *total = m.total_peak;
+    return mt_plan_measured_fits(&m, o->gpu_mem_bytes) ? 0 : 1;
+}
+
+int64_t mt_plan_max_seq(const mt_model_config *cfg, const mt_plan_opts *o, const mt_model_spec *spec, int64_t limit,
+                        uint64_t *total) {
+    int64_t lo = 0, hi = limit + 1;  // fits at lo (0: nothing yet), not at hi (or beyond the limit)
+    uint64_t t = 0, at_lo = 0;
+    int rc = total_at(cfg, o, spec, limit, &t);
+    if (rc < 0) return -1;
+    if (rc == 0) lo = limit, at_lo = t;
+    else hi = limit;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((rc = total_at(cfg, o, spec, mid, &t)) < 0) return -1;
+        if (rc == 0) lo = mid, at_lo = t;
+        else hi = mid;
+    }
+    *total = at_lo;
+    return lo;
+}

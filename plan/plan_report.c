@@ -303,8 +303,14 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
                  "  cuBLAS and NCCL workspaces, allocator slack); the measured peak is the GPU step's own\n"
                  "  scratch as the cuda backend allocates it (bf16 activation gradients, the bf16 dequant\n"
                  "  buffer of one expert's w1, w3 and w2, the experts' backward scratch for T rows), of\n"
-                 "  which the plan counts the experts' k·s·b·6f under act (the logits' gradient is written\n"
-                 "  over the logits: no buffer of its own).\n");
+                 "  which the plan counts the experts' k·s·b·6f under act (and the fused loss's chunk of\n"
+                 "  fp32 logits within its 10·s·b·V: the logits are never whole).\n");
+    double pct = 100.0 * (double)m->total_peak / p->gpu_mem;
+    fprintf(out, "fits on a %.0f GB card by the measured total (with --measure it decides): %s (%.0f%%)",
+            p->gpu_mem / 1e9, mt_plan_measured_fits(m, p->gpu_mem) ? "yes" : "NO", pct);
+    if (mt_plan_measured_fits(m, p->gpu_mem) != p->fits)
+        fprintf(out, "; the plan's total says %s", p->fits ? "yes" : "no");
+    fprintf(out, "\n  (neither total holds the CUDA context and library workspaces outside the ledger)\n");
 }
 
 static void print_act_terms(FILE *out, const mt_plan_report *r) {
@@ -325,7 +331,7 @@ static void print_measured(FILE *out, const mt_plan_report *r) {
     fprintf(out, "\nmeasured: one training step on the null backend in %.3f s (build, AdamW state, forward, "
                  "backward,\nupdate; nothing allocated or computed, every buffer counted in the ledger). Storage as "
                  "a GPU\nrun keeps it: trainable weights, LoRA and their grads bf16; Adam m, v and master fp32; "
-                 "activations\nbf16 (fp32: rstd, lse, router logits and probs, top-k weights, lm_head logits). "
+                 "activations\nbf16 (fp32: rstd, lse, router logits and probs, top-k weights, a chunk of lm_head logits). "
                  "Routing has no\ndata there: balanced, each expert T·k/E = %lld rows", m->seconds,
             (long long)m->rows_per_expert);
     if (m->rows_extra) fprintf(out, " (the first %lld one more)", (long long)m->rows_extra);
@@ -454,6 +460,7 @@ static void json_measured(cJSON *root, const mt_plan_report *r) {
         cJSON_AddNumberToObject(diff, name, diff_percent(p, m->peak[c]));
     }
     cJSON_AddNumberToObject(j, "total_peak_bytes", (double)m->total_peak);
+    cJSON_AddBoolToObject(j, "fits", mt_plan_measured_fits(m, r->plan->gpu_mem));
     cJSON_AddNumberToObject(j, "act_budgets_bytes", (double)r->plan->bytes[MT_MEM_ACT]);
     cJSON *terms = cJSON_AddArrayToObject(j, "act_terms");
     mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];

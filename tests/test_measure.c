@@ -194,9 +194,55 @@ Test(measure, cli_model_config_and_refusal) {
     cr_expect(strstr(out, "optim           8.457        8.457     0.00%"), "EP=2 measured as rank 0: %s", out);
     cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --gpus 2 --zero 2 --measure"), MT_EXIT_USAGE);
     cr_expect(strstr(out, "--zero 2") && strstr(out, "not implemented"), "%s", out);
-    // a plan that does not fit still measures, and says so with exit 0
-    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --measure"), MT_EXIT_OK, "%s", out);
+    // a plan that does not fit still measures; the measured total decides the exit: 3 here too
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case B --measure"), MT_EXIT_NOFIT, "%s", out);
     cr_expect(strstr(out, "NO (136%)") && strstr(out, "measured GB"), "%s", out);
+    cr_expect(strstr(out, "by the measured total (with --measure it decides): NO (133%)"), "%s", out);
+}
+
+// Case C at 16k tokens: the plan's total (BUDGETS.md's act with 10·s·b·V of logits, a guessed
+// workspace) does not fit 44 GB, the step measured does (the logits are never whole); with
+// --measure the measured total decides, and says that the two disagree.
+Test(measure, case_c_at_16k_fits_by_the_measured_total) {
+    static char out[1 << 17];
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --seq 16384"), MT_EXIT_NOFIT, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --seq 16384 --measure"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "by the measured total (with --measure it decides): yes (89%); the plan's total says no"),
+              "%s", out);
+    cr_expect(strstr(out, "act             8.673        8.673     0.00%"), "%s", out);
+}
+
+// --max-seq: the longest sequence whose deciding total fits, by the plan and by the measurement;
+// one token more does not fit.
+Test(measure, max_seq_is_the_longest_that_fits) {
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    mt_run_opts o;
+    cr_assert_eq(opts_of('C', "", &o), 0);
+    uint64_t total;
+    int64_t s = mt_plan_max_seq(&cfg, MT_PLAN_OPTS_OF(&o), NULL, cfg.max_positions, &total);
+    cr_assert_gt(s, 1024, "%s", mt_error_get());
+    mt_plan p;
+    o.seq = s;
+    cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0);
+    cr_expect(p.fits && p.total == total, "--seq %lld fits by the plan", (long long)s);
+    o.seq = s + 1;
+    cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0);
+    cr_expect(!p.fits, "--seq %lld does not", (long long)s + 1);
+    o.seq = 1024;
+    int64_t sm = mt_plan_max_seq(&cfg, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), cfg.max_positions, &total);
+    cr_expect_gt(sm, 16384, "measured: 16k fits, got %lld", (long long)sm);
+    mt_plan_measurement m;
+    o.seq = sm + 1;
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0);
+    cr_expect(!mt_plan_measured_fits(&m, o.gpu_mem_bytes), "--seq %lld does not fit by the measurement", (long long)sm + 1);
+    static char out[1 << 12];
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --max-seq"), MT_EXIT_OK, "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "max-seq: %lld tokens (batch 1) fit a 44 GB card by the plan's total", (long long)s);
+    cr_expect(strstr(out, want), "%s", out);
+    cr_expect_eq(mt_test_run(out, sizeof out, "plan --case C --gpu-mem 20GB --max-seq"), MT_EXIT_NOFIT, "%s", out);
+    cr_expect(strstr(out, "not even --seq 1 fits"), "%s", out);
 }
 
 Test(measure, optimizer_options_measured_against_the_plan) {

@@ -90,6 +90,7 @@ static const opt_def opt_table[] = {
     {"case", OPT_SPECIAL, F(plan_case), 0, "plan: reproduce BUDGETS.md case A, B or C"},
     {"json", OPT_BOOL, F(json), 0, "plan: print JSON"},
     {"measure", OPT_BOOL, F(measure), 0, "plan: run one step on the null backend and compare"},
+    {"max-seq", OPT_BOOL, F(max_seq), 0, "plan: the longest --seq that fits --gpu-mem (measured with --measure)"},
 };
 #undef F
 #undef S

@@ -84,6 +84,7 @@ typedef struct mt_run_opts {
     char plan_case;           // 0, 'A', 'B' or 'C'
     int json;
     int measure;
+    int max_seq;              // plan: search the longest --seq that fits
 } mt_run_opts;
 
 void mt_run_opts_default(mt_run_opts *o);

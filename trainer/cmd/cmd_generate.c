@@ -74,6 +74,7 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
     memcpy(seq, prompt, (size_t)n * sizeof(int32_t));
     for (int i = 0; i < cap; i++) labels[i] = -100;
     cand *c = g->temperature > 0 ? mt_xmalloc((size_t)V * sizeof(cand)) : NULL;
+    float *row = mt_xmalloc((size_t)V * sizeof(float));  // the last position's logits
     mt_rng rng;
     mt_rng_seed(&rng, g->seed, mt_hash_string("generate"));
     for (int len = n; len < cap; len++) {
@@ -87,7 +88,10 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
             rc = -1;
             break;
         }
-        const float *row = (const float *)m->logits->data + (size_t)(len - 1) * (size_t)V;
+        if (mt_model_logits(m, len - 1, 1, row) != 0) {
+            rc = -1;
+            break;
+        }
         int32_t id = pick(row, V, g, &rng, c);
         if (id == g->eos) {
             if (hit_eos) *hit_eos = 1;
@@ -96,7 +100,7 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
         seq[len] = id;
         mt_ids_push(out, id);
     }
-    free(c), free(seq), free(labels);
+    free(c), free(row), free(seq), free(labels);
     return rc;
 }
 

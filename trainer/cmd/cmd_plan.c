@@ -17,7 +17,9 @@ static void plan_usage(FILE *out) {
             "Exit status: 0 fits, 3 does not fit, 2 bad flag, 1 bad model.\n\n"
             "--measure also runs one training step of the real code on the null backend (the model built\n"
             "from its config, nothing read, allocated or computed; the ledger counts every buffer) and\n"
-            "prints the measured peak per category beside the plan; exit 0 when it ran.\n\n");
+            "prints the measured peak per category beside the plan; then the measured total decides the\n"
+            "exit status (the plan's total is an upper bound: BUDGETS.md's act and a guessed workspace).\n"
+            "--max-seq prints the longest --seq that fits (the plan's total; with --measure the measured one).\n\n");
     mt_run_opts_print_help(out);
 }
 
@@ -53,6 +55,28 @@ static int load_model(const mt_run_opts *o, mt_model_config *cfg, char *name, si
     return MT_EXIT_USAGE;
 }
 
+// --max-seq: binary search of the sequence over the plan (or, with --measure, over null-backend
+// steps), up to the model's max_position_embeddings.
+static int max_seq(const mt_run_opts *o, const mt_model_config *cfg, const mt_plan_opts *po) {
+    mt_model_spec spec = mt_run_opts_model_spec(o);
+    int64_t limit = cfg->max_positions > 0 ? cfg->max_positions : (int64_t)1 << 20;
+    uint64_t total = 0;
+    int64_t s = mt_plan_max_seq(cfg, po, o->measure ? &spec : NULL, limit, &total);
+    if (s < 0) {
+        fprintf(stderr, "moetrain plan --max-seq: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    const char *by = o->measure ? "the measured total (one null-backend step per probe)" : "the plan's total";
+    if (s == 0) {
+        printf("max-seq: not even --seq 1 fits a %.0f GB card by %s\n", po->gpu_mem_bytes / 1e9, by);
+        return MT_EXIT_NOFIT;
+    }
+    printf("max-seq: %lld tokens (batch %lld) fit a %.0f GB card by %s: %.2f GB (%.0f%%)%s\n", (long long)s,
+           (long long)po->batch, po->gpu_mem_bytes / 1e9, by, total / 1e9, 100.0 * (double)total / po->gpu_mem_bytes,
+           s == limit ? ", the model's max_position_embeddings" : "");
+    return MT_EXIT_OK;
+}
+
 int cmd_plan(int argc, char **argv) {
     if (mt_args_want_help(argc, argv)) {
         plan_usage(stdout);
@@ -68,8 +92,9 @@ int cmd_plan(int argc, char **argv) {
     int rc = load_model(&o, &cfg, name, sizeof name);
     if (rc != MT_EXIT_OK) return rc;
 
-    mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(&o);
+    if (o.max_seq) return max_seq(&o, &cfg, &po);
+    mt_plan plan;
     if (mt_plan_compute(&cfg, &po, &plan) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
@@ -100,5 +125,6 @@ int cmd_plan(int argc, char **argv) {
     } else {
         mt_plan_print(stdout, &report);
     }
-    return plan.fits || o.measure ? MT_EXIT_OK : MT_EXIT_NOFIT;  // --measure: 0 when it ran
+    int fits = o.measure ? mt_plan_measured_fits(&measured, po.gpu_mem_bytes) : plan.fits;
+    return fits ? MT_EXIT_OK : MT_EXIT_NOFIT;  // --measure: the measured total decides
 }
