@@ -13,36 +13,12 @@
 #include "tests/gpu_or_skip.h"
 #include "core/common.h"
 #include "model/mixtral.h"
+#include "tests/test_compare.h"
 #include "tests/test_util.h"
 #include "optim/optim.h"
 #include "optim/params.h"
 #include "trainer/options.h"
 
-
-// ‖a − b‖ / ‖a‖ over n floats (0 when both are zero).
-static double rel_l2(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), s += (double)a[i] * a[i];
-    return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
-// cos(a, b) over n floats (1 when both are zero).
-static double cosine(const float *a, const float *b, int64_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int64_t i = 0; i < n; i++) ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
-    return aa == 0 && bb == 0 ? 1.0 : ab / sqrt(aa * bb);
-}
-
-// A tensor's values as f32 on the host (the GPU step keeps bf16).
-static float *host_copy(const mt_tensor *t) {
-    int64_t n = mt_tensor_numel(t);
-    void *raw = mt_xmalloc(t->nbytes);
-    mt_tensor_download(t, raw);
-    float *h = mt_xmalloc((size_t)n * sizeof(float));
-    mt_convert(h, MT_F32, raw, t->dtype, (size_t)n);
-    free(raw);
-    return h;
-}
 
 // Every LoRA B of the cpu params pc and the gpu params pg set to the same values, scale ·
 // ((j · step) mod m − m/2), bf16-exact on both.
@@ -57,15 +33,6 @@ static void set_lora_b(mt_param *pc, mt_param *pg, int n, float scale, int step,
         mt_tensor_upload(pc[i].w, h), mt_tensor_upload(pg[i].w, hb);
         free(h), free(hb);
     }
-}
-
-// A fresh tiny checkpoint (`moetrain init`) in dir [128], below a new temporary folder tmp [64].
-static void tiny_checkpoint(char *tmp, char *dir, int seed) {
-    char out[4096];
-    mt_test_tmpdir(tmp, 64);
-    snprintf(dir, 128, "%s/tiny", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed %d", MT_REPO_ROOT,
-                             dir, seed), 0, "%s", out);
 }
 
 Test(cuda, whole_step_matches_cpu) {

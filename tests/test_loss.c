@@ -13,40 +13,9 @@
 #include "model/ops.h"
 #include "optim/params.h"
 #include "tests/gpu_or_skip.h"
+#include "tests/test_compare.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-
-static double rel_l2(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), s += (double)a[i] * a[i];
-    return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
-static double cosine(const float *a, const float *b, int64_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (int64_t i = 0; i < n; i++) ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
-    return aa == 0 && bb == 0 ? 1.0 : ab / sqrt(aa * bb);
-}
-
-// A tensor's values as f32 on the host (the GPU step keeps bf16).
-static float *host_copy(const mt_tensor *t) {
-    int64_t n = mt_tensor_numel(t);
-    void *raw = mt_xmalloc(t->nbytes);
-    mt_tensor_download(t, raw);
-    float *h = mt_xmalloc((size_t)n * sizeof(float));
-    mt_convert(h, MT_F32, raw, t->dtype, (size_t)n);
-    free(raw);
-    return h;
-}
-
-// A fresh tiny checkpoint (V = 256) in dir [128], below a new temporary folder tmp [64].
-static void tiny_checkpoint(char *tmp, char *dir, int seed) {
-    char out[4096];
-    mt_test_tmpdir(tmp, 64);
-    snprintf(dir, 128, "%s/tiny", tmp);
-    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s --seed %d", MT_REPO_ROOT,
-                             dir, seed), 0, "%s", out);
-}
 
 enum { B = 2, S = 24, T = B * S };
 
