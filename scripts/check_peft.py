@@ -20,7 +20,8 @@ FILE, read as `moetrain eval` reads it (without --packing; each sample one row, 
 --seq): JSONL of {"text": ...} lines, tokenized by the base's tokenizer (the byte-level one when
 the folder has no tokenizer.model: ids = UTF-8 bytes, BOS/EOS from config.json), as
 <s> text </s>, every token in the loss but the first; or a moetrain token file ("MTTOK1",
-README "Token files"). The loss is sum of CE / count over all samples (no router aux loss).
+README "Token files"). Instruction and chat lines: `moetrain eval ... --save-tokens FILE` writes
+the rows exactly as eval reads them (chat template, loss mask); pass that token file. The loss is sum of CE / count over all samples (no router aux loss).
 Needs torch, transformers and peft; not part of `make test` (see `make interop`).
 Exit 0 when both checks pass, 1 otherwise.
 """
@@ -69,7 +70,9 @@ def read_jsonl(path, base):
                 continue
             doc = json.loads(line)
             if set(doc) & {"instruction", "messages"} or "text" not in doc:
-                sys.exit("%s:%d: check_peft reads {\"text\": ...} lines (or a token file)" % (path, lineno))
+                sys.exit("%s:%d: an instruction or chat line: pass the token file of `moetrain eval --model BASE "
+                         "--data %s --save-tokens FILE` (the rows exactly as eval reads them: its chat template "
+                         "and loss mask) as --data FILE" % (path, lineno, path))
             text = doc["text"]
             ids = tok.encode(text, add_special_tokens=False) if tok else list(text.encode("utf-8"))
             samples.append([bos] + ids + [eos])

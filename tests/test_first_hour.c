@@ -57,3 +57,31 @@ Test(first_hour, train_prints_a_short_plan_and_the_full_one_with_verbose, .timeo
     cr_expect(strstr(out, "f32 in the checkpoint"), "%s", out);
     mt_test_rmrf(tmp);
 }
+
+// eval --save-tokens: the rows eval reads (chat template and loss mask applied) as a token file,
+// which evaluates to the same loss: what scripts/check_peft.py reads for chat and instruction data.
+Test(first_hour, eval_saves_the_rows_it_reads, .timeout = 120) {
+    char out[16384], tmp[64], model[128], data[128], tok[160];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 0), 0);
+    FILE *f = fopen(data, "w");
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"q%d\"},{\"role\":\"assistant\",\"content\":\"a%03d\"}]}\n",
+                i, i * 11);
+    fprintf(f, "{\"instruction\":\"say\",\"output\":\"hi there\"}\n");
+    fclose(f);
+    snprintf(tok, sizeof tok, "%s/rows.tok", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --data %s --quant none --save-tokens %s", model, data, tok), 0,
+                 "%s", out);
+    const char *l1 = strstr(out, "loss=");
+    cr_assert_not_null(l1, "%s", out);
+    double a = atof(l1 + 5);
+    cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --data %s --quant none", model, tok), 0, "%s", out);
+    const char *l2 = strstr(out, "loss=");
+    cr_assert_not_null(l2, "%s", out);
+    cr_expect_eq(a, atof(l2 + 5), "the token file gives the JSONL's loss: %.9g vs %.9g", a, atof(l2 + 5));
+    cr_expect_eq(mt_test_run(out, sizeof out, "eval --model %s --data %s --save-tokens %s/no/such/dir/x", model, data, tmp),
+                 1, "an unwritable --save-tokens fails: %s", out);
+    cr_expect(strstr(out, "--save-tokens"), "the error names the flag: %s", out);
+    mt_test_rmrf(tmp);
+}

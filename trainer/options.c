@@ -79,6 +79,7 @@ static const opt_def opt_table[] = {
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
     {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
     {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply; train: the LoRAs start from it (v4 or v5 layout)"},
+    {"save-tokens", OPT_STR, F(save_tokens), S(save_tokens), "eval: also write the samples it reads, tokenized and loss-masked, as a token file (MTTOK1) for scripts/check_peft.py"},
     {"peft-format", OPT_SPECIAL, F(peft_format), S(peft_format),
      "adapter layout train writes: v4 (transformers 4.x, per-expert w1/w2/w3) | v5 (transformers 5.x, fused "
      "experts) | auto (the transformers_version in --model's config.json; v5 when none)"},

@@ -74,6 +74,7 @@ typedef struct mt_run_opts {
     int max_skips;            // stop after this many non-finite steps in a row
     // eval / generate / merge
     char adapter[1024];       // PEFT adapter folder to apply
+    char save_tokens[1024];   // eval: also write the rows it reads as a token file (MTTOK1)
     char peft_format[8];      // adapter layout written: v4 | v5 | auto (lora/peft.h)
     int verbose;              // train: the planner's full block
     char prompt[4096];

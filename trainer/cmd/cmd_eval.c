@@ -19,7 +19,9 @@ static void eval_usage(FILE *out) {
             "pass over FILE (JSONL or a token file) in file order, and aux=<the router load-balancing loss>\n"
             "(transformers' load_balancing_loss_func per batch, averaged over batches; not in loss).\n"
             "--adapter: a PEFT adapter folder, or a trained-tensor .safetensors (router, unfreeze or\n"
-            "full mode). The frozen base is built as training builds it (--quant, default nf4).\n");
+            "full mode). The frozen base is built as training builds it (--quant, default nf4).\n"
+            "--save-tokens FILE: also write the samples as read (tokenized, chat templates applied,\n"
+            "loss-masked) as a token file, e.g. for scripts/check_peft.py --data FILE.\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,6 +299,13 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
         goto done;
     }
     if (mt_dataset_load(&d, o->data, &tok, &dopts) != 0) goto done;
+    if (o->save_tokens[0]) {  // the rows as eval reads them, for check_peft.py and the like
+        if (mt_dataset_save_tokens(&d, o->save_tokens) != 0) {
+            mt_error_prefix("--save-tokens %s", o->save_tokens);
+            goto done;
+        }
+        fprintf(stderr, "eval: wrote the %lld samples it reads to %s\n", (long long)d.stats.samples, o->save_tokens);
+    }
     be = mt_backend_cpu_new();
     if (mt_model_load_for_inference(&m, be, o) != 0) goto done;
     loaded = 1;
