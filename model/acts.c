@@ -111,7 +111,8 @@ void mt_model_acts_free(mt_model *m) {
     for (int i = 0; m->acts && i < n_sets; i++) layer_acts_free(&m->acts[i]);
     for (int L = 0; m->kept && L < m->cfg.layers; L++) layer_kept_free(&m->kept[L]);
     free(m->acts), free(m->kept);
-    mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf);
+    mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf), mt_tensor_free(m->dxf_early);
+    m->dxf_early = NULL;
     mt_tensor_free(m->batch_dev), mt_tensor_free(m->aux_dev);
     m->batch_dev = m->aux_dev = NULL;
     free(m->tokens), free(m->targets), free(m->positions), free(m->row_mask);

@@ -96,11 +96,16 @@ void mt_model_backward(mt_model *m) {
     const mt_model_config *c = &m->cfg;
     int T = m->B * m->S, H = (int)c->hidden, run = !m->counting;
     mt_dtype adt = act_dtype(m);
-    mt_tensor dxf = step_work(m, adt, T, H, 1);
-    mt_model_loss_backward(m, &dxf);  // logits a chunk at a time, never [T, V] whole
+    // The loss's gradient of xf: made by a training forward (scaled here), or the logits
+    // recomputed a chunk at a time, never [T, V] whole.
+    mt_tensor *early = m->dxf_early;
+    mt_tensor dxf = early ? mt_view2(m->be, early->data, early->dtype, T, H, 0) : step_work(m, adt, T, H, 1);
+    if (early && run && m->ce_count) m->be->ops->scale(m->be, early->data, early->dtype, (size_t)T * H, 1.0f / (float)m->ce_count);
+    if (!early) mt_model_loss_backward(m, &dxf);
     mt_tensor dx = step_work(m, adt, T, H, 1);
     if (run) mt_op_rmsnorm_backward(m, dx.data, A(m->dnorm), dxf.data, A(m->x_final), A(m->norm), F(m->rstdf), T, H);
-    step_unwork(m, &dxf);
+    if (early) mt_tensor_free(early), m->dxf_early = NULL;
+    else step_unwork(m, &dxf);
     // Layers below the lowest trainable one have nothing to learn and nothing above them needs
     // their input gradient: backward stops there.
     for (int L = (int)c->layers - 1; L >= m->lowest_trainable; L--) {

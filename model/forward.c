@@ -170,7 +170,7 @@ static int check_batch(const mt_model *m, const mt_batch *b) {
     return 0;
 }
 
-int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
+static int forward(mt_model *m, const mt_batch *b, mt_loss *out, int train) {
     if (check_batch(m, b) != 0) return -1;
     const mt_model_config *c = &m->cfg;
     mt_model_acts_ensure(m, b->B, b->S);
@@ -200,7 +200,7 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
         mt_layer_forward(m, L, L + 1 < c->layers ? A(m->kept[L + 1].x) : A(m->x_final), 0);
     if (run) mt_op_rmsnorm_forward(m, A(m->xf), F(m->rstdf), A(m->x_final), A(m->norm), T, H, (float)c->rms_norm_eps);
     int64_t count = 0;  // counting: no loss, and no token counted
-    double ce_sum = mt_model_loss_forward(m, &count);
+    double ce_sum = mt_model_loss_forward(m, &count, train);
     if (run) mt_op_aux_finish(m);
     if (m->par.data) sum_over_ranks(m, &ce_sum, &count);
     m->ce_count = count;
@@ -211,3 +211,6 @@ int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) {
     out->loss = out->ce + m->aux_coef * out->aux + m->z_coef * out->z;
     return 0;  // a non-finite loss is the trainer's to skip and report
 }
+
+int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out) { return forward(m, b, out, 0); }
+int mt_model_forward_train(mt_model *m, const mt_batch *b, mt_loss *out) { return forward(m, b, out, 1); }

@@ -4,13 +4,15 @@
 // (backward). The same code on every backend: the cpu (fp32 reference), cuda, and the null
 // backend that counts the GPU step's allocations for `plan --measure`.
 //
-// Design: the forward keeps nothing but the loss sum and the counted rows; the backward
-// recomputes each chunk's logits (one more lm_head GEMM, 2·T·H·V flops: ~0.3% of a Mixtral
-// step). Producing the gradient in the forward instead would need 1/count before it is known
-// (with data parallelism it is the count summed over ranks, after the forward), would accumulate
-// dW of a trainable lm_head in an evaluation-only forward, and would keep dxf [T, H] from the
-// forward to the backward. Recomputation of the layers is unaffected: xf is kept, and the loss's
-// chunk is released before the first layer is replayed, so the two peaks never add.
+// Design: an evaluation forward keeps nothing but the loss sum and the counted rows. A training
+// forward (mt_model_forward_train) with a frozen lm_head also turns each chunk's logits into
+// their gradient right there, unscaled, and adds its dxf rows into m->dxf_early [T, H] (act):
+// the backward scales it by 1/count (known only after the forward: with data parallelism it is
+// the count summed over ranks) and computes no logits again. A trainable lm_head (--mode full),
+// whose dW must not take an unscaled gradient, and any forward without a backward after it,
+// take the other way: the backward recomputes each chunk's logits (one more lm_head GEMM,
+// 2·T·H·V flops). Either way recomputation of the layers is unaffected: xf is kept, and the
+// loss's chunk is released before the first layer is replayed, so the two peaks never add.
 #include "core/common.h"
 #include "model/linear.h"
 #include "model/model_internal.h"
@@ -45,11 +47,22 @@ static mt_tensor chunk_logits(mt_model *m, const mt_tensor *lg, int64_t r0, int6
 // The GPU step sums the chunks' losses on the device and waits once, at the end (the cpu adds
 // each chunk's sum on the host); its accumulator goes through the ledger, so the null backend
 // counts it too. Either way the rows are summed in order: the same sum at any thread count.
-double mt_model_loss_forward(mt_model *m, int64_t *count) {
-    int64_t T = (int64_t)m->B * m->S, V = m->cfg.vocab, c = mt_loss_chunk_rows(m, T);
+// The gradient of xf made in the forward: only where lm_head has nothing to learn.
+static int early_gradient(const mt_model *m) { return !m->lm_head.dw && !m->lm_head.lora; }
+
+double mt_model_loss_forward(mt_model *m, int64_t *count, int with_grad) {
+    int64_t T = (int64_t)m->B * m->S, V = m->cfg.vocab, c = mt_loss_chunk_rows(m, T), H = m->cfg.hidden;
     int run = !m->counting, dev = gpu_step(m);
     double sum = 0.0;
     *count = 0;
+    mt_tensor_free(m->dxf_early);  // a forward without its backward left one
+    m->dxf_early = NULL;
+    if (with_grad && early_gradient(m)) {
+        int64_t shape[2] = {T, H};
+        m->dxf_early = mt_tensor_new(m->be, MT_MEM_ACT, act_dtype(m), 2, shape);
+        if (!m->dxf_early) mt_fatal(MT_EXIT_OOM, "the loss's gradient for B=%d S=%d: %s", m->B, m->S, mt_error_get());
+        m->be->ops->fill_zero(m->be, m->dxf_early->data, m->dxf_early->nbytes);
+    }
     mt_tensor lg = step_work(m, MT_F32, c, V, 0);
     mt_tensor acc = dev ? step_work(m, MT_U8, (int64_t)MT_CE_ACC_BYTES(c), 1, 0) : (mt_tensor){0};
     if (run && dev) mt_op_ce_acc_start(m, acc.data, (int)c);
@@ -57,8 +70,16 @@ double mt_model_loss_forward(mt_model *m, int64_t *count) {
         int64_t n = MT_MIN(c, T - r0), k = 0;
         if (!any_counted(m, r0, n)) continue;
         mt_tensor y = chunk_logits(m, &lg, r0, n);
+        int grad = m->dxf_early != NULL;
         if (run && dev) mt_op_ce_acc_add(m, acc.data, (int)c, F(&y), r0, (int)n, (int)V);
-        else if (run) sum += mt_op_cross_entropy(m, NULL, 0.0f, &k, F(&y), m->step_targets + r0, (int)n, (int)V);
+        if (run && !dev)  // the cpu's loss, and with grad the gradient over the logits in the same pass
+            sum += mt_op_cross_entropy(m, grad ? F(&y) : NULL, 1.0f, &k, F(&y), m->step_targets + r0, (int)n, (int)V);
+        else if (run && grad)  // cuda: the gradient alone, no host wait
+            mt_op_cross_entropy(m, F(&y), 1.0f, NULL, F(&y), m->step_targets + r0, (int)n, (int)V);
+        if (grad) {  // dxf rows += unscaled gradient · W
+            mt_tensor x = mt_view_rows(m->xf, r0, n), dx = mt_view_rows(m->dxf_early, r0, n);
+            mt_linear_backward(&m->lm_head, &dx, &y, &x, NULL, NULL);
+        }
         *count += k;
     }
     if (run && dev) sum = mt_op_ce_acc_finish(m, acc.data, (int)c, (int)V, count);

@@ -105,6 +105,8 @@ typedef struct mt_model {
     mt_layer_acts *acts;        // [layers], or [1] when recomputing
     mt_tensor *x_final, *xf, *rstdf;  // [T, H], [T, H], [T]: the loss reads xf (model/loss.c)
     int64_t loss_chunk_rows;    // rows of logits the loss holds at once; 0: mt_loss_chunk_rows's
+    mt_tensor *dxf_early;       // [T, H] the loss's unscaled gradient of xf, made by a training
+                                // forward (mt_model_forward_train) for its backward (ledger: act)
     int32_t *tokens, *targets, *positions;     // [T] host
     uint8_t *row_mask;                         // [T] host, 1 = real token
     // What the kernels read: the host arrays above on the cpu backend; on cuda their copies in
@@ -175,6 +177,10 @@ int mt_model_load_trained(mt_model *m, const char *path);
 
 // Forward of one micro-batch with the loss; keeps what backward needs. 0 or -1 (bad tokens).
 int mt_model_forward(mt_model *m, const mt_batch *b, mt_loss *out);
+// The same for a training step, whose backward follows: with a frozen lm_head the loss's pass
+// also makes the final hidden states' gradient, chunk by chunk, from the logits it has in hand
+// (its 1/count scale applied by the backward, which then recomputes no logits).
+int mt_model_forward_train(mt_model *m, const mt_batch *b, mt_loss *out);
 // Backward of the last forward: accumulates every trainable's gradient.
 void mt_model_backward(mt_model *m);
 void mt_model_zero_grad(mt_model *m);

@@ -12,7 +12,10 @@ void mt_layer_forward(mt_model *m, int L, void *x_out, int replay);  // x_out: s
 // The fused, chunked lm_head + cross-entropy (model/loss.c). Forward: the CE sum over counted
 // rows, *count of them (counting: 0, no kernel). Backward: dxf [T, H] rows get the loss's
 // gradient (dscale 1/m->ce_count), a trainable lm_head's dW and LoRA accumulate.
-double mt_model_loss_forward(mt_model *m, int64_t *count);
+// The loss (model/loss.c). with_grad: a training forward, whose backward follows; with a frozen
+// lm_head the chunks' gradient of xf is made here into m->dxf_early, unscaled.
+double mt_model_loss_forward(mt_model *m, int64_t *count, int with_grad);
+// dxf [T, H] (zeroed) += the loss's gradient of xf (and lm_head's own, when it trains).
 void mt_model_loss_backward(mt_model *m, const mt_tensor *dxf);
 
 // THE dtype rule of a step, in one place. The GPU step (cuda, and the null backend that counts it

@@ -45,7 +45,7 @@ static int one_step(mt_model *m, const mt_plan_opts *o) {
     mt_batch b = {(int)o->batch, (int)o->seq, tokens, labels, NULL};
     mt_loss loss;
     mt_model_zero_grad(m);
-    int rc = mt_model_forward(m, &b, &loss);
+    int rc = mt_model_forward_train(m, &b, &loss);
     if (rc == 0) {
         mt_model_backward(m);
         mt_dist_reduce_grads(&dist);

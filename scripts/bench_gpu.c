@@ -182,7 +182,7 @@ static int train_step(mt_model *m, mt_adamw *opt, const mt_param *p, int n, cons
     double gnorm;
     mt_model_zero_grad(m);
     mt_model_set_dropout_seed(m, o->seed, step, 0);
-    if (mt_model_forward(m, b, &l) != 0) return -1;
+    if (mt_model_forward_train(m, b, &l) != 0) return -1;
     mt_model_backward(m);
     int rc = mt_adamw_step(opt, p, n, o->lr, o->clip, &gnorm);
     if (rc < 0) return -1;

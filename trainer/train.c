@@ -382,7 +382,7 @@ static int run(trainer *t) {
             mt_loss l;
             // Each rank draws its own masks (DESIGN.md); rank 0's are those of a single process.
             mt_model_set_dropout_seed(&t->m, o->seed + (uint64_t)t->rank * 0x9e3779b97f4a7c15ull, t->st.step, micro);
-            if (mt_model_forward(&t->m, &b, &l) != 0) return -1;
+            if (mt_model_forward_train(&t->m, &b, &l) != 0) return -1;
             mt_model_backward(&t->m);
             loss += l.loss / o->accum, ce += l.ce / o->accum, aux += l.aux / o->accum, z += l.z / o->accum;
             for (int64_t i = 0; i < rows * t->ranks; i++) tokens += t->mask[i] != 0;
