@@ -229,14 +229,14 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     step_add(s, "residual adds", 'F', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
     if (R) step_add(s, "residual adds", 'R', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
 
-    // lm_head (frozen bf16) to fp32 logits a chunk of rows at a time (model/loss.c): the forward
-    // takes the loss; the backward recomputes each chunk's logits, writes the gradient over them
-    // and takes dx = dlogits·W. The logits [T, V] never exist whole; their bytes still move.
+    // lm_head (frozen bf16) to fp32 logits a chunk of rows at a time (model/loss.c): a training
+    // forward takes the loss, writes each chunk's gradient over its logits and takes dx =
+    // dlogits·W at once (the backward only scales dx). The logits [T, V] never exist whole;
+    // their bytes still move.
     step_add(s, "lm_head GEMM + loss", 'F', 1, 2 * T * h * V + 3 * T * V, bf * (V * h + T * h) + 2 * f32 * T * V, T,
              STEP_GEMM);
-    step_add(s, "lm_head GEMM (recomputed)", 'B', 1, 2 * T * h * V, bf * (V * h + T * h) + f32 * T * V, T, STEP_GEMM);
-    step_add(s, "cross-entropy gradient", 'B', 1, 3 * T * V, 2 * f32 * T * V, T, STEP_MEM);
-    step_add(s, "lm_head GEMM (dx)", 'B', 1, 2 * T * h * V, bf * (V * h + 2 * T * h) + f32 * T * V, T, STEP_GEMM);
+    step_add(s, "cross-entropy gradient", 'F', 1, 3 * T * V, 2 * f32 * T * V, T, STEP_MEM);
+    step_add(s, "lm_head GEMM (dx)", 'F', 1, 2 * T * h * V, bf * (V * h + 2 * T * h) + f32 * T * V, T, STEP_GEMM);
 
     // AdamW on the LoRA parameters: bf16 param and grad, fp32 m, v and master, read and written,
     // and the gradient zeroed: 2+2+4+4+4 read, 2+4+4+4 written, 2 zeroed = 32 bytes a parameter.
