@@ -120,12 +120,15 @@ fwd=$(CUDASIM_ORDER=forward "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum
 rev=$(CUDASIM_ORDER=reverse "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum [^ ]+')
 if [ -n "$fwd" ] && [ "$fwd" != "$rev" ]; then ok "thread order shows the missing barrier: forward $fwd, reverse $rev"; else
   bad "thread order: forward '$fwd', reverse '$rev' (want different)"; fi
+planted "lanes reading a wmma store without __syncwarp" wmma_missing_syncwarp 134 \
+  "kernel 'wmma_kernel' block \(0,0,0\) thread \([0-9]+,0,0\): shared-memory race" CUDASIM_RACECHECK=1
 planted "fresh device memory is NaN" nan_fill 0 "reads as -?nan"
 clean "reduction with its barriers (race detector on)" reduce_ok CUDASIM_RACECHECK=1
 clean "shuffles, votes, __match_any_sync, __syncwarp" warp_ok CUDASIM_RACECHECK=1
 clean "download read after cudaStreamSynchronize" stream_sync_ok
 clean "64 KB dynamic shared memory with the attribute" smem_64k_attribute
 clean "cuBLASLt stand-in: refusals as documented, the product as computed" cublaslt_rules
+clean "wmma fragments against a scalar GEMM (race detector on)" wmma_ok CUDASIM_RACECHECK=1
 
 # --- 4. the CLI against the CPU -------------------------------------------------------------------
 moetrain=$build/moetrain
