@@ -65,6 +65,15 @@ else
   bad "race detector over $race_filter"
   grep -E 'cudasim|Synthesis' "$work/race.log" | head -10 | sed 's/^/      | /'
 fi
+# The tensor-core attention kernels (warp-synchronous wmma stores, lanes reading them) on the three
+# smallest cases (S = 9: every kernel and both masks, ~45 s); CUDASIM_RACE_FILTER runs the rest.
+t0=$(date +%s)
+if CUDASIM_RACECHECK=1 "$build/moetrain_tests" --jobs 2 --filter 'cuda/op_attention_fd_config*' >"$work/race_att.log" 2>&1; then
+  ok "race detector over cuda/op_attention_fd_config*: $(grep -oE 'Tested: [0-9]+ \| Passing: [0-9]+' "$work/race_att.log"), no race ($(($(date +%s) - t0)) s)"
+else
+  bad "race detector over cuda/op_attention_fd_config*"
+  grep -E 'cudasim|Synthesis' "$work/race_att.log" | head -10 | sed 's/^/      | /'
+fi
 
 # --- 3. planted bugs ------------------------------------------------------------------------------
 selftest=$build/tests/cudasim/selftest
