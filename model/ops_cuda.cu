@@ -6,9 +6,12 @@
 // (__float2bfloat16_rn); a gradient it accumulates into is read, added in fp32 and rounded once.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
@@ -355,100 +358,132 @@ extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *p
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention. Visibility as model/attention.c: key j is visible to query i of sequence b iff
-// j ≤ i, (window == 0 or i − j < window) and (key_mask == NULL or key_mask[b·S + j]).
+// Attention on tensor cores. Visibility as model/attention.c: key j is visible to query i of
+// sequence b iff j ≤ i, (window == 0 or i − j < window) and (key_mask == NULL or key_mask[b·S + j]).
 //
-// Layout: a warp owns a query row (or, for dk/dv, a key row); its lanes take the 32 keys (or
-// queries) of the tile in shared memory for the scores, then the head dimensions d = lane + 32·i
-// for the outputs. Rows read lane-by-row are padded to hd + 1 floats so that the lanes' reads
-// fall in distinct banks. q, k, v, dout, out and the gradients are bf16 in global memory; the
-// shared-memory tiles are fp32 (converted once on load, so the inner dot products and the
-// accumulations are the fp32 code of before), lse and D fp32.
+// Design: our own flash-style kernels on WMMA (nvcuda::wmma 16×16×16 bf16 fragments, fp32
+// accumulators), not query-chunked cuBLASLt GEMMs. Why: one kernel keeps the scores of a tile in
+// shared memory and never writes a [chunk, S] score matrix to global memory (the cuBLASLt design
+// moves it through HBM three times per chunk and needs a workspace that grows with S); masking,
+// the window and GQA are index arithmetic in the kernel rather than batch strides; and the
+// emulator gets a small, exactly specified fragment API (tests/cudasim/mma.h) with its own test.
+//
+// Each warp owns 16 rows (queries, or keys for dk/dv) and runs its GEMMs with warp_gemm below;
+// the lanes then work on the 16 × 32 score tile in shared memory, two lanes per row (16 columns
+// each). Tiles are bf16 in shared memory with hd zero-padded to hdp (a multiple of 16) and a row
+// pitch of hdp + 8 elements (off the bank period); fp32 accumulators (O, dQ, dK, dV) live in
+// shared memory per warp so that the lanes can rescale rows (the fragment layout is opaque).
+// Blocks of 4 warps (2 when hdp > 128, to fit sm_80's 163 KB of shared memory).
+// Roundings beyond the fp32 flash kernels of before: P (forward, and for dV) and dS (for dQ,
+// dK) are rounded to bf16 before their tensor-core GEMM, as FlashAttention-2 does.
 
-enum { ATT_ROWS = 8, ATT_TILE = 32, ATT_MAX_ND = 8 };  // 8 warps per block, 32 per tile, hd ≤ 256
+enum { ATT_BK = 32, ATT_LDF = ATT_BK + 4, ATT_LDP = ATT_BK + 8, ATT_MAX_HD = 256 };
+
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> att_fa;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> att_fc;
 
 static __device__ __forceinline__ int att_visible(const uint8_t *mask, int b, int S, int i, int j, int window) {
     return j >= 0 && j <= i && i < S && (window == 0 || i - j < window) && (!mask || mask[(int64_t)b * S + j]);
 }
 
-static __device__ __forceinline__ float dot_row(const float *a, const float *b, int hd) {
-    float s = 0.0f;
-    for (int d = 0; d < hd; d++) s += a[d] * b[d];
-    return s;
-}
-
-// Loads `rows` rows of hd bf16 (row r from src + r·stride, zeros past `valid`) into dst as fp32
-// with row pitch `pitch`, all threads of the block: 8 elements (16 bytes) per load when every
-// row start is 16-byte aligned (the condition is uniform over the block), else one by one.
-static __device__ void load_rows(float *dst, int pitch, const bf16 *src, int64_t stride, int rows, int valid, int hd) {
-    if (hd % 8 == 0 && stride % 8 == 0 && (uintptr_t)src % 16 == 0) {
-        const int cpr = hd / 8;  // chunks per row
-        for (int idx = threadIdx.x; idx < rows * cpr; idx += blockDim.x) {
-            int r = idx / cpr, d = (idx % cpr) * 8;
-            float f[8];
-            load8<true>(f, src + r * stride + d, r < valid ? 8 : 0);  // n = 0: zeros, no read
-#pragma unroll
-            for (int i = 0; i < 8; i++) dst[r * pitch + d + i] = f[i];
+// One warp: C[16, 16·nt] (pitch ldc, fp32) = (acc ? C : 0) + A[16, kd] · B[kd, 16·nt], A row-major
+// (pitch lda); B row-major at b (element (k, n) at b[k·ldb + n]) or, BT, B = Xᵀ with X row-major
+// (element (k, n) at b[n·ldb + k]). kd is a multiple of 16. The other lanes read C only after a
+// __syncwarp (the store is warp-synchronous, its writes are not ordered before their reads).
+template <bool BT>
+static __device__ void warp_gemm(float *c, int ldc, int nt, const bf16 *a, int lda, const bf16 *b, int ldb, int kd,
+                                 bool acc) {
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, typename std::conditional<BT, wmma::col_major, wmma::row_major>::type> fb_t;
+    att_fa fa;
+    fb_t fb;
+    att_fc fc;
+    for (int n = 0; n < nt; n++) {
+        if (acc) wmma::load_matrix_sync(fc, c + 16 * n, (unsigned)ldc, wmma::mem_row_major);
+        else wmma::fill_fragment(fc, 0.0f);
+        for (int kk = 0; kk < kd; kk += 16) {
+            wmma::load_matrix_sync(fa, a + kk, (unsigned)lda);
+            wmma::load_matrix_sync(fb, BT ? b + (int64_t)16 * n * ldb + kk : b + (int64_t)kk * ldb + 16 * n, (unsigned)ldb);
+            wmma::mma_sync(fc, fa, fb, fc);
         }
-        return;
-    }
-    for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
-        int r = idx / hd, d = idx % hd;
-        dst[r * pitch + d] = r < valid ? bf(src[r * stride + d]) : 0.0f;
+        wmma::store_matrix_sync(c + 16 * n, fc, (unsigned)ldc, wmma::mem_row_major);
     }
 }
 
-// grid (ceil(S/8), nh, B): q [T, nh, hd], k, v [T, nkv, hd] bf16 → out [T, nh, hd] bf16, lse [T, nh] f32
-template <int ND>
+// rows × hdp bf16 into dst (pitch ld) from src (row r at src + r·stride), zeros past `valid` rows
+// and past hd columns; all threads of the block; 16-byte copies when aligned (uniform condition).
+static __device__ void att_load(bf16 *dst, int ld, const bf16 *src, int64_t stride, int rows, int valid, int hd,
+                                int hdp) {
+    const bool vec = hd % 8 == 0 && stride % 8 == 0 && (uintptr_t)src % 16 == 0;
+    const int cpr = hdp / 8;
+    for (int idx = threadIdx.x; idx < rows * cpr; idx += blockDim.x) {
+        const int r = idx / cpr, d = (idx % cpr) * 8;
+        bf16 *o = dst + r * ld + d;
+        if (vec && r < valid && d + 8 <= hd) {
+            *(uint4 *)o = *(const uint4 *)(src + r * stride + d);
+            continue;
+        }
+        for (int e = 0; e < 8; e++) o[e] = r < valid && d + e < hd ? src[r * stride + d + e] : rn(0.0f);
+    }
+}
+
+static __host__ __device__ __forceinline__ int att_hdp(int hd) { return (hd + 15) & ~15; }
+static __host__ __device__ __forceinline__ int att_warps(int hd) { return att_hdp(hd) > 128 ? 2 : 4; }
+
+// Forward: grid (ceil(S / 16·nw), nh, B), 32·nw threads. Online softmax per row in fp32 (m, l held
+// by both lanes of the row); O accumulates in shared memory, rescaled by the lanes per key tile.
 static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                 const uint8_t *mask, int S, int nh, int nkv, int hd, int window,
                                                 float scale) {
-    extern __shared__ float smem[];
-    float *Qs = smem, *Ks = Qs + ATT_ROWS * hd, *Vs = Ks + ATT_TILE * (hd + 1);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * ATT_ROWS, i = i0 + warp;
-    const int kvh = h / (nh / nkv);
-    const int64_t row = ((int64_t)b * S + i) * nh + h;  // valid only when i < S
-    load_rows(Qs, hd, q + (((int64_t)b * S + i0) * nh + h) * hd, (int64_t)nh * hd, ATT_ROWS, MT_MIN(ATT_ROWS, S - i0), hd);
+    extern __shared__ __align__(128) unsigned char att_sm[];
+    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
+    bf16 *Qs = (bf16 *)att_sm, *Ks = Qs + nw * 16 * ldh, *Vs = Ks + ATT_BK * ldh;
+    float *Fs = (float *)(Vs + ATT_BK * ldh), *Sw = Fs + warp * 16 * (ATT_LDF + ldo), *Ow = Sw + 16 * ATT_LDF;
+    bf16 *Pw = (bf16 *)(Fs + nw * 16 * (ATT_LDF + ldo)) + warp * 16 * ATT_LDP;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * nw * 16, wi0 = i0 + warp * 16, i = wi0 + r;
+    const int kvh = h / (nh / nkv), d0 = half * hdp / 2, d1 = d0 + hdp / 2;
+    att_load(Qs, ldh, q + (((int64_t)b * S + i0) * nh + h) * hd, (int64_t)nh * hd, nw * 16, MT_MIN(nw * 16, S - i0),
+             hd, hdp);
+    for (int d = d0; d < d1; d++) Ow[r * ldo + d] = 0.0f;
 
-    float m = -INFINITY, l = 0.0f, acc[ND];
-#pragma unroll
-    for (int u = 0; u < ND; u++) acc[u] = 0.0f;
-    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + ATT_ROWS, S) - 1;
-    for (int j0 = kstart; j0 <= kend; j0 += ATT_TILE) {
+    float m = -INFINITY, l = 0.0f;
+    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + nw * 16, S) - 1;
+    for (int j0 = kstart; j0 <= kend; j0 += ATT_BK) {  // key tiles past the block's last query: skipped
         const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
-        __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
-        load_rows(Ks, hd + 1, k + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
-        load_rows(Vs, hd, v + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        __syncthreads();  // the previous tile is consumed (and Qs, Ow written, the first time)
+        att_load(Ks, ldh, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
+        att_load(Vs, ldh, v + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
         __syncthreads();
-        const int j = j0 + lane, vis = att_visible(mask, b, S, i, j, window);
-        float sc = vis ? dot_row(Qs + warp * hd, Ks + lane * (hd + 1), hd) * scale : -INFINITY;
-        float m_new = fmaxf(m, mt_warp_max(sc));
-        if (m_new == -INFINITY) continue;  // nothing visible yet (uniform over the warp)
-        float p = vis ? expf(sc - m_new) : 0.0f, corr = expf(m - m_new);  // exp(-inf) = 0
-        l = l * corr + mt_warp_sum(p);
-#pragma unroll
-        for (int u = 0; u < ND; u++) acc[u] *= corr;
-        for (int jj = 0; jj < ATT_TILE; jj++) {
-            float pj = __shfl_sync(0xffffffffu, p, jj);
-            if (pj == 0.0f) continue;  // uniform: pj is the same in every lane
-            const float *vr = Vs + jj * hd;
-#pragma unroll
-            for (int u = 0; u < ND; u++) {
-                int d = lane + 32 * u;
-                if (d < hd) acc[u] += pj * vr[d];
-            }
+        if (wi0 >= S || j0 > wi0 + 15 || (window > 0 && j0 + ATT_BK - 1 <= wi0 - window)) continue;  // all masked
+        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldh, ldh, Ks, ldh, hdp, false);  // S = Q Kᵀ
+        __syncwarp();
+        float s[16], mx = -INFINITY;
+        for (int c = 0; c < 16; c++) {
+            const int col = half * 16 + c;
+            s[c] = att_visible(mask, b, S, i, j0 + col, window) ? Sw[r * ATT_LDF + col] * scale : -INFINITY;
+            mx = fmaxf(mx, s[c]);
         }
+        const float m_new = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
+        const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);  // exp(-inf) = 0
+        float sum = 0.0f;
+        for (int c = 0; c < 16; c++) {
+            const float p = s[c] == -INFINITY ? 0.0f : expf(s[c] - m_new);
+            Pw[r * ATT_LDP + half * 16 + c] = rn(p);
+            sum += p;
+        }
+        l = l * corr + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
         m = m_new;
+        for (int d = d0; d < d1; d++) Ow[r * ldo + d] *= corr;
+        __syncwarp();
+        warp_gemm<false>(Ow, ldo, hdp / 16, Pw, ATT_LDP, Vs, ldh, ATT_BK, true);  // O += P V
     }
+    __syncwarp();
     if (i >= S) return;
-    float inv = m == -INFINITY ? 0.0f : 1.0f / l;  // no visible key: out 0, lse -inf
-#pragma unroll
-    for (int u = 0; u < ND; u++) {
-        int d = lane + 32 * u;
-        if (d < hd) out[row * hd + d] = rn(acc[u] * inv);
-    }
-    if (lane == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
+    const int64_t row = ((int64_t)b * S + i) * nh + h;
+    const float inv = m == -INFINITY ? 0.0f : 1.0f / l;  // no visible key: out 0, lse -inf
+    for (int d = d0; d < MT_MIN(d1, hd); d++) out[row * hd + d] = rn(Ow[r * ldo + d] * inv);
+    if (half == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
 }
 
 // D [T·nh] f32 = Σ_d dout · out (both bf16); one warp per row.
@@ -462,127 +497,121 @@ static __global__ void attention_d_kernel(float *D, const bf16 *dout, const bf16
     if (lane == 0) D[r] = s;
 }
 
-// dq: grid (ceil(S/8), nh, B), a warp per query; dS_ij = P_ij (dO_i·v_j − D_i), dq_i += scale Σ_j dS_ij k_j.
-template <int ND>
+// dq: grid as the forward. P_ij = exp(scale q_i·k_j − lse_i), dS_ij = P_ij (dO_i·v_j − D_i) scale,
+// dq_i += Σ_j dS_ij k_j (dS rounded to bf16 for the tensor cores).
 static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                            const float *lse, const float *D, const uint8_t *mask, int S, int nh,
                                            int nkv, int hd, int window, float scale) {
-    extern __shared__ float smem[];
-    float *Qs = smem, *Gs = Qs + ATT_ROWS * hd, *Ks = Gs + ATT_ROWS * hd, *Vs = Ks + ATT_TILE * (hd + 1);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * ATT_ROWS, i = i0 + warp;
-    const int kvh = h / (nh / nkv);
-    const int64_t row = ((int64_t)b * S + i) * nh + h;
-    const int64_t q0 = ((int64_t)b * S + i0) * nh + h;
-    const int nq = MT_MIN(ATT_ROWS, S - i0);
-    load_rows(Qs, hd, q + q0 * hd, (int64_t)nh * hd, ATT_ROWS, nq, hd);
-    load_rows(Gs, hd, dout + q0 * hd, (int64_t)nh * hd, ATT_ROWS, nq, hd);
+    extern __shared__ __align__(128) unsigned char att_sm[];
+    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
+    bf16 *Qs = (bf16 *)att_sm, *Gs = Qs + nw * 16 * ldh, *Ks = Gs + nw * 16 * ldh, *Vs = Ks + ATT_BK * ldh;
+    float *Fs = (float *)(Vs + ATT_BK * ldh), *Sw = Fs + warp * 16 * (2 * ATT_LDF + ldo), *Dw = Sw + 16 * ATT_LDF;
+    float *Aw = Dw + 16 * ATT_LDF;
+    bf16 *Pw = (bf16 *)(Fs + nw * 16 * (2 * ATT_LDF + ldo)) + warp * 16 * ATT_LDP;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * nw * 16, wi0 = i0 + warp * 16, i = wi0 + r;
+    const int kvh = h / (nh / nkv), d0 = half * hdp / 2, d1 = d0 + hdp / 2;
+    const int64_t q0 = ((int64_t)b * S + i0) * nh + h, row = ((int64_t)b * S + i) * nh + h;
+    const int nq = MT_MIN(nw * 16, S - i0);
+    att_load(Qs, ldh, q + q0 * hd, (int64_t)nh * hd, nw * 16, nq, hd, hdp);
+    att_load(Gs, ldh, dout + q0 * hd, (int64_t)nh * hd, nw * 16, nq, hd, hdp);
+    for (int d = d0; d < d1; d++) Aw[r * ldo + d] = 0.0f;
     const float lse_i = i < S ? lse[row] : -INFINITY, D_i = i < S ? D[row] : 0.0f;
 
-    float acc[ND];
-#pragma unroll
-    for (int u = 0; u < ND; u++) acc[u] = 0.0f;
-    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + ATT_ROWS, S) - 1;
-    for (int j0 = kstart; j0 <= kend; j0 += ATT_TILE) {
+    const int kstart = window > 0 ? MT_MAX(0, i0 - window + 1) : 0, kend = MT_MIN(i0 + nw * 16, S) - 1;
+    for (int j0 = kstart; j0 <= kend; j0 += ATT_BK) {
         const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
         __syncthreads();
-        load_rows(Ks, hd + 1, k + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
-        load_rows(Vs, hd + 1, v + kv0 * hd, (int64_t)nkv * hd, ATT_TILE, MT_MIN(ATT_TILE, S - j0), hd);
+        att_load(Ks, ldh, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
+        att_load(Vs, ldh, v + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
         __syncthreads();
-        const int j = j0 + lane;
-        float ds = 0.0f;
-        if (lse_i != -INFINITY && att_visible(mask, b, S, i, j, window)) {  // no visible key: zero gradient
-            float p = expf(dot_row(Qs + warp * hd, Ks + lane * (hd + 1), hd) * scale - lse_i);
-            ds = p * (dot_row(Gs + warp * hd, Vs + lane * (hd + 1), hd) - D_i) * scale;
-        }
-        for (int jj = 0; jj < ATT_TILE; jj++) {
-            float dj = __shfl_sync(0xffffffffu, ds, jj);
-            if (dj == 0.0f) continue;
-            const float *kr = Ks + jj * (hd + 1);
-#pragma unroll
-            for (int u = 0; u < ND; u++) {
-                int d = lane + 32 * u;
-                if (d < hd) acc[u] += dj * kr[d];
+        if (wi0 >= S || j0 > wi0 + 15 || (window > 0 && j0 + ATT_BK - 1 <= wi0 - window)) continue;
+        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldh, ldh, Ks, ldh, hdp, false);  // Q Kᵀ
+        warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Gs + warp * 16 * ldh, ldh, Vs, ldh, hdp, false);  // dO Vᵀ
+        __syncwarp();
+        for (int c = 0; c < 16; c++) {
+            const int col = half * 16 + c;
+            float ds = 0.0f;
+            if (lse_i != -INFINITY && att_visible(mask, b, S, i, j0 + col, window)) {  // no visible key: zero
+                const float p = expf(Sw[r * ATT_LDF + col] * scale - lse_i);
+                ds = p * (Dw[r * ATT_LDF + col] - D_i) * scale;
             }
+            Pw[r * ATT_LDP + col] = rn(ds);
         }
+        __syncwarp();
+        warp_gemm<false>(Aw, ldo, hdp / 16, Pw, ATT_LDP, Ks, ldh, ATT_BK, true);  // dQ += dS K
     }
+    __syncwarp();
     if (i >= S) return;
-#pragma unroll
-    for (int u = 0; u < ND; u++) {
-        int d = lane + 32 * u;
-        if (d < hd) dq[row * hd + d] = rn(bf(dq[row * hd + d]) + acc[u]);
-    }
+    for (int d = d0; d < MT_MIN(d1, hd); d++) dq[row * hd + d] = rn(bf(dq[row * hd + d]) + Aw[r * ldo + d]);
 }
 
-// dk, dv: grid (ceil(S/8), nkv, B), a warp per key j, lanes over the 32 queries of a tile, for
-// every query head of the kv head's group: dv_j += Σ P_ij dO_i, dk_j += scale Σ dS_ij q_i.
-template <int ND>
+// dk, dv: grid (ceil(S / 16·nw), nkv, B); a warp owns 16 keys, over tiles of 32 queries of every
+// query head of the kv head's group: dv_j += Σ_i P_ij dO_i, dk_j += Σ_i dS_ij q_i (Pᵀ and dSᵀ
+// computed directly as K Qᵀ and V dOᵀ, rounded to bf16 for the tensor cores).
 static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                             const bf16 *v, const float *lse, const float *D, const uint8_t *mask,
                                             int S, int nh, int nkv, int hd, int window, float scale) {
-    extern __shared__ float smem[];
-    float *Qs = smem, *Gs = Qs + ATT_TILE * (hd + 1), *Kj = Gs + ATT_TILE * (hd + 1), *Vj = Kj + ATT_ROWS * hd;
-    float *Ls = Vj + ATT_ROWS * hd, *Ds = Ls + ATT_TILE;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int b = blockIdx.z, kvh = blockIdx.y, j0 = blockIdx.x * ATT_ROWS, j = j0 + warp;
-    const int group = nh / nkv;
-    const int64_t krow = ((int64_t)b * S + j) * nkv + kvh, k0 = ((int64_t)b * S + j0) * nkv + kvh;
-    const int nk = MT_MIN(ATT_ROWS, S - j0);
-    load_rows(Kj, hd, k + k0 * hd, (int64_t)nkv * hd, ATT_ROWS, nk, hd);
-    load_rows(Vj, hd, v + k0 * hd, (int64_t)nkv * hd, ATT_ROWS, nk, hd);
-    const int live = j < S && (!mask || mask[(int64_t)b * S + j]);  // a masked key is seen by no one
+    extern __shared__ __align__(128) unsigned char att_sm[];
+    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
+    bf16 *Ks = (bf16 *)att_sm, *Vs = Ks + nw * 16 * ldh, *Qs = Vs + nw * 16 * ldh, *Gs = Qs + ATT_BK * ldh;
+    float *Ls = (float *)(Gs + ATT_BK * ldh), *Ds = Ls + ATT_BK, *Fs = Ds + ATT_BK;
+    float *Sw = Fs + warp * 16 * (2 * ATT_LDF + 2 * ldo), *Dw = Sw + 16 * ATT_LDF, *Kw = Dw + 16 * ATT_LDF;
+    float *Vw = Kw + 16 * ldo;
+    bf16 *Pw = (bf16 *)(Fs + nw * 16 * (2 * ATT_LDF + 2 * ldo)) + warp * 32 * ATT_LDP, *Ew = Pw + 16 * ATT_LDP;
+    const int b = blockIdx.z, kvh = blockIdx.y, j0 = blockIdx.x * nw * 16, wj0 = j0 + warp * 16, j = wj0 + r;
+    const int group = nh / nkv, d0 = half * hdp / 2, d1 = d0 + hdp / 2;
+    const int64_t k0 = ((int64_t)b * S + j0) * nkv + kvh;
+    att_load(Ks, ldh, k + k0 * hd, (int64_t)nkv * hd, nw * 16, MT_MIN(nw * 16, S - j0), hd, hdp);
+    att_load(Vs, ldh, v + k0 * hd, (int64_t)nkv * hd, nw * 16, MT_MIN(nw * 16, S - j0), hd, hdp);
+    for (int d = d0; d < d1; d++) Kw[r * ldo + d] = Vw[r * ldo + d] = 0.0f;
 
-    float acck[ND], accv[ND];
-#pragma unroll
-    for (int u = 0; u < ND; u++) acck[u] = accv[u] = 0.0f;
-    const int last = window > 0 ? MT_MIN(S - 1, j0 + ATT_ROWS - 1 + window - 1) : S - 1;
+    const int last = window > 0 ? MT_MIN(S - 1, j0 + nw * 16 - 1 + window - 1) : S - 1;  // later queries: masked
     for (int h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int i0 = j0; i0 <= last; i0 += ATT_TILE) {
+        for (int i0 = j0; i0 <= last; i0 += ATT_BK) {
             const int64_t q0 = ((int64_t)b * S + i0) * nh + h;
-            const int nq = MT_MIN(ATT_TILE, S - i0);
+            const int nq = MT_MIN(ATT_BK, S - i0);
             __syncthreads();
-            load_rows(Qs, hd + 1, q + q0 * hd, (int64_t)nh * hd, ATT_TILE, nq, hd);
-            load_rows(Gs, hd + 1, dout + q0 * hd, (int64_t)nh * hd, ATT_TILE, nq, hd);
-            if (threadIdx.x < ATT_TILE) {
-                int t = threadIdx.x;
+            att_load(Qs, ldh, q + q0 * hd, (int64_t)nh * hd, ATT_BK, nq, hd, hdp);
+            att_load(Gs, ldh, dout + q0 * hd, (int64_t)nh * hd, ATT_BK, nq, hd, hdp);
+            if (threadIdx.x < ATT_BK) {
+                const int t = threadIdx.x;
                 Ls[t] = t < nq ? lse[q0 + (int64_t)t * nh] : -INFINITY;
                 Ds[t] = t < nq ? D[q0 + (int64_t)t * nh] : 0.0f;
             }
             __syncthreads();
-            const int i = i0 + lane;
-            float p = 0.0f, ds = 0.0f;
-            if (live && Ls[lane] != -INFINITY && att_visible(mask, b, S, i, j, window)) {
-                p = expf(dot_row(Qs + lane * (hd + 1), Kj + warp * hd, hd) * scale - Ls[lane]);
-                ds = p * (dot_row(Gs + lane * (hd + 1), Vj + warp * hd, hd) - Ds[lane]) * scale;
-            }
-            for (int ii = 0; ii < ATT_TILE; ii++) {
-                float pi = __shfl_sync(0xffffffffu, p, ii), di = __shfl_sync(0xffffffffu, ds, ii);
-                if (pi == 0.0f && di == 0.0f) continue;
-                const float *qr = Qs + ii * (hd + 1), *gr = Gs + ii * (hd + 1);
-#pragma unroll
-                for (int u = 0; u < ND; u++) {
-                    int d = lane + 32 * u;
-                    if (d < hd) {
-                        accv[u] += pi * gr[d];
-                        acck[u] += di * qr[d];
-                    }
+            if (wj0 >= S || i0 + ATT_BK - 1 < wj0 || (window > 0 && i0 - (wj0 + 15) >= window)) continue;
+            warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Ks + warp * 16 * ldh, ldh, Qs, ldh, hdp, false);  // K Qᵀ
+            warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Vs + warp * 16 * ldh, ldh, Gs, ldh, hdp, false);  // V dOᵀ
+            __syncwarp();
+            for (int c = 0; c < 16; c++) {
+                const int col = half * 16 + c;
+                float p = 0.0f, ds = 0.0f;
+                if (Ls[col] != -INFINITY && att_visible(mask, b, S, i0 + col, j, window)) {
+                    p = expf(Sw[r * ATT_LDF + col] * scale - Ls[col]);
+                    ds = p * (Dw[r * ATT_LDF + col] - Ds[col]) * scale;
                 }
+                Pw[r * ATT_LDP + col] = rn(p);
+                Ew[r * ATT_LDP + col] = rn(ds);
             }
+            __syncwarp();
+            warp_gemm<false>(Vw, ldo, hdp / 16, Pw, ATT_LDP, Gs, ldh, ATT_BK, true);  // dV += Pᵀ dO
+            warp_gemm<false>(Kw, ldo, hdp / 16, Ew, ATT_LDP, Qs, ldh, ATT_BK, true);  // dK += dSᵀ Q
         }
-    if (!live) return;
-#pragma unroll
-    for (int u = 0; u < ND; u++) {
-        int d = lane + 32 * u;
-        if (d >= hd) continue;
-        if (dv) dv[krow * hd + d] = rn(bf(dv[krow * hd + d]) + accv[u]);
-        if (dk) dk[krow * hd + d] = rn(bf(dk[krow * hd + d]) + acck[u]);
+    __syncwarp();
+    if (j >= S || (mask && !mask[(int64_t)b * S + j])) return;  // a masked key is seen by no one
+    const int64_t krow = ((int64_t)b * S + j) * nkv + kvh;
+    for (int d = d0; d < MT_MIN(d1, hd); d++) {
+        if (dv) dv[krow * hd + d] = rn(bf(dv[krow * hd + d]) + Vw[r * ldo + d]);
+        if (dk) dk[krow * hd + d] = rn(bf(dk[krow * hd + d]) + Kw[r * ldo + d]);
     }
 }
 
 static void att_check(int nh, int nkv, int hd) {
-    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd > 32 * ATT_MAX_ND)
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd > ATT_MAX_HD)
         mt_fatal(MT_EXIT_ERROR, "attention_cuda: nh=%d must be a multiple of nkv=%d, 0 < hd=%d <= %d", nh, nkv, hd,
-                 32 * ATT_MAX_ND);
+                 ATT_MAX_HD);
 }
 
 // Dynamic shared memory beyond the default 48 KiB must be asked for per kernel.
@@ -591,62 +620,21 @@ template <typename K> static void att_smem(K kernel, size_t bytes) {
         MT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-template <int ND>
-static void att_forward(cudaStream_t s, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                        const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
-    size_t smem = (size_t)(ATT_ROWS * hd + ATT_TILE * (hd + 1) + ATT_TILE * hd) * sizeof(float);
-    att_smem(attention_forward_kernel<ND>, smem);
-    dim3 grid((unsigned)((S + ATT_ROWS - 1) / ATT_ROWS), (unsigned)nh, (unsigned)B);
-    attention_forward_kernel<ND><<<grid, 32 * ATT_ROWS, smem, s>>>(out, lse, q, k, v, mask, S, nh, nkv, hd, window,
-                                                                   1.0f / sqrtf((float)hd));
-    MT_CHECK_LAUNCH();
-}
-
-template <int ND>
-static void att_backward(cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                         const bf16 *k, const bf16 *v, const float *lse, const float *D, const uint8_t *mask, int B,
-                         int S, int nh, int nkv, int hd, int window) {
-    const float scale = 1.0f / sqrtf((float)hd);
-    const unsigned tiles = (unsigned)((S + ATT_ROWS - 1) / ATT_ROWS);
-    if (dq) {
-        size_t smem = (size_t)(2 * ATT_ROWS * hd + 2 * ATT_TILE * (hd + 1)) * sizeof(float);
-        att_smem(attention_dq_kernel<ND>, smem);
-        attention_dq_kernel<ND><<<dim3(tiles, (unsigned)nh, (unsigned)B), 32 * ATT_ROWS, smem, s>>>(
-            dq, dout, q, k, v, lse, D, mask, S, nh, nkv, hd, window, scale);
-        MT_CHECK_LAUNCH();
-    }
-    if (dk || dv) {
-        size_t smem = (size_t)(2 * ATT_TILE * (hd + 1) + 2 * ATT_ROWS * hd + 2 * ATT_TILE) * sizeof(float);
-        att_smem(attention_dkv_kernel<ND>, smem);
-        attention_dkv_kernel<ND><<<dim3(tiles, (unsigned)nkv, (unsigned)B), 32 * ATT_ROWS, smem, s>>>(
-            dk, dv, dout, q, k, v, lse, D, mask, S, nh, nkv, hd, window, scale);
-        MT_CHECK_LAUNCH();
-    }
-}
-
-#define ATT_DISPATCH(nd, call)                                                                        \
-    switch (nd) {                                                                                     \
-    case 1: call(1); break;                                                                           \
-    case 2: call(2); break;                                                                           \
-    case 3: call(3); break;                                                                           \
-    case 4: call(4); break;                                                                           \
-    case 5: call(5); break;                                                                           \
-    case 6: call(6); break;                                                                           \
-    case 7: call(7); break;                                                                           \
-    default: call(8); break;                                                                          \
-    }
-
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
                                        const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S,
                                        int nh, int nkv, int hd, int window) {
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    bf16 *out = (bf16 *)out_;
-    const bf16 *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
-#define FWD(N) att_forward<N>(s, out, lse, q, k, v, key_mask, B, S, nh, nkv, hd, window)
-    ATT_DISPATCH((hd + 31) / 32, FWD)
-#undef FWD
+    const int nw = att_warps(hd), ldh = att_hdp(hd) + 8, ldo = att_hdp(hd) + 4;
+    const size_t smem = (size_t)2 * (nw * 16 + 2 * ATT_BK) * ldh + (size_t)4 * nw * 16 * (ATT_LDF + ldo) +
+                        (size_t)2 * nw * 16 * ATT_LDP;
+    att_smem(attention_forward_kernel, smem);
+    dim3 grid((unsigned)((S + nw * 16 - 1) / (nw * 16)), (unsigned)nh, (unsigned)B);
+    attention_forward_kernel<<<grid, 32 * nw, smem, s>>>((bf16 *)out_, lse, (const bf16 *)q_, (const bf16 *)k_,
+                                                         (const bf16 *)v_, key_mask, S, nh, nkv, hd, window,
+                                                         1.0f / sqrtf((float)hd));
+    MT_CHECK_LAUNCH();
 }
 
 extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *dk_, mt_bf16 *dv_,
@@ -658,19 +646,34 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
     cudaStream_t s = mt_cuda_begin(be);
     bf16 *dq = (bf16 *)dq_, *dk = (bf16 *)dk_, *dv = (bf16 *)dv_;
     const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
-    const bf16 *out = (const bf16 *)out_;
     const int64_t rows = (int64_t)B * S * nh;
-    size_t dbytes = (size_t)rows * sizeof(float);
+    const size_t dbytes = (size_t)rows * sizeof(float);
     float *D = (float *)mt_work_alloc(be, dbytes);
-    attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, out, rows, hd);
+    attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, (const bf16 *)out_,
+                                                                                          rows, hd);
     MT_CHECK_LAUNCH();
-#define BWD(N) att_backward<N>(s, dq, dk, dv, dout, q, k, v, lse, D, key_mask, B, S, nh, nkv, hd, window)
-    ATT_DISPATCH((hd + 31) / 32, BWD)
-#undef BWD
+    const int nw = att_warps(hd), ldh = att_hdp(hd) + 8, ldo = att_hdp(hd) + 4;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const unsigned tiles = (unsigned)((S + nw * 16 - 1) / (nw * 16));
+    if (dq) {
+        const size_t smem = (size_t)2 * (2 * nw * 16 + 2 * ATT_BK) * ldh +
+                            (size_t)4 * nw * 16 * (2 * ATT_LDF + ldo) + (size_t)2 * nw * 16 * ATT_LDP;
+        att_smem(attention_dq_kernel, smem);
+        attention_dq_kernel<<<dim3(tiles, (unsigned)nh, (unsigned)B), 32 * nw, smem, s>>>(
+            dq, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, window, scale);
+        MT_CHECK_LAUNCH();
+    }
+    if (dk || dv) {
+        const size_t smem = (size_t)2 * (2 * nw * 16 + 2 * ATT_BK) * ldh + (size_t)4 * 2 * ATT_BK +
+                            (size_t)4 * nw * 16 * (2 * ATT_LDF + 2 * ldo) + (size_t)2 * nw * 32 * ATT_LDP;
+        att_smem(attention_dkv_kernel, smem);
+        attention_dkv_kernel<<<dim3(tiles, (unsigned)nkv, (unsigned)B), 32 * nw, smem, s>>>(
+            dk, dv, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, window, scale);
+        MT_CHECK_LAUNCH();
+    }
     mt_work_free(be, D, dbytes);
 }
 
-// ---------------------------------------------------------------------------------------------
 // Cross-entropy
 
 struct ce_result {

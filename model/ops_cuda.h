@@ -57,11 +57,11 @@ void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, const mt_bf
 void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
 void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
 
-// Fused (flash-style, scalar fp32): one block per (sequence, head, tile of queries), online
-// softmax in fp32; lse [T, nh] f32 as the CPU writes it. q, k, v, out and the gradients bf16;
-// the shared-memory tiles fp32. Backward recomputes the probabilities from lse, one pass for dq
-// (over query tiles) and one for dk, dv (over key tiles), so each output row has one writer.
-// hd ≤ 256.
+// Fused (flash-style, on tensor cores: WMMA bf16 GEMMs with fp32 accumulation): one block per
+// (sequence, head, tile of queries), online softmax in fp32; lse [T, nh] f32 as the CPU writes
+// it. q, k, v, out and the gradients bf16, as are the shared-memory tiles and P, dS before their
+// GEMMs. Backward recomputes the probabilities from lse, one pass for dq (over query tiles) and
+// one for dk, dv (over key tiles), so each output row has one writer. hd ≤ 256.
 void attention_forward_cuda(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
                             const mt_bf16 *v, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
                             int window);

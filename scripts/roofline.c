@@ -34,23 +34,28 @@
 //     expert (s = 4096, top-2 of 8) it gives 0.71, at M = 64 half the large-M rate.
 //   Memory-bound kernels 0.80 of 3.35 TB/s: DESIGN.md expects ~3 TB/s (0.9) for plain copies;
 //     gathers, reductions and small kernels reach less. Assumed.
-//   Attention 0.25 of the fp32 CUDA-core peak: today's kernel (model/ops_cuda.cu) is a scalar
-//     fp32 flash kernel, a warp per query row, no tensor cores; issue 13 replaces it. No H100
-//     measurement of it exists: assumed, and the largest single uncertainty in this table.
+//   Attention on tensor cores (model/ops_cuda.cu: WMMA 16×16×16 bf16, fp32 accumulate, flash-
+//     style) 0.30 of the bf16 peak forward and 0.20 backward. Source: the FlashAttention-3 paper
+//     (Shah et al., 2024) puts FlashAttention-2, an mma.sync kernel of the same design, at about
+//     35% utilisation of an H100 and FA3 (wgmma, TMA, warp specialisation) at up to 75%; ours is
+//     simpler than FA2 (WMMA, the O/dQ/dK/dV accumulators through shared memory, a separate dq
+//     pass), hence below it, and backward kernels reach less than forward ones (FA2's own paper).
+//     Assumed: no H100 measurement of these kernels exists yet (scripts/gpu_check.sh is to take it).
 #define EFF_GEMM 0.75
 #define EFF_MEM 0.80
-#define EFF_ATTN 0.25
+#define EFF_ATTN_FWD 0.30
+#define EFF_ATTN_BWD 0.20
 #define GEMM_HALF_M 64.0
 
 static double op_eff(const step_op *o) {
     switch (o->cls) {
     case STEP_GEMM: return EFF_GEMM * o->m / (o->m + GEMM_HALF_M);
-    case STEP_ATTN_FP32: return EFF_ATTN;
+    case STEP_ATTN: return o->phase == 'B' ? EFF_ATTN_BWD : EFF_ATTN_FWD;
     default: return EFF_MEM;
     }
 }
 
-static double op_peak(const step_op *o) { return o->cls == STEP_ATTN_FP32 ? PEAK_FP32 : PEAK_BF16; }
+static double op_peak(const step_op *o) { return o->cls == STEP_MEM ? PEAK_FP32 : PEAK_BF16; }  // MEM: unused
 
 // Seconds, and whether compute (1) or memory (0) bounds it.
 static double op_time(const step_op *o, int *compute_bound) {
@@ -153,8 +158,9 @@ int main(int argc, char **argv) {
            PEAK_BF16 / HBM_BW, PEAK_FP32 / HBM_BW);
     printf("efficiencies (see scripts/roofline.c for sources; 'assumed' = no measurement yet): GEMM %.2f x M/(M+%.0f) "
            "(assumed, from DESIGN.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, DESIGN.md ~3 TB/s), attention "
-           "%.2f of fp32 peak (assumed: today's scalar fp32 flash kernel, issue 13 replaces it)\n",
-           EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN);
+           "(WMMA tensor cores) %.2f forward, %.2f backward of the bf16 peak (assumed, below FA2's ~35%% on an H100 as "
+           "the FA3 paper reports)\n",
+           EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN_FWD, EFF_ATTN_BWD);
     printf("dequant: q,k,v,o at every use (forward, recompute, backward); an expert's w1||w3 and w2 in the forward and "
            "once more for its recompute and backward together (model/experts.c); "
            "bytes per Mixtral expert (w1||w3 + w2) = %.1f MB (mt_qweight_dequant_bytes_of)\n",
@@ -180,7 +186,7 @@ int main(int argc, char **argv) {
         step_build(&x, &ops);
         double att = 0;
         for (int j = 0; j < ops.n; j++)
-            if (ops.op[j].cls == STEP_ATTN_FP32) {
+            if (ops.op[j].cls == STEP_ATTN) {
                 int cb;
                 att += op_time(&ops.op[j], &cb);
             }

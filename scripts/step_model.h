@@ -13,8 +13,10 @@
 //     the recompute or for LoRA's own FLOPs.
 //   * Hardware FLOPs (HFU) = every FLOP the step executes as counted per op below: forward,
 //     the recompute forward (--checkpointing full), backward dx, LoRA's 2 + 2 + 4 small GEMMs,
-//     attention as today's kernels run it (forward 2, recompute 2, backward 7 units of S·d_attn
-//     per token: the dq kernel recomputes QKᵀ and dO·Vᵀ, the dk/dv kernel both again), one FLOP
+//     attention as today's tensor-core kernels run it (forward 2, recompute 2, backward 7 units
+//     of S·d_attn per token: the dq kernel recomputes QKᵀ and dO·Vᵀ and runs dS·K, the dk/dv
+//     kernel recomputes both again and runs Pᵀ·dO and dSᵀ·Q; the diagonal tiles' masked half,
+//     ~64/S of the work, is not counted), one FLOP
 //     per element for each dequantization (the scale multiply), and the elementwise ops' few.
 // Bytes are what each op reads and writes in device memory, every operand once per kernel
 // (accumulating outputs read and written); L2 reuse inside a kernel (flash attention's K/V
@@ -28,7 +30,7 @@
 #include "model/spec.h"
 #include "quant/qweight.h"
 
-typedef enum { STEP_GEMM, STEP_ATTN_FP32, STEP_MEM } step_class;
+typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM } step_class;  // STEP_ATTN: the WMMA flash kernels
 
 typedef struct {
     char name[48];
@@ -150,12 +152,14 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (R) step_add(s, "rope (q, k)", 'R', L, rope_f * L, rope_b * L, T, STEP_MEM);
     step_add(s, "rope (q, k)", 'B', L, rope_f * L, rope_b * L, T, STEP_MEM);
 
-    // Attention (causal): forward 2·T·S·d_attn; backward as today's two kernels, 7 units.
+    // Attention (causal, model/ops_cuda.cu's WMMA kernels): forward 2·T·S·d_attn; backward as its
+    // two kernels, 7 units. Bytes: q, k, v, out once each (K/V re-reads per query block are L2
+    // traffic), lse; backward D, dq, dk, dv read and written.
     double at_fb = bf * (2 * T * dq + 2 * T * dkv) + f32 * T * H;
     double at_bb = bf * (3 * T * dq + 2 * T * dkv + T * dq + 2 * T * dkv) + f32 * 2 * T * H;
-    step_add(s, "attention fwd (fp32 scalar)", 'F', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN_FP32);
-    if (R) step_add(s, "attention fwd (fp32 scalar)", 'R', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN_FP32);
-    step_add(s, "attention bwd (fp32 scalar)", 'B', L, 7 * T * S * dq * L, at_bb * L, T, STEP_ATTN_FP32);
+    step_add(s, "attention fwd (wmma bf16)", 'F', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN);
+    if (R) step_add(s, "attention fwd (wmma bf16)", 'R', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN);
+    step_add(s, "attention bwd (wmma bf16)", 'B', L, 7 * T * S * dq * L, at_bb * L, T, STEP_ATTN);
 
     // Router: x·Wgᵀ to fp32 logits, softmax and top-k (folded in); backward dx = dlogits·Wg.
     double ro_f = 2 * T * h * E, ro_fb = bf * (T * h + E * h) + f32 * (2 * T * E) + (f32 + 4) * Tk;

@@ -25,6 +25,7 @@ static void check_case(const char *name, co_result (*run)(mt_backend *)) {
     be->ops->synchronize(be);
     uint64_t work = be->ledger.cur[MT_MEM_WORK], act = be->ledger.cur[MT_MEM_ACT];
     mt_backend_free(be);
+    if (getenv("CO_PRINT")) fprintf(stderr, "%s: err %.3f of tol: %s\n", name, r.err, r.what);
     if (r.skipped) cr_skip_test("%s: %s", name, r.what);
     cr_assert(r.err <= r.tol, "%s: error %.3e > tolerance %.0e; worst: %s", name, r.err, r.tol, r.what);
     cr_assert_eq(work, work0, "%s: scratch not released: work %llu bytes, %llu before", name,
@@ -49,6 +50,13 @@ OP_TEST(op_attention_hd128_padding, co_attention_hd128_padding)
 OP_TEST(op_attention_hd40_window1, co_attention_hd40_window1)
 OP_TEST(op_attention_hd128_gqa_window_masked_rows, co_attention_hd128_gqa_window)
 OP_TEST(op_attention_hd36_padding, co_attention_hd36_padding)
+OP_TEST(op_attention_gqa4_hd64_left_padding, co_attention_gqa4_hd64_left_pad)
+OP_TEST(op_attention_gqa8_hd128_s130, co_attention_gqa8_hd128)
+OP_TEST(op_attention_mqa_window40_left_padding, co_attention_mqa_window_left_pad)
+OP_TEST(op_attention_hd256_left_padding, co_attention_hd256_left_pad)
+OP_TEST(op_attention_fd_config_gqa_window, co_attention_fd_gqa_window)
+OP_TEST(op_attention_fd_config_mqa_window, co_attention_fd_mqa_window)
+OP_TEST(op_attention_fd_config_mha, co_attention_fd_mha)
 OP_TEST(op_cross_entropy, co_ce_accumulate)
 OP_TEST(op_cross_entropy_in_place, co_ce_in_place)
 OP_TEST(op_add, co_add)

@@ -90,7 +90,7 @@ template <class T> T &shared_var(const void *site) {
 }
 
 // Shuffles: every lane of the mask publishes its value, all meet, each reads its source lane.
-enum { OP_SYNCWARP = 1, OP_SHFL, OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_BALLOT, OP_ANY, OP_ALL, OP_MATCH };
+enum { OP_SYNCWARP = 1, OP_SHFL, OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_BALLOT, OP_ANY, OP_ALL, OP_MATCH, OP_WMMA };
 template <class T> T exchange(T v, unsigned mask, int op, int src, int width) {
     static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
     if (width <= 0 || width > 32 || (width & (width - 1))) fail("shuffle width %d is not a power of 2 in [1, 32]", width);

@@ -309,9 +309,10 @@ void warp_barrier(unsigned mask, int op) {
 
 static const char *op_name(int op) {
     static const char *names[] = {"?", "__syncwarp", "__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync",
-                                  "__shfl_up_sync", "__ballot_sync", "__any_sync", "__all_sync", "__match_any_sync"};
+                                  "__shfl_up_sync", "__ballot_sync", "__any_sync", "__all_sync", "__match_any_sync",
+                                  "a wmma load/store/mma_sync"};
     op %= 100;
-    return op > 0 && op < 10 ? names[op] : "?";
+    return op > 0 && op < 11 ? names[op] : "?";
 }
 
 // Releases the warp barriers whose lanes have all arrived; true when one was.

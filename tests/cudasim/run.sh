@@ -65,6 +65,15 @@ else
   bad "race detector over $race_filter"
   grep -E 'cudasim|Synthesis' "$work/race.log" | head -10 | sed 's/^/      | /'
 fi
+# The tensor-core attention kernels (warp-synchronous wmma stores, lanes reading them) on the three
+# smallest cases (S = 9: every kernel and both masks, ~45 s); CUDASIM_RACE_FILTER runs the rest.
+t0=$(date +%s)
+if CUDASIM_RACECHECK=1 "$build/moetrain_tests" --jobs 2 --filter 'cuda/op_attention_fd_config*' >"$work/race_att.log" 2>&1; then
+  ok "race detector over cuda/op_attention_fd_config*: $(grep -oE 'Tested: [0-9]+ \| Passing: [0-9]+' "$work/race_att.log"), no race ($(($(date +%s) - t0)) s)"
+else
+  bad "race detector over cuda/op_attention_fd_config*"
+  grep -E 'cudasim|Synthesis' "$work/race_att.log" | head -10 | sed 's/^/      | /'
+fi
 
 # --- 3. planted bugs ------------------------------------------------------------------------------
 selftest=$build/tests/cudasim/selftest
@@ -120,12 +129,15 @@ fwd=$(CUDASIM_ORDER=forward "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum
 rev=$(CUDASIM_ORDER=reverse "$selftest" missing_syncthreads 2>&1 | grep -oE 'sum [^ ]+')
 if [ -n "$fwd" ] && [ "$fwd" != "$rev" ]; then ok "thread order shows the missing barrier: forward $fwd, reverse $rev"; else
   bad "thread order: forward '$fwd', reverse '$rev' (want different)"; fi
+planted "lanes reading a wmma store without __syncwarp" wmma_missing_syncwarp 134 \
+  "kernel 'wmma_kernel' block \(0,0,0\) thread \([0-9]+,0,0\): shared-memory race" CUDASIM_RACECHECK=1
 planted "fresh device memory is NaN" nan_fill 0 "reads as -?nan"
 clean "reduction with its barriers (race detector on)" reduce_ok CUDASIM_RACECHECK=1
 clean "shuffles, votes, __match_any_sync, __syncwarp" warp_ok CUDASIM_RACECHECK=1
 clean "download read after cudaStreamSynchronize" stream_sync_ok
 clean "64 KB dynamic shared memory with the attribute" smem_64k_attribute
 clean "cuBLASLt stand-in: refusals as documented, the product as computed" cublaslt_rules
+clean "wmma fragments against a scalar GEMM (race detector on)" wmma_ok CUDASIM_RACECHECK=1
 
 # --- 4. the CLI against the CPU -------------------------------------------------------------------
 moetrain=$build/moetrain

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +182,60 @@ static int cublaslt_rules(void) {
     return fails ? 1 : 0;
 }
 
+// WMMA (tests/cudasim/mma.h): one warp computes C[32, 48] = A[32, 32] · B[32, 48] + C0 with bf16
+// A (row-major) and B (given as Bᵀ, column-major for the fragment), fp32 C0 loaded as an
+// accumulator, the result stored to shared memory and copied out by all lanes. `sync` 0 leaves
+// out the __syncwarp between the store (lane 0 writes) and the other lanes' reads.
+enum { WM = 32, WN = 48, WK = 32 };
+__global__ void wmma_kernel(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *bt, const float *c0, int sync) {
+    namespace wmma = nvcuda::wmma;
+    __shared__ __align__(32) float cs[WM * WN];
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    for (int i = 0; i < WM; i += 16)
+        for (int j = 0; j < WN; j += 16) {
+            wmma::load_matrix_sync(fc, c0 + i * WN + j, WN, wmma::mem_row_major);
+            for (int k = 0; k < WK; k += 16) {
+                wmma::load_matrix_sync(fa, a + i * WK + k, WK);
+                wmma::load_matrix_sync(fb, bt + j * WK + k, WK);  // B(k, n) = bt[n·WK + k]
+                wmma::mma_sync(fc, fa, fb, fc);
+            }
+            wmma::store_matrix_sync(cs + i * WN + j, fc, WN, wmma::mem_row_major);
+        }
+    if (sync) __syncwarp();
+    for (int e = threadIdx.x; e < WM * WN; e += 32) c[e] = cs[e];
+}
+static int wmma_check(int sync) {
+    __nv_bfloat16 ha[WM * WK], hbt[WN * WK];
+    float hc0[WM * WN], got[WM * WN];
+    for (int i = 0; i < WM * WK; i++) ha[i] = __float2bfloat16((float)(i * 7 % 13) / 8.0f - 0.75f);
+    for (int i = 0; i < WN * WK; i++) hbt[i] = __float2bfloat16((float)(i * 5 % 11) / 4.0f - 1.25f);
+    for (int i = 0; i < WM * WN; i++) hc0[i] = (float)(i % 9) - 4.0f;
+    __nv_bfloat16 *da, *db;
+    float *dc0, *dc;
+    CHECK(cudaMalloc((void **)&da, sizeof ha));
+    CHECK(cudaMalloc((void **)&db, sizeof hbt));
+    CHECK(cudaMalloc((void **)&dc0, sizeof hc0));
+    CHECK(cudaMalloc((void **)&dc, sizeof got));
+    CHECK(cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(db, hbt, sizeof hbt, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dc0, hc0, sizeof hc0, cudaMemcpyHostToDevice));
+    wmma_kernel<<<1, 32>>>(dc, da, db, dc0, sync);
+    CHECK(cudaMemcpy(got, dc, sizeof got, cudaMemcpyDeviceToHost));
+    // the scalar GEMM: the products of bf16 values are exact in fp32 and these sums are exact
+    // too (multiples of 1/32, small), so any order gives the same bits
+    int bad = 0;
+    for (int i = 0; i < WM; i++)
+        for (int j = 0; j < WN; j++) {
+            float want = hc0[i * WN + j];
+            for (int k = 0; k < WK; k++) want += __bfloat162float(ha[i * WK + k]) * __bfloat162float(hbt[j * WK + k]);
+            bad += got[i * WN + j] != want;
+        }
+    printf("wmma 32x48x32: %d of %d differ from the scalar GEMM, C[0] %g\n", bad, WM * WN, got[0]);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     if (!strcmp(c, "reduce_ok")) return reduce(1);
@@ -263,6 +318,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(c, "cublaslt_rules")) return cublaslt_rules();
+    if (!strcmp(c, "wmma_ok")) return wmma_check(1);
+    if (!strcmp(c, "wmma_missing_syncwarp")) return wmma_check(0);
     if (!strcmp(c, "nan_fill")) {
         float *d, h[4];
         CHECK(cudaMalloc((void **)&d, sizeof h));
