@@ -190,7 +190,8 @@ if command -v mpirun >/dev/null; then
   rc2=$?
   # bf16: the replicated adapters' gradients are summed over the ranks after each rank rounded its
   # part to bf16 (one more rounding, ≤ 2^-8 per element), which Adam's normalised step passes on:
-  # losses to 1e-4 and tensors to 5e-2 relative L2 over 5 steps (seen: 1.2e-5 and 1.5e-2).
+  # losses to 1e-4 and tensors to 5e-2 relative L2 over 5 steps (seen: 3.2e-5 and 3.9e-2 with the
+  # tensor-core attention, whose P is rounded to bf16; the emulated runs are deterministic).
   if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" -ge 2 ] &&
      "$compare" "$work/one" "$work/ep2" 1e-4 5e-2 >"$work/cmp.log" 2>&1; then
     ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (bf16; tol 1e-4, 5e-2): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
