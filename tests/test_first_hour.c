@@ -60,7 +60,7 @@ Test(first_hour, train_prints_a_short_plan_and_the_full_one_with_verbose, .timeo
 
 // eval --save-tokens: the rows eval reads (chat template and loss mask applied) as a token file,
 // which evaluates to the same loss: what scripts/check_peft.py reads for chat and instruction data.
-Test(first_hour, eval_saves_the_rows_it_reads, .timeout = 120) {
+Test(first_hour, eval_saves_the_rows_it_reads) {
     char out[16384], tmp[64], model[128], data[128], tok[160];
     mt_test_tmpdir(tmp, sizeof tmp);
     cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 0), 0);
