@@ -44,6 +44,9 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
     cfg->initializer_range = 0.02;
     cfg->tie_word_embeddings = 0;
     cfg->torch_dtype = MT_BF16;
+    cfg->family = MT_FAMILY_MIXTRAL;
+    cfg->norm_topk_prob = 1;  // Mixtral always renormalises its top-2 weights
+    cfg->decoder_sparse_step = 1;
 }
 
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {

@@ -1,0 +1,310 @@
+// Model families (model/family.h, docs/families.md): each tiny config reads with its parts, the
+// class defaults of transformers apply when a field is absent, every family-specific check names
+// its field, write → load is exact, the weight list has each family's names and shapes and its
+// sum is the parameter count, and a model whose parts the step lacks is refused by name.
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/common.h"
+#include "model/config.h"
+#include "model/family.h"
+#include "model/mixtral.h"
+#include "model/weights.h"
+#include "trainer/options.h"
+#include "tests/test_util.h"
+
+#define CONFIGS MT_REPO_ROOT "/configs/"
+
+static char tmp[256];
+static void setup(void) { mt_test_tmpdir(tmp, sizeof tmp); }
+static void teardown(void) { mt_test_rmrf(tmp); }
+TestSuite(family, .init = setup, .fini = teardown);
+
+static void load(const char *name, mt_model_config *c) {
+    cr_assert_eq(mt_model_config_load(name, c), 0, "%s: %s", name, mt_error_get());
+}
+
+static int parse(const char *json, mt_model_config *c) { return mt_model_config_parse(json, strlen(json), "x.json", c); }
+
+// The parse fails with an error that contains `frag`.
+static void expect_error(const char *json, const char *frag) {
+    mt_model_config c;
+    mt_error_clear();
+    cr_assert_neq(parse(json, &c), 0, "accepted: %s", json);
+    cr_assert(strstr(mt_error_get(), frag), "error '%s' lacks '%s'", mt_error_get(), frag);
+}
+
+Test(family, table_names_each_model_type) {
+    const char *types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+    for (int i = 0; i < 4; i++) {
+        const mt_family *f = mt_family_find(types[i]);
+        cr_assert_not_null(f, "%s", types[i]);
+        cr_assert_eq(f, mt_family_get((mt_family_id)i));
+        cr_assert(strstr(mt_family_list(), types[i]));
+    }
+    cr_assert_null(mt_family_find("llama"));
+    cr_assert_null(mt_family_find(NULL));
+    cr_assert_str_eq(mt_family_get(MT_FAMILY_MIXTRAL)->moe_module, "block_sparse_moe");
+    cr_assert_str_eq(mt_family_get(MT_FAMILY_QWEN3_MOE)->expert[1], "down_proj");
+}
+
+Test(family, tiny_configs_read_with_their_parts) {
+    mt_model_config c;
+    load(CONFIGS "tiny-qwen2-moe.json", &c);
+    cr_assert_eq(c.family, MT_FAMILY_QWEN2_MOE);
+    cr_assert_eq(c.intermediate, 19, "an expert's size is moe_intermediate_size");
+    cr_assert_eq(c.dense_intermediate, 37);
+    cr_assert_eq(c.shared_intermediate, 23);
+    cr_assert_eq(c.experts, 7);
+    cr_assert_eq(c.head_dim, 14);
+    cr_assert(c.qkv_bias && !c.o_bias && !c.norm_topk_prob);
+    cr_assert_eq(c.decoder_sparse_step, 2);
+    // (L + 1) % 2 == 0: only layer 1 of 3 is MoE.
+    cr_assert(!mt_config_layer_is_moe(&c, 0) && mt_config_layer_is_moe(&c, 1) && !mt_config_layer_is_moe(&c, 2));
+    cr_assert_eq(mt_config_moe_layers(&c), 1);
+
+    load(CONFIGS "tiny-qwen3-moe.json", &c);
+    cr_assert_eq(c.family, MT_FAMILY_QWEN3_MOE);
+    cr_assert_eq(c.head_dim, 10, "explicit head_dim, not 44 / 5");
+    cr_assert_eq(c.n_mlp_only, 1);
+    cr_assert(mt_config_layer_is_moe(&c, 0) && !mt_config_layer_is_moe(&c, 1) && mt_config_layer_is_moe(&c, 2));
+    cr_assert(c.norm_topk_prob && !c.qkv_bias && c.shared_intermediate == 0);
+
+    load(CONFIGS "tiny-olmoe.json", &c);
+    cr_assert_eq(c.family, MT_FAMILY_OLMOE);
+    cr_assert_eq(c.intermediate, 17, "OLMoE's experts use intermediate_size");
+    cr_assert_eq(c.dense_intermediate, 0);
+    cr_assert_float_eq(c.clip_qkv, 8.0, 0);
+    cr_assert_eq(c.bos_token_id, -1);
+    cr_assert_eq(mt_config_moe_layers(&c), c.layers);
+
+    load(CONFIGS "tiny.json", &c);
+    cr_assert_eq(c.family, MT_FAMILY_MIXTRAL);
+    cr_assert(c.norm_topk_prob, "Mixtral always renormalises");
+    cr_assert_eq(mt_config_moe_layers(&c), c.layers);
+}
+
+// Only the required sizes given: the rest are the configuration_*.py class defaults.
+Test(family, class_defaults_when_fields_are_absent) {
+    mt_model_config c;
+    cr_assert_eq(parse("{\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"moe_intermediate_size\": 8, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"num_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"vocab_size\": 100}", &c), 0, "%s", mt_error_get());
+    cr_assert_eq(c.kv_heads, 16);
+    cr_assert_eq(c.dense_intermediate, 5632);
+    cr_assert_eq(c.shared_intermediate, 5632);
+    cr_assert(c.qkv_bias && !c.norm_topk_prob && !c.output_router_logits);
+    cr_assert_eq(c.decoder_sparse_step, 1);
+    cr_assert_eq(c.max_positions, 32768);
+    cr_assert_float_eq(c.rms_norm_eps, 1e-6, 0);
+    cr_assert_float_eq(c.rope_theta, 10000.0, 0);
+    cr_assert_float_eq(c.router_aux_loss_coef, 0.001, 0);
+    cr_assert_eq(c.bos_token_id, -1);
+
+    cr_assert_eq(parse("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"moe_intermediate_size\": 8, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"num_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"vocab_size\": 100}", &c), 0, "%s", mt_error_get());
+    cr_assert_eq(c.kv_heads, 4);
+    cr_assert_eq(c.dense_intermediate, 6144);
+    cr_assert(!c.qkv_bias && !c.o_bias && c.shared_intermediate == 0);
+
+    cr_assert_eq(parse("{\"architectures\": [\"OlmoeForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 8, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"num_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"vocab_size\": 60000, \"head_dim\": 7}", &c), 0, "%s",
+                 mt_error_get());
+    cr_assert_eq(c.kv_heads, 16, "OLMoE: num_key_value_heads defaults to the heads");
+    cr_assert_eq(c.head_dim, 4, "OLMoE ignores head_dim");
+    cr_assert_float_eq(c.router_aux_loss_coef, 0.01, 0);
+    cr_assert_eq(c.eos_token_id, 50279);
+    cr_assert_eq(c.max_positions, 4096);
+    cr_assert_float_eq(c.clip_qkv, 0, 0);
+}
+
+#define Q2 "\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"moe_intermediate_size\": 8, " \
+           "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_experts\": 4, "     \
+           "\"num_experts_per_tok\": 2, \"vocab_size\": 100, \"num_key_value_heads\": 4"
+#define OL "\"model_type\": \"olmoe\", \"hidden_size\": 64, \"intermediate_size\": 8, " \
+           "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_experts\": 4, " \
+           "\"num_experts_per_tok\": 2, \"vocab_size\": 60000"
+
+Test(family, each_check_names_its_field) {
+    expect_error("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " Q2 "}", "does not match");
+    expect_error("{" Q2 ", \"mlp_only_layers\": [4]}", "mlp_only_layers");
+    expect_error("{" Q2 ", \"mlp_only_layers\": 1}", "mlp_only_layers");
+    expect_error("{" Q2 ", \"decoder_sparse_step\": 0}", "decoder_sparse_step");
+    expect_error("{" Q2 ", \"use_sliding_window\": true}", "use_sliding_window");
+    expect_error("{" Q2 ", \"head_dim\": 8}", "head_dim");
+    expect_error("{" Q2 ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}", "rope_scaling");
+    expect_error("{" Q2 ", \"norm_topk_prob\": 1}", "norm_topk_prob");
+    expect_error("{" OL ", \"clip_qkv\": 0}", "clip_qkv");
+    expect_error("{" OL ", \"clip_qkv\": -1.5}", "clip_qkv");
+    mt_model_config c;
+    // OLMoE has no dense layers: transformers ignores the field there, and so do we.
+    cr_assert_eq(parse("{" OL ", \"mlp_only_layers\": [1]}", &c), 0, "%s", mt_error_get());
+    cr_assert(c.n_mlp_only == 0 && mt_config_moe_layers(&c) == 4);
+    cr_assert_eq(parse("{" Q2 ", \"mlp_only_layers\": [3, 0, 3]}", &c), 0, "%s", mt_error_get());
+    cr_assert_eq(c.n_mlp_only, 2, "a repeated index counts once");
+    cr_assert(c.mlp_only_layers[0] == 0 && c.mlp_only_layers[1] == 3, "sorted");
+    // Checks of the struct itself (what mt_model_config_write refuses).
+    load(CONFIGS "tiny-qwen2-moe.json", &c);
+    mt_model_config d = c;
+    d.shared_intermediate = 0;
+    cr_assert_neq(mt_model_config_check(&d), 0);
+    cr_assert(strstr(mt_error_get(), "shared_expert_intermediate_size"), "%s", mt_error_get());
+    load(CONFIGS "tiny.json", &c);
+    d = c, d.norm_topk_prob = 0;
+    cr_assert_neq(mt_model_config_check(&d), 0);
+    cr_assert(strstr(mt_error_get(), "norm_topk_prob"), "%s", mt_error_get());
+    d = c, d.clip_qkv = 3;
+    cr_assert_neq(mt_model_config_check(&d), 0);
+    cr_assert(strstr(mt_error_get(), "clip_qkv"), "%s", mt_error_get());
+    d = c, d.qkv_bias = 1;
+    cr_assert_neq(mt_model_config_check(&d), 0);
+    cr_assert(strstr(mt_error_get(), "biases"), "%s", mt_error_get());
+    d = c, d.family = MT_FAMILY_OLMOE;
+    cr_assert_neq(mt_model_config_check(&d), 0);
+    cr_assert(strstr(mt_error_get(), "architectures"), "%s", mt_error_get());
+}
+
+Test(family, write_load_equal_for_each_family) {
+    const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json", "tiny.json"};
+    char path[512], src[512];
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        mt_model_config c, d;
+        snprintf(src, sizeof src, CONFIGS "%s", names[i]);
+        load(src, &c);
+        c.output_router_logits = 1;  // away from the default, so it must be written
+        cr_assert_eq(mt_model_config_write(&c, path), 0, "%s", mt_error_get());
+        load(path, &d);
+        cr_assert(memcmp(&c, &d, sizeof c) == 0, "%s: write -> load changed the config", names[i]);
+    }
+}
+
+// The names and shapes transformers' modules have (scripts/check_family_init.py loads `init`'s
+// output in transformers itself); here: the parts each family adds, and the count.
+static const mt_weight_desc *find(const mt_weight_desc *w, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(w[i].name, name) == 0) return &w[i];
+    return NULL;
+}
+
+static void expect_shape(const mt_weight_desc *w, size_t n, const char *name, int64_t d0, int64_t d1) {
+    const mt_weight_desc *x = find(w, n, name);
+    cr_assert_not_null(x, "no %s", name);
+    cr_assert(x->shape[0] == d0 && x->shape[1] == d1, "%s: [%lld, %lld], expected [%lld, %lld]", name,
+              (long long)x->shape[0], (long long)x->shape[1], (long long)d0, (long long)d1);
+}
+
+static int64_t list_params(const mt_model_config *c, mt_weight_desc **w, size_t *n) {
+    *n = mt_weights_list(c, w);
+    int64_t sum = 0;
+    for (size_t i = 0; i < *n; i++) sum += (*w)[i].shape[0] * ((*w)[i].ndim == 2 ? (*w)[i].shape[1] : 1);
+    return sum;
+}
+
+Test(family, weight_lists_have_each_familys_names) {
+    mt_model_config c;
+    mt_weight_desc *w;
+    size_t n;
+    load(CONFIGS "tiny-qwen2-moe.json", &c);
+    cr_assert_eq(list_params(&c, &w, &n), mt_config_total_params(&c));
+    expect_shape(w, n, "model.layers.0.self_attn.q_proj.bias", 42, 0);
+    expect_shape(w, n, "model.layers.0.self_attn.k_proj.bias", 14, 0);
+    cr_assert_null(find(w, n, "model.layers.0.self_attn.o_proj.bias"));
+    expect_shape(w, n, "model.layers.0.mlp.gate_proj.weight", 37, 42);  // dense layer
+    expect_shape(w, n, "model.layers.1.mlp.gate.weight", 7, 42);
+    expect_shape(w, n, "model.layers.1.mlp.experts.6.down_proj.weight", 42, 19);
+    expect_shape(w, n, "model.layers.1.mlp.shared_expert.up_proj.weight", 23, 42);
+    expect_shape(w, n, "model.layers.1.mlp.shared_expert_gate.weight", 1, 42);
+    cr_assert_null(find(w, n, "model.layers.0.mlp.gate.weight"), "a dense layer has no router");
+    cr_assert_eq(mt_config_shared_expert_params(&c), 3 * 42 * 23 + 42);
+    cr_assert_eq(mt_config_dense_mlp_params(&c), 3 * 42 * 37);
+    free(w);
+
+    load(CONFIGS "tiny-qwen3-moe.json", &c);
+    cr_assert_eq(list_params(&c, &w, &n), mt_config_total_params(&c));
+    expect_shape(w, n, "model.layers.0.self_attn.q_proj.weight", 50, 44);
+    expect_shape(w, n, "model.layers.0.self_attn.q_norm.weight", 10, 0);
+    expect_shape(w, n, "model.layers.0.self_attn.k_norm.weight", 10, 0);
+    expect_shape(w, n, "model.layers.1.mlp.down_proj.weight", 44, 39);
+    expect_shape(w, n, "model.layers.2.mlp.experts.8.gate_proj.weight", 21, 44);
+    free(w);
+
+    load(CONFIGS "tiny-olmoe.json", &c);
+    cr_assert_eq(list_params(&c, &w, &n), mt_config_total_params(&c));
+    expect_shape(w, n, "model.layers.1.self_attn.q_norm.weight", 30, 0);
+    expect_shape(w, n, "model.layers.1.self_attn.k_norm.weight", 30, 0);
+    expect_shape(w, n, "model.layers.1.mlp.experts.0.up_proj.weight", 17, 30);
+    free(w);
+
+    load(CONFIGS "tiny.json", &c);
+    cr_assert_eq(list_params(&c, &w, &n), mt_config_total_params(&c));
+    cr_assert_eq(n, 3 + (size_t)c.layers * (7 + 3 * (size_t)c.experts), "Mixtral's list is unchanged");
+    expect_shape(w, n, "model.layers.1.block_sparse_moe.experts.7.w2.weight", 64, 128);
+    free(w);
+}
+
+// Init fills biases with 0 and q/k norms with 1, as transformers' _init_weights does.
+Test(family, init_fill_of_biases_and_norms) {
+    mt_model_config c;
+    load(CONFIGS "tiny-qwen2-moe.json", &c);
+    mt_weight_desc *w;
+    size_t n = mt_weights_list(&c, &w);
+    const mt_weight_desc *b = find(w, n, "model.layers.0.self_attn.q_proj.bias");
+    cr_assert_eq(b->kind, MT_WEIGHT_BIAS);
+    float v[42];
+    mt_weights_init_fill(&c, b, 1, MT_F32, v);
+    for (int i = 0; i < 42; i++) cr_assert_eq(v[i], 0.0f);
+    free(w);
+    load(CONFIGS "tiny-qwen3-moe.json", &c);
+    n = mt_weights_list(&c, &w);
+    const mt_weight_desc *q = find(w, n, "model.layers.0.self_attn.q_norm.weight");
+    cr_assert_eq(q->kind, MT_WEIGHT_NORM);
+    mt_weights_init_fill(&c, q, 1, MT_F32, v);
+    for (int i = 0; i < 10; i++) cr_assert_eq(v[i], 1.0f);
+    free(w);
+}
+
+// A family whose parts the step does not implement is refused by that part's name, on the
+// counting backend too (what `plan --measure` and the CUDA step build), never run without it.
+Test(family, model_build_refuses_parts_the_step_lacks) {
+    const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
+    const char *part[] = {"attention biases", "q/k RMSNorm per head", "q/k RMSNorm over the whole projection"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        char src[512];
+        snprintf(src, sizeof src, CONFIGS "%s", names[i]);
+        mt_model_config c;
+        load(src, &c);
+        mt_run_opts o;
+        mt_run_opts_default(&o);
+        o.mode = MT_MODE_LORA, o.lora_r = 2;
+        const char *be_names[] = {"cpu", "null"};
+        for (int k = 0; k < 2; k++) {
+            mt_backend *be = mt_backend_new(be_names[k]);
+            cr_assert_not_null(be);
+            mt_model m;
+            mt_error_clear();
+            cr_assert_neq(mt_model_build(&m, be, &c, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s built", names[i]);
+            cr_assert(strstr(mt_error_get(), c.model_type) && strstr(mt_error_get(), part[i]), "%s", mt_error_get());
+            mt_backend_free(be);
+        }
+    }
+}
+
+Test(family, init_writes_each_family) {
+    const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        char out[8192];
+        cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s%s --out %s/m%zu --seed 5", CONFIGS, names[i], tmp, i),
+                     0, "%s", out);
+        char dir[512], src[512];
+        snprintf(dir, sizeof dir, "%s/m%zu", tmp, i);
+        snprintf(src, sizeof src, CONFIGS "%s", names[i]);
+        mt_model_config a, b;
+        load(src, &a);
+        load(dir, &b);
+        cr_assert(memcmp(&a, &b, sizeof a) == 0, "%s: the written config.json differs", names[i]);
+    }
+}
