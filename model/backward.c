@@ -83,6 +83,18 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);
         mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
     }
+    if (a->q_raw) {  // through the q/k RMSNorm: dq, dk become the projections' gradients
+        int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+        mt_tensor dq_raw = step_work(m, adt, T, qd, 1), dk_raw = step_work(m, adt, T, kvd, 1);
+        if (run) {
+            mt_op_rmsnorm_backward(m, dq_raw.data, A(ly->dqn), dq.data, A(a->q_raw), A(ly->qn), F(a->rstd_q),
+                                   ph ? T * nh : T, ph ? hd : qd);
+            mt_op_rmsnorm_backward(m, dk_raw.data, A(ly->dkn), dk.data, A(a->k_raw), A(ly->kn), F(a->rstd_k),
+                                   ph ? T * nkv : T, ph ? hd : kvd);
+        }
+        step_unwork(m, &dq), step_unwork(m, &dk);
+        dq = dq_raw, dk = dk_raw;
+    }
     mt_tensor dln1 = step_work(m, adt, T, H, 1);
     mt_linear_backward(&ly->q, &dln1, &dq, a->ln1, a->xa_q, NULL);
     mt_linear_backward(&ly->k, &dln1, &dk, a->ln1, a->xa_k, NULL);
@@ -130,7 +142,7 @@ void mt_model_zero_grad(mt_model *m) {
     zero_linear(m->be, &m->lm_head);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        zero(m->be, ly->dln1), zero(m->be, ly->dln2);
+        zero(m->be, ly->dln1), zero(m->be, ly->dln2), zero(m->be, ly->dqn), zero(m->be, ly->dkn);
         mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
         for (int i = 0; i < 5; i++) zero_linear(m->be, ls[i]);
         for (int e = 0; e < m->cfg.experts; e++)

@@ -80,9 +80,15 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     mt_dtype adt = act_dtype(m);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
-    mt_linear_forward(&ly->q, a->q, a->ln1, a->xa_q, NULL);
-    mt_linear_forward(&ly->k, a->k, a->ln1, a->xa_k, NULL);
+    mt_linear_forward(&ly->q, a->q_raw ? a->q_raw : a->q, a->ln1, a->xa_q, NULL);
+    mt_linear_forward(&ly->k, a->k_raw ? a->k_raw : a->k, a->ln1, a->xa_k, NULL);
     mt_linear_forward(&ly->v, a->v, a->ln1, a->xa_v, NULL);
+    if (run && a->q_raw) {  // q/k RMSNorm before RoPE (docs/families.md): rows of a head or of the projection
+        int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+        mt_op_rmsnorm_forward(m, A(a->q), F(a->rstd_q), A(a->q_raw), A(ly->qn), ph ? T * nh : T, ph ? hd : nh * hd, eps);
+        mt_op_rmsnorm_forward(m, A(a->k), F(a->rstd_k), A(a->k_raw), A(ly->kn), ph ? T * nkv : T, ph ? hd : nkv * hd,
+                              eps);
+    }
     if (run) {
         mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
         mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);

@@ -102,9 +102,16 @@ static void layer_slots(loader *ld, int L) {
         linear_slot(ld, n, attn[i].l, attn[i].out, attn[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN),
                     lora && (o->targets & attn[i].target), 0);
     }
+    const mt_family *fam = mt_config_family(c);
+    if (fam->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
+        int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
+        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
+        dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : qd, 0, &ly->qn, &ly->dqn);
+        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : kvd, 0, &ly->kn, &ly->dkn);
+    }
     // The router: full precision unless --quant-targets names it (then 4-bit only while frozen).
     int gate_trains = full || ((o->mode == MT_MODE_ROUTER || o->mode == MT_MODE_UNFREEZE) && in_layers);
-    const mt_family *fam = mt_config_family(c);
     snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->router);
     linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
                 lora && (o->targets & MT_TARGET_GATE), 0);
@@ -357,22 +364,32 @@ static int finish(loader *ld) {
 // or NULL. The model is refused by that part's name, on every backend, so no family ever runs
 // with a part silently left out.
 static const char *missing_part(const mt_model_config *c) {
-    const mt_family *fam = mt_config_family(c);
-    if (fam->qk_norm == MT_QK_NORM_HEAD) return "q/k RMSNorm per head";
-    if (fam->qk_norm == MT_QK_NORM_PROJ) return "q/k RMSNorm over the whole projection";
     if (c->qkv_bias || c->o_bias) return "attention biases";
     if (c->clip_qkv > 0) return "clip_qkv";
     if (c->shared_intermediate) return "the shared expert";
     if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers (decoder_sparse_step, mlp_only_layers)";
-    if (!c->norm_topk_prob) return "norm_topk_prob false (top-k weights used without renormalising)";
     return NULL;
 }
 
-static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
+// The parts the CUDA step has no tested kernels for yet: q/k norms, top-k weights without
+// renormalising (its replay kernel renormalises). The cpu and null backends run them.
+static const char *missing_cuda_part(const mt_model_config *c) {
+    if (mt_config_family(c)->qk_norm != MT_QK_NORM_NONE) return "q/k RMSNorm";
+    if (!c->norm_topk_prob) return "norm_topk_prob false";
+    return NULL;
+}
+
+static int check_opts(const mt_model_config *c, const mt_model_spec *o, const mt_backend *be) {
     const char *missing = missing_part(c);
     if (missing) {
         mt_error_set("model_type %s: the training step does not implement %s yet (init, plan and config "
                      "reading support this family; see docs/families.md)", c->model_type, missing);
+        return -1;
+    }
+    missing = missing_cuda_part(c);
+    if (missing && be->ops->kind == MT_BACKEND_CUDA) {
+        mt_error_set("model_type %s: the CUDA step does not implement %s yet: use --device cpu "
+                     "(docs/families.md)", c->model_type, missing);
         return -1;
     }
     for (int i = 0; i < o->layers.count; i++)
@@ -482,7 +499,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
-    if (check_opts(&m->cfg, spec) != 0) return -1;
+    if (check_opts(&m->cfg, spec, be) != 0) return -1;
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",

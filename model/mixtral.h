@@ -21,6 +21,8 @@ extern "C" {
 typedef struct mt_layer {
     mt_tensor *ln1, *ln2;        // input_layernorm, post_attention_layernorm [H]
     mt_tensor *dln1, *dln2;      // their gradients (full mode)
+    mt_tensor *qn, *kn;          // self_attn.q_norm, k_norm (families with a q/k RMSNorm), or NULL
+    mt_tensor *dqn, *dkn;        // their gradients (full mode)
     mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
     mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
@@ -43,6 +45,8 @@ typedef struct mt_layer_kept {
 // own; with --checkpointing full one set is shared and refilled by recomputing each layer.
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
+    mt_tensor *q_raw, *k_raw;                        // q/k norm: q_proj, k_proj outputs before it
+    mt_tensor *rstd_q, *rstd_k;                      // and its statistics (NULL without q/k norm)
     mt_tensor *logits, *probs, *weights;
     mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows; g, u
                                                      // on the cpu, gu on the GPU step (below)

@@ -40,19 +40,26 @@ int mt_model_params(mt_model *m, mt_param **out) {
             snprintf(module, sizeof module, "model.layers.%d.post_attention_layernorm.weight", L);
             add(&l, module, ly->ln2, ly->dln2);
         }
+        if (ly->dqn) {
+            snprintf(module, sizeof module, "model.layers.%d.self_attn.q_norm.weight", L);
+            add(&l, module, ly->qn, ly->dqn);
+            snprintf(module, sizeof module, "model.layers.%d.self_attn.k_norm.weight", L);
+            add(&l, module, ly->kn, ly->dkn);
+        }
         static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
         mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
         for (int i = 0; i < 4; i++) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", L, attn[i]);
             add_linear(&l, module, al[i]);
         }
-        snprintf(module, sizeof module, "model.layers.%d.block_sparse_moe.gate", L);
+        const mt_family *fam = mt_config_family(&m->cfg);  // the family's module names
+        snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         add_linear(&l, module, &ly->gate);
         for (int e = 0; e < m->cfg.experts; e++) {
-            static const char *w[] = {"w1", "w2", "w3"};
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {
-                snprintf(module, sizeof module, "model.layers.%d.block_sparse_moe.experts.%d.%s", L, e, w[i]);
+                snprintf(module, sizeof module, "model.layers.%d.%s.experts.%d.%s", L, fam->moe_module, e,
+                         fam->expert[i]);
                 add_linear(&l, module, ex[i]);
             }
         }

@@ -298,3 +298,48 @@ Test(golden, lora_nf4_base) {
     mt_backend_free(be);
     fixture_close(&fx);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Other families (scripts/make_goldens.py --families, docs/families.md): Qwen3-MoE's per-head
+// q/k norm with an explicit head_dim, OLMoE's whole-projection q/k norm and top-k weights
+// without renormalising. LoRA on attention, experts (gate/up/down_proj) and router; router-only;
+// the q/k norm weights' gradients (they train in --mode full: compared there).
+Test(golden, family_lora_qwen3_moe) { lora_case("f_qwen3_moe"); }
+Test(golden, family_lora_olmoe) { lora_case("f_olmoe"); }
+Test(golden, family_router_qwen3_moe) { mode_case("f_qwen3_moe", MT_MODE_ROUTER); }
+Test(golden, family_router_olmoe) { mode_case("f_olmoe", MT_MODE_ROUTER); }
+
+static void qk_norm_case(const char *name) {
+    fixture fx;
+    fixture_open(&fx, name);
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_FULL;
+    o.quant = MT_QUANT_NONE;
+    mt_model m;
+    build(&m, be, &fx, &o);
+    mt_loss loss;
+    run_step(&m, &fx, &loss);
+    check_losses(&fx, "base", &m, &loss);
+    int checked = 0;
+    for (size_t i = 0; i < fx.g.n_tensors; i++) {
+        const mt_st_tensor *t = &fx.g.tensors[i];
+        int L;
+        char which;
+        if (sscanf(t->name, "qknorm.grad.model.layers.%d.self_attn.%c_norm.weight", &L, &which) != 2) continue;
+        cr_assert(L >= 0 && L < m.cfg.layers && (which == 'q' || which == 'k'), "%s", t->name);
+        const mt_tensor *g = which == 'q' ? m.layers[L].dqn : m.layers[L].dkn;
+        cr_assert_not_null(g, "%s: no gradient", t->name);
+        cr_assert_eq(g->nbytes, t->nbytes, "%s: shape", t->name);
+        expect_close(t->name, g->data, t, 1e-3);
+        checked++;
+    }
+    cr_assert_eq(checked, 2 * m.cfg.layers, "a q and a k norm per layer");
+    mt_model_free(&m);
+    mt_backend_free(be);
+    fixture_close(&fx);
+}
+
+Test(golden, family_qk_norm_grads_qwen3_moe) { qk_norm_case("f_qwen3_moe"); }
+Test(golden, family_qk_norm_grads_olmoe) { qk_norm_case("f_olmoe"); }
