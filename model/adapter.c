@@ -16,30 +16,10 @@ static int to_f32(const mt_st_tensor *t, float *dst, size_t n) {
     return 0;
 }
 
-// The reader names a v5 router and v5 experts as Mixtral's v4 modules (lora/peft.h): the same
-// Linear under this family's names (model/family.h), or `module` as it is.
-static const char *family_module(const mt_model *m, const char *module, char *buf, size_t n) {
-    const mt_family *fam = mt_config_family(&m->cfg);
-    const char *mx = ".block_sparse_moe.", *at = strstr(module, mx);
-    if (!at || strcmp(fam->moe_module, "block_sparse_moe") == 0) return module;
-    const char *rest = at + strlen(mx);
-    int pre = (int)(at - module), e;
-    char leaf[8];
-    if (strcmp(rest, "gate") == 0) {
-        snprintf(buf, n, "%.*s.%s.%s", pre, module, fam->moe_module, fam->router);
-        return buf;
-    }
-    if (sscanf(rest, "experts.%d.%7s", &e, leaf) == 2 && leaf[0] == 'w' && leaf[1] >= '1' && leaf[1] <= '3' && !leaf[2]) {
-        snprintf(buf, n, "%.*s.%s.experts.%d.%s", pre, module, fam->moe_module, e, fam->expert[leaf[1] - '1']);
-        return buf;
-    }
-    return module;
-}
-
 static int set_pair(void *ctx, const char *module, const mt_st_tensor *a, const mt_st_tensor *b) {
     mt_model *m = ctx;
     char renamed[300];
-    module = family_module(m, module, renamed, sizeof renamed);
+    module = mt_family_module_name(mt_config_family(&m->cfg), module, renamed, sizeof renamed);
     mt_linear *l = mt_model_find_linear(m, module);
     if (!l) {
         mt_error_set("adapter module '%s' is not a Linear of this model", module);

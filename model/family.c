@@ -1,6 +1,7 @@
 // model/family.c — the family table (docs/families.md says where each entry comes from).
 #include "model/family.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -59,3 +60,20 @@ const mt_family *mt_family_get(mt_family_id id) {
 }
 
 const char *mt_family_list(void) { return "mixtral, qwen2_moe, qwen3_moe, olmoe"; }
+
+const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n) {
+    const char *mx = ".block_sparse_moe.", *at = strstr(module, mx);
+    if (!at || strcmp(fam->moe_module, "block_sparse_moe") == 0) return module;
+    const char *rest = at + strlen(mx);
+    int pre = (int)(at - module), e;
+    char leaf[8];
+    if (strcmp(rest, "gate") == 0) {
+        snprintf(buf, n, "%.*s.%s.%s", pre, module, fam->moe_module, fam->router);
+        return buf;
+    }
+    if (sscanf(rest, "experts.%d.%7s", &e, leaf) == 2 && leaf[0] == 'w' && leaf[1] >= '1' && leaf[1] <= '3' && !leaf[2]) {
+        snprintf(buf, n, "%.*s.%s.experts.%d.%s", pre, module, fam->moe_module, e, fam->expert[leaf[1] - '1']);
+        return buf;
+    }
+    return module;
+}

@@ -3,6 +3,7 @@
 // configuration files (docs/families.md). The config reader, the weight list, `init` and the
 // planner read this table; no code asks "is this Qwen".
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -52,6 +53,10 @@ typedef struct mt_family {
 const mt_family *mt_family_find(const char *model_type);
 // The description of a family id (never NULL for a valid id).
 const mt_family *mt_family_get(mt_family_id id);
+// The PEFT reader (lora/peft.h) reports a v5 router, and v5 experts, under Mixtral's v4 module
+// names ("....block_sparse_moe.gate", "....block_sparse_moe.experts.E.w1"): the same module under
+// the family's names, written into buf, or `module` itself when it needs no change.
+const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n);
 // "mixtral, qwen2_moe, qwen3_moe, olmoe" for error messages.
 const char *mt_family_list(void);
 

@@ -11,6 +11,8 @@
 #include "model/family.h"
 #include "model/mixtral.h"
 #include "model/weights.h"
+#include "core/safetensors.h"
+#include "lora/peft.h"
 #include "trainer/options.h"
 #include "tests/test_util.h"
 
@@ -338,4 +340,47 @@ Test(family, qk_norm_families_step_on_the_counting_backend) {
         cr_expect_eq(be->ledger.total_cur, 0, "%s: everything went back to the ledger", dirs[i]);
         mt_backend_free(be);
     }
+}
+
+// A LoRA adapter of a family is saved under its module names (PEFT v4 keys), reads back into an
+// identical model, and the v5 layout, written for Mixtral only, is refused with the reason.
+Test(family, adapter_names_and_round_trip) {
+    char dir[512], out[600], path[700];
+    snprintf(dir, sizeof dir, MT_REPO_ROOT "/tests/data/golden/f_qwen3_moe");
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_alpha = 8, o.quant = MT_QUANT_NONE;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m, back;
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load_adapter(&m, dir), 0, "%s", mt_error_get());  // PEFT's own file
+    snprintf(out, sizeof out, "%s/adapter", tmp);
+    cr_assert_eq(mt_model_save_adapter(&m, out, "f_qwen3_moe"), 0, "%s", mt_error_get());
+    snprintf(path, sizeof path, "%s/v5", tmp);
+    cr_assert_neq(mt_model_save_adapter_as(&m, path, "x", MT_PEFT_V5), 0);
+    cr_assert(strstr(mt_error_get(), "qwen3_moe"), "%s", mt_error_get());
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, path), 0, "%s", mt_error_get());
+    const char *keys[] = {"base_model.model.model.layers.1.mlp.experts.8.gate_proj.lora_A.weight",
+                          "base_model.model.model.layers.0.mlp.experts.0.down_proj.lora_B.weight",
+                          "base_model.model.model.layers.0.mlp.gate.lora_A.weight",
+                          "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) cr_assert_not_null(mt_st_file_find(&f, keys[i]), "no %s", keys[i]);
+    for (size_t i = 0; i < f.n_tensors; i++) cr_assert_null(strstr(f.tensors[i].name, "block_sparse_moe"), "%s", f.tensors[i].name);
+    mt_st_file_close(&f);
+    cr_assert_eq(mt_model_load(&back, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load_adapter(&back, out), 0, "%s", mt_error_get());
+    mt_linear *l[2] = {mt_model_find_linear(&m, "model.layers.0.mlp.gate"),
+                       mt_model_find_linear(&back, "model.layers.0.mlp.gate")};
+    cr_assert(l[0] && l[1] && l[0]->lora && l[1]->lora);
+    cr_assert_eq(memcmp(l[0]->lora->b->data, l[1]->lora->b->data, l[0]->lora->b->nbytes), 0, "router LoRA B");
+    l[0] = mt_model_find_linear(&m, "model.layers.1.mlp.experts.4.up_proj");
+    l[1] = mt_model_find_linear(&back, "model.layers.1.mlp.experts.4.up_proj");
+    cr_assert(l[0] && l[1] && l[0] == &m.layers[1].w3[4], "up_proj is w3");
+    cr_assert_eq(memcmp(l[0]->lora->a->data, l[1]->lora->a->data, l[0]->lora->a->nbytes), 0, "expert LoRA A");
+    cr_assert_null(mt_model_find_linear(&m, "model.layers.0.block_sparse_moe.gate"), "Mixtral's name is not Qwen's");
+    mt_model_free(&m), mt_model_free(&back);
+    mt_backend_free(be);
 }
