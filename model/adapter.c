@@ -55,8 +55,8 @@ int mt_model_load_adapter(mt_model *m, const char *dir) {
     float scale = (float)(cfg.use_rslora ? cfg.lora_alpha / sqrt(cfg.r) : cfg.lora_alpha / cfg.r);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++)
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++)
             if (ls[i]->lora) ls[i]->lora->scale = scale, ls[i]->lora->dropout = (float)cfg.lora_dropout;
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};

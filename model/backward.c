@@ -6,19 +6,16 @@
 #include "model/ops.h"
 #include "moe/moe.h"
 
-// dx [T, H]: the gradient of layer L's output on entry, of its input on return. Counting
-// (null backend): the same scratch is reserved and released, no kernel runs. Gradient scratch
-// is the step's storage dtype (bf16 on the GPU step), fp32 for the router's.
-static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
+// The MoE block's backward from dx (the layer output's gradient): the experts, the shared expert
+// and the router; returns the gradient of ln2 (step work: the caller releases it).
+static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
-    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    int Tk = T * k, qd = nh * hd, kvd = nkv * hd, run = !m->counting;
+    int T = m->B * m->S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
+    int Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
-    float theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
 
     // MoE: out = h + Σ weights · expert(ln2(h))
@@ -57,6 +54,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     }
     mt_tensor dln2 = step_work(m, adt, T, H, 1);
     if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
+    if (ly->mlp[0].out) mt_mlp_backward(m, L, dx, &dln2);  // the shared expert and its gate
     step_unwork(m, &dxs), step_unwork(m, &dys);
 
     // Router: through the top-k weights, the aux loss and the z-loss.
@@ -68,6 +66,31 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
     mt_linear_backward(&ly->gate, &dln2, &dlogits, a->ln2, a->xa_gate, NULL);
     step_unwork(m, &dlogits);
+    return dln2;
+}
+
+// dx [T, H]: the gradient of layer L's output on entry, of its input on return. Counting
+// (null backend): the same scratch is reserved and released, no kernel runs. Gradient scratch
+// is the step's storage dtype (bf16 on the GPU step), fp32 for the router's.
+static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer *ly = &m->layers[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden;
+    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
+    int qd = nh * hd, kvd = nkv * hd, run = !m->counting;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
+    float theta = (float)c->rope_theta;
+    mt_dtype adt = act_dtype(m);
+
+    mt_tensor dln2;
+    if (ly->dense) {  // a dense layer: out = h + mlp(ln2(h))
+        dln2 = step_work(m, adt, T, H, 1);
+        mt_mlp_backward(m, L, dx, &dln2);
+    } else {
+        dln2 = moe_backward(m, L, dx);
+    }
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln2), dln2.data, A(a->h), A(ly->ln2), F(a->rstd2), T, H);
     step_unwork(m, &dln2);  // dx is now the gradient of h
 
@@ -143,8 +166,9 @@ void mt_model_zero_grad(mt_model *m) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
         zero(m->be, ly->dln1), zero(m->be, ly->dln2), zero(m->be, ly->dqn), zero(m->be, ly->dkn);
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) zero_linear(m->be, ls[i]);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
+                           &ly->shared_gate};
+        for (int i = 0; i < 9; i++) zero_linear(m->be, ls[i]);
         for (int e = 0; e < m->cfg.experts; e++)
             zero_linear(m->be, &ly->w1[e]), zero_linear(m->be, &ly->w2[e]), zero_linear(m->be, &ly->w3[e]);
     }

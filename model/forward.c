@@ -101,6 +101,13 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     step_unwork(m, &o);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
+    if (ly->mlp[0].out) mt_mlp_forward(m, L);  // a dense layer's MLP, or the shared expert
+    if (ly->dense) {  // no router, no experts
+        if (!x_out || !run) return;
+        m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
+        mt_mlp_add_output(m, L, x_out);
+        return;
+    }
     mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate, NULL);
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
@@ -133,6 +140,7 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
     m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
     mt_op_combine(m, x_out, A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (ly->mlp[0].out) mt_mlp_add_output(m, L, x_out);  // + sigmoid(shared_gate(x)) · shared_expert(x)
 }
 
 // Several ranks with a slice of the batch each: the loss's sums (CE, the aux statistics of every

@@ -110,6 +110,25 @@ static void layer_slots(loader *ld, int L) {
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
         dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : kvd, 0, &ly->kn, &ly->dkn);
     }
+    // The MLP of a dense layer or the shared expert: kept dense (no --quant-targets names it yet);
+    // LoRA where the experts' targets name its projection (PEFT's target_modules would too).
+    int64_t mf = !mt_config_layer_is_moe(c, L) ? c->dense_intermediate : c->shared_intermediate;
+    ly->dense = !mt_config_layer_is_moe(c, L);
+    if (mf) {
+        const char *sub = ly->dense ? "" : ".", *shared = ly->dense ? "" : fam->shared_expert;
+        struct { int64_t out, in; unsigned target; } mp[3] = {
+            {mf, h, MT_TARGET_W1}, {h, mf, MT_TARGET_W2}, {mf, h, MT_TARGET_W3}};
+        for (int i = 0; i < 3; i++) {
+            snprintf(n, sizeof n, "%s.%s.%s%s%s", p, fam->moe_module, shared, sub, fam->mlp[i]);
+            linear_slot(ld, n, &ly->mlp[i], mp[i].out, mp[i].in, full ? TRAINABLE : FROZEN_DENSE,
+                        lora && (o->targets & mp[i].target), 0);
+        }
+        if (!ly->dense) {
+            snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->shared_gate);
+            linear_slot(ld, n, &ly->shared_gate, 1, h, full ? TRAINABLE : FROZEN_DENSE, 0, 0);
+        }
+    }
+    if (ly->dense) return;  // no router, no experts
     // The router: full precision unless --quant-targets names it (then 4-bit only while frozen).
     int gate_trains = full || ((o->mode == MT_MODE_ROUTER || o->mode == MT_MODE_UNFREEZE) && in_layers);
     snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->router);
@@ -366,8 +385,6 @@ static int finish(loader *ld) {
 static const char *missing_part(const mt_model_config *c) {
     if (c->qkv_bias || c->o_bias) return "attention biases";
     if (c->clip_qkv > 0) return "clip_qkv";
-    if (c->shared_intermediate) return "the shared expert";
-    if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers (decoder_sparse_step, mlp_only_layers)";
     return NULL;
 }
 
@@ -376,6 +393,8 @@ static const char *missing_part(const mt_model_config *c) {
 static const char *missing_cuda_part(const mt_model_config *c) {
     if (mt_config_family(c)->qk_norm != MT_QK_NORM_NONE) return "q/k RMSNorm";
     if (!c->norm_topk_prob) return "norm_topk_prob false";
+    if (c->shared_intermediate) return "the shared expert";
+    if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers";
     return NULL;
 }
 
@@ -500,6 +519,11 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
     if (check_opts(&m->cfg, spec, be) != 0) return -1;
+    if (m->par.ep_size > 1 && (cfg->shared_intermediate || mt_config_moe_layers(cfg) != cfg->layers)) {
+        mt_error_set("model_type %s: expert parallelism with dense layers or a shared expert is not implemented "
+                     "yet (docs/families.md)", cfg->model_type);
+        return -1;
+    }
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
@@ -563,6 +587,14 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
     for (int i = 0; i < 4; i++)
         if (strcmp(rest, attn[i]) == 0) return al[i];
     char want[96], which[24];
+    for (int i = 0; i < 3; i++) {  // a dense layer's MLP, or the shared expert and its gate
+        if (ly->dense) snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->mlp[i]);
+        else snprintf(want, sizeof want, "%s.%s.%s", fam->moe_module, fam->shared_expert ? fam->shared_expert : "-", fam->mlp[i]);
+        if (ly->mlp[i].out && strcmp(rest, want) == 0) return &ly->mlp[i];
+    }
+    snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->shared_gate ? fam->shared_gate : "-");
+    if (ly->shared_gate.out && strcmp(rest, want) == 0) return &ly->shared_gate;
+    if (ly->dense) return NULL;
     snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->router);
     if (strcmp(rest, want) == 0) return &ly->gate;
     int wl = snprintf(want, sizeof want, "%s.experts.", fam->moe_module);

@@ -139,5 +139,15 @@ int mt_experts_recompute_in_backward(const mt_model *m);
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
                         const mt_tensor *dxs, const mt_expert_scratch *scratch);
 
+// The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
+// token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,
+// or s ⊙ y. Backward from dx (the layer output's gradient) accumulates into dln2 and the
+// Linears' gradients. Counting: the same buffers and scratch, no kernel.
+void mt_mlp_forward(mt_model *m, int L);
+void mt_mlp_add_output(mt_model *m, int L, mt_act *x_out);
+void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *dln2);
+// The intermediate size of layer L's MLP (dense or shared expert), 0 when it has none.
+int64_t mt_mlp_size(const mt_model *m, int L);
+
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);

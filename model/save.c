@@ -22,7 +22,7 @@ typedef struct {
 
 static void linears_list(mt_model *m, linear_list *out) {
     const mt_model_config *c = &m->cfg;
-    size_t cap = (size_t)(c->layers * (5 + 3 * c->experts) + 1);
+    size_t cap = (size_t)(c->layers * (9 + 3 * c->experts) + 1);
     out->name = mt_xcalloc(cap, sizeof *out->name);
     out->l = mt_xcalloc(cap, sizeof *out->l);
     out->n = 0;
@@ -35,6 +35,17 @@ static void linears_list(mt_model *m, linear_list *out) {
             snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.self_attn.%s", L, attn[i]);
             out->l[out->n++] = al[i];
         }
+        for (int i = 0; i < 3 && ly->mlp[i].out; i++) {  // a dense layer's MLP or the shared expert
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s%s%s", L, fam->moe_module,
+                     ly->dense ? "" : fam->shared_expert, ly->dense ? "" : ".", fam->mlp[i]);
+            out->l[out->n++] = &ly->mlp[i];
+        }
+        if (ly->shared_gate.out) {
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s", L, fam->moe_module,
+                     fam->shared_gate);
+            out->l[out->n++] = &ly->shared_gate;
+        }
+        if (ly->dense) continue;
         snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         out->l[out->n++] = &ly->gate;
         for (int e = 0; e < c->experts; e++) {

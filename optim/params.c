@@ -53,6 +53,16 @@ int mt_model_params(mt_model *m, mt_param **out) {
             add_linear(&l, module, al[i]);
         }
         const mt_family *fam = mt_config_family(&m->cfg);  // the family's module names
+        for (int i = 0; i < 3 && ly->mlp[i].out; i++) {  // a dense layer's MLP or the shared expert
+            snprintf(module, sizeof module, "model.layers.%d.%s.%s%s%s", L, fam->moe_module,
+                     ly->dense ? "" : fam->shared_expert, ly->dense ? "" : ".", fam->mlp[i]);
+            add_linear(&l, module, &ly->mlp[i]);
+        }
+        if (ly->shared_gate.out) {
+            snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->shared_gate);
+            add_linear(&l, module, &ly->shared_gate);
+        }
+        if (ly->dense) continue;
         snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         add_linear(&l, module, &ly->gate);
         for (int e = 0; e < m->cfg.experts; e++) {
@@ -91,8 +101,8 @@ void mt_model_set_dropout_seed(mt_model *m, uint64_t seed, int64_t step, int mic
     uint64_t s = mt_rng_next(&r);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) seed_linear(ls[i], s);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++) seed_linear(ls[i], s);
         for (int e = 0; e < m->cfg.experts; e++)
             seed_linear(&ly->w1[e], s), seed_linear(&ly->w2[e], s), seed_linear(&ly->w3[e], s);
     }
@@ -105,8 +115,8 @@ static void drop_linear(mt_linear *l, float p) {
 void mt_model_set_lora_dropout(mt_model *m, float p) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) drop_linear(ls[i], p);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++) drop_linear(ls[i], p);
         for (int e = 0; e < m->cfg.experts; e++)
             drop_linear(&ly->w1[e], p), drop_linear(&ly->w2[e], p), drop_linear(&ly->w3[e], p);
     }

@@ -25,7 +25,8 @@ Only this script needs PyTorch; the C tests read the committed files.
 --families writes only the other families' fixtures (docs/families.md), tests/data/golden/f_<name>/,
 leaving the Mixtral ones as they are: the same files with lora.* (LoRA on attention, experts and
 router), router.grad.* (router-only), qknorm.grad.* (the q/k RMSNorm weights' gradients, the only
-weights that train in that run) and base.* (that run's logits and losses: no adapter).
+weights that train in that run), mlp.grad.* (the dense layers' MLP, the shared expert and its
+gate: the only weights that train in that run) and base.* (logits and losses without adapter).
 """
 import json
 import os
@@ -295,6 +296,29 @@ FAMILY_CONFIGS = {
         batch=2, seq=10, pad_left=[2, 0],
     ),
 }
+FAMILY_CONFIGS.update({
+    # Qwen3-MoE with a dense MLP layer between MoE layers (mlp_only_layers=[1] of 3)
+    "f_qwen3_dense": dict(
+        kind="qwen3_moe",
+        cfg=dict(hidden_size=36, head_dim=8, moe_intermediate_size=13, intermediate_size=27,
+                 num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3, num_experts=5,
+                 num_experts_per_tok=2, norm_topk_prob=False, vocab_size=97, max_position_embeddings=64,
+                 rope_theta=10000.0, router_aux_loss_coef=0.02, rms_norm_eps=1e-6, mlp_only_layers=[1],
+                 decoder_sparse_step=1, use_sliding_window=False),
+        batch=2, seq=9, pad_left=[0, 2],
+    ),
+    # Qwen2-MoE without q/k/v biases: the shared expert with its sigmoid gate; decoder_sparse_step 2
+    # (layers 0 and 2 dense, layer 1 MoE)
+    "f_qwen2_shared": dict(
+        kind="qwen2_moe",
+        cfg=dict(hidden_size=30, moe_intermediate_size=11, intermediate_size=25, shared_expert_intermediate_size=19,
+                 num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1, num_experts=7,
+                 num_experts_per_tok=3, norm_topk_prob=False, vocab_size=97, max_position_embeddings=64,
+                 rope_theta=10000.0, router_aux_loss_coef=0.001, rms_norm_eps=1e-6, mlp_only_layers=[],
+                 decoder_sparse_step=2, qkv_bias=False, use_sliding_window=False),
+        batch=2, seq=10, pad_left=[3, 0],
+    ),
+})
 FAMILY_LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0,
                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                    "gate"])
@@ -302,7 +326,9 @@ FAMILY_LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0,
 
 def family_classes(kind):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM
-    return {"qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM), "olmoe": (OlmoeConfig, OlmoeForCausalLM)}[kind]
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    return {"qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM), "olmoe": (OlmoeConfig, OlmoeForCausalLM),
+            "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM)}[kind]
 
 
 def family_model(kind, d):
@@ -347,10 +373,14 @@ def family_main():
                 t["lora.grad." + n.replace(".default", "")] = g.detach().clone().float().contiguous()
 
         for prefix, wanted in (("router", lambda n: n.endswith("mlp.gate.weight")),
-                               ("qknorm", lambda n: n.endswith("q_norm.weight") or n.endswith("k_norm.weight"))):
+                               ("qknorm", lambda n: n.endswith("q_norm.weight") or n.endswith("k_norm.weight")),
+                               ("mlp", lambda n: ".shared_expert" in n or (".mlp." in n and "_proj" in n
+                                                                          and ".experts." not in n))):
             m = family_model(spec["kind"], d)
             for n, p in m.named_parameters():
                 p.requires_grad_(wanted(n))
+            if not any(p.requires_grad for p in m.parameters()):
+                continue  # the family has no such part
             o, ce0, aux0 = losses(m, tokens, mask, labels, coef)
             o.loss.backward()
             for n, p in m.named_parameters():

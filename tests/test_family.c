@@ -272,8 +272,8 @@ Test(family, init_fill_of_biases_and_norms) {
 // A family whose parts the step does not implement is refused by that part's name, on the
 // counting backend too (what `plan --measure` and the CUDA step build), never run without it.
 Test(family, model_build_refuses_parts_the_step_lacks) {
-    const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
-    const char *part[] = {"attention biases", "dense MLP layers", "clip_qkv"};
+    const char *names[] = {"tiny-qwen2-moe.json", "tiny-olmoe.json"};
+    const char *part[] = {"attention biases", "clip_qkv"};
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
         char src[512];
         snprintf(src, sizeof src, CONFIGS "%s", names[i]);
@@ -311,11 +311,12 @@ Test(family, init_writes_each_family) {
     }
 }
 
-// The families whose parts the step has (q/k norms, norm_topk_prob false) build and run a
-// training step on the counting backend too, which allocates what the GPU step would (the
-// pre-norm q/k and their statistics included) and gives it all back.
+// The families whose parts the step has (q/k norms, norm_topk_prob false, dense layers, the shared
+// expert) build and run a training step on the counting backend too, which allocates what the
+// GPU step would (the pre-norm q/k and their statistics, the MLP's activations) and gives it all
+// back.
 Test(family, qk_norm_families_step_on_the_counting_backend) {
-    const char *dirs[] = {"f_qwen3_moe", "f_olmoe"};
+    const char *dirs[] = {"f_qwen3_moe", "f_olmoe", "f_qwen3_dense", "f_qwen2_shared"};
     for (size_t i = 0; i < MT_ARRAY_LEN(dirs); i++) {
         char dir[512];
         snprintf(dir, sizeof dir, MT_REPO_ROOT "/tests/data/golden/%s", dirs[i]);
@@ -327,14 +328,19 @@ Test(family, qk_norm_families_step_on_the_counting_backend) {
         mt_backend *be = mt_backend_null_new();
         mt_model m;
         cr_assert_eq(mt_model_build(&m, be, &c, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
-        cr_assert_not_null(m.layers[0].qn, "%s: q_norm weight", dirs[i]);
+        cr_assert(m.layers[0].qn || c.family == MT_FAMILY_QWEN2_MOE, "%s: q_norm weight", dirs[i]);
+        cr_assert_eq(m.layers[1].dense, !mt_config_layer_is_moe(&c, 1));
         int32_t tok[16] = {0}, lab[16] = {0};
         mt_batch b = {2, 8, tok, lab, NULL};
         mt_loss l;
         cr_assert_eq(mt_model_forward_train(&m, &b, &l), 0, "%s", mt_error_get());
-        cr_assert_not_null(m.acts[0].q_raw, "the pre-norm q is kept");
-        cr_assert_eq(m.acts[0].rstd_q->shape[0],
-                     c.family == MT_FAMILY_QWEN3_MOE ? 16 * c.heads : 16, "one rstd per normed row");
+        if (m.layers[0].qn) {
+            cr_assert_not_null(m.acts[0].q_raw, "the pre-norm q is kept");
+            cr_assert_eq(m.acts[0].rstd_q->shape[0], c.family == MT_FAMILY_QWEN3_MOE ? 16 * c.heads : 16,
+                         "one rstd per normed row");
+        }
+        if (c.shared_intermediate || mt_config_moe_layers(&c) < c.layers)
+            cr_assert_not_null(m.acts[0].mlp_y, "%s: the MLP's activations", dirs[i]);
         mt_model_backward(&m);
         mt_model_free(&m);
         cr_expect_eq(be->ledger.total_cur, 0, "%s: everything went back to the ledger", dirs[i]);

@@ -58,6 +58,16 @@ static int span_add(span *s, const char *module) {
             s->targets |= leaves[i].bit, s->layers[L] = 1;
             return 0;
         }
+    for (int i = 0; i < 3; i++) {  // a dense layer's MLP, or the shared expert: the experts' targets
+        char dense[96], shared[96];
+        snprintf(dense, sizeof dense, "%s.%s", s->fam->moe_module, s->fam->mlp[i]);
+        snprintf(shared, sizeof shared, "%s.%s.%s", s->fam->moe_module,
+                 s->fam->shared_expert ? s->fam->shared_expert : "-", s->fam->mlp[i]);
+        if (strcmp(rest, dense) == 0 || strcmp(rest, shared) == 0) {
+            s->targets |= i == 0 ? MT_TARGET_W1 : i == 1 ? MT_TARGET_W2 : MT_TARGET_W3, s->layers[L] = 1;
+            return 0;
+        }
+    }
     char which[24];
     snprintf(experts, sizeof experts, "%s.experts.%%d.%%n", s->fam->moe_module);
     if (sscanf(rest, experts, &e, &used) == 1 && used > 0 && e >= 0 && e < MT_MAX_INDEX &&
