@@ -96,6 +96,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     mt_tensor datt = step_work(m, adt, T, qd, 1);
+    if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
     mt_linear_backward(&ly->o, &datt, dx, a->att, a->xa_o, NULL);
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
@@ -106,8 +107,14 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);
         mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
     }
+    int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+    if (c->clip_qkv > 0) {  // through the clamps: no gradient where a value was cut
+        float cl = (float)c->clip_qkv;
+        mt_clip_backward_normed(m, dq.data, A(a->q_raw), F(a->rstd_q), A(ly->qn), ph ? T * nh : T, ph ? hd : qd, cl);
+        mt_clip_backward_normed(m, dk.data, A(a->k_raw), F(a->rstd_k), A(ly->kn), ph ? T * nkv : T, ph ? hd : kvd, cl);
+        mt_clip_backward(m, dv.data, A(a->v_raw), (int64_t)T * kvd, cl);
+    }
     if (a->q_raw) {  // through the q/k RMSNorm: dq, dk become the projections' gradients
-        int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
         mt_tensor dq_raw = step_work(m, adt, T, qd, 1), dk_raw = step_work(m, adt, T, kvd, 1);
         if (run) {
             mt_op_rmsnorm_backward(m, dq_raw.data, A(ly->dqn), dq.data, A(a->q_raw), A(ly->qn), F(a->rstd_q),
@@ -118,6 +125,9 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         step_unwork(m, &dq), step_unwork(m, &dk);
         dq = dq_raw, dk = dk_raw;
     }
+    mt_tensor *dqkv[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++)
+        if (ly->bias[i]) mt_bias_backward(m, A(ly->dbias[i]), dqkv[i]->data, T, dqkv[i]->shape[1]);
     mt_tensor dln1 = step_work(m, adt, T, H, 1);
     mt_linear_backward(&ly->q, &dln1, &dq, a->ln1, a->xa_q, NULL);
     mt_linear_backward(&ly->k, &dln1, &dk, a->ln1, a->xa_k, NULL);
@@ -166,6 +176,7 @@ void mt_model_zero_grad(mt_model *m) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
         zero(m->be, ly->dln1), zero(m->be, ly->dln2), zero(m->be, ly->dqn), zero(m->be, ly->dkn);
+        for (int i = 0; i < 4; i++) zero(m->be, ly->dbias[i]);
         mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
                            &ly->shared_gate};
         for (int i = 0; i < 9; i++) zero_linear(m->be, ls[i]);

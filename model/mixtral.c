@@ -103,6 +103,11 @@ static void layer_slots(loader *ld, int L) {
                     lora && (o->targets & attn[i].target), 0);
     }
     const mt_family *fam = mt_config_family(c);
+    for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++)  // biases: dense, training in --mode full only
+        if (i < 3 ? c->qkv_bias : c->o_bias) {
+            snprintf(n, sizeof n, "%s.self_attn.%s.bias", p, attn[i].name);
+            dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, attn[i].out, 0, &ly->bias[i], &ly->dbias[i]);
+        }
     if (fam->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
         int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
         snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
@@ -383,8 +388,7 @@ static int finish(loader *ld) {
 // or NULL. The model is refused by that part's name, on every backend, so no family ever runs
 // with a part silently left out.
 static const char *missing_part(const mt_model_config *c) {
-    if (c->qkv_bias || c->o_bias) return "attention biases";
-    if (c->clip_qkv > 0) return "clip_qkv";
+    if (c->clip_qkv > 0 && mt_config_family(c)->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
     return NULL;
 }
 
@@ -392,6 +396,8 @@ static const char *missing_part(const mt_model_config *c) {
 // renormalising (its replay kernel renormalises). The cpu and null backends run them.
 static const char *missing_cuda_part(const mt_model_config *c) {
     if (mt_config_family(c)->qk_norm != MT_QK_NORM_NONE) return "q/k RMSNorm";
+    if (c->qkv_bias || c->o_bias) return "attention biases";
+    if (c->clip_qkv > 0) return "clip_qkv";
     if (!c->norm_topk_prob) return "norm_topk_prob false";
     if (c->shared_intermediate) return "the shared expert";
     if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers";

@@ -23,6 +23,8 @@ typedef struct mt_layer {
     mt_tensor *dln1, *dln2;      // their gradients (full mode)
     mt_tensor *qn, *kn;          // self_attn.q_norm, k_norm (families with a q/k RMSNorm), or NULL
     mt_tensor *dqn, *dkn;        // their gradients (full mode)
+    mt_tensor *bias[4], *dbias[4];  // q/k/v/o_proj biases where the family has them (NULL: none),
+                                    // their gradients (full mode)
     mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
     mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
@@ -54,6 +56,7 @@ typedef struct mt_layer_acts {
     mt_tensor *mlp_g, *mlp_u, *mlp_a, *mlp_y;        // dense MLP or shared expert [T, f], y [T, H]
     mt_tensor *mlp_s;                                // [T] sigmoid(shared_gate(x)) (shared expert)
     mt_tensor *xa_mlp[3], *xa_sgate;                 // their LoRA xa [T, r] (NULL without LoRA)
+    mt_tensor *v_raw;                                // clip_qkv: v_proj's output before clamping
     mt_tensor *q_raw, *k_raw;                        // q/k norm: q_proj, k_proj outputs before it
     mt_tensor *rstd_q, *rstd_k;                      // and its statistics (NULL without q/k norm)
     mt_tensor *logits, *probs, *weights;

@@ -154,7 +154,13 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
 // The model's tensor for checkpoint tensor `w` when it trains in this run, else NULL.
 static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
     if (w->kind == MT_WEIGHT_EMBED) return m->dembed ? m->embed : NULL;
-    if (w->kind == MT_WEIGHT_BIAS) return NULL;  // no family with biases builds a model yet
+    if (w->kind == MT_WEIGHT_BIAS) {
+        static const char *proj[] = {".q_proj.bias", ".k_proj.bias", ".v_proj.bias", ".o_proj.bias"};
+        mt_layer *ly = &m->layers[w->layer];
+        for (int i = 0; i < 4; i++)
+            if (strstr(w->name, proj[i])) return ly->dbias[i] ? ly->bias[i] : NULL;
+        return NULL;
+    }
     if (w->kind == MT_WEIGHT_NORM) {
         if (w->layer < 0) return m->dnorm ? m->norm : NULL;
         mt_layer *ly = &m->layers[w->layer];

@@ -47,6 +47,11 @@ int mt_model_params(mt_model *m, mt_param **out) {
             add(&l, module, ly->kn, ly->dkn);
         }
         static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        for (int i = 0; i < 4; i++)
+            if (ly->dbias[i]) {
+                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.bias", L, attn[i]);
+                add(&l, module, ly->bias[i], ly->dbias[i]);
+            }
         mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
         for (int i = 0; i < 4; i++) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", L, attn[i]);

@@ -26,7 +26,8 @@ Only this script needs PyTorch; the C tests read the committed files.
 leaving the Mixtral ones as they are: the same files with lora.* (LoRA on attention, experts and
 router), router.grad.* (router-only), qknorm.grad.* (the q/k RMSNorm weights' gradients, the only
 weights that train in that run), mlp.grad.* (the dense layers' MLP, the shared expert and its
-gate: the only weights that train in that run) and base.* (logits and losses without adapter).
+gate: the only weights that train in that run), bias.grad.* (the attention biases: likewise) and
+base.* (logits and losses without adapter).
 """
 import json
 import os
@@ -319,6 +320,29 @@ FAMILY_CONFIGS.update({
         batch=2, seq=10, pad_left=[3, 0],
     ),
 })
+FAMILY_CONFIGS.update({
+    # Qwen2-MoE as its checkpoints are: q/k/v biases (qkv_bias true), shared expert, a dense layer
+    "f_qwen2_bias": dict(
+        kind="qwen2_moe",
+        cfg=dict(hidden_size=28, moe_intermediate_size=9, intermediate_size=23, shared_expert_intermediate_size=15,
+                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_experts=5,
+                 num_experts_per_tok=2, norm_topk_prob=True, vocab_size=97, max_position_embeddings=64,
+                 rope_theta=10000.0, router_aux_loss_coef=0.001, rms_norm_eps=1e-6, mlp_only_layers=[0],
+                 decoder_sparse_step=1, qkv_bias=True, use_sliding_window=False),
+        batch=2, seq=9, pad_left=[0, 2],
+    ),
+    # OLMoE with clip_qkv small enough to cut (after the q/k norms, and v) and attention_bias
+    # (q/k/v/o biases)
+    "f_olmoe_clip": dict(
+        kind="olmoe",
+        cfg=dict(hidden_size=24, intermediate_size=13, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_experts=5, num_experts_per_tok=2, norm_topk_prob=False,
+                 vocab_size=97, max_position_embeddings=64, rope_theta=10000.0, router_aux_loss_coef=0.01,
+                 rms_norm_eps=1e-5, clip_qkv=0.9, attention_bias=True, bos_token_id=None, eos_token_id=2,
+                 pad_token_id=1),
+        batch=2, seq=10, pad_left=[0, 3],
+    ),
+})
 FAMILY_LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0,
                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                    "gate"])
@@ -352,6 +376,8 @@ def family_main():
             for n, p in base.named_parameters():
                 if n.endswith("norm.weight"):  # layernorms, q/k norms, the final norm
                     p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                if n.endswith(".bias"):  # zero at init: a missed bias would go unseen
+                    p.copy_(0.3 * torch.randn_like(p))
         base.save_pretrained(d, safe_serialization=True)
         tokens, mask, labels = make_batch(spec, spec["cfg"]["vocab_size"], seed=5000 + idx)
         coef = spec["cfg"]["router_aux_loss_coef"]
@@ -375,7 +401,8 @@ def family_main():
         for prefix, wanted in (("router", lambda n: n.endswith("mlp.gate.weight")),
                                ("qknorm", lambda n: n.endswith("q_norm.weight") or n.endswith("k_norm.weight")),
                                ("mlp", lambda n: ".shared_expert" in n or (".mlp." in n and "_proj" in n
-                                                                          and ".experts." not in n))):
+                                                                          and ".experts." not in n)),
+                               ("bias", lambda n: n.endswith(".bias"))):
             m = family_model(spec["kind"], d)
             for n, p in m.named_parameters():
                 p.requires_grad_(wanted(n))
@@ -394,6 +421,7 @@ def family_main():
         with open(os.path.join(d, "adapter_config.json")) as f:
             ac = json.load(f)
         ac["base_model_name_or_path"] = name
+        ac["target_modules"] = sorted(ac["target_modules"])  # a set in PEFT: its order is the hash's
         with open(os.path.join(d, "adapter_config.json"), "w") as f:
             json.dump(ac, f, indent=2, sort_keys=True)
         for extra in ("README.md", "generation_config.json"):
