@@ -15,6 +15,7 @@
 #include "core/safetensors.h"
 #include "lora/peft.h"
 #include "trainer/options.h"
+#include "tests/fd.h"
 #include "tests/test_util.h"
 
 #define CONFIGS MT_REPO_ROOT "/configs/"
@@ -400,3 +401,73 @@ Test(family, adapter_names_and_round_trip) {
     mt_model_free(&m), mt_model_free(&back);
     mt_backend_free(be);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Finite differences of the whole model's loss (CE + aux, fp32 CPU forward) against the backward,
+// for the parameters the families add: biases, q/k norm weights, the shared expert's gate and a
+// dense layer's MLP (--mode full: every weight has its gradient).
+
+typedef struct { mt_model *m; mt_batch b; } fd_ctx;
+
+static double fd_loss(void *ctx) {
+    fd_ctx *c = ctx;
+    mt_loss l;
+    cr_assert_eq(mt_model_forward(c->m, &c->b, &l), 0, "%s", mt_error_get());
+    return l.loss;
+}
+
+static void fd_tensor(fd_ctx *c, const char *what, mt_tensor *w, mt_tensor *g, int64_t n) {
+    cr_assert(w && g, "%s: no tensor or gradient", what);
+    n = MT_MIN(n, mt_tensor_numel(w));
+    fd_report r = fd_check_f32(fd_loss, c, w->data, g->data, n, 1e-2f, 2e-3);
+    cr_expect_lt(r.worst, 2e-2, "%s: " FD_FMT, what, FD_ARGS(r));
+}
+
+static void fd_family(const char *config) {
+    mt_model_config cfg;
+    load(config, &cfg);
+    cfg.top_k = cfg.experts;  // every expert chosen: no top-k switch makes the loss jump under ±h
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_FULL, o.quant = MT_QUANT_NONE;
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m;
+    cr_assert_eq(mt_model_build(&m, be, &cfg, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    // Larger biases and norms than init's 0 and 1, so their gradients carry information.
+    for (int L = 0; L < cfg.layers; L++) {
+        mt_tensor *t[] = {m.layers[L].bias[0], m.layers[L].bias[1], m.layers[L].bias[2], m.layers[L].bias[3],
+                          m.layers[L].qn, m.layers[L].kn};
+        for (size_t i = 0; i < MT_ARRAY_LEN(t); i++)
+            for (int64_t j = 0; t[i] && j < mt_tensor_numel(t[i]); j++)
+                ((float *)t[i]->data)[j] = (i < 4 ? 0.0f : 1.0f) + 0.3f * sinf((float)(7 * j + 3 * L + (int)i));
+    }
+    static int32_t tok[14], lab[14];
+    for (int t = 0; t < 14; t++) tok[t] = lab[t] = (t * 37 + 5) % (int)cfg.vocab;
+    fd_ctx c = {&m, {2, 7, tok, lab, NULL}};
+    mt_loss l;
+    mt_model_zero_grad(&m);
+    cr_assert_eq(mt_model_forward_train(&m, &c.b, &l), 0);
+    mt_model_backward(&m);
+    for (int L = 0; L < cfg.layers; L++) {
+        mt_layer *ly = &m.layers[L];
+        char what[96];
+        static const char *bn[] = {"q bias", "k bias", "v bias", "o bias"};
+        for (int i = 0; i < 4; i++)
+            if (ly->bias[i]) snprintf(what, sizeof what, "layer %d %s", L, bn[i]), fd_tensor(&c, what, ly->bias[i], ly->dbias[i], 12);
+        if (ly->qn) {
+            snprintf(what, sizeof what, "layer %d q_norm", L), fd_tensor(&c, what, ly->qn, ly->dqn, 12);
+            snprintf(what, sizeof what, "layer %d k_norm", L), fd_tensor(&c, what, ly->kn, ly->dkn, 12);
+        }
+        if (ly->shared_gate.out)
+            snprintf(what, sizeof what, "layer %d shared_expert_gate", L),
+                fd_tensor(&c, what, ly->shared_gate.w, ly->shared_gate.dw, 12);
+        for (int i = 0; i < 3 && ly->mlp[i].out; i++)
+            snprintf(what, sizeof what, "layer %d %s mlp[%d]", L, ly->dense ? "dense" : "shared", i),
+                fd_tensor(&c, what, ly->mlp[i].w, ly->mlp[i].dw, 8);
+    }
+    mt_model_free(&m);
+    mt_backend_free(be);
+}
+
+Test(family, finite_differences_qwen2_moe_biases_shared_expert_dense_layers) { fd_family(CONFIGS "tiny-qwen2-moe.json"); }
+Test(family, finite_differences_qwen3_moe_head_qk_norm_dense_layer) { fd_family(CONFIGS "tiny-qwen3-moe.json"); }
