@@ -471,3 +471,23 @@ static void fd_family(const char *config) {
 
 Test(family, finite_differences_qwen2_moe_biases_shared_expert_dense_layers) { fd_family(CONFIGS "tiny-qwen2-moe.json"); }
 Test(family, finite_differences_qwen3_moe_head_qk_norm_dense_layer) { fd_family(CONFIGS "tiny-qwen3-moe.json"); }
+
+// The real configs read, and their parameter counts are the ones their model cards publish
+// (docs/families.md says where each value came from): the sizes are right, and every part
+// (shared expert, q/k norms, experts of moe_intermediate_size) is counted.
+Test(family, real_configs_count_their_published_parameters) {
+    struct { const char *file; double total, active; } real[] = {
+        {"qwen3-30b-a3b.json", 30.5e9, 3.3e9},      // Qwen3 model card: 30.5B total, 3.3B activated
+        {"qwen1.5-moe-a2.7b.json", 14.3e9, 2.7e9},  // Qwen1.5-MoE card: 14.3B total, 2.7B activated
+        {"olmoe-1b-7b.json", 6.9e9, 1.3e9},         // OLMoE paper: 6.9B total, 1.3B active
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(real); i++) {
+        char path[512];
+        snprintf(path, sizeof path, CONFIGS "%s", real[i].file);
+        mt_model_config c;
+        load(path, &c);
+        double t = (double)mt_config_total_params(&c), a = (double)mt_config_active_params(&c);
+        cr_expect_lt(fabs(t - real[i].total) / real[i].total, 0.01, "%s: total %.4g", real[i].file, t);
+        cr_expect_lt(fabs(a - real[i].active) / real[i].active, 0.03, "%s: active %.4g", real[i].file, a);
+    }
+}
