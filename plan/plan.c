@@ -107,10 +107,21 @@ static int64_t outer_params(const mt_model_config *cfg) {
     return cfg->vocab * cfg->hidden * (cfg->tie_word_embeddings ? 1 : 2) + cfg->hidden;
 }
 
-static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
+static int64_t mixtral_params(const mt_model_config *cfg, const linear_sizes *s) {
     int64_t layer = sum_of(s->attn, 4) + 2 * cfg->hidden + cfg->hidden * cfg->experts +
                     cfg->experts * sum_of(s->expert, 3);
     return cfg->layers * layer + outer_params(cfg);
+}
+
+// The family's parts beside Mixtral's (docs/families.md): shared experts and their gates,
+// attention biases, q/k norms. The step keeps them dense (bf16 on the GPU), frozen but in --mode
+// full; their LoRA and activations are not counted yet (0 for Mixtral).
+static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
+    return mt_config_total_params(cfg) - mixtral_params(cfg, s);
+}
+
+static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
+    return mixtral_params(cfg, s) + family_extra_params(cfg, s);
 }
 
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
@@ -245,6 +256,11 @@ static int plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
     if (!(o->gpu_mem_bytes > 0)) { mt_error_set("--gpu-mem must be positive"); return -1; }
     if (check_index_set(&o->layers, cfg->layers, "--layers", "layers")) return -1;
     if (check_index_set(&o->experts, cfg->experts, "--experts", "experts")) return -1;
+    if (mt_config_moe_layers(cfg) != cfg->layers) {
+        mt_error_set("model_type %s: the planner does not count dense MLP layers (mlp_only_layers, "
+                     "decoder_sparse_step) yet", cfg->model_type);
+        return -1;
+    }
     return 0;
 }
 
@@ -309,6 +325,7 @@ static void count_trainables(const mt_model_config *cfg, const mt_plan_opts *o, 
         add_part(p, "routers", L, router, 1);
         add_part(p, "attention + norms", L, sum_of(s->attn, 4) + 2 * h, 1);
         add_part(p, "embeddings, lm_head, final norm", 1, outer_params(cfg), 1);
+        add_part(p, "shared experts, biases, q/k norms", 1, family_extra_params(cfg, s), 1);
         break;
     }
 }
@@ -346,10 +363,11 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
                  frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
                  frozen_linears(p, o, router, 1, cfg->layers - t->router_layers, MT_QTARGET_ROUTER);
-    int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden;
+    int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
+                                                 family_extra_params(cfg, s);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
-    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;
+    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
 }
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {

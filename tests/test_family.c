@@ -15,6 +15,7 @@
 #include "core/safetensors.h"
 #include "lora/peft.h"
 #include "trainer/options.h"
+#include "plan/plan.h"
 #include "tests/fd.h"
 #include "tests/test_util.h"
 
@@ -490,4 +491,29 @@ Test(family, real_configs_count_their_published_parameters) {
         cr_expect_lt(fabs(t - real[i].total) / real[i].total, 0.01, "%s: total %.4g", real[i].file, t);
         cr_expect_lt(fabs(a - real[i].active) / real[i].active, 0.03, "%s: active %.4g", real[i].file, a);
     }
+}
+
+// The planner counts the family's parts beside Mixtral's (shared experts, biases, q/k norms) in
+// the model and, kept dense, in the bf16 base; it refuses dense layers, which it cannot count yet.
+Test(family, plan_counts_the_family_parts) {
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 16, o.seq = 4096;
+    const char *files[] = {"qwen1.5-moe-a2.7b.json", "qwen3-30b-a3b.json", "olmoe-1b-7b.json", "mixtral-8x7b.json"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(files); i++) {
+        char path[512];
+        snprintf(path, sizeof path, CONFIGS "%s", files[i]);
+        mt_model_config c;
+        load(path, &c);
+        mt_plan p;
+        cr_assert_eq(mt_plan_compute(&c, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
+        cr_expect_eq(p.model_params, mt_config_total_params(&c), "%s: the planner's model is the checkpoint's", files[i]);
+        if (c.shared_intermediate)  // the 24 shared experts and gates are in the dense base
+            cr_expect_geq(p.frozen_bf16_gpu, 24 * mt_config_shared_expert_params(&c), "%s", files[i]);
+    }
+    mt_model_config d;
+    load(CONFIGS "tiny-qwen3-moe.json", &d);  // mlp_only_layers [1]
+    mt_plan p;
+    cr_assert_neq(mt_plan_compute(&d, MT_PLAN_OPTS_OF(&o), &p), 0);
+    cr_expect(strstr(mt_error_get(), "dense MLP layers"), "%s", mt_error_get());
 }
