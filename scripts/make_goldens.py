@@ -24,7 +24,8 @@ Only this script needs PyTorch; the C tests read the committed files.
 
 --families writes only the other families' fixtures (docs/families.md), tests/data/golden/f_<name>/,
 leaving the Mixtral ones as they are: the same files with lora.* (LoRA on attention, experts and
-router), router.grad.* (router-only), qknorm.grad.* (the q/k RMSNorm weights' gradients, the only
+router), router.grad.* (router-only), unfreeze.grad.* (the first and last expert of the last MoE
+layer and its router, meta.json's "unfreeze"), qknorm.grad.* (the q/k RMSNorm weights' gradients, the only
 weights that train in that run), mlp.grad.* (the dense layers' MLP, the shared expert and its
 gate: the only weights that train in that run), bias.grad.* (the attention biases: likewise) and
 base.* (logits and losses without adapter).
@@ -398,7 +399,15 @@ def family_main():
                 g = torch.zeros_like(p) if p.grad is None else p.grad
                 t["lora.grad." + n.replace(".default", "")] = g.detach().clone().float().contiguous()
 
+        c = spec["cfg"]
+        moe_layers = [l for l in range(c["num_hidden_layers"])
+                      if l not in c.get("mlp_only_layers", []) and (l + 1) % c.get("decoder_sparse_step", 1) == 0]
+        unfreeze = dict(layers=[moe_layers[-1]], experts=[0, c["num_experts"] - 1])
+        unfrozen = {f"model.layers.{l}.mlp.gate.weight" for l in unfreeze["layers"]}
+        unfrozen |= {f"model.layers.{l}.mlp.experts.{e}.{w}.weight" for l in unfreeze["layers"]
+                     for e in unfreeze["experts"] for w in ("gate_proj", "up_proj", "down_proj")}
         for prefix, wanted in (("router", lambda n: n.endswith("mlp.gate.weight")),
+                               ("unfreeze", lambda n: n in unfrozen),
                                ("qknorm", lambda n: n.endswith("q_norm.weight") or n.endswith("k_norm.weight")),
                                ("mlp", lambda n: ".shared_expert" in n or (".mlp." in n and "_proj" in n
                                                                           and ".experts." not in n)),
@@ -431,7 +440,8 @@ def family_main():
                   metadata={"magic": MAGIC, "version": str(FORMAT_VERSION)})
         meta = dict(magic=MAGIC, version=FORMAT_VERSION, torch=torch.__version__,
                     transformers=transformers.__version__, peft=peft.__version__, family=spec["kind"],
-                    attn_implementation="eager", dtype="float32", lora=FAMILY_LORA, pad_left=spec["pad_left"])
+                    attn_implementation="eager", dtype="float32", lora=FAMILY_LORA, pad_left=spec["pad_left"],
+                    unfreeze=unfreeze)
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2, sort_keys=True)
         print(f"{name}: loss {out.loss.item():.6f} ce {ce.item():.6f} aux {aux.item():.6f}")

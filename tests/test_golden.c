@@ -378,3 +378,10 @@ Test(golden, family_full_qwen2_biases) { full_case("f_qwen2_bias", 0, 3 + 3 + 1,
 Test(golden, family_lora_olmoe_clip_biases) { lora_case("f_olmoe_clip"); }
 Test(golden, family_router_olmoe_clip_biases) { mode_case("f_olmoe_clip", MT_MODE_ROUTER); }
 Test(golden, family_full_olmoe_clip_biases) { full_case("f_olmoe_clip", 1, 0, 2 * 4); }
+// Unfreeze of layer x expert subsets (the first and last expert of the last MoE layer) per family.
+Test(golden, family_unfreeze_qwen3_moe) { mode_case("f_qwen3_moe", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_olmoe) { mode_case("f_olmoe", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen3_dense_layer) { mode_case("f_qwen3_dense", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen2_shared_expert) { mode_case("f_qwen2_shared", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen2_biases) { mode_case("f_qwen2_bias", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_olmoe_clip_biases) { mode_case("f_olmoe_clip", MT_MODE_UNFREEZE); }
