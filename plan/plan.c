@@ -115,14 +115,14 @@ static int64_t mixtral_params(const mt_model_config *cfg, const linear_sizes *s)
 
 // The family's parts beside Mixtral's (docs/families.md): shared experts and their gates,
 // attention biases, q/k norms. The step keeps them dense (bf16 on the GPU), frozen but in --mode
-// full; their LoRA and activations are not counted yet (0 for Mixtral).
+// full; their LoRA and activations are not counted yet (0 for Mixtral). Dense layers are counted
+// as MoE layers (router and experts, more than their MLP): an overestimate, so nothing is said
+// to fit that does not; then the extra parts are taken as none.
 static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
-    return mt_config_total_params(cfg) - mixtral_params(cfg, s);
+    return MT_MAX(mt_config_total_params(cfg) - mixtral_params(cfg, s), (int64_t)0);
 }
 
-static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
-    return mixtral_params(cfg, s) + family_extra_params(cfg, s);
-}
+static int64_t model_params(const mt_model_config *cfg) { return mt_config_total_params(cfg); }
 
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
     if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
@@ -256,11 +256,6 @@ static int plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
     if (!(o->gpu_mem_bytes > 0)) { mt_error_set("--gpu-mem must be positive"); return -1; }
     if (check_index_set(&o->layers, cfg->layers, "--layers", "layers")) return -1;
     if (check_index_set(&o->experts, cfg->experts, "--experts", "experts")) return -1;
-    if (mt_config_moe_layers(cfg) != cfg->layers) {
-        mt_error_set("model_type %s: the planner does not count dense MLP layers (mlp_only_layers, "
-                     "decoder_sparse_step) yet", cfg->model_type);
-        return -1;
-    }
     return 0;
 }
 
@@ -376,7 +371,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     linear_sizes s;
     linear_sizes_of(cfg, &s);
     trainables t;
-    p->model_params = model_params(cfg, &s);
+    p->model_params = model_params(cfg);
     count_trainables(cfg, o, &s, &t, p);
     p->units_gpu = ceil_div(p->units, o->ep);  // round-robin over the EP ranks
 

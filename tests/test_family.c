@@ -494,7 +494,7 @@ Test(family, real_configs_count_their_published_parameters) {
 }
 
 // The planner counts the family's parts beside Mixtral's (shared experts, biases, q/k norms) in
-// the model and, kept dense, in the bf16 base; it refuses dense layers, which it cannot count yet.
+// the model and, kept dense, in the bf16 base; dense layers it plans as MoE layers (too much).
 Test(family, plan_counts_the_family_parts) {
     mt_run_opts o;
     mt_run_opts_default(&o);
@@ -511,11 +511,19 @@ Test(family, plan_counts_the_family_parts) {
         if (c.shared_intermediate)  // the 24 shared experts and gates are in the dense base
             cr_expect_geq(p.frozen_bf16_gpu, 24 * mt_config_shared_expert_params(&c), "%s", files[i]);
     }
-    mt_model_config d;
-    load(CONFIGS "tiny-qwen3-moe.json", &d);  // mlp_only_layers [1]
-    mt_plan p;
-    cr_assert_neq(mt_plan_compute(&d, MT_PLAN_OPTS_OF(&o), &p), 0);
-    cr_expect(strstr(mt_error_get(), "dense MLP layers"), "%s", mt_error_get());
+    // Dense layers are planned as MoE layers: the base is overestimated, never under.
+    const char *dense[] = {"tiny-qwen3-moe.json", "tiny-qwen2-moe.json"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(dense); i++) {
+        char path[512];
+        snprintf(path, sizeof path, CONFIGS "%s", dense[i]);
+        mt_model_config d;
+        load(path, &d);
+        mt_plan p;
+        cr_assert_eq(mt_plan_compute(&d, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
+        cr_expect_eq(p.model_params, mt_config_total_params(&d));
+        cr_expect_geq(p.frozen_bf16_gpu + p.frozen_quant_gpu, mt_config_total_params(&d) - p.trainable_gpu, "%s",
+                      dense[i]);
+    }
 }
 
 // With and without recomputation (--checkpointing full, the default the goldens use, and none)
@@ -561,4 +569,30 @@ Test(family, recomputation_changes_nothing) {
         mt_model_free(&m[0]), mt_model_free(&m[1]);
         mt_backend_free(be);
     }
+}
+
+// `moetrain train` end to end on a family with every part (Qwen2-MoE: biases, shared expert,
+// dense layers), the 4-bit default base included: the planner's check, the load, the steps, the
+// adapter under the family's names; then eval reads that adapter back.
+Test(family, train_and_eval_from_the_command_line) {
+    mt_model_config c;
+    load(CONFIGS "tiny-qwen2-moe.json", &c);
+    c.vocab = 300;  // the byte-level tokenizer's ids
+    char cfg[512], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/q2.json", tmp);
+    cr_assert_eq(mt_model_config_write(&c, cfg), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s --out %s/base --seed 3", cfg, tmp), 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "train --model %s/base --data %s/scripts/interop/data.jsonl --out %s/run "
+                             "--mode lora --r 4 --targets all --steps 2 --seq 32 --seed 5", tmp, MT_REPO_ROOT, tmp),
+                 0, "%s", out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/run/adapter/adapter_model.safetensors", tmp);
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, path), 0, "%s", mt_error_get());
+    cr_expect_not_null(mt_st_file_find(&f, "base_model.model.model.layers.1.mlp.shared_expert.up_proj.lora_A.weight"));
+    cr_expect_not_null(mt_st_file_find(&f, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+    mt_st_file_close(&f);
+    cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s/base --adapter %s/run/adapter --data "
+                             "%s/scripts/interop/data.jsonl", tmp, tmp, MT_REPO_ROOT), 0, "%s", out);
+    cr_expect(strstr(out, "loss="), "%s", out);
 }
