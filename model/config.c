@@ -379,15 +379,14 @@ static int read_family(const cJSON *root, mt_model_config *cfg) {
     if (!fam->norm_topk_fixed && get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob) != 0) return -1;
     if (get_bool(root, "output_router_logits", 0, &cfg->output_router_logits) != 0) return -1;
     if (fam->has_dense_layers) {
-        // Class defaults of intermediate_size: Qwen2-MoE 5632, Qwen3-MoE 6144.
-        int64_t dense_def = cfg->family == MT_FAMILY_QWEN2_MOE ? 5632 : 6144;
-        if (get_int(root, "intermediate_size", 0, dense_def, 1, M, &cfg->dense_intermediate) != 0 ||
+        if (get_int(root, "intermediate_size", 0, fam->default_dense_intermediate, 1, M, &cfg->dense_intermediate) != 0 ||
             get_int(root, "decoder_sparse_step", 0, 1, 1, M, &cfg->decoder_sparse_step) != 0 ||
             read_mlp_only(root, cfg) != 0)
             return -1;
     }
     if (fam->shared_expert &&
-        get_int(root, "shared_expert_intermediate_size", 0, 5632, 1, M, &cfg->shared_intermediate) != 0)
+        get_int(root, "shared_expert_intermediate_size", 0, fam->default_shared_intermediate, 1, M,
+                &cfg->shared_intermediate) != 0)
         return -1;
     if (fam->qkv_bias_key && get_bool(root, fam->qkv_bias_key, fam->qkv_bias_default, &cfg->qkv_bias) != 0)
         return -1;

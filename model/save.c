@@ -125,7 +125,7 @@ int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_mode
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
-    if (peft_format == MT_PEFT_V5 && m->cfg.family != MT_FAMILY_MIXTRAL) {
+    if (peft_format == MT_PEFT_V5 && !mt_config_family(&m->cfg)->peft_v5) {
         mt_error_set("%s: the v5 (fused experts) adapter layout is written for Mixtral only so far; "
                      "use the v4 layout for model_type %s", dir, m->cfg.model_type);
         goto done;
