@@ -137,8 +137,8 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     }
     if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
     mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
-    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
-        gemm(*dx, dgu, w13, 0, 0, 1.0f);
+    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f (dxs NULL: not wanted)
+        if (dx) gemm(*dx, dgu, w13, 0, 0, 1.0f);
         if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
         if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3), &sc->lora);
     } else {

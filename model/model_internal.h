@@ -137,7 +137,7 @@ void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const m
 // once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).
 int mt_experts_recompute_in_backward(const mt_model *m);
 void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs, const mt_expert_scratch *scratch);
+                        const mt_tensor *dxs, const mt_expert_scratch *scratch);  // dxs NULL: not wanted
 
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);
