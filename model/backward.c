@@ -61,14 +61,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
     mt_tensor dxs = need.dln2 ? step_work(m, adt, R, H, 1) : (mt_tensor){0};
-    // With EP an expert receives at most every rank's T rows.
-    mt_expert_scratch sc = mt_expert_scratch_new(m, L, MT_MIN(R, (int64_t)T * m->par.ep_size), 1);
-    for (int e = 0; e < E; e++) {
-        int64_t o0, n;
-        mt_expert_rows(m, L, e, &o0, &n);
-        if (n) mt_expert_backward(m, L, e, o0, n, &dys_own, need.dln2 ? &dxs : NULL, &sc);
-    }
-    mt_expert_scratch_free(m, &sc);
+    mt_experts_backward(m, L, &dys_own, need.dln2 ? &dxs : NULL, R);
     if (run && late && need.dlogits)
         mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     if (ep) step_unwork(m, &dys_own);

@@ -3,6 +3,8 @@
 // GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
 // pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
 // column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
+#include <stdlib.h>
+
 #include "core/common.h"
 #include "lora/lora.h"
 #include "model/model_internal.h"
@@ -78,26 +80,26 @@ static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int6
     mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), ROWS(a->a, o0, n), XA(a->xa_w2), &sc->lora);
 }
 
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
-                       const mt_expert_scratch *sc) {
+static void expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
+                           const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
     if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
     else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
 }
 
-// The first n rows of an expert scratch, zeroed (the backward accumulates into them).
-static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t n) {
-    mt_tensor v = mt_view_rows(s, 0, n);
+// Rows [r0, r0 + n) of an expert scratch, zeroed (the backward accumulates into them).
+static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t r0, int64_t n) {
+    mt_tensor v = mt_view_rows(s, r0, n);
     if (v.data) m->be->ops->fill_zero(m->be, v.data, v.nbytes);
     return v;
 }
 
 static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
                          const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc) {
-    int64_t f = m->cfg.intermediate;
+    int64_t f = m->cfg.intermediate, s0 = sc->every_row ? o0 : 0;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);  // [n, 2f]: dg | du
+    mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
     mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
@@ -125,7 +127,7 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     int fused = fused_pair(w1, w3), held = recompute && fused && w2->q;  // W13 and W2 held together
     mt_tensor w13 = fused && recompute ? w13_dequantized(m, w1, w3) : (mt_tensor){0};
     if (recompute) up_gpu(m, ly, a, e, o0, n, fused ? &w13 : NULL, sc);  // gu and a again; ys below
-    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
+    mt_tensor da = zeroed_rows(m, &sc->da, 0, n), dgu = zeroed_rows(m, &sc->dgu, 0, n);
     if (held) {
         mt_tensor w2w = w2_dequantized(m, w2);
         mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
@@ -147,10 +149,12 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     }
 }
 
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward) {
+// every_row: the backward's da and dgu hold every row of the layer's experts, each expert its own
+// (the cpu's experts run in parallel); else as many rows as one expert can get, reused by each.
+static mt_expert_scratch scratch_new(mt_model *m, int L, int64_t rows, int backward, int every_row) {
     int64_t f = m->cfg.intermediate;
     mt_dtype dt = act_dtype(m);
-    mt_expert_scratch s = {.rows = rows};
+    mt_expert_scratch s = {.rows = rows, .every_row = every_row};
     if (backward) s.da = step_work(m, dt, rows, f, 0), s.dgu = step_work(m, dt, rows, 2 * f, 0);
     mt_layer *ly = &m->layers[L];
     for (int e = 0; gpu_step(m) && e < m->cfg.experts; e++) {  // the cpu's LoRA takes its own
@@ -162,15 +166,69 @@ mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int ba
     return s;
 }
 
-void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s) {
+static void scratch_free(mt_model *m, mt_expert_scratch *s) {
     if (s->lora.bytes) mt_work_free(m->be, s->lora.data, s->lora.bytes);
     if (s->dgu.ndim) step_unwork(m, &s->dgu), step_unwork(m, &s->da);
 }
 
-void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs, const mt_expert_scratch *sc) {
+static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
+                            const mt_tensor *dxs, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
     if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
     else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
+}
+
+// The cpu runs a layer's experts in parallel, an expert per thread at a time (dynamic: routing
+// makes them unequal) with each of its GEMMs on that thread: the experts are independent
+// (disjoint rows, their own weights and gradients), and a small GEMM split over threads pays a
+// fork and join each time, which top-8 of many small experts multiplies. The GPU step (and the
+// null backend's count of it) runs them in turn.
+static int experts_in_parallel(const mt_model *m) { return m->be->ops->kind == MT_BACKEND_CPU; }
+
+// The most rows one expert can get: each token picks k distinct experts, so at most T per rank.
+static int64_t expert_rows_max(const mt_model *m, int64_t R) {
+    return MT_MIN(R, (int64_t)m->B * m->S * m->par.ep_size);
+}
+
+typedef struct { int e; int64_t o0, n; } expert_job;
+
+static int by_rows_desc(const void *a, const void *b) {
+    const expert_job *x = a, *y = b;
+    return x->n != y->n ? (x->n < y->n) - (x->n > y->n) : x->e - y->e;
+}
+
+// The experts of layer L with rows, largest first when they run in parallel: the last to start
+// is then the smallest, which keeps the threads' finishing times close.
+static int expert_jobs(const mt_model *m, int L, int par, expert_job *jobs) {
+    int count = 0;
+    for (int e = 0; e < m->cfg.experts; e++) {
+        expert_job j = {e, 0, 0};
+        mt_expert_rows(m, L, e, &j.o0, &j.n);
+        if (j.n) jobs[count++] = j;  // an expert with no tokens does nothing
+    }
+    if (par) qsort(jobs, (size_t)count, sizeof *jobs, by_rows_desc);
+    return count;
+}
+
+void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) {
+    int par = experts_in_parallel(m);
+    expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
+    int count = expert_jobs(m, L, par, jobs);
+    mt_expert_scratch sc = scratch_new(m, L, expert_rows_max(m, R), 0, 0);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < count; i++) expert_forward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, ys_own, &sc);
+    scratch_free(m, &sc);
+    free(jobs);
+}
+
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R) {
+    int par = experts_in_parallel(m);
+    expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
+    int count = expert_jobs(m, L, par, jobs);
+    mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, &sc);
+    scratch_free(m, &sc);
+    free(jobs);
 }

@@ -115,29 +115,28 @@ void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, con
                                  int64_t f);
 void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 
-// Expert e of layer L on its rows [o0, o0 + n) of the expert buffers (model/experts.c): forward
-// xs -> a -> ys_own rows; backward from dys_own rows, ACCUMULATING into dxs rows, the experts'
-// weight and LoRA gradients. The cpu runs w1 and w3 apart (the f32 reference); the GPU step
+// The experts of layer L, each on its rows [o0, o0 + n) of the expert buffers (model/experts.c;
+// R: the rows this rank's experts hold): forward xs -> a -> ys_own rows; backward from dys_own
+// rows, ACCUMULATING into dxs rows (dxs NULL: not wanted), the experts' weight and LoRA
+// gradients. The cpu runs w1 and w3 apart (the f32 reference), experts in parallel; the GPU step
 // runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
 // The experts' scratch, taken once per layer for as many rows as one expert can get (each token
 // picks k distinct experts: at most T per rank), so that its size never depends on the routing
 // and the plan can count it: the backward's da [rows, f] and dgu [rows, 2f] (the cpu's dg | du),
-// and the GPU step's LoRA scratch for the largest expert LoRA.
+// and the GPU step's LoRA scratch for the largest expert LoRA. The cpu's backward takes every
+// row instead (every_row), so that experts running at once each have their own.
 typedef struct mt_expert_scratch {
     int64_t rows;
+    int every_row;
     mt_tensor da, dgu;       // backward only
     mt_lora_scratch lora;
 } mt_expert_scratch;
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward);
-void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s);
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
-                       const mt_expert_scratch *scratch);
+void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
 // GPU step with recomputation on one EP rank: the replay forward skips the experts, and each
 // expert's backward recomputes its rows (gu, a, ys) first, so its 4-bit weights are dequantized
 // once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).
 int mt_experts_recompute_in_backward(const mt_model *m);
-void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs, const mt_expert_scratch *scratch);  // dxs NULL: not wanted
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);
