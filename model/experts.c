@@ -3,6 +3,7 @@
 // GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
 // pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
 // column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
+#include <omp.h>
 #include <stdlib.h>
 
 #include "core/common.h"
@@ -184,7 +185,11 @@ static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, co
 // (disjoint rows, their own weights and gradients), and a small GEMM split over threads pays a
 // fork and join each time, which top-8 of many small experts multiplies. The GPU step (and the
 // null backend's count of it) runs them in turn.
-static int experts_in_parallel(const mt_model *m) { return m->be->ops->kind == MT_BACKEND_CPU; }
+// With fewer than two experts per thread (E = 1 is a dense MLP) the threads would idle: the
+// experts then run in turn, each GEMM on every thread.
+static int experts_in_parallel(const mt_model *m, int jobs) {
+    return m->be->ops->kind == MT_BACKEND_CPU && jobs >= 2 * omp_get_max_threads();
+}
 
 // The most rows one expert can get: each token picks k distinct experts, so at most T per rank.
 static int64_t expert_rows_max(const mt_model *m, int64_t R) {
@@ -200,21 +205,22 @@ static int by_rows_desc(const void *a, const void *b) {
 
 // The experts of layer L with rows, largest first when they run in parallel: the last to start
 // is then the smallest, which keeps the threads' finishing times close.
-static int expert_jobs(const mt_model *m, int L, int par, expert_job *jobs) {
+static int expert_jobs(const mt_model *m, int L, int *par, expert_job *jobs) {
     int count = 0;
     for (int e = 0; e < m->cfg.experts; e++) {
         expert_job j = {e, 0, 0};
         mt_expert_rows(m, L, e, &j.o0, &j.n);
         if (j.n) jobs[count++] = j;  // an expert with no tokens does nothing
     }
-    if (par) qsort(jobs, (size_t)count, sizeof *jobs, by_rows_desc);
+    *par = experts_in_parallel(m, count);
+    if (*par) qsort(jobs, (size_t)count, sizeof *jobs, by_rows_desc);
     return count;
 }
 
 void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) {
-    int par = experts_in_parallel(m);
+    int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
-    int count = expert_jobs(m, L, par, jobs);
+    int count = expert_jobs(m, L, &par, jobs);
     mt_expert_scratch sc = scratch_new(m, L, expert_rows_max(m, R), 0, 0);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int i = 0; i < count; i++) expert_forward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, ys_own, &sc);
@@ -223,9 +229,9 @@ void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) 
 }
 
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R) {
-    int par = experts_in_parallel(m);
+    int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
-    int count = expert_jobs(m, L, par, jobs);
+    int count = expert_jobs(m, L, &par, jobs);
     mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, &sc);
