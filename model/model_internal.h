@@ -129,12 +129,14 @@ typedef struct mt_expert_scratch {
     int64_t rows;
     int every_row;
     mt_tensor da, dgu;       // backward only
+    mt_tensor w;             // the cpu's recomputing backward: f32 [w1; w3; w2] per thread
     mt_lora_scratch lora;
 } mt_expert_scratch;
 void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
-// GPU step with recomputation on one EP rank: the replay forward skips the experts, and each
-// expert's backward recomputes its rows (gu, a, ys) first, so its 4-bit weights are dequantized
-// once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).
+// Recomputation on one EP rank: the replay forward skips the experts, and each expert's backward
+// recomputes its rows (g, u or gu, a, ys) first, so its 4-bit weights are dequantized once for
+// both (the GPU step's dequant scratch then holds w1, w3 and w2: 3·f·H; the cpu's is f32, one
+// per thread running an expert).
 int mt_experts_recompute_in_backward(const mt_model *m);
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
