@@ -258,7 +258,8 @@ static int sample_chat(loader *L, const cJSON *obj) {
         }
         i++;
     }
-    if (rc == 0 && mt_chat_render(m, n, 1, emit_segment, L)) rc = render_failed(L);
+    if (rc == 0 && mt_chat_render_template(&L->d->opts.chat, m, n, 1, emit_segment, L))
+        rc = render_failed(L);
     free(m);
     if (rc == 0) L->d->stats.chat++;
     return rc;

@@ -278,3 +278,213 @@ Test(bpe, unsupported_tokenizer_json_is_refused_naming_the_field) {
     cJSON_Delete(orig);
     mt_test_rmrf(dir);
 }
+
+// --- chat templates ------------------------------------------------------------------------
+
+#include "data/data.h"
+
+typedef struct collect {
+    const mt_bpe *b;
+    char text[8192];
+    size_t n;
+    mt_ids ids, loss;  // loss: 1 where in the loss
+    int special_segments;
+} collect;
+
+static int collect_seg(void *ctx, mt_seg_kind kind, const char *text, size_t len, int in_loss) {
+    collect *c = ctx;
+    if (kind != MT_SEG_TEXT) {
+        c->special_segments++;
+        return 0;
+    }
+    cr_assert_lt(c->n + len, sizeof c->text);
+    memcpy(c->text + c->n, text, len);
+    c->n += len;
+    c->text[c->n] = 0;
+    size_t before = c->ids.n;
+    if (mt_bpe_encode(c->b, text, len, &c->ids)) return -1;
+    for (size_t i = before; i < c->ids.n; i++) mt_ids_push(&c->loss, in_loss);
+    return 0;
+}
+
+static void json_token(const cJSON *v, char *buf, size_t n) {
+    snprintf(buf, n, "%s", cJSON_IsString(v) ? v->valuestring : "");
+}
+
+Test(bpe, chat_templates_equal_transformers_apply_chat_template) {
+    const char *fams[] = {"qwen2", "olmoe"};
+    int cases = 0, seen[4] = {0};
+    for (size_t f = 0; f < MT_ARRAY_LEN(fams); f++) {
+        mt_bpe *b = load(fams[f]);
+        cJSON *j = expected(fams[f]);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "chat")) {
+            mt_chat_template t = {0};
+            mt_chat_style named;
+            cr_assert_eq(mt_chat_style_parse(cJSON_GetObjectItem(c, "template")->valuestring, &named), 0);
+            cr_assert_eq(mt_chat_template_recognise(cJSON_GetObjectItem(c, "chat_template")->valuestring,
+                                                    &t.style), 0, "%s: template not recognised", fams[f]);
+            cr_assert_eq(t.style, named);
+            seen[t.style]++;
+            json_token(cJSON_GetObjectItem(c, "bos_token"), t.bos_token, sizeof t.bos_token);
+            json_token(cJSON_GetObjectItem(c, "eos_token"), t.eos_token, sizeof t.eos_token);
+            const cJSON *msgs = cJSON_GetObjectItem(c, "messages"), *m;
+            mt_chat_msg mm[8];
+            int n = 0;
+            cJSON_ArrayForEach(m, msgs) {
+                mm[n].role = cJSON_GetObjectItem(m, "role")->valuestring;
+                mm[n].content = cJSON_GetObjectItem(m, "content")->valuestring;
+                n++;
+            }
+            collect col = {.b = b};
+            cr_assert_eq(mt_chat_render_template(&t, mm, n, 0, collect_seg, &col), 0, "%s", mt_error_get());
+            cr_assert_eq(col.special_segments, 0, "these templates print their special tokens as text");
+            const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
+            cr_assert_str_eq(col.text, want, "%s/%s case %d", fams[f], mt_chat_style_name(t.style), cases);
+            mt_ids wid = {0};
+            ids_of(cJSON_GetObjectItem(c, "ids"), &wid);
+            assert_ids(fams[f], want, &col.ids, &wid);
+            // In the loss: exactly each assistant content and its end marker, in order.
+            char expect_loss[4096] = "";
+            for (int i = 0; i < n; i++)
+                if (strcmp(mm[i].role, "assistant") == 0) {
+                    strcat(expect_loss, mm[i].content);
+                    strcat(expect_loss, t.style == MT_CHAT_TULU ? t.eos_token : "<|im_end|>");
+                }
+            mt_ids lids = {0};
+            for (size_t i = 0; i < col.ids.n; i++)
+                if (col.loss.v[i]) mt_ids_push(&lids, col.ids.v[i]);
+            char *dec;
+            size_t len;
+            cr_assert_eq(mt_bpe_decode(b, lids.v, lids.n, &dec, &len), 0);
+            cr_assert_str_eq(dec, expect_loss);
+            free(dec);
+            mt_ids_free(&lids);
+            mt_ids_free(&wid);
+            mt_ids_free(&col.ids);
+            mt_ids_free(&col.loss);
+            cases++;
+        }
+        cJSON_Delete(j);
+        mt_bpe_free(b);
+    }
+    cr_assert(seen[MT_CHAT_CHATML] && seen[MT_CHAT_QWEN] && seen[MT_CHAT_TULU], "a template has no case");
+    cr_assert_geq(cases, 18);
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0, "%s", mt_error_get());
+}
+
+static char *config_with_template(const char *jinja_json) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "{\"bos_token\": null, \"eos_token\": {\"content\": \"<|im_end|>\"}, "
+             "\"chat_template\": %s}", jinja_json);
+    return buf;
+}
+
+Test(bpe, chat_template_is_chosen_from_tokenizer_config_or_the_flag) {
+    char dir[256];
+    mt_test_tmpdir(dir, sizeof dir);
+    mt_chat_template t;
+    // No tokenizer_config.json: BPE has no template (chat samples fail, naming the flag);
+    // SentencePiece keeps Mixtral's.
+    cr_assert_eq(mt_chat_template_load(&t, dir, "", MT_TOKENIZER_BPE), 0, "%s", mt_error_get());
+    cr_assert_eq(t.style, MT_CHAT_NONE);
+    mt_chat_msg msgs[] = {{"user", "hi"}, {"assistant", "yo"}};
+    collect col = {0};
+    cr_assert_neq(mt_chat_render_template(&t, msgs, 2, 1, collect_seg, &col), 0);
+    cr_assert(strstr(mt_error_get(), "--chat-template"), "got: %s", mt_error_get());
+    cr_assert_eq(mt_chat_template_load(&t, dir, "auto", MT_TOKENIZER_SPM), 0);
+    cr_assert_eq(t.style, MT_CHAT_MIXTRAL);
+    // Qwen1.5's template, recognised whatever the whitespace inside its tags.
+    write_file(dir, "tokenizer_config.json", config_with_template(
+        "\"{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\\\nYou are a helpful assistant<|im_end|>\\\\n' }}{% endif %}"
+        "{{ '<|im_start|>' + message['role'] + '\\\\n' + message['content'] + '<|im_end|>' + '\\\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\\\n'}}{% endif %}\""));
+    cr_assert_eq(mt_chat_template_load(&t, dir, "", MT_TOKENIZER_BPE), 0, "%s", mt_error_get());
+    cr_assert_eq(t.style, MT_CHAT_QWEN, "style %s", mt_chat_style_name(t.style));
+    cr_assert_str_eq(t.eos_token, "<|im_end|>");
+    cr_assert_str_eq(t.bos_token, "");
+    // The list form, its "default" entry.
+    write_file(dir, "tokenizer_config.json", config_with_template(
+        "[{\"name\": \"tool_use\", \"template\": \"x\"}, {\"name\": \"default\", \"template\": "
+        "\"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\\\n' + message['content'] + "
+        "'<|im_end|>' + '\\\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\\\n' }}{% endif %}\"}]"));
+    cr_assert_eq(mt_chat_template_load(&t, dir, "", MT_TOKENIZER_BPE), 0, "%s", mt_error_get());
+    cr_assert_eq(t.style, MT_CHAT_CHATML, "style %s", mt_chat_style_name(t.style));
+    // A template that prints differently (one more newline) is not recognised: an error at the
+    // first chat sample, suggesting the flag; the flag then wins.
+    write_file(dir, "tokenizer_config.json", config_with_template(
+        "\"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\\\n\\\\n' + message['content'] + "
+        "'<|im_end|>' + '\\\\n'}}{% endfor %}\""));
+    cr_assert_eq(mt_chat_template_load(&t, dir, "", MT_TOKENIZER_BPE), 0, "%s", mt_error_get());
+    cr_assert_eq(t.style, MT_CHAT_NONE);
+    cr_assert_neq(mt_chat_render_template(&t, msgs, 2, 1, collect_seg, &col), 0);
+    cr_assert(strstr(mt_error_get(), "tokenizer_config.json") && strstr(mt_error_get(), "--chat-template"),
+              "got: %s", mt_error_get());
+    cr_assert_eq(mt_chat_template_load(&t, dir, "tulu", MT_TOKENIZER_BPE), 0, "%s", mt_error_get());
+    cr_assert_eq(t.style, MT_CHAT_TULU);
+    cr_assert_str_eq(t.eos_token, "<|im_end|>", "the flag keeps tokenizer_config.json's tokens");
+    cr_assert_neq(mt_chat_template_load(&t, dir, "vicuna", MT_TOKENIZER_BPE), 0);
+    cr_assert(strstr(mt_error_get(), "--chat-template") && strstr(mt_error_get(), "vicuna"), "got: %s",
+              mt_error_get());
+    write_file(dir, "tokenizer_config.json", "[1, 2");
+    cr_assert_neq(mt_chat_template_load(&t, dir, "", MT_TOKENIZER_BPE), 0);
+    cr_assert(strstr(mt_error_get(), "tokenizer_config.json"), "got: %s", mt_error_get());
+    mt_test_rmrf(dir);
+}
+
+Test(bpe, dataset_of_a_bpe_model_has_no_bos_and_transformers_ids) {
+    char dir[256], data[400];
+    mt_test_tmpdir(dir, sizeof dir);
+    copy_fixture("qwen2", dir);
+    cJSON *j = expected("qwen2");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "chat"), 0);  // chatml, no generation prompt
+    cr_assert_str_eq(cJSON_GetObjectItem(c0, "template")->valuestring, "chatml");
+    cr_assert(!cJSON_IsTrue(cJSON_GetObjectItem(c0, "add_generation_prompt")));
+    char *tmpl = cJSON_PrintUnformatted(cJSON_GetObjectItem(c0, "chat_template"));
+    write_file(dir, "tokenizer_config.json", config_with_template(tmpl));
+    free(tmpl);
+    char *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItem(c0, "messages"));
+    char jsonl[4096];
+    snprintf(jsonl, sizeof jsonl, "{\"messages\": %s}\n{\"text\": \"Hello world\"}\n", msgs);
+    free(msgs);
+    write_file(dir, "train.jsonl", jsonl);
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    mt_tokenizer tok;
+    cr_assert_eq(mt_tokenizer_open(&tok, dir, 660, 656, 656), 0, "%s", mt_error_get());
+    mt_data_opts o;
+    mt_data_opts_default(&o);
+    o.shuffle = 0;
+    cr_assert_eq(mt_chat_template_load(&o.chat, dir, "", tok.kind), 0, "%s", mt_error_get());
+    cr_assert_eq(o.chat.style, MT_CHAT_CHATML);
+    mt_dataset d;
+    cr_assert_eq(mt_dataset_load(&d, data, &tok, &o), 0, "%s", mt_error_get());
+    cr_assert_eq(d.n, 2);
+    const int32_t *toks, *labs;
+    mt_ids want = {0};
+    ids_of(cJSON_GetObjectItem(c0, "ids"), &want);
+    int64_t len = mt_dataset_sample(&d, 0, &toks, &labs);
+    cr_assert_eq(len, (int64_t)want.n, "chat sample: %lld tokens, transformers %zu", (long long)len, want.n);
+    for (int64_t i = 0; i < len; i++) cr_assert_eq(toks[i], want.v[i], "token %lld", (long long)i);
+    int in_loss = 0;
+    for (int64_t i = 0; i < len; i++) in_loss += labs[i] != MT_LABEL_IGNORE;
+    cr_assert(in_loss > 0 && in_loss < len);
+    // Text: encode(text) then EOS, no BOS in front.
+    mt_ids hw = {0};
+    cr_assert_eq(mt_tokenizer_encode(&tok, "Hello world", 11, &hw), 0);
+    len = mt_dataset_sample(&d, 1, &toks, &labs);
+    cr_assert_eq(len, (int64_t)hw.n + 1);
+    cr_assert_eq(toks[0], hw.v[0], "the first token is the text's, not a BOS");
+    cr_assert_eq(toks[len - 1], 656);
+    mt_ids_free(&hw);
+    mt_ids_free(&want);
+    mt_dataset_free(&d);
+    mt_tokenizer_free(&tok);
+    cJSON_Delete(j);
+    mt_test_rmrf(dir);
+}
