@@ -148,15 +148,40 @@ static const char *field_type(const cJSON *obj) {
     return cJSON_IsString(t) ? t->valuestring : NULL;
 }
 
-static int add_regex(mt_bpe *b, const char *pattern, const char *where) {
+// The pattern with \s and \S spelled \p{White_Space} and \P{White_Space}: Oniguruma (which
+// `tokenizers` uses) means the White_Space property by \s, PCRE2 with UCP a slightly larger set
+// (it adds U+180E). A malloc'ed string.
+static char *white_space_pattern(const char *p) {
+    size_t n = strlen(p), k = 0;
+    char *out = mt_xmalloc(8 * n + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\\' && i + 1 < n) {
+            if (p[i + 1] == 's' || p[i + 1] == 'S') {
+                k += (size_t)sprintf(out + k, "\\%c{White_Space}", p[i + 1] == 's' ? 'p' : 'P');
+            } else {
+                out[k++] = p[i];
+                out[k++] = p[i + 1];
+            }
+            i++;
+            continue;
+        }
+        out[k++] = p[i];
+    }
+    out[k] = 0;
+    return out;
+}
+
+static int add_regex(mt_bpe *b, const char *pattern_in, const char *where) {
     if (b->n_re == BPE_MAX_REGEX) {
         mt_error_set("%s: %s: more than %d regex splits", b->path, where, BPE_MAX_REGEX);
         return -1;
     }
     int err;
     PCRE2_SIZE at;
+    char *pattern = white_space_pattern(pattern_in);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
                                    &err, &at, NULL);
+    free(pattern);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -527,13 +552,60 @@ const char *mt_bpe_piece(const mt_bpe *b, int32_t id) {
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
+// A candidate merge: the pair starting at symbol pos, its rank and merged id.
 typedef struct {
-    mt_ids syms;   // scratch: the pieces of one word while merging
-    char *word;    // scratch: the word in the byte-level alphabet
+    int32_t rank, pos, id;
+} cand;
+
+typedef struct {
+    int32_t *id, *prev, *next;  // symbols of one word as a linked list; id -1: merged away
+    cand *heap;
+    size_t cap, heap_n, heap_cap;
+    char *word;                 // the word in the byte-level alphabet (ignore_merges)
     size_t word_cap;
 } bpe_scratch;
 
-// One pre-token: bytes p[0..n) → ids.
+static int cand_less(cand a, cand b) { return a.rank != b.rank ? a.rank < b.rank : a.pos < b.pos; }
+
+static void heap_push(bpe_scratch *s, cand c) {
+    if (s->heap_n == s->heap_cap) {
+        s->heap_cap = s->heap_cap ? 2 * s->heap_cap : 64;
+        s->heap = mt_xrealloc(s->heap, s->heap_cap * sizeof *s->heap);
+    }
+    size_t i = s->heap_n++;
+    while (i > 0 && cand_less(c, s->heap[(i - 1) / 2])) {
+        s->heap[i] = s->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    s->heap[i] = c;
+}
+
+static cand heap_pop(bpe_scratch *s) {
+    cand top = s->heap[0], last = s->heap[--s->heap_n];
+    size_t i = 0, n = s->heap_n;
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        cand best = last;
+        if (l < n && cand_less(s->heap[l], best)) m = l, best = s->heap[l];
+        if (l + 1 < n && cand_less(s->heap[l + 1], best)) m = l + 1;
+        if (m == i) break;
+        s->heap[i] = s->heap[m];
+        i = m;
+    }
+    if (n) s->heap[i] = last;
+    return top;
+}
+
+static void push_pair(const mt_bpe *b, bpe_scratch *s, int32_t pos) {
+    int32_t nx = s->next[pos];
+    if (nx < 0) return;
+    const pair_slot *e = merge_find(b, s->id[pos], s->id[nx]);
+    if (e) heap_push(s, (cand){e->rank, pos, e->id});
+}
+
+// One pre-token: bytes p[0..n) → ids. The adjacent pair of lowest rank is merged first, the
+// leftmost among equals, as `tokenizers` does it (a heap of candidates, stale ones skipped), so
+// a long word costs n log n.
 static void bpe_word(const mt_bpe *b, bpe_scratch *s, const uint8_t *p, size_t n, mt_ids *out) {
     if (b->ignore_merges) {
         if (2 * n + 1 > s->word_cap) s->word = mt_xrealloc(s->word, s->word_cap = 4 * n + 16);
@@ -548,23 +620,33 @@ static void bpe_word(const mt_bpe *b, bpe_scratch *s, const uint8_t *p, size_t n
             return;
         }
     }
-    s->syms.n = 0;
-    for (size_t i = 0; i < n; i++) mt_ids_push(&s->syms, b->byte_id[p[i]]);
-    int32_t *v = s->syms.v;
-    size_t m = s->syms.n;
-    for (;;) {
-        int32_t best_rank = INT32_MAX, best_id = -1;
-        size_t best = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            const pair_slot *e = merge_find(b, v[i], v[i + 1]);
-            if (e && e->rank < best_rank) best_rank = e->rank, best_id = e->id, best = i;
-        }
-        if (best_id < 0) break;
-        v[best] = best_id;
-        memmove(v + best + 1, v + best + 2, (m - best - 2) * sizeof *v);
-        m--;
+    if (n > s->cap) {
+        s->cap = 2 * n;
+        s->id = mt_xrealloc(s->id, s->cap * sizeof *s->id);
+        s->prev = mt_xrealloc(s->prev, s->cap * sizeof *s->prev);
+        s->next = mt_xrealloc(s->next, s->cap * sizeof *s->next);
     }
-    for (size_t i = 0; i < m; i++) mt_ids_push(out, v[i]);
+    for (size_t i = 0; i < n; i++) {
+        s->id[i] = b->byte_id[p[i]];
+        s->prev[i] = (int32_t)i - 1;
+        s->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    s->heap_n = 0;
+    for (size_t i = 0; i + 1 < n; i++) push_pair(b, s, (int32_t)i);
+    while (s->heap_n) {
+        cand c = heap_pop(s);
+        int32_t nx = s->next[c.pos];
+        if (s->id[c.pos] < 0 || nx < 0) continue;
+        const pair_slot *e = merge_find(b, s->id[c.pos], s->id[nx]);
+        if (!e || e->id != c.id) continue;  // stale: the pair changed since it was queued
+        s->id[c.pos] = c.id;
+        s->id[nx] = -1;
+        s->next[c.pos] = s->next[nx];
+        if (s->next[nx] >= 0) s->prev[s->next[nx]] = c.pos;
+        if (s->prev[c.pos] >= 0) push_pair(b, s, s->prev[c.pos]);
+        push_pair(b, s, c.pos);
+    }
+    for (int32_t i = 0; i >= 0; i = s->next[i]) mt_ids_push(out, s->id[i]);
 }
 
 // Applies regexes re[k..] to s[0..n) (matches and gaps both kept), then BPE on each piece.
@@ -644,7 +726,10 @@ int mt_bpe_encode(const mt_bpe *b, const char *text, size_t len, mt_ids *out) {
     }
     if (rc == 0) rc = encode_chunk(b, &s, md, text + start, len - start, out);
     pcre2_match_data_free(md);
-    mt_ids_free(&s.syms);
+    free(s.id);
+    free(s.prev);
+    free(s.next);
+    free(s.heap);
     free(s.word);
     return rc;
 }

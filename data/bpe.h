@@ -12,8 +12,8 @@
 //                 GPT-NeoX tokenizer OLMoE uses writes it), or a Sequence of Split(Regex,
 //                 behavior Isolated, invert false) steps ending in ByteLevel (add_prefix_space
 //                 false, use_regex false), as Qwen2 writes it. Regexes run in PCRE2 with UTF and
-//                 UCP (Unicode \p{L}, \p{N}, \s; `(?!\S)` lookahead), as Oniguruma runs them in
-//                 `tokenizers`.
+//                 UCP (Unicode \p{L}, \p{N}; `(?!\S)` lookahead), \s read as \p{White_Space}, as
+//                 Oniguruma runs them in `tokenizers` (PCRE2's own \s adds U+180E).
 //   decoder       ByteLevel. post_processor null or ByteLevel (adds nothing: the data layer
 //                 places BOS/EOS itself, data.h); TemplateProcessing is refused.
 //   added_tokens  matched as whole strings in the raw text before normalization and

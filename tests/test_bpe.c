@@ -488,3 +488,26 @@ Test(bpe, dataset_of_a_bpe_model_has_no_bos_and_transformers_ids) {
     cJSON_Delete(j);
     mt_test_rmrf(dir);
 }
+
+// A long word (no pre-tokenizer split) and a long whitespace run: merging is n log n and the
+// regexes do not run out of stack; the ids decode back to the text.
+Test(bpe, long_inputs_encode_and_round_trip) {
+    mt_bpe *b = load("olmoe");
+    size_t n = 300000;
+    char *text = mt_xmalloc(2 * n + 2);
+    for (size_t i = 0; i < n; i++) text[i] = "ab"[i % 7 == 0];
+    for (size_t i = n; i < 2 * n; i++) text[i] = i % 1000 == 999 ? '\n' : ' ';
+    text[2 * n] = 'z';
+    text[2 * n + 1] = 0;
+    mt_ids ids = {0};
+    cr_assert_eq(mt_bpe_encode(b, text, 2 * n + 1, &ids), 0, "%s", mt_error_get());
+    cr_assert_lt(ids.n, 2 * n, "merges happened: %zu ids for %zu bytes", ids.n, 2 * n + 1);
+    char *dec;
+    size_t len;
+    cr_assert_eq(mt_bpe_decode(b, ids.v, ids.n, &dec, &len), 0);
+    cr_assert(len == 2 * n + 1 && memcmp(dec, text, len) == 0, "round trip");
+    free(dec);
+    free(text);
+    mt_ids_free(&ids);
+    mt_bpe_free(b);
+}
