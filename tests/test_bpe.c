@@ -511,3 +511,73 @@ Test(bpe, long_inputs_encode_and_round_trip) {
     mt_ids_free(&ids);
     mt_bpe_free(b);
 }
+
+// The program end to end: a tiny model whose folder holds the qwen2 fixture's tokenizer.json and
+// a tokenizer_config.json with Qwen1.5's template trains on chat data, and eval --save-tokens
+// writes exactly transformers' ids for the rendered conversation, with only the assistant's
+// content and <|im_end|> in the loss.
+Test(bpe, cli_trains_and_evaluates_a_bpe_model_with_its_chat_template) {
+    char dir[256], model[400], log[8192];
+    mt_test_tmpdir(dir, sizeof dir);
+    snprintf(model, sizeof model, "%s/model", dir);
+    cJSON *cfg = read_json(MT_REPO_ROOT "/configs/tiny.json");
+    cJSON_ReplaceItemInObject(cfg, "vocab_size", cJSON_CreateNumber(704));
+    cJSON_ReplaceItemInObject(cfg, "bos_token_id", cJSON_CreateNull());
+    cJSON_ReplaceItemInObject(cfg, "eos_token_id", cJSON_CreateNumber(658));
+    char *text = cJSON_PrintUnformatted(cfg);
+    write_file(dir, "cfg.json", text);
+    free(text);
+    cJSON_Delete(cfg);
+    cr_assert_eq(mt_test_run(log, sizeof log, "init --config %s/cfg.json --out %s --seed 3", dir, model), 0, "%s", log);
+    copy_fixture("qwen2", model);
+    cJSON *j = expected("qwen2");
+    const cJSON *c, *pick = NULL;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "chat"))
+        if (!pick && strcmp(cJSON_GetObjectItem(c, "template")->valuestring, "qwen") == 0 &&
+            !cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")))
+            pick = c;
+    cr_assert(pick);
+    char *tmpl = cJSON_PrintUnformatted(cJSON_GetObjectItem(pick, "chat_template"));
+    write_file(model, "tokenizer_config.json", config_with_template(tmpl));
+    free(tmpl);
+    char *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItem(pick, "messages"));
+    char jsonl[4096];
+    snprintf(jsonl, sizeof jsonl, "{\"messages\": %s}\n", msgs);
+    free(msgs);
+    write_file(dir, "chat.jsonl", jsonl);
+    cr_assert_eq(mt_test_run(log, sizeof log, "train --model %s --data %s/chat.jsonl --steps 1 --seq 128 "
+                             "--out %s/out", model, dir, dir), 0, "%s", log);
+    cr_assert(strstr(log, "chat=1"), "%s", log);
+    cr_assert_eq(mt_test_run(log, sizeof log, "eval --model %s --data %s/chat.jsonl --seq 128 "
+                             "--save-tokens %s/tok.bin", model, dir, dir), 0, "%s", log);
+    char path[400], *bin;
+    size_t len;
+    snprintf(path, sizeof path, "%s/tok.bin", dir);
+    cr_assert_eq(mt_read_file(path, 1u << 20, &bin, &len), 0, "%s", mt_error_get());
+    mt_ids want = {0};
+    ids_of(cJSON_GetObjectItem(pick, "ids"), &want);
+    // MTTOK1, flags 1 (mask), one sample: u32 L, ids[L], mask[L].
+    cr_assert(len >= 20 && memcmp(bin, "MTTOK1", 6) == 0 && bin[6] == 1);
+    uint32_t L;
+    memcpy(&L, bin + 16, 4);
+    cr_assert_eq(L, want.n, "%u tokens, transformers %zu", L, want.n);
+    cr_assert_eq(len, 20 + 5 * (size_t)L);
+    mt_bpe *b = load("qwen2");
+    mt_ids loss = {0};
+    for (uint32_t i = 0; i < L; i++) {
+        int32_t id;
+        memcpy(&id, bin + 20 + 4 * i, 4);
+        cr_assert_eq(id, want.v[i], "token %u", i);
+        if (bin[20 + 4 * L + i]) mt_ids_push(&loss, id);
+    }
+    char *dec;
+    cr_assert_eq(mt_bpe_decode(b, loss.v, loss.n, &dec, &len), 0);
+    cr_assert_str_eq(dec, "4.<|im_end|>");
+    free(dec);
+    free(bin);
+    mt_ids_free(&loss);
+    mt_ids_free(&want);
+    mt_bpe_free(b);
+    cJSON_Delete(j);
+    mt_test_rmrf(dir);
+}
