@@ -33,6 +33,9 @@
 //           generation prompt <|im_start|>assistant\n.
 //   qwen    Qwen1.5-*-Chat (Qwen1.5-MoE-A2.7B-Chat): ChatML with the system message "You are a
 //           helpful assistant" when the conversation has none.
+//   qwen2   Qwen2-*-Instruct (Qwen2-57B-A14B-Instruct): the same with "You are a helpful
+//           assistant." (a full stop). Qwen2.5's and Qwen3's templates (tools, <think>) are not
+//           among these: --chat-template chatml is the nearest, not equal.
 //   tulu    OLMoE-1B-7B-0924-Instruct's (the Tulu template): {bos_token}, then <|system|>\n{s}\n,
 //           <|user|>\n{u}\n, <|assistant|>\n{a}{eos_token}\n; generation prompt <|assistant|>\n.
 //           Reconstructed from the model's discussion page and the Tulu papers: the exact
@@ -161,10 +164,16 @@ static int flush(sbuf *b, mt_seg_fn emit, void *ctx) {
     return rc;
 }
 
-static int render_chatml(int qwen, const mt_chat_msg *msgs, int n, int first, mt_seg_fn emit, void *ctx) {
+// default_system: the system message a conversation without one gets (NULL: none).
+static int render_chatml(const char *default_system, const mt_chat_msg *msgs, int n, int first,
+                         mt_seg_fn emit, void *ctx) {
     sbuf b = {0};
     int rc = 0;
-    if (qwen && !first) sb_add(&b, "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n");
+    if (default_system && !first) {
+        sb_add(&b, "<|im_start|>system\n");
+        sb_add(&b, default_system);
+        sb_add(&b, "<|im_end|>\n");
+    }
     for (int i = 0; i < n && rc == 0; i++) {
         sb_add(&b, "<|im_start|>");
         sb_add(&b, msgs[i].role);
@@ -227,12 +236,15 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
         }
         return render_tulu(t, msgs, n, emit, ctx);
     }
-    return render_chatml(t->style == MT_CHAT_QWEN, msgs, n, first, emit, ctx);
+    const char *sys = t->style == MT_CHAT_QWEN    ? "You are a helpful assistant"
+                      : t->style == MT_CHAT_QWEN2 ? "You are a helpful assistant."
+                                                  : NULL;
+    return render_chatml(sys, msgs, n, first, emit, ctx);
 }
 
 // --- selection -----------------------------------------------------------------------------
 
-static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu"};
+static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2"};
 
 // The Jinja strings recognised, as their models' tokenizer_config.json holds them.
 static const struct { mt_chat_style style; const char *jinja; } known_templates[] = {
@@ -250,6 +262,11 @@ static const struct { mt_chat_style style; const char *jinja; } known_templates[
      "{{ '<|im_start|>system\\nYou are a helpful assistant<|im_end|>\\n' }}{% endif %}"
      "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {MT_CHAT_QWEN2,
+     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
     {MT_CHAT_TULU,
      "{{ bos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
      "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
@@ -264,7 +281,7 @@ int mt_chat_style_parse(const char *name, mt_chat_style *out) {
             *out = (mt_chat_style)i;
             return 0;
         }
-    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen or tulu)", name);
+    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2 or tulu)", name);
     return -1;
 }
 
@@ -390,11 +407,11 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     int spm_like = kind != MT_TOKENIZER_BPE;
     if (!cJSON_IsString(ct)) {
         t->style = spm_like ? MT_CHAT_MIXTRAL : MT_CHAT_NONE;
-        snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen "
-                 "or tulu to train on chat samples", root ? path : "the model folder (no tokenizer_config.json)");
+        snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
+                 "qwen2 or tulu to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
     } else if (mt_chat_template_recognise(ct->valuestring, &t->style) != 0) {
         snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
-                 "Qwen1.5, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen or tulu for the "
+                 "Qwen1.5, Qwen2, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen, qwen2 or tulu for the "
                  "closest", path);
         if (spm_like) {
             mt_warn("%s; using mixtral", t->why);

@@ -85,7 +85,9 @@ typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT } mt_prompt_style;
 // Chat templates (chat_template.c). NONE: no template known (a BPE model whose
 // tokenizer_config.json has none, or one we do not recognise): a chat sample is then an error
 // carrying `why`, which suggests --chat-template.
-typedef enum { MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_NONE } mt_chat_style;
+typedef enum {
+    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_NONE
+} mt_chat_style;
 typedef struct mt_chat_template {
     mt_chat_style style;
     char bos_token[128], eos_token[128];  // tokenizer_config.json's strings, for the templates that
@@ -197,7 +199,7 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
 // apply_chat_template on the template strings listed in chat_template.c.
 int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, int n,
                             int need_assistant, mt_seg_fn emit, void *ctx);
-// "mixtral" | "chatml" | "qwen" | "tulu" → style; -1 with an error listing them.
+// "mixtral" | "chatml" | "qwen" | "qwen2" | "tulu" → style; -1 with an error listing them.
 int mt_chat_style_parse(const char *name, mt_chat_style *out);
 const char *mt_chat_style_name(mt_chat_style s);
 // Which known template a tokenizer_config.json chat_template string is (compared with Jinja's

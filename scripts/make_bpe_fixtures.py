@@ -130,6 +130,11 @@ TEMPLATES = {
              "{{ '<|im_start|>system\\nYou are a helpful assistant<|im_end|>\\n' }}{% endif %}"
              "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+    # Qwen2-*-Instruct (Qwen2-57B-A14B-Instruct): the same with a full stop.
+    "qwen2": ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+              "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+              "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
     # OLMoE-1B-7B-0924-Instruct: the Tulu template (reconstructed, see data/chat_template.c).
     "tulu": ("{{ bos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
              "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
@@ -231,7 +236,8 @@ def main():
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
     qwen = train(qwen_pre, normalizers.NFC(), ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                  [AddedToken("<tool_call>", special=False, normalized=False)])
-    write("qwen2", qwen, False, [("chatml", None, "<|im_end|>"), ("qwen", None, "<|im_end|>")])
+    write("qwen2", qwen, False, [("chatml", None, "<|im_end|>"), ("qwen", None, "<|im_end|>"),
+                                   ("qwen2", None, "<|im_end|>")])
     neox_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     olmoe = train(neox_pre, normalizers.NFC(), ["<|endoftext|>", "<|padding|>"],
                   [AddedToken("   ", special=False, normalized=True)])

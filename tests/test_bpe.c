@@ -313,7 +313,7 @@ static void json_token(const cJSON *v, char *buf, size_t n) {
 
 Test(bpe, chat_templates_equal_transformers_apply_chat_template) {
     const char *fams[] = {"qwen2", "olmoe"};
-    int cases = 0, seen[4] = {0};
+    int cases = 0, seen[MT_CHAT_NONE] = {0};
     for (size_t f = 0; f < MT_ARRAY_LEN(fams); f++) {
         mt_bpe *b = load(fams[f]);
         cJSON *j = expected(fams[f]);
@@ -368,7 +368,8 @@ Test(bpe, chat_templates_equal_transformers_apply_chat_template) {
         cJSON_Delete(j);
         mt_bpe_free(b);
     }
-    cr_assert(seen[MT_CHAT_CHATML] && seen[MT_CHAT_QWEN] && seen[MT_CHAT_TULU], "a template has no case");
+    cr_assert(seen[MT_CHAT_CHATML] && seen[MT_CHAT_QWEN] && seen[MT_CHAT_QWEN2] && seen[MT_CHAT_TULU],
+              "a template has no case");
     cr_assert_geq(cases, 18);
 }
 
