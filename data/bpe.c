@@ -21,6 +21,7 @@
 
 #define BPE_MAX_FILE_BYTES (256u << 20)
 #define BPE_MAX_REGEX 8
+#define BPE_MAX_IDS (1 << 24)  // the largest real vocabularies hold ~260k ids
 // GPT-2's pattern, which ByteLevel(use_regex=true) applies.
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -289,7 +290,14 @@ static int check_model_fields(mt_bpe *b, const cJSON *m) {
     return 0;
 }
 
-static int set_piece(mt_bpe *b, int32_t id, const char *s, size_t len) {
+// The token string of an id. An added token's content replaces the vocabulary's string for the
+// same id (GPT-NeoX's whitespace tokens: "  " added over the vocabulary's "ĠĠ"), as it does in
+// `tokenizers`' decoding; any other clash is an error.
+static int set_piece(mt_bpe *b, int32_t id, const char *s, size_t len, int is_added) {
+    if (b->piece[id] && is_added && !b->added[id]) {
+        free(b->piece[id]);
+        b->piece[id] = NULL;
+    }
     if (b->piece[id] && (strlen(b->piece[id]) != len || memcmp(b->piece[id], s, len) != 0)) {
         mt_error_set("%s: id %d is both \"%s\" and \"%.*s\"", b->path, (int)id, b->piece[id],
                      (int)MT_MIN(len, 80), s);
@@ -304,9 +312,9 @@ static int set_piece(mt_bpe *b, int32_t id, const char *s, size_t len) {
 }
 
 static int json_id(const mt_bpe *b, const cJSON *v, const char *what, int32_t *out) {
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 ||
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= BPE_MAX_IDS ||
         v->valuedouble != (double)(int32_t)v->valuedouble) {
-        mt_error_set("%s: %s: the id must be an integer in [0, 1e9]", b->path, what);
+        mt_error_set("%s: %s: the id must be an integer in [0, %d)", b->path, what, BPE_MAX_IDS);
         return -1;
     }
     *out = (int32_t)v->valuedouble;
@@ -346,10 +354,10 @@ static int load_vocab(mt_bpe *b, const cJSON *vocab, const cJSON *added) {
             mt_error_set("%s: model.vocab: \"%s\" appears twice", b->path, e->string);
             return -1;
         }
-        if (set_piece(b, id, e->string, len)) return -1;
+        if (set_piece(b, id, e->string, len, 0)) return -1;
         size_t mask = b->vocab_cap - 1, i = hash_bytes(e->string, len) & mask;
         while (b->vocab[i].key) i = (i + 1) & mask;
-        b->vocab[i] = (str_slot){b->piece[id], len, id};
+        b->vocab[i] = (str_slot){mt_xstrdup(e->string), len, id};  // its own copy: see set_piece
     }
     int na = added ? cJSON_GetArraySize(added) : 0;
     b->adds = mt_xcalloc((size_t)MT_MAX(na, 1), sizeof *b->adds);
@@ -374,7 +382,7 @@ static int load_vocab(mt_bpe *b, const cJSON *vocab, const cJSON *added) {
         }
         id = (int32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
         size_t len = strlen(c->valuestring);
-        if (set_piece(b, id, c->valuestring, len)) return -1;
+        if (set_piece(b, id, c->valuestring, len, 1)) return -1;
         b->added[id] = special ? 2 : 1;
         b->adds[b->n_adds++] = (added_token){b->piece[id], len, id, special};
         b->add_first[(uint8_t)c->valuestring[0]] = 1;
@@ -526,6 +534,7 @@ void mt_bpe_free(mt_bpe *b) {
     free(b->piece);
     free(b->added);
     free(b->adds);
+    for (size_t i = 0; b->vocab && i < b->vocab_cap; i++) free((char *)b->vocab[i].key);
     free(b->vocab);
     free(b->merges);
     for (int i = 0; i < b->n_re; i++) pcre2_code_free(b->re[i]);

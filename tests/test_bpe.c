@@ -582,3 +582,48 @@ Test(bpe, cli_trains_and_evaluates_a_bpe_model_with_its_chat_template) {
     cJSON_Delete(j);
     mt_test_rmrf(dir);
 }
+
+// GPT-NeoX (OLMoE) lists whitespace runs as added tokens with the ids of vocabulary entries
+// ("  " over "ĠĠ"): loaded, the added content wins in decoding, the vocabulary entry still
+// serves the merges. Two added tokens on one id are refused.
+Test(bpe, added_token_over_a_vocabulary_id) {
+    char dir[256], path[300];
+    mt_test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cJSON *r = read_json("tests/data/bpe/qwen2/tokenizer.json");
+    cJSON *vocab = at(r, "model", "vocab");
+    cJSON *gg = cJSON_GetObjectItem(vocab, "\xC4\xA0\xC4\xA0");  // "ĠĠ"
+    cr_assert(gg, "the fixture has a two-space token");
+    int id = gg->valueint;
+    cJSON *tc = cJSON_GetArrayItem(at(r, "added_tokens", NULL), 3);
+    cr_assert_str_eq(cJSON_GetObjectItem(tc, "content")->valuestring, "<tool_call>");
+    set(tc, "content", cJSON_CreateString("  "));
+    set(tc, "id", cJSON_CreateNumber(id));
+    char *text = cJSON_PrintUnformatted(r);
+    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
+    free(text);
+    mt_bpe *b = mt_bpe_load(path);
+    cr_assert(b, "%s", mt_error_get());
+    cr_assert_str_eq(mt_bpe_piece(b, id), "  ");
+    mt_ids ids = {0};
+    cr_assert_eq(mt_bpe_encode(b, "a  b", 4, &ids), 0, "%s", mt_error_get());
+    cr_assert(ids.n == 3 && ids.v[1] == id, "the added token is matched in the text");
+    char *dec;
+    size_t len;
+    cr_assert_eq(mt_bpe_decode(b, ids.v, ids.n, &dec, &len), 0);
+    cr_assert_str_eq(dec, "a  b");
+    free(dec);
+    mt_ids_free(&ids);
+    mt_bpe_free(b);
+    // A second added token on the same id.
+    cJSON *im = cJSON_GetArrayItem(at(r, "added_tokens", NULL), 1);
+    set(im, "id", cJSON_CreateNumber(id));
+    text = cJSON_PrintUnformatted(r);
+    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
+    free(text);
+    cr_assert_null(mt_bpe_load(path));
+    cr_assert(strstr(mt_error_get(), "tokenizer.json") && strstr(mt_error_get(), "is both"), "got: %s",
+              mt_error_get());
+    cJSON_Delete(r);
+    mt_test_rmrf(dir);
+}
