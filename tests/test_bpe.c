@@ -152,6 +152,8 @@ Test(bpe, special_tokens_and_pieces) {
     mt_bpe_free(b);
 }
 
+static void write_file(const char *dir, const char *name, const char *text);
+
 // --- selection and the data layer ----------------------------------------------------------
 
 static void copy_fixture(const char *name, const char *dir) {
@@ -198,6 +200,10 @@ Test(bpe, tokenizer_open_picks_tokenizer_json_without_bos) {
               mt_error_get());
     cr_assert_neq(mt_tokenizer_open(&t, dir, 700, 656, 680), 0);
     cr_assert(strstr(mt_error_get(), "eos_token_id 680"), "got: %s", mt_error_get());
+    // Beside a tokenizer.model, tokenizer.json is not read (tokenizer.h: Mixtral ships both).
+    write_file(dir, "tokenizer.model", "not a protobuf");
+    cr_assert_neq(mt_tokenizer_open(&t, dir, 700, 656, 658), 0);
+    cr_assert(strstr(mt_error_get(), "tokenizer.model"), "got: %s", mt_error_get());
     mt_test_rmrf(dir);
 }
 
