@@ -48,6 +48,8 @@ deps: $(CONFIG_MK)
 # call, and either stops the vectorizer (core/vmath.h's exp, AdamW). Results are unchanged.
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -fopenmp -fno-trapping-math -fno-math-errno -D_GNU_SOURCE -I. $(PKG_CFLAGS) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS := $(BLAS_LIBS) -lcjson -lyaml -lm -fopenmp
+# Byte-level BPE (data/bpe.c): PCRE2 for the pre-tokenizer regexes, utf8proc for NFC.
+LDLIBS += -lpcre2-8 -lutf8proc
 # SentencePiece (Mixtral's tokenizer.model) through the C++ shim data/sentencepiece_shim.cc.
 CFLAGS += -DMT_SENTENCEPIECE
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -I. -MMD -MP
@@ -255,7 +257,7 @@ fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 	@mkdir -p $(FUZZ_DIR)
 	@set -e; for t in $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)); do \
 	  clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_$$t.c $(FUZZ_OBJ) -o $(FUZZ_DIR)/fuzz_$$t \
-	    $(BLAS_LIBS) -lcjson -lyaml -lm; \
+	    $(BLAS_LIBS) -lcjson -lyaml -lpcre2-8 -lutf8proc -lm; \
 	  mkdir -p $(FUZZ_DIR)/corpus_$$t; \
 	  case $$t in config) cp $(FUZZ_SEEDS_config) $(FUZZ_DIR)/corpus_$$t/;; \
 	    yaml) cp $(FUZZ_SEEDS_yaml) $(FUZZ_DIR)/corpus_$$t/;; \

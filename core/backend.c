@@ -1,10 +1,15 @@
 // core/backend.c — backend selection, ledger-checked allocation and tensors.
 #include "core/backend.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
+
+// The ledger is shared by every thread that allocates: the cpu runs a layer's experts in
+// parallel (model/experts.c), each taking its own work scratch.
+static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
 
 mt_backend *mt_backend_new(const char *name) {
     if (strcmp(name, "cpu") == 0) return mt_backend_cpu_new();
@@ -20,21 +25,25 @@ void mt_backend_free(mt_backend *be) {
 
 int mt_backend_alloc(mt_backend *be, mt_mem_cat cat, size_t bytes, void **out) {
     *out = NULL;
+    pthread_mutex_lock(&ledger_lock);
     mt_ledger before = be->ledger;
-    if (mt_ledger_reserve(&be->ledger, cat, bytes) != 0) return -1;
-    if (be->ops->alloc(be, bytes, out) != 0) {
+    int rc = mt_ledger_reserve(&be->ledger, cat, bytes);
+    if (rc == 0 && be->ops->alloc(be, bytes, out) != 0) {
         // The device refused: undo the reservation, peaks included (nothing was ever held).
         uint64_t n_reserve = be->ledger.n_reserve;
         be->ledger = before;
         be->ledger.n_reserve = n_reserve;
-        return -1;
+        rc = -1;
     }
-    return 0;
+    pthread_mutex_unlock(&ledger_lock);
+    return rc;
 }
 
 void mt_backend_release(mt_backend *be, mt_mem_cat cat, size_t bytes, void *ptr) {
+    pthread_mutex_lock(&ledger_lock);
     be->ops->free(be, ptr);
     mt_ledger_release(&be->ledger, cat, bytes);
+    pthread_mutex_unlock(&ledger_lock);
 }
 
 mt_tensor *mt_tensor_new(mt_backend *be, mt_mem_cat cat, mt_dtype dtype, int ndim,

@@ -26,11 +26,37 @@
 //     bytes.
 // Loss: assistant replies and their </s>; BOS, [INST] runs (system and user text) never.
 //
+// Other templates (mt_chat_render_template), each equal as text to transformers'
+// apply_chat_template on the Jinja string in known_templates[] below (tests/test_bpe.c checks
+// it on fixtures from scripts/make_bpe_fixtures.py), with the same role rules as above:
+//   chatml  transformers' generic ChatML: <|im_start|>{role}\n{content}<|im_end|>\n per message;
+//           generation prompt <|im_start|>assistant\n.
+//   qwen    Qwen1.5-*-Chat (Qwen1.5-MoE-A2.7B-Chat): ChatML with the system message "You are a
+//           helpful assistant" when the conversation has none.
+//   qwen2   Qwen2-*-Instruct (Qwen2-57B-A14B-Instruct): the same with "You are a helpful
+//           assistant." (a full stop). Qwen2.5's and Qwen3's templates (tools, <think>) are not
+//           among these: --chat-template chatml is the nearest, not equal.
+//   tulu    OLMoE-1B-7B-0924-Instruct's (the Tulu template): {bos_token}, then <|system|>\n{s}\n,
+//           <|user|>\n{u}\n, <|assistant|>\n{a}{eos_token}\n; generation prompt <|assistant|>\n.
+//           Reconstructed from the model's discussion page and the Tulu papers: the exact
+//           tokenizer_config.json was not available to us, so a real file may differ in Jinja
+//           whitespace (recognition then fails, with an error suggesting --chat-template tulu).
+//   Loss: the assistant's content and its end marker (<|im_end|>, eos_token), never the "\n"
+//   after it nor the role headers. Special tokens are emitted as text (the BPE encoder matches
+//   them as added tokens, as transformers does); each run is encoded separately, which equals
+//   encoding the whole rendered string except where a content starts with whitespace that the
+//   pre-tokenizer would have joined to the header's "\n".
+//
 // Instruction: the Alpaca prompt (Stanford Alpaca's PROMPT_DICT, "prompt_input" and
 // "prompt_no_input"), then the output and EOS in the loss.
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
 
 #include "core/common.h"
+#include "core/fileio.h"
 #include "data/data.h"
 
 static const char *const alpaca_intro_input =
@@ -60,14 +86,10 @@ static int emit_str(mt_seg_fn emit, void *ctx, const char *s, int in_loss) {
     return emit(ctx, MT_SEG_TEXT, s, strlen(s), in_loss);
 }
 
-int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn emit, void *ctx) {
-    int first = 0;
-    const char *system = NULL;
-    if (n > 0 && msgs[0].role && strcmp(msgs[0].role, "system") == 0) {
-        system = msgs[0].content;
-        first = 1;
-    }
-    // Check everything before emitting anything.
+// Checks a conversation before anything is emitted: [system] user assistant user ...; sets
+// *first to 1 when a system message leads.
+static int check_conversation(const mt_chat_msg *msgs, int n, int need_assistant, int *first) {
+    *first = n > 0 && msgs[0].role && strcmp(msgs[0].role, "system") == 0;
     int assistants = 0;
     for (int i = 0; i < n; i++) {
         const char *role = msgs[i].role, *content = msgs[i].content;
@@ -84,8 +106,8 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
             mt_error_set("message %d (%s): empty \"content\"", i, role);
             return -1;
         }
-        if (i < first) continue;
-        int want_user = (i - first) % 2 == 0;
+        if (i < *first) continue;
+        int want_user = (i - *first) % 2 == 0;
         if (!is_user && !is_asst) {
             mt_error_set("message %d: a system message may only come first", i);
             return -1;
@@ -97,7 +119,7 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
         }
         assistants += is_asst;
     }
-    if (n - first <= 0) {
+    if (n - *first <= 0) {
         mt_error_set("the conversation has no user message");
         return -1;
     }
@@ -105,6 +127,13 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
         mt_error_set("the conversation has no assistant turn: nothing to learn");
         return -1;
     }
+    return 0;
+}
+
+int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn emit, void *ctx) {
+    int first;
+    if (check_conversation(msgs, n, need_assistant, &first)) return -1;
+    const char *system = first ? msgs[0].content : NULL;
     if (emit(ctx, MT_SEG_BOS, NULL, 0, 0)) return -1;
     sbuf b = {0};
     int rc = 0;
@@ -126,6 +155,272 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
     }
     free(b.p);
     return rc;
+}
+
+// Emits the text in b (not in the loss) and empties b; the next runs go on from there.
+static int flush(sbuf *b, mt_seg_fn emit, void *ctx) {
+    int rc = b->n ? emit(ctx, MT_SEG_TEXT, b->p, b->n, 0) : 0;
+    b->n = 0;
+    return rc;
+}
+
+// default_system: the system message a conversation without one gets (NULL: none).
+static int render_chatml(const char *default_system, const mt_chat_msg *msgs, int n, int first,
+                         mt_seg_fn emit, void *ctx) {
+    sbuf b = {0};
+    int rc = 0;
+    if (default_system && !first) {
+        sb_add(&b, "<|im_start|>system\n");
+        sb_add(&b, default_system);
+        sb_add(&b, "<|im_end|>\n");
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        sb_add(&b, "<|im_start|>");
+        sb_add(&b, msgs[i].role);
+        sb_add(&b, "\n");
+        if (strcmp(msgs[i].role, "assistant") != 0) {
+            sb_add(&b, msgs[i].content);
+            sb_add(&b, "<|im_end|>\n");
+            continue;
+        }
+        rc = flush(&b, emit, ctx);
+        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, 1);
+        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", 1);
+        sb_add(&b, "\n");
+    }
+    if (rc == 0 && strcmp(msgs[n - 1].role, "user") == 0) sb_add(&b, "<|im_start|>assistant\n");
+    if (rc == 0) rc = flush(&b, emit, ctx);
+    free(b.p);
+    return rc;
+}
+
+static int render_tulu(const mt_chat_template *t, const mt_chat_msg *msgs, int n, mt_seg_fn emit,
+                       void *ctx) {
+    sbuf b = {0};
+    int rc = 0;
+    sb_add(&b, t->bos_token);
+    for (int i = 0; i < n && rc == 0; i++) {
+        const char *role = msgs[i].role;
+        if (strcmp(role, "assistant") != 0) {
+            sb_add(&b, strcmp(role, "user") == 0 ? "<|user|>\n" : "<|system|>\n");
+            sb_add(&b, msgs[i].content);
+            sb_add(&b, "\n");
+            continue;
+        }
+        sb_add(&b, "<|assistant|>\n");
+        rc = flush(&b, emit, ctx);
+        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, 1);
+        if (rc == 0 && t->eos_token[0]) rc = emit_str(emit, ctx, t->eos_token, 1);
+        sb_add(&b, "\n");
+    }
+    if (rc == 0 && strcmp(msgs[n - 1].role, "user") == 0) sb_add(&b, "<|assistant|>\n");
+    if (rc == 0) rc = flush(&b, emit, ctx);
+    free(b.p);
+    return rc;
+}
+
+int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, int n,
+                            int need_assistant, mt_seg_fn emit, void *ctx) {
+    if (t->style == MT_CHAT_NONE) {
+        mt_error_set("%s", t->why[0] ? t->why : "no chat template: pass --chat-template");
+        return -1;
+    }
+    if (t->style == MT_CHAT_MIXTRAL) return mt_chat_render(msgs, n, need_assistant, emit, ctx);
+    int first;
+    if (check_conversation(msgs, n, need_assistant, &first)) return -1;
+    if (t->style == MT_CHAT_TULU) {
+        if (!t->eos_token[0]) {
+            mt_error_set("the tulu chat template ends each assistant turn with eos_token, but "
+                         "tokenizer_config.json gives none");
+            return -1;
+        }
+        return render_tulu(t, msgs, n, emit, ctx);
+    }
+    const char *sys = t->style == MT_CHAT_QWEN    ? "You are a helpful assistant"
+                      : t->style == MT_CHAT_QWEN2 ? "You are a helpful assistant."
+                                                  : NULL;
+    return render_chatml(sys, msgs, n, first, emit, ctx);
+}
+
+// --- selection -----------------------------------------------------------------------------
+
+static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2"};
+
+// The Jinja strings recognised, as their models' tokenizer_config.json holds them.
+static const struct { mt_chat_style style; const char *jinja; } known_templates[] = {
+    {MT_CHAT_MIXTRAL,
+     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+     "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"},
+    {MT_CHAT_CHATML,
+     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {MT_CHAT_QWEN,
+     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+     "{{ '<|im_start|>system\\nYou are a helpful assistant<|im_end|>\\n' }}{% endif %}"
+     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {MT_CHAT_QWEN2,
+     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {MT_CHAT_TULU,
+     "{{ bos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
+     "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
+     "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
+     "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+     "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
+};
+
+int mt_chat_style_parse(const char *name, mt_chat_style *out) {
+    for (int i = 0; i < (int)MT_ARRAY_LEN(style_names); i++)
+        if (strcmp(name, style_names[i]) == 0) {
+            *out = (mt_chat_style)i;
+            return 0;
+        }
+    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2 or tulu)", name);
+    return -1;
+}
+
+const char *mt_chat_style_name(mt_chat_style s) {
+    return (unsigned)s < MT_ARRAY_LEN(style_names) ? style_names[s] : "none";
+}
+
+// Jinja with the whitespace inside {{ }} and {% %} (outside quotes) dropped; the text between
+// tags, which the template prints, is kept exactly. A malloc'ed string.
+static char *jinja_canonical(const char *s) {
+    size_t n = strlen(s), k = 0;
+    char *out = mt_xmalloc(n + 1);
+    int in_tag = 0;
+    char quote = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!in_tag) {
+            if (c == '{' && (s[i + 1] == '{' || s[i + 1] == '%')) {
+                in_tag = 1;
+                out[k++] = c;
+                out[k++] = s[++i];
+                continue;
+            }
+            out[k++] = c;
+            continue;
+        }
+        if (quote) {
+            if (c == '\\' && i + 1 < n) {
+                out[k++] = c;
+                out[k++] = s[++i];
+                continue;
+            }
+            if (c == quote) quote = 0;
+            out[k++] = c;
+            continue;
+        }
+        if (c == '\'' || c == '"') quote = c;
+        else if ((c == '}' || c == '%') && s[i + 1] == '}') {
+            in_tag = 0;
+            out[k++] = c;
+            out[k++] = s[++i];
+            continue;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r')
+            continue;
+        out[k++] = c;
+    }
+    // Leading and trailing whitespace of the whole template is not printed by transformers.
+    out[k] = 0;
+    size_t a = 0;
+    while (out[a] == ' ' || out[a] == '\n') a++;
+    while (k > a && (out[k - 1] == ' ' || out[k - 1] == '\n')) k--;
+    memmove(out, out + a, k - a);
+    out[k - a] = 0;
+    return out;
+}
+
+int mt_chat_template_recognise(const char *jinja, mt_chat_style *out) {
+    char *want = jinja_canonical(jinja);
+    int found = -1;
+    for (size_t i = 0; i < MT_ARRAY_LEN(known_templates) && found < 0; i++) {
+        char *have = jinja_canonical(known_templates[i].jinja);
+        if (strcmp(have, want) == 0) {
+            *out = known_templates[i].style;
+            found = 0;
+        }
+        free(have);
+    }
+    free(want);
+    return found;
+}
+
+// A special-token entry: "text", {"content": "text", ...} or null.
+static void token_string(const cJSON *v, char *buf, size_t n) {
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    snprintf(buf, n, "%s", cJSON_IsString(v) ? v->valuestring : "");
+}
+
+int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char *flag,
+                          mt_tokenizer_kind kind) {
+    memset(t, 0, sizeof *t);
+    int from_flag = flag && flag[0] && strcmp(flag, "auto") != 0;
+    if (from_flag && mt_chat_style_parse(flag, &t->style)) return mt_error_prefix("--chat-template"), -1;
+    // --model may name config.json: look beside it.
+    char dir[4096], path[4200];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s", model_dir);
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    cJSON *root = NULL;
+    if (stat(path, &st) == 0) {
+        char *text;
+        size_t len;
+        if (mt_read_file(path, 64u << 20, &text, &len)) return -1;
+        root = cJSON_ParseWithLength(text, len);
+        free(text);
+        if (!cJSON_IsObject(root)) {
+            cJSON_Delete(root);
+            mt_error_set("%s: not a JSON object", path);
+            return -1;
+        }
+        token_string(cJSON_GetObjectItemCaseSensitive(root, "bos_token"), t->bos_token, sizeof t->bos_token);
+        token_string(cJSON_GetObjectItemCaseSensitive(root, "eos_token"), t->eos_token, sizeof t->eos_token);
+    }
+    if (from_flag) {
+        cJSON_Delete(root);
+        return 0;
+    }
+    // chat_template: a string, or a list of {"name", "template"} whose "default" is the one used.
+    const cJSON *ct = root ? cJSON_GetObjectItemCaseSensitive(root, "chat_template") : NULL, *e;
+    if (cJSON_IsArray(ct)) {
+        const cJSON *pick = NULL;
+        cJSON_ArrayForEach(e, ct) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+            if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0)
+                pick = cJSON_GetObjectItemCaseSensitive(e, "template");
+        }
+        ct = pick;
+    }
+    int spm_like = kind != MT_TOKENIZER_BPE;
+    if (!cJSON_IsString(ct)) {
+        t->style = spm_like ? MT_CHAT_MIXTRAL : MT_CHAT_NONE;
+        snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
+                 "qwen2 or tulu to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
+    } else if (mt_chat_template_recognise(ct->valuestring, &t->style) != 0) {
+        snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
+                 "Qwen1.5, Qwen2, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen, qwen2 or tulu for the "
+                 "closest", path);
+        if (spm_like) {
+            mt_warn("%s; using mixtral", t->why);
+            t->style = MT_CHAT_MIXTRAL;
+        } else
+            t->style = MT_CHAT_NONE;
+    }
+    cJSON_Delete(root);
+    return 0;
 }
 
 int mt_instruction_render(const char *instruction, const char *input, const char *output,

@@ -66,7 +66,7 @@ static void push_token(loader *L, int32_t id, int in_loss) {
 static int emit_segment(void *ctx, mt_seg_kind kind, const char *text, size_t len, int in_loss) {
     loader *L = ctx;
     if (kind == MT_SEG_BOS) {
-        push_token(L, L->tok->bos, 0);  // BOS is never a target
+        if (L->tok->bos >= 0) push_token(L, L->tok->bos, 0);  // never a target; none for BPE
         return 0;
     }
     if (kind == MT_SEG_EOS) {
@@ -258,7 +258,8 @@ static int sample_chat(loader *L, const cJSON *obj) {
         }
         i++;
     }
-    if (rc == 0 && mt_chat_render(m, n, 1, emit_segment, L)) rc = render_failed(L);
+    if (rc == 0 && mt_chat_render_template(&L->d->opts.chat, m, n, 1, emit_segment, L))
+        rc = render_failed(L);
     free(m);
     if (rc == 0) L->d->stats.chat++;
     return rc;

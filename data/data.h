@@ -27,8 +27,13 @@
 //        appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
 //     MT_PROMPT_ALPACA_SHORT drops the first paragraph (for byte-level tiny models, where those
 //     ~150 bytes would fill the sequence).
-//   messages:     Mixtral-8x7B-Instruct's chat template (chat_template.c):
+//   messages:     the model's chat template (opts.chat; chat_template.c), Mixtral-8x7B-Instruct's
+//     by default:
 //       <s>[INST] {system}\n\n{user1} [/INST]{assistant1}</s>[INST] {user2} [/INST]{assistant2}</s>
+//     ChatML (Qwen): <|im_start|>{role}\n{content}<|im_end|>\n per message, the assistant's
+//       content and its <|im_end|> in the loss; Tulu (OLMoE-Instruct): {bos_token}<|user|>\n{user}\n
+//       <|assistant|>\n{assistant}{eos_token}\n, the assistant's content and eos_token in the loss.
+// BOS is inserted only when the tokenizer has one (tokenizer.h: BPE models have none).
 // Each text run is encoded separately (prompt, completion), so the loss boundary falls on a
 // token boundary; SentencePiece then gives each run its "▁" prefix, as mistral-common does.
 // Labels: the token where it is in the loss, −100 elsewhere. The first token of a sample (BOS)
@@ -77,6 +82,19 @@ extern "C" {
 typedef enum { MT_OVERLONG_TRUNCATE, MT_OVERLONG_DROP, MT_OVERLONG_REFUSE } mt_overlong;
 typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT } mt_prompt_style;
 
+// Chat templates (chat_template.c). NONE: no template known (a BPE model whose
+// tokenizer_config.json has none, or one we do not recognise): a chat sample is then an error
+// carrying `why`, which suggests --chat-template.
+typedef enum {
+    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_NONE
+} mt_chat_style;
+typedef struct mt_chat_template {
+    mt_chat_style style;
+    char bos_token[128], eos_token[128];  // tokenizer_config.json's strings, for the templates that
+                                          // print them (tulu); "" when it has none
+    char why[1024];                        // style NONE: the message a chat sample fails with
+} mt_chat_template;
+
 typedef struct mt_data_opts {
     int64_t seq;             // longest sample kept (--seq)
     mt_overlong overlong;
@@ -84,11 +102,12 @@ typedef struct mt_data_opts {
     int shuffle;             // 0: file order in every epoch (eval)
     uint64_t seed;
     mt_prompt_style prompt;  // instruction form
+    mt_chat_template chat;   // messages form (default: Mixtral's)
     int whole_epochs;        // 1: a batch never spans two epochs; rows past the end of an epoch
                              // are padding (eval: one pass, no sample twice)
 } mt_data_opts;
 
-// seq 512, truncate, no packing, shuffle on, seed 0, Alpaca prompt, whole_epochs 0.
+// seq 512, truncate, no packing, shuffle on, seed 0, Alpaca prompt, Mixtral chat, whole_epochs 0.
 void mt_data_opts_default(mt_data_opts *o);
 int mt_overlong_parse(const char *text, mt_overlong *out);  // "truncate" | "drop" | "refuse"
 const char *mt_overlong_name(mt_overlong m);
@@ -175,6 +194,24 @@ typedef struct mt_chat_msg {
 // need_assistant set, a conversation without an assistant turn is refused. 0, or -1 with an
 // error naming the message (the caller prefixes file and line).
 int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn emit, void *ctx);
+// The same rules, in template t's format; a conversation ending on a user turn gets the
+// template's generation prompt (add_generation_prompt=True). Equal, as text, to transformers'
+// apply_chat_template on the template strings listed in chat_template.c.
+int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, int n,
+                            int need_assistant, mt_seg_fn emit, void *ctx);
+// "mixtral" | "chatml" | "qwen" | "qwen2" | "tulu" → style; -1 with an error listing them.
+int mt_chat_style_parse(const char *name, mt_chat_style *out);
+const char *mt_chat_style_name(mt_chat_style s);
+// Which known template a tokenizer_config.json chat_template string is (compared with Jinja's
+// whitespace inside {{ }} and {% %} ignored, the text between them exact). 0, or -1 when none.
+int mt_chat_template_recognise(const char *jinja, mt_chat_style *out);
+// Fills t for a model folder: `flag` ("" or "auto": from tokenizer_config.json's chat_template;
+// else a style name) and tokenizer_config.json's bos_token/eos_token. No chat_template: Mixtral's
+// for SentencePiece and byte tokenizers (as before), NONE for BPE; an unrecognised one: NONE
+// (SentencePiece: Mixtral's, with a warning). -1 with an error only for a bad flag or an
+// unreadable tokenizer_config.json.
+int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char *flag,
+                          mt_tokenizer_kind kind);
 // The Alpaca prompt (input may be NULL or ""), then output and EOS in the loss; output NULL
 // renders the prompt alone (generation).
 int mt_instruction_render(const char *instruction, const char *input, const char *output,

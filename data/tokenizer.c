@@ -1,4 +1,4 @@
-// data/tokenizer.c — byte-level and SentencePiece tokenizers behind one interface.
+// data/tokenizer.c — byte-level, SentencePiece and BPE tokenizers behind one interface.
 #include "data/tokenizer.h"
 
 #include <errno.h>
@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/common.h"
+#include "data/bpe.h"
 #ifdef MT_SENTENCEPIECE
 #include "data/sentencepiece_shim.h"
 #endif
@@ -98,6 +99,37 @@ int mt_tokenizer_load_spm(mt_tokenizer *t, const char *model_path, int64_t vocab
 #endif
 }
 
+int mt_tokenizer_load_bpe(mt_tokenizer *t, const char *json_path, int64_t vocab, int32_t eos) {
+    memset(t, 0, sizeof *t);
+    if (vocab <= 0 || vocab > INT32_MAX) {
+        mt_error_set("%s: vocab_size %lld is not a usable vocabulary size", json_path, (long long)vocab);
+        return -1;
+    }
+    mt_bpe *b = mt_bpe_load(json_path);
+    if (!b) return -1;
+    if (mt_bpe_id_count(b) > vocab) {
+        mt_error_set("%s: the tokenizer has ids up to %lld but config.json's vocab_size is %lld: "
+                     "ids would run past the embedding", json_path, (long long)mt_bpe_id_count(b) - 1,
+                     (long long)vocab);
+        mt_bpe_free(b);
+        return -1;
+    }
+    if (eos < 0 || !mt_bpe_piece(b, eos)) {
+        mt_error_set("%s: config.json's eos_token_id %d names no token of this tokenizer", json_path,
+                     (int)eos);
+        mt_bpe_free(b);
+        return -1;
+    }
+    t->kind = MT_TOKENIZER_BPE;
+    t->vocab = vocab;
+    t->bos = -1;  // Qwen2/OLMoE add no BOS (tokenizer.h)
+    t->eos = eos;
+    t->pad = 0;
+    t->bpe = b;
+    snprintf(t->source, sizeof t->source, "%s", json_path);
+    return 0;
+}
+
 int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int32_t bos,
                       int32_t eos) {
     memset(t, 0, sizeof *t);
@@ -116,11 +148,10 @@ int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int
         mt_error_set("%s: cannot read: %s", path, strerror(errno));
         return -1;
     }
-    // A real checkpoint with only the fast tokenizer's file: bytes would be silently wrong.
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (stat(path, &st) == 0) {
-        mt_error_set("%s: has tokenizer.json but no tokenizer.model; moetrain reads the "
-                     "SentencePiece tokenizer.model (Mixtral ships both)", dir);
+    if (stat(path, &st) == 0) return mt_tokenizer_load_bpe(t, path, vocab, eos);
+    if (errno != ENOENT) {
+        mt_error_set("%s: cannot read: %s", path, strerror(errno));
         return -1;
     }
     if (vocab < 256) {
@@ -138,6 +169,7 @@ void mt_tokenizer_free(mt_tokenizer *t) {
 #ifdef MT_SENTENCEPIECE
     if (t->spm) mt_spm_free(t->spm);
 #endif
+    mt_bpe_free(t->bpe);
     memset(t, 0, sizeof *t);
 }
 
@@ -146,6 +178,7 @@ static int byte_reserved(const mt_tokenizer *t, int32_t b) {
 }
 
 int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_ids *out) {
+    if (t->kind == MT_TOKENIZER_BPE) return mt_bpe_encode(t->bpe, text, len, out);
     if (t->kind == MT_TOKENIZER_BYTE) {
         for (size_t i = 0; i < len; i++) {
             int32_t b = (uint8_t)text[i];
@@ -192,6 +225,15 @@ int mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, cha
         *len = k;
         return 0;
     }
+    if (t->kind == MT_TOKENIZER_BPE) {  // BOS/EOS skipped, as for the other kinds
+        int32_t *keep = mt_xmalloc((n ? n : 1) * sizeof *keep);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] != t->bos && ids[i] != t->eos) keep[k++] = ids[i];
+        int rc = mt_bpe_decode(t->bpe, keep, k, text, len);
+        free(keep);
+        return rc;
+    }
 #ifdef MT_SENTENCEPIECE
     // Ids past the tokenizer's pieces (a padded embedding) are skipped, like unused bytes.
     int pieces = mt_spm_piece_count(t->spm);
@@ -220,6 +262,11 @@ int mt_tokenizer_piece(const mt_tokenizer *t, int32_t id, char *buf, size_t n) {
         else if (id >= 256) snprintf(buf, n, "<unused>");
         else if (id > 0x20 && id < 0x7f) snprintf(buf, n, "%c", (char)id);
         else snprintf(buf, n, "<0x%02X>", (unsigned)id);
+        return 0;
+    }
+    if (t->kind == MT_TOKENIZER_BPE) {
+        const char *p = mt_bpe_piece(t->bpe, id);
+        snprintf(buf, n, "%s", p ? p : "<unused>");
         return 0;
     }
 #ifdef MT_SENTENCEPIECE

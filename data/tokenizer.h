@@ -1,10 +1,21 @@
-// data/tokenizer.h — text ↔ token ids: Mixtral's SentencePiece tokenizer.model, or bytes.
+// data/tokenizer.h — text ↔ token ids: Mixtral's SentencePiece tokenizer.model, a Hugging Face
+// byte-level BPE tokenizer.json (Qwen2/Qwen3-MoE, OLMoE; data/bpe.h), or bytes.
 //
-// Selection (mt_tokenizer_open): a tokenizer.model in the model folder → SentencePiece; else
-// the byte-level tokenizer when config.json's vocab_size ≥ 256; else an error.
+// Selection (mt_tokenizer_open): a tokenizer.model in the model folder → SentencePiece; else a
+// tokenizer.json → byte-level BPE; else the byte-level tokenizer when config.json's vocab_size
+// ≥ 256; else an error. transformers prefers tokenizer.json when both exist; we prefer
+// tokenizer.model because the folders that ship both (Mixtral, Llama) ship a tokenizer.json that
+// is a conversion of it (Metaspace, byte fallback), which the BPE reader refuses; both files
+// describe the same tokenizer there.
 //
 // Encoding never adds BOS or EOS: the data layer (data.h) places them, as Mixtral/Llama
 // training does (BOS at the start of each sample, EOS after each completion).
+//
+// BOS: `bos` < 0 means the model has none, and the data layer then inserts none. BPE tokenizers
+// always have bos = -1: Qwen2's and OLMoE's tokenizers add no BOS (their post_processor is
+// ByteLevel; one with a TemplateProcessing is refused), whatever config.json's bos_token_id says
+// (Qwen's names <|endoftext|>; OLMoE's is null). Chat templates that print a bos_token string
+// (OLMoE's) emit it as text, which the BPE encoder turns into its added-token id.
 //
 // Byte-level vocabulary (tiny models):
 //   * ids 0..255 are the bytes of the UTF-8 text, one id per byte;
@@ -24,17 +35,20 @@
 extern "C" {
 #endif
 
-typedef enum { MT_TOKENIZER_BYTE, MT_TOKENIZER_SPM } mt_tokenizer_kind;
+typedef enum { MT_TOKENIZER_BYTE, MT_TOKENIZER_SPM, MT_TOKENIZER_BPE } mt_tokenizer_kind;
 
 struct mt_spm;
+struct mt_bpe;
 
 typedef struct mt_tokenizer {
     mt_tokenizer_kind kind;
     int64_t vocab;        // the model's vocab_size; every id produced is below it
-    int32_t bos, eos;     // config.json's ids (checked against tokenizer.model's when it has them)
+    int32_t bos, eos;     // config.json's ids (checked against tokenizer.model's when it has them);
+                          // bos -1: none (BPE), the data layer inserts no BOS
     int32_t pad;          // the id written into padding: 0 (always masked out of loss and attention)
     struct mt_spm *spm;   // SentencePiece model, kind == MT_TOKENIZER_SPM
-    char source[1024];    // "bytes" or the tokenizer.model path, for messages
+    struct mt_bpe *bpe;   // tokenizer.json, kind == MT_TOKENIZER_BPE
+    char source[1024];    // "bytes" or the tokenizer.model / tokenizer.json path, for messages
 } mt_tokenizer;
 
 // A growable array of ids.
@@ -57,6 +71,9 @@ int mt_tokenizer_init_bytes(mt_tokenizer *t, int64_t vocab, int32_t bos, int32_t
 // defines them, must equal config.json's.
 int mt_tokenizer_load_spm(mt_tokenizer *t, const char *model_path, int64_t vocab, int32_t bos,
                           int32_t eos);
+// A byte-level BPE tokenizer.json (data/bpe.h). Its ids must lie below `vocab` (Qwen pads its
+// embedding past the tokenizer); eos must name a token. bos is ignored: BPE has none (above).
+int mt_tokenizer_load_bpe(mt_tokenizer *t, const char *json_path, int64_t vocab, int32_t eos);
 void mt_tokenizer_free(mt_tokenizer *t);
 // 1 when this build has the SentencePiece shim (MT_SENTENCEPIECE); 0: SentencePiece models
 // are refused with a message saying so.
@@ -68,7 +85,8 @@ int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_
 // (the caller frees it) and its length; -1 with an error for an id outside [0, vocab).
 int mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, char **text,
                         size_t *len);
-// The piece of one id, for logs and tests: SentencePiece's piece ("▁the", "<0x0A>"), or for
+// The piece of one id, for logs and tests: SentencePiece's piece ("▁the", "<0x0A>"), BPE's
+// token ("Ġthe", "<|im_start|>"), or for
 // bytes the character itself when printable ASCII, "<0xNN>" otherwise, "<s>"/"</s>" for
 // BOS/EOS, "<unused>" for unused ids. -1 for an id outside [0, vocab).
 int mt_tokenizer_piece(const mt_tokenizer *t, int32_t id, char *buf, size_t n);

@@ -6,9 +6,33 @@
 #include "model/ops.h"
 #include "moe/moe.h"
 
+static int linear_trains(const mt_linear *l) { return l->dw || l->lora; }
+
+// What layer L's backward must produce beyond its own experts' gradients. Autograd's rule: a
+// gradient is made only where something trainable lies at or below it. The input's gradient is
+// wanted when a layer below trains or the embedding does; h's (the attention block's output)
+// also when the attention block trains; ln2's output's also when ln2's weight trains. So the
+// lowest trainable layer of an experts-only LoRA skips its experts' dx GEMMs and its whole
+// attention backward, as PyTorch does for a layer whose input needs no gradient.
+typedef struct { int dx_in, dh, dln2, dlogits; } layer_needs;
+
+static layer_needs needs_of(const mt_model *m, int L) {
+    const mt_layer *ly = &m->layers[L];
+    layer_needs n;
+    n.dx_in = L > m->lowest_trainable || m->dembed;
+    int attn = ly->dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
+               linear_trains(&ly->o) || ly->dqn || ly->dkn;  // q/k norms, biases (model/bias.c)
+    for (int i = 0; i < 4; i++) attn |= ly->dbias[i] != NULL;
+    n.dh = n.dx_in || attn;
+    n.dln2 = n.dh || ly->dln2;
+    n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate));  // a dense layer has no router
+    return n;
+}
+
 // The MoE block's backward from dx (the layer output's gradient): the experts, the shared expert
-// and the router; returns the gradient of ln2 (step work: the caller releases it).
-static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx) {
+// and the router; the gradient of ln2's output when need->dln2 (step work: the caller releases
+// it), else an empty tensor.
+static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const layer_needs *need) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
@@ -23,9 +47,8 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx) {
     // theirs (mt_experts_recompute_in_backward): then it is taken after them.
     int late = mt_experts_recompute_in_backward(m);
     mt_tensor dys = step_work(m, adt, Tk, H, 1), dweights = step_work(m, MT_F32, Tk, 1, 1);
-    if (run)
-        mt_op_combine_backward(m, dys.data, late ? NULL : F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order),
-                               Tk, H, k);
+    float *dw_early = late || !need->dlogits ? NULL : F(&dweights);
+    if (run) mt_op_combine_backward(m, dys.data, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
@@ -34,42 +57,42 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx) {
         dys_own = step_work(m, adt, R, H, 1);
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
-    mt_tensor dxs = step_work(m, adt, R, H, 1);
-    // With EP an expert receives at most every rank's T rows.
-    mt_expert_scratch sc = mt_expert_scratch_new(m, L, MT_MIN(R, (int64_t)T * m->par.ep_size), 1);
-    for (int e = 0; e < E; e++) {
-        int64_t o0, n;
-        mt_expert_rows(m, L, e, &o0, &n);
-        if (n) mt_expert_backward(m, L, e, o0, n, &dys_own, &dxs, &sc);
-    }
-    mt_expert_scratch_free(m, &sc);
-    if (run && late)
+    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 1) : (mt_tensor){0};
+    mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, R);
+    if (run && late && need->dlogits)
         mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
-    if (ep) {
-        step_unwork(m, &dys_own);
-        mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);
-        mt_ep_return(m, L, dxs_local.data, dxs.data, H);
+    if (ep) step_unwork(m, &dys_own);
+    mt_tensor dln2 = {0};
+    if (need->dln2) {
+        if (ep) {
+            mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);
+            mt_ep_return(m, L, dxs_local.data, dxs.data, H);
+            step_unwork(m, &dxs);
+            dxs = dxs_local;
+        }
+        dln2 = step_work(m, adt, T, H, 1);
+        if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
         step_unwork(m, &dxs);
-        dxs = dxs_local;
     }
-    mt_tensor dln2 = step_work(m, adt, T, H, 1);
-    if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
-    if (ly->mlp[0].out) mt_mlp_backward(m, L, dx, &dln2);  // the shared expert and its gate
-    step_unwork(m, &dxs), step_unwork(m, &dys);
+    step_unwork(m, &dys);
+    if (ly->mlp[0].out) mt_mlp_backward(m, L, dx, need->dln2 ? &dln2 : NULL);  // the shared expert and its gate
 
     // Router: through the top-k weights, the aux loss and the z-loss.
-    mt_tensor dlogits = step_work(m, MT_F32, T, E, 1);
-    if (run) mt_op_router_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E, k);
+    if (need->dlogits) {
+        mt_tensor dlogits = step_work(m, MT_F32, T, E, 1);
+        if (run) mt_op_router_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E, k);
+        if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
+        if (run && m->z_coef != 0.0f && m->z_rows)
+            mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
+        mt_linear_backward(&ly->gate, need->dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);
+        step_unwork(m, &dlogits);
+    }
     step_unwork(m, &dweights);
-    if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
-    if (run && m->z_coef != 0.0f && m->z_rows)
-        mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
-    mt_linear_backward(&ly->gate, &dln2, &dlogits, a->ln2, a->xa_gate, NULL);
-    step_unwork(m, &dlogits);
     return dln2;
 }
 
-// dx [T, H]: the gradient of layer L's output on entry, of its input on return. Counting
+// dx [T, H]: the gradient of layer L's output on entry, of its input on return (unchanged when
+// nothing below needs it: needs_of). Counting
 // (null backend): the same scratch is reserved and released, no kernel runs. Gradient scratch
 // is the step's storage dtype (bf16 on the GPU step), fp32 for the router's.
 static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
@@ -83,21 +106,28 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
+    layer_needs need = needs_of(m, L);
 
     mt_tensor dln2;
     if (ly->dense) {  // a dense layer: out = h + mlp(ln2(h))
-        dln2 = step_work(m, adt, T, H, 1);
-        mt_mlp_backward(m, L, dx, &dln2);
+        dln2 = need.dln2 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
+        mt_mlp_backward(m, L, dx, need.dln2 ? &dln2 : NULL);
     } else {
-        dln2 = moe_backward(m, L, dx);
+        dln2 = moe_backward(m, L, dx, &need);
     }
+    if (!need.dln2) return;
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln2), dln2.data, A(a->h), A(ly->ln2), F(a->rstd2), T, H);
     step_unwork(m, &dln2);  // dx is now the gradient of h
+    if (!need.dh) return;
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
-    mt_tensor datt = step_work(m, adt, T, qd, 1);
+    int want_dln1 = need.dx_in || ly->dln1 != NULL;
+    int want_datt = want_dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
+                    ly->dqn || ly->dkn || ly->dbias[0] || ly->dbias[1] || ly->dbias[2];
+    mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
     if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
-    mt_linear_backward(&ly->o, &datt, dx, a->att, a->xa_o, NULL);
+    mt_linear_backward(&ly->o, want_datt ? &datt : NULL, dx, a->att, a->xa_o, NULL);
+    if (!want_datt) return;
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
@@ -128,11 +158,13 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     mt_tensor *dqkv[3] = {&dq, &dk, &dv};
     for (int i = 0; i < 3; i++)
         if (ly->bias[i]) mt_bias_backward(m, A(ly->dbias[i]), dqkv[i]->data, T, dqkv[i]->shape[1]);
-    mt_tensor dln1 = step_work(m, adt, T, H, 1);
-    mt_linear_backward(&ly->q, &dln1, &dq, a->ln1, a->xa_q, NULL);
-    mt_linear_backward(&ly->k, &dln1, &dk, a->ln1, a->xa_k, NULL);
-    mt_linear_backward(&ly->v, &dln1, &dv, a->ln1, a->xa_v, NULL);
+    mt_tensor dln1 = want_dln1 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
+    const mt_tensor *d1 = want_dln1 ? &dln1 : NULL;
+    mt_linear_backward(&ly->q, d1, &dq, a->ln1, a->xa_q, NULL);
+    mt_linear_backward(&ly->k, d1, &dk, a->ln1, a->xa_k, NULL);
+    mt_linear_backward(&ly->v, d1, &dv, a->ln1, a->xa_v, NULL);
     step_unwork(m, &dq), step_unwork(m, &dk), step_unwork(m, &dv);
+    if (!want_dln1) return;
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln1), dln1.data, A(kp->x), A(ly->ln1), F(a->rstd1), T, H);
     step_unwork(m, &dln1);
 }

@@ -3,9 +3,13 @@
 // GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
 // pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
 // column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
+#include <omp.h>
+#include <stdlib.h>
+
 #include "core/common.h"
 #include "lora/lora.h"
 #include "model/model_internal.h"
+#include "quant/qweight.h"
 
 #define XA(t) ROWS((t), o0, n)
 
@@ -15,15 +19,16 @@ static void check_rows(const mt_expert_scratch *sc, int L, int e, int64_t n) {
                  (long long)sc->rows);
 }
 
-// The CPU reference: w1 and w3 apart into g and u.
-static void forward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                        const mt_tensor *ys, const mt_expert_scratch *sc) {
+// The CPU reference: w1 and w3 apart into g and u. The Linears are given (an expert's own, or
+// copies holding its W dequantized once for the backward's recompute).
+static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, const mt_linear *w3, mt_layer_acts *a,
+                        int64_t o0, int64_t n, const mt_tensor *ys, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_linear_forward(&ly->w1[e], g, xs, XA(a->xa_w1), &sc->lora);
-    mt_linear_forward(&ly->w3[e], u, xs, XA(a->xa_w3), &sc->lora);
+    mt_linear_forward(w1, g, xs, XA(a->xa_w1), &sc->lora);
+    mt_linear_forward(w3, u, xs, XA(a->xa_w3), &sc->lora);
     if (!m->counting) mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
-    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
 }
 
 // gu's column blocks: w1's (g) and w3's (u), each [n, f] with row stride 2f.
@@ -33,9 +38,7 @@ static mt_tensor block(const mt_tensor *gu, int64_t f, int which) {
     return v;
 }
 
-int mt_experts_recompute_in_backward(const mt_model *m) {
-    return gpu_step(m) && m->recompute && m->par.ep_size == 1;
-}
+int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute && m->par.ep_size == 1; }
 
 // W13 = [w1; w3] [2f, H] dequantized into the model's scratch (a 4-bit pair), as one bf16 view.
 static mt_tensor w13_dequantized(mt_model *m, mt_linear *w1, mt_linear *w3) {
@@ -78,33 +81,56 @@ static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int6
     mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), ROWS(a->a, o0, n), XA(a->xa_w2), &sc->lora);
 }
 
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
-                       const mt_expert_scratch *sc) {
+static void expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
+                           const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
     if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
-    else forward_cpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
+    else forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], a, o0, n, ys_own, sc);
 }
 
-// The first n rows of an expert scratch, zeroed (the backward accumulates into them).
-static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t n) {
-    mt_tensor v = mt_view_rows(s, 0, n);
+// Rows [r0, r0 + n) of an expert scratch, zeroed (the backward accumulates into them).
+static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t r0, int64_t n) {
+    mt_tensor v = mt_view_rows(s, r0, n);
     if (v.data) m->be->ops->fill_zero(m->be, v.data, v.nbytes);
     return v;
 }
 
+// The cpu's copy of Linear l with its W as the f32 [out, in] tensor *w: the dense weight itself,
+// or the 4-bit one dequantized into dst (out·in floats, this thread's), once for several uses.
+static mt_linear cpu_with_weight(const mt_linear *l, mt_tensor *w, float *dst) {
+    mt_linear c = *l;
+    if (l->q) {
+        mt_qweight_dequantize_rows_cpu(l->q, dst, 0, l->out);
+        *w = mt_view2(l->q->be, dst, MT_F32, l->out, l->in, 0);
+        c.q = NULL, c.w = w;
+    }
+    return c;
+}
+
+// `recompute`: the replay forward left this expert's rows to the backward, which recomputes g, u,
+// a and ys first with W dequantized once for both (into this thread's part of sc->w), as the
+// GPU step does: two dequantizations of each 4-bit W per step, not three.
 static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc) {
-    int64_t f = m->cfg.intermediate;
+                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute) {
+    int64_t f = m->cfg.intermediate, H = m->cfg.hidden, s0 = sc->every_row ? o0 : 0;
+    mt_linear w1 = ly->w1[e], w2 = ly->w2[e], w3 = ly->w3[e];
+    mt_tensor t1, t2, t3;
+    if (recompute) {
+        float *ws = sc->w.data ? (float *)sc->w.data + (size_t)omp_get_thread_num() * (size_t)(3 * f * H) : NULL;
+        w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
+        w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
+        forward_cpu(m, &w1, &w2, &w3, a, o0, n, a->ys, sc);
+    }
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);  // [n, 2f]: dg | du
+    mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
-    mt_linear_backward(&ly->w2[e], &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
     if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
-    mt_linear_backward(&ly->w1[e], dx, &dg, xs, XA(a->xa_w1), &sc->lora);
-    mt_linear_backward(&ly->w3[e], dx, &du, xs, XA(a->xa_w3), &sc->lora);
+    mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
+    mt_linear_backward(&w3, dx, &du, xs, XA(a->xa_w3), &sc->lora);
 }
 
 // A 4-bit w2 dequantized behind [w1; w3] in the scratch (which then holds 3·f·H), so that one
@@ -125,7 +151,7 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     int fused = fused_pair(w1, w3), held = recompute && fused && w2->q;  // W13 and W2 held together
     mt_tensor w13 = fused && recompute ? w13_dequantized(m, w1, w3) : (mt_tensor){0};
     if (recompute) up_gpu(m, ly, a, e, o0, n, fused ? &w13 : NULL, sc);  // gu and a again; ys below
-    mt_tensor da = zeroed_rows(m, &sc->da, n), dgu = zeroed_rows(m, &sc->dgu, n);
+    mt_tensor da = zeroed_rows(m, &sc->da, 0, n), dgu = zeroed_rows(m, &sc->dgu, 0, n);
     if (held) {
         mt_tensor w2w = w2_dequantized(m, w2);
         mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
@@ -137,8 +163,8 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     }
     if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
     mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
-    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f
-        gemm(*dx, dgu, w13, 0, 0, 1.0f);
+    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f (dxs NULL: not wanted)
+        if (dx) gemm(*dx, dgu, w13, 0, 0, 1.0f);
         if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
         if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3), &sc->lora);
     } else {
@@ -147,12 +173,20 @@ static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     }
 }
 
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward) {
-    int64_t f = m->cfg.intermediate;
+// every_row: the backward's da and dgu hold every row of the layer's experts, each expert its own
+// (the cpu's experts run in parallel); else as many rows as one expert can get, reused by each.
+// threads: how many experts run at once. The cpu's recomputing backward also takes an f32
+// [w1; w3; w2] (3·f·H) for each, when the layer has a 4-bit expert.
+static mt_expert_scratch scratch_new(mt_model *m, int L, int64_t rows, int backward, int every_row, int threads) {
+    int64_t f = m->cfg.intermediate, H = m->cfg.hidden;
     mt_dtype dt = act_dtype(m);
-    mt_expert_scratch s = {.rows = rows};
+    mt_expert_scratch s = {.rows = rows, .every_row = every_row};
     if (backward) s.da = step_work(m, dt, rows, f, 0), s.dgu = step_work(m, dt, rows, 2 * f, 0);
     mt_layer *ly = &m->layers[L];
+    int q4 = 0;
+    for (int e = 0; e < m->cfg.experts; e++) q4 |= ly->w1[e].q || ly->w2[e].q || ly->w3[e].q;
+    if (backward && q4 && !gpu_step(m) && mt_experts_recompute_in_backward(m))
+        s.w = step_work(m, MT_F32, threads, 3 * f * H, 0);
     for (int e = 0; gpu_step(m) && e < m->cfg.experts; e++) {  // the cpu's LoRA takes its own
         const mt_linear *ls[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
         for (int i = 0; i < 3; i++)
@@ -162,15 +196,75 @@ mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int ba
     return s;
 }
 
-void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s) {
+static void scratch_free(mt_model *m, mt_expert_scratch *s) {
     if (s->lora.bytes) mt_work_free(m->be, s->lora.data, s->lora.bytes);
+    if (s->w.ndim) step_unwork(m, &s->w);
     if (s->dgu.ndim) step_unwork(m, &s->dgu), step_unwork(m, &s->da);
 }
 
-void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs, const mt_expert_scratch *sc) {
+static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
+                            const mt_tensor *dxs, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
     if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
-    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc);
+    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
+}
+
+// The cpu runs a layer's experts in parallel, an expert per thread at a time (dynamic: routing
+// makes them unequal) with each of its GEMMs on that thread: the experts are independent
+// (disjoint rows, their own weights and gradients), and a small GEMM split over threads pays a
+// fork and join each time, which top-8 of many small experts multiplies. The GPU step (and the
+// null backend's count of it) runs them in turn.
+// With fewer than two experts per thread (E = 1 is a dense MLP) the threads would idle: the
+// experts then run in turn, each GEMM on every thread.
+static int experts_in_parallel(const mt_model *m, int jobs) {
+    return m->be->ops->kind == MT_BACKEND_CPU && jobs >= 2 * omp_get_max_threads();
+}
+
+// The most rows one expert can get: each token picks k distinct experts, so at most T per rank.
+static int64_t expert_rows_max(const mt_model *m, int64_t R) {
+    return MT_MIN(R, (int64_t)m->B * m->S * m->par.ep_size);
+}
+
+typedef struct { int e; int64_t o0, n; } expert_job;
+
+static int by_rows_desc(const void *a, const void *b) {
+    const expert_job *x = a, *y = b;
+    return x->n != y->n ? (x->n < y->n) - (x->n > y->n) : x->e - y->e;
+}
+
+// The experts of layer L with rows, largest first when they run in parallel: the last to start
+// is then the smallest, which keeps the threads' finishing times close.
+static int expert_jobs(const mt_model *m, int L, int *par, expert_job *jobs) {
+    int count = 0;
+    for (int e = 0; e < m->cfg.experts; e++) {
+        expert_job j = {e, 0, 0};
+        mt_expert_rows(m, L, e, &j.o0, &j.n);
+        if (j.n) jobs[count++] = j;  // an expert with no tokens does nothing
+    }
+    *par = experts_in_parallel(m, count);
+    if (*par) qsort(jobs, (size_t)count, sizeof *jobs, by_rows_desc);
+    return count;
+}
+
+void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) {
+    int par;
+    expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
+    int count = expert_jobs(m, L, &par, jobs);
+    mt_expert_scratch sc = scratch_new(m, L, expert_rows_max(m, R), 0, 0, 1);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < count; i++) expert_forward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, ys_own, &sc);
+    scratch_free(m, &sc);
+    free(jobs);
+}
+
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R) {
+    int par;
+    expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
+    int count = expert_jobs(m, L, &par, jobs);
+    mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par, par ? omp_get_max_threads() : 1);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, &sc);
+    scratch_free(m, &sc);
+    free(jobs);
 }

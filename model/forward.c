@@ -72,7 +72,7 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
+    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, k = (int)c->top_k;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
     int Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
@@ -138,13 +138,7 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     }
     if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them
     mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;
-    mt_expert_scratch sc = mt_expert_scratch_new(m, L, MT_MIN(R, (int64_t)T * m->par.ep_size), 0);
-    for (int e = 0; e < E; e++) {
-        int64_t o0, n;
-        mt_expert_rows(m, L, e, &o0, &n);
-        if (n) mt_expert_forward(m, L, e, o0, n, &ys_own, &sc);  // an expert with no tokens does nothing
-    }
-    mt_expert_scratch_free(m, &sc);
+    mt_experts_forward(m, L, &ys_own, R);
     if (ep) {  // the outputs go back to the ranks their tokens came from
         mt_ep_return(m, L, A(a->ys), ys_own.data, H);
         step_unwork(m, &ys_own);

@@ -45,6 +45,9 @@ void mt_mlp_add_output(mt_model *m, int L, mt_act *x_out) {
 
 void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *dln2) {
     mt_layer *ly = &m->layers[L];
+    int trains = ly->shared_gate.dw || ly->shared_gate.lora;
+    for (int i = 0; i < 3; i++) trains |= ly->mlp[i].dw || ly->mlp[i].lora;
+    if (!dln2 && !trains) return;  // nothing below wants ln2's gradient, nothing here learns
     mt_layer_acts *a = layer_acts(m, L);
     int64_t T = (int64_t)m->B * m->S, H = m->cfg.hidden, f = mt_mlp_size(m, L);
     int run = !m->counting;

@@ -115,34 +115,35 @@ void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, con
                                  int64_t f);
 void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 
-// Expert e of layer L on its rows [o0, o0 + n) of the expert buffers (model/experts.c): forward
-// xs -> a -> ys_own rows; backward from dys_own rows, ACCUMULATING into dxs rows, the experts'
-// weight and LoRA gradients. The cpu runs w1 and w3 apart (the f32 reference); the GPU step
+// The experts of layer L, each on its rows [o0, o0 + n) of the expert buffers (model/experts.c;
+// R: the rows this rank's experts hold): forward xs -> a -> ys_own rows; backward from dys_own
+// rows, ACCUMULATING into dxs rows (dxs NULL: not wanted), the experts' weight and LoRA
+// gradients. The cpu runs w1 and w3 apart (the f32 reference), experts in parallel; the GPU step
 // runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
 // The experts' scratch, taken once per layer for as many rows as one expert can get (each token
 // picks k distinct experts: at most T per rank), so that its size never depends on the routing
 // and the plan can count it: the backward's da [rows, f] and dgu [rows, 2f] (the cpu's dg | du),
-// and the GPU step's LoRA scratch for the largest expert LoRA.
+// and the GPU step's LoRA scratch for the largest expert LoRA. The cpu's backward takes every
+// row instead (every_row), so that experts running at once each have their own.
 typedef struct mt_expert_scratch {
     int64_t rows;
+    int every_row;
     mt_tensor da, dgu;       // backward only
+    mt_tensor w;             // the cpu's recomputing backward: f32 [w1; w3; w2] per thread
     mt_lora_scratch lora;
 } mt_expert_scratch;
-mt_expert_scratch mt_expert_scratch_new(mt_model *m, int L, int64_t rows, int backward);
-void mt_expert_scratch_free(mt_model *m, mt_expert_scratch *s);
-void mt_expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
-                       const mt_expert_scratch *scratch);
-// GPU step with recomputation on one EP rank: the replay forward skips the experts, and each
-// expert's backward recomputes its rows (gu, a, ys) first, so its 4-bit weights are dequantized
-// once for both (the dequant scratch then holds w1, w3 and w2: 3·f·H).
+void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
+// Recomputation on one EP rank: the replay forward skips the experts, and each expert's backward
+// recomputes its rows (g, u or gu, a, ys) first, so its 4-bit weights are dequantized once for
+// both (the GPU step's dequant scratch then holds w1, w3 and w2: 3·f·H; the cpu's is f32, one
+// per thread running an expert).
 int mt_experts_recompute_in_backward(const mt_model *m);
-void mt_expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                        const mt_tensor *dxs, const mt_expert_scratch *scratch);
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
 // token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,
-// or s ⊙ y. Backward from dx (the layer output's gradient) accumulates into dln2 and the
-// Linears' gradients. Counting: the same buffers and scratch, no kernel.
+// or s ⊙ y. Backward from dx (the layer output's gradient) accumulates into dln2 (NULL: not
+// wanted) and the Linears' gradients. Counting: the same buffers and scratch, no kernel.
 void mt_mlp_forward(mt_model *m, int L);
 void mt_mlp_add_output(mt_model *m, int L, mt_act *x_out);
 void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *dln2);

@@ -32,6 +32,9 @@ void mt_q4_dequantize_ref(const float *map, const uint8_t *packed, const float *
 // The same with scales [b - b0] for the blocks b that [i0, i1) touches (b0 = i0 / bs).
 void mt_q4_dequantize_blocks(const float *map, const uint8_t *packed, const float *scales,
                              int blocksize, int64_t i0, int64_t i1, float *y);
+// The same without its AVX2 path (tests hold the fast path to it).
+void mt_q4_dequantize_blocks_scalar(const float *map, const uint8_t *packed, const float *scales,
+                                    int blocksize, int64_t i0, int64_t i1, float *y);
 // Double quantization: offset = mean(absmax) (accumulated in double, rounded once);
 // codes [nb] and nested_absmax [ceil(nb/256)] of absmax − offset, by the CUDA rule.
 float mt_q8_offset(const float *absmax, int64_t nb);

@@ -326,10 +326,15 @@ static void dequant_chunk(const mt_qweight *q, int64_t i0, int64_t i1, float *y)
     }
 }
 
+static _Atomic uint64_t cpu_dequantized;  // values, for mt_qweight_cpu_dequantized
+
+uint64_t mt_qweight_cpu_dequantized(void) { return cpu_dequantized; }
+
 // [i0, i1) into y, chunk by chunk, in parallel when large.
 static void dequant_range(const mt_qweight *q, int64_t i0, int64_t i1, float *y) {
     int64_t c_first = i0 / MT_Q4_CHUNK, c_last = (i1 - 1) / MT_Q4_CHUNK;
     if (i1 <= i0) return;
+    cpu_dequantized += (uint64_t)(i1 - i0);
 #pragma omp parallel for schedule(static) if (c_last - c_first >= 8)
     for (int64_t c = c_first; c <= c_last; c++) {
         int64_t s = MT_MAX(i0, c * MT_Q4_CHUNK), e = MT_MIN(i1, (c + 1) * MT_Q4_CHUNK);

@@ -76,6 +76,9 @@ static inline uint64_t mt_qweight_dequant_bytes(const mt_qweight *q, mt_dtype ds
     return mt_qweight_dequant_bytes_of(q->type, q->out, q->in, q->blocksize, q->double_quant, dst);
 }
 
+// Values the cpu has dequantized to f32 since the program started (every thread): how tests
+// count the dequantizations a training step makes.
+uint64_t mt_qweight_cpu_dequantized(void);
 // CPU backend. Rows [row0, row0+nrows) dequantized to f32 / bf16 host memory.
 void mt_qweight_dequantize_rows_cpu(const mt_qweight *q, float *dst, int64_t row0, int64_t nrows);
 void mt_qweight_dequantize_rows_bf16_cpu(const mt_qweight *q, uint16_t *dst, int64_t row0,

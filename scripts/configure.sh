@@ -17,7 +17,7 @@ echo "BLAS_CFLAGS := -I$blas_inc"
 echo "BLAS_LIBS := -L$blas_lib -Wl,-rpath,$blas_lib -lopenblas"
 echo "configure: BLAS: OpenBLAS (OpenMP) from $blas_lib" >&2
 
-pkgs="libcjson yaml-0.1 criterion"
+pkgs="libcjson yaml-0.1 criterion libpcre2-8 libutf8proc"
 if ! flags=$(pkg-config --cflags $pkgs); then
   echo "configure: pkg-config cannot find one of: $pkgs (scripts/deps.sh installs them)" >&2
   exit 1

@@ -11,6 +11,7 @@ packages=(
   libopenblas-openmp-dev   # OpenBLAS built on libgomp: BLAS and our OpenMP loops share one pool
   libcjson-dev libyaml-dev
   libsentencepiece-dev
+  libpcre2-dev libutf8proc-dev   # tokenizer.json: pre-tokenizer regexes, NFC (data/bpe.c)
   libcriterion-dev         # make test
   libopenmpi-dev openmpi-bin   # comm over MPI, the NCCL bootstrap, make test-mpi
   clang libclang-rt-14-dev     # make fuzz (libFuzzer)

@@ -5,10 +5,12 @@
 
 #include "core/common.h"
 #include "model/mixtral.h"
+#include "quant/qweight.h"
+#include "quant/quant.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
 
-typedef struct { double loss; uint64_t act_peak; float *grads; size_t n; } run_result;
+typedef struct { double loss; uint64_t act_peak, dequantized, expert_values; float *grads; size_t n; } run_result;
 
 static void collect(mt_model *m, run_result *r) {
     // every LoRA gradient, in model order
@@ -39,14 +41,15 @@ static void collect(mt_model *m, run_result *r) {
     }
 }
 
-static void run(const char *dir, mt_ckpt ckpt, run_result *r) {
+static void run(const char *dir, mt_ckpt ckpt, mt_quant quant, run_result *r) {
     mt_backend *be = mt_backend_cpu_new();
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA;
     o.lora_r = 4;
     o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
-    o.quant = MT_QUANT_NONE;
+    o.quant = quant;
+    o.quant_targets = MT_QTARGET_EXPERTS;  // attention dense: the replay dequantizes nothing
     o.checkpointing = ckpt;
     mt_model m;
     cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
@@ -66,8 +69,14 @@ static void run(const char *dir, mt_ckpt ckpt, run_result *r) {
     mt_ledger_reset_peak(&be->ledger);
     mt_loss loss;
     mt_model_zero_grad(&m);
+    uint64_t dq0 = mt_qweight_cpu_dequantized();
     cr_assert_eq(mt_model_forward(&m, &batch, &loss), 0);
     mt_model_backward(&m);
+    r->dequantized = mt_qweight_cpu_dequantized() - dq0;
+    r->expert_values = 0;  // w1, w2, w3 of every expert that got tokens
+    for (int L = 0; L < m.cfg.layers; L++)
+        for (int e = 0; e < m.cfg.experts; e++)
+            if (m.kept[L].counts[e]) r->expert_values += 3 * (uint64_t)(m.cfg.intermediate * m.cfg.hidden);
     r->loss = loss.loss;
     r->act_peak = be->ledger.peak[MT_MEM_ACT];
     collect(&m, r);
@@ -75,15 +84,17 @@ static void run(const char *dir, mt_ckpt ckpt, run_result *r) {
     mt_backend_free(be);
 }
 
-Test(checkpointing, same_loss_and_gradients_for_a_third_of_the_activations) {
+// quant: the experts' base; a 4-bit one is dequantized once per expert for the backward's
+// recompute and its gradients (model/experts.c), by tile in the first forward.
+static void same_loss_and_gradients(mt_quant quant) {
     char tmp[64], out[4096], dir[128];
     mt_test_tmpdir(tmp, sizeof tmp);
     snprintf(dir, sizeof dir, "%s/tiny4", tmp);
     cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/tests/data/tiny4.json --out %s", MT_REPO_ROOT, dir), 0,
                  "%s", out);
     run_result full, none;
-    run(dir, MT_CKPT_FULL, &full);
-    run(dir, MT_CKPT_NONE, &none);
+    run(dir, MT_CKPT_FULL, quant, &full);
+    run(dir, MT_CKPT_NONE, quant, &none);
     cr_assert_eq(full.loss, none.loss, "loss %.17g vs %.17g", full.loss, none.loss);
     cr_assert_eq(full.n, none.n);
     size_t differ = 0;
@@ -92,6 +103,13 @@ Test(checkpointing, same_loss_and_gradients_for_a_third_of_the_activations) {
     double nonzero = 0;
     for (size_t i = 0; i < full.n; i++) nonzero += full.grads[i] != 0;
     cr_assert_gt(nonzero, full.n / 4, "the gradients carry information");
+    // One dequantization of each 4-bit W serves the recompute and the backward: two per step for
+    // every expert with tokens, as without recomputation (which needs no w1, w3 in the lowest layer).
+    if (quant != MT_QUANT_NONE) {
+        cr_assert_eq(full.dequantized, 2 * full.expert_values, "values dequantized with recomputation: %llu, not 2 x %llu",
+                     (unsigned long long)full.dequantized, (unsigned long long)full.expert_values);
+        cr_assert_leq(none.dequantized, full.dequantized);
+    }
     cr_assert_geq((double)none.act_peak / full.act_peak, 3.0, "act peak %llu without vs %llu with recomputation",
                   (unsigned long long)none.act_peak, (unsigned long long)full.act_peak);
     cr_log_info("act peak: %llu bytes without, %llu with recomputation (%.2fx)", (unsigned long long)none.act_peak,
@@ -99,3 +117,6 @@ Test(checkpointing, same_loss_and_gradients_for_a_third_of_the_activations) {
     free(full.grads), free(none.grads);
     mt_test_rmrf(tmp);
 }
+
+Test(checkpointing, same_loss_and_gradients_for_a_third_of_the_activations) { same_loss_and_gradients(MT_QUANT_NONE); }
+Test(checkpointing, same_with_a_4bit_base_dequantized_once_for_recompute) { same_loss_and_gradients(MT_QUANT_NF4); }

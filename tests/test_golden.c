@@ -299,6 +299,63 @@ Test(golden, lora_nf4_base) {
     fixture_close(&fx);
 }
 
+// Experts-only LoRA: the lowest trainable layer skips its experts' dx and its attention backward
+// (model/backward.c: needs_of). Its gradients must equal a run that computes everything: the same
+// model with LoRA on attention and router too, whose B = 0 leaves forward and backward unchanged.
+static void set_expert_b(mt_model *m) {
+    for (int L = 0; L < m->cfg.layers; L++)
+        for (int e = 0; e < m->cfg.experts; e++) {
+            mt_linear *ex[] = {&m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e]};
+            for (int i = 0; i < 3; i++) {
+                float *b = ex[i]->lora->b->data;
+                for (int64_t j = 0; j < (int64_t)(ex[i]->lora->b->nbytes / sizeof(float)); j++) b[j] = 0.01f * (float)((j * 7 + L * 3 + e + i) % 13 - 6);
+            }
+        }
+}
+
+static void experts_only_case(const char *name) {
+    fixture fx;
+    fixture_open(&fx, name);
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_model m[2];
+    mt_loss loss[2];
+    for (int i = 0; i < 2; i++) {
+        lora_opts(&o);
+        o.targets = i ? (MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE) : MT_TARGET_EXPERTS;
+        build(&m[i], be, &fx, &o);
+        set_expert_b(&m[i]);
+        run_step(&m[i], &fx, &loss[i]);
+    }
+    cr_expect_eq(loss[0].loss, loss[1].loss);
+    int checked = 0;
+    for (int L = 0; L < m[0].cfg.layers; L++)
+        for (int e = 0; e < m[0].cfg.experts; e++)
+            for (int i = 0; i < 3; i++) {
+                const mt_linear *a = i == 0 ? &m[0].layers[L].w1[e] : i == 1 ? &m[0].layers[L].w2[e] : &m[0].layers[L].w3[e];
+                const mt_linear *b = i == 0 ? &m[1].layers[L].w1[e] : i == 1 ? &m[1].layers[L].w2[e] : &m[1].layers[L].w3[e];
+                const mt_tensor *ga[] = {a->lora->da, a->lora->db}, *gb[] = {b->lora->da, b->lora->db};
+                for (int j = 0; j < 2; j++) {
+                    const float *x = ga[j]->data, *y = gb[j]->data;
+                    double diff = 0, scale = 0;
+                    for (int64_t n = 0; n < (int64_t)(ga[j]->nbytes / sizeof(float)); n++)
+                        diff = fmax(diff, fabs((double)x[n] - y[n])), scale = fmax(scale, fabs((double)y[n]));
+                    cr_expect_leq(diff, 1e-6 * scale, "%s layer %d expert %d linear %d %s: %.3g of %.3g", name, L, e, i,
+                                  j ? "dB" : "dA", diff, scale);
+                    checked += scale > 0;
+                }
+            }
+    cr_expect_gt(checked, 0, "some expert gradient is non-zero");
+    mt_model_free(&m[0]), mt_model_free(&m[1]);
+    mt_backend_free(be);
+    fixture_close(&fx);
+}
+
+Test(golden, lora_experts_only_skips_only_unneeded_gradients) {
+    experts_only_case("g1_top2_gqa_pad");
+    experts_only_case("g3_top3");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Other families (scripts/make_goldens.py --families, docs/families.md): Qwen3-MoE's per-head
 // q/k norm with an explicit head_dim, OLMoE's whole-projection q/k norm and top-k weights

@@ -79,3 +79,15 @@ Test(options, targets) {
     cr_assert_eq(parse(&o, "--targets attn"), 0);
     cr_assert_eq(o.targets, MT_TARGET_ATTN);
 }
+
+// --chat-template is kept as written (checked against the known names when the model's folder
+// is read, data/chat_template.c); "auto" by default.
+Test(options, chat_template) {
+    mt_run_opts o;
+    cr_assert_eq(parse(&o, "--mode lora"), 0, "%s", mt_error_get());
+    cr_assert_str_eq(o.chat_template, "auto");
+    cr_assert_eq(parse(&o, "--chat-template tulu"), 0, "%s", mt_error_get());
+    cr_assert_str_eq(o.chat_template, "tulu");
+    cr_assert_neq(parse(&o, "--chat-template a-template-name-longer-than-the-field"), 0);
+    cr_assert(strstr(mt_error_get(), "chat-template"), "got: %s", mt_error_get());
+}

@@ -611,3 +611,26 @@ Test(quant, null_backend_counts_only) {
     mt_qweight_free(&q);
     mt_backend_free(null);
 }
+
+// The dequantization's AVX2 path (two 8-lane table permutes) against its scalar loop: every
+// range start parity, partial blocks, both codebooks, every code, bit for bit.
+Test(quant, dequant_fast_path_equals_scalar) {
+    enum { N = 4 * 64 + 37, BS = 64 };
+    uint8_t packed[(N + 1) / 2];
+    float scales[(N + BS - 1) / BS], fast[N], slow[N];
+    mt_rng rng;
+    mt_rng_seed(&rng, 5, 0);
+    for (size_t i = 0; i < sizeof packed; i++) packed[i] = (uint8_t)(i < 8 ? i * 0x11 + 0x10 * (i & 1) : mt_rng_next(&rng));
+    for (size_t b = 0; b < sizeof scales / sizeof *scales; b++) scales[b] = 0.5f + (float)b * 0.37f;
+    const float *maps[] = {mt_nf4_map, mt_fp4_map};
+    int64_t ranges[][2] = {{0, N}, {1, N}, {3, 200}, {64, 128}, {17, 18}, {130, N - 1}};
+    for (int m = 0; m < 2; m++)
+        for (size_t r = 0; r < sizeof ranges / sizeof *ranges; r++) {
+            int64_t i0 = ranges[r][0], i1 = ranges[r][1], b0 = i0 / BS;
+            memset(fast, 0, sizeof fast), memset(slow, 0xff, sizeof slow);
+            mt_q4_dequantize_blocks(maps[m], packed, scales + b0, BS, i0, i1, fast);
+            mt_q4_dequantize_blocks_scalar(maps[m], packed, scales + b0, BS, i0, i1, slow);
+            cr_expect_eq(memcmp(fast, slow, (size_t)(i1 - i0) * sizeof(float)), 0, "map %d range [%lld, %lld)", m,
+                         (long long)i0, (long long)i1);
+        }
+}

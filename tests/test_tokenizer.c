@@ -110,7 +110,7 @@ Test(tokenizer, selection) {
     write_text(cfg, "{}");
     cr_assert_eq(mt_tokenizer_open(&t, cfg, 256, 1, 2), 0, "%s", mt_error_get());
     cr_assert_eq(t.kind, MT_TOKENIZER_BYTE);
-    // Only tokenizer.json (a real checkpoint whose tokenizer.model is missing): refused.
+    // A tokenizer.json that is not byte-level BPE (here: no model) is refused, not bytes.
     char tj[128];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
     write_text(tj, "{}");

@@ -70,6 +70,8 @@ static const opt_def opt_table[] = {
     {"seed", OPT_U64, F(seed), 0, "random seed"},
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
+    {"chat-template", OPT_STR, F(chat_template), S(chat_template),
+     "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | tulu"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
     {"save-total-limit", OPT_I64, F(save_total_limit), 0,
      "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
@@ -127,6 +129,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->aux_coef = -1;
     o->seed = 42;
     strcpy(o->overlong, "truncate");
+    strcpy(o->chat_template, "auto");
     o->max_skips = 10;
     o->save_total_limit = 3;
     o->max_new_tokens = 64;

@@ -65,6 +65,7 @@ typedef struct mt_run_opts {
     uint64_t seed;
     int packing;
     char overlong[16];        // truncate | drop | refuse
+    char chat_template[16];   // auto (tokenizer_config.json's) | mixtral | chatml | qwen | qwen2 | tulu
     int64_t save_every;       // steps between checkpoints (0: only at the end)
     int64_t save_total_limit; // checkpoints kept in --out (0: all); newest and best always
     char eval_data[1024];

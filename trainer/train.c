@@ -286,6 +286,7 @@ static int setup(trainer *t) {
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
+    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0) return -1;
     if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
     char stats[512];
     mt_data_stats_format(&t->data.stats, stats, sizeof stats);

@@ -135,8 +135,8 @@ static int span_of_trained(const char *path, span *s) {
 static void lora_dropout_off(mt_model *m) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++)
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++)
             if (ls[i]->lora) ls[i]->lora->dropout = 0.0f;
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
@@ -319,6 +319,10 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
     int loaded = 0;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) {
         mt_error_prefix("--overlong");
+        memset(&d, 0, sizeof d);
+        goto done;
+    }
+    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, tok.kind) != 0) {
         memset(&d, 0, sizeof d);
         goto done;
     }
