@@ -62,6 +62,24 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);
     a->att = act(m, MT_BF16, T, qd), a->lse = act(m, MT_F32, T, c->heads);
     a->h = act(m, MT_BF16, T, H), a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
+    int64_t mf = 0;  // the widest MLP (dense layer or shared expert) of these layers
+    int shared = 0;
+    for (int L = L0; L < L0 + n; L++) mf = MT_MAX(mf, mt_mlp_size(m, L)), shared |= !m->layers[L].dense && mt_mlp_size(m, L);
+    if (mf) {
+        a->mlp_g = act(m, MT_BF16, T, mf), a->mlp_u = act(m, MT_BF16, T, mf), a->mlp_a = act(m, MT_BF16, T, mf);
+        a->mlp_y = act(m, MT_BF16, T, H);
+        a->mlp_s = shared ? act(m, MT_F32, T, 0) : NULL;
+        size_t mo[] = {offsetof(mt_layer, mlp[0]), offsetof(mt_layer, mlp[1]), offsetof(mt_layer, mlp[2])};
+        for (int i = 0; i < 3; i++) a->xa_mlp[i] = any_lora(m, L0, n, mo[i]) ? act(m, MT_BF16, T, r) : NULL;
+        a->xa_sgate = any_lora(m, L0, n, offsetof(mt_layer, shared_gate)) ? act(m, MT_BF16, T, r) : NULL;
+    }
+    a->v_raw = c->clip_qkv > 0 ? act(m, MT_BF16, T, kvd) : NULL;
+    mt_qk_norm qkn = mt_config_family(c)->qk_norm;
+    if (qkn != MT_QK_NORM_NONE) {  // the projections before the norm, and one rstd per normed row
+        int64_t per_q = qkn == MT_QK_NORM_HEAD ? c->heads : 1, per_k = qkn == MT_QK_NORM_HEAD ? c->kv_heads : 1;
+        a->q_raw = act(m, MT_BF16, T, qd), a->k_raw = act(m, MT_BF16, T, kvd);
+        a->rstd_q = act(m, MT_F32, T * per_q, 0), a->rstd_k = act(m, MT_F32, T * per_k, 0);
+    }
     a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
     a->weights = act(m, MT_F32, T, c->top_k);
     a->ys = act(m, MT_BF16, Tk, H);
@@ -101,7 +119,9 @@ void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
 static void layer_acts_free(mt_layer_acts *a) {
     expert_acts_free(a);
     mt_tensor *all[] = {a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
-                        a->logits, a->probs, a->weights, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate};
+                        a->logits, a->probs, a->weights, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate,
+                        a->q_raw, a->k_raw, a->rstd_q, a->rstd_k, a->mlp_g, a->mlp_u, a->mlp_a, a->mlp_y,
+                        a->mlp_s, a->xa_mlp[0], a->xa_mlp[1], a->xa_mlp[2], a->xa_sgate, a->v_raw};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
     memset(a, 0, sizeof *a);
 }
@@ -161,8 +181,10 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
 
 static void layer_free(mt_layer *ly, int E) {
     mt_tensor_free(ly->ln1), mt_tensor_free(ly->ln2), mt_tensor_free(ly->dln1), mt_tensor_free(ly->dln2);
-    mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-    for (int i = 0; i < 5; i++) mt_linear_free(ls[i]);
+    mt_tensor_free(ly->qn), mt_tensor_free(ly->kn), mt_tensor_free(ly->dqn), mt_tensor_free(ly->dkn);
+    for (int i = 0; i < 4; i++) mt_tensor_free(ly->bias[i]), mt_tensor_free(ly->dbias[i]);
+    mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate};
+    for (int i = 0; i < 9; i++) mt_linear_free(ls[i]);
     for (int e = 0; ly->w1 && e < E; e++) mt_linear_free(&ly->w1[e]), mt_linear_free(&ly->w2[e]), mt_linear_free(&ly->w3[e]);
     free(ly->w1), free(ly->w2), free(ly->w3);
 }

@@ -18,6 +18,8 @@ static int to_f32(const mt_st_tensor *t, float *dst, size_t n) {
 
 static int set_pair(void *ctx, const char *module, const mt_st_tensor *a, const mt_st_tensor *b) {
     mt_model *m = ctx;
+    char renamed[300];
+    module = mt_family_module_name(mt_config_family(&m->cfg), module, renamed, sizeof renamed);
     mt_linear *l = mt_model_find_linear(m, module);
     if (!l) {
         mt_error_set("adapter module '%s' is not a Linear of this model", module);
@@ -53,8 +55,8 @@ int mt_model_load_adapter(mt_model *m, const char *dir) {
     float scale = (float)(cfg.use_rslora ? cfg.lora_alpha / sqrt(cfg.r) : cfg.lora_alpha / cfg.r);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++)
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++)
             if (ls[i]->lora) ls[i]->lora->scale = scale, ls[i]->lora->dropout = (float)cfg.lora_dropout;
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};

@@ -21,36 +21,33 @@ static layer_needs needs_of(const mt_model *m, int L) {
     layer_needs n;
     n.dx_in = L > m->lowest_trainable || m->dembed;
     int attn = ly->dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
-               linear_trains(&ly->o);
+               linear_trains(&ly->o) || ly->dqn || ly->dkn;  // q/k norms, biases (model/bias.c)
+    for (int i = 0; i < 4; i++) attn |= ly->dbias[i] != NULL;
     n.dh = n.dx_in || attn;
     n.dln2 = n.dh || ly->dln2;
-    n.dlogits = n.dln2 || linear_trains(&ly->gate);
+    n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate));  // a dense layer has no router
     return n;
 }
 
-// dx [T, H]: the gradient of layer L's output on entry, of its input on return (unchanged when
-// nothing below needs it: needs_of). Counting
-// (null backend): the same scratch is reserved and released, no kernel runs. Gradient scratch
-// is the step's storage dtype (bf16 on the GPU step), fp32 for the router's.
-static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
+// The MoE block's backward from dx (the layer output's gradient): the experts, the shared expert
+// and the router; the gradient of ln2's output when need->dln2 (step work: the caller releases
+// it), else an empty tensor.
+static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const layer_needs *need) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
-    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    int Tk = T * k, qd = nh * hd, kvd = nkv * hd, run = !m->counting;
+    int T = m->B * m->S, H = (int)c->hidden, E = (int)c->experts, k = (int)c->top_k;
+    int Tk = T * k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
-    float theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
-    layer_needs need = needs_of(m, L);
 
     // MoE: out = h + Σ weights · expert(ln2(h))
     // dweights needs ys, which the experts recompute in their backward when recomputation is
     // theirs (mt_experts_recompute_in_backward): then it is taken after them.
     int late = mt_experts_recompute_in_backward(m);
     mt_tensor dys = step_work(m, adt, Tk, H, 1), dweights = step_work(m, MT_F32, Tk, 1, 1);
-    float *dw_early = late || !need.dlogits ? NULL : F(&dweights);
+    float *dw_early = late || !need->dlogits ? NULL : F(&dweights);
     if (run) mt_op_combine_backward(m, dys.data, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
@@ -60,13 +57,13 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         dys_own = step_work(m, adt, R, H, 1);
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
-    mt_tensor dxs = need.dln2 ? step_work(m, adt, R, H, 1) : (mt_tensor){0};
-    mt_experts_backward(m, L, &dys_own, need.dln2 ? &dxs : NULL, R);
-    if (run && late && need.dlogits)
+    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 1) : (mt_tensor){0};
+    mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, R);
+    if (run && late && need->dlogits)
         mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     if (ep) step_unwork(m, &dys_own);
     mt_tensor dln2 = {0};
-    if (need.dln2) {
+    if (need->dln2) {
         if (ep) {
             mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);
             mt_ep_return(m, L, dxs_local.data, dxs.data, H);
@@ -78,18 +75,46 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         step_unwork(m, &dxs);
     }
     step_unwork(m, &dys);
+    if (ly->mlp[0].out) mt_mlp_backward(m, L, dx, need->dln2 ? &dln2 : NULL);  // the shared expert and its gate
 
     // Router: through the top-k weights, the aux loss and the z-loss.
-    if (need.dlogits) {
+    if (need->dlogits) {
         mt_tensor dlogits = step_work(m, MT_F32, T, E, 1);
         if (run) mt_op_router_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E, k);
         if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
         if (run && m->z_coef != 0.0f && m->z_rows)
             mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
-        mt_linear_backward(&ly->gate, need.dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);
+        mt_linear_backward(&ly->gate, need->dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);
         step_unwork(m, &dlogits);
     }
     step_unwork(m, &dweights);
+    return dln2;
+}
+
+// dx [T, H]: the gradient of layer L's output on entry, of its input on return (unchanged when
+// nothing below needs it: needs_of). Counting
+// (null backend): the same scratch is reserved and released, no kernel runs. Gradient scratch
+// is the step's storage dtype (bf16 on the GPU step), fp32 for the router's.
+static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer *ly = &m->layers[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden;
+    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
+    int qd = nh * hd, kvd = nkv * hd, run = !m->counting;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
+    float theta = (float)c->rope_theta;
+    mt_dtype adt = act_dtype(m);
+    layer_needs need = needs_of(m, L);
+
+    mt_tensor dln2;
+    if (ly->dense) {  // a dense layer: out = h + mlp(ln2(h))
+        dln2 = need.dln2 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
+        mt_mlp_backward(m, L, dx, need.dln2 ? &dln2 : NULL);
+    } else {
+        dln2 = moe_backward(m, L, dx, &need);
+    }
     if (!need.dln2) return;
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln2), dln2.data, A(a->h), A(ly->ln2), F(a->rstd2), T, H);
     step_unwork(m, &dln2);  // dx is now the gradient of h
@@ -97,8 +122,10 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     int want_dln1 = need.dx_in || ly->dln1 != NULL;
-    int want_datt = want_dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v);
+    int want_datt = want_dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
+                    ly->dqn || ly->dkn || ly->dbias[0] || ly->dbias[1] || ly->dbias[2];
     mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
+    if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
     mt_linear_backward(&ly->o, want_datt ? &datt : NULL, dx, a->att, a->xa_o, NULL);
     if (!want_datt) return;
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
@@ -110,6 +137,27 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);
         mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
     }
+    int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+    if (c->clip_qkv > 0) {  // through the clamps: no gradient where a value was cut
+        float cl = (float)c->clip_qkv;
+        mt_clip_backward_normed(m, dq.data, A(a->q_raw), F(a->rstd_q), A(ly->qn), ph ? T * nh : T, ph ? hd : qd, cl);
+        mt_clip_backward_normed(m, dk.data, A(a->k_raw), F(a->rstd_k), A(ly->kn), ph ? T * nkv : T, ph ? hd : kvd, cl);
+        mt_clip_backward(m, dv.data, A(a->v_raw), (int64_t)T * kvd, cl);
+    }
+    if (a->q_raw) {  // through the q/k RMSNorm: dq, dk become the projections' gradients
+        mt_tensor dq_raw = step_work(m, adt, T, qd, 1), dk_raw = step_work(m, adt, T, kvd, 1);
+        if (run) {
+            mt_op_rmsnorm_backward(m, dq_raw.data, A(ly->dqn), dq.data, A(a->q_raw), A(ly->qn), F(a->rstd_q),
+                                   ph ? T * nh : T, ph ? hd : qd);
+            mt_op_rmsnorm_backward(m, dk_raw.data, A(ly->dkn), dk.data, A(a->k_raw), A(ly->kn), F(a->rstd_k),
+                                   ph ? T * nkv : T, ph ? hd : kvd);
+        }
+        step_unwork(m, &dq), step_unwork(m, &dk);
+        dq = dq_raw, dk = dk_raw;
+    }
+    mt_tensor *dqkv[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++)
+        if (ly->bias[i]) mt_bias_backward(m, A(ly->dbias[i]), dqkv[i]->data, T, dqkv[i]->shape[1]);
     mt_tensor dln1 = want_dln1 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
     const mt_tensor *d1 = want_dln1 ? &dln1 : NULL;
     mt_linear_backward(&ly->q, d1, &dq, a->ln1, a->xa_q, NULL);
@@ -159,9 +207,11 @@ void mt_model_zero_grad(mt_model *m) {
     zero_linear(m->be, &m->lm_head);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        zero(m->be, ly->dln1), zero(m->be, ly->dln2);
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) zero_linear(m->be, ls[i]);
+        zero(m->be, ly->dln1), zero(m->be, ly->dln2), zero(m->be, ly->dqn), zero(m->be, ly->dkn);
+        for (int i = 0; i < 4; i++) zero(m->be, ly->dbias[i]);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
+                           &ly->shared_gate};
+        for (int i = 0; i < 9; i++) zero_linear(m->be, ls[i]);
         for (int e = 0; e < m->cfg.experts; e++)
             zero_linear(m->be, &ly->w1[e]), zero_linear(m->be, &ly->w2[e]), zero_linear(m->be, &ly->w3[e]);
     }

@@ -1,4 +1,5 @@
-// model/config.c — Hugging Face config.json of the Mixtral family: read, check, write, count.
+// model/config.c — Hugging Face config.json of a supported MoE family: read, check, write, count.
+// Which fields exist and their defaults come from the family's description (model/family.h).
 //
 // Reading is in three steps: a byte scan that bounds nesting depth and number length before
 // cJSON sees the text (cJSON's own limit gives no useful message, and it silently cuts long
@@ -19,8 +20,6 @@
 #define JSON_MAX_NUMBER 100    // characters in one number token
 #define SIZE_MAX_VALUE 2147483647LL
 
-static const char MIXTRAL_ARCH[] = "MixtralForCausalLM";
-static const char MIXTRAL_TYPE[] = "mixtral";
 
 // ---------------------------------------------------------------------------------------------
 // Pre-scan: depth and number length, with the enclosing key for the message.
@@ -212,52 +211,87 @@ static int get_string(const cJSON *obj, const char *key, const char **out) {
 // ---------------------------------------------------------------------------------------------
 // Field groups.
 
+// The family from architectures[0] and model_type; both, when given, must name the same one.
 static int read_architecture(const cJSON *root, mt_model_config *cfg) {
     const cJSON *arch;
     const char *type;
+    const mt_family *fam = NULL;
     if (get_field(root, "architectures", &arch) != 0 || get_string(root, "model_type", &type) != 0)
         return -1;
     if (arch && !cJSON_IsNull(arch)) {
         if (!cJSON_IsArray(arch) || cJSON_GetArraySize(arch) != 1 ||
             !cJSON_IsString(arch->child)) {
-            mt_error_set("architectures: expected a list of one name, e.g. [\"%s\"]", MIXTRAL_ARCH);
+            mt_error_set("architectures: expected a list of one name, e.g. [\"MixtralForCausalLM\"]");
             return -1;
         }
         const char *name = arch->child->valuestring;
-        if (strcmp(name, MIXTRAL_ARCH) != 0) {
-            mt_error_set("architectures: unsupported architecture '%.80s' (supported: %s)", name,
-                         MIXTRAL_ARCH);
+        for (int i = 0; i < MT_FAMILY_COUNT && !fam; i++)
+            if (strcmp(name, mt_family_get((mt_family_id)i)->architecture) == 0) fam = mt_family_get((mt_family_id)i);
+        if (!fam) {
+            mt_error_set("architectures: unsupported architecture '%.80s' (supported: MixtralForCausalLM, "
+                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM)", name);
             return -1;
         }
     } else if (!type) {
         mt_error_set("architectures: missing, and no model_type either");
         return -1;
     }
-    if (type && strcmp(type, MIXTRAL_TYPE) != 0) {
-        mt_error_set("model_type: unsupported model_type '%.80s' (supported: %s)", type,
-                     MIXTRAL_TYPE);
-        return -1;
+    if (type) {
+        const mt_family *by_type = mt_family_find(type);
+        if (!by_type) {
+            mt_error_set("model_type: unsupported model_type '%.80s' (supported: %s)", type, mt_family_list());
+            return -1;
+        }
+        if (fam && fam != by_type) {
+            mt_error_set("model_type: '%.40s' does not match architectures ['%s']", type, fam->architecture);
+            return -1;
+        }
+        fam = by_type;
     }
-    strcpy(cfg->architecture, MIXTRAL_ARCH);
-    strcpy(cfg->model_type, MIXTRAL_TYPE);
+    cfg->family = (mt_family_id)(fam - mt_family_get(MT_FAMILY_MIXTRAL));
+    strcpy(cfg->architecture, fam->architecture);
+    strcpy(cfg->model_type, fam->model_type);
     return 0;
 }
 
+// The sizes every family has. The model's shape (hidden, layers, heads, experts, vocab) is
+// required, not defaulted: a config.json without hidden_size is broken, not a 2048-wide model.
 static int read_sizes(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
     const int64_t M = SIZE_MAX_VALUE;
     if (get_int(root, "hidden_size", 1, 0, 1, M, &cfg->hidden) != 0 ||
-        get_int(root, "intermediate_size", 1, 0, 1, M, &cfg->intermediate) != 0 ||
+        get_int(root, fam->expert_size_key, 1, 0, 1, M, &cfg->intermediate) != 0 ||
         get_int(root, "num_hidden_layers", 1, 0, 1, M, &cfg->layers) != 0 ||
         get_int(root, "num_attention_heads", 1, 0, 1, M, &cfg->heads) != 0 ||
-        get_int(root, "num_key_value_heads", 0, cfg->heads, 1, M, &cfg->kv_heads) != 0 ||
-        get_int(root, "num_local_experts", 1, 0, 1, M, &cfg->experts) != 0 ||
+        get_int(root, "num_key_value_heads", 0, fam->default_kv_heads ? fam->default_kv_heads : cfg->heads, 1, M,
+                &cfg->kv_heads) != 0 ||
+        get_int(root, fam->experts_key, 1, 0, 1, M, &cfg->experts) != 0 ||
         get_int(root, "num_experts_per_tok", 1, 0, 1, M, &cfg->top_k) != 0 ||
         get_int(root, "vocab_size", 1, 0, 1, M, &cfg->vocab) != 0 ||
-        get_int(root, "max_position_embeddings", 0, 131072, 1, M, &cfg->max_positions) != 0 ||
+        get_int(root, "max_position_embeddings", 0, fam->default_max_positions, 1, M, &cfg->max_positions) != 0 ||
         get_int(root, "sliding_window", 0, 0, 0, M, &cfg->sliding_window) != 0)
         return -1;
-    // head_dim may break hidden = heads * head_dim only when the config says so explicitly.
-    if (get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0) return -1;
+    // Qwen: sliding_window applies only with use_sliding_window (and then only above
+    // max_window_layers, which the attention does not implement).
+    if (fam->has_sliding_flag) {
+        int use = 0;
+        if (get_bool(root, "use_sliding_window", 0, &use) != 0) return -1;
+        if (use) {
+            mt_error_set("use_sliding_window: true is not supported (per-layer sliding windows)");
+            return -1;
+        }
+        cfg->sliding_window = 0;
+    }
+    // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
+    // the family's attention reads it (OLMoE ignores the field).
+    if (fam->head_dim_rule != MT_HEAD_DIM_IGNORED && get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0)
+        return -1;
+    if (fam->head_dim_rule == MT_HEAD_DIM_MUST_MATCH && cfg->head_dim &&
+        cfg->head_dim * cfg->heads != cfg->hidden) {
+        mt_error_set("head_dim: %lld x num_attention_heads %lld != hidden_size %lld (%s requires it)",
+                     (long long)cfg->head_dim, (long long)cfg->heads, (long long)cfg->hidden, fam->model_type);
+        return -1;
+    }
     if (cfg->head_dim == 0) {
         if (cfg->hidden % cfg->heads != 0) {
             mt_error_set("hidden_size (%lld) is not divisible by num_attention_heads (%lld) "
@@ -271,18 +305,19 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     const cJSON *v;
     if (get_field(root, "bos_token_id", &v) != 0) return -1;
     if (v && cJSON_IsNull(v)) cfg->bos_token_id = -1;
-    else if (get_int(root, "bos_token_id", 0, 1, 0, M, &cfg->bos_token_id) != 0) return -1;
+    else if (get_int(root, "bos_token_id", 0, fam->default_bos, 0, M, &cfg->bos_token_id) != 0) return -1;
     if (get_field(root, "eos_token_id", &v) != 0) return -1;
     if (v && cJSON_IsNull(v)) cfg->eos_token_id = -1;
-    else if (get_int(root, "eos_token_id", 0, 2, 0, M, &cfg->eos_token_id) != 0) return -1;
+    else if (get_int(root, "eos_token_id", 0, fam->default_eos, 0, M, &cfg->eos_token_id) != 0) return -1;
     return 0;
 }
 
 static int read_floats(const cJSON *root, mt_model_config *cfg) {
-    if (get_double(root, "rope_theta", 1e6, &cfg->rope_theta) != 0 ||
-        get_double(root, "rms_norm_eps", 1e-5, &cfg->rms_norm_eps) != 0 ||
-        get_double(root, "router_aux_loss_coef", 0.001, &cfg->router_aux_loss_coef) != 0 ||
-        get_double(root, "router_jitter_noise", 0.0, &cfg->router_jitter_noise) != 0 ||
+    const mt_family *fam = mt_config_family(cfg);
+    if (get_double(root, "rope_theta", fam->default_rope_theta, &cfg->rope_theta) != 0 ||
+        get_double(root, "rms_norm_eps", fam->default_rms_eps, &cfg->rms_norm_eps) != 0 ||
+        get_double(root, "router_aux_loss_coef", fam->default_aux_coef, &cfg->router_aux_loss_coef) != 0 ||
+        (fam->has_jitter && get_double(root, "router_jitter_noise", 0.0, &cfg->router_jitter_noise) != 0) ||
         get_double(root, "initializer_range", 0.02, &cfg->initializer_range) != 0 ||
         get_bool(root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) != 0)
         return -1;
@@ -293,11 +328,88 @@ static int read_floats(const cJSON *root, mt_model_config *cfg) {
         get_double(root, "attention_dropout", 0.0, &dropout) != 0)
         return -1;
     if (act && strcmp(act, "silu") != 0) {
-        mt_error_set("hidden_act: unsupported activation '%.40s' (Mixtral uses silu)", act);
+        mt_error_set("hidden_act: unsupported activation '%.40s' (only silu)", act);
         return -1;
     }
     if (dropout != 0.0) {
         mt_error_set("attention_dropout: %g is not supported (only 0)", dropout);
+        return -1;
+    }
+    return 0;
+}
+
+// mlp_only_layers: a list of layer indices (null: none).
+static int read_mlp_only(const cJSON *root, mt_model_config *cfg) {
+    const cJSON *v;
+    if (get_field(root, "mlp_only_layers", &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v)) {
+        mt_error_set("mlp_only_layers: expected a list of layer indices, got %s", json_type_name(v));
+        return -1;
+    }
+    for (const cJSON *c = v->child; c; c = c->next) {
+        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 0 ||
+            c->valuedouble >= (double)cfg->layers) {
+            mt_error_set("mlp_only_layers: each entry must be a layer index 0 to %lld", (long long)cfg->layers - 1);
+            return -1;
+        }
+        if (cfg->n_mlp_only == MT_CONFIG_MAX_MLP_ONLY) {
+            mt_error_set("mlp_only_layers: more than %d entries", MT_CONFIG_MAX_MLP_ONLY);
+            return -1;
+        }
+        int32_t L = (int32_t)c->valuedouble;
+        int i = cfg->n_mlp_only++;
+        while (i > 0 && cfg->mlp_only_layers[i - 1] > L) cfg->mlp_only_layers[i] = cfg->mlp_only_layers[i - 1], i--;
+        if (i > 0 && cfg->mlp_only_layers[i - 1] == L) {  // a repeat changes nothing in transformers
+            memmove(cfg->mlp_only_layers + i, cfg->mlp_only_layers + i + 1,
+                    (size_t)(--cfg->n_mlp_only - i) * sizeof(int32_t));
+            continue;
+        }
+        cfg->mlp_only_layers[i] = L;
+    }
+    return 0;
+}
+
+// The optional parts of the family (model/family.h), with its class defaults.
+static int read_family(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
+    const int64_t M = SIZE_MAX_VALUE;
+    cfg->norm_topk_prob = 1;
+    cfg->decoder_sparse_step = 1;
+    if (!fam->norm_topk_fixed && get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob) != 0) return -1;
+    if (get_bool(root, "output_router_logits", 0, &cfg->output_router_logits) != 0) return -1;
+    if (fam->has_dense_layers) {
+        if (get_int(root, "intermediate_size", 0, fam->default_dense_intermediate, 1, M, &cfg->dense_intermediate) != 0 ||
+            get_int(root, "decoder_sparse_step", 0, 1, 1, M, &cfg->decoder_sparse_step) != 0 ||
+            read_mlp_only(root, cfg) != 0)
+            return -1;
+    }
+    if (fam->shared_expert &&
+        get_int(root, "shared_expert_intermediate_size", 0, fam->default_shared_intermediate, 1, M,
+                &cfg->shared_intermediate) != 0)
+        return -1;
+    if (fam->qkv_bias_key && get_bool(root, fam->qkv_bias_key, fam->qkv_bias_default, &cfg->qkv_bias) != 0)
+        return -1;
+    if (fam->attn_bias_key) {
+        int b = 0;
+        if (get_bool(root, fam->attn_bias_key, 0, &b) != 0) return -1;
+        cfg->qkv_bias = cfg->qkv_bias || b;
+        cfg->o_bias = b;
+    }
+    if (fam->has_clip_qkv) {
+        if (get_double(root, "clip_qkv", 0.0, &cfg->clip_qkv) != 0) return -1;
+        const cJSON *v;
+        if (get_field(root, "clip_qkv", &v) != 0) return -1;
+        if (v && !cJSON_IsNull(v) && !(cfg->clip_qkv > 0)) {
+            mt_error_set("clip_qkv: %g must be positive (or null: no clipping)", cfg->clip_qkv);
+            return -1;
+        }
+    }
+    // rope_scaling changes the rotary frequencies, which rope.c does not implement.
+    const cJSON *rs;
+    if (get_field(root, "rope_scaling", &rs) != 0) return -1;
+    if (rs && !cJSON_IsNull(rs)) {
+        mt_error_set("rope_scaling: not supported (only null: plain RoPE)");
         return -1;
     }
     return 0;
@@ -378,7 +490,7 @@ static int read_config(const cJSON *root, mt_model_config *cfg) {
         return -1;
     }
     if (read_architecture(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
-        read_floats(root, cfg) != 0 || read_dtype(root, cfg) != 0)
+        read_floats(root, cfg) != 0 || read_family(root, cfg) != 0 || read_dtype(root, cfg) != 0)
         return -1;
     const cJSON *q;
     if (get_field(root, "quantization_config", &q) != 0) return -1;
@@ -436,7 +548,7 @@ int mt_model_config_load(const char *path, mt_model_config *cfg) {
 // Consistency and parameter counts.
 
 // Parameter counts with overflow detection; 0 when some product overflows int64.
-typedef struct { int64_t attn, expert, router, layer, total, active; } param_counts;
+typedef struct { int64_t attn, expert, router, shared, dense, layer, total, active; } param_counts;
 
 static int64_t cmul(int64_t a, int64_t b, int *ovf) {
     int64_t r;
@@ -449,20 +561,44 @@ static int64_t cadd(int64_t a, int64_t b, int *ovf) {
     return r;
 }
 
+int mt_config_layer_is_moe(const mt_model_config *c, int64_t L) {
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] == L) return 0;
+    // A step of 0 is a config built in code without the field (plan.c): every layer is MoE.
+    return c->decoder_sparse_step <= 1 || (L + 1) % c->decoder_sparse_step == 0;
+}
+
+int64_t mt_config_moe_layers(const mt_model_config *c) {
+    int64_t n = 0;
+    for (int64_t L = 0; L < c->layers; L++) n += mt_config_layer_is_moe(c, L);
+    return n;
+}
+
 static int count_params(const mt_model_config *c, param_counts *p) {
     int o = 0;
+    const mt_family *fam = mt_config_family(c);
     int64_t q = cmul(c->heads, c->head_dim, &o), kv = cmul(c->kv_heads, c->head_dim, &o);
     int64_t h2 = cmul(2, c->hidden, &o);
     p->attn = cadd(cmul(h2, q, &o), cmul(h2, kv, &o), &o);
+    if (c->qkv_bias) p->attn = cadd(p->attn, cadd(q, cmul(2, kv, &o), &o), &o);
+    if (c->o_bias) p->attn = cadd(p->attn, c->hidden, &o);
+    if (fam->qk_norm == MT_QK_NORM_HEAD) p->attn = cadd(p->attn, cmul(2, c->head_dim, &o), &o);
+    if (fam->qk_norm == MT_QK_NORM_PROJ) p->attn = cadd(p->attn, cadd(q, kv, &o), &o);
     p->expert = cmul(cmul(3, c->hidden, &o), c->intermediate, &o);
     p->router = cmul(c->hidden, c->experts, &o);
-    int64_t shared = cadd(cadd(p->attn, h2, &o), p->router, &o);  // + 2 RMSNorms
-    p->layer = cadd(shared, cmul(c->experts, p->expert, &o), &o);
+    p->shared = c->shared_intermediate ? cadd(cmul(cmul(3, c->hidden, &o), c->shared_intermediate, &o), c->hidden, &o)
+                                       : 0;  // the shared expert and its [1, H] gate
+    p->dense = cmul(cmul(3, c->hidden, &o), c->dense_intermediate, &o);
+    int64_t common = cadd(p->attn, h2, &o);  // + 2 RMSNorms
+    int64_t moe_common = cadd(cadd(common, p->router, &o), p->shared, &o);
+    p->layer = cadd(moe_common, cmul(c->experts, p->expert, &o), &o);
+    int64_t n_moe = mt_config_moe_layers(c), n_dense = c->layers - n_moe;
+    int64_t dense_layer = cadd(common, p->dense, &o);
     int64_t embed = cmul(cmul(c->vocab, c->hidden, &o), c->tie_word_embeddings ? 1 : 2, &o);
-    int64_t outer = cadd(embed, c->hidden, &o);  // + final norm
-    p->total = cadd(cmul(c->layers, p->layer, &o), outer, &o);
-    int64_t active_layer = cadd(shared, cmul(c->top_k, p->expert, &o), &o);
-    p->active = cadd(cmul(c->layers, active_layer, &o), outer, &o);
+    int64_t outer = cadd(cadd(embed, c->hidden, &o), cmul(n_dense, dense_layer, &o), &o);  // + final norm
+    p->total = cadd(cmul(n_moe, p->layer, &o), outer, &o);
+    int64_t active_layer = cadd(moe_common, cmul(c->top_k, p->expert, &o), &o);
+    p->active = cadd(cmul(n_moe, active_layer, &o), outer, &o);
     return !o;
 }
 
@@ -536,16 +672,74 @@ static int check_floats(const mt_model_config *c) {
     return 0;
 }
 
-int mt_model_config_check(const mt_model_config *c) {
-    if (strcmp(c->architecture, MIXTRAL_ARCH) != 0) {
-        mt_error_set("architectures: unsupported architecture '%.64s'", c->architecture);
+// The family's own fields: present where the family has them, sensible where present.
+static int check_family(const mt_model_config *c) {
+    const mt_family *fam = mt_config_family(c);
+    if (c->decoder_sparse_step < 0 || (fam->has_dense_layers && c->decoder_sparse_step < 1)) {
+        mt_error_set("decoder_sparse_step (%lld) must be positive", (long long)c->decoder_sparse_step);
         return -1;
     }
-    if (strcmp(c->model_type, MIXTRAL_TYPE) != 0) {
+    if (c->n_mlp_only < 0 || c->n_mlp_only > MT_CONFIG_MAX_MLP_ONLY || (c->n_mlp_only && !fam->has_dense_layers)) {
+        mt_error_set("mlp_only_layers: %s has no dense MLP layers", fam->model_type);
+        return -1;
+    }
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] < 0 || c->mlp_only_layers[i] >= c->layers ||
+            (i && c->mlp_only_layers[i] <= c->mlp_only_layers[i - 1])) {
+            mt_error_set("mlp_only_layers: entry %d (%d) is not an ascending layer index below %lld", i,
+                         c->mlp_only_layers[i], (long long)c->layers);
+            return -1;
+        }
+    if (fam->has_dense_layers ? c->dense_intermediate <= 0 : c->dense_intermediate != 0) {
+        mt_error_set("intermediate_size (dense layers: %lld) must be positive for %s and 0 otherwise",
+                     (long long)c->dense_intermediate, fam->model_type);
+        return -1;
+    }
+    if (fam->shared_expert ? c->shared_intermediate <= 0 : c->shared_intermediate != 0) {
+        mt_error_set("shared_expert_intermediate_size (%lld) must be positive for %s and absent otherwise",
+                     (long long)c->shared_intermediate, fam->model_type);
+        return -1;
+    }
+    if (fam->norm_topk_fixed && !c->norm_topk_prob) {
+        mt_error_set("norm_topk_prob: %s always renormalises the top-k weights", fam->model_type);
+        return -1;
+    }
+    if ((c->qkv_bias && !fam->qkv_bias_key && !fam->attn_bias_key) || (c->o_bias && !fam->attn_bias_key)) {
+        mt_error_set("attention biases: %s has none", fam->model_type);
+        return -1;
+    }
+    if (!(c->clip_qkv >= 0) || !isfinite(c->clip_qkv) || (c->clip_qkv > 0 && !fam->has_clip_qkv)) {
+        mt_error_set("clip_qkv (%g): must be positive or none, and only where the family has it", c->clip_qkv);
+        return -1;
+    }
+    if (fam->head_dim_rule != MT_HEAD_DIM_EXPLICIT && c->head_dim * c->heads != c->hidden) {
+        mt_error_set("head_dim (%lld) x num_attention_heads (%lld) must equal hidden_size (%lld) for %s",
+                     (long long)c->head_dim, (long long)c->heads, (long long)c->hidden, fam->model_type);
+        return -1;
+    }
+    if (c->router_jitter_noise != 0 && !fam->has_jitter) {
+        mt_error_set("router_jitter_noise: %s has no router jitter", fam->model_type);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_model_config_check(const mt_model_config *c) {
+    if ((unsigned)c->family >= MT_FAMILY_COUNT) {
+        mt_error_set("model_type: unknown family %d", (int)c->family);
+        return -1;
+    }
+    const mt_family *fam = mt_config_family(c);
+    if (strcmp(c->architecture, fam->architecture) != 0) {
+        mt_error_set("architectures: unsupported architecture '%.64s' for model_type %s", c->architecture,
+                     fam->model_type);
+        return -1;
+    }
+    if (strcmp(c->model_type, fam->model_type) != 0) {
         mt_error_set("model_type: unsupported model_type '%.32s'", c->model_type);
         return -1;
     }
-    if (check_sizes(c) != 0 || check_floats(c) != 0) return -1;
+    if (check_sizes(c) != 0 || check_floats(c) != 0 || check_family(c) != 0) return -1;
     if (c->torch_dtype != MT_BF16 && c->torch_dtype != MT_F32 && c->torch_dtype != MT_F16) {
         mt_error_set("torch_dtype: unsupported dtype '%s'", mt_dtype_name(c->torch_dtype));
         return -1;
@@ -578,6 +772,16 @@ int64_t mt_config_layer_params(const mt_model_config *cfg) {
     param_counts p;
     count_params(cfg, &p);
     return p.layer;
+}
+int64_t mt_config_shared_expert_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.shared;
+}
+int64_t mt_config_dense_mlp_params(const mt_model_config *cfg) {
+    param_counts p;
+    count_params(cfg, &p);
+    return p.dense;
 }
 int64_t mt_config_total_params(const mt_model_config *cfg) {
     param_counts p;
@@ -701,35 +905,63 @@ static void emit_quant(strbuf *b, int *first, const mt_model_config *c) {
     sb_printf(b, "\n  }");
 }
 
+static void emit_bool(strbuf *b, int *first, const char *key, int v) { emit_raw(b, 2, first, key, v ? "true" : "false"); }
+
+// Keys in sorted order, each where the family has it (model/family.h); the values round-trip
+// through mt_model_config_parse.
 static void emit_config(strbuf *b, const mt_model_config *c) {
-    int f = 1;
+    const mt_family *fam = mt_config_family(c);
+    int f = 1, qwen_sizes = strcmp(fam->expert_size_key, "moe_intermediate_size") == 0;
     sb_printf(b, "{");
     emit_key(b, 2, &f, "architectures");
     sb_printf(b, "[\n    \"%s\"\n  ]", c->architecture);
+    if (fam->attn_bias_key) emit_bool(b, &f, fam->attn_bias_key, c->o_bias);
     emit_float(b, 2, &f, "attention_dropout", 0.0);
     emit_token(b, &f, "bos_token_id", c->bos_token_id);
+    if (fam->has_clip_qkv) {
+        if (c->clip_qkv > 0) emit_float(b, 2, &f, "clip_qkv", c->clip_qkv);
+        else emit_raw(b, 2, &f, "clip_qkv", "null");
+    }
+    if (fam->has_dense_layers) emit_int(b, 2, &f, "decoder_sparse_step", c->decoder_sparse_step);
     emit_token(b, &f, "eos_token_id", c->eos_token_id);
-    if (c->head_dim * c->heads != c->hidden) emit_int(b, 2, &f, "head_dim", c->head_dim);
+    if (fam->head_dim_rule == MT_HEAD_DIM_EXPLICIT && c->head_dim * c->heads != c->hidden)
+        emit_int(b, 2, &f, "head_dim", c->head_dim);
     emit_str(b, 2, &f, "hidden_act", "silu");
     emit_int(b, 2, &f, "hidden_size", c->hidden);
     emit_float(b, 2, &f, "initializer_range", c->initializer_range);
-    emit_int(b, 2, &f, "intermediate_size", c->intermediate);
+    emit_int(b, 2, &f, "intermediate_size", qwen_sizes ? c->dense_intermediate : c->intermediate);
     emit_int(b, 2, &f, "max_position_embeddings", c->max_positions);
+    if (fam->has_dense_layers) {
+        emit_key(b, 2, &f, "mlp_only_layers");
+        if (!c->n_mlp_only) sb_printf(b, "[]");
+        else {
+            sb_printf(b, "[");
+            for (int i = 0; i < c->n_mlp_only; i++) sb_printf(b, "%s\n    %d", i ? "," : "", c->mlp_only_layers[i]);
+            sb_printf(b, "\n  ]");
+        }
+    }
     emit_str(b, 2, &f, "model_type", c->model_type);
+    if (qwen_sizes) emit_int(b, 2, &f, "moe_intermediate_size", c->intermediate);
+    if (!fam->norm_topk_fixed) emit_bool(b, &f, "norm_topk_prob", c->norm_topk_prob);
     emit_int(b, 2, &f, "num_attention_heads", c->heads);
+    if (strcmp(fam->experts_key, "num_experts") == 0) emit_int(b, 2, &f, "num_experts", c->experts);
     emit_int(b, 2, &f, "num_experts_per_tok", c->top_k);
     emit_int(b, 2, &f, "num_hidden_layers", c->layers);
     emit_int(b, 2, &f, "num_key_value_heads", c->kv_heads);
-    emit_int(b, 2, &f, "num_local_experts", c->experts);
+    if (strcmp(fam->experts_key, "num_local_experts") == 0) emit_int(b, 2, &f, "num_local_experts", c->experts);
+    emit_bool(b, &f, "output_router_logits", c->output_router_logits);
+    if (fam->qkv_bias_key) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     if (c->quantized) emit_quant(b, &f, c);
     emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
     emit_float(b, 2, &f, "rope_theta", c->rope_theta);
     emit_float(b, 2, &f, "router_aux_loss_coef", c->router_aux_loss_coef);
-    emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
+    if (fam->has_jitter) emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
+    if (fam->shared_expert) emit_int(b, 2, &f, "shared_expert_intermediate_size", c->shared_intermediate);
     if (c->sliding_window > 0) emit_int(b, 2, &f, "sliding_window", c->sliding_window);
     else emit_raw(b, 2, &f, "sliding_window", "null");
     emit_raw(b, 2, &f, "tie_word_embeddings", c->tie_word_embeddings ? "true" : "false");
     emit_str(b, 2, &f, "torch_dtype", torch_dtype_name(c->torch_dtype));
+    if (fam->has_sliding_flag) emit_bool(b, &f, "use_sliding_window", 0);
     emit_int(b, 2, &f, "vocab_size", c->vocab);
     sb_printf(b, "\n}\n");
 }

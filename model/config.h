@@ -1,23 +1,28 @@
-// model/config.h — a Hugging Face config.json of the Mixtral family, read and checked.
+// model/config.h — a Hugging Face config.json of a supported MoE family (model/family.h), read
+// and checked.
 #pragma once
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "model/family.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#define MT_CONFIG_MAX_MLP_ONLY 256
+
 typedef struct mt_model_config {
     char architecture[64];   // "MixtralForCausalLM"
     char model_type[32];     // "mixtral"
     int64_t hidden;          // hidden_size
-    int64_t intermediate;    // intermediate_size (per expert)
+    int64_t intermediate;    // one routed expert's size: intermediate_size (Mixtral, OLMoE) or
+                             // moe_intermediate_size (Qwen)
     int64_t layers;          // num_hidden_layers
     int64_t heads;           // num_attention_heads
     int64_t kv_heads;        // num_key_value_heads
     int64_t head_dim;        // hidden / heads unless config sets head_dim
-    int64_t experts;         // num_local_experts
+    int64_t experts;         // num_local_experts (Mixtral) / num_experts
     int64_t top_k;           // num_experts_per_tok
     int64_t vocab;           // vocab_size
     int64_t max_positions;   // max_position_embeddings
@@ -25,6 +30,19 @@ typedef struct mt_model_config {
     int64_t bos_token_id, eos_token_id;
     double rope_theta, rms_norm_eps, router_aux_loss_coef, router_jitter_noise, initializer_range;
     int tie_word_embeddings;
+
+    // The family's parts (model/family.h, docs/families.md); defaults are transformers' class
+    // defaults. Mixtral: none of them, norm_topk_prob 1.
+    mt_family_id family;
+    int64_t dense_intermediate;   // intermediate_size of dense MLP layers (Qwen), else 0
+    int64_t shared_intermediate;  // shared_expert_intermediate_size (Qwen2-MoE), 0: no shared expert
+    int norm_topk_prob;           // top-k routing weights renormalised to sum 1
+    int qkv_bias, o_bias;         // biases on q/k/v_proj, on o_proj
+    double clip_qkv;              // 0: none; else q, k, v clamped to [-clip, clip]
+    int64_t decoder_sparse_step;  // layer L is MoE when (L+1) % step == 0 and not mlp_only
+    int n_mlp_only;
+    int32_t mlp_only_layers[MT_CONFIG_MAX_MLP_ONLY];  // dense layers, ascending
+    int output_router_logits;     // recorded; moetrain applies the aux loss either way (DESIGN.md)
     mt_dtype torch_dtype;    // the checkpoint's stored dtype
 
     // quantization_config (bitsandbytes), when the checkpoint is pre-quantized
@@ -43,11 +61,21 @@ int mt_model_config_check(const mt_model_config *cfg);
 // Writes config.json in Hugging Face's field names, through a temporary file and rename.
 int mt_model_config_write(const mt_model_config *cfg, const char *path);
 
-// Parameter counts (BUDGETS.md §1).
+// The family description of a config.
+static inline const mt_family *mt_config_family(const mt_model_config *c) { return mt_family_get(c->family); }
+// 1 when layer L has routed experts (router, experts, shared expert), 0 when it is a dense MLP.
+int mt_config_layer_is_moe(const mt_model_config *c, int64_t L);
+// Number of MoE layers.
+int64_t mt_config_moe_layers(const mt_model_config *c);
+
+// Parameter counts (BUDGETS.md §1), by the family's parts: biases, q/k norms, shared expert and
+// dense layers included.
 int64_t mt_config_attn_params(const mt_model_config *cfg);     // q, k, v, o of one layer
 int64_t mt_config_expert_params(const mt_model_config *cfg);   // w1, w2, w3 of one expert
 int64_t mt_config_router_params(const mt_model_config *cfg);   // gate of one layer
-int64_t mt_config_layer_params(const mt_model_config *cfg);    // one decoder layer with norms
+int64_t mt_config_layer_params(const mt_model_config *cfg);    // one MoE decoder layer with norms
+int64_t mt_config_shared_expert_params(const mt_model_config *cfg);  // shared expert + its gate
+int64_t mt_config_dense_mlp_params(const mt_model_config *cfg);      // one dense layer's MLP
 int64_t mt_config_total_params(const mt_model_config *cfg);
 int64_t mt_config_active_params(const mt_model_config *cfg);   // per token (top_k experts)
 

@@ -107,28 +107,33 @@ void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t
 
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
                           int E, int k) {
-    DISPATCH(m, router_forward_cpu(ids, weights, probs, logits, T, E, k, 1),
-             router_forward_cuda(m->be, ids, weights, probs, logits, T, E, k, 1));
+    int norm = m->cfg.norm_topk_prob;
+    DISPATCH(m, router_forward_cpu(ids, weights, probs, logits, T, E, k, norm),
+             router_forward_cuda(m->be, ids, weights, probs, logits, T, E, k, norm));
 }
 
 void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, const float *probs,
                            const int32_t *ids, const float *weights, int T, int E, int k) {
-    DISPATCH(m, router_backward_cpu(dlogits, dweights, probs, ids, weights, T, E, k, 1),
-             router_backward_cuda(m->be, dlogits, dweights, probs, ids, weights, T, E, k, 1));
+    int norm = m->cfg.norm_topk_prob;
+    DISPATCH(m, router_backward_cpu(dlogits, dweights, probs, ids, weights, T, E, k, norm),
+             router_backward_cuda(m->be, dlogits, dweights, probs, ids, weights, T, E, k, norm));
 }
 
-// The chosen probabilities of recorded choices, renormalised (replay of a recomputed layer).
-static void weights_of_choices_cpu(float *weights, const float *probs, const int32_t *ids, int T, int E, int k) {
+// The chosen probabilities of recorded choices, renormalised when norm (replay of a recomputed
+// layer).
+static void weights_of_choices_cpu(float *weights, const float *probs, const int32_t *ids, int T, int E, int k,
+                                   int norm) {
     for (int t = 0; t < T; t++) {
         float sum = 0;
         for (int j = 0; j < k; j++) sum += probs[(int64_t)t * E + ids[t * k + j]];
+        if (!norm) sum = 1.0f;
         for (int j = 0; j < k; j++) weights[t * k + j] = probs[(int64_t)t * E + ids[t * k + j]] / sum;
     }
 }
 
 void mt_op_weights_of_choices(mt_model *m, float *weights, const float *probs, const int32_t *ids, int T, int E,
                               int k) {
-    DISPATCH(m, weights_of_choices_cpu(weights, probs, ids, T, E, k),
+    DISPATCH(m, weights_of_choices_cpu(weights, probs, ids, T, E, k, m->cfg.norm_topk_prob),
              moe_weights_of_choices_cuda(m->be, weights, probs, ids, T, E, k));
 }
 

@@ -80,9 +80,26 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     mt_dtype adt = act_dtype(m);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
-    mt_linear_forward(&ly->q, a->q, a->ln1, a->xa_q, NULL);
-    mt_linear_forward(&ly->k, a->k, a->ln1, a->xa_k, NULL);
-    mt_linear_forward(&ly->v, a->v, a->ln1, a->xa_v, NULL);
+    mt_tensor *qo = a->q_raw ? a->q_raw : a->q, *ko = a->k_raw ? a->k_raw : a->k, *vo = a->v_raw ? a->v_raw : a->v;
+    mt_linear_forward(&ly->q, qo, a->ln1, a->xa_q, NULL);
+    mt_linear_forward(&ly->k, ko, a->ln1, a->xa_k, NULL);
+    mt_linear_forward(&ly->v, vo, a->ln1, a->xa_v, NULL);
+    mt_tensor *qkv[3] = {qo, ko, vo};
+    for (int i = 0; i < 3; i++)
+        if (ly->bias[i]) mt_bias_forward(m, A(qkv[i]), A(ly->bias[i]), T, qkv[i]->shape[1]);
+    if (run && a->q_raw) {  // q/k RMSNorm before RoPE (docs/families.md): rows of a head or of the projection
+        int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+        mt_op_rmsnorm_forward(m, A(a->q), F(a->rstd_q), A(a->q_raw), A(ly->qn), ph ? T * nh : T, ph ? hd : nh * hd, eps);
+        mt_op_rmsnorm_forward(m, A(a->k), F(a->rstd_k), A(a->k_raw), A(ly->kn), ph ? T * nkv : T, ph ? hd : nkv * hd,
+                              eps);
+    }
+    if (c->clip_qkv > 0) {  // OLMoE: q, k (after their norm) and v clamped, before RoPE
+        float cl = (float)c->clip_qkv;
+        mt_clip_forward(m, A(a->q), (int64_t)T * nh * hd, cl);
+        mt_clip_forward(m, A(a->k), (int64_t)T * nkv * hd, cl);
+        if (run) m->be->ops->copy(m->be, A(a->v), A(a->v_raw), mt_dtype_bytes(adt, (size_t)T * nkv * hd));
+        mt_clip_forward(m, A(a->v), (int64_t)T * nkv * hd, cl);
+    }
     if (run) {
         mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
         mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);
@@ -91,10 +108,18 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     }
     mt_tensor o = step_work(m, adt, T, H, 0);
     mt_linear_forward(&ly->o, &o, a->att, a->xa_o, NULL);
+    if (ly->bias[3]) mt_bias_forward(m, o.data, A(ly->bias[3]), T, H);
     if (run) mt_op_add(m, A(a->h), A(kp->x), o.data, (int64_t)T * H);
     step_unwork(m, &o);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
+    if (ly->mlp[0].out) mt_mlp_forward(m, L);  // a dense layer's MLP, or the shared expert
+    if (ly->dense) {  // no router, no experts
+        if (!x_out || !run) return;
+        m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
+        mt_mlp_add_output(m, L, x_out);
+        return;
+    }
     mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate, NULL);
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
@@ -121,6 +146,7 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
     m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
     mt_op_combine(m, x_out, A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (ly->mlp[0].out) mt_mlp_add_output(m, L, x_out);  // + sigmoid(shared_gate(x)) · shared_expert(x)
 }
 
 // Several ranks with a slice of the batch each: the loss's sums (CE, the aux statistics of every

@@ -102,9 +102,41 @@ static void layer_slots(loader *ld, int L) {
         linear_slot(ld, n, attn[i].l, attn[i].out, attn[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN),
                     lora && (o->targets & attn[i].target), 0);
     }
+    const mt_family *fam = mt_config_family(c);
+    for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++)  // biases: dense, training in --mode full only
+        if (i < 3 ? c->qkv_bias : c->o_bias) {
+            snprintf(n, sizeof n, "%s.self_attn.%s.bias", p, attn[i].name);
+            dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, attn[i].out, 0, &ly->bias[i], &ly->dbias[i]);
+        }
+    if (fam->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
+        int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
+        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
+        dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : qd, 0, &ly->qn, &ly->dqn);
+        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : kvd, 0, &ly->kn, &ly->dkn);
+    }
+    // The MLP of a dense layer or the shared expert: kept dense (no --quant-targets names it yet);
+    // LoRA where the experts' targets name its projection (PEFT's target_modules would too).
+    int64_t mf = !mt_config_layer_is_moe(c, L) ? c->dense_intermediate : c->shared_intermediate;
+    ly->dense = !mt_config_layer_is_moe(c, L);
+    if (mf) {
+        const char *sub = ly->dense ? "" : ".", *shared = ly->dense ? "" : fam->shared_expert;
+        struct { int64_t out, in; unsigned target; } mp[3] = {
+            {mf, h, MT_TARGET_W1}, {h, mf, MT_TARGET_W2}, {mf, h, MT_TARGET_W3}};
+        for (int i = 0; i < 3; i++) {
+            snprintf(n, sizeof n, "%s.%s.%s%s%s", p, fam->moe_module, shared, sub, fam->mlp[i]);
+            linear_slot(ld, n, &ly->mlp[i], mp[i].out, mp[i].in, full ? TRAINABLE : FROZEN_DENSE,
+                        lora && (o->targets & mp[i].target), 0);
+        }
+        if (!ly->dense) {
+            snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->shared_gate);
+            linear_slot(ld, n, &ly->shared_gate, 1, h, full ? TRAINABLE : FROZEN_DENSE, 0, 0);
+        }
+    }
+    if (ly->dense) return;  // no router, no experts
     // The router: full precision unless --quant-targets names it (then 4-bit only while frozen).
     int gate_trains = full || ((o->mode == MT_MODE_ROUTER || o->mode == MT_MODE_UNFREEZE) && in_layers);
-    snprintf(n, sizeof n, "%s.block_sparse_moe.gate", p);
+    snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->router);
     linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
                 lora && (o->targets & MT_TARGET_GATE), 0);
     for (int e = 0; e < c->experts; e++) {
@@ -112,12 +144,12 @@ static void layer_slots(loader *ld, int L) {
         weight_role role = full || (o->mode == MT_MODE_UNFREEZE && chosen) ? TRAINABLE
                                                                            : frozen_role(o, MT_QTARGET_EXPERTS);
         struct { mt_linear *l; const char *name; int64_t out, in; unsigned target; } ex[] = {
-            {&ly->w1[e], "w1", c->intermediate, h, MT_TARGET_W1},
-            {&ly->w2[e], "w2", h, c->intermediate, MT_TARGET_W2},
-            {&ly->w3[e], "w3", c->intermediate, h, MT_TARGET_W3},
+            {&ly->w1[e], fam->expert[0], c->intermediate, h, MT_TARGET_W1},
+            {&ly->w2[e], fam->expert[1], h, c->intermediate, MT_TARGET_W2},
+            {&ly->w3[e], fam->expert[2], c->intermediate, h, MT_TARGET_W3},
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(ex); i++) {
-            snprintf(n, sizeof n, "%s.block_sparse_moe.experts.%d.%s", p, e, ex[i].name);
+            snprintf(n, sizeof n, "%s.%s.experts.%d.%s", p, fam->moe_module, e, ex[i].name);
             linear_slot(ld, n, ex[i].l, ex[i].out, ex[i].in, role, lora && chosen && (o->targets & ex[i].target),
                         !mt_expert_is_local(m, L, e));
         }
@@ -352,7 +384,39 @@ static int finish(loader *ld) {
     return 0;
 }
 
-static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
+// The first part of the config's family that the step does not implement yet (docs/families.md),
+// or NULL. The model is refused by that part's name, on every backend, so no family ever runs
+// with a part silently left out.
+static const char *missing_part(const mt_model_config *c) {
+    if (c->clip_qkv > 0 && mt_config_family(c)->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
+    return NULL;
+}
+
+// The parts the CUDA step has no tested kernels for yet: q/k norms, top-k weights without
+// renormalising (its replay kernel renormalises). The cpu and null backends run them.
+static const char *missing_cuda_part(const mt_model_config *c) {
+    if (mt_config_family(c)->qk_norm != MT_QK_NORM_NONE) return "q/k RMSNorm";
+    if (c->qkv_bias || c->o_bias) return "attention biases";
+    if (c->clip_qkv > 0) return "clip_qkv";
+    if (!c->norm_topk_prob) return "norm_topk_prob false";
+    if (c->shared_intermediate) return "the shared expert";
+    if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers";
+    return NULL;
+}
+
+static int check_opts(const mt_model_config *c, const mt_model_spec *o, const mt_backend *be) {
+    const char *missing = missing_part(c);
+    if (missing) {
+        mt_error_set("model_type %s: the training step does not implement %s yet (init, plan and config "
+                     "reading support this family; see docs/families.md)", c->model_type, missing);
+        return -1;
+    }
+    missing = missing_cuda_part(c);
+    if (missing && be->ops->kind == MT_BACKEND_CUDA) {
+        mt_error_set("model_type %s: the CUDA step does not implement %s yet: use --device cpu "
+                     "(docs/families.md)", c->model_type, missing);
+        return -1;
+    }
     for (int i = 0; i < o->layers.count; i++)
         if (!o->layers.all && o->layers.items[i] >= c->layers) {
             mt_error_set("--layers names layer %d but the model has %lld", o->layers.items[i], (long long)c->layers);
@@ -460,7 +524,12 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
-    if (check_opts(&m->cfg, spec) != 0) return -1;
+    if (check_opts(&m->cfg, spec, be) != 0) return -1;
+    if (m->par.ep_size > 1 && (cfg->shared_intermediate || mt_config_moe_layers(cfg) != cfg->layers)) {
+        mt_error_set("model_type %s: expert parallelism with dense layers or a shared expert is not implemented "
+                     "yet (docs/families.md)", cfg->model_type);
+        return -1;
+    }
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
@@ -511,28 +580,38 @@ void mt_model_placement(const mt_model *m, char *buf, size_t n) {
     }
 }
 
-static mt_linear *expert_linear(mt_layer *ly, int e, const char *which) {
-    return strcmp(which, "w1") == 0 ? &ly->w1[e] : strcmp(which, "w2") == 0 ? &ly->w2[e]
-         : strcmp(which, "w3") == 0 ? &ly->w3[e] : NULL;
-}
-
 mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
     if (strcmp(module, "lm_head") == 0) return &m->lm_head;
+    const mt_family *fam = mt_config_family(&m->cfg);
     int L, e, n = 0;
-    char rest[64];
-    if (sscanf(module, "model.layers.%d.%63s%n", &L, rest, &n) != 2 || L < 0 || L >= m->cfg.layers)
+    char rest[96];
+    if (sscanf(module, "model.layers.%d.%95s%n", &L, rest, &n) != 2 || L < 0 || L >= m->cfg.layers)
         return NULL;
     mt_layer *ly = &m->layers[L];
     static const char *attn[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"};
     mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
     for (int i = 0; i < 4; i++)
         if (strcmp(rest, attn[i]) == 0) return al[i];
-    if (strcmp(rest, "block_sparse_moe.gate") == 0) return &ly->gate;
-    char which[8];
-    if (sscanf(rest, "block_sparse_moe.experts.%d.%7s", &e, which) == 2 && e >= 0 && e < m->cfg.experts) {
+    char want[96], which[24];
+    for (int i = 0; i < 3; i++) {  // a dense layer's MLP, or the shared expert and its gate
+        if (ly->dense) snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->mlp[i]);
+        else snprintf(want, sizeof want, "%s.%s.%s", fam->moe_module, fam->shared_expert ? fam->shared_expert : "-", fam->mlp[i]);
+        if (ly->mlp[i].out && strcmp(rest, want) == 0) return &ly->mlp[i];
+    }
+    snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->shared_gate ? fam->shared_gate : "-");
+    if (ly->shared_gate.out && strcmp(rest, want) == 0) return &ly->shared_gate;
+    if (ly->dense) return NULL;
+    snprintf(want, sizeof want, "%s.%s", fam->moe_module, fam->router);
+    if (strcmp(rest, want) == 0) return &ly->gate;
+    int wl = snprintf(want, sizeof want, "%s.experts.", fam->moe_module);
+    if (strncmp(rest, want, (size_t)wl) == 0 && sscanf(rest + wl, "%d.%23s", &e, which) == 2 && e >= 0 &&
+        e < m->cfg.experts) {
         char check[96];
-        snprintf(check, sizeof check, "block_sparse_moe.experts.%d.%s", e, which);
-        if (strcmp(check, rest) == 0) return expert_linear(ly, e, which);
+        snprintf(check, sizeof check, "%d.%s", e, which);
+        if (strcmp(check, rest + wl) != 0) return NULL;
+        mt_linear *ex[3] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};  // the family's gate, down, up
+        for (int i = 0; i < 3; i++)
+            if (strcmp(which, fam->expert[i]) == 0) return ex[i];
     }
     return NULL;
 }

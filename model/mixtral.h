@@ -21,9 +21,19 @@ extern "C" {
 typedef struct mt_layer {
     mt_tensor *ln1, *ln2;        // input_layernorm, post_attention_layernorm [H]
     mt_tensor *dln1, *dln2;      // their gradients (full mode)
+    mt_tensor *qn, *kn;          // self_attn.q_norm, k_norm (families with a q/k RMSNorm), or NULL
+    mt_tensor *dqn, *dkn;        // their gradients (full mode)
+    mt_tensor *bias[4], *dbias[4];  // q/k/v/o_proj biases where the family has them (NULL: none),
+                                    // their gradients (full mode)
     mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
     mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
+    // A dense layer (Qwen's mlp_only_layers, decoder_sparse_step): no router and no experts (their
+    // Linears stay empty), its MLP in mlp[]. An MoE layer with a shared expert (Qwen2-MoE): the
+    // shared expert in mlp[] and its gate, scaled by sigmoid(shared_gate(x)) (model/mlp.c).
+    int dense;
+    mt_linear mlp[3];            // mlp.{gate,down,up}_proj or mlp.shared_expert.{gate,down,up}_proj
+    mt_linear shared_gate;       // mlp.shared_expert_gate [1, H], or empty
 } mt_layer;
 
 // What every layer keeps from forward, with or without recomputation (ledger: act): its input and
@@ -43,6 +53,12 @@ typedef struct mt_layer_kept {
 // own; with --checkpointing full one set is shared and refilled by recomputing each layer.
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
+    mt_tensor *mlp_g, *mlp_u, *mlp_a, *mlp_y;        // dense MLP or shared expert [T, f], y [T, H]
+    mt_tensor *mlp_s;                                // [T] sigmoid(shared_gate(x)) (shared expert)
+    mt_tensor *xa_mlp[3], *xa_sgate;                 // their LoRA xa [T, r] (NULL without LoRA)
+    mt_tensor *v_raw;                                // clip_qkv: v_proj's output before clamping
+    mt_tensor *q_raw, *k_raw;                        // q/k norm: q_proj, k_proj outputs before it
+    mt_tensor *rstd_q, *rstd_k;                      // and its statistics (NULL without q/k norm)
     mt_tensor *logits, *probs, *weights;
     mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows; g, u
                                                      // on the cpu, gu on the GPU step (below)

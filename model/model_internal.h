@@ -140,5 +140,25 @@ void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
 int mt_experts_recompute_in_backward(const mt_model *m);
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
+// The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
+// token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,
+// or s ⊙ y. Backward from dx (the layer output's gradient) accumulates into dln2 (NULL: not
+// wanted) and the Linears' gradients. Counting: the same buffers and scratch, no kernel.
+void mt_mlp_forward(mt_model *m, int L);
+void mt_mlp_add_output(mt_model *m, int L, mt_act *x_out);
+void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *dln2);
+// The intermediate size of layer L's MLP (dense or shared expert), 0 when it has none.
+int64_t mt_mlp_size(const mt_model *m, int L);
+
+// Attention extras (model/bias.c), CPU only: y [T, n] += b [n]; db [n] += Σ_t dy [T, n] (db NULL:
+// frozen); x [n] clamped to [-c, c]; dy zeroed where the value before clamping (x, or RMSNorm's
+// output w · (x_raw · rstd) over rows of `width`) was outside [-c, c].
+void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n);
+void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n);
+void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c);
+void mt_clip_backward(mt_model *m, mt_act *dy, const mt_act *x, int64_t n, float c);
+void mt_clip_backward_normed(mt_model *m, mt_act *dy, const mt_act *x_raw, const float *rstd, const mt_act *w,
+                             int64_t rows, int64_t width, float c);
+
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);

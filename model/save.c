@@ -22,12 +22,12 @@ typedef struct {
 
 static void linears_list(mt_model *m, linear_list *out) {
     const mt_model_config *c = &m->cfg;
-    size_t cap = (size_t)(c->layers * (5 + 3 * c->experts) + 1);
+    size_t cap = (size_t)(c->layers * (9 + 3 * c->experts) + 1);
     out->name = mt_xcalloc(cap, sizeof *out->name);
     out->l = mt_xcalloc(cap, sizeof *out->l);
     out->n = 0;
     static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    static const char *ex[] = {"w1", "w2", "w3"};
+    const mt_family *fam = mt_config_family(c);  // the family's module names
     for (int L = 0; L < c->layers; L++) {
         mt_layer *ly = &m->layers[L];
         mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
@@ -35,13 +35,24 @@ static void linears_list(mt_model *m, linear_list *out) {
             snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.self_attn.%s", L, attn[i]);
             out->l[out->n++] = al[i];
         }
-        snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.block_sparse_moe.gate", L);
+        for (int i = 0; i < 3 && ly->mlp[i].out; i++) {  // a dense layer's MLP or the shared expert
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s%s%s", L, fam->moe_module,
+                     ly->dense ? "" : fam->shared_expert, ly->dense ? "" : ".", fam->mlp[i]);
+            out->l[out->n++] = &ly->mlp[i];
+        }
+        if (ly->shared_gate.out) {
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s", L, fam->moe_module,
+                     fam->shared_gate);
+            out->l[out->n++] = &ly->shared_gate;
+        }
+        if (ly->dense) continue;
+        snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         out->l[out->n++] = &ly->gate;
         for (int e = 0; e < c->experts; e++) {
             mt_linear *el[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {
-                snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.block_sparse_moe.experts.%d.%s",
-                         L, e, ex[i]);
+                snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.experts.%d.%s", L,
+                         fam->moe_module, e, fam->expert[i]);
                 out->l[out->n++] = el[i];
             }
         }
@@ -114,6 +125,11 @@ int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_mode
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
+    if (peft_format == MT_PEFT_V5 && !mt_config_family(&m->cfg)->peft_v5) {
+        mt_error_set("%s: the v5 (fused experts) adapter layout is written for Mixtral only so far; "
+                     "use the v4 layout for model_type %s", dir, m->cfg.model_type);
+        goto done;
+    }
     if (peft_format == MT_PEFT_V5) {
         rc = mt_peft_write_v5(dir, &cfg, base_model_name, m->cfg.layers, m->cfg.experts, mods, n, fill_lora, loras);
         goto done;
@@ -138,11 +154,21 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
 // The model's tensor for checkpoint tensor `w` when it trains in this run, else NULL.
 static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
     if (w->kind == MT_WEIGHT_EMBED) return m->dembed ? m->embed : NULL;
+    if (w->kind == MT_WEIGHT_BIAS) {
+        static const char *proj[] = {".q_proj.bias", ".k_proj.bias", ".v_proj.bias", ".o_proj.bias"};
+        mt_layer *ly = &m->layers[w->layer];
+        for (int i = 0; i < 4; i++)
+            if (strstr(w->name, proj[i])) return ly->dbias[i] ? ly->bias[i] : NULL;
+        return NULL;
+    }
     if (w->kind == MT_WEIGHT_NORM) {
         if (w->layer < 0) return m->dnorm ? m->norm : NULL;
         mt_layer *ly = &m->layers[w->layer];
         if (strstr(w->name, ".input_layernorm.")) return ly->dln1 ? ly->ln1 : NULL;
-        return ly->dln2 ? ly->ln2 : NULL;
+        if (strstr(w->name, ".post_attention_layernorm.")) return ly->dln2 ? ly->ln2 : NULL;
+        if (strstr(w->name, ".self_attn.q_norm.")) return ly->dqn ? ly->qn : NULL;
+        if (strstr(w->name, ".self_attn.k_norm.")) return ly->dkn ? ly->kn : NULL;
+        return NULL;
     }
     char module[128];
     size_t len = strlen(w->name) - strlen(".weight");

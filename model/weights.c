@@ -27,25 +27,62 @@ static mt_weight_desc *add(mt_weight_desc *list, size_t *n, mt_weight_kind kind,
     return w;
 }
 
-size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
-    size_t cap = 3 + (size_t)c->layers * (7 + 3 * (size_t)c->experts), n = 0;
-    mt_weight_desc *l = mt_xcalloc(cap, sizeof *l);
+// The attention of layer L: q/k/v/o, their biases and the q/k norms where the family has them.
+static void attn_weights(const mt_model_config *c, mt_weight_desc *l, size_t *n, int L) {
+    const mt_family *fam = mt_config_family(c);
     int64_t h = c->hidden, q = c->heads * c->head_dim, kv = c->kv_heads * c->head_dim;
+    const char *p = "model.layers";
+    struct { const char *name; int64_t out, in; int bias; } proj[] = {
+        {"q_proj", q, h, c->qkv_bias}, {"k_proj", kv, h, c->qkv_bias},
+        {"v_proj", kv, h, c->qkv_bias}, {"o_proj", h, q, c->o_bias},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(proj); i++) {
+        add(l, n, MT_WEIGHT_LINEAR, L, -1, proj[i].out, proj[i].in, "%s.%d.self_attn.%s.weight", p, L, proj[i].name);
+        if (proj[i].bias) add(l, n, MT_WEIGHT_BIAS, L, -1, proj[i].out, 0, "%s.%d.self_attn.%s.bias", p, L, proj[i].name);
+    }
+    if (fam->qk_norm != MT_QK_NORM_NONE) {
+        int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
+        add(l, n, MT_WEIGHT_NORM, L, -1, per_head ? c->head_dim : q, 0, "%s.%d.self_attn.q_norm.weight", p, L);
+        add(l, n, MT_WEIGHT_NORM, L, -1, per_head ? c->head_dim : kv, 0, "%s.%d.self_attn.k_norm.weight", p, L);
+    }
+}
+
+// A SwiGLU MLP under `module`: gate [f, H], down [H, f], up [f, H] with the family's leaf names.
+static void mlp_weights(mt_weight_desc *l, size_t *n, int L, int e, int64_t h, int64_t f, const char *const leaf[3],
+                        const char *module) {
+    add(l, n, MT_WEIGHT_LINEAR, L, e, f, h, "%s.%s.weight", module, leaf[0]);
+    add(l, n, MT_WEIGHT_LINEAR, L, e, h, f, "%s.%s.weight", module, leaf[1]);
+    add(l, n, MT_WEIGHT_LINEAR, L, e, f, h, "%s.%s.weight", module, leaf[2]);
+}
+
+size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
+    const mt_family *fam = mt_config_family(c);
+    // Per layer at most: 2 norms, 4 Linears + 4 biases + 2 q/k norms, router, shared gate, 3
+    // shared-expert Linears (or 3 dense ones), and 3 per expert.
+    size_t cap = 3 + (size_t)c->layers * (16 + 3 * (size_t)c->experts), n = 0;
+    mt_weight_desc *l = mt_xcalloc(cap, sizeof *l);
+    int64_t h = c->hidden;
+    char mod[160];
     add(l, &n, MT_WEIGHT_EMBED, -1, -1, c->vocab, h, "model.embed_tokens.weight");
     for (int L = 0; L < c->layers; L++) {
         const char *p = "model.layers";
         add(l, &n, MT_WEIGHT_NORM, L, -1, h, 0, "%s.%d.input_layernorm.weight", p, L);
-        add(l, &n, MT_WEIGHT_LINEAR, L, -1, q, h, "%s.%d.self_attn.q_proj.weight", p, L);
-        add(l, &n, MT_WEIGHT_LINEAR, L, -1, kv, h, "%s.%d.self_attn.k_proj.weight", p, L);
-        add(l, &n, MT_WEIGHT_LINEAR, L, -1, kv, h, "%s.%d.self_attn.v_proj.weight", p, L);
-        add(l, &n, MT_WEIGHT_LINEAR, L, -1, h, q, "%s.%d.self_attn.o_proj.weight", p, L);
+        attn_weights(c, l, &n, L);
         add(l, &n, MT_WEIGHT_NORM, L, -1, h, 0, "%s.%d.post_attention_layernorm.weight", p, L);
-        add(l, &n, MT_WEIGHT_LINEAR, L, -1, c->experts, h, "%s.%d.block_sparse_moe.gate.weight", p, L);
+        if (!mt_config_layer_is_moe(c, L)) {  // a dense MLP of intermediate_size
+            snprintf(mod, sizeof mod, "%s.%d.%s", p, L, fam->moe_module);
+            mlp_weights(l, &n, L, -1, h, c->dense_intermediate, fam->mlp, mod);
+            continue;
+        }
+        add(l, &n, MT_WEIGHT_LINEAR, L, -1, c->experts, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->router);
         for (int e = 0; e < c->experts; e++) {
-            const char *x = "block_sparse_moe.experts";
-            add(l, &n, MT_WEIGHT_LINEAR, L, e, c->intermediate, h, "%s.%d.%s.%d.w1.weight", p, L, x, e);
-            add(l, &n, MT_WEIGHT_LINEAR, L, e, h, c->intermediate, "%s.%d.%s.%d.w2.weight", p, L, x, e);
-            add(l, &n, MT_WEIGHT_LINEAR, L, e, c->intermediate, h, "%s.%d.%s.%d.w3.weight", p, L, x, e);
+            snprintf(mod, sizeof mod, "%s.%d.%s.experts.%d", p, L, fam->moe_module, e);
+            mlp_weights(l, &n, L, e, h, c->intermediate, fam->expert, mod);
+        }
+        if (fam->shared_expert) {
+            snprintf(mod, sizeof mod, "%s.%d.%s.%s", p, L, fam->moe_module, fam->shared_expert);
+            mlp_weights(l, &n, L, -1, h, c->shared_intermediate, fam->mlp, mod);
+            add(l, &n, MT_WEIGHT_LINEAR, L, -1, 1, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->shared_gate);
         }
     }
     add(l, &n, MT_WEIGHT_NORM, -1, -1, h, 0, "model.norm.weight");
@@ -64,7 +101,9 @@ void mt_weights_init_fill(const mt_model_config *cfg, const mt_weight_desc *w, u
     float buf[CHUNK];
     for (size_t i = 0; i < numel; i += CHUNK) {
         size_t m = MT_MIN((size_t)CHUNK, numel - i);
-        for (size_t j = 0; j < m; j++) buf[j] = w->kind == MT_WEIGHT_NORM ? 1.0f : std * mt_rng_normal(&rng);
+        for (size_t j = 0; j < m; j++) buf[j] = w->kind == MT_WEIGHT_NORM   ? 1.0f
+                                                     : w->kind == MT_WEIGHT_BIAS ? 0.0f
+                                                                                 : std * mt_rng_normal(&rng);
         mt_convert((char *)dst + mt_dtype_bytes(dtype, i), dtype, buf, MT_F32, m);
     }
 }

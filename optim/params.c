@@ -40,19 +40,41 @@ int mt_model_params(mt_model *m, mt_param **out) {
             snprintf(module, sizeof module, "model.layers.%d.post_attention_layernorm.weight", L);
             add(&l, module, ly->ln2, ly->dln2);
         }
+        if (ly->dqn) {
+            snprintf(module, sizeof module, "model.layers.%d.self_attn.q_norm.weight", L);
+            add(&l, module, ly->qn, ly->dqn);
+            snprintf(module, sizeof module, "model.layers.%d.self_attn.k_norm.weight", L);
+            add(&l, module, ly->kn, ly->dkn);
+        }
         static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        for (int i = 0; i < 4; i++)
+            if (ly->dbias[i]) {
+                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.bias", L, attn[i]);
+                add(&l, module, ly->bias[i], ly->dbias[i]);
+            }
         mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
         for (int i = 0; i < 4; i++) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", L, attn[i]);
             add_linear(&l, module, al[i]);
         }
-        snprintf(module, sizeof module, "model.layers.%d.block_sparse_moe.gate", L);
+        const mt_family *fam = mt_config_family(&m->cfg);  // the family's module names
+        for (int i = 0; i < 3 && ly->mlp[i].out; i++) {  // a dense layer's MLP or the shared expert
+            snprintf(module, sizeof module, "model.layers.%d.%s.%s%s%s", L, fam->moe_module,
+                     ly->dense ? "" : fam->shared_expert, ly->dense ? "" : ".", fam->mlp[i]);
+            add_linear(&l, module, &ly->mlp[i]);
+        }
+        if (ly->shared_gate.out) {
+            snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->shared_gate);
+            add_linear(&l, module, &ly->shared_gate);
+        }
+        if (ly->dense) continue;
+        snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         add_linear(&l, module, &ly->gate);
         for (int e = 0; e < m->cfg.experts; e++) {
-            static const char *w[] = {"w1", "w2", "w3"};
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {
-                snprintf(module, sizeof module, "model.layers.%d.block_sparse_moe.experts.%d.%s", L, e, w[i]);
+                snprintf(module, sizeof module, "model.layers.%d.%s.experts.%d.%s", L, fam->moe_module, e,
+                         fam->expert[i]);
                 add_linear(&l, module, ex[i]);
             }
         }
@@ -84,8 +106,8 @@ void mt_model_set_dropout_seed(mt_model *m, uint64_t seed, int64_t step, int mic
     uint64_t s = mt_rng_next(&r);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) seed_linear(ls[i], s);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++) seed_linear(ls[i], s);
         for (int e = 0; e < m->cfg.experts; e++)
             seed_linear(&ly->w1[e], s), seed_linear(&ly->w2[e], s), seed_linear(&ly->w3[e], s);
     }
@@ -98,8 +120,8 @@ static void drop_linear(mt_linear *l, float p) {
 void mt_model_set_lora_dropout(mt_model *m, float p) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) drop_linear(ls[i], p);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++) drop_linear(ls[i], p);
         for (int e = 0; e < m->cfg.experts; e++)
             drop_linear(&ly->w1[e], p), drop_linear(&ly->w2[e], p), drop_linear(&ly->w3[e], p);
     }

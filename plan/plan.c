@@ -44,6 +44,9 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
     cfg->initializer_range = 0.02;
     cfg->tie_word_embeddings = 0;
     cfg->torch_dtype = MT_BF16;
+    cfg->family = MT_FAMILY_MIXTRAL;
+    cfg->norm_topk_prob = 1;  // Mixtral always renormalises its top-2 weights
+    cfg->decoder_sparse_step = 1;
 }
 
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {
@@ -104,11 +107,22 @@ static int64_t outer_params(const mt_model_config *cfg) {
     return cfg->vocab * cfg->hidden * (cfg->tie_word_embeddings ? 1 : 2) + cfg->hidden;
 }
 
-static int64_t model_params(const mt_model_config *cfg, const linear_sizes *s) {
+static int64_t mixtral_params(const mt_model_config *cfg, const linear_sizes *s) {
     int64_t layer = sum_of(s->attn, 4) + 2 * cfg->hidden + cfg->hidden * cfg->experts +
                     cfg->experts * sum_of(s->expert, 3);
     return cfg->layers * layer + outer_params(cfg);
 }
+
+// The family's parts beside Mixtral's (docs/families.md): shared experts and their gates,
+// attention biases, q/k norms. The step keeps them dense (bf16 on the GPU), frozen but in --mode
+// full; their LoRA and activations are not counted yet (0 for Mixtral). Dense layers are counted
+// as MoE layers (router and experts, more than their MLP): an overestimate, so nothing is said
+// to fit that does not; then the extra parts are taken as none.
+static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
+    return MT_MAX(mt_config_total_params(cfg) - mixtral_params(cfg, s), (int64_t)0);
+}
+
+static int64_t model_params(const mt_model_config *cfg) { return mt_config_total_params(cfg); }
 
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
     if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
@@ -306,6 +320,7 @@ static void count_trainables(const mt_model_config *cfg, const mt_plan_opts *o, 
         add_part(p, "routers", L, router, 1);
         add_part(p, "attention + norms", L, sum_of(s->attn, 4) + 2 * h, 1);
         add_part(p, "embeddings, lm_head, final norm", 1, outer_params(cfg), 1);
+        add_part(p, "shared experts, biases, q/k norms", 1, family_extra_params(cfg, s), 1);
         break;
     }
 }
@@ -343,10 +358,11 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
                  frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
                  frozen_linears(p, o, router, 1, cfg->layers - t->router_layers, MT_QTARGET_ROUTER);
-    int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden;
+    int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
+                                                 family_extra_params(cfg, s);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
-    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;
+    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
 }
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
@@ -355,7 +371,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     linear_sizes s;
     linear_sizes_of(cfg, &s);
     trainables t;
-    p->model_params = model_params(cfg, &s);
+    p->model_params = model_params(cfg);
     count_trainables(cfg, o, &s, &t, p);
     p->units_gpu = ceil_div(p->units, o->ep);  // round-robin over the EP ranks
 

@@ -165,8 +165,8 @@ static uint64_t lora_grad_bytes(const mt_model *m) {
     uint64_t bytes = 0;
     for (int L = 0; L < m->cfg.layers; L++) {
         const mt_layer *ly = &m->layers[L];
-        const mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++)
+        const mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++)
             if (ls[i]->lora) bytes += ls[i]->lora->da->nbytes + ls[i]->lora->db->nbytes;
         for (int e = 0; e < m->cfg.experts; e++) {
             const mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
@@ -355,3 +355,90 @@ Test(golden, lora_experts_only_skips_only_unneeded_gradients) {
     experts_only_case("g1_top2_gqa_pad");
     experts_only_case("g3_top3");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Other families (scripts/make_goldens.py --families, docs/families.md): Qwen3-MoE's per-head
+// q/k norm with an explicit head_dim, OLMoE's whole-projection q/k norm and top-k weights
+// without renormalising. LoRA on attention, experts (gate/up/down_proj) and router; router-only;
+// the q/k norm weights' gradients (they train in --mode full: compared there).
+Test(golden, family_lora_qwen3_moe) { lora_case("f_qwen3_moe"); }
+Test(golden, family_lora_olmoe) { lora_case("f_olmoe"); }
+Test(golden, family_router_qwen3_moe) { mode_case("f_qwen3_moe", MT_MODE_ROUTER); }
+Test(golden, family_router_olmoe) { mode_case("f_olmoe", MT_MODE_ROUTER); }
+
+// --mode full (every weight trains) against the fixture's runs where only the q/k norms, or only
+// the dense MLPs and the shared expert with its gate, trained: those gradients, to 1e-3.
+static void full_case(const char *name, int want_qk, int want_mlp, int want_bias) {
+    fixture fx;
+    fixture_open(&fx, name);
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_FULL;
+    o.quant = MT_QUANT_NONE;
+    mt_model m;
+    build(&m, be, &fx, &o);
+    mt_loss loss;
+    run_step(&m, &fx, &loss);
+    check_losses(&fx, "base", &m, &loss);
+    int qk = 0;
+    for (size_t i = 0; i < fx.g.n_tensors; i++) {
+        const mt_st_tensor *t = &fx.g.tensors[i];
+        int L;
+        char which;
+        if (sscanf(t->name, "qknorm.grad.model.layers.%d.self_attn.%c_norm.weight", &L, &which) != 2) continue;
+        cr_assert(L >= 0 && L < m.cfg.layers && (which == 'q' || which == 'k'), "%s", t->name);
+        const mt_tensor *g = which == 'q' ? m.layers[L].dqn : m.layers[L].dkn;
+        cr_assert_not_null(g, "%s: no gradient", t->name);
+        cr_assert_eq(g->nbytes, t->nbytes, "%s: shape", t->name);
+        expect_close(t->name, g->data, t, 1e-3);
+        qk++;
+    }
+    cr_assert_eq(qk, want_qk ? 2 * m.cfg.layers : 0, "a q and a k norm per layer");
+    int mlp = check_weight_grads(&fx, "mlp", &m);
+    cr_assert_eq(mlp, want_mlp, "MLP and shared-expert Linears checked");
+    int bias = 0;
+    for (size_t i = 0; i < fx.g.n_tensors; i++) {
+        const mt_st_tensor *t = &fx.g.tensors[i];
+        int L;
+        char which;
+        if (sscanf(t->name, "bias.grad.model.layers.%d.self_attn.%c_proj.bias", &L, &which) != 2) continue;
+        const char *p = strchr("qkvo", which);
+        cr_assert(L >= 0 && L < m.cfg.layers && p, "%s", t->name);
+        const mt_tensor *g = m.layers[L].dbias[p - "qkvo"];
+        cr_assert_not_null(g, "%s: no gradient", t->name);
+        cr_assert_eq(g->nbytes, t->nbytes, "%s: shape", t->name);
+        expect_close(t->name, g->data, t, 1e-3);
+        bias++;
+    }
+    cr_assert_eq(bias, want_bias, "attention biases checked");
+    mt_model_free(&m);
+    mt_backend_free(be);
+    fixture_close(&fx);
+}
+
+Test(golden, family_qk_norm_grads_qwen3_moe) { full_case("f_qwen3_moe", 1, 0, 0); }
+Test(golden, family_qk_norm_grads_olmoe) { full_case("f_olmoe", 1, 0, 0); }
+// Qwen3-MoE with layer 1 dense: its gate/up/down_proj, and q/k norms everywhere.
+Test(golden, family_lora_qwen3_dense_layer) { lora_case("f_qwen3_dense"); }
+Test(golden, family_router_qwen3_dense_layer) { mode_case("f_qwen3_dense", MT_MODE_ROUTER); }
+Test(golden, family_full_qwen3_dense_layer) { full_case("f_qwen3_dense", 1, 3, 0); }
+// Qwen2-MoE: layers 0 and 2 dense (decoder_sparse_step 2), layer 1 MoE with the shared expert.
+Test(golden, family_lora_qwen2_shared_expert) { lora_case("f_qwen2_shared"); }
+Test(golden, family_router_qwen2_shared_expert) { mode_case("f_qwen2_shared", MT_MODE_ROUTER); }
+Test(golden, family_full_qwen2_shared_expert) { full_case("f_qwen2_shared", 0, 3 + 3 + 3 + 1, 0); }
+// Qwen2-MoE as released: q/k/v biases, a dense layer 0, layer 1 MoE with the shared expert.
+Test(golden, family_lora_qwen2_biases) { lora_case("f_qwen2_bias"); }
+Test(golden, family_router_qwen2_biases) { mode_case("f_qwen2_bias", MT_MODE_ROUTER); }
+Test(golden, family_full_qwen2_biases) { full_case("f_qwen2_bias", 0, 3 + 3 + 1, 2 * 3); }
+// OLMoE with clip_qkv cutting q, k (after their norms) and v, and q/k/v/o biases.
+Test(golden, family_lora_olmoe_clip_biases) { lora_case("f_olmoe_clip"); }
+Test(golden, family_router_olmoe_clip_biases) { mode_case("f_olmoe_clip", MT_MODE_ROUTER); }
+Test(golden, family_full_olmoe_clip_biases) { full_case("f_olmoe_clip", 1, 0, 2 * 4); }
+// Unfreeze of layer x expert subsets (the first and last expert of the last MoE layer) per family.
+Test(golden, family_unfreeze_qwen3_moe) { mode_case("f_qwen3_moe", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_olmoe) { mode_case("f_olmoe", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen3_dense_layer) { mode_case("f_qwen3_dense", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen2_shared_expert) { mode_case("f_qwen2_shared", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_qwen2_biases) { mode_case("f_qwen2_bias", MT_MODE_UNFREEZE); }
+Test(golden, family_unfreeze_olmoe_clip_biases) { mode_case("f_olmoe_clip", MT_MODE_UNFREEZE); }

@@ -38,27 +38,44 @@ typedef struct {
     unsigned char layers[MT_MAX_INDEX], experts[MT_MAX_INDEX];
     int any_expert;
     int full;  // trained file: embeddings, norms or lm_head
+    const mt_family *fam;  // the model's module names (model/family.h)
 } span;
 
 // Records where a module path lies: its layer, expert and target bit. -1 for a path that is not
 // a decoder Linear (the caller decides whether that is an error).
 static int span_add(span *s, const char *module) {
-    static const struct { const char *leaf; unsigned bit; } leaves[] = {
+    char router[96];
+    snprintf(router, sizeof router, "%s.%s", s->fam->moe_module, s->fam->router);
+    const struct { const char *leaf; unsigned bit; } leaves[] = {
         {"self_attn.q_proj", MT_TARGET_Q}, {"self_attn.k_proj", MT_TARGET_K}, {"self_attn.v_proj", MT_TARGET_V},
-        {"self_attn.o_proj", MT_TARGET_O}, {"block_sparse_moe.gate", MT_TARGET_GATE},
+        {"self_attn.o_proj", MT_TARGET_O}, {router, MT_TARGET_GATE},
     };
-    int L, e, n = 0;
-    char rest[128];
+    int L, e, n = 0, used = 0;
+    char rest[128], experts[96];
     if (sscanf(module, "model.layers.%d.%127s%n", &L, rest, &n) != 2 || L < 0 || L >= MT_MAX_INDEX) return -1;
     for (size_t i = 0; i < MT_ARRAY_LEN(leaves); i++)
         if (strcmp(rest, leaves[i].leaf) == 0) {
             s->targets |= leaves[i].bit, s->layers[L] = 1;
             return 0;
         }
-    char which[8];
-    if (sscanf(rest, "block_sparse_moe.experts.%d.%7s", &e, which) == 2 && e >= 0 && e < MT_MAX_INDEX) {
-        unsigned bit = strcmp(which, "w1") == 0 ? MT_TARGET_W1 : strcmp(which, "w2") == 0 ? MT_TARGET_W2
-                     : strcmp(which, "w3") == 0 ? MT_TARGET_W3 : 0;
+    for (int i = 0; i < 3; i++) {  // a dense layer's MLP, or the shared expert: the experts' targets
+        char dense[96], shared[96];
+        snprintf(dense, sizeof dense, "%s.%s", s->fam->moe_module, s->fam->mlp[i]);
+        snprintf(shared, sizeof shared, "%s.%s.%s", s->fam->moe_module,
+                 s->fam->shared_expert ? s->fam->shared_expert : "-", s->fam->mlp[i]);
+        if (strcmp(rest, dense) == 0 || strcmp(rest, shared) == 0) {
+            s->targets |= i == 0 ? MT_TARGET_W1 : i == 1 ? MT_TARGET_W2 : MT_TARGET_W3, s->layers[L] = 1;
+            return 0;
+        }
+    }
+    char which[24];
+    snprintf(experts, sizeof experts, "%s.experts.%%d.%%n", s->fam->moe_module);
+    if (sscanf(rest, experts, &e, &used) == 1 && used > 0 && e >= 0 && e < MT_MAX_INDEX &&
+        snprintf(which, sizeof which, "%s", rest + used) < (int)sizeof which) {
+        // the family's gate, down and up projections are moetrain's w1, w2, w3
+        unsigned bit = strcmp(which, s->fam->expert[0]) == 0 ? MT_TARGET_W1
+                     : strcmp(which, s->fam->expert[1]) == 0 ? MT_TARGET_W2
+                     : strcmp(which, s->fam->expert[2]) == 0 ? MT_TARGET_W3 : 0;
         if (!bit) return -1;
         s->targets |= bit, s->layers[L] = 1, s->experts[e] = 1, s->any_expert = 1;
         return 0;
@@ -68,9 +85,13 @@ static int span_add(span *s, const char *module) {
 
 static int span_pair(void *ctx, const char *module, const mt_st_tensor *a, const mt_st_tensor *b) {
     (void)a, (void)b;
+    char renamed[300];
+    module = mt_family_module_name(((span *)ctx)->fam, module, renamed, sizeof renamed);
     if (span_add(ctx, module) != 0) {
-        mt_error_set("adapter module '%s' is not a LoRA target moetrain trains (q/k/v/o_proj, gate, "
-                     "experts' w1/w2/w3)", module);
+        const mt_family *f = ((span *)ctx)->fam;
+        mt_error_set("adapter module '%s' is not a LoRA target moetrain trains for %s (q/k/v/o_proj, %s.%s, "
+                     "experts' %s/%s/%s)", module, f->model_type, f->moe_module, f->router, f->expert[0],
+                     f->expert[1], f->expert[2]);
         return -1;
     }
     return 0;
@@ -114,8 +135,8 @@ static int span_of_trained(const char *path, span *s) {
 static void lora_dropout_off(mt_model *m) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++)
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++)
             if (ls[i]->lora) ls[i]->lora->dropout = 0.0f;
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
@@ -142,6 +163,9 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
     }
     span s;
     memset(&s, 0, sizeof s);
+    mt_model_config cfg;
+    if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    s.fam = mt_config_family(&cfg);
     if (is_file(o->adapter)) {
         if (span_of_trained(o->adapter, &s) != 0) return -1;
         if (s.full) {

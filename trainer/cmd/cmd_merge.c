@@ -58,6 +58,7 @@ typedef struct {
     size_t n_pairs;
     int r;
     float scale;
+    const mt_family *fam;  // the base's module names: the PEFT reader's Mixtral names mapped to them
     // or trained tensors
     mt_st_file trained;
     int have_trained;
@@ -85,7 +86,8 @@ static int collect_pair(void *ctx, const char *module, const mt_st_tensor *a, co
     c->pairs = mt_xrealloc(c->pairs, (c->n_pairs + 1) * sizeof *c->pairs);
     lora_pair *p = &c->pairs[c->n_pairs++];
     memset(p, 0, sizeof *p);
-    p->module = mt_xstrdup(module);
+    char renamed[300];
+    p->module = mt_xstrdup(mt_family_module_name(c->fam, module, renamed, sizeof renamed));
     p->in = a->shape[1], p->out = b->shape[0];
     p->a = mt_xmalloc((size_t)(a->shape[0] * p->in) * sizeof(float));
     p->b = mt_xmalloc((size_t)(p->out * b->shape[1]) * sizeof(float));
@@ -264,6 +266,7 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         c.have_trained = 1;
     } else {
         mt_peft_config pc;
+        c.fam = mt_config_family(&cfg);
         if (mt_peft_read(o->adapter, &pc, collect_pair, &c) != 0) goto done;
         c.r = pc.r;
         // the scale the model applies (mt_lora_init's), so merged == base + adapter

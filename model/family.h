@@ -1,0 +1,68 @@
+// model/family.h — one description per MoE model family (model_type): the tensor names, which
+// optional parts exist and the routing semantics, read from transformers' modeling and
+// configuration files (docs/families.md). The config reader, the weight list, `init` and the
+// planner read this table; no code asks "is this Qwen".
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_COUNT } mt_family_id;
+
+// Where the q/k RMSNorm applies: none, each head's head_dim values (Qwen3-MoE, before RoPE), or
+// the whole q_proj / k_proj output (OLMoE: [heads·head_dim] and [kv_heads·head_dim]).
+typedef enum { MT_QK_NORM_NONE, MT_QK_NORM_HEAD, MT_QK_NORM_PROJ } mt_qk_norm;
+
+// How head_dim is found: config's head_dim or hidden/heads (Mixtral, Qwen3-MoE); the same but it
+// must equal hidden/heads (Qwen2-MoE's attention raises otherwise); always hidden/heads (OLMoE
+// ignores the field).
+typedef enum { MT_HEAD_DIM_EXPLICIT, MT_HEAD_DIM_MUST_MATCH, MT_HEAD_DIM_IGNORED } mt_head_dim_rule;
+
+typedef struct mt_family {
+    const char *model_type;     // config.json model_type
+    const char *architecture;   // config.json architectures[0]
+    // Names under model.layers.L.
+    const char *moe_module;     // "block_sparse_moe" / "mlp": gate (router) and experts.E live here
+    const char *router;         // "gate"
+    const char *expert[3];      // an expert's SwiGLU: gate (w1), down (w2), up (w3) projections
+    const char *mlp[3];         // a dense MLP's and the shared expert's: gate, down, up
+    const char *shared_expert;  // "shared_expert" (an MLP under moe_module), NULL: none
+    const char *shared_gate;    // "shared_expert_gate" [1, H], scales it by sigmoid
+    // config.json keys and class defaults (configuration_*.py) when a field is absent.
+    const char *experts_key;    // "num_local_experts" / "num_experts"
+    const char *expert_size_key;// "intermediate_size" (Mixtral, OLMoE) / "moe_intermediate_size"
+    int has_dense_layers;       // decoder_sparse_step, mlp_only_layers; dense MLP of intermediate_size
+    int norm_topk_fixed;        // 1: top-k weights always renormalised (Mixtral: no field)
+    mt_qk_norm qk_norm;
+    mt_head_dim_rule head_dim_rule;
+    const char *qkv_bias_key;   // "qkv_bias" (q, k, v biases) or NULL
+    int qkv_bias_default;
+    const char *attn_bias_key;  // "attention_bias" (q, k, v and o biases) or NULL
+    int has_clip_qkv;           // clip_qkv: q, k, v clamped to ±clip after the q/k norm (OLMoE)
+    int has_sliding_flag;       // use_sliding_window gates sliding_window (Qwen)
+    int has_jitter;             // router_jitter_noise (Mixtral)
+    int peft_v5;                // 1: moetrain writes the v5 (fused experts) adapter layout for it
+    int64_t default_kv_heads;   // 0: num_attention_heads
+    int64_t default_dense_intermediate, default_shared_intermediate;  // intermediate_size (dense
+                                // layers), shared_expert_intermediate_size: class defaults
+    int64_t default_max_positions, default_bos, default_eos;  // -1: None
+    double default_rope_theta, default_rms_eps, default_aux_coef;
+} mt_family;
+
+// The description of a model_type, or NULL.
+const mt_family *mt_family_find(const char *model_type);
+// The description of a family id (never NULL for a valid id).
+const mt_family *mt_family_get(mt_family_id id);
+// The PEFT reader (lora/peft.h) reports a v5 router, and v5 experts, under Mixtral's v4 module
+// names ("....block_sparse_moe.gate", "....block_sparse_moe.experts.E.w1"): the same module under
+// the family's names, written into buf, or `module` itself when it needs no change.
+const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n);
+// "mixtral, qwen2_moe, qwen3_moe, olmoe" for error messages.
+const char *mt_family_list(void);
+
+#ifdef __cplusplus
+}
+#endif
