@@ -14,3 +14,8 @@
 // measures it on every `make bench`). Sleeping at once costs a futex wake per region, which the
 // same measurements show to be lost in the noise on a quiet machine.
 void mt_threads_init(char **argv);
+
+// The threads a parallel region gets, and this thread's index in its region (0 outside one):
+// 1 and 0 in a build without OpenMP (the fuzzers').
+int mt_threads_max(void);
+int mt_thread_index(void);

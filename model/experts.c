@@ -3,10 +3,10 @@
 // GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
 // pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
 // column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
-#include <omp.h>
 #include <stdlib.h>
 
 #include "core/common.h"
+#include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model_internal.h"
 #include "quant/qweight.h"
@@ -117,7 +117,7 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_linear w1 = ly->w1[e], w2 = ly->w2[e], w3 = ly->w3[e];
     mt_tensor t1, t2, t3;
     if (recompute) {
-        float *ws = sc->w.data ? (float *)sc->w.data + (size_t)omp_get_thread_num() * (size_t)(3 * f * H) : NULL;
+        float *ws = sc->w.data ? (float *)sc->w.data + (size_t)mt_thread_index() * (size_t)(3 * f * H) : NULL;
         w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
         w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
         forward_cpu(m, &w1, &w2, &w3, a, o0, n, a->ys, sc);
@@ -218,7 +218,7 @@ static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, co
 // With fewer than two experts per thread (E = 1 is a dense MLP) the threads would idle: the
 // experts then run in turn, each GEMM on every thread.
 static int experts_in_parallel(const mt_model *m, int jobs) {
-    return m->be->ops->kind == MT_BACKEND_CPU && jobs >= 2 * omp_get_max_threads();
+    return m->be->ops->kind == MT_BACKEND_CPU && jobs >= 2 * mt_threads_max();
 }
 
 // The most rows one expert can get: each token picks k distinct experts, so at most T per rank.
@@ -262,7 +262,7 @@ void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_
     int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
     int count = expert_jobs(m, L, &par, jobs);
-    mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par, par ? omp_get_max_threads() : 1);
+    mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par, par ? mt_threads_max() : 1);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, &sc);
     scratch_free(m, &sc);
