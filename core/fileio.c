@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -147,4 +148,13 @@ int mt_remove_flat_dir(const char *path) {
     }
     closedir(d);
     return rmdir(path);
+}
+
+void mt_model_folder(const char *model, char *dir, size_t n) {
+    struct stat st;
+    snprintf(dir, n, "%s", model);
+    if (stat(dir, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, n, ".");
 }

@@ -30,6 +30,9 @@ int mt_write_file_atomic(const char *path, const void *data, size_t len);
 // mkdir -p; 0 or -1 with an error.
 int mt_mkdir_p(const char *path);
 int mt_is_dir(const char *path);
+// The folder a --model argument names: `model` itself, or, when it names a file (its
+// config.json), the folder holding that file ("." for a bare file name). Written into dir.
+void mt_model_folder(const char *model, char *dir, size_t n);
 // Removes a folder of plain files (a checkpoint, a temporary one) and the folder, or a file;
 // 0 when it is gone (or was never there), -1 otherwise.
 int mt_remove_flat_dir(const char *path);

@@ -367,12 +367,7 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     // --model may name config.json: look beside it.
     char dir[4096], path[4200];
     struct stat st;
-    snprintf(dir, sizeof dir, "%s", model_dir);
-    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-    }
+    mt_model_folder(model_dir, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     cJSON *root = NULL;
     if (stat(path, &st) == 0) {

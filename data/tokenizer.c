@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/common.h"
+#include "core/fileio.h"
 #include "data/bpe.h"
 #ifdef MT_SENTENCEPIECE
 #include "data/sentencepiece_shim.h"
@@ -136,12 +137,7 @@ int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int
     // --model may name the config.json itself: look beside it.
     char dir[4096], path[4200];
     struct stat st;
-    snprintf(dir, sizeof dir, "%s", model_dir);
-    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-    }
+    mt_model_folder(model_dir, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/tokenizer.model", dir);
     if (stat(path, &st) == 0) return mt_tokenizer_load_spm(t, path, vocab, bos, eos);
     if (errno != ENOENT) {
