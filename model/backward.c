@@ -8,6 +8,13 @@
 
 static int linear_trains(const mt_linear *l) { return l->dw || l->lora; }
 
+// Whether anything between ln1's output and the attention trains: q, k, v (weights, LoRA,
+// biases) or the q/k norms. Then the attention's own backward must run.
+static int qkv_trains(const mt_layer *ly) {
+    return linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) || ly->dqn || ly->dkn ||
+           ly->dbias[0] || ly->dbias[1] || ly->dbias[2];
+}
+
 // What layer L's backward must produce beyond its own experts' gradients. Autograd's rule: a
 // gradient is made only where something trainable lies at or below it. The input's gradient is
 // wanted when a layer below trains or the embedding does; h's (the attention block's output)
@@ -20,9 +27,7 @@ static layer_needs needs_of(const mt_model *m, int L) {
     const mt_layer *ly = &m->layers[L];
     layer_needs n;
     n.dx_in = L > m->lowest_trainable || m->dembed;
-    int attn = ly->dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
-               linear_trains(&ly->o) || ly->dqn || ly->dkn;  // q/k norms, biases (model/bias.c)
-    for (int i = 0; i < 4; i++) attn |= ly->dbias[i] != NULL;
+    int attn = ly->dln1 || qkv_trains(ly) || linear_trains(&ly->o) || ly->dbias[3];
     n.dh = n.dx_in || attn;
     n.dln2 = n.dh || ly->dln2;
     n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate));  // a dense layer has no router
@@ -122,8 +127,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     int want_dln1 = need.dx_in || ly->dln1 != NULL;
-    int want_datt = want_dln1 || linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) ||
-                    ly->dqn || ly->dkn || ly->dbias[0] || ly->dbias[1] || ly->dbias[2];
+    int want_datt = want_dln1 || qkv_trains(ly);
     mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
     if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
     mt_linear_backward(&ly->o, want_datt ? &datt : NULL, dx, a->att, a->xa_o, NULL);
