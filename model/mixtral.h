@@ -121,6 +121,8 @@ typedef struct mt_model {
     mt_layer_acts *acts;        // [layers], or [1] when recomputing
     mt_tensor *x_final, *xf, *rstdf;  // [T, H], [T, H], [T]: the loss reads xf (model/loss.c)
     int64_t loss_chunk_rows;    // rows of logits the loss holds at once; 0: mt_loss_chunk_rows's
+    int dweights_from_ys;       // tests, without recomputation: the cpu takes the router's top-k
+                                // weight gradient from ys, as the GPU step does (model/experts.c)
     mt_tensor *dxf_early;       // [T, H] the loss's unscaled gradient of xf, made by a training
                                 // forward (mt_model_forward_train) for its backward (ledger: act)
     int32_t *tokens, *targets, *positions;     // [T] host
@@ -204,7 +206,8 @@ void mt_model_zero_grad(mt_model *m);
 // the kept final-norm output (the loss never holds [T, V] logits: model/loss.c). 0 or -1.
 int mt_model_logits(mt_model *m, int64_t t0, int64_t n, float *out);
 // Rows of logits the fused loss computes at once for T tokens: LOSS_CHUNK_BYTES of fp32 logits
-// (≤ 256 MB of loss scratch at V = 32000 for any T), or m->loss_chunk_rows when set (tests).
+// (≤ 256 MB of loss scratch at V = 32000 for any T; 24 MiB on the cpu), or m->loss_chunk_rows
+// when set (tests).
 int64_t mt_loss_chunk_rows(const mt_model *m, int64_t T);
 
 #ifdef __cplusplus
