@@ -75,21 +75,23 @@ static void release(const mt_lora *l, float *buf, int64_t n) {
     if (l->dropout > 0.0f) mt_work_free(l->a->be, buf, (size_t)(n * l->in) * sizeof(float));
 }
 
-void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n) {
+void mt_lora_project_cpu(const mt_lora *l, float *xa, const float *x, int64_t n) {
     if (n == 0) return;
     float *buf;
     const float *xd = dropped(l, x, n, &buf);
-    if (counting(l)) {
-        release(l, buf, n);
-        return;
-    }
-    // xa [n, r] = xd [n, in] · Aᵀ
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, l->r, (int)l->in, 1.0f, xd,
-                (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
+    if (!counting(l))  // xa [n, r] = xd [n, in] · Aᵀ
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, l->r, (int)l->in, 1.0f, xd,
+                    (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
+    release(l, buf, n);
+}
+
+void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n) {
+    if (n == 0) return;
+    mt_lora_project_cpu(l, xa, x, n);
+    if (counting(l)) return;
     // y [n, out] += scale · xa · Bᵀ
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, l->r, l->scale, xa,
                 l->r, l->b->data, l->r, 1.0f, y, (int)l->out);
-    release(l, buf, n);
 }
 
 void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,

@@ -34,6 +34,9 @@ void mt_lora_free(mt_lora *l);
 
 // y [n, out] += scale · (dropout(x) · Aᵀ) · Bᵀ; xa [n, r] receives dropout(x) · Aᵀ for backward.
 void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, int64_t n);
+// Its first half alone: xa [n, r] = dropout(x) · Aᵀ (what the backward needs of a forward whose
+// output is not wanted again).
+void mt_lora_project_cpu(const mt_lora *l, float *xa, const float *x, int64_t n);
 // dB += scale · dyᵀ · xa;  dA += (scale · dy · B)ᵀ · dropout(x);  dx += dropout'(scale · dy · B · A).
 // dx may be NULL. scratch holds n·r floats.
 void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,

@@ -20,7 +20,8 @@ static void check_rows(const mt_expert_scratch *sc, int L, int e, int64_t n) {
 }
 
 // The CPU reference: w1 and w3 apart into g and u. The Linears are given (an expert's own, or
-// copies holding its W dequantized once for the backward's recompute).
+// copies holding its W dequantized once for the backward's recompute). ys NULL: the output is
+// not wanted (the recomputing backward), only what w2's backward reads: a, and its LoRA's xa.
 static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, const mt_linear *w3, mt_layer_acts *a,
                         int64_t o0, int64_t n, const mt_tensor *ys, const mt_expert_scratch *sc) {
     int64_t f = m->cfg.intermediate;
@@ -28,7 +29,8 @@ static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, c
     mt_linear_forward(w1, g, xs, XA(a->xa_w1), &sc->lora);
     mt_linear_forward(w3, u, xs, XA(a->xa_w3), &sc->lora);
     if (!m->counting) mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
-    mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    if (ys) mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    else if (w2->lora) mt_lora_project_cpu(w2->lora, XA(a->xa_w2)->data, act->data, n);
 }
 
 // gu's column blocks: w1's (g) and w3's (u), each [n, f] with row stride 2f.
@@ -39,6 +41,27 @@ static mt_tensor block(const mt_tensor *gu, int64_t f, int which) {
 }
 
 int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute && m->par.ep_size == 1; }
+
+int mt_experts_give_dweights(const mt_model *m) {
+    return m->be->ops->kind == MT_BACKEND_CPU && m->par.ep_size == 1 && !m->dweights_from_ys;
+}
+
+// Rows [o0, o0 + n) of the router's top-k weight gradient, dweight = dy·ys, from w2's backward:
+// da = w · (W2ᵀ·dy + LoRA's share) is linear in dy, so da·a = w · (dy·ys), LoRA (and its dropout)
+// included. A weight that is exactly 0 (a probability that underflowed) gets 0: the router's
+// backward multiplies its dweight by that probability anyway.
+static void dweights_from_da(const mt_model *m, const mt_layer_acts *a, const int32_t *order, float *dweights,
+                             const float *da, const float *act, int64_t o0, int64_t n) {
+    int64_t f = m->cfg.intermediate;
+    const float *w = F(a->weights);
+    for (int64_t r = 0; r < n; r++) {
+        const float *dr = da + r * f, *ar = act + r * f;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < f; j++) dot += dr[j] * ar[j];
+        int32_t slot = order[o0 + r];
+        dweights[slot] += w[slot] != 0.0f ? dot / w[slot] : 0.0f;
+    }
+}
 
 // W13 = [w1; w3] [2f, H] dequantized into the model's scratch (a 4-bit pair), as one bf16 view.
 static mt_tensor w13_dequantized(mt_model *m, mt_linear *w1, mt_linear *w3) {
@@ -108,11 +131,13 @@ static mt_linear cpu_with_weight(const mt_linear *l, mt_tensor *w, float *dst) {
     return c;
 }
 
-// `recompute`: the replay forward left this expert's rows to the backward, which recomputes g, u,
-// a and ys first with W dequantized once for both (into this thread's part of sc->w), as the
-// GPU step does: two dequantizations of each 4-bit W per step, not three.
+// `recompute`: the replay forward left this expert's rows to the backward, which recomputes g, u
+// and a first with W dequantized once for both (into this thread's part of sc->w), as the GPU
+// step does: two dequantizations of each 4-bit W per step, not three. ys is not recomputed: the
+// router's gradient comes from da instead (dweights_from_da; dweights NULL: not wanted).
 static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute) {
+                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute,
+                         float *dweights, const int32_t *order) {
     int64_t f = m->cfg.intermediate, H = m->cfg.hidden, s0 = sc->every_row ? o0 : 0;
     mt_linear w1 = ly->w1[e], w2 = ly->w2[e], w3 = ly->w3[e];
     mt_tensor t1, t2, t3;
@@ -120,13 +145,14 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
         float *ws = sc->w.data ? (float *)sc->w.data + (size_t)mt_thread_index() * (size_t)(3 * f * H) : NULL;
         w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
         w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
-        forward_cpu(m, &w1, &w2, &w3, a, o0, n, a->ys, sc);
+        forward_cpu(m, &w1, &w2, &w3, a, o0, n, NULL, sc);
     }
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
     mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    if (dweights && !m->counting) dweights_from_da(m, a, order, dweights, F(&da), F(act), o0, n);
     if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
     mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
@@ -203,11 +229,12 @@ static void scratch_free(mt_model *m, mt_expert_scratch *s) {
 }
 
 static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *dys_own,
-                            const mt_tensor *dxs, const mt_expert_scratch *sc) {
+                            const mt_tensor *dxs, float *dweights, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
-    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
-    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m));
+    int rec = mt_experts_recompute_in_backward(m);
+    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, rec);
+    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, rec, dweights, I(m->kept[L].order));
 }
 
 // The cpu runs a layer's experts in parallel, an expert per thread at a time (dynamic: routing
@@ -258,13 +285,14 @@ void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) 
     free(jobs);
 }
 
-void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R) {
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
+                         int64_t R) {
     int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
     int count = expert_jobs(m, L, &par, jobs);
     mt_expert_scratch sc = scratch_new(m, L, par ? R : expert_rows_max(m, R), 1, par, par ? mt_threads_max() : 1);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
-    for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, &sc);
+    for (int i = 0; i < count; i++) expert_backward(m, L, jobs[i].e, jobs[i].o0, jobs[i].n, dys_own, dxs, dweights, &sc);
     scratch_free(m, &sc);
     free(jobs);
 }

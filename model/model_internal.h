@@ -138,7 +138,12 @@ void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
 // both (the GPU step's dequant scratch then holds w1, w3 and w2: 3·f·H; the cpu's is f32, one
 // per thread running an expert).
 int mt_experts_recompute_in_backward(const mt_model *m);
-void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
+// The cpu on one EP rank: the experts' backward also gives the router's top-k weight gradient
+// (dweights [T·k], added into), from w2's input gradient, so that a recomputing backward never
+// forms ys again; otherwise the combine's backward takes it from ys, and dweights is NULL here.
+int mt_experts_give_dweights(const mt_model *m);
+void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
+                         int64_t R);
 
 // The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
 // token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,

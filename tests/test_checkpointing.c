@@ -1,12 +1,17 @@
 // Activation checkpointing with routing replay: the same loss and gradients as keeping every
 // activation, bit for bit, for a fraction of the `act` memory.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "model/config.h"
 #include "model/mixtral.h"
+#include "optim/optim.h"
+#include "optim/params.h"
 #include "quant/qweight.h"
 #include "quant/quant.h"
+#include "tests/fd.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
 
@@ -120,3 +125,75 @@ static void same_loss_and_gradients(mt_quant quant) {
 
 Test(checkpointing, same_loss_and_gradients_for_a_third_of_the_activations) { same_loss_and_gradients(MT_QUANT_NONE); }
 Test(checkpointing, same_with_a_4bit_base_dequantized_once_for_recompute) { same_loss_and_gradients(MT_QUANT_NF4); }
+
+// The cpu's router takes its top-k weight gradient from w2's input gradient (dy·ys = da·a / w,
+// model/experts.c), so that the recomputing backward never forms ys again. That holds through
+// w2's LoRA and its dropout: every gradient equals (to rounding) that of the way the GPU step
+// takes it, from ys without recomputation; and the router's against finite differences.
+typedef struct { mt_model *m; mt_batch b; } fd_ctx;
+
+static double fd_train_loss(void *ctx) {
+    fd_ctx *c = ctx;
+    mt_loss l;
+    cr_assert_eq(mt_model_forward_train(c->m, &c->b, &l), 0, "%s", mt_error_get());
+    return l.loss;
+}
+
+// A two-layer tiny4 with every expert chosen (no top-k switch under ±h), LoRA with dropout on the
+// experts and the router, B ≠ 0 everywhere; one forward and backward of `batch`.
+static void dropout_run(mt_model *m, mt_backend *be, mt_ckpt ckpt, int from_ys, const mt_batch *batch) {
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(MT_REPO_ROOT "/tests/data/tiny4.json", &cfg), 0, "%s", mt_error_get());
+    cfg.top_k = cfg.experts, cfg.layers = 2;
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_dropout = 0.3, o.quant = MT_QUANT_NONE;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
+    o.checkpointing = ckpt;
+    cr_assert_eq(mt_model_build(m, be, &cfg, NULL, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    m->dweights_from_ys = from_ys;
+    mt_param *p;
+    int n = mt_model_params(m, &p);
+    for (int i = 0; i < n; i++) {
+        if (!strstr(p[i].name, "lora_B")) continue;
+        float amp = strstr(p[i].name, ".gate.") ? 0.5f : 0.05f, *b = p[i].w->data;  // a router the loss feels
+        for (int64_t j = 0; j < mt_tensor_numel(p[i].w); j++) b[j] = amp * sinf((float)(5 * j + 3 * i));
+    }
+    mt_model_set_dropout_seed(m, 11, 0, 0);
+    mt_loss l;
+    mt_model_zero_grad(m);
+    cr_assert_eq(mt_model_forward_train(m, batch, &l), 0);
+    mt_model_backward(m);
+}
+
+Test(checkpointing, router_gradient_from_w2_input_gradient_with_lora_dropout) {
+    static int32_t tok[16], lab[16];
+    for (int t = 0; t < 16; t++) tok[t] = lab[t] = (t * 37 + 5) % 256;
+    mt_batch batch = {2, 8, tok, lab, NULL};
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m, ref;
+    dropout_run(&m, be, MT_CKPT_FULL, 0, &batch);
+    dropout_run(&ref, be, MT_CKPT_NONE, 1, &batch);
+    mt_param *pm, *pr;
+    int n = mt_model_params(&m, &pm);
+    cr_assert_eq(mt_model_params(&ref, &pr), n);
+    int routers = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t len = mt_tensor_numel(pm[i].g);
+        const float *a = pm[i].g->data, *b = pr[i].g->data;
+        double d2 = 0, r2 = 0;
+        for (int64_t j = 0; j < len; j++) d2 += (double)(a[j] - b[j]) * (a[j] - b[j]), r2 += (double)b[j] * b[j];
+        cr_assert_gt(r2, 0, "%s: a zero gradient tells nothing", pm[i].name);
+        cr_expect_lt(sqrt(d2 / r2), 1e-5, "%s: relative L2 error %.3g", pm[i].name, sqrt(d2 / r2));
+        routers += strstr(pm[i].name, ".gate.") != NULL;
+    }
+    cr_assert_eq(routers, 2 * 2, "A and B of both layers' routers compared");
+    fd_ctx c = {&m, batch};
+    for (int L = 0; L < 2; L++) {  // fp32 loss differences resolve these only to ~1e-5
+        const mt_lora *g = m.layers[L].gate.lora;
+        fd_report r = fd_check_f32(fd_train_loss, &c, g->b->data, g->db->data, mt_tensor_numel(g->b), 1e-2f, 1e-4);
+        cr_expect_lt(r.worst, 0.15, "layer %d router lora_B: " FD_FMT, L, FD_ARGS(r));
+    }
+    mt_model_free(&m), mt_model_free(&ref);
+    mt_backend_free(be);
+}
