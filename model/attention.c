@@ -24,21 +24,22 @@
 #include "core/vmath.h"
 #include "model/ops.h"
 
-enum { ATT_BQ = 64, ATT_BK = 64 };
+// Forward: a task is (sequence, head, block of ATT_BQ queries); keys come in chunks of up to
+// ATT_KC, so that P·V is one product with a long inner dimension. Backward: a task is (sequence,
+// head); key blocks of ATT_BK, each against the queries that can see it in chunks of up to ATT_QC,
+// so that the dK and dV products have the long inner dimension. Short inner dimensions (64 × 64 ×
+// 64 tiles) ran at half the machine's sgemm rate; these shapes let OpenBLAS amortise its packing.
+enum { ATT_BQ = 64, ATT_KC = 512, ATT_BK = 64, ATT_QC = 512 };
 
 static void attn_check_shape(int nh, int nkv, int hd) {
     if (nkv <= 0 || nh % nkv != 0 || hd <= 0)
         mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d > 0", nh, nkv, hd);
 }
 
-// Key blocks [j0, j1) that can hold a key visible to some query of [i0, i1): from the block of
-// the first key inside the window of i0 to the block of i1 − 1.
-static inline int attn_key_block_first(int i0, int window) {
-    int lo = window > 0 && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
-    return lo / ATT_BK * ATT_BK;
-}
+// The first key inside the window of query i (0 without a window).
+static inline int attn_first_key(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
-// 1 if key block [j0, j0+nk) of sequence `km` (its key_mask row, or NULL) has a visible key.
+// 1 if keys [j0, j0+nk) of sequence `km` (its key_mask row, or NULL) include a visible one.
 static inline int attn_keys_any(const uint8_t *km, int j0, int nk) {
     if (!km) return 1;
     for (int c = 0; c < nk; c++)
@@ -46,20 +47,19 @@ static inline int attn_keys_any(const uint8_t *km, int j0, int nk) {
     return 0;
 }
 
-// s [nq, ld]: sets the entries of invisible (query i0 + r, key j0 + c) pairs to −inf. Returns
-// without touching s when the whole block is visible.
+// s [nq, ld]: sets the entries of invisible (query i0 + r, key j0 + c) pairs to −inf; entries
+// already visible are left alone, so a block wholly visible costs one pass over the key mask.
 static void attn_mask_block(float *s, int ld, int nq, int nk, int i0, int j0, int window, const uint8_t *km) {
-    int full = j0 + nk - 1 <= i0 && (window == 0 || i0 + nq - 1 - j0 < window);
-    for (int c = 0; full && km && c < nk; c++) full = km[j0 + c] != 0;
-    if (full) return;
     for (int r = 0; r < nq; r++) {
-        int i = i0 + r, lo = window > 0 ? i - window + 1 : 0;
+        int i = i0 + r, lo = attn_first_key(i, window) - j0, hi = i - j0 + 1;  // visible: c in [lo, hi)
         float *sr = s + (int64_t)r * ld;
-        for (int c = 0; c < nk; c++) {
-            int j = j0 + c;
-            if (j > i || j < lo || (km && !km[j])) sr[c] = -INFINITY;
-        }
+        for (int c = 0; c < MT_MIN(lo, nk); c++) sr[c] = -INFINITY;
+        for (int c = MT_MAX(hi, 0); c < nk; c++) sr[c] = -INFINITY;
     }
+    if (km)
+        for (int c = 0; c < nk; c++)
+            if (!km[j0 + c])
+                for (int r = 0; r < nq; r++) s[(int64_t)r * ld + c] = -INFINITY;
 }
 
 // One query block's online-softmax update on its scores s [nq, ld] (masked entries −inf):
@@ -102,9 +102,9 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
     const int ldq = nh * hd, ldk = nkv * hd;
 #pragma omp parallel
     {
-        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK), *o = mt_xmalloc(sizeof(float) * ATT_BQ * hd);
+        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_KC), *o = mt_xmalloc(sizeof(float) * ATT_BQ * hd);
         float m[ATT_BQ], l[ATT_BQ];
-        // Later query blocks have more key blocks: dynamic hands them out as threads free up.
+        // Later query blocks have more keys: dynamic hands them out as threads free up.
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < nh; h++)
@@ -114,15 +114,15 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
                     const float *qi = q + ((int64_t)b * S + i0) * ldq + (int64_t)h * hd;
                     for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.0f;
                     memset(o, 0, sizeof(float) * nq * hd);
-                    for (int j0 = attn_key_block_first(i0, window); j0 < i0 + nq; j0 += ATT_BK) {
-                        int nk = MT_MIN(ATT_BK, S - j0);
+                    for (int j0 = attn_first_key(i0, window); j0 < i0 + nq; j0 += ATT_KC) {
+                        int nk = MT_MIN(ATT_KC, i0 + nq - j0);
                         if (!attn_keys_any(km, j0, nk)) continue;
                         const int64_t kr = ((int64_t)b * S + j0) * ldk + (int64_t)kvh * hd;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, k + kr,
-                                    ldk, 0.0f, s, ATT_BK);
-                        attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);
-                        attn_online_softmax(s, ATT_BK, nq, nk, m, l, o, hd);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, s, ATT_BK, v + kr,
+                                    ldk, 0.0f, s, ATT_KC);
+                        attn_mask_block(s, ATT_KC, nq, nk, i0, j0, window, km);
+                        attn_online_softmax(s, ATT_KC, nq, nk, m, l, o, hd);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, s, ATT_KC, v + kr,
                                     ldk, 1.0f, o, hd);
                     }
                     for (int r = 0; r < nq; r++) {
@@ -181,7 +181,7 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
     float *pv = partial && dv ? mt_xcalloc(part_n, sizeof(float)) : NULL;
 #pragma omp parallel
     {
-        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK), *dp = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_BK);
+        float *s = mt_xmalloc(sizeof(float) * ATT_QC * ATT_BK), *dp = mt_xmalloc(sizeof(float) * ATT_QC * ATT_BK);
         float *Dh = mt_xmalloc(sizeof(float) * S), *lh = mt_xmalloc(sizeof(float) * S);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++)
@@ -208,13 +208,13 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
                 for (int j0 = 0; j0 < S; j0 += ATT_BK) {
                     int nk = MT_MIN(ATT_BK, S - j0);
                     if (!attn_keys_any(km, j0, nk)) continue;
-                    // Query blocks that can see a key of this block: from the one holding j0 to the
-                    // last one whose first query is within the window of the block's last key.
-                    int qlast = window > 0 ? MT_MIN(S - 1, j0 + nk - 1 + window - 1) : S - 1;
-                    for (int i0 = j0 / ATT_BQ * ATT_BQ; i0 <= qlast; i0 += ATT_BQ) {
-                        int nq = MT_MIN(ATT_BQ, S - i0);
+                    // The queries that can see a key of this block: from j0 to the last one whose
+                    // window reaches the block's last key.
+                    int qend = window > 0 ? MT_MIN(S, j0 + nk - 1 + window) : S;
+                    const float *kj = k + k0 + (int64_t)j0 * ldk, *vj = v + k0 + (int64_t)j0 * ldk;
+                    for (int i0 = j0; i0 < qend; i0 += ATT_QC) {
+                        int nq = MT_MIN(ATT_QC, qend - i0);
                         const float *qi = q + q0 + (int64_t)i0 * ldq, *gi = dout + q0 + (int64_t)i0 * ldq;
-                        const float *kj = k + k0 + (int64_t)j0 * ldk, *vj = v + k0 + (int64_t)j0 * ldk;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, kj, ldk,
                                     0.0f, s, ATT_BK);
                         attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);

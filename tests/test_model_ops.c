@@ -380,9 +380,10 @@ Test(model_ops, attention_backward_fd_mha_and_single_kv_head) {
     attn_check_backward(4, 1, 3, PAD_MASK, 80);
 }
 
-// The tiled kernels (64-row blocks) against the scalar reference at sizes that cut blocks:
-// one row, a block less one, a block, a block plus one, several blocks; windows inside a block,
-// across blocks and wider than the sequence; left padding longer than a block and scattered holes.
+// The tiled kernels (64-row blocks, chunks of 512 keys or queries) against the scalar reference
+// at sizes that cut blocks: one row, a block less one, a block, a block plus one, several blocks,
+// several chunks; windows inside a block, across blocks and chunks and wider than the sequence;
+// left padding longer than a block or a chunk, and scattered holes.
 // Forward outputs and all three gradients, elementwise, relative to the largest |reference|.
 static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask, uint64_t seed) {
     attn_ctx c = attn_make(B, S, nh, nkv, hd, window, mask, seed);
@@ -439,6 +440,12 @@ Test(model_ops, attention_tiled_matches_scalar_reference) {
     attn_vs_ref(1, 130, 2, 1, 40, 64, holes, 118);  // head size not a multiple of 8
     uint8_t none[2 * S] = {0};
     attn_vs_ref(2, S, 4, 2, 16, 0, none, 119);  // every key masked
+    enum { L = 1100 };  // two chunks and a part
+    static uint8_t lpad[2 * L];
+    for (int i = 0; i < 2 * L; i++) lpad[i] = !(i >= L && i < L + 600) && i % 17 != 4;
+    attn_vs_ref(1, L, 2, 1, 8, 0, NULL, 120);
+    attn_vs_ref(2, L, 2, 2, 8, 600, lpad, 121);   // padding longer than a chunk, window across chunks
+    attn_vs_ref(1, 1025, 2, 1, 8, 513, NULL, 122);  // a window one key wider than a chunk
 }
 
 // The tiled kernels give the same bits at any thread count: every output row has one writer and
