@@ -34,8 +34,17 @@
 //   qwen    Qwen1.5-*-Chat (Qwen1.5-MoE-A2.7B-Chat): ChatML with the system message "You are a
 //           helpful assistant" when the conversation has none.
 //   qwen2   Qwen2-*-Instruct (Qwen2-57B-A14B-Instruct): the same with "You are a helpful
-//           assistant." (a full stop). Qwen2.5's and Qwen3's templates (tools, <think>) are not
-//           among these: --chat-template chatml is the nearest, not equal.
+//           assistant." (a full stop). Qwen2.5's template (tools, its own default system
+//           message) is not among these.
+//   qwen3   Qwen3's (Qwen3-30B-A3B, the April 2025 releases), messages without tools: ChatML
+//           with no default system message. A reply's "<think>…</think>" is dropped from the
+//           turns before the last user message; the reply after it is printed as
+//           "<think>\n{reasoning}\n</think>\n\n{answer}", with an empty block when it has no
+//           reasoning. Python's split/strip rules apply to the reply as in the template. A user
+//           message that is wholly "<tool_response>…</tool_response>" is not a query. Recognised
+//           by the SHA-256 of its canonical Jinja (qwen3_template_sha256). In the loss: a
+//           non-empty think block, the answer and <|im_end|>; an empty "<think>\n\n</think>\n\n"
+//           is prompt, as the non-thinking generation prompt (enable_thinking=false) writes it.
 //   tulu    OLMoE-1B-7B-0924-Instruct's (the Tulu template): {bos_token}, then <|system|>\n{s}\n,
 //           <|user|>\n{u}\n, <|assistant|>\n{a}{eos_token}\n; generation prompt <|assistant|>\n.
 //           Reconstructed from the model's discussion page and the Tulu papers: the exact
@@ -57,6 +66,7 @@
 
 #include "core/common.h"
 #include "core/fileio.h"
+#include "core/sha256.h"
 #include "data/data.h"
 
 static const char *const alpaca_intro_input =
@@ -194,6 +204,84 @@ static int render_chatml(const char *default_system, const mt_chat_msg *msgs, in
     return rc;
 }
 
+// 1 for a user message that carries a tool's answer rather than a query (Qwen3's rule).
+static int is_tool_response(const char *s) {
+    size_t n = strlen(s), a = strlen("<tool_response>"), z = strlen("</tool_response>");
+    return n >= a && n >= z && strncmp(s, "<tool_response>", a) == 0 && strcmp(s + n - z, "</tool_response>") == 0;
+}
+
+// A reply split as Qwen3's template splits it: with "</think>" in it, the answer is what follows
+// the last one, '\n's stripped on the left; the reasoning is what precedes the first one,
+// '\n's stripped on the right, after its last "<think>", '\n's stripped on the left.
+// Without, the answer is the reply and the reasoning empty. *reasoning is malloc'ed.
+static const char *qwen3_split(const char *reply, char **reasoning) {
+    const char *end = strstr(reply, "</think>");
+    *reasoning = mt_xcalloc(1, 1);
+    if (!end) return reply;
+    const char *answer = reply, *p;
+    for (p = reply; (p = strstr(p, "</think>")); p += strlen("</think>")) answer = p + strlen("</think>");
+    while (*answer == '\n') answer++;
+    size_t len = (size_t)(end - reply);
+    while (len && reply[len - 1] == '\n') len--;
+    const char *start = reply;
+    for (p = reply; (p = strstr(p, "<think>")) && p + strlen("<think>") <= reply + len; p += strlen("<think>"))
+        start = p + strlen("<think>");
+    while (start < reply + len && *start == '\n') start++;
+    free(*reasoning);
+    *reasoning = mt_xmalloc((size_t)(reply + len - start) + 1);
+    memcpy(*reasoning, start, (size_t)(reply + len - start));
+    (*reasoning)[reply + len - start] = 0;
+    return answer;
+}
+
+static int render_qwen3(const mt_chat_msg *msgs, int n, mt_seg_fn emit, void *ctx) {
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (strcmp(msgs[i].role, "user") == 0 && !is_tool_response(msgs[i].content)) {
+            last_query = i;
+            break;
+        }
+    sbuf b = {0};
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        sb_add(&b, "<|im_start|>");
+        sb_add(&b, msgs[i].role);
+        sb_add(&b, "\n");
+        if (strcmp(msgs[i].role, "assistant") != 0) {
+            sb_add(&b, msgs[i].content);
+            sb_add(&b, "<|im_end|>\n");
+            continue;
+        }
+        char *reasoning;
+        const char *answer = qwen3_split(msgs[i].content, &reasoning);
+        if (i > last_query && (i == n - 1 || reasoning[0])) {
+            char *r = reasoning;  // strip('\n')
+            size_t len = strlen(r);
+            while (len && r[len - 1] == '\n') r[--len] = 0;
+            while (*r == '\n') r++;
+            while (*answer == '\n') answer++;
+            if (!r[0]) sb_add(&b, "<think>\n\n</think>\n\n");
+            rc = flush(&b, emit, ctx);
+            if (rc == 0 && r[0]) {
+                sb_add(&b, "<think>\n");
+                sb_add(&b, r);
+                sb_add(&b, "\n</think>\n\n");
+                rc = emit(ctx, MT_SEG_TEXT, b.p, b.n, 1);
+                b.n = 0;
+            }
+        } else
+            rc = flush(&b, emit, ctx);
+        if (rc == 0 && answer[0]) rc = emit_str(emit, ctx, answer, 1);
+        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", 1);
+        sb_add(&b, "\n");
+        free(reasoning);
+    }
+    if (rc == 0 && strcmp(msgs[n - 1].role, "user") == 0) sb_add(&b, "<|im_start|>assistant\n");
+    if (rc == 0) rc = flush(&b, emit, ctx);
+    free(b.p);
+    return rc;
+}
+
 static int render_tulu(const mt_chat_template *t, const mt_chat_msg *msgs, int n, mt_seg_fn emit,
                        void *ctx) {
     sbuf b = {0};
@@ -236,6 +324,7 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
         }
         return render_tulu(t, msgs, n, emit, ctx);
     }
+    if (t->style == MT_CHAT_QWEN3) return render_qwen3(msgs, n, emit, ctx);
     const char *sys = t->style == MT_CHAT_QWEN    ? "You are a helpful assistant"
                       : t->style == MT_CHAT_QWEN2 ? "You are a helpful assistant."
                                                   : NULL;
@@ -244,7 +333,10 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
 
 // --- selection -----------------------------------------------------------------------------
 
-static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2"};
+static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2", "qwen3"};
+
+// Qwen3's template (Qwen3-30B-A3B's tokenizer_config.json, 4.1 kB), canonical form's SHA-256.
+#define QWEN3_SHA256 "3c8fb44cf96664e5bdf28e72399771f0d8100f4d37b52f278d941d79c9850ec7"
 
 // The Jinja strings recognised, as their models' tokenizer_config.json holds them.
 static const struct { mt_chat_style style; const char *jinja; } known_templates[] = {
@@ -281,7 +373,7 @@ int mt_chat_style_parse(const char *name, mt_chat_style *out) {
             *out = (mt_chat_style)i;
             return 0;
         }
-    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2 or tulu)", name);
+    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2, qwen3 or tulu)", name);
     return -1;
 }
 
@@ -338,9 +430,20 @@ static char *jinja_canonical(const char *s) {
     return out;
 }
 
+// Templates too long to keep here, known by the SHA-256 of their canonical form.
+static const struct { mt_chat_style style; const char *sha256; } hashed_templates[] = {
+    {MT_CHAT_QWEN3, QWEN3_SHA256},
+};
+
 int mt_chat_template_recognise(const char *jinja, mt_chat_style *out) {
-    char *want = jinja_canonical(jinja);
+    char *want = jinja_canonical(jinja), hex[65];
     int found = -1;
+    mt_sha256_hex(want, strlen(want), hex);
+    for (size_t i = 0; i < MT_ARRAY_LEN(hashed_templates) && found < 0; i++)
+        if (strcmp(hex, hashed_templates[i].sha256) == 0) {
+            *out = hashed_templates[i].style;
+            found = 0;
+        }
     for (size_t i = 0; i < MT_ARRAY_LEN(known_templates) && found < 0; i++) {
         char *have = jinja_canonical(known_templates[i].jinja);
         if (strcmp(have, want) == 0) {
@@ -403,11 +506,11 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     if (!cJSON_IsString(ct)) {
         t->style = spm_like ? MT_CHAT_MIXTRAL : MT_CHAT_NONE;
         snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
-                 "qwen2 or tulu to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
+                 "qwen2, qwen3 or tulu to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
     } else if (mt_chat_template_recognise(ct->valuestring, &t->style) != 0) {
         snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
-                 "Qwen1.5, Qwen2, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen, qwen2 or tulu for the "
-                 "closest", path);
+                 "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen, qwen2, qwen3 "
+                 "or tulu for the closest", path);
         if (spm_like) {
             mt_warn("%s; using mixtral", t->why);
             t->style = MT_CHAT_MIXTRAL;

@@ -379,6 +379,56 @@ Test(bpe, chat_templates_equal_transformers_apply_chat_template) {
     cr_assert_geq(cases, 18);
 }
 
+// Qwen3's template (data/chat_template.c), on conversations that exercise its rules: the empty
+// think block of the last reply, reasoning dropped before the last query and kept after it, a
+// tool response that is not a query, Python's split/strip of a reply with several tags, a
+// generation prompt. `text` is transformers 4.57's apply_chat_template on Qwen3's Jinja (run by
+// hand; the template is not in this repository); `loss` what the loss sees, decoded.
+Test(bpe, qwen3_template_equals_transformers_on_its_rules) {
+    static const struct { mt_chat_msg m[5]; int n; const char *text, *loss; } cases[] = {
+        {{{"user", "Hi"}, {"assistant", "Hello!"}}, 2,
+         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n",
+         "Hello!<|im_end|>"},
+        {{{"system", "Be brief."}, {"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "Q2"},
+          {"assistant", "<think>r2</think>A2"}}, 5,
+         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1"
+         "<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n",
+         "A1<|im_end|><think>\nr2\n</think>\n\nA2<|im_end|>"},
+        {{{"user", "Q"}}, 1, "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n", ""},
+        {{{"user", "Q1"}, {"assistant", "A1"}, {"user", "<tool_response>x</tool_response>"},
+          {"assistant", "\n\nA2 </think>tail"}}, 4,
+         "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\n<tool_response>x"
+         "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nA2 \n</think>\n\ntail<|im_end|>\n",
+         "A1<|im_end|><think>\nA2 \n</think>\n\ntail<|im_end|>"},
+        {{{"user", "Q1"}, {"assistant", "x<think>a<think>\nb\n\n</think>\nmid</think>\n\nend"}, {"user", "Q2"}}, 3,
+         "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nend<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
+         "<|im_start|>assistant\n",
+         "end<|im_end|>"},
+        {{{"user", "H\xc3\xa9llo"}, {"assistant", "\n\nplain\n"}}, 2,
+         "<|im_start|>user\nH\xc3\xa9llo<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nplain\n<|im_end|>\n",
+         "plain\n<|im_end|>"},
+    };
+    mt_bpe *b = load("qwen2");
+    mt_chat_template t = {.style = MT_CHAT_QWEN3};
+    cr_assert_eq(mt_chat_style_parse("qwen3", &t.style), 0);
+    for (size_t c = 0; c < MT_ARRAY_LEN(cases); c++) {
+        collect col = {.b = b};
+        cr_assert_eq(mt_chat_render_template(&t, cases[c].m, cases[c].n, 0, collect_seg, &col), 0, "%s",
+                     mt_error_get());
+        cr_assert_str_eq(col.text, cases[c].text, "case %zu", c);
+        mt_ids lids = {0};
+        for (size_t i = 0; i < col.ids.n; i++)
+            if (col.loss.v[i]) mt_ids_push(&lids, col.ids.v[i]);
+        char *dec;
+        size_t len;
+        cr_assert_eq(mt_bpe_decode(b, lids.v, lids.n, &dec, &len), 0);
+        cr_assert_str_eq(dec, cases[c].loss, "case %zu: the loss", c);
+        free(dec);
+        mt_ids_free(&lids), mt_ids_free(&col.ids), mt_ids_free(&col.loss);
+    }
+    mt_bpe_free(b);
+}
+
 static void write_file(const char *dir, const char *name, const char *text) {
     char path[400];
     snprintf(path, sizeof path, "%s/%s", dir, name);
