@@ -174,6 +174,18 @@ static int flush(sbuf *b, mt_seg_fn emit, void *ctx) {
     return rc;
 }
 
+// A ChatML turn's header into b; a system or user turn whole (0), an assistant's header only
+// (1: its reply and <|im_end|> are the caller's, in the loss).
+static int chatml_header(sbuf *b, const mt_chat_msg *m) {
+    sb_add(b, "<|im_start|>");
+    sb_add(b, m->role);
+    sb_add(b, "\n");
+    if (strcmp(m->role, "assistant") == 0) return 1;
+    sb_add(b, m->content);
+    sb_add(b, "<|im_end|>\n");
+    return 0;
+}
+
 // default_system: the system message a conversation without one gets (NULL: none).
 static int render_chatml(const char *default_system, const mt_chat_msg *msgs, int n, int first,
                          mt_seg_fn emit, void *ctx) {
@@ -185,14 +197,7 @@ static int render_chatml(const char *default_system, const mt_chat_msg *msgs, in
         sb_add(&b, "<|im_end|>\n");
     }
     for (int i = 0; i < n && rc == 0; i++) {
-        sb_add(&b, "<|im_start|>");
-        sb_add(&b, msgs[i].role);
-        sb_add(&b, "\n");
-        if (strcmp(msgs[i].role, "assistant") != 0) {
-            sb_add(&b, msgs[i].content);
-            sb_add(&b, "<|im_end|>\n");
-            continue;
-        }
+        if (!chatml_header(&b, &msgs[i])) continue;
         rc = flush(&b, emit, ctx);
         if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, 1);
         if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", 1);
@@ -244,14 +249,7 @@ static int render_qwen3(const mt_chat_msg *msgs, int n, mt_seg_fn emit, void *ct
     sbuf b = {0};
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        sb_add(&b, "<|im_start|>");
-        sb_add(&b, msgs[i].role);
-        sb_add(&b, "\n");
-        if (strcmp(msgs[i].role, "assistant") != 0) {
-            sb_add(&b, msgs[i].content);
-            sb_add(&b, "<|im_end|>\n");
-            continue;
-        }
+        if (!chatml_header(&b, &msgs[i])) continue;
         char *reasoning;
         const char *answer = qwen3_split(msgs[i].content, &reasoning);
         if (i > last_query && (i == n - 1 || reasoning[0])) {

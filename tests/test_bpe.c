@@ -313,6 +313,18 @@ static int collect_seg(void *ctx, mt_seg_kind kind, const char *text, size_t len
     return 0;
 }
 
+// The tokens of c that are in the loss, decoded (malloc'ed).
+static char *loss_text(const mt_bpe *b, const collect *c) {
+    mt_ids lids = {0};
+    for (size_t i = 0; i < c->ids.n; i++)
+        if (c->loss.v[i]) mt_ids_push(&lids, c->ids.v[i]);
+    char *dec;
+    size_t len;
+    cr_assert_eq(mt_bpe_decode(b, lids.v, lids.n, &dec, &len), 0);
+    mt_ids_free(&lids);
+    return dec;
+}
+
 static void json_token(const cJSON *v, char *buf, size_t n) {
     snprintf(buf, n, "%s", cJSON_IsString(v) ? v->valuestring : "");
 }
@@ -357,15 +369,9 @@ Test(bpe, chat_templates_equal_transformers_apply_chat_template) {
                     strcat(expect_loss, mm[i].content);
                     strcat(expect_loss, t.style == MT_CHAT_TULU ? t.eos_token : "<|im_end|>");
                 }
-            mt_ids lids = {0};
-            for (size_t i = 0; i < col.ids.n; i++)
-                if (col.loss.v[i]) mt_ids_push(&lids, col.ids.v[i]);
-            char *dec;
-            size_t len;
-            cr_assert_eq(mt_bpe_decode(b, lids.v, lids.n, &dec, &len), 0);
+            char *dec = loss_text(b, &col);
             cr_assert_str_eq(dec, expect_loss);
             free(dec);
-            mt_ids_free(&lids);
             mt_ids_free(&wid);
             mt_ids_free(&col.ids);
             mt_ids_free(&col.loss);
@@ -416,15 +422,10 @@ Test(bpe, qwen3_template_equals_transformers_on_its_rules) {
         cr_assert_eq(mt_chat_render_template(&t, cases[c].m, cases[c].n, 0, collect_seg, &col), 0, "%s",
                      mt_error_get());
         cr_assert_str_eq(col.text, cases[c].text, "case %zu", c);
-        mt_ids lids = {0};
-        for (size_t i = 0; i < col.ids.n; i++)
-            if (col.loss.v[i]) mt_ids_push(&lids, col.ids.v[i]);
-        char *dec;
-        size_t len;
-        cr_assert_eq(mt_bpe_decode(b, lids.v, lids.n, &dec, &len), 0);
+        char *dec = loss_text(b, &col);
         cr_assert_str_eq(dec, cases[c].loss, "case %zu: the loss", c);
         free(dec);
-        mt_ids_free(&lids), mt_ids_free(&col.ids), mt_ids_free(&col.loss);
+        mt_ids_free(&col.ids), mt_ids_free(&col.loss);
     }
     mt_bpe_free(b);
 }
