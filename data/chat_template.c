@@ -50,6 +50,9 @@
 //           Reconstructed from the model's discussion page and the Tulu papers: the exact
 //           tokenizer_config.json was not available to us, so a real file may differ in Jinja
 //           whitespace (recognition then fails, with an error suggesting --chat-template tulu).
+//   olmo    AI2's OLMo template: tulu's, opened with eos_token instead of bos_token (as public
+//           OLMo and OLMoE code quotes it; OLMoE's tokenizer has bos = eos = <|endoftext|>, where
+//           the two render alike).
 //   Loss: the assistant's content and its end marker (<|im_end|>, eos_token), never the "\n"
 //   after it nor the role headers. Special tokens are emitted as text (the BPE encoder matches
 //   them as added tokens, as transformers does); each run is encoded separately, which equals
@@ -280,11 +283,12 @@ static int render_qwen3(const mt_chat_msg *msgs, int n, mt_seg_fn emit, void *ct
     return rc;
 }
 
-static int render_tulu(const mt_chat_template *t, const mt_chat_msg *msgs, int n, mt_seg_fn emit,
-                       void *ctx) {
+// first: the token the template opens with (tulu: bos_token, olmo: eos_token).
+static int render_tulu(const mt_chat_template *t, const char *first, const mt_chat_msg *msgs, int n,
+                       mt_seg_fn emit, void *ctx) {
     sbuf b = {0};
     int rc = 0;
-    sb_add(&b, t->bos_token);
+    sb_add(&b, first);
     for (int i = 0; i < n && rc == 0; i++) {
         const char *role = msgs[i].role;
         if (strcmp(role, "assistant") != 0) {
@@ -314,13 +318,13 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
     if (t->style == MT_CHAT_MIXTRAL) return mt_chat_render(msgs, n, need_assistant, emit, ctx);
     int first;
     if (check_conversation(msgs, n, need_assistant, &first)) return -1;
-    if (t->style == MT_CHAT_TULU) {
+    if (t->style == MT_CHAT_TULU || t->style == MT_CHAT_OLMO) {
         if (!t->eos_token[0]) {
-            mt_error_set("the tulu chat template ends each assistant turn with eos_token, but "
-                         "tokenizer_config.json gives none");
+            mt_error_set("the %s chat template ends each assistant turn with eos_token, but "
+                         "tokenizer_config.json gives none", mt_chat_style_name(t->style));
             return -1;
         }
-        return render_tulu(t, msgs, n, emit, ctx);
+        return render_tulu(t, t->style == MT_CHAT_TULU ? t->bos_token : t->eos_token, msgs, n, emit, ctx);
     }
     if (t->style == MT_CHAT_QWEN3) return render_qwen3(msgs, n, emit, ctx);
     const char *sys = t->style == MT_CHAT_QWEN    ? "You are a helpful assistant"
@@ -331,7 +335,7 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
 
 // --- selection -----------------------------------------------------------------------------
 
-static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2", "qwen3"};
+static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2", "qwen3", "olmo"};
 
 // Qwen3's template (Qwen3-30B-A3B's tokenizer_config.json, 4.1 kB), canonical form's SHA-256.
 #define QWEN3_SHA256 "3c8fb44cf96664e5bdf28e72399771f0d8100f4d37b52f278d941d79c9850ec7"
@@ -363,6 +367,12 @@ static const struct { mt_chat_style style; const char *jinja; } known_templates[
      "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
      "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
      "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
+    {MT_CHAT_OLMO,
+     "{{ eos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
+     "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
+     "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
+     "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+     "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
 };
 
 int mt_chat_style_parse(const char *name, mt_chat_style *out) {
@@ -371,7 +381,7 @@ int mt_chat_style_parse(const char *name, mt_chat_style *out) {
             *out = (mt_chat_style)i;
             return 0;
         }
-    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2, qwen3 or tulu)", name);
+    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2, qwen3, tulu or olmo)", name);
     return -1;
 }
 
@@ -504,11 +514,11 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     if (!cJSON_IsString(ct)) {
         t->style = spm_like ? MT_CHAT_MIXTRAL : MT_CHAT_NONE;
         snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
-                 "qwen2, qwen3 or tulu to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
+                 "qwen2, qwen3, tulu or olmo to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
     } else if (mt_chat_template_recognise(ct->valuestring, &t->style) != 0) {
         snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
-                 "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu): pass --chat-template mixtral, chatml, qwen, qwen2, qwen3 "
-                 "or tulu for the closest", path);
+                 "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu, OLMo): pass --chat-template mixtral, chatml, qwen, qwen2, "
+                 "qwen3, tulu or olmo for the closest", path);
         if (spm_like) {
             mt_warn("%s; using mixtral", t->why);
             t->style = MT_CHAT_MIXTRAL;

@@ -86,7 +86,7 @@ typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT } mt_prompt_style;
 // tokenizer_config.json has none, or one we do not recognise): a chat sample is then an error
 // carrying `why`, which suggests --chat-template.
 typedef enum {
-    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_QWEN3, MT_CHAT_NONE
+    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_QWEN3, MT_CHAT_OLMO, MT_CHAT_NONE
 } mt_chat_style;
 typedef struct mt_chat_template {
     mt_chat_style style;

@@ -143,6 +143,8 @@ TEMPLATES = {
              "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
              "{% endfor %}"),
 }
+# AI2's OLMo template: Tulu's opening with eos_token (so quoted in public OLMo/OLMoE code).
+TEMPLATES["olmo"] = TEMPLATES["tulu"].replace("{{ bos_token }}", "{{ eos_token }}", 1)
 
 
 def train(pre, norm, specials, added, ignore_merges=False, merges=400):
@@ -241,7 +243,8 @@ def main():
     neox_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     olmoe = train(neox_pre, normalizers.NFC(), ["<|endoftext|>", "<|padding|>"],
                   [AddedToken("   ", special=False, normalized=True)])
-    write("olmoe", olmoe, True, [("tulu", "<|endoftext|>", "<|endoftext|>")])
+    write("olmoe", olmoe, True, [("tulu", "<|endoftext|>", "<|endoftext|>"),
+                                 ("olmo", "<|padding|>", "<|endoftext|>")])  # bos ≠ eos: which one opens
     gpt2 = train(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), None,
                  ["<|endoftext|>"], [], ignore_merges=True, merges=300)
     write("gpt2im", gpt2, False, [])

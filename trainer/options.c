@@ -71,7 +71,7 @@ static const opt_def opt_table[] = {
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"chat-template", OPT_STR, F(chat_template), S(chat_template),
-     "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu"},
+     "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu | olmo"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
     {"save-total-limit", OPT_I64, F(save_total_limit), 0,
      "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
