@@ -525,11 +525,6 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
     if (check_opts(&m->cfg, spec, be) != 0) return -1;
-    if (m->par.ep_size > 1 && (cfg->shared_intermediate || mt_config_moe_layers(cfg) != cfg->layers)) {
-        mt_error_set("model_type %s: expert parallelism with dense layers or a shared expert is not implemented "
-                     "yet (docs/families.md)", cfg->model_type);
-        return -1;
-    }
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
