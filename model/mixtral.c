@@ -486,10 +486,11 @@ int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, cons
     return mt_model_build_par(m, be, cfg, dir, spec, NULL);
 }
 
-// Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears).
+// Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears). A dense
+// layer has no experts: none of its takes a place in the round-robin.
 static int expert_trains(const mt_model *m, int L, int e) {
     const mt_model_spec *o = &m->spec;
-    int chosen = expert_chosen(o, L, e);
+    int chosen = expert_chosen(o, L, e) && mt_config_layer_is_moe(&m->cfg, L);
     return o->mode == MT_MODE_FULL || (o->mode == MT_MODE_UNFREEZE && chosen) ||
            (o->mode == MT_MODE_LORA && chosen && (o->targets & (MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3)));
 }
