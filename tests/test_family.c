@@ -494,12 +494,14 @@ Test(family, real_configs_count_their_published_parameters) {
 }
 
 // The planner counts the family's parts beside Mixtral's (shared experts, biases, q/k norms) in
-// the model and, kept dense, in the bf16 base; dense layers it plans as MoE layers (too much).
+// the model and, kept dense, in the bf16 base; a dense layer as its MLP (no router, no experts).
+// In lora mode every weight of the checkpoint is frozen on the one GPU, each counted once.
 Test(family, plan_counts_the_family_parts) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA, o.lora_r = 16, o.seq = 4096;
-    const char *files[] = {"qwen1.5-moe-a2.7b.json", "qwen3-30b-a3b.json", "olmoe-1b-7b.json", "mixtral-8x7b.json"};
+    const char *files[] = {"qwen1.5-moe-a2.7b.json", "qwen3-30b-a3b.json", "olmoe-1b-7b.json", "mixtral-8x7b.json",
+                           "tiny-qwen3-moe.json", "tiny-qwen2-moe.json", "tiny-olmoe.json"};
     for (size_t i = 0; i < MT_ARRAY_LEN(files); i++) {
         char path[512];
         snprintf(path, sizeof path, CONFIGS "%s", files[i]);
@@ -508,21 +510,11 @@ Test(family, plan_counts_the_family_parts) {
         mt_plan p;
         cr_assert_eq(mt_plan_compute(&c, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
         cr_expect_eq(p.model_params, mt_config_total_params(&c), "%s: the planner's model is the checkpoint's", files[i]);
-        if (c.shared_intermediate)  // the 24 shared experts and gates are in the dense base
-            cr_expect_geq(p.frozen_bf16_gpu, 24 * mt_config_shared_expert_params(&c), "%s", files[i]);
-    }
-    // Dense layers are planned as MoE layers: the base is overestimated, never under.
-    const char *dense[] = {"tiny-qwen3-moe.json", "tiny-qwen2-moe.json"};
-    for (size_t i = 0; i < MT_ARRAY_LEN(dense); i++) {
-        char path[512];
-        snprintf(path, sizeof path, CONFIGS "%s", dense[i]);
-        mt_model_config d;
-        load(path, &d);
-        mt_plan p;
-        cr_assert_eq(mt_plan_compute(&d, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
-        cr_expect_eq(p.model_params, mt_config_total_params(&d));
-        cr_expect_geq(p.frozen_bf16_gpu + p.frozen_quant_gpu, mt_config_total_params(&d) - p.trainable_gpu, "%s",
-                      dense[i]);
+        cr_expect_eq(p.frozen_bf16_gpu + p.frozen_quant_gpu, mt_config_total_params(&c), "%s: frozen %lld + %lld",
+                     files[i], (long long)p.frozen_bf16_gpu, (long long)p.frozen_quant_gpu);
+        if (c.shared_intermediate)  // the shared experts and gates are in the dense base
+            cr_expect_geq(p.frozen_bf16_gpu, mt_config_moe_layers(&c) * mt_config_shared_expert_params(&c), "%s",
+                          files[i]);
     }
 }
 
