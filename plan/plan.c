@@ -111,12 +111,20 @@ static int64_t outer_params(const mt_model_config *cfg) {
 }
 
 // The family's parts beside Mixtral's (docs/families.md): attention biases and q/k norms of every
-// layer, the shared expert and its gate of each MoE layer, the MLP of each dense layer. The step
-// keeps them dense (bf16 on the GPU: model/mixtral.c), frozen but in --mode full. 0 for Mixtral.
+// layer, the shared expert and its gate of each MoE layer, the MLP of each dense layer. Frozen but
+// in --mode full; the step keeps them bf16 (model/mixtral.c) but the MLPs' projections, which are
+// 4-bit with the experts (family_mlp_params). 0 for Mixtral.
 static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
     int64_t n_moe = mt_config_moe_layers(cfg);
     return cfg->layers * (mt_config_attn_params(cfg) - sum_of(s->attn, 4)) +
            n_moe * mt_config_shared_expert_params(cfg) + (cfg->layers - n_moe) * mt_config_dense_mlp_params(cfg);
+}
+
+// The projections of the shared experts and dense layers' MLPs (3·h·mf a layer): frozen, they
+// are 4-bit with the experts; the rest of family_extra_params stays bf16.
+static int64_t family_mlp_params(const mt_model_config *cfg) {
+    int64_t n_moe = mt_config_moe_layers(cfg);
+    return 3 * cfg->hidden * (n_moe * cfg->shared_intermediate + (cfg->layers - n_moe) * cfg->dense_intermediate);
 }
 
 // The MLP of layer L (a dense layer's, or a MoE layer's shared expert; 0: none) and its three
@@ -428,8 +436,13 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
                  frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
                  frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER);
+    // The shared experts' and dense MLPs' projections: 4-bit with the experts (quant/quant.h).
+    int64_t shared[3], dense[3], mlp_layers = t->dense_trainable ? 0 : 1;
+    for (int i = 0; i < 3; i++) shared[i] = cfg->hidden * cfg->shared_intermediate, dense[i] = cfg->hidden * cfg->dense_intermediate;
+    b += frozen_linears(p, o, shared, 3, mlp_layers * n_moe, MT_QTARGET_EXPERTS) +
+         frozen_linears(p, o, dense, 3, mlp_layers * (cfg->layers - n_moe), MT_QTARGET_EXPERTS);
     int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
-                                                 family_extra_params(cfg, s);
+                                                 family_extra_params(cfg, s) - family_mlp_params(cfg);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
     p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
