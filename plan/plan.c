@@ -439,7 +439,7 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     // The shared experts' and dense MLPs' projections: 4-bit with the experts (quant/quant.h).
     int64_t shared[3], dense[3], mlp_layers = t->dense_trainable ? 0 : 1;
     for (int i = 0; i < 3; i++) shared[i] = cfg->hidden * cfg->shared_intermediate, dense[i] = cfg->hidden * cfg->dense_intermediate;
-    b += frozen_linears(p, o, shared, 3, mlp_layers * n_moe, MT_QTARGET_EXPERTS) +
+    b += frozen_linears(p, o, shared, 3, cfg->shared_intermediate ? mlp_layers * n_moe : 0, MT_QTARGET_EXPERTS) +
          frozen_linears(p, o, dense, 3, mlp_layers * (cfg->layers - n_moe), MT_QTARGET_EXPERTS);
     int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
                                                  family_extra_params(cfg, s) - family_mlp_params(cfg);

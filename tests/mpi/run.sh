@@ -182,6 +182,10 @@ check "resume qwen2 ep2 dp2 ZeRO-1 at step 3" 4 ok 30 "resumed from" MT_COMM_TIM
   "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 --model "$work/qwen2" \
   --resume "$work/qwen2-ep2-dp2-zero/checkpoint-3" --out "$work/qwen2-resumed"
 same "qwen2 resumed == uninterrupted" qwen2-ep2-dp2-zero qwen2-resumed 0
+# An NF4 base: the shared experts' and dense MLP's projections 4-bit on every rank.
+train qwen2-nf4-1 1 "${lora[@]}" --quant nf4 --batch 4 --model "$work/qwen2"
+train qwen2-nf4-ep2 2 "${lora[@]}" --quant nf4 --batch 2 --ep 2 --model "$work/qwen2"
+same "qwen2 nf4 ep2 == one process" qwen2-nf4-1 qwen2-nf4-ep2 1e-5 1e-3
 train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --model "$work/qwen2"
 train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --model "$work/qwen2"
 same "qwen2 unfreeze ep2 == one process" qwen2-unfreeze-1 qwen2-unfreeze-ep2 1e-5 1e-3
