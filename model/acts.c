@@ -15,11 +15,16 @@ static mt_tensor *act(mt_model *m, mt_dtype dt, int64_t d0, int64_t d1) {
     return t;
 }
 
-static void layer_kept_alloc(mt_model *m, mt_layer_kept *kp) {
+// The layer's input, and (a MoE layer) its routing on the device: a dense layer has none. The
+// host's per-expert counts exist for every layer (a dense one's stay 0 in the load log).
+static void layer_kept_alloc(mt_model *m, int L, mt_layer_kept *kp) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S;
-    kp->x = act(m, MT_BF16, T, c->hidden), kp->ids = act(m, MT_I32, T, c->top_k);
-    kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
+    kp->x = act(m, MT_BF16, T, c->hidden);
+    if (!m->layers[L].dense) {
+        kp->ids = act(m, MT_I32, T, c->top_k);
+        kp->order = act(m, MT_I32, T * c->top_k, 0), kp->offsets = act(m, MT_I32, c->experts + 1, 0);
+    }
     kp->counts = mt_xcalloc((size_t)c->experts, sizeof(int32_t));
     kp->host_offsets = mt_xcalloc((size_t)c->experts + 1, sizeof(int32_t));
     if (m->par.ep_size > 1) {
@@ -80,9 +85,13 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
         a->q_raw = act(m, MT_BF16, T, qd), a->k_raw = act(m, MT_BF16, T, kvd);
         a->rstd_q = act(m, MT_F32, T * per_q, 0), a->rstd_k = act(m, MT_F32, T * per_k, 0);
     }
-    a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
-    a->weights = act(m, MT_F32, T, c->top_k);
-    a->ys = act(m, MT_BF16, Tk, H);
+    int moe = 0;  // the router's and experts' buffers: only where a layer of the set has them
+    for (int L = L0; L < L0 + n; L++) moe |= !m->layers[L].dense;
+    if (moe) {
+        a->logits = act(m, MT_F32, T, c->experts), a->probs = act(m, MT_F32, T, c->experts);
+        a->weights = act(m, MT_F32, T, c->top_k);
+        a->ys = act(m, MT_BF16, Tk, H);
+    }
     mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o, &a->xa_gate};
     size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o),
                      offsetof(mt_layer, gate)};
@@ -92,7 +101,7 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     a->expert_lora[2] = any_expert_lora(m, L0, n, 3);
     // One rank: T·k rows, whatever the routing. EP: sized by the first routing (balanced when
     // counting), regrown when a later one sends this rank's experts more.
-    mt_model_expert_acts_ensure(m, a, m->par.ep_size > 1 ? 0 : Tk);
+    mt_model_expert_acts_ensure(m, a, m->par.ep_size > 1 || !moe ? 0 : Tk);
 }
 
 static void expert_acts_free(mt_layer_acts *a) {
@@ -151,7 +160,7 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
     int64_t T = (int64_t)B * S;
     int L = (int)m->cfg.layers;
     m->kept = mt_xcalloc((size_t)L, sizeof(mt_layer_kept));
-    for (int i = 0; i < L; i++) layer_kept_alloc(m, &m->kept[i]);
+    for (int i = 0; i < L; i++) layer_kept_alloc(m, i, &m->kept[i]);
     if (m->recompute) {
         m->acts = mt_xcalloc(1, sizeof(mt_layer_acts));
         layer_acts_alloc(m, 0, L, &m->acts[0]);

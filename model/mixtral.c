@@ -115,8 +115,9 @@ static void layer_slots(loader *ld, int L) {
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
         dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : kvd, 0, &ly->kn, &ly->dkn);
     }
-    // The MLP of a dense layer or the shared expert: kept dense (no --quant-targets names it yet);
-    // LoRA where the experts' targets name its projection (PEFT's target_modules would too).
+    // The MLP of a dense layer or the shared expert: 4-bit while frozen when --quant-targets names
+    // the experts (every MLP's projections, quant/quant.h), the shared gate [1, H] dense; LoRA
+    // where the experts' targets name its projection (PEFT's target_modules would too).
     int64_t mf = !mt_config_layer_is_moe(c, L) ? c->dense_intermediate : c->shared_intermediate;
     ly->dense = !mt_config_layer_is_moe(c, L);
     if (mf) {
@@ -125,7 +126,7 @@ static void layer_slots(loader *ld, int L) {
             {mf, h, MT_TARGET_W1}, {h, mf, MT_TARGET_W2}, {mf, h, MT_TARGET_W3}};
         for (int i = 0; i < 3; i++) {
             snprintf(n, sizeof n, "%s.%s.%s%s%s", p, fam->moe_module, shared, sub, fam->mlp[i]);
-            linear_slot(ld, n, &ly->mlp[i], mp[i].out, mp[i].in, full ? TRAINABLE : FROZEN_DENSE,
+            linear_slot(ld, n, &ly->mlp[i], mp[i].out, mp[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_EXPERTS),
                         lora && (o->targets & mp[i].target), 0);
         }
         if (!ly->dense) {
@@ -453,8 +454,8 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_s
 static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate};
-        for (int i = 0; i < 5; i++) if (ls[i]->q) visit(m, ls[i], acc);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
+        for (int i = 0; i < 8; i++) if (ls[i]->q) visit(m, ls[i], acc);
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) if (ex[i]->q) visit(m, ex[i], acc);
@@ -486,10 +487,11 @@ int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, cons
     return mt_model_build_par(m, be, cfg, dir, spec, NULL);
 }
 
-// Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears).
+// Whether expert e of layer L trains (its weights, or a LoRA on one of its Linears). A dense
+// layer has no experts: none of its takes a place in the round-robin.
 static int expert_trains(const mt_model *m, int L, int e) {
     const mt_model_spec *o = &m->spec;
-    int chosen = expert_chosen(o, L, e);
+    int chosen = expert_chosen(o, L, e) && mt_config_layer_is_moe(&m->cfg, L);
     return o->mode == MT_MODE_FULL || (o->mode == MT_MODE_UNFREEZE && chosen) ||
            (o->mode == MT_MODE_LORA && chosen && (o->targets & (MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3)));
 }
@@ -525,11 +527,6 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
     if (check_opts(&m->cfg, spec, be) != 0) return -1;
-    if (m->par.ep_size > 1 && (cfg->shared_intermediate || mt_config_moe_layers(cfg) != cfg->layers)) {
-        mt_error_set("model_type %s: expert parallelism with dense layers or a shared expert is not implemented "
-                     "yet (docs/families.md)", cfg->model_type);
-        return -1;
-    }
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",

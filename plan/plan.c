@@ -10,9 +10,12 @@
 //     for plain data parallelism too), 1.5 GB on one.
 //   * ZeRO shards a weight's optimizer state (and grads at stage 2) over the GPUs that hold a
 //     copy of it: all GPUs for replicated weights, gpus/ep for per-expert weights.
-//   * Activations follow §3.2 for every layer (L), whatever the lowest trainable layer.
+//   * Activations follow §3.2 for every layer (L), whatever the lowest trainable layer, with the
+//     family's parts added to A_layer (set_row_bytes) and none of the router's or experts' rows
+//     for a dense layer, as model/acts.c allocates them.
 #include "plan/plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -107,19 +110,37 @@ static int64_t outer_params(const mt_model_config *cfg) {
     return cfg->vocab * cfg->hidden * (cfg->tie_word_embeddings ? 1 : 2) + cfg->hidden;
 }
 
-static int64_t mixtral_params(const mt_model_config *cfg, const linear_sizes *s) {
-    int64_t layer = sum_of(s->attn, 4) + 2 * cfg->hidden + cfg->hidden * cfg->experts +
-                    cfg->experts * sum_of(s->expert, 3);
-    return cfg->layers * layer + outer_params(cfg);
+// The family's parts beside Mixtral's (docs/families.md): attention biases and q/k norms of every
+// layer, the shared expert and its gate of each MoE layer, the MLP of each dense layer. Frozen but
+// in --mode full; the step keeps them bf16 (model/mixtral.c) but the MLPs' projections, which are
+// 4-bit with the experts (family_mlp_params). 0 for Mixtral.
+static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
+    int64_t n_moe = mt_config_moe_layers(cfg);
+    return cfg->layers * (mt_config_attn_params(cfg) - sum_of(s->attn, 4)) +
+           n_moe * mt_config_shared_expert_params(cfg) + (cfg->layers - n_moe) * mt_config_dense_mlp_params(cfg);
 }
 
-// The family's parts beside Mixtral's (docs/families.md): shared experts and their gates,
-// attention biases, q/k norms. The step keeps them dense (bf16 on the GPU), frozen but in --mode
-// full; their LoRA and activations are not counted yet (0 for Mixtral). Dense layers are counted
-// as MoE layers (router and experts, more than their MLP): an overestimate, so nothing is said
-// to fit that does not; then the extra parts are taken as none.
-static int64_t family_extra_params(const mt_model_config *cfg, const linear_sizes *s) {
-    return MT_MAX(mt_config_total_params(cfg) - mixtral_params(cfg, s), (int64_t)0);
+// The projections of the shared experts and dense layers' MLPs (3·h·mf a layer): frozen, they
+// are 4-bit with the experts; the rest of family_extra_params stays bf16.
+static int64_t family_mlp_params(const mt_model_config *cfg) {
+    int64_t n_moe = mt_config_moe_layers(cfg);
+    return 3 * cfg->hidden * (n_moe * cfg->shared_intermediate + (cfg->layers - n_moe) * cfg->dense_intermediate);
+}
+
+// The MLP of layer L (a dense layer's, or a MoE layer's shared expert; 0: none) and its three
+// Linears' sizes in w1, w2, w3 order (gate_proj, down_proj, up_proj).
+static int64_t mlp_width(const mt_model_config *cfg, int64_t L) {
+    return mt_config_layer_is_moe(cfg, L) ? cfg->shared_intermediate : cfg->dense_intermediate;
+}
+static void mlp_sizes(const mt_model_config *cfg, int64_t mf, int64_t *in, int64_t *out) {
+    in[0] = cfg->hidden, out[0] = mf, in[1] = mf, out[1] = cfg->hidden, in[2] = cfg->hidden, out[2] = mf;
+}
+
+// Layers named by --layers: all of them, and those with routed experts.
+static void selected_layers(const mt_model_config *cfg, const mt_plan_opts *o, int64_t *all, int64_t *moe) {
+    *all = *moe = 0;
+    for (int L = 0; L < cfg->layers; L++)
+        if (mt_index_set_contains(&o->layers, L)) ++*all, *moe += mt_config_layer_is_moe(cfg, L);
 }
 
 static int64_t model_params(const mt_model_config *cfg) { return mt_config_total_params(cfg); }
@@ -150,12 +171,31 @@ static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t 
 // ---------------------------------------------------------------------------------------------
 // Activations (BUDGETS.md §3.2)
 
-uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch) {
+// A_layer per row of one activation set serving layers L0 .. L0+n-1: §3.2's terms every layer
+// has; the family's (q and k before their norms and one rstd per normed row, v before its
+// clamp); the router's and experts' where a layer of the set has them (a dense layer has none);
+// the widest MLP of the set (a dense layer's or a shared expert: gate, up, act 3·2mf, output 2h)
+// and, where a shared expert is, its gate's sigmoid (4).
+static int64_t set_row_bytes(const mt_model_config *cfg, int64_t L0, int64_t n) {
     int64_t h = cfg->hidden, f = cfg->intermediate, k = cfg->top_k;
-    int64_t h_kv = cfg->kv_heads * cfg->head_dim;
-    int64_t per_token = 12 * h + 4 * h_kv + 4 * cfg->heads + 4 * cfg->experts + 8 * k + 8 +
-                        k * (4 * h + 6 * f);
-    return (uint64_t)(batch * seq * per_token);
+    int64_t qd = cfg->heads * cfg->head_dim, h_kv = cfg->kv_heads * cfg->head_dim;
+    int64_t b = 12 * h + 4 * h_kv + 4 * cfg->heads + 8;
+    mt_qk_norm qkn = mt_config_family(cfg)->qk_norm;
+    if (qkn != MT_QK_NORM_NONE) b += 2 * qd + 2 * h_kv + (qkn == MT_QK_NORM_HEAD ? 4 * (cfg->heads + cfg->kv_heads) : 8);
+    if (cfg->clip_qkv > 0) b += 2 * h_kv;
+    int moe = 0, shared = 0;
+    int64_t mf = 0;
+    for (int64_t L = L0; L < L0 + n; L++) {
+        int is_moe = mt_config_layer_is_moe(cfg, L);
+        moe |= is_moe, shared |= is_moe && mlp_width(cfg, L), mf = MT_MAX(mf, mlp_width(cfg, L));
+    }
+    if (moe) b += 4 * cfg->experts + 8 * k + k * (4 * h + 6 * f);
+    if (mf) b += 6 * mf + 2 * h + 4 * shared;
+    return b;
+}
+
+uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch) {
+    return (uint64_t)(batch * seq * set_row_bytes(cfg, 0, cfg->layers));  // the set recomputation shares
 }
 
 uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o) {
@@ -164,24 +204,29 @@ uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o) {
     uint64_t transient = (uint64_t)cfg->top_k * sb * 6 * (uint64_t)cfg->intermediate;  // grads of g, u, h
     uint64_t logits = 10 * sb * (uint64_t)cfg->vocab;  // bf16 logits, fp32 upcast, fp32 grad
     uint64_t L = (uint64_t)cfg->layers;
-    uint64_t kept = o->checkpointing == MT_CKPT_FULL
-                        ? L * 2 * sb * (uint64_t)cfg->hidden + layer  // layer inputs + one recompute
-                        : L * layer;
+    uint64_t kept = L * 2 * sb * (uint64_t)cfg->hidden + layer;  // layer inputs + one recompute
+    if (o->checkpointing != MT_CKPT_FULL)
+        for (int64_t l = kept = 0; l < cfg->layers; l++) kept += sb * (uint64_t)set_row_bytes(cfg, l, 1);
     return kept + transient + logits;
 }
 
-// LoRA xa buffers of one activation set: [T, r] per adapted attention Linear and router,
-// [T·k, r] per adapted expert weight (w1, w2, w3), bf16.
-static uint64_t lora_xa_bytes(const mt_model_config *cfg, const mt_plan_opts *o, int64_t sb) {
-    static const unsigned per_row[] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O, MT_TARGET_GATE};
-    static const unsigned per_copy[] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
+// LoRA xa buffers (bf16 [rows, r]) of the activation set serving layers L0 .. L0+n-1: one per
+// adapted Linear of a layer of the set: T rows for attention, the router and the MLP (a dense
+// layer's or the shared expert), T·k for the experts' w1, w2, w3.
+static int64_t lora_xa_set(const mt_model_config *cfg, const mt_plan_opts *o, int64_t L0, int64_t n, int64_t sb) {
+    static const unsigned attn[] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
+    static const unsigned mlp[] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
     if (o->mode != MT_MODE_LORA) return 0;
-    uint64_t b = 0;
-    for (size_t i = 0; i < MT_ARRAY_LEN(per_row); i++)
-        if (o->targets & per_row[i]) b += 2 * (uint64_t)(sb * o->lora_r);
-    int ne = mt_index_set_count(&o->experts, (int)cfg->experts);
-    for (size_t i = 0; ne && i < MT_ARRAY_LEN(per_copy); i++)
-        if (o->targets & per_copy[i]) b += 2 * (uint64_t)(sb * cfg->top_k * o->lora_r);
+    int any = 0, moe = 0, has_mlp = 0;
+    for (int64_t L = L0; L < L0 + n; L++)
+        if (mt_index_set_contains(&o->layers, (int)L))
+            any = 1, moe |= mt_config_layer_is_moe(cfg, L), has_mlp |= mlp_width(cfg, L) > 0;
+    int experts = moe && mt_index_set_count(&o->experts, (int)cfg->experts) > 0;
+    int64_t b = 0, row = 2 * sb * o->lora_r;
+    for (size_t i = 0; any && i < MT_ARRAY_LEN(attn); i++) b += (o->targets & attn[i]) ? row : 0;
+    if (moe && (o->targets & MT_TARGET_GATE)) b += row;
+    for (size_t i = 0; i < MT_ARRAY_LEN(mlp); i++)
+        if (o->targets & mlp[i]) b += (experts ? cfg->top_k * row : 0) + (has_mlp ? row : 0);
     return b;
 }
 
@@ -189,8 +234,9 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     int64_t sb = o->seq * o->batch, h = cfg->hidden, k = cfg->top_k, E = cfg->experts, V = cfg->vocab;
     int64_t L = cfg->layers, qd = cfg->heads * cfg->head_dim, full = o->checkpointing == MT_CKPT_FULL;
     int64_t sets = full ? 1 : L;  // activation sets: one shared by recomputation, or one per layer
-    int64_t lora_sets = full ? mt_index_set_count(&o->layers, (int)L) > 0
-                             : mt_index_set_count(&o->layers, (int)L);
+    int64_t n_moe = mt_config_moe_layers(cfg), moe_sets = full ? n_moe > 0 : n_moe;  // sets with a router
+    int64_t xa = 0;
+    for (int64_t l = 0; l < sets; l++) xa += lora_xa_set(cfg, o, full ? 0 : l, full ? L : 1, sb);
     int n = 0;
     t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
                                 -6 * k * sb * cfg->intermediate};
@@ -198,14 +244,14 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
                                 "(work: 201 MB at V = 32000)", -10 * sb * V};
     t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
                                 full ? -2 * h * sb : 0};
-    t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * sets};
-    t[n++] = (mt_plan_act_term){"routing kept per layer: ids, expert order (4k + 4k per row), offsets",
-                                L * (8 * k * sb + 4 * (E + 1))};
+    t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * moe_sets};
+    t[n++] = (mt_plan_act_term){"routing kept per MoE layer: ids, expert order (4k + 4k per row), offsets",
+                                n_moe * (8 * k * sb + 4 * (E + 1))};
     t[n++] = (mt_plan_act_term){"router logits fp32 4E per row (router backward and z-loss read them)",
-                                4 * E * sb * sets};
+                                4 * E * sb * moe_sets};
     t[n++] = (mt_plan_act_term){"q and attention output heads·head_dim wide where A_layer has h", 4 * (qd - h) * sb * sets};
     t[n++] = (mt_plan_act_term){"final norm input and output 2·2h, its rstd 4 per row", (4 * h + 4) * sb};
-    t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", (int64_t)lora_xa_bytes(cfg, o, sb) * lora_sets};
+    t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", xa};
     t[n++] = (mt_plan_act_term){"the batch on the device (tokens, targets, positions 4 each, mask 1 per row) and "
                                 "the aux and z-loss statistics, 8·(2E+3)", 13 * sb + 8 * (2 * E + 3)};
     t[n++] = (mt_plan_act_term){"the final hidden states' gradient 2h per row, made by the loss's forward pass for "
@@ -289,40 +335,71 @@ static void count_trainables(const mt_model_config *cfg, const mt_plan_opts *o, 
                              trainables *t, mt_plan *p) {
     static const unsigned attn_bits[4] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
     static const unsigned expert_bits[3] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
-    int64_t L = cfg->layers, E = cfg->experts, h = cfg->hidden, r = o->lora_r;
-    int64_t nl = mt_index_set_count(&o->layers, (int)L), ne = mt_index_set_count(&o->experts, (int)E);
-    int64_t expert = sum_of(s->expert, 3), router = h * E;
+    int64_t L = cfg->layers, E = cfg->experts, h = cfg->hidden, r = o->lora_r, n_moe = mt_config_moe_layers(cfg);
+    int64_t nl, nl_moe, ne = mt_index_set_count(&o->experts, (int)E);
+    selected_layers(cfg, o, &nl, &nl_moe);
+    int64_t expert = sum_of(s->expert, 3), router = h * E, in[3], out[3];
     memset(t, 0, sizeof *t);
-    switch (o->mode) {
+    switch (o->mode) {  // a dense layer has no router and no experts
     case MT_MODE_ROUTER:
-        t->router_layers = nl;
-        add_part(p, "routers", nl, router, 1);
+        t->router_layers = nl_moe;
+        add_part(p, "routers", nl_moe, router, 1);
         break;
     case MT_MODE_UNFREEZE:
         t->unit_params = expert;
         t->units_are_experts = 1;
-        t->router_layers = nl;
-        add_part(p, "experts", nl * ne, expert, 0);
-        add_part(p, "routers", nl, router, 1);
+        t->router_layers = nl_moe;
+        add_part(p, "experts", nl_moe * ne, expert, 0);
+        add_part(p, "routers", nl_moe, router, 1);
         break;
     case MT_MODE_LORA:
         t->unit_params = lora_params(r, s->expert_in, s->expert_out, 3, o->targets, expert_bits);
-        add_part(p, "expert LoRA", nl * ne, t->unit_params, 0);
-        if (o->targets & MT_TARGET_GATE) add_part(p, "router LoRA", nl, r * (h + E), 1);
+        add_part(p, "expert LoRA", nl_moe * ne, t->unit_params, 0);
+        if (o->targets & MT_TARGET_GATE) add_part(p, "router LoRA", nl_moe, r * (h + E), 1);
         add_part(p, "attention LoRA", nl, lora_params(r, s->attn_in, s->attn_out, 4, o->targets, attn_bits), 1);
+        // The experts' targets name the shared expert's and a dense MLP's projections too (model/mixtral.c).
+        mlp_sizes(cfg, cfg->shared_intermediate, in, out);
+        if (cfg->shared_intermediate)
+            add_part(p, "shared expert LoRA", nl_moe, lora_params(r, in, out, 3, o->targets, expert_bits), 1);
+        mlp_sizes(cfg, cfg->dense_intermediate, in, out);
+        add_part(p, "dense MLP LoRA", nl - nl_moe, lora_params(r, in, out, 3, o->targets, expert_bits), 1);
         break;
     case MT_MODE_FULL:
         t->unit_params = expert;
         t->units_are_experts = 1;
-        t->router_layers = L;
+        t->router_layers = n_moe;
         t->dense_trainable = 1;
-        add_part(p, "experts", L * E, expert, 0);
-        add_part(p, "routers", L, router, 1);
+        add_part(p, "experts", n_moe * E, expert, 0);
+        add_part(p, "routers", n_moe, router, 1);
         add_part(p, "attention + norms", L, sum_of(s->attn, 4) + 2 * h, 1);
         add_part(p, "embeddings, lm_head, final norm", 1, outer_params(cfg), 1);
-        add_part(p, "shared experts, biases, q/k norms", 1, family_extra_params(cfg, s), 1);
+        add_part(p, "shared experts, dense MLPs, biases, q/k norms", 1, family_extra_params(cfg, s), 1);
         break;
     }
+}
+
+// Trainable expert units on EP rank 0 (the most loaded), placed as model/mixtral.c's place_experts
+// does: round-robin over the MoE layers, each rank taking at most its share of a layer (E/P, the
+// first E mod P ranks one more). With uneven shares that can be more than ceil(units / P).
+static int64_t units_on_rank0(const mt_model_config *cfg, const mt_plan_opts *o, int64_t units) {
+    int P = o->ep, E = (int)cfg->experts;
+    if (units == 0 || P == 1) return units;
+    int *left = mt_xcalloc((size_t)P, sizeof(int));
+    int64_t next = 0, mine = 0;
+    for (int L = 0; L < cfg->layers; L++) {
+        if (!mt_config_layer_is_moe(cfg, L)) continue;
+        for (int p = 0; p < P; p++) left[p] = E / P + (p < E % P);
+        for (int e = 0; e < E; e++) {
+            int trains = o->mode == MT_MODE_FULL ||
+                         (mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e));
+            if (!trains) continue;
+            while (left[next % P] == 0) next++;
+            mine += next % P == 0;
+            left[next++ % P]--;
+        }
+    }
+    free(left);
+    return mine;
 }
 
 // Trainable weights of `n` params held by `copies` GPUs: bf16 W and grad, Adam m, v (fp32, or
@@ -347,19 +424,25 @@ static void add_state(mt_plan *p, const mt_plan_opts *o, int64_t n, int copies) 
 // ---------------------------------------------------------------------------------------------
 // The plan
 
-// Frozen weights on the worst GPU: its E/P experts of every layer less the trainable ones it
-// holds, attention of every layer, embeddings, norms and frozen routers (replicated).
+// Frozen weights on the worst GPU: its E/P experts of every MoE layer less the trainable ones it
+// holds, attention of every layer, embeddings, norms, frozen routers and the family's dense parts
+// (replicated).
 static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const linear_sizes *s,
                         const trainables *t, mt_plan *p) {
-    int64_t experts_gpu = cfg->layers * ceil_div(cfg->experts, o->ep);
+    int64_t n_moe = mt_config_moe_layers(cfg), experts_gpu = n_moe * ceil_div(cfg->experts, o->ep);
     int64_t frozen_experts = experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
     int64_t router[1] = {cfg->hidden * cfg->experts};
     uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
                  frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
-                 frozen_linears(p, o, router, 1, cfg->layers - t->router_layers, MT_QTARGET_ROUTER);
+                 frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER);
+    // The shared experts' and dense MLPs' projections: 4-bit with the experts (quant/quant.h).
+    int64_t shared[3], dense[3], mlp_layers = t->dense_trainable ? 0 : 1;
+    for (int i = 0; i < 3; i++) shared[i] = cfg->hidden * cfg->shared_intermediate, dense[i] = cfg->hidden * cfg->dense_intermediate;
+    b += frozen_linears(p, o, shared, 3, cfg->shared_intermediate ? mlp_layers * n_moe : 0, MT_QTARGET_EXPERTS) +
+         frozen_linears(p, o, dense, 3, mlp_layers * (cfg->layers - n_moe), MT_QTARGET_EXPERTS);
     int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
-                                                 family_extra_params(cfg, s);
+                                                 family_extra_params(cfg, s) - family_mlp_params(cfg);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
     p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
@@ -373,7 +456,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     trainables t;
     p->model_params = model_params(cfg);
     count_trainables(cfg, o, &s, &t, p);
-    p->units_gpu = ceil_div(p->units, o->ep);  // round-robin over the EP ranks
+    p->units_gpu = units_on_rank0(cfg, o, p->units);  // round-robin over the EP ranks
 
     frozen_base(cfg, o, &s, &t, p);
     int64_t expert_train = p->units_gpu * t.unit_params, replicated = 0;

@@ -97,7 +97,10 @@ int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, con
 
 // Bytes of one frozen Linear of `n` weights in the run's base format (--quant).
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o);
-// BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory.
+// BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory. With
+// the family's parts: A_layer is the set recomputation shares (the widest MLP of any layer, the
+// router's and experts' rows where a MoE layer is); without recomputation each layer keeps its
+// own (a dense layer no router or experts).
 uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
 uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 

@@ -57,6 +57,11 @@ unsigned mt_quant_target_of(const char *name) {
     if (strstr(base, ".experts."))
         for (size_t i = 0; i < MT_ARRAY_LEN(expert_leaf); i++)
             if (ends_with(base, expert_leaf[i])) return MT_QTARGET_EXPERTS;
+    static const char *const mlp_leaf[] = {".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj",
+                                           ".mlp.shared_expert.gate_proj", ".mlp.shared_expert.up_proj",
+                                           ".mlp.shared_expert.down_proj"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(mlp_leaf); i++)  // a dense layer's MLP, the shared expert
+        if (ends_with(base, mlp_leaf[i])) return MT_QTARGET_EXPERTS;
     for (size_t i = 0; i < MT_ARRAY_LEN(attn_leaf); i++)
         if (ends_with(base, attn_leaf[i])) return MT_QTARGET_ATTN;
     if (ends_with(base, ".block_sparse_moe.gate") || ends_with(base, ".mlp.gate")) return MT_QTARGET_ROUTER;

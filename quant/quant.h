@@ -103,7 +103,10 @@ void mt_quant_drop_pages(const void *p, size_t n);
 
 // What a dense checkpoint quantizes (a bnb-4bit checkpoint's own choice is kept, see below).
 enum {
-    MT_QTARGET_EXPERTS = 1 << 0,  // block_sparse_moe.experts.E.w1/w2/w3 (and *.experts.E.*_proj)
+    // Every MLP's projections: block_sparse_moe.experts.E.w1/w2/w3 (and *.experts.E.*_proj), and
+    // Qwen's shared expert (mlp.shared_expert.*_proj) and dense layers' MLP (mlp.*_proj). The
+    // shared expert's gate [1, H] stays dense: one row, nothing to save.
+    MT_QTARGET_EXPERTS = 1 << 0,
     MT_QTARGET_ATTN = 1 << 1,     // self_attn.q_proj/k_proj/v_proj/o_proj
     MT_QTARGET_ROUTER = 1 << 2,   // block_sparse_moe.gate (mlp.gate)
     MT_QTARGET_ALL = MT_QTARGET_EXPERTS | MT_QTARGET_ATTN | MT_QTARGET_ROUTER,

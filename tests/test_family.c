@@ -360,6 +360,52 @@ Test(family, qk_norm_families_step_on_the_counting_backend) {
     }
 }
 
+// --quant nf4 makes the frozen shared expert's and dense MLPs' projections 4-bit with the experts
+// (their gate [1, H] stays dense), and the step runs on them: the loss moves by the quantization
+// error only, and their LoRA still learns.
+Test(family, nf4_base_quantizes_the_shared_expert_and_dense_mlps) {
+    const char *dirs[] = {"f_qwen2_shared", "f_qwen3_dense"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(dirs); i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, MT_REPO_ROOT "/tests/data/golden/%s", dirs[i]);
+        mt_backend *be = mt_backend_cpu_new();
+        mt_loss l[2];
+        for (int q = 0; q < 2; q++) {
+            mt_run_opts o;
+            mt_run_opts_default(&o);
+            o.mode = MT_MODE_LORA, o.lora_r = 4, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN;
+            o.quant = q ? MT_QUANT_NF4 : MT_QUANT_NONE;
+            mt_model m;
+            cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+            int mlps = 0;
+            for (int L = 0; L < m.cfg.layers; L++) {
+                mt_layer *ly = &m.layers[L];
+                for (int k = 0; k < 3 && ly->mlp[k].out; k++, mlps++) {
+                    cr_expect_eq(ly->mlp[k].q != NULL, q, "%s layer %d MLP %d: 4-bit only under --quant nf4", dirs[i], L, k);
+                    cr_expect_not_null(ly->mlp[k].lora, "%s layer %d MLP %d: its LoRA", dirs[i], L, k);
+                }
+                cr_expect_null(ly->shared_gate.q, "%s layer %d: the shared gate stays dense", dirs[i], L);
+            }
+            cr_assert_gt(mlps, 0, "%s has a shared expert or a dense layer", dirs[i]);
+            int32_t tok[16], lab[16];
+            for (int t = 0; t < 16; t++) tok[t] = (t * 7 + 3) % (int)m.cfg.vocab, lab[t] = (t * 5 + 1) % (int)m.cfg.vocab;
+            mt_batch b = {2, 8, tok, lab, NULL};
+            mt_model_zero_grad(&m);
+            cr_assert_eq(mt_model_forward_train(&m, &b, &l[q]), 0, "%s", mt_error_get());
+            mt_model_backward(&m);
+            mt_linear *down = m.layers[0].mlp[1].out ? &m.layers[0].mlp[1] : &m.layers[1].mlp[1];
+            double g = 0;  // LoRA B starts at 0, so its gradient is what moves first
+            for (int64_t k = 0; k < mt_tensor_numel(down->lora->db); k++) g += fabs(((float *)down->lora->db->data)[k]);
+            cr_expect_gt(g, 0.0, "%s: the MLP's LoRA gets a gradient through the 4-bit base", dirs[i]);
+            mt_model_free(&m);
+        }
+        cr_expect(isfinite(l[1].loss) && fabs(l[1].loss - l[0].loss) < 0.02 * l[0].loss, "%s: nf4 %.6f, dense %.6f",
+                  dirs[i], l[1].loss, l[0].loss);
+        cr_expect_neq(l[1].loss, l[0].loss, "%s: the 4-bit base is used", dirs[i]);
+        mt_backend_free(be);
+    }
+}
+
 // A LoRA adapter of a family is saved under its module names (PEFT v4 keys), reads back into an
 // identical model, and the v5 layout, written for Mixtral only, is refused with the reason.
 Test(family, adapter_names_and_round_trip) {
@@ -494,12 +540,15 @@ Test(family, real_configs_count_their_published_parameters) {
 }
 
 // The planner counts the family's parts beside Mixtral's (shared experts, biases, q/k norms) in
-// the model and, kept dense, in the bf16 base; dense layers it plans as MoE layers (too much).
+// the model and in the base (the MLPs' projections 4-bit with the experts, the rest bf16); a dense
+// layer as its MLP (no router, no experts).
+// In lora mode every weight of the checkpoint is frozen on the one GPU, each counted once.
 Test(family, plan_counts_the_family_parts) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA, o.lora_r = 16, o.seq = 4096;
-    const char *files[] = {"qwen1.5-moe-a2.7b.json", "qwen3-30b-a3b.json", "olmoe-1b-7b.json", "mixtral-8x7b.json"};
+    const char *files[] = {"qwen1.5-moe-a2.7b.json", "qwen3-30b-a3b.json", "olmoe-1b-7b.json", "mixtral-8x7b.json",
+                           "tiny-qwen3-moe.json", "tiny-qwen2-moe.json", "tiny-olmoe.json"};
     for (size_t i = 0; i < MT_ARRAY_LEN(files); i++) {
         char path[512];
         snprintf(path, sizeof path, CONFIGS "%s", files[i]);
@@ -508,21 +557,11 @@ Test(family, plan_counts_the_family_parts) {
         mt_plan p;
         cr_assert_eq(mt_plan_compute(&c, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
         cr_expect_eq(p.model_params, mt_config_total_params(&c), "%s: the planner's model is the checkpoint's", files[i]);
-        if (c.shared_intermediate)  // the 24 shared experts and gates are in the dense base
-            cr_expect_geq(p.frozen_bf16_gpu, 24 * mt_config_shared_expert_params(&c), "%s", files[i]);
-    }
-    // Dense layers are planned as MoE layers: the base is overestimated, never under.
-    const char *dense[] = {"tiny-qwen3-moe.json", "tiny-qwen2-moe.json"};
-    for (size_t i = 0; i < MT_ARRAY_LEN(dense); i++) {
-        char path[512];
-        snprintf(path, sizeof path, CONFIGS "%s", dense[i]);
-        mt_model_config d;
-        load(path, &d);
-        mt_plan p;
-        cr_assert_eq(mt_plan_compute(&d, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
-        cr_expect_eq(p.model_params, mt_config_total_params(&d));
-        cr_expect_geq(p.frozen_bf16_gpu + p.frozen_quant_gpu, mt_config_total_params(&d) - p.trainable_gpu, "%s",
-                      dense[i]);
+        cr_expect_eq(p.frozen_bf16_gpu + p.frozen_quant_gpu, mt_config_total_params(&c), "%s: frozen %lld + %lld",
+                     files[i], (long long)p.frozen_bf16_gpu, (long long)p.frozen_quant_gpu);
+        if (c.shared_intermediate)  // the shared experts 4-bit with the experts (NF4 by default), their gates bf16
+            cr_expect_geq(p.frozen_quant_gpu, mt_config_moe_layers(&c) * (mt_config_shared_expert_params(&c) - c.hidden),
+                          "%s", files[i]);
     }
 }
 

@@ -58,11 +58,17 @@ Test(measure, mixtral_every_case_to_the_byte) {
     expect_exact(&cfg, 'A', "--quant none --layers 30,31 --seq 256");
 }
 
+// The family configs: Qwen2-MoE (dense layers 0 and 2, a shared expert in layer 1, q/k/v
+// biases), Qwen3-MoE (a dense layer, per-head q/k norms), OLMoE (whole-projection q/k norms,
+// clip_qkv). Their LoRA on the shared expert and dense MLPs, their activations and the dense
+// layers' lack of router and experts, to the byte as for Mixtral.
 Test(measure, small_configs_every_mode) {
-    static const char *names[] = {"tiny.json", "mid.json"};
+    static const char *names[] = {"tiny.json", "mid.json", "tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
     static const char *runs[] = {
         "--mode lora --targets all --r 4", "--mode router --checkpointing none", "--mode unfreeze --layers 1 --experts 0,3",
         "--mode full --quant none", "--mode lora --targets q,o,w2 --quant fp4 --seq 100 --batch 3",
+        "--mode lora --targets all --checkpointing none --layers 0,1", "--mode lora --targets w1,w3 --layers 0 --r 3",
+        "--mode lora --targets gate,w2 --layers 1 --gpus 4 --zero 1", "--mode full --quant none --checkpointing none",
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
         char path[1024];
@@ -70,6 +76,36 @@ Test(measure, small_configs_every_mode) {
         mt_model_config cfg;
         cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
         for (size_t r = 0; r < MT_ARRAY_LEN(runs); r++) expect_exact(&cfg, 0, runs[r]);
+    }
+}
+
+// Rank 0 of EP over the family configs: its experts of the MoE layers only (a dense layer has
+// none to place), the replicated shared experts and dense MLPs beside them. Experts 7 and 9 do
+// not divide by 2, so the activations are not the balanced plan's (as for Mixtral over 3); the
+// states are exact.
+Test(measure, family_configs_under_ep_per_rank) {
+    static const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
+    static const char *runs[] = {"--mode unfreeze --experts 0,1,2 --gpus 2 --ep 2",
+                                 "--mode lora --targets all --r 4 --gpus 4 --ep 2 --zero 1"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, names[i]);
+        mt_model_config cfg;
+        cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+        for (size_t r = 0; r < MT_ARRAY_LEN(runs); r++) {
+            mt_run_opts o;
+            mt_plan p;
+            mt_plan_measurement m;
+            cr_assert_eq(opts_of(0, runs[r], &o), 0, "%s", mt_error_get());
+            cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
+            cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s",
+                         mt_error_get());
+            for (size_t c = 0; c < MT_ARRAY_LEN(exact); c++)
+                cr_expect_eq(m.peak[exact[c]], p.bytes[exact[c]], "%s %s: %s measured %llu, planned %llu", names[i],
+                             runs[r], mt_mem_cat_name(exact[c]), (unsigned long long)m.peak[exact[c]],
+                             (unsigned long long)p.bytes[exact[c]]);
+            cr_expect_eq(m.peak[MT_MEM_COMM], p.bytes[MT_MEM_COMM], "%s %s: comm", names[i], runs[r]);
+        }
     }
 }
 

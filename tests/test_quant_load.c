@@ -124,6 +124,11 @@ Test(quant_load, targets_by_name) {
     cr_expect_eq(mt_quant_target_of("model.layers.3.mlp.experts.7.down_proj.weight"), MT_QTARGET_EXPERTS);
     cr_expect_eq(mt_quant_target_of("model.layers.0.self_attn.k_proj.weight"), MT_QTARGET_ATTN);
     cr_expect_eq(mt_quant_target_of("model.layers.0.block_sparse_moe.gate.weight"), MT_QTARGET_ROUTER);
+    // Qwen's shared expert and a dense layer's MLP are MLPs like the experts; the shared gate is not.
+    cr_expect_eq(mt_quant_target_of("model.layers.1.mlp.shared_expert.up_proj.weight"), MT_QTARGET_EXPERTS);
+    cr_expect_eq(mt_quant_target_of("model.layers.0.mlp.down_proj.weight"), MT_QTARGET_EXPERTS);
+    cr_expect_eq(mt_quant_target_of("model.layers.1.mlp.shared_expert_gate.weight"), 0);
+    cr_expect_eq(mt_quant_target_of("model.layers.1.mlp.gate.weight"), MT_QTARGET_ROUTER);
     cr_expect_eq(mt_quant_target_of("model.embed_tokens.weight"), 0);
     cr_expect_eq(mt_quant_target_of("lm_head.weight"), 0);
     cr_expect_eq(mt_quant_target_of("model.layers.0.input_layernorm.weight"), 0);

@@ -214,7 +214,9 @@ static int copy_other_files(const char *from, const char *to) {
 // config.json with the quantization_config of what was written. transformers replaces every
 // Linear that llm_int8_skip_modules does not name (a module's own name, or a dotted prefix of
 // its path), so modules left unquantized are named there: "gate" (the router's own name),
-// "self_attn", "experts", and lm_head, which an explicit list must include.
+// "self_attn", "experts" with "shared_expert", and lm_head, which an explicit list must include.
+// (A dense layer's mlp.*_proj has no name of its own to list: with the experts left out, a
+// Qwen checkpoint with dense layers gets them quantized by transformers but stored dense here.)
 static int write_config(const mt_model_config *in, const qargs *a, const char *path) {
     mt_model_config cfg = *in;
     cfg.quantized = a->type != MT_QUANT_INT4;  // int4 is moetrain's own: no bitsandbytes config
@@ -227,7 +229,7 @@ static int write_config(const mt_model_config *in, const qargs *a, const char *p
     char list[160] = "[\"lm_head\"";
     if (!(a->targets & MT_QTARGET_ROUTER)) strcat(list, ", \"gate\"");
     if (!(a->targets & MT_QTARGET_ATTN)) strcat(list, ", \"self_attn\"");
-    if (!(a->targets & MT_QTARGET_EXPERTS)) strcat(list, ", \"experts\"");
+    if (!(a->targets & MT_QTARGET_EXPERTS)) strcat(list, ", \"experts\", \"shared_expert\"");
     strcat(list, "]");
     char *text;
     size_t len;
