@@ -71,7 +71,9 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     int shared = 0;
     for (int L = L0; L < L0 + n; L++) mf = MT_MAX(mf, mt_mlp_size(m, L)), shared |= !m->layers[L].dense && mt_mlp_size(m, L);
     if (mf) {
-        a->mlp_g = act(m, MT_BF16, T, mf), a->mlp_u = act(m, MT_BF16, T, mf), a->mlp_a = act(m, MT_BF16, T, mf);
+        if (gpu_step(m)) a->mlp_gu = act(m, MT_BF16, T, 2 * mf);  // one buffer for the fused SwiGLU
+        else a->mlp_g = act(m, MT_BF16, T, mf), a->mlp_u = act(m, MT_BF16, T, mf);
+        a->mlp_a = act(m, MT_BF16, T, mf);
         a->mlp_y = act(m, MT_BF16, T, H);
         a->mlp_s = shared ? act(m, MT_F32, T, 0) : NULL;
         size_t mo[] = {offsetof(mt_layer, mlp[0]), offsetof(mt_layer, mlp[1]), offsetof(mt_layer, mlp[2])};
@@ -129,7 +131,7 @@ static void layer_acts_free(mt_layer_acts *a) {
     expert_acts_free(a);
     mt_tensor *all[] = {a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
                         a->logits, a->probs, a->weights, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate,
-                        a->q_raw, a->k_raw, a->rstd_q, a->rstd_k, a->mlp_g, a->mlp_u, a->mlp_a, a->mlp_y,
+                        a->q_raw, a->k_raw, a->rstd_q, a->rstd_k, a->mlp_g, a->mlp_u, a->mlp_gu, a->mlp_a, a->mlp_y,
                         a->mlp_s, a->xa_mlp[0], a->xa_mlp[1], a->xa_mlp[2], a->xa_sgate, a->v_raw};
     for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
     memset(a, 0, sizeof *a);

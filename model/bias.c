@@ -1,53 +1,58 @@
 // model/bias.c — the parts of attention some families add around their projections
-// (docs/families.md): biases of q/k/v(/o)_proj, and OLMoE's clip_qkv. CPU reference (the CUDA
-// step refuses these families for now: model/mixtral.c); the counting backend runs none of them.
-#include "core/common.h"
-#include "model/model_internal.h"
+// (docs/families.md): biases of q/k/v(/o)_proj, and OLMoE's clip_qkv; and the shared expert's
+// gate around an MLP's output (model/mlp.c). CPU reference kernels (model/ops.h), fp32; their
+// CUDA twins are model/parts_cuda.cu, the step calls them through model/dispatch.c.
+#include <math.h>
 
-void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n) {
-    if (m->counting) return;
-    float *yf = y;
-    const float *bf = b;
+#include "model/ops.h"
+
+void bias_forward_cpu(float *y, const float *b, int64_t T, int64_t n) {
     for (int64_t t = 0; t < T; t++)
-        for (int64_t i = 0; i < n; i++) yf[t * n + i] += bf[i];
+        for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
 }
 
-void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n) {
-    if (m->counting || !db) return;
-    float *d = db;
-    const float *g = dy;
+void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double s = 0;  // in order over t: the same bits on every run
-        for (int64_t t = 0; t < T; t++) s += g[t * n + i];
-        d[i] += (float)s;
+        for (int64_t t = 0; t < T; t++) s += dy[t * n + i];
+        db[i] += (float)s;
     }
 }
 
-void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c) {
-    if (m->counting) return;
-    float *v = x;
-    for (int64_t i = 0; i < n; i++) v[i] = v[i] < -c ? -c : v[i] > c ? c : v[i];
+void clip_forward_cpu(float *x, int64_t n, float c) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] < -c ? -c : x[i] > c ? c : x[i];
 }
 
 // torch.clamp's gradient passes where -c <= x <= c (x the value before clamping) and is 0 elsewhere.
-void mt_clip_backward(mt_model *m, mt_act *dy, const mt_act *x, int64_t n, float c) {
-    if (m->counting) return;
-    float *d = dy;
-    const float *v = x;
+void clip_backward_cpu(float *dy, const float *x, int64_t n, float c) {
     for (int64_t i = 0; i < n; i++)
-        if (v[i] < -c || v[i] > c) d[i] = 0.0f;
+        if (x[i] < -c || x[i] > c) dy[i] = 0.0f;
 }
 
 // The same where the value before clamping was RMSNorm's output, computed again exactly as
 // rmsnorm_forward_cpu did (w · (x · rstd)) from its kept input and statistics.
-void mt_clip_backward_normed(mt_model *m, mt_act *dy, const mt_act *x_raw, const float *rstd, const mt_act *w,
-                             int64_t rows, int64_t width, float c) {
-    if (m->counting) return;
-    float *d = dy;
-    const float *x = x_raw, *wf = w;
+void clip_backward_normed_cpu(float *dy, const float *x, const float *rstd, const float *w, int64_t rows,
+                              int64_t width, float c) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < width; i++) {
-            float v = wf[i] * (x[r * width + i] * rstd[r]);
-            if (v < -c || v > c) d[r * width + i] = 0.0f;
+            float v = w[i] * (x[r * width + i] * rstd[r]);
+            if (v < -c || v > c) dy[r * width + i] = 0.0f;
         }
+}
+
+void sigmoid_cpu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+void scaled_add_cpu(float *out, const float *y, const float *s, int64_t T, int64_t H) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < H; i++) out[t * H + i] += (s ? s[t] : 1.0f) * y[t * H + i];
+}
+
+void gate_backward_cpu(float *dy, float *ds, const float *dx, const float *y, const float *s, int64_t T, int64_t H) {
+    for (int64_t t = 0; t < T; t++) {
+        double dot = 0;
+        for (int64_t i = 0; i < H; i++) dy[t * H + i] = s[t] * dx[t * H + i], dot += (double)dx[t * H + i] * y[t * H + i];
+        ds[t] = (float)(dot * s[t] * (1.0f - s[t]));
+    }
 }

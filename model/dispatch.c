@@ -134,7 +134,7 @@ static void weights_of_choices_cpu(float *weights, const float *probs, const int
 void mt_op_weights_of_choices(mt_model *m, float *weights, const float *probs, const int32_t *ids, int T, int E,
                               int k) {
     DISPATCH(m, weights_of_choices_cpu(weights, probs, ids, T, E, k, m->cfg.norm_topk_prob),
-             moe_weights_of_choices_cuda(m->be, weights, probs, ids, T, E, k));
+             moe_weights_of_choices_cuda(m->be, weights, probs, ids, T, E, k, m->cfg.norm_topk_prob));
 }
 
 // The aux statistics: m->aux on the CPU; on CUDA a device copy (m->aux_dev) that layers add to,
@@ -247,4 +247,45 @@ void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, con
 // dst [n] = src [n] rounded to the step's storage (an fp32 gradient about to feed a GEMM).
 void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n) {
     DISPATCH(m, memcpy(dst, src, (size_t)n * sizeof(float)), mt_f32_to_bf16_cuda(m->be, dst, src, n));
+}
+
+// The parts some families add (model/bias.c, model/parts_cuda.cu). Counting: nothing runs.
+void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n) {
+    if (m->counting) return;
+    DISPATCH(m, bias_forward_cpu(y, b, T, n), bias_forward_cuda(m->be, y, b, T, n));
+}
+
+void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n) {
+    if (m->counting || !db) return;
+    DISPATCH(m, bias_backward_cpu(db, dy, T, n), bias_backward_cuda(m->be, db, dy, T, n));
+}
+
+void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c) {
+    if (m->counting) return;
+    DISPATCH(m, clip_forward_cpu(x, n, c), clip_forward_cuda(m->be, x, n, c));
+}
+
+void mt_clip_backward(mt_model *m, mt_act *dy, const mt_act *x, int64_t n, float c) {
+    if (m->counting) return;
+    DISPATCH(m, clip_backward_cpu(dy, x, n, c), clip_backward_cuda(m->be, dy, x, n, c));
+}
+
+void mt_clip_backward_normed(mt_model *m, mt_act *dy, const mt_act *x_raw, const float *rstd, const mt_act *w,
+                             int64_t rows, int64_t width, float c) {
+    if (m->counting) return;
+    DISPATCH(m, clip_backward_normed_cpu(dy, x_raw, rstd, w, rows, width, c),
+             clip_backward_normed_cuda(m->be, dy, x_raw, rstd, w, rows, width, c));
+}
+
+void mt_op_sigmoid(mt_model *m, float *x, int64_t n) {
+    DISPATCH(m, sigmoid_cpu(x, n), sigmoid_cuda(m->be, x, n));
+}
+
+void mt_op_scaled_add(mt_model *m, mt_act *out, const mt_act *y, const float *s, int64_t T, int64_t H) {
+    DISPATCH(m, scaled_add_cpu(out, y, s, T, H), scaled_add_cuda(m->be, out, y, s, T, H));
+}
+
+void mt_op_gate_backward(mt_model *m, mt_act *dy, float *ds, const mt_act *dx, const mt_act *y, const float *s,
+                         int64_t T, int64_t H) {
+    DISPATCH(m, gate_backward_cpu(dy, ds, dx, y, s, T, H), gate_backward_cuda(m->be, dy, ds, dx, y, s, T, H));
 }

@@ -393,29 +393,11 @@ static const char *missing_part(const mt_model_config *c) {
     return NULL;
 }
 
-// The parts the CUDA step has no tested kernels for yet: q/k norms, top-k weights without
-// renormalising (its replay kernel renormalises). The cpu and null backends run them.
-static const char *missing_cuda_part(const mt_model_config *c) {
-    if (mt_config_family(c)->qk_norm != MT_QK_NORM_NONE) return "q/k RMSNorm";
-    if (c->qkv_bias || c->o_bias) return "attention biases";
-    if (c->clip_qkv > 0) return "clip_qkv";
-    if (!c->norm_topk_prob) return "norm_topk_prob false";
-    if (c->shared_intermediate) return "the shared expert";
-    if (mt_config_moe_layers(c) != c->layers) return "dense MLP layers";
-    return NULL;
-}
-
-static int check_opts(const mt_model_config *c, const mt_model_spec *o, const mt_backend *be) {
+static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
     const char *missing = missing_part(c);
     if (missing) {
         mt_error_set("model_type %s: the training step does not implement %s yet (init, plan and config "
                      "reading support this family; see docs/families.md)", c->model_type, missing);
-        return -1;
-    }
-    missing = missing_cuda_part(c);
-    if (missing && be->ops->kind == MT_BACKEND_CUDA) {
-        mt_error_set("model_type %s: the CUDA step does not implement %s yet: use --device cpu "
-                     "(docs/families.md)", c->model_type, missing);
         return -1;
     }
     for (int i = 0; i < o->layers.count; i++)
@@ -526,7 +508,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
-    if (check_opts(&m->cfg, spec, be) != 0) return -1;
+    if (check_opts(&m->cfg, spec) != 0) return -1;
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",

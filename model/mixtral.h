@@ -54,6 +54,8 @@ typedef struct mt_layer_kept {
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
     mt_tensor *mlp_g, *mlp_u, *mlp_a, *mlp_y;        // dense MLP or shared expert [T, f], y [T, H]
+    mt_tensor *mlp_gu;                               // the GPU step's g | u side by side [T, 2f]
+                                                     // (as an expert's gu), in place of g and u
     mt_tensor *mlp_s;                                // [T] sigmoid(shared_gate(x)) (shared expert)
     mt_tensor *xa_mlp[3], *xa_sgate;                 // their LoRA xa [T, r] (NULL without LoRA)
     mt_tensor *v_raw;                                // clip_qkv: v_proj's output before clamping

@@ -155,9 +155,10 @@ void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *d
 // The intermediate size of layer L's MLP (dense or shared expert), 0 when it has none.
 int64_t mt_mlp_size(const mt_model *m, int L);
 
-// Attention extras (model/bias.c), CPU only: y [T, n] += b [n]; db [n] += Σ_t dy [T, n] (db NULL:
-// frozen); x [n] clamped to [-c, c]; dy zeroed where the value before clamping (x, or RMSNorm's
-// output w · (x_raw · rstd) over rows of `width`) was outside [-c, c].
+// Attention extras on the model's backend (model/dispatch.c; kernels model/bias.c and
+// model/parts_cuda.cu): y [T, n] += b [n]; db [n] += Σ_t dy [T, n] (db NULL: frozen); x [n]
+// clamped to [-c, c]; dy zeroed where the value before clamping (x, or RMSNorm's output
+// w · (x_raw · rstd) over rows of `width`) was outside [-c, c]. Counting: nothing runs.
 void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n);
 void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n);
 void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c);
@@ -167,3 +168,9 @@ void mt_clip_backward_normed(mt_model *m, mt_act *dy, const mt_act *x_raw, const
 
 // Expert buffers of `a` (xs, g, u, a, expert xa) holding at least `rows` rows (model/acts.c).
 void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows);
+// The shared expert's gate (model/mlp.c): x [n] = sigmoid(x) (f32); out [T, H] += (s ? s[t] : 1)
+// · y; dy [T, H] = s[t] · dx and ds [T] = s (1 − s) Σ_i dx·y, both written (model/ops.h).
+void mt_op_sigmoid(mt_model *m, float *x, int64_t n);
+void mt_op_scaled_add(mt_model *m, mt_act *out, const mt_act *y, const float *s, int64_t T, int64_t H);
+void mt_op_gate_backward(mt_model *m, mt_act *dy, float *ds, const mt_act *dx, const mt_act *y, const float *s,
+                         int64_t T, int64_t H);

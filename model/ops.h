@@ -57,6 +57,23 @@ void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, 
 double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const float *logits,
                          const int32_t *targets, int T, int V, int ignore_index);
 
+// The parts some families add (model/bias.c; docs/families.md). y [T, n] += b [n];
+// db [n] += Σ_t dy [T, n].
+void bias_forward_cpu(float *y, const float *b, int64_t T, int64_t n);
+void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n);
+// clip_qkv: x [n] clamped to [-c, c]; dy [n] zeroed where the value before clamping (x, or
+// RMSNorm's output w · (x · rstd) over rows of `width`) was outside [-c, c].
+void clip_forward_cpu(float *x, int64_t n, float c);
+void clip_backward_cpu(float *dy, const float *x, int64_t n, float c);
+void clip_backward_normed_cpu(float *dy, const float *x, const float *rstd, const float *w, int64_t rows,
+                              int64_t width, float c);
+// The shared expert's gate: x [n] = sigmoid(x) in place; out [T, H] += (s ? s[t] : 1) · y;
+// and the backward of out = s ⊙ y: dy [T, H] = s[t] · dx (written, not accumulated),
+// ds [T] = s (1 − s) Σ_i dx·y (the gate logit's gradient, written).
+void sigmoid_cpu(float *x, int64_t n);
+void scaled_add_cpu(float *out, const float *y, const float *s, int64_t T, int64_t H);
+void gate_backward_cpu(float *dy, float *ds, const float *dx, const float *y, const float *s, int64_t T, int64_t H);
+
 #ifdef __cplusplus
 }
 #endif

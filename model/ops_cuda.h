@@ -105,6 +105,22 @@ void mt_add_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *a, const mt_bf16 *b,
 // become GEMM inputs this way.
 void mt_f32_to_bf16_cuda(mt_backend *be, mt_bf16 *dst, const float *src, int64_t n);
 
+// The parts some families add (model/parts_cuda.cu; CPU twins in model/bias.c). bf16 except s,
+// ds (f32). bias_backward sums each column over T in fp32 in a fixed order, one rounding into db
+// (NULL: skipped). clip_backward_normed recomputes RMSNorm's bf16 output as
+// rmsnorm_forward_cuda rounded it, so it cuts where the forward's clamp did.
+void bias_forward_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *b, int64_t T, int64_t n);
+void bias_backward_cuda(mt_backend *be, mt_bf16 *db, const mt_bf16 *dy, int64_t T, int64_t n);
+void clip_forward_cuda(mt_backend *be, mt_bf16 *x, int64_t n, float c);
+void clip_backward_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x, int64_t n, float c);
+void clip_backward_normed_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x_raw, const float *rstd,
+                               const mt_bf16 *w, int64_t rows, int64_t width, float c);
+void sigmoid_cuda(mt_backend *be, float *x, int64_t n);
+void scaled_add_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *y, const float *s, int64_t T, int64_t H);
+// dy and ds are written; ds [T] summed per row by a block reduction (fixed order).
+void gate_backward_cuda(mt_backend *be, mt_bf16 *dy, float *ds, const mt_bf16 *dx, const mt_bf16 *y,
+                        const float *s, int64_t T, int64_t H);
+
 #ifdef __cplusplus
 }
 #endif

@@ -665,20 +665,21 @@ extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu_, const 
 // Replay: the recorded choices' weights from fresh probabilities (model/forward.c's twin).
 
 static __global__ void weights_of_choices_kernel(float *weights, const float *probs, const int32_t *ids, int T,
-                                                 int E, int k) {
+                                                 int E, int k, int norm) {
     int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= T) return;
     const float *p = probs + t * E;
     const int32_t *id = ids + t * k;
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += p[id[j]];
+    if (!norm) sum = 1.0f;  // norm_topk_prob false: the chosen probabilities as they are
     for (int j = 0; j < k; j++) weights[t * k + j] = p[id[j]] / sum;
 }
 
 extern "C" void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *probs, const int32_t *ids,
-                                            int T, int E, int k) {
+                                            int T, int E, int k, int norm) {
     if (T <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    weights_of_choices_kernel<<<mt_cuda_blocks(T, THREADS), THREADS, 0, s>>>(weights, probs, ids, T, E, k);
+    weights_of_choices_kernel<<<mt_cuda_blocks(T, THREADS), THREADS, 0, s>>>(weights, probs, ids, T, E, k, norm);
     MT_CHECK_LAUNCH();
 }

@@ -69,9 +69,10 @@ void moe_combine_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *ys, const flo
 void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys, float *dweights, const mt_bf16 *dout,
                                const mt_bf16 *ys, const float *weights, const int32_t *order, int n, int H, int k);
 
-// Replay of recorded routing: weights [T, k] = the chosen probs, renormalised (model/forward.c).
+// Replay of recorded routing: weights [T, k] = the chosen probs, renormalised when norm
+// (norm_topk_prob; model/forward.c).
 void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *probs, const int32_t *ids, int T,
-                                 int E, int k);
+                                 int E, int k, int norm);
 
 // SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] is [g_r (f) | u_r (f)], bf16.
 // f % 8 == 0 takes 16-byte loads and stores (8 bf16), other f a scalar path. CPU twins:

@@ -155,12 +155,12 @@ if [ -z "$PARITY" ] && [ $BASE_OK = 0 ]; then
   ok=1
   # The op kernels and the CPU twins that need no library; the LoRA and AdamW cases (OpenBLAS,
   # cJSON) report themselves skipped (CUDA_OPS_NO_HOST_LIBS).
-  for src in core/backend_cuda.cu model/ops_cuda.cu moe/moe_cuda.cu; do
+  for src in core/backend_cuda.cu model/ops_cuda.cu model/parts_cuda.cu moe/moe_cuda.cu; do
     nvcc -O2 -g -std=c++17 -I. -DMT_CUDA -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
          -Xcompiler -Wall,-Wextra -c "$src" -o "$OBJ/$(basename "${src%.cu}")_cu.o" || ok=0
   done
   for src in core/common.c core/dtype.c core/ledger.c core/backend.c core/backend_null.c \
-             model/embedding.c model/rmsnorm.c model/rope.c model/attention.c model/cross_entropy.c \
+             model/embedding.c model/rmsnorm.c model/rope.c model/attention.c model/cross_entropy.c model/bias.c \
              moe/router.c moe/aux_loss.c moe/permute.c moe/swiglu.c scripts/cuda_parity.c "$OBJ/cpu_stub.c"; do
     ${CC:-cc} $CFLAGS_MIN -fopenmp -DCUDA_OPS_NO_HOST_LIBS -c "$src" -o "$OBJ/$(basename "${src%.c}").o" || ok=0
   done

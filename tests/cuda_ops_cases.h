@@ -748,6 +748,114 @@ static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float g
 }
 
 // ---------------------------------------------------------------------------------------------
+// The parts some families add (model/parts_cuda.cu against model/bias.c), on bf16 storage.
+
+// Biases: y [T, n] += b (one add of the same values, rounded once: bit for bit); db [n] += the
+// column sums of dy over T (fp32 sums in another order than the CPU's double, rounded once onto
+// the starting db). n = 70: three column blocks, the last one partial; T = 301: row groups of
+// unequal length. Then T·n launched on one row (T = 1).
+static co_result co_bias(mt_backend *g) {
+    co_result r = cb_begin(61);
+    const int64_t T = 301, n = 70;
+    const size_t ny = (size_t)(T * n);
+    float *y = cb_rand(ny, -2, 2), *b = cb_rand(n, -1, 1), *dy = cb_rand(ny, -1, 1), *db = cb_rand(n, -1, 1);
+    void *Y = cb_up(g, y, ny), *Bd = cb_up(g, b, n), *DY = cb_up(g, dy, ny), *DB = cb_up(g, db, n);
+    bias_forward_cpu(y, b, T, n), bias_backward_cpu(db, dy, T, n);
+    for (size_t i = 0; i < ny; i++) y[i] = cb_r(y[i]);
+    bias_forward_cuda(g, Y, Bd, T, n), bias_backward_cuda(g, DB, DY, T, n);
+    cb_cmp(&r, g, "y", Y, y, ny, 1, CB_EXACT);
+    cb_cmp(&r, g, "db", DB, db, n, 1, CB_ONE_ROUNDING);
+    bias_backward_cuda(g, NULL, DY, T, n);  // a frozen bias: nothing to do
+    co_free(g, Y, ny * 2), co_free(g, Bd, n * 2), co_free(g, DY, ny * 2), co_free(g, DB, n * 2);
+    free(y), free(b), free(dy), free(db);
+    return r;
+}
+
+// clip_qkv: the clamp (a clamped value is ±c rounded once: the CPU's, rounded, bit for bit) and
+// its two backwards, which zero dy where the value before clamping was outside [−c, c]: x itself,
+// or RMSNorm's output w · (x · rstd) (rows of `width`), which the GPU rounds to bf16 as its forward
+// stored it before comparing. An element whose fp32 value lies within bf16's rounding of ±c can be
+// cut on one side only, so dy is 0 there on both (the whole-step test covers that boundary).
+static co_result co_clip(mt_backend *g) {
+    co_result r = cb_begin(62);
+    const int64_t rows = 41, width = 24;
+    const size_t n = (size_t)(rows * width);
+    const float c = 0.7f;
+    float *x = cb_rand(n, -2, 2), *dy = cb_rand(n, -1, 1), *dyn = cb_rand(n, -1, 1), *w = cb_rand(width, 0.5f, 1.5f);
+    float *rstd = co_rand(rows, 0, 0), *yn = co_rand(n, 0, 0);
+    rmsnorm_forward_cpu(yn, rstd, x, w, (int)rows, (int)width, 1e-5f);
+    for (size_t i = 0; i < n; i++)
+        if (fabsf(fabsf(yn[i]) - c) < c / 128) dyn[i] = 0.0f;
+    void *X = cb_up(g, x, n), *DY = cb_up(g, dy, n), *DYN = cb_up(g, dyn, n), *W = cb_up(g, w, width);
+    void *R = co_up(g, rstd, (size_t)rows * 4);
+    clip_backward_cuda(g, DY, X, (int64_t)n, c);
+    clip_backward_normed_cuda(g, DYN, X, R, W, rows, width, c);
+    clip_forward_cuda(g, X, (int64_t)n, c);
+    clip_backward_cpu(dy, x, (int64_t)n, c);
+    clip_backward_normed_cpu(dyn, x, rstd, w, rows, width, c);
+    clip_forward_cpu(x, (int64_t)n, c);
+    for (size_t i = 0; i < n; i++) x[i] = cb_r(x[i]);
+    cb_cmp(&r, g, "x clamped", X, x, n, 1, CB_EXACT);
+    cb_cmp(&r, g, "dy", DY, dy, n, 1, CB_EXACT);
+    cb_cmp(&r, g, "dy (normed)", DYN, dyn, n, 1, CB_EXACT);
+    co_free(g, X, n * 2), co_free(g, DY, n * 2), co_free(g, DYN, n * 2), co_free(g, W, (size_t)width * 2);
+    co_free(g, R, (size_t)rows * 4);
+    free(x), free(dy), free(dyn), free(w), free(rstd), free(yn);
+    return r;
+}
+
+// The shared expert's gate: s = sigmoid(logit) in fp32 (logits to ±100, where e^100 overflows:
+// expf's last bits only); out += s ⊙ y (with s, one rounding; without, one add: bit for bit);
+// its backward dy = s · dx (one rounding) and ds = s (1 − s) Σ_i dx·y (fp32 row sums in another
+// order than the CPU's double). H = 70: a row over several warps, not a multiple of the block.
+static co_result co_shared_gate(mt_backend *g) {
+    co_result r = cb_begin(63);
+    const int64_t T = 19, H = 70;
+    const size_t n = (size_t)(T * H);
+    float *s = co_rand(T, -12, 12), *out = cb_rand(n, -2, 2), *y = cb_rand(n, -1, 1), *dx = cb_rand(n, -1, 1);
+    s[0] = 100.0f, s[1] = -100.0f;
+    float *out1 = co_copy(out, n), *dy = co_rand(n, 0, 0), *ds = co_rand(T, 0, 0);
+    void *S = co_up(g, s, (size_t)T * 4), *O = cb_up(g, out, n), *O1 = cb_up(g, out, n), *Y = cb_up(g, y, n);
+    void *DX = cb_up(g, dx, n), *DY = co_up(g, NULL, n * 2), *DS = co_up(g, NULL, (size_t)T * 4);
+    sigmoid_cpu(s, T), sigmoid_cuda(g, S, T);
+    cb_cmp(&r, g, "s", S, s, (size_t)T, 0, CB_FP32);
+    g->ops->upload(g, S, s, (size_t)T * 4);  // the same s on both from here
+    scaled_add_cpu(out, y, s, T, H), scaled_add_cpu(out1, y, NULL, T, H);
+    scaled_add_cuda(g, O, Y, S, T, H), scaled_add_cuda(g, O1, Y, NULL, T, H);
+    for (size_t i = 0; i < n; i++) out1[i] = cb_r(out1[i]);
+    cb_cmp(&r, g, "out += s y", O, out, n, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "out += y", O1, out1, n, 1, CB_EXACT);
+    gate_backward_cpu(dy, ds, dx, y, s, T, H), gate_backward_cuda(g, DY, DS, DX, Y, S, T, H);
+    cb_cmp(&r, g, "dy", DY, dy, n, 1, CB_ONE_ROUNDING);
+    cb_cmp(&r, g, "ds", DS, ds, (size_t)T, 0, CB_FP32);
+    co_free(g, S, (size_t)T * 4), co_free(g, O, n * 2), co_free(g, O1, n * 2), co_free(g, Y, n * 2);
+    co_free(g, DX, n * 2), co_free(g, DY, n * 2), co_free(g, DS, (size_t)T * 4);
+    free(s), free(out), free(out1), free(y), free(dx), free(dy), free(ds);
+    return r;
+}
+
+// The replay's weights of recorded choices (moe_weights_of_choices_cuda): the chosen
+// probabilities, divided by their sum when norm (norm_topk_prob), as they are when not. fp32.
+static co_result co_weights_of_choices(mt_backend *g, int norm) {
+    co_result r = co_begin();
+    co_seed(64 + (uint64_t)norm);
+    const int T = 37, E = 7, k = 3;
+    float *p = co_rand((size_t)T * E, 0.01f, 1), *want = co_rand((size_t)T * k, 0, 0);
+    int32_t *ids = mt_xmalloc((size_t)T * k * 4);
+    for (int t = 0; t < T; t++) {
+        float sum = 0;
+        for (int j = 0; j < k; j++) ids[t * k + j] = (t + 2 * j) % E, sum += p[t * E + ids[t * k + j]];
+        for (int j = 0; j < k; j++) want[t * k + j] = p[t * E + ids[t * k + j]] / (norm ? sum : 1.0f);
+    }
+    void *P = co_up(g, p, (size_t)T * E * 4), *I = co_up(g, ids, (size_t)T * k * 4), *W = co_up(g, NULL, (size_t)T * k * 4);
+    moe_weights_of_choices_cuda(g, W, P, I, T, E, k, norm);
+    co_cmp_dev(&r, g, "weights", W, want, (size_t)T * k);
+    co_free(g, P, (size_t)T * E * 4), co_free(g, I, (size_t)T * k * 4), co_free(g, W, (size_t)T * k * 4);
+    free(p), free(want), free(ids);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
 // LoRA and AdamW (need lora/lora.c and optim/optim.c, hence OpenBLAS and cJSON)
 
 __attribute__((unused)) static co_result co_skipped(const char *why) {
@@ -944,6 +1052,8 @@ static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_comb
 static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
 static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
 static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
+static co_result co_weights_norm(mt_backend *g) { return co_weights_of_choices(g, 1); }
+static co_result co_weights_no_norm(mt_backend *g) { return co_weights_of_choices(g, 0); }
 static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0, 0); }
 static co_result co_lora_dropout(mt_backend *g) { return co_lora(g, 0.25, 0); }
 static co_result co_lora_f32_out(mt_backend *g) { return co_lora(g, 0.1, 1); }
@@ -989,6 +1099,11 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},
+    {"bias T=301 n=70", co_bias},
+    {"clip_qkv (plain and after rmsnorm)", co_clip},
+    {"shared expert gate (sigmoid, s*y, backward)", co_shared_gate},
+    {"replay weights, renormalised", co_weights_norm},
+    {"replay weights, norm_topk_prob false", co_weights_no_norm},
     {"lora", co_lora_plain},
     {"lora dropout", co_lora_dropout},
     {"lora into f32 (router logits)", co_lora_f32_out},

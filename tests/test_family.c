@@ -274,8 +274,7 @@ Test(family, init_fill_of_biases_and_norms) {
 
 // Every family's tiny config (odd sizes; Qwen2-MoE with biases, shared expert and dense layers;
 // Qwen3-MoE with a dense layer; OLMoE with clip_qkv) builds and takes a finite training step on
-// the cpu, and the counting backend gives back everything it took. (The CUDA step refuses the
-// parts it has no tested kernels for, naming them: model/mixtral.c, missing_cuda_part.)
+// the cpu, and the counting backend gives back everything it took. (On CUDA: tests/test_cuda_family.c.)
 Test(family, tiny_configs_step_on_cpu_and_counting_backends) {
     const char *names[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {

@@ -330,3 +330,15 @@ Test(measure, cuda_run_equals_the_plan) {
     expect_run_equals_plan(gpu, "mid.json", "--mode lora --targets all --r 8 --quant none --layers 22,23 --seq 32 --batch 2");
     mt_backend_free(gpu);
 }
+
+// The same for the families' parts on the GPU step (q/k norms, biases, clip_qkv, dense layers,
+// the shared expert and its gate: docs/families.md), recomputing and not.
+Test(measure, cuda_run_equals_the_plan_for_each_family) {
+    mt_backend *gpu = gpu_or_skip();
+    const char *configs[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(configs); i++) {
+        expect_run_equals_plan(gpu, configs[i], "--mode lora --targets all --r 4 --seq 24 --batch 2");
+        expect_run_equals_plan(gpu, configs[i], "--mode full --quant none --seq 16 --checkpointing none");
+    }
+    mt_backend_free(gpu);
+}

@@ -1,0 +1,171 @@
+// model/parts_cuda.cu — CUDA twins of the parts some families add (docs/families.md): attention
+// biases and clip_qkv (model/bias.c), and the shared expert's sigmoid gate and the MLP output's
+// add (model/mlp.c). Contract in model/ops_cuda.h.
+//
+// bf16 storage, fp32 arithmetic, one rounding on store. These are elementwise or one row per
+// block, a small share of a step's time beside the GEMMs: plain element accesses, no 16-byte path.
+// Column and row sums go in a fixed order (no atomics): the same bits on every run.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
+#include "core/common.h"
+#include "model/ops_cuda.h"
+
+enum { THREADS = 256 };
+
+typedef __nv_bfloat16 bf16;
+
+static __device__ __forceinline__ float bf(const bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 rn(float x) { return __float2bfloat16_rn(x); }
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+// ---------------------------------------------------------------------------------------------
+// Biases
+
+// y [T, n] += b [n]
+static __global__ void bias_forward_kernel(bf16 *y, const bf16 *b, int64_t T, int64_t n) {
+    GRID_STRIDE(i, T * n) y[i] = rn(bf(y[i]) + bf(b[i % n]));
+}
+
+enum { BIAS_COLS = 32, BIAS_ROWS = 8 };
+
+// db [n] += Σ_t dy [T, n]: block (32 columns, 8 row groups); row group g sums rows g, g+8, ...
+// in order, then the 8 partials are added in group order.
+static __global__ void bias_backward_kernel(bf16 *db, const bf16 *dy, int64_t T, int64_t n) {
+    __shared__ float part[BIAS_ROWS * BIAS_COLS];
+    const int64_t col = blockIdx.x * (int64_t)BIAS_COLS + threadIdx.x;
+    float s = 0.0f;
+    if (col < n)
+        for (int64_t t = threadIdx.y; t < T; t += BIAS_ROWS) s += bf(dy[t * n + col]);
+    part[threadIdx.y * BIAS_COLS + threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || col >= n) return;
+    float sum = 0.0f;
+    for (int g = 0; g < BIAS_ROWS; g++) sum += part[g * BIAS_COLS + threadIdx.x];
+    db[col] = rn(bf(db[col]) + sum);
+}
+
+extern "C" void bias_forward_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *b, int64_t T, int64_t n) {
+    if (T <= 0 || n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    bias_forward_kernel<<<mt_cuda_blocks(T * n, THREADS, 8192), THREADS, 0, s>>>((bf16 *)y, (const bf16 *)b, T, n);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void bias_backward_cuda(mt_backend *be, mt_bf16 *db, const mt_bf16 *dy, int64_t T, int64_t n) {
+    if (T <= 0 || n <= 0 || !db) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    dim3 block(BIAS_COLS, BIAS_ROWS);
+    bias_backward_kernel<<<(unsigned)((n + BIAS_COLS - 1) / BIAS_COLS), block, 0, s>>>((bf16 *)db, (const bf16 *)dy,
+                                                                                        T, n);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// clip_qkv: clamp, and torch.clamp's gradient (passes where −c ≤ x ≤ c)
+
+static __global__ void clip_forward_kernel(bf16 *x, int64_t n, float c) {
+    GRID_STRIDE(i, n) x[i] = rn(fminf(fmaxf(bf(x[i]), -c), c));
+}
+
+static __global__ void clip_backward_kernel(bf16 *dy, const bf16 *x, int64_t n, float c) {
+    GRID_STRIDE(i, n) {
+        const float v = bf(x[i]);
+        if (v < -c || v > c) dy[i] = rn(0.0f);
+    }
+}
+
+// The value before clamping was RMSNorm's bf16 output: recomputed as rmsnorm_forward_cuda made it,
+// w · (x · rstd) rounded once, so the same elements are cut as in the forward.
+static __global__ void clip_backward_normed_kernel(bf16 *dy, const bf16 *x, const float *rstd, const bf16 *w,
+                                                   int64_t rows, int64_t width, float c) {
+    GRID_STRIDE(i, rows * width) {
+        const float v = bf(rn(bf(w[i % width]) * (bf(x[i]) * rstd[i / width])));
+        if (v < -c || v > c) dy[i] = rn(0.0f);
+    }
+}
+
+extern "C" void clip_forward_cuda(mt_backend *be, mt_bf16 *x, int64_t n, float c) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    clip_forward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>((bf16 *)x, n, c);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void clip_backward_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x, int64_t n, float c) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    clip_backward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>((bf16 *)dy, (const bf16 *)x, n, c);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void clip_backward_normed_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x_raw, const float *rstd,
+                                          const mt_bf16 *w, int64_t rows, int64_t width, float c) {
+    if (rows <= 0 || width <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    clip_backward_normed_kernel<<<mt_cuda_blocks(rows * width, THREADS, 8192), THREADS, 0, s>>>(
+        (bf16 *)dy, (const bf16 *)x_raw, rstd, (const bf16 *)w, rows, width, c);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MLP's output: the shared expert's gate s = sigmoid(logit), out += s ⊙ y, and its backward
+
+static __global__ void sigmoid_kernel(float *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float g = x[i];  // no overflow: e^-|g| ≤ 1
+        const float z = expf(-fabsf(g));
+        x[i] = g >= 0.0f ? 1.0f / (1.0f + z) : z / (1.0f + z);
+    }
+}
+
+// out [T, H] += (s ? s[t] : 1) · y [T, H]
+static __global__ void scaled_add_kernel(bf16 *out, const bf16 *y, const float *s, int64_t T, int64_t H) {
+    GRID_STRIDE(i, T * H) out[i] = rn(bf(out[i]) + (s ? s[i / H] : 1.0f) * bf(y[i]));
+}
+
+// dy [T, H] = s[t] · dx; ds [T] = s (1 − s) Σ_i dx·y; one block per row.
+static __global__ void gate_backward_kernel(bf16 *dy, float *ds, const bf16 *dx, const bf16 *y, const float *s,
+                                            int64_t T, int64_t H) {
+    __shared__ float red[32];
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const float st = s[t];
+        float dot = 0.0f;
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+            const float d = bf(dx[t * H + i]);
+            dy[t * H + i] = rn(st * d);
+            dot += d * bf(y[t * H + i]);
+        }
+        dot = mt_block_sum(dot, red);
+        if (threadIdx.x == 0) ds[t] = dot * st * (1.0f - st);
+    }
+}
+
+extern "C" void sigmoid_cuda(mt_backend *be, float *x, int64_t n) {
+    if (n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    sigmoid_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(x, n);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void scaled_add_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *y, const float *s, int64_t T,
+                                int64_t H) {
+    if (T <= 0 || H <= 0) return;
+    cudaStream_t st = mt_cuda_begin(be);
+    scaled_add_kernel<<<mt_cuda_blocks(T * H, THREADS, 8192), THREADS, 0, st>>>((bf16 *)out, (const bf16 *)y, s, T, H);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void gate_backward_cuda(mt_backend *be, mt_bf16 *dy, float *ds, const mt_bf16 *dx, const mt_bf16 *y,
+                                   const float *s, int64_t T, int64_t H) {
+    if (T <= 0 || H <= 0) return;
+    cudaStream_t st = mt_cuda_begin(be);
+    gate_backward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, st>>>((bf16 *)dy, ds, (const bf16 *)dx, (const bf16 *)y, s,
+                                                                    T, H);
+    MT_CHECK_LAUNCH();
+}

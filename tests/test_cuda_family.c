@@ -1,0 +1,171 @@
+// The whole training step of each non-Mixtral family on CUDA against the CPU reference
+// (docs/families.md): Qwen2-MoE (q/k/v biases, the shared expert and its sigmoid gate, dense
+// layers, norm_topk_prob false), Qwen3-MoE (per-head q/k RMSNorm, a dense layer, q/k/v/o biases)
+// and OLMoE (whole-projection q/k RMSNorm, clip_qkv that cuts, q/k/v/o biases, norm_topk_prob
+// false), each from its tiny config, with and without recomputation. LoRA on every target
+// (attention, router, experts, and so the shared expert's and dense MLPs' projections): the loss
+// and every LoRA gradient; --mode full: every weight's gradient, biases and q/k norms included.
+// Tolerances are bf16's, as tests/test_cuda_step.c explains: loss 1e-2 relative, gradients
+// cosine 0.999 and rel. L2 0.1 (behind_clamp below for clip_qkv's). CF_PRINT=1 prints every
+// gradient's figures. Skips, saying why, in a CPU build or without a GPU.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "tests/gpu_or_skip.h"
+#include "core/common.h"
+#include "model/config.h"
+#include "model/mixtral.h"
+#include "tests/test_compare.h"
+#include "tests/test_util.h"
+#include "optim/params.h"
+#include "trainer/options.h"
+
+#define CONFIGS MT_REPO_ROOT "/configs/"
+
+// t (f32 on the cpu, bf16 on cuda) = base + amp · sin(7j + salt), rounded to bf16 so that both
+// backends hold the same values.
+static void fill(mt_tensor *t, float base, float amp, int salt) {
+    if (!t) return;
+    int64_t n = mt_tensor_numel(t);
+    float *h = mt_xmalloc((size_t)n * sizeof(float));
+    for (int64_t j = 0; j < n; j++) h[j] = mt_bf16_to_f32(mt_f32_to_bf16(base + amp * sinf((float)(7 * j + salt))));
+    void *d = mt_xmalloc((size_t)n * 4);
+    mt_convert(d, t->dtype, h, MT_F32, (size_t)n);
+    mt_tensor_upload(t, d);
+    free(h), free(d);
+}
+
+// The parts init leaves at 0 or 1 (biases, q/k norm weights) set away from them, and every LoRA
+// B non-zero (B = 0 would leave A's gradient zero). Biases stay small beside q and k (~0.1 here):
+// a large k bias, common to every key, cancels in dq (softmax rows sum to zero) and leaves only
+// bf16's rounding of k (seen with 0.2: cosine 0.9990 for a q_proj LoRA B).
+static void set_parts(mt_model *m, mt_param *p, int n) {
+    for (int L = 0; L < m->cfg.layers; L++) {
+        mt_layer *ly = &m->layers[L];
+        for (int i = 0; i < 4; i++) fill(ly->bias[i], 0.0f, 0.05f, 3 * L + i);
+        fill(ly->qn, 1.0f, 0.3f, L + 11), fill(ly->kn, 1.0f, 0.3f, L + 13);
+        if (!ly->dense) fill(ly->gate.w, 0.0f, 0.5f, L + 17);  // wide routing margins
+        if (ly->shared_gate.w) fill(ly->shared_gate.w, 0.0f, 0.5f, L + 19);  // s from ~0.1 to ~0.9
+    }
+    for (int i = 0; i < n; i++)
+        if (strstr(p[i].name, "lora_B")) fill(p[i].w, 0.0f, 0.02f, i);
+}
+
+// configs/NAME with `edit` applied, written by `moetrain init` into tmp/NAME (dir).
+static void family_checkpoint(const char *tmp, const char *name, void (*edit)(mt_model_config *), char *dir) {
+    mt_model_config c;
+    char src[512], cfg[512], out[8192];
+    snprintf(src, sizeof src, CONFIGS "%s", name);
+    cr_assert_eq(mt_model_config_load(src, &c), 0, "%s", mt_error_get());
+    if (edit) edit(&c);
+    snprintf(cfg, sizeof cfg, "%s/%s", tmp, name);
+    cr_assert_eq(mt_model_config_write(&c, cfg), 0, "%s", mt_error_get());
+    snprintf(dir, 512, "%s/%s.d", tmp, name);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s --out %s --seed 5", cfg, dir), 0, "%s", out);
+}
+
+static void qwen3_biases(mt_model_config *c) { c->qkv_bias = c->o_bias = 1; }
+static void olmoe_clip_biases(mt_model_config *c) { c->clip_qkv = 0.9, c->qkv_bias = c->o_bias = 1; }
+
+// Whether a trainable's gradient passes through clip_qkv's clamp (q/k/v_proj and their LoRA and
+// biases, the q/k norms). There a value within bf16's rounding of ±clip is cut on one backend and
+// not on the other, and each such element passes or stops its whole gradient: those get cosine
+// 0.95 and rel. L2 0.3 (seen: 0.977 and 0.22 at worst; with the clamp's backward left out,
+// 0.24 and 2). Everything else: cosine 0.999 and, since a cosine misses a wrong scale (a missing
+// sigmoid, a lost factor), rel. L2 0.1 (seen: 0.05 at worst).
+static int behind_clamp(const mt_model_config *c, const char *name) {
+    const char *behind[] = {"q_proj", "k_proj", "v_proj", "q_norm", "k_norm"};
+    for (size_t i = 0; c->clip_qkv > 0 && i < MT_ARRAY_LEN(behind); i++)
+        if (strstr(name, behind[i])) return 1;
+    return 0;
+}
+
+// One forward and backward of the checkpoint at dir on both backends; the loss and every
+// trainable's gradient compared.
+static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = mode, o.lora_r = 4, o.checkpointing = ckpt;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    if (mode == MT_MODE_FULL) o.quant = MT_QUANT_NONE;
+    mt_backend *cpu = mt_backend_cpu_new();
+    uint64_t dev0 = gpu->ledger.total_cur;  // the backend's own (cuBLASLt workspace)
+    mt_model mc, mg;
+    cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_model_load(&mg, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", dir, mt_error_get());
+    mt_param *pc, *pg;
+    int n = mt_model_params(&mc, &pc);
+    cr_assert_eq(mt_model_params(&mg, &pg), n);
+    set_parts(&mc, pc, n), set_parts(&mg, pg, n);
+    enum { B = 2, S = 13 };
+    int32_t tokens[B * S], labels[B * S], mask[B * S];
+    for (int i = 0; i < B * S; i++) {
+        tokens[i] = labels[i] = 3 + (i * 29) % 200;
+        mask[i] = !(i >= S && i % S >= 10);  // the second row is padded at its end
+    }
+    mt_batch b = {B, S, tokens, labels, mask};
+    mt_loss lc, lg;
+    mt_model_zero_grad(&mc), mt_model_zero_grad(&mg);
+    cr_assert_eq(mt_model_forward_train(&mc, &b, &lc), 0);
+    cr_assert_eq(mt_model_forward_train(&mg, &b, &lg), 0);
+    cr_log_info("%s: loss cuda %.9g, cpu %.9g; aux cuda %.9g, cpu %.9g", dir, lg.loss, lc.loss, lg.aux, lc.aux);
+    cr_expect_leq(fabs(lg.loss - lc.loss), 1e-2 * fabs(lc.loss), "%s: loss cuda %.9g, cpu %.9g", dir, lg.loss, lc.loss);
+    cr_expect_leq(fabs(lg.aux - lc.aux), 1e-2 * fabs(lc.aux), "%s: aux cuda %.9g, cpu %.9g", dir, lg.aux, lc.aux);
+    cr_expect_eq(lg.tokens, lc.tokens);
+    // The same routing on both, or the gradients of whole experts differ (a near-tie that bf16
+    // tips the other way would show here first, not as a gradient error).
+    int T = B * S, k = (int)mc.cfg.top_k;
+    int32_t *ids = mt_xmalloc((size_t)T * k * sizeof(int32_t));
+    for (int L = 0; L < mc.cfg.layers; L++) {
+        if (mc.layers[L].dense) continue;
+        mt_tensor_download(mg.kept[L].ids, ids);
+        cr_expect_eq(memcmp(ids, mc.kept[L].ids->data, (size_t)T * k * sizeof(int32_t)), 0, "%s layer %d: routing differs",
+                     dir, L);
+    }
+    free(ids);
+    if (mc.cfg.clip_qkv > 0 && ckpt == MT_CKPT_NONE) {  // the clamp cuts: q_norm's outputs beyond ±clip
+        const mt_layer_acts *a = &mc.acts[0];
+        const float *x = a->q_raw->data, *r = a->rstd_q->data, *w = mc.layers[0].qn->data, cl = (float)mc.cfg.clip_qkv;
+        int64_t cut = 0, nq = mt_tensor_numel(a->q_raw), width = nq / T;
+        for (int64_t j = 0; j < nq; j++) cut += fabsf(w[j % width] * (x[j] * r[j / width])) > cl;
+        cr_log_info("%s: %lld of %lld q values clamped", dir, (long long)cut, (long long)nq);
+        cr_expect_gt(cut, nq / 20, "%s: clip_qkv %g cuts only %lld of %lld", dir, cl, (long long)cut, (long long)nq);
+    }
+    mt_model_backward(&mc), mt_model_backward(&mg);
+    double worst = 1;
+    int compared = 0;
+    for (int i = 0; i < n; i++) {
+        float *g = host_copy(pg[i].g);
+        int64_t len = mt_tensor_numel(pc[i].g);
+        double c = cosine(pc[i].g->data, g, len), e = rel_l2(pc[i].g->data, g, len);
+        worst = fmin(worst, c), compared++;
+        if (getenv("CF_PRINT")) fprintf(stderr, "%-70s cos %.6f rel %.3g\n", pc[i].name, c, e);
+        int clamped = behind_clamp(&mc.cfg, pc[i].name);
+        cr_expect_geq(c, clamped ? 0.95 : 0.999, "%s: %s: gradient cosine %.6f to the cpu's", dir, pc[i].name, c);
+        cr_expect_leq(e, clamped ? 0.3 : 0.1, "%s: %s: gradient rel. L2 %.3g to the cpu's", dir, pc[i].name, e);
+        free(g);
+    }
+    cr_log_info("%s: %d gradients, worst cosine %.6f", dir, compared, worst);
+    mt_params_free(pc, n), mt_params_free(pg, n);
+    mt_model_free(&mc), mt_model_free(&mg);
+    cr_expect_eq(gpu->ledger.total_cur, dev0, "%s: every device byte went back to the ledger", dir);
+    mt_backend_free(cpu), mt_backend_free(gpu);
+}
+
+static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mode mode) {
+    char tmp[64], dir[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, name, edit, dir);
+    step_matches_cpu(dir, mode, MT_CKPT_NONE);
+    step_matches_cpu(dir, mode, MT_CKPT_FULL);  // recomputation: replayed routing, parts rebuilt
+    mt_test_rmrf(tmp);
+}
+
+Test(cuda, qwen2_moe_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_LORA); }
+Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
+Test(cuda, olmoe_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_LORA); }
+Test(cuda, qwen2_moe_full_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_FULL); }
+Test(cuda, qwen3_moe_full_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_FULL); }
+Test(cuda, olmoe_full_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_FULL); }
