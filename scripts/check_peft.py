@@ -115,7 +115,10 @@ def main():
         for name in os.listdir(a.base):
             if name == "config.json" or name.startswith("model") or name.startswith("tokenizer"):
                 os.symlink(os.path.abspath(os.path.join(a.base, name)), os.path.join(base_dir, name))
-    kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+    v5 = int(transformers.__version__.split(".")[0]) >= 5
+    kw = {"dtype" if v5 else "torch_dtype": torch.float32}
+    if v5:  # the per-expert loop: grouped_mm needs 16-byte aligned strides, which odd tiny sizes lack
+        kw["experts_implementation"] = "eager"
     base = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager", **kw)
 
     # PEFT reports missing/unexpected keys as warnings (and some releases through logging)
