@@ -218,3 +218,57 @@ Test(peft_v5_family, unplaced_expert_is_named) {
         mt_test_rmrf(tmp);
     }
 }
+
+// The CLI end to end on Qwen2-MoE (dense layers 0 and 2, a shared expert in layer 1): one
+// training written as v4 and as v5 evaluates alike, and train --adapter (lr ~0) from the v5
+// folder gives the same model back.
+static void loss_of(const char *out, char *line, size_t n) {
+    const char *p = strstr(out, "loss=");
+    cr_assert(p, "no loss= in\n%s", out);
+    snprintf(line, n, "%.*s", (int)strcspn(p, " \n"), p);
+}
+
+Test(peft_v5_family, cli_qwen2_moe_v4_v5_same_loss, .timeout = 180) {
+    char tmp[64], model[128], data[128], out[16384], l4[64], l5[64], lr[64];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(model, sizeof model, "%s/q2", tmp);
+    snprintf(data, sizeof data, "%s/data.jsonl", tmp);
+    // configs/tiny-qwen2-moe.json with the vocabulary the byte-level tokenizer needs
+    char *text, cfg[128];
+    size_t len;
+    cr_assert_eq(mt_read_file(MT_REPO_ROOT "/configs/tiny-qwen2-moe.json", 1 << 20, &text, &len), 0);
+    char *v = strstr(text, "\"vocab_size\": 253");
+    cr_assert(v, "configs/tiny-qwen2-moe.json has no vocab_size 253");
+    memcpy(v + strlen("\"vocab_size\": "), "300", 3);
+    snprintf(cfg, sizeof cfg, "%s/q2.json", tmp);
+    FILE *f = fopen(cfg, "w");
+    fwrite(text, 1, len, f), fclose(f), free(text);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s --out %s --seed 3", cfg, model), 0, "%s", out);
+    f = fopen(data, "w");
+    for (int i = 0; i < 6; i++) fprintf(f, "{\"text\":\"sample %d of the tiny set %03d\"}\n", i, i * 7);
+    fclose(f);
+    const char *common = "--mode lora --r 4 --targets all --layers 0,1 --experts 0,2 --quant none --steps 2 --seq 32 --lr 0.02";
+    for (int v = 4; v <= 5; v++) {
+        cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --out %s/v%d --peft-format v%d", model, data,
+                                 common, tmp, v, v), 0, "%s", out);
+        cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --adapter %s/v%d/adapter --data %s --quant none",
+                                 model, tmp, v, data), 0, "%s", out);
+        loss_of(out, v == 4 ? l4 : l5, 64);
+    }
+    cr_expect_str_eq(l4, l5, "v4 and v5 adapters of one training evaluate alike");
+    char path[256];
+    snprintf(path, sizeof path, "%s/v5/adapter/adapter_model.safetensors", tmp);
+    mt_st_file st;
+    cr_assert_eq(mt_st_file_open(&st, path), 0, "%s", mt_error_get());
+    cr_expect_not_null(mt_st_file_find(&st, "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight"));
+    cr_expect_not_null(mt_st_file_find(&st, "base_model.model.model.layers.1.mlp.shared_expert.down_proj.lora_B.weight"));
+    cr_expect_not_null(mt_st_file_find(&st, "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight"));
+    mt_st_file_close(&st);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --lr 1e-12 --out %s/again --peft-format v4 "
+                             "--adapter %s/v5/adapter", model, data, common, tmp, tmp), 0, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "eval --model %s --adapter %s/again/adapter --data %s --quant none", model,
+                             tmp, data), 0, "%s", out);
+    loss_of(out, lr, sizeof lr);
+    cr_expect_str_eq(lr, l5, "train --adapter starts from the v5 adapter");
+    mt_test_rmrf(tmp);
+}
