@@ -143,7 +143,9 @@ def main():
     with open(os.path.join(a.adapter, "adapter_config.json")) as f:
         conf = json.load(f)
     saved = load_file(os.path.join(a.adapter, "adapter_model.safetensors"))
-    layout = "v5" if any(".mlp.experts." in k or ".mlp.gate." in k for k in saved) else "v4"
+    # v5: fused experts or target_parameters (Qwen's and OLMoE's v4 keys also hold ".mlp.experts.")
+    layout = "v5" if conf.get("target_parameters") or any(
+        ".mlp.experts.lora_" in k or ".mlp.experts.base_layer.lora_" in k for k in saved) else "v4"
     print("adapter: %s layout, %d tensors; target_modules=%s target_parameters=%s" % (
         layout, len(saved), conf.get("target_modules"), conf.get("target_parameters")))
     loaded = get_peft_model_state_dict(model)
