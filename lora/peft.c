@@ -217,7 +217,8 @@ int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void 
         if (!b) {
             mt_error_set("%s: '%s' has no matching '%s'", path, t->name, other);
             rc = -1;
-        } else if (strstr(module, ".mlp.experts")) {  // fused: ranks checked per expert
+        } else if (ends_with(module, ".mlp.experts") || ends_with(module, ".mlp.experts.base_layer")) {
+            // fused: ranks checked per expert
             rc = visit_pair(dir, path, &f, cfg, module, t, b, fn, ctx);
         } else if (t->ndim != 2 || b->ndim != 2 || t->shape[0] != cfg->r || b->shape[1] != cfg->r) {
             mt_error_set("%s: module '%s': A [%lld, ...] and B [..., %lld] do not have the rank r=%d of "

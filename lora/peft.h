@@ -88,16 +88,33 @@ char *mt_peft_config_json_ex(const mt_peft_config *cfg, const char *target_modul
 char *mt_peft_json_list(const char *const *names, int n);
 char *mt_peft_json_string(const char *s);
 
-// The v5 layout (lora/peft_v5.c) of the same v4 modules (names as in mt_peft_module, Mixtral's
-// "model.layers.L.{self_attn.q_proj|block_sparse_moe.gate|block_sparse_moe.experts.E.w1}"):
-// attention as is; the router as "mlp.gate" through target_parameters "gate.weight"; per layer
-// the experts' w1+w3 fused into "mlp.experts.gate_up_proj" (rank 2r: A rows e·2r.., w1's then
-// w3's; B block-diagonal, columns k·E+e) and w2 into "mlp.experts.down_proj" (rank r), experts
-// not adapted as zeros. With both in a layer, down_proj is the outer ParamWrapper
-// ("mlp.experts.lora_A") and gate_up_proj the inner ("mlp.experts.base_layer.lora_A").
-// layers, experts: the model's counts (target lists name full paths only for a layer subset).
-int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *base_model, int layers,
-                     int experts, const mt_peft_module *mods, size_t n, mt_peft_fill_fn fill, void *ctx);
+// The model a v5 adapter is written for: its counts, the v4 names of its MoE parts (from the
+// family table, model/family.h) and every Linear it has (v4 module paths) with which are adapted.
+typedef struct mt_peft_v5_model {
+    int layers, experts;
+    const char *moe_module;       // "block_sparse_moe" (Mixtral) / "mlp" (Qwen2/3-MoE, OLMoE)
+    const char *router;           // "gate"
+    const char *expert[3];        // an expert's gate, down, up: "w1","w2","w3" / "gate_proj",...
+    const char *const *linears;   // [n_linears] "model.layers.0.self_attn.q_proj", ..., "lm_head"
+    const unsigned char *adapted; // [n_linears] 1: has a LoRA (one of mods)
+    size_t n_linears;
+} mt_peft_v5_model;
+
+// The v5 layout (lora/peft_v5.c) of the same v4 modules (names as in mt_peft_module, in the
+// model's v4 names, "model.layers.L.<moe_module>.experts.E.<expert[i]>"), the same for every
+// family (transformers 5 names every MoE block "mlp"): the router as "mlp.gate" through
+// target_parameters "gate.weight"; per layer the experts' gate+up fused into
+// "mlp.experts.gate_up_proj" (rank 2r: A rows e·2r.., gate's then up's; B block-diagonal,
+// columns k·E+e) and down into "mlp.experts.down_proj" (rank r), experts not adapted as zeros.
+// With both in a layer, down_proj is the outer ParamWrapper ("mlp.experts.lora_A") and
+// gate_up_proj the inner ("mlp.experts.base_layer.lora_A"). Every other Linear keeps its name:
+// in target_modules, except one whose leaf is an expert's or the router's (a shared expert's or
+// dense MLP's gate_proj): that one through target_parameters "<path>.weight", because PEFT's
+// v4->v5 config converter rewrites such target_modules entries into the fused parameters.
+// Target lists name full paths only where a leaf is adapted in some modules and not others.
+int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *base_model,
+                     const mt_peft_v5_model *model, const mt_peft_module *mods, size_t n,
+                     mt_peft_fill_fn fill, void *ctx);
 // (peft.c's reader) One fused expert tensor pair of a v5 adapter in `path` — gate_up (1) or
 // down (0) of the layer whose module prefix is "model.layers.L" — split into per-expert pairs.
 int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const char *prefix, int gate_up,

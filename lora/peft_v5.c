@@ -1,6 +1,6 @@
-// lora/peft_v5.c — the transformers 5 adapter layout (FORMATS.md §2.4): Mixtral's experts fused
-// into mlp.experts.gate_up_proj / down_proj and targeted as parameters, the router as
-// mlp.gate.weight. Writing converts our per-expert LoRAs; reading splits the fused tensors back
+// lora/peft_v5.c — the transformers 5 adapter layout (FORMATS.md §2.4, docs/families.md): every
+// family's experts fused into mlp.experts.gate_up_proj / down_proj and targeted as parameters,
+// the router as mlp.gate.weight. Writing converts our per-expert LoRAs; reading splits the fused tensors back
 // into per-expert pairs, so everything downstream sees one (v4) shape of adapter.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -99,6 +99,32 @@ static int layer_of(const char *module, const char **rest) {
     return L;
 }
 
+// Where a v4 module goes in v5: kept as a module (target_modules), kept but targeted as a
+// parameter (its leaf is one PEFT's converter would rewrite), the router, or an expert.
+enum { PLACE_MODULE, PLACE_PARAM, PLACE_ROUTER, PLACE_EXPERT };
+
+// The place of v4 module path `name`, its layer (-1: none), and for an expert its index and
+// which of gate/down/up it is (0..2; -1 when the leaf is none of the family's).
+static int place_of(const mt_peft_v5_model *md, const char *name, int *layer, int *e, int *w) {
+    const char *rest = "";
+    int L = layer_of(name, &rest), used = 0;
+    size_t nm = strlen(md->moe_module);
+    *layer = L, *e = -1, *w = -1;
+    if (L >= 0 && strncmp(rest, md->moe_module, nm) == 0 && rest[nm] == '.') {
+        const char *in = rest + nm + 1;
+        if (strcmp(in, md->router) == 0) return PLACE_ROUTER;
+        if (sscanf(in, "experts.%d.%n", e, &used) == 1 && used > 0) {
+            for (int i = 0; i < 3; i++)
+                if (strcmp(in + used, md->expert[i]) == 0) *w = i;
+            return PLACE_EXPERT;
+        }
+    }
+    const char *dot = strrchr(name, '.'), *leaf = dot ? dot + 1 : name;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(leaf, md->expert[i]) == 0) return PLACE_PARAM;
+    return strcmp(leaf, md->router) == 0 ? PLACE_PARAM : PLACE_MODULE;
+}
+
 typedef struct {
     char **v;
     int n;
@@ -116,7 +142,7 @@ static void strlist_free(strlist *s) {
     free(s->v);
 }
 
-// Targets of one kind (a leaf, or a fused parameter) adapted in layers[0..nl): the short name
+// Targets of one kind (the router, or a fused parameter) adapted in layers[0..nl): the short name
 // when every layer has it, else one full path per layer ("model.layers.L.<path>").
 static void add_targets(strlist *s, const unsigned char *in_layer, int nl, const char *short_name, const char *path) {
     int all = 1, any = 0;
@@ -131,14 +157,36 @@ static void add_targets(strlist *s, const unsigned char *in_layer, int nl, const
         if (in_layer[L]) snprintf(buf, sizeof buf, "model.layers.%d.%s", L, path), strlist_add(s, buf);
 }
 
-int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *base_model, int layers, int experts,
+// The Linears kept in v5 at one place (PLACE_MODULE or PLACE_PARAM) into s, by PEFT's
+// target_modules rule (mt_peft_targets_make), each entry followed by `suffix`. Returns how many
+// of them are adapted.
+static size_t add_kept(strlist *s, const mt_peft_v5_model *md, int place, const char *suffix) {
+    const char **all = mt_xcalloc(md->n_linears + 1, sizeof *all);
+    unsigned char *adapted = mt_xcalloc(md->n_linears + 1, 1);
+    size_t n = 0, count = 0;
+    for (size_t i = 0; i < md->n_linears; i++) {
+        int L, e, w;
+        if (place_of(md, md->linears[i], &L, &e, &w) != place) continue;
+        all[n] = md->linears[i], adapted[n] = md->adapted[i], count += adapted[n++] != 0;
+    }
+    mt_peft_targets t;
+    if (count && mt_peft_targets_make(&t, all, n, adapted) == 0) {
+        char buf[600];
+        for (int i = 0; i < t.n; i++) snprintf(buf, sizeof buf, "%s%s", t.names[i], suffix), strlist_add(s, buf);
+        mt_peft_targets_free(&t);
+    }
+    free(all), free(adapted);
+    return count;
+}
+
+int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *base_model, const mt_peft_v5_model *md,
                      const mt_peft_module *mods, size_t n, mt_peft_fill_fn fill, void *ctx) {
+    int layers = md->layers, experts = md->experts;
     if (n == 0 || cfg->r < 1 || layers < 1 || experts < 1) {
         mt_error_set("%s: no adapted module to write (or r, layers, experts < 1)", dir);
         return -1;
     }
-    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    unsigned char *has = mt_xcalloc((size_t)layers * 7, 1);  // per layer: q k v o gate gate_up down
+    unsigned char *has = mt_xcalloc((size_t)layers * 3, 1);  // per layer: router, gate_up, down
     layer_experts *lx = mt_xcalloc((size_t)layers, sizeof *lx);
     for (int L = 0; L < layers; L++) {
         lx[L].w1 = mt_xmalloc((size_t)experts * sizeof(int));
@@ -148,57 +196,68 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
     }
     int rc = -1;
     int64_t max_elems = 0;
+    size_t kept = 0;  // modules kept as they are (not router, not experts)
     for (size_t i = 0; i < n; i++) {
-        const char *rest, *name = mods[i].module;
-        int L = layer_of(name, &rest), e = -1, used = 0, known = 0;
+        const char *name = mods[i].module;
+        int L, e, w, place = place_of(md, name, &L, &e, &w);
         max_elems = MT_MAX(max_elems, MT_MAX(mods[i].in, mods[i].out) * cfg->r);
-        if (L >= layers) L = -1;
-        for (int a = 0; a < 4 && L >= 0 && !known; a++) {
-            char want[64];
-            snprintf(want, sizeof want, "self_attn.%s", attn[a]);
-            if (strcmp(rest, want) == 0) has[L * 7 + a] = 1, known = 1;
-        }
-        if (L >= 0 && !known && strcmp(rest, "block_sparse_moe.gate") == 0) has[L * 7 + 4] = 1, known = 1;
-        if (L >= 0 && !known && sscanf(rest, "block_sparse_moe.experts.%d.%n", &e, &used) == 1 && used > 0 &&
-            e >= 0 && e < experts) {
-            const char *leaf = rest + used;
-            layer_experts *x = &lx[L];
-            int w = strcmp(leaf, "w1") == 0 ? 1 : strcmp(leaf, "w2") == 0 ? 2 : strcmp(leaf, "w3") == 0 ? 3 : 0;
-            int64_t h = w == 2 ? mods[i].out : mods[i].in, inter = w == 2 ? mods[i].in : mods[i].out;
-            if (w && ((x->h && x->h != h) || (x->inter && x->inter != inter))) {
-                mt_error_set("%s: expert module '%s' is [%lld -> %lld], unlike the layer's other experts", dir, name,
-                             (long long)mods[i].in, (long long)mods[i].out);
-                goto done;
-            }
-            if (w) {
-                x->h = h, x->inter = inter, known = 1;
-                (w == 1 ? x->w1 : w == 2 ? x->w2 : x->w3)[e] = (int)i;
-                if (w == 2) x->down = has[L * 7 + 6] = 1;
-                else x->gate_up = has[L * 7 + 5] = 1;
-            }
-        }
-        if (!known) {
-            mt_error_set("%s: module '%s' has no place in the transformers 5 layout (a Mixtral layer's "
-                         "self_attn.{q,k,v,o}_proj, block_sparse_moe.gate or experts.E.w1/w2/w3 of %d layers, %d experts)",
-                         dir, name, layers, experts);
+        if (L >= layers || (place == PLACE_EXPERT && (w < 0 || e < 0 || e >= experts))) {
+            mt_error_set("%s: module '%s' has no place in the transformers 5 layout (a model of %d layers, %d "
+                         "experts named %s.experts.E.{%s,%s,%s})", dir, name, layers, experts, md->moe_module,
+                         md->expert[0], md->expert[1], md->expert[2]);
             goto done;
         }
+        if (place == PLACE_ROUTER) has[L * 3] = 1;
+        if (place != PLACE_EXPERT) {
+            kept += place != PLACE_ROUTER;
+            continue;
+        }
+        layer_experts *x = &lx[L];
+        int64_t h = w == 1 ? mods[i].out : mods[i].in, inter = w == 1 ? mods[i].in : mods[i].out;
+        if ((x->h && x->h != h) || (x->inter && x->inter != inter)) {
+            mt_error_set("%s: expert module '%s' is [%lld -> %lld], unlike the layer's other experts", dir, name,
+                         (long long)mods[i].in, (long long)mods[i].out);
+            goto done;
+        }
+        x->h = h, x->inter = inter;
+        (w == 0 ? x->w1 : w == 1 ? x->w2 : x->w3)[e] = (int)i;
+        if (w == 1) x->down = has[L * 3 + 2] = 1;
+        else x->gate_up = has[L * 3 + 1] = 1;
     }
 
-    // Entries: attention and router pairs as they are, then each layer's fused experts.
+    // adapter_config.json: kept Linears in target_modules (or, leaves the converter rewrites, in
+    // target_parameters as "<path>.weight"); router and experts in target_parameters, gate_up_proj
+    // before down_proj (the order PEFT nests their ParamWrappers in)
+    strlist tm = {0}, tp = {0};
+    unsigned char *col = mt_xmalloc((size_t)layers);
+    static const char *const short_name[] = {"gate.weight", "gate_up_proj", "down_proj"};
+    static const char *const path[] = {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+    for (int k = 0; k < 3; k++) {
+        for (int L = 0; L < layers; L++) col[L] = has[L * 3 + k];
+        add_targets(&tp, col, layers, short_name[k], path[k]);
+    }
+    free(col);
+    size_t listed = add_kept(&tm, md, PLACE_MODULE, "") + add_kept(&tp, md, PLACE_PARAM, ".weight");
+    if (listed != kept) {
+        mt_error_set("%s: %zu adapted modules besides the routers and experts, but the model's Linear list marks %zu "
+                     "adapted", dir, kept, listed);
+        strlist_free(&tm), strlist_free(&tp);
+        goto done;
+    }
+
+    // Entries: the kept and router pairs as they are, then each layer's fused experts.
     size_t cap = 2 * n + 4 * (size_t)layers, ne = 0;
     mt_st_entry *ent = mt_xcalloc(cap, sizeof *ent);
     entry_plan *plan = mt_xcalloc(cap, sizeof *plan);
     char **names = mt_xcalloc(cap, sizeof *names);
     for (size_t i = 0; i < n; i++) {
-        const char *rest = "";
-        int L = layer_of(mods[i].module, &rest);
-        if (strstr(rest, "block_sparse_moe.experts.")) continue;
-        int router = strcmp(rest, "block_sparse_moe.gate") == 0;
+        int L, e, w, place = place_of(md, mods[i].module, &L, &e, &w);
+        if (place == PLACE_EXPERT) continue;
         for (int k = 0; k < 2; k++) {
             size_t len = strlen(mods[i].module) + 64;
             names[ne] = mt_xmalloc(len);
-            if (router) snprintf(names[ne], len, "base_model.model.model.layers.%d.mlp.gate.lora_%c.weight", L, k ? 'B' : 'A');
+            if (place == PLACE_ROUTER)
+                snprintf(names[ne], len, "base_model.model.model.layers.%d.mlp.gate.lora_%c.weight", L, k ? 'B' : 'A');
             else snprintf(names[ne], len, "base_model.model.%s.lora_%c.weight", mods[i].module, k ? 'B' : 'A');
             ent[ne] = (mt_st_entry){names[ne], "F32", 2, {k ? mods[i].out : cfg->r, k ? cfg->r : mods[i].in}, NULL};
             plan[ne++] = (entry_plan){KIND_DIRECT, (int)i, L, k ? 'B' : 'A'};
@@ -222,18 +281,6 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
         }
     }
 
-    // adapter_config.json: attention in target_modules, router and experts in target_parameters
-    strlist tm = {0}, tp = {0};
-    unsigned char *col = mt_xmalloc((size_t)layers);
-    char path[64];
-    for (int a = 0; a < 7; a++) {
-        for (int L = 0; L < layers; L++) col[L] = has[L * 7 + a];
-        if (a < 4) snprintf(path, sizeof path, "self_attn.%s", attn[a]), add_targets(&tm, col, layers, attn[a], path);
-        else if (a == 4) add_targets(&tp, col, layers, "gate.weight", "mlp.gate.weight");
-        else if (a == 5) add_targets(&tp, col, layers, "gate_up_proj", "mlp.experts.gate_up_proj");
-        else add_targets(&tp, col, layers, "down_proj", "mlp.experts.down_proj");
-    }
-    free(col);
     int any_gate_up = 0;
     for (int L = 0; L < layers; L++) any_gate_up |= lx[L].gate_up;
     char *tm_json = mt_peft_json_list((const char *const *)tm.v, tm.n);

@@ -12,7 +12,7 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .moe_module = "block_sparse_moe", .router = "gate",
         .expert = {"w1", "w2", "w3"}, .mlp = {"w1", "w2", "w3"},
         .experts_key = "num_local_experts", .expert_size_key = "intermediate_size",
-        .norm_topk_fixed = 1, .has_jitter = 1, .peft_v5 = 1, .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_EXPLICIT,
+        .norm_topk_fixed = 1, .has_jitter = 1, .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_EXPLICIT,
         .default_kv_heads = 0, .default_max_positions = 131072, .default_bos = 1, .default_eos = 2,
         .default_rope_theta = 1e6, .default_rms_eps = 1e-5, .default_aux_coef = 0.001,
     },

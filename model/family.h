@@ -44,7 +44,6 @@ typedef struct mt_family {
     int has_clip_qkv;           // clip_qkv: q, k, v clamped to ±clip after the q/k norm (OLMoE)
     int has_sliding_flag;       // use_sliding_window gates sliding_window (Qwen)
     int has_jitter;             // router_jitter_noise (Mixtral)
-    int peft_v5;                // 1: moetrain writes the v5 (fused experts) adapter layout for it
     int64_t default_kv_heads;   // 0: num_attention_heads
     int64_t default_dense_intermediate, default_shared_intermediate;  // intermediate_size (dense
                                 // layers), shared_expert_intermediate_size: class defaults

@@ -125,13 +125,11 @@ int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_mode
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
-    if (peft_format == MT_PEFT_V5 && !mt_config_family(&m->cfg)->peft_v5) {
-        mt_error_set("%s: the v5 (fused experts) adapter layout is written for Mixtral only so far; "
-                     "use the v4 layout for model_type %s", dir, m->cfg.model_type);
-        goto done;
-    }
     if (peft_format == MT_PEFT_V5) {
-        rc = mt_peft_write_v5(dir, &cfg, base_model_name, m->cfg.layers, m->cfg.experts, mods, n, fill_lora, loras);
+        const mt_family *fam = mt_config_family(&m->cfg);
+        mt_peft_v5_model md = {m->cfg.layers, m->cfg.experts, fam->moe_module, fam->router,
+                               {fam->expert[0], fam->expert[1], fam->expert[2]}, names, adapted, ll.n};
+        rc = mt_peft_write_v5(dir, &cfg, base_model_name, &md, mods, n, fill_lora, loras);
         goto done;
     }
     mt_peft_targets targets;

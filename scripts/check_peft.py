@@ -115,7 +115,10 @@ def main():
         for name in os.listdir(a.base):
             if name == "config.json" or name.startswith("model") or name.startswith("tokenizer"):
                 os.symlink(os.path.abspath(os.path.join(a.base, name)), os.path.join(base_dir, name))
-    kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+    v5 = int(transformers.__version__.split(".")[0]) >= 5
+    kw = {"dtype" if v5 else "torch_dtype": torch.float32}
+    if v5:  # the per-expert loop: grouped_mm needs 16-byte aligned strides, which odd tiny sizes lack
+        kw["experts_implementation"] = "eager"
     base = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager", **kw)
 
     # PEFT reports missing/unexpected keys as warnings (and some releases through logging)
@@ -140,7 +143,9 @@ def main():
     with open(os.path.join(a.adapter, "adapter_config.json")) as f:
         conf = json.load(f)
     saved = load_file(os.path.join(a.adapter, "adapter_model.safetensors"))
-    layout = "v5" if any(".mlp.experts." in k or ".mlp.gate." in k for k in saved) else "v4"
+    # v5: fused experts or target_parameters (Qwen's and OLMoE's v4 keys also hold ".mlp.experts.")
+    layout = "v5" if conf.get("target_parameters") or any(
+        ".mlp.experts.lora_" in k or ".mlp.experts.base_layer.lora_" in k for k in saved) else "v4"
     print("adapter: %s layout, %d tensors; target_modules=%s target_parameters=%s" % (
         layout, len(saved), conf.get("target_modules"), conf.get("target_parameters")))
     loaded = get_peft_model_state_dict(model)

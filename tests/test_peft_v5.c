@@ -60,6 +60,16 @@ static void same_tensors(const char *ours, const char *theirs) {
     mt_st_file_close(&a), mt_st_file_close(&b);
 }
 
+// A model of `layers` layers, `experts` experts under `names` (moe_module, router, gate, down, up)
+// whose Linears are the modules given, all adapted (lin and on hold the lists).
+static mt_peft_v5_model model_of(const char *const names[5], int layers, int experts, const mt_peft_module *mods,
+                                 int n, const char **lin, unsigned char *on) {
+    for (int i = 0; i < n; i++) lin[i] = mods[i].module, on[i] = 1;
+    return (mt_peft_v5_model){layers, experts, names[0], names[1], {names[2], names[3], names[4]}, lin, on, (size_t)n};
+}
+
+static const char *const MIXTRAL[5] = {"block_sparse_moe", "gate", "w1", "w2", "w3"};
+
 Test(peft_v5, writer_matches_peft_byte_for_byte) {
     pairs v4 = {0};
     mt_peft_config cfg;
@@ -69,7 +79,10 @@ Test(peft_v5, writer_matches_peft_byte_for_byte) {
     for (int i = 0; i < v4.n; i++) mods[i] = (mt_peft_module){v4.name[i], v4.in[i], v4.out[i], v4.a[i], v4.b[i]};
     char tmp[64], path[256];
     mt_test_tmpdir(tmp, sizeof tmp);
-    cr_assert_eq(mt_peft_write_v5(tmp, &cfg, NULL, 2, 6, mods, (size_t)v4.n, NULL, NULL), 0, "%s", mt_error_get());
+    const char *lin[128];
+    unsigned char on[128];
+    mt_peft_v5_model md = model_of(MIXTRAL, 2, 6, mods, v4.n, lin, on);
+    cr_assert_eq(mt_peft_write_v5(tmp, &cfg, NULL, &md, mods, (size_t)v4.n, NULL, NULL), 0, "%s", mt_error_get());
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
     same_tensors(path, FX "/peft_v5/adapter_model.safetensors");
 
@@ -107,7 +120,10 @@ Test(peft_v5, expert_subset_zeros_and_scale_check) {
             mods[n++] = (mt_peft_module){v4.name[i], v4.in[i], v4.out[i], v4.a[i], v4.b[i]};
     char tmp[64], path[256];
     mt_test_tmpdir(tmp, sizeof tmp);
-    cr_assert_eq(mt_peft_write_v5(tmp, &cfg, NULL, 2, 6, mods, (size_t)n, NULL, NULL), 0, "%s", mt_error_get());
+    const char *lin[128];
+    unsigned char on[128];
+    mt_peft_v5_model md = model_of(MIXTRAL, 2, 6, mods, n, lin, on);
+    cr_assert_eq(mt_peft_write_v5(tmp, &cfg, NULL, &md, mods, (size_t)n, NULL, NULL), 0, "%s", mt_error_get());
     pairs back = {0};
     mt_peft_config c2;
     cr_assert_eq(mt_peft_read(tmp, &c2, collect, &back), 0, "%s", mt_error_get());

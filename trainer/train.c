@@ -165,8 +165,6 @@ static int write_outputs(trainer *t) {
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
-        // auto: the v5 (fused) layout is written for Mixtral only so far (docs/families.md).
-        if (strcmp(t->o->peft_format, "auto") == 0 && !mt_config_family(&t->m.cfg)->peft_v5) fmt = MT_PEFT_V4;
         if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
             return -1;
     } else {
