@@ -1,16 +1,73 @@
 // core/backend_cpu.c — the reference backend: host memory, fp32 compute, OpenBLAS for matmul.
 #include <cblas.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
 #include "core/common.h"
 
+// glibc maps every block above its largest mmap threshold (32 MiB) afresh, so a step that frees
+// and takes such a block again faults it in and zeroes it each time: at seq 2048, ~57,000 page
+// faults a step from the loss's logits chunk (128 MiB at V = 32000) and the experts' backward
+// scratch. The last CPU_KEPT such blocks freed (up to CPU_KEEP_MAX each: step scratch, not a
+// freed model's weights) are kept for the next allocation of their size; only these stay
+// resident beyond the ledger's count (a step's are reused by the next step).
+enum { CPU_KEPT = 4, CPU_KEEP_SLACK = 64 << 10 };
+#define CPU_KEEP_MIN ((size_t)32 << 20)
+#define CPU_KEEP_MAX ((size_t)256 << 20)
+static struct {
+    void *p;
+    size_t usable;   // malloc_usable_size: the request rounded up to its mapping
+    uint64_t stamp;  // when it was kept: the oldest goes first
+} cpu_kept[CPU_KEPT];
+static uint64_t cpu_kept_clock;
+static pthread_mutex_t cpu_kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// A kept block of the rounded size, taken out of the set, or NULL.
+static void *cpu_kept_take(size_t rounded) {
+    void *p = NULL;
+    pthread_mutex_lock(&cpu_kept_lock);
+    for (int i = 0; i < CPU_KEPT && !p; i++)
+        if (cpu_kept[i].p && cpu_kept[i].usable >= rounded && cpu_kept[i].usable - rounded <= CPU_KEEP_SLACK) {
+            p = cpu_kept[i].p;
+            cpu_kept[i].p = NULL;
+        }
+    pthread_mutex_unlock(&cpu_kept_lock);
+    return p;
+}
+
+// Keeps a freed block in an empty slot, or in place of the oldest kept one.
+static void cpu_kept_put(void *ptr, size_t usable) {
+    pthread_mutex_lock(&cpu_kept_lock);
+    int slot = 0;
+    for (int i = 0; i < CPU_KEPT; i++) {
+        if (!cpu_kept[i].p) {
+            slot = i;
+            break;
+        }
+        if (cpu_kept[i].stamp < cpu_kept[slot].stamp) slot = i;
+    }
+    free(cpu_kept[slot].p);
+    cpu_kept[slot].p = ptr, cpu_kept[slot].usable = usable, cpu_kept[slot].stamp = ++cpu_kept_clock;
+    pthread_mutex_unlock(&cpu_kept_lock);
+}
+
+// Releases every kept block.
+static void cpu_kept_clear(void) {
+    pthread_mutex_lock(&cpu_kept_lock);
+    for (int i = 0; i < CPU_KEPT; i++) free(cpu_kept[i].p), cpu_kept[i].p = NULL;
+    pthread_mutex_unlock(&cpu_kept_lock);
+}
+
 static int cpu_alloc(mt_backend *be, size_t bytes, void **out) {
     (void)be;
     // 64-byte alignment for vector loads; aligned_alloc needs a multiple of the alignment.
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    *out = aligned_alloc(64, rounded ? rounded : 64);
+    *out = rounded >= CPU_KEEP_MIN && rounded <= CPU_KEEP_MAX ? cpu_kept_take(rounded) : NULL;
+    if (!*out) *out = aligned_alloc(64, rounded ? rounded : 64);
     if (!*out) {
         mt_error_set("cpu backend: out of host memory allocating %zu bytes", bytes);
         return -1;
@@ -18,7 +75,12 @@ static int cpu_alloc(mt_backend *be, size_t bytes, void **out) {
     return 0;
 }
 
-static void cpu_free(mt_backend *be, void *ptr) { (void)be; free(ptr); }
+static void cpu_free(mt_backend *be, void *ptr) {
+    (void)be;
+    size_t usable = ptr ? malloc_usable_size(ptr) : 0;
+    if (usable >= CPU_KEEP_MIN && usable <= CPU_KEEP_MAX) cpu_kept_put(ptr, usable);
+    else free(ptr);
+}
 
 static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be;
@@ -91,7 +153,10 @@ static int cpu_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt
 
 static void cpu_synchronize(mt_backend *be) { (void)be; }
 
-static void cpu_destroy(mt_backend *be) { free(be); }
+static void cpu_destroy(mt_backend *be) {
+    cpu_kept_clear();
+    free(be);
+}
 
 static const mt_backend_ops cpu_ops = {
     .name = "cpu",

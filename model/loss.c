@@ -21,15 +21,11 @@
 // The chunk's fp32 logits take at most this much; the GPU step's bf16 copy of the chunk's
 // gradient (model/linear.c, DY_CHUNK_BYTES) at most half of it again. At V = 32000 that is
 // 1048 rows and 134 + 67 MB: under 256 MB at any T.
-// The cpu's chunk stays under glibc's largest mmap threshold (32 MiB, core/backend_cpu.c), so it
-// comes from the heap and its pages stay mapped from one step to the next: a 128 MiB chunk was a
-// fresh mapping every step, faulted in and zeroed again (~2.5% of a seq-512 step in the kernel).
-// ~190 rows at V = 32000 still make lm_head GEMMs of full speed.
-enum { LOSS_CHUNK_BYTES = 128 << 20, LOSS_CHUNK_BYTES_CPU = 24 << 20 };
+enum { LOSS_CHUNK_BYTES = 128 << 20 };
 
 int64_t mt_loss_chunk_rows(const mt_model *m, int64_t T) {
-    int64_t bytes = m->be->ops->kind == MT_BACKEND_CPU ? LOSS_CHUNK_BYTES_CPU : LOSS_CHUNK_BYTES;
-    int64_t rows = m->loss_chunk_rows > 0 ? m->loss_chunk_rows : MT_MAX((int64_t)1, bytes / (4 * (int64_t)m->cfg.vocab));
+    int64_t rows = m->loss_chunk_rows > 0 ? m->loss_chunk_rows
+                                          : MT_MAX((int64_t)1, LOSS_CHUNK_BYTES / (4 * (int64_t)m->cfg.vocab));
     return MT_MAX((int64_t)1, MT_MIN(rows, T));
 }
 

@@ -208,8 +208,7 @@ void mt_model_zero_grad(mt_model *m);
 // the kept final-norm output (the loss never holds [T, V] logits: model/loss.c). 0 or -1.
 int mt_model_logits(mt_model *m, int64_t t0, int64_t n, float *out);
 // Rows of logits the fused loss computes at once for T tokens: LOSS_CHUNK_BYTES of fp32 logits
-// (≤ 256 MB of loss scratch at V = 32000 for any T; 24 MiB on the cpu), or m->loss_chunk_rows
-// when set (tests).
+// (≤ 256 MB of loss scratch at V = 32000 for any T), or m->loss_chunk_rows when set (tests).
 int64_t mt_loss_chunk_rows(const mt_model *m, int64_t T);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 // Ledger accounting on the null and cpu backends.
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include "core/backend.h"
 #include "core/common.h"
@@ -117,5 +118,48 @@ Test(ledger, cpu_matmul_transposes_match_definition) {
             cr_assert_float_eq(hy[i * 4 + o], 2.0f * ref, 1e-5);
         }
     mt_tensor_free(x), mt_tensor_free(w), mt_tensor_free(y);
+    mt_backend_free(be);
+}
+
+// The cpu backend keeps a freed block above glibc's mmap threshold for the next allocation of its
+// size (core/backend_cpu.c), so a step's largest scratch is mapped once per run, not per step: the
+// same memory comes back (its bytes as they were left; the kernel may well reuse an address for a
+// fresh mapping, so the bytes tell), another size gets its own, the oldest of more blocks than it keeps
+// is let go, and the ledger counts every byte as before.
+static int filled(const void *p, size_t n, unsigned char v) {
+    const unsigned char *b = p;
+    return b[0] == v && b[n / 2] == v && b[n - 1] == v;
+}
+
+Test(ledger, cpu_reuses_a_freed_large_block_of_its_size) {
+    mt_backend *be = mt_backend_cpu_new();
+    const size_t big = 40u << 20, mib = 1u << 20;
+    void *a, *b, *c;
+    cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big, &a), 0);
+    memset(a, 7, big);
+    mt_backend_release(be, MT_MEM_WORK, big, a);
+    cr_assert_eq(be->ledger.cur[MT_MEM_WORK], 0);
+    cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big, &b), 0);
+    cr_assert(b == a && filled(b, big, 7), "the kept block is handed out again");
+    cr_assert_eq(be->ledger.cur[MT_MEM_WORK], big);
+    cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big + mib, &c), 0);
+    cr_assert(!filled(c, big + mib, 7), "a block of another size is a fresh one");
+    mt_backend_release(be, MT_MEM_WORK, big, b);
+    mt_backend_release(be, MT_MEM_WORK, big + mib, c);
+    // Five more sizes freed, each marked: it keeps the last four of the seven.
+    void *d[5];
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big + (size_t)(i + 2) * mib, &d[i]), 0);
+        memset(d[i], 10 + i, big + (size_t)(i + 2) * mib);
+    }
+    for (int i = 0; i < 5; i++) mt_backend_release(be, MT_MEM_WORK, big + (size_t)(i + 2) * mib, d[i]);
+    void *e, *f;
+    cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big + 6 * mib, &e), 0);
+    cr_assert(filled(e, big + 6 * mib, 14), "a recent block of that size is kept");
+    cr_assert_eq(mt_backend_alloc(be, MT_MEM_WORK, big, &f), 0);
+    cr_assert(!filled(f, big, 7), "the oldest one was let go");
+    mt_backend_release(be, MT_MEM_WORK, big + 6 * mib, e);
+    mt_backend_release(be, MT_MEM_WORK, big, f);
+    cr_assert_eq(be->ledger.total_cur, 0);
     mt_backend_free(be);
 }
