@@ -42,7 +42,7 @@
 //           "<think>\n{reasoning}\n</think>\n\n{answer}", with an empty block when it has no
 //           reasoning. Python's split/strip rules apply to the reply as in the template. A user
 //           message that is wholly "<tool_response>…</tool_response>" is not a query. Recognised
-//           by the SHA-256 of its canonical Jinja (qwen3_template_sha256). In the loss: a
+//           by the SHA-256 of its canonical Jinja (QWEN3_SHA256). In the loss: a
 //           non-empty think block, the answer and <|im_end|>; an empty "<think>\n\n</think>\n\n"
 //           is prompt, as the non-thinking generation prompt (enable_thinking=false) writes it.
 //   tulu    OLMoE-1B-7B-0924-Instruct's (the Tulu template): {bos_token}, then <|system|>\n{s}\n,
@@ -340,6 +340,14 @@ static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "
 // Qwen3's template (Qwen3-30B-A3B's tokenizer_config.json, 4.1 kB), canonical form's SHA-256.
 #define QWEN3_SHA256 "3c8fb44cf96664e5bdf28e72399771f0d8100f4d37b52f278d941d79c9850ec7"
 
+// Tulu's template after its opening token (bos_token for tulu, eos_token for AI2's olmo).
+#define TULU_BODY                                                                                  \
+    "{% for message in messages %}\n{% if message['role'] == 'system' %}\n"                         \
+    "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"              \
+    "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"           \
+    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"                     \
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"
+
 // The Jinja strings recognised, as their models' tokenizer_config.json holds them.
 static const struct { mt_chat_style style; const char *jinja; } known_templates[] = {
     {MT_CHAT_MIXTRAL,
@@ -361,18 +369,8 @@ static const struct { mt_chat_style style; const char *jinja; } known_templates[
      "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
      "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
-    {MT_CHAT_TULU,
-     "{{ bos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
-     "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
-     "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
-     "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
-     "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
-    {MT_CHAT_OLMO,
-     "{{ eos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
-     "{{ '<|system|>\\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
-     "{{ '<|user|>\\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
-     "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
-     "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"},
+    {MT_CHAT_TULU, "{{ bos_token }}" TULU_BODY},
+    {MT_CHAT_OLMO, "{{ eos_token }}" TULU_BODY},
 };
 
 int mt_chat_style_parse(const char *name, mt_chat_style *out) {
