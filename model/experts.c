@@ -133,8 +133,9 @@ static mt_linear cpu_with_weight(const mt_linear *l, mt_tensor *w, float *dst) {
 
 // `recompute`: the replay forward left this expert's rows to the backward, which recomputes g, u
 // and a first with W dequantized once for both (into this thread's part of sc->w), as the GPU
-// step does: two dequantizations of each 4-bit W per step, not three. ys is not recomputed: the
-// router's gradient comes from da instead (dweights_from_da; dweights NULL: not wanted).
+// step does: two dequantizations of each 4-bit W per step, not three. ys is recomputed only when
+// the router's gradient is taken from it (m->dweights_from_ys); else it comes from da
+// (dweights_from_da; dweights NULL: not wanted).
 static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
                          const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute,
                          float *dweights, const int32_t *order) {
@@ -145,7 +146,7 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
         float *ws = sc->w.data ? (float *)sc->w.data + (size_t)mt_thread_index() * (size_t)(3 * f * H) : NULL;
         w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
         w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
-        forward_cpu(m, &w1, &w2, &w3, a, o0, n, NULL, sc);
+        forward_cpu(m, &w1, &w2, &w3, a, o0, n, mt_experts_give_dweights(m) ? NULL : a->ys, sc);
     }
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du

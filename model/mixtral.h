@@ -123,8 +123,8 @@ typedef struct mt_model {
     mt_layer_acts *acts;        // [layers], or [1] when recomputing
     mt_tensor *x_final, *xf, *rstdf;  // [T, H], [T, H], [T]: the loss reads xf (model/loss.c)
     int64_t loss_chunk_rows;    // rows of logits the loss holds at once; 0: mt_loss_chunk_rows's
-    int dweights_from_ys;       // tests, without recomputation: the cpu takes the router's top-k
-                                // weight gradient from ys, as the GPU step does (model/experts.c)
+    int dweights_from_ys;       // tests: the cpu takes the router's top-k weight gradient from ys,
+                                // as the GPU step does (model/experts.c)
     mt_tensor *dxf_early;       // [T, H] the loss's unscaled gradient of xf, made by a training
                                 // forward (mt_model_forward_train) for its backward (ledger: act)
     int32_t *tokens, *targets, *positions;     // [T] host

@@ -129,7 +129,7 @@ Test(checkpointing, same_with_a_4bit_base_dequantized_once_for_recompute) { same
 // The cpu's router takes its top-k weight gradient from w2's input gradient (dy·ys = da·a / w,
 // model/experts.c), so that the recomputing backward never forms ys again. That holds through
 // w2's LoRA and its dropout: every gradient equals (to rounding) that of the way the GPU step
-// takes it, from ys without recomputation; and the router's against finite differences.
+// takes it, from ys, with and without recomputation; and the router's against finite differences.
 typedef struct { mt_model *m; mt_batch b; } fd_ctx;
 
 static double fd_train_loss(void *ctx) {
@@ -171,21 +171,23 @@ Test(checkpointing, router_gradient_from_w2_input_gradient_with_lora_dropout) {
     for (int t = 0; t < 16; t++) tok[t] = lab[t] = (t * 37 + 5) % 256;
     mt_batch batch = {2, 8, tok, lab, NULL};
     mt_backend *be = mt_backend_cpu_new();
-    mt_model m, ref;
+    mt_model m, ref[2];
     dropout_run(&m, be, MT_CKPT_FULL, 0, &batch);
-    dropout_run(&ref, be, MT_CKPT_NONE, 1, &batch);
+    dropout_run(&ref[0], be, MT_CKPT_NONE, 1, &batch);
+    dropout_run(&ref[1], be, MT_CKPT_FULL, 1, &batch);  // ys recomputed for it
     mt_param *pm, *pr;
-    int n = mt_model_params(&m, &pm);
-    cr_assert_eq(mt_model_params(&ref, &pr), n);
-    int routers = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t len = mt_tensor_numel(pm[i].g);
-        const float *a = pm[i].g->data, *b = pr[i].g->data;
-        double d2 = 0, r2 = 0;
-        for (int64_t j = 0; j < len; j++) d2 += (double)(a[j] - b[j]) * (a[j] - b[j]), r2 += (double)b[j] * b[j];
-        cr_assert_gt(r2, 0, "%s: a zero gradient tells nothing", pm[i].name);
-        cr_expect_lt(sqrt(d2 / r2), 1e-5, "%s: relative L2 error %.3g", pm[i].name, sqrt(d2 / r2));
-        routers += strstr(pm[i].name, ".gate.") != NULL;
+    int n = mt_model_params(&m, &pm), routers = 0;
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(mt_model_params(&ref[k], &pr), n);
+        for (int i = 0; i < n; i++) {
+            int64_t len = mt_tensor_numel(pm[i].g);
+            const float *a = pm[i].g->data, *b = pr[i].g->data;
+            double d2 = 0, r2 = 0;
+            for (int64_t j = 0; j < len; j++) d2 += (double)(a[j] - b[j]) * (a[j] - b[j]), r2 += (double)b[j] * b[j];
+            cr_assert_gt(r2, 0, "%s: a zero gradient tells nothing", pm[i].name);
+            cr_expect_lt(sqrt(d2 / r2), 1e-5, "ref %d %s: relative L2 error %.3g", k, pm[i].name, sqrt(d2 / r2));
+            routers += k == 0 && strstr(pm[i].name, ".gate.") != NULL;
+        }
     }
     cr_assert_eq(routers, 2 * 2, "A and B of both layers' routers compared");
     fd_ctx c = {&m, batch};
@@ -194,6 +196,6 @@ Test(checkpointing, router_gradient_from_w2_input_gradient_with_lora_dropout) {
         fd_report r = fd_check_f32(fd_train_loss, &c, g->b->data, g->db->data, mt_tensor_numel(g->b), 1e-2f, 1e-4);
         cr_expect_lt(r.worst, 0.15, "layer %d router lora_B: " FD_FMT, L, FD_ARGS(r));
     }
-    mt_model_free(&m), mt_model_free(&ref);
+    mt_model_free(&m), mt_model_free(&ref[0]), mt_model_free(&ref[1]);
     mt_backend_free(be);
 }
