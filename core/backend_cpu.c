@@ -182,7 +182,7 @@ static void cpu_keep_freed_memory(void) {
     static int done;
     if (done) return;
     done = 1;
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest (blocks above it still get mappings)
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest (blocks above it: cpu_kept)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
