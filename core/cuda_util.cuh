@@ -1,10 +1,11 @@
 // core/cuda_util.cuh — device helpers shared by the op kernels (.cu files only): warp and block
-// reductions, grid sizing, and the begin/end of a launcher on the backend's stream.
+// reductions, grid sizing, the begin/end of a launcher on the backend's stream, and a sigmoid.
 //
 // Reductions combine in a fixed tree (shuffles, then warps in order), so a result depends only
 // on the data and the launch shape: no float atomics anywhere.
 #pragma once
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
@@ -22,6 +23,13 @@ static inline cudaStream_t mt_cuda_begin(mt_backend *be) {
 static inline unsigned mt_cuda_blocks(int64_t n, int per_block, unsigned cap = 65535u) {
     int64_t b = (n + per_block - 1) / per_block;
     return (unsigned)(b < 1 ? 1 : (b > (int64_t)cap ? cap : b));
+}
+
+// sigmoid(g) without overflow: e^-|g| ≤ 1 on either side.
+static __device__ __forceinline__ float mt_sigmoid(float g) {
+    if (g >= 0.0f) return 1.0f / (1.0f + expf(-g));
+    const float z = expf(g);
+    return z / (1.0f + z);
 }
 
 template <typename T> static __device__ __forceinline__ T mt_warp_sum(T v) {

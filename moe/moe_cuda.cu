@@ -591,12 +591,6 @@ extern "C" void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys_, float *
 // ---------------------------------------------------------------------------------------------
 // SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] = [g_r | u_r].
 
-static __device__ __forceinline__ float sigmoid_f(float g) {  // no overflow: e^-|g| ≤ 1
-    if (g >= 0.0f) return 1.0f / (1.0f + expf(-g));
-    const float z = expf(g);
-    return z / (1.0f + z);
-}
-
 // gu [rows, 2f] → a [rows, f]; thread per V consecutive columns of a row (f % V == 0).
 template <int V>
 static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int64_t rows, int64_t f) {
@@ -607,7 +601,7 @@ static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int6
         bf16_load<V>(g, gu + r * 2 * f + c);
         bf16_load<V>(u, gu + r * 2 * f + f + c);
 #pragma unroll
-        for (int e = 0; e < V; e++) g[e] = g[e] * sigmoid_f(g[e]) * u[e];
+        for (int e = 0; e < V; e++) g[e] = g[e] * mt_sigmoid(g[e]) * u[e];
         bf16_store<V>(a + r * f + c, g);
     }
 }
@@ -627,7 +621,7 @@ static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, c
         bf16_load<V>(du, dgu + r * 2 * f + f + c);
 #pragma unroll
         for (int e = 0; e < V; e++) {
-            const float sg = sigmoid_f(g[e]);
+            const float sg = mt_sigmoid(g[e]);
             dg[e] += d[e] * u[e] * sg * (1.0f + g[e] * (1.0f - sg));
             du[e] += d[e] * g[e] * sg;
         }
