@@ -1,0 +1,56 @@
+// model/grouped.h — a layer's experts' GEMMs, each kind as ONE launch for every expert (CUDA:
+// model/grouped_cuda.cu). The rows of expert e are [off[e], off[e+1]) of the layer's permuted
+// buffers (expert order); W_e is that expert's weight: 4-bit (NF4/FP4/INT4, dequantized inside
+// the kernel, tile by tile: no dequantized W in device memory) or a dense bf16 matrix (a LoRA's
+// A or B). Many small experts (top-8 of 128) make a launch per expert cost more than its work;
+// one grouped launch per GEMM kind keeps the GPU busy and the launch count independent of E.
+//
+//   C[rows e] = alpha · drop_c(A[rows e] · op(W_e)) + beta · C[rows e]        mt_grouped_gemm
+//   G_e       = alpha · X[rows e]ᵀ · drop_y(Y[rows e]) + beta · G_e            mt_grouped_gemm_tn
+//
+// op(W) = Wᵀ (trans, W is [N, K]) or W (W is [K, N]). The optional dropout is LoRA's
+// (lora/lora_dropout.h): expert e's element (r - off[e], j) of a row-major [n_e, width] matrix
+// gets mt_lora_dropout_factor(seed[e], p, (r - off[e]) · width + j), the mask mt_lora_dropout_cuda
+// gives that expert's rows when they are passed alone: on C in mt_grouped_gemm (dx += drop(dxa·A))
+// and on Y in mt_grouped_gemm_tn (dA += dxaᵀ · drop(x)). A, X, Y are bf16; C and G bf16 or f32;
+// products are bf16 × bf16 summed in fp32 (tensor cores). Any tensor may be a 2-D view with a
+// row stride (core/backend.h: mt_view2), as the column blocks of gu [R, 2f] are.
+//
+// Only the cuda backend computes; the null backend (a counted step) returns 0 having done
+// nothing: these calls hold no device memory (everything travels in the launch's parameters).
+// A refusal (wrong dtype, shape, more than MT_GROUPED_MAX experts) is -1 with mt_error set.
+#pragma once
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "quant/qweight.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_GROUPED_MAX 256  // experts in one launch; callers split a larger group
+
+typedef struct mt_grouped {
+    int experts;                  // E, 1..MT_GROUPED_MAX
+    const int64_t *off;           // host [E+1], non-decreasing, off[0] = 0 is not required
+    const mt_qweight *const *q;   // [E] 4-bit W_e [out, in] (trans: N = out, K = in; else K = out, N = in)
+    const mt_tensor *const *w;    // [E] dense bf16 W_e (exactly one of q and w is set); NULL entries
+                                  // are not allowed: an expert without rows may not be read, but
+                                  // its W must have the shape of the others
+    int trans;
+    float alpha, beta;            // beta 0 or 1
+    const uint64_t *seed;         // [E] dropout seeds, or NULL: no dropout
+    float p;                      // dropout probability (used when seed is set)
+} mt_grouped;
+
+// c [R, N] (rows off[0]..off[E]) as above from a [R, K]. Rows outside every expert's range are
+// not touched.
+int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g);
+// g_e [M, N] (each expert its own tensor, bf16 or f32, contiguous) from x [R, M] and y [R, N];
+// mt_grouped's q/w/trans are not used. An expert with no rows leaves beta·G_e (beta 1: unchanged).
+int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, const mt_grouped *gr);
+
+#ifdef __cplusplus
+}
+#endif
