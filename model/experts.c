@@ -1,8 +1,7 @@
 // model/experts.c — one expert's MLP, down(silu(w1·x) ⊙ w3·x), forward and backward, on its rows
-// of the layer's expert buffers. The cpu runs w1 and w3 as two f32 Linears (the reference); the
-// GPU step (cuda, counted on null) writes both into gu [rows, 2f] with ONE GEMM of N = 2f when the
-// pair is 4-bit (dequantized side by side into the model's bf16 scratch), or two GEMMs into its
-// column blocks when dense, then SwiGLU over gu. The LoRAs of w1 and w3 add into their blocks.
+// of the layer's expert buffers: the cpu's f32 reference, w1 and w3 as two Linears, the experts
+// of a layer in parallel. The GPU step (cuda, counted on null) runs a layer's experts together,
+// one grouped launch per GEMM kind: model/experts_gpu.c.
 #include <stdlib.h>
 
 #include "core/common.h"
@@ -19,25 +18,18 @@ static void check_rows(const mt_expert_scratch *sc, int L, int e, int64_t n) {
                  (long long)sc->rows);
 }
 
-// The CPU reference: w1 and w3 apart into g and u. The Linears are given (an expert's own, or
+// w1 and w3 apart into g and u. The Linears are given (an expert's own, or
 // copies holding its W dequantized once for the backward's recompute). ys NULL: the output is
 // not wanted (the recomputing backward), only what w2's backward reads: a, and its LoRA's xa.
 static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, const mt_linear *w3, mt_layer_acts *a,
-                        int64_t o0, int64_t n, const mt_tensor *ys, const mt_expert_scratch *sc) {
+                        int64_t o0, int64_t n, const mt_tensor *ys) {
     int64_t f = m->cfg.intermediate;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
-    mt_linear_forward(w1, g, xs, XA(a->xa_w1), &sc->lora);
-    mt_linear_forward(w3, u, xs, XA(a->xa_w3), &sc->lora);
-    if (!m->counting) mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
-    if (ys) mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), &sc->lora);
+    mt_linear_forward(w1, g, xs, XA(a->xa_w1), NULL);
+    mt_linear_forward(w3, u, xs, XA(a->xa_w3), NULL);
+    mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
+    if (ys) mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), NULL);
     else if (w2->lora) mt_lora_project_cpu(w2->lora, XA(a->xa_w2)->data, act->data, n);
-}
-
-// gu's column blocks: w1's (g) and w3's (u), each [n, f] with row stride 2f.
-static mt_tensor block(const mt_tensor *gu, int64_t f, int which) {
-    mt_tensor v = mt_view2(gu->be, gu->data ? (char *)gu->data + mt_dtype_bytes(gu->dtype, (size_t)(which * f)) : NULL,
-                           gu->dtype, gu->shape[0], f, 2 * f);
-    return v;
 }
 
 int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute && m->par.ep_size == 1; }
@@ -63,53 +55,11 @@ static void dweights_from_da(const mt_model *m, const mt_layer_acts *a, const in
     }
 }
 
-// W13 = [w1; w3] [2f, H] dequantized into the model's scratch (a 4-bit pair), as one bf16 view.
-static mt_tensor w13_dequantized(mt_model *m, mt_linear *w1, mt_linear *w3) {
-    int64_t f = w1->out, H = w1->in;
-    mt_tensor s = *m->dequant, top = s, bottom = s;
-    bottom.data = s.data ? (char *)s.data + mt_dtype_bytes(MT_BF16, (size_t)(f * H)) : NULL;
-    mt_linear_weight(w1, &top), mt_linear_weight(w3, &bottom);
-    return mt_view2(m->be, s.data, MT_BF16, 2 * f, H, 0);
-}
-
-static void gemm(mt_tensor c, mt_tensor a, mt_tensor b, int ta, int tb, float beta) {
-    if (mt_matmul(&c, &a, &b, ta, tb, 1.0f, beta) != 0) mt_fatal(MT_EXIT_ERROR, "expert matmul: %s", mt_error_get());
-}
-
-static int fused_pair(const mt_linear *w1, const mt_linear *w3) { return w1->q && w3->q && w1->dequant; }
-
-// gu = xs · [w1; w3]ᵀ (+ each LoRA into its column block), then a = SwiGLU(gu). w13: the pair
-// dequantized side by side (fused: one GEMM with N = 2f), or NULL for two Linears.
-static void up_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                   const mt_tensor *w13, const mt_expert_scratch *sc) {
-    int64_t f = m->cfg.intermediate;
-    mt_linear *w1 = &ly->w1[e], *w3 = &ly->w3[e];
-    mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
-    mt_tensor g = block(gu, f, 0), u = block(gu, f, 1);
-    if (w13) {
-        gemm(*gu, *xs, *w13, 0, 1, 0.0f);
-        if (w1->lora) mt_lora_forward_dev(w1->lora, &g, xs, XA(a->xa_w1), &sc->lora);
-        if (w3->lora) mt_lora_forward_dev(w3->lora, &u, xs, XA(a->xa_w3), &sc->lora);
-    } else {
-        mt_linear_forward(w1, &g, xs, XA(a->xa_w1), &sc->lora);
-        mt_linear_forward(w3, &u, xs, XA(a->xa_w3), &sc->lora);
-    }
-    if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
-}
-
-static void forward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                        const mt_tensor *ys, const mt_expert_scratch *sc) {
-    mt_tensor w13 = fused_pair(&ly->w1[e], &ly->w3[e]) ? w13_dequantized(m, &ly->w1[e], &ly->w3[e]) : (mt_tensor){0};
-    up_gpu(m, ly, a, e, o0, n, w13.ndim ? &w13 : NULL, sc);
-    mt_linear_forward(&ly->w2[e], ROWS(ys, o0, n), ROWS(a->a, o0, n), XA(a->xa_w2), &sc->lora);
-}
-
 static void expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, const mt_tensor *ys_own,
                            const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
-    if (gpu_step(m)) forward_gpu(m, &m->layers[L], a, e, o0, n, ys_own, sc);
-    else forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], a, o0, n, ys_own, sc);
+    forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], a, o0, n, ys_own);
 }
 
 // Rows [r0, r0 + n) of an expert scratch, zeroed (the backward accumulates into them).
@@ -146,85 +96,36 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
         float *ws = sc->w.data ? (float *)sc->w.data + (size_t)mt_thread_index() * (size_t)(3 * f * H) : NULL;
         w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
         w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
-        forward_cpu(m, &w1, &w2, &w3, a, o0, n, mt_experts_give_dweights(m) ? NULL : a->ys, sc);
+        forward_cpu(m, &w1, &w2, &w3, a, o0, n, mt_experts_give_dweights(m) ? NULL : a->ys);
     }
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
-    mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
-    if (dweights && !m->counting) dweights_from_da(m, a, order, dweights, F(&da), F(act), o0, n);
-    if (!m->counting) mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
+    mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), NULL);
+    if (dweights) dweights_from_da(m, a, order, dweights, F(&da), F(act), o0, n);
+    mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
-    mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
-    mt_linear_backward(&w3, dx, &du, xs, XA(a->xa_w3), &sc->lora);
-}
-
-// A 4-bit w2 dequantized behind [w1; w3] in the scratch (which then holds 3·f·H), so that one
-// dequantization of the expert serves its recomputed forward and its backward.
-static mt_tensor w2_dequantized(mt_model *m, mt_linear *w2) {
-    mt_tensor s = *m->dequant;
-    s.data = s.data ? (char *)s.data + mt_dtype_bytes(MT_BF16, (size_t)(2 * w2->out * w2->in)) : NULL;
-    return mt_linear_weight(w2, &s);
-}
-
-// The GPU step. `recompute`: the replay forward left this expert's rows to the backward, which
-// recomputes gu, a and ys first with the same dequantized W (once per expert, not twice).
-static void backward_gpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int64_t o0, int64_t n,
-                         const mt_tensor *dys, const mt_tensor *dxs, const mt_expert_scratch *sc, int recompute) {
-    int64_t f = m->cfg.intermediate;
-    mt_linear *w1 = &ly->w1[e], *w2 = &ly->w2[e], *w3 = &ly->w3[e];
-    mt_tensor *xs = ROWS(a->xs, o0, n), *gu = ROWS(a->gu, o0, n), *act = ROWS(a->a, o0, n);
-    int fused = fused_pair(w1, w3), held = recompute && fused && w2->q;  // W13 and W2 held together
-    mt_tensor w13 = fused && recompute ? w13_dequantized(m, w1, w3) : (mt_tensor){0};
-    if (recompute) up_gpu(m, ly, a, e, o0, n, fused ? &w13 : NULL, sc);  // gu and a again; ys below
-    mt_tensor da = zeroed_rows(m, &sc->da, 0, n), dgu = zeroed_rows(m, &sc->dgu, 0, n);
-    if (held) {
-        mt_tensor w2w = w2_dequantized(m, w2);
-        mt_linear_forward_w(w2, &w2w, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
-        mt_linear_backward_w(w2, &w2w, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
-    } else {
-        if (recompute) mt_linear_forward(w2, ROWS(a->ys, o0, n), act, XA(a->xa_w2), &sc->lora);
-        mt_linear_backward(w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), &sc->lora);
-        if (fused) w13 = w13_dequantized(m, w1, w3);  // after w2's, which uses the scratch's start
-    }
-    if (!m->counting) mt_op_swiglu_fused_backward(m, dgu.data, da.data, gu->data, n, f);
-    mt_tensor dg = block(&dgu, f, 0), du = block(&dgu, f, 1), *dx = ROWS(dxs, o0, n);
-    if (fused) {  // dxs += dgu · [w1; w3]: one GEMM with K = 2f (dxs NULL: not wanted)
-        if (dx) gemm(*dx, dgu, w13, 0, 0, 1.0f);
-        if (w1->lora) mt_lora_backward_dev(w1->lora, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
-        if (w3->lora) mt_lora_backward_dev(w3->lora, dx, &du, xs, XA(a->xa_w3), &sc->lora);
-    } else {
-        mt_linear_backward(w1, dx, &dg, xs, XA(a->xa_w1), &sc->lora);
-        mt_linear_backward(w3, dx, &du, xs, XA(a->xa_w3), &sc->lora);
-    }
+    mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), NULL);
+    mt_linear_backward(&w3, dx, &du, xs, XA(a->xa_w3), NULL);
 }
 
 // every_row: the backward's da and dgu hold every row of the layer's experts, each expert its own
 // (the cpu's experts run in parallel); else as many rows as one expert can get, reused by each.
-// threads: how many experts run at once. The cpu's recomputing backward also takes an f32
+// threads: how many experts run at once. The recomputing backward also takes an f32
 // [w1; w3; w2] (3·f·H) for each, when the layer has a 4-bit expert.
 static mt_expert_scratch scratch_new(mt_model *m, int L, int64_t rows, int backward, int every_row, int threads) {
     int64_t f = m->cfg.intermediate, H = m->cfg.hidden;
-    mt_dtype dt = act_dtype(m);
     mt_expert_scratch s = {.rows = rows, .every_row = every_row};
-    if (backward) s.da = step_work(m, dt, rows, f, 0), s.dgu = step_work(m, dt, rows, 2 * f, 0);
+    if (backward) s.da = step_work(m, MT_F32, rows, f, 0), s.dgu = step_work(m, MT_F32, rows, 2 * f, 0);
     mt_layer *ly = &m->layers[L];
     int q4 = 0;
     for (int e = 0; e < m->cfg.experts; e++) q4 |= ly->w1[e].q || ly->w2[e].q || ly->w3[e].q;
-    if (backward && q4 && !gpu_step(m) && mt_experts_recompute_in_backward(m))
-        s.w = step_work(m, MT_F32, threads, 3 * f * H, 0);
-    for (int e = 0; gpu_step(m) && e < m->cfg.experts; e++) {  // the cpu's LoRA takes its own
-        const mt_linear *ls[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
-        for (int i = 0; i < 3; i++)
-            if (ls[i]->lora) s.lora.bytes = MT_MAX(s.lora.bytes, mt_lora_dev_scratch_bytes(ls[i]->lora, rows));
-    }
-    if (s.lora.bytes) s.lora.data = mt_work_alloc(m->be, s.lora.bytes);
+    if (backward && q4 && mt_experts_recompute_in_backward(m)) s.w = step_work(m, MT_F32, threads, 3 * f * H, 0);
     return s;
 }
 
 static void scratch_free(mt_model *m, mt_expert_scratch *s) {
-    if (s->lora.bytes) mt_work_free(m->be, s->lora.data, s->lora.bytes);
     if (s->w.ndim) step_unwork(m, &s->w);
     if (s->dgu.ndim) step_unwork(m, &s->dgu), step_unwork(m, &s->da);
 }
@@ -233,21 +134,17 @@ static void expert_backward(mt_model *m, int L, int e, int64_t o0, int64_t n, co
                             const mt_tensor *dxs, float *dweights, const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
-    int rec = mt_experts_recompute_in_backward(m);
-    if (gpu_step(m)) backward_gpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, rec);
-    else backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, rec, dweights, I(m->kept[L].order));
+    backward_cpu(m, &m->layers[L], a, e, o0, n, dys_own, dxs, sc, mt_experts_recompute_in_backward(m), dweights,
+                 I(m->kept[L].order));
 }
 
 // The cpu runs a layer's experts in parallel, an expert per thread at a time (dynamic: routing
 // makes them unequal) with each of its GEMMs on that thread: the experts are independent
 // (disjoint rows, their own weights and gradients), and a small GEMM split over threads pays a
-// fork and join each time, which top-8 of many small experts multiplies. The GPU step (and the
-// null backend's count of it) runs them in turn.
+// fork and join each time, which top-8 of many small experts multiplies.
 // With fewer than two experts per thread (E = 1 is a dense MLP) the threads would idle: the
 // experts then run in turn, each GEMM on every thread.
-static int experts_in_parallel(const mt_model *m, int jobs) {
-    return m->be->ops->kind == MT_BACKEND_CPU && jobs >= 2 * mt_threads_max();
-}
+static int experts_in_parallel(int jobs) { return jobs >= 2 * mt_threads_max(); }
 
 // The most rows one expert can get: each token picks k distinct experts, so at most T per rank.
 static int64_t expert_rows_max(const mt_model *m, int64_t R) {
@@ -270,12 +167,16 @@ static int expert_jobs(const mt_model *m, int L, int *par, expert_job *jobs) {
         mt_expert_rows(m, L, e, &j.o0, &j.n);
         if (j.n) jobs[count++] = j;  // an expert with no tokens does nothing
     }
-    *par = experts_in_parallel(m, count);
+    *par = experts_in_parallel(count);
     if (*par) qsort(jobs, (size_t)count, sizeof *jobs, by_rows_desc);
     return count;
 }
 
 void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) {
+    if (gpu_step(m)) {
+        mt_experts_forward_gpu(m, L, ys_own);
+        return;
+    }
     int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
     int count = expert_jobs(m, L, &par, jobs);
@@ -288,6 +189,10 @@ void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R) 
 
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
                          int64_t R) {
+    if (gpu_step(m)) {
+        mt_experts_backward_gpu(m, L, dys_own, dxs, R);
+        return;
+    }
     int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
     int count = expert_jobs(m, L, &par, jobs);

@@ -432,16 +432,14 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_s
     return mt_model_build(m, be, &cfg, dir, spec);
 }
 
-// Every 4-bit Linear of the model (with `visit`), for the shared dequantization scratch.
+// Every 4-bit Linear of the model outside the experts (with `visit`), for the shared
+// dequantization scratch. The experts have none: their grouped launches dequantize inside the
+// kernel (model/experts_gpu.c).
 static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
         mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
         for (int i = 0; i < 8; i++) if (ls[i]->q) visit(m, ls[i], acc);
-        for (int e = 0; e < m->cfg.experts; e++) {
-            mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
-            for (int i = 0; i < 3; i++) if (ex[i]->q) visit(m, ex[i], acc);
-        }
     }
 }
 static void largest(mt_model *m, mt_linear *l, int64_t *acc) { (void)m, *acc = MT_MAX(*acc, l->out * l->in); }
@@ -453,12 +451,6 @@ static int share_dequant_scratch(mt_model *m) {
     int64_t n = 0;
     each_4bit(m, largest, &n);
     if (n == 0) return 0;
-    // w1 and w3 side by side (one GEMM with N = 2f), and w2 behind them when the backward
-    // recomputes the experts with the weights it dequantized.
-    int64_t parts = mt_experts_recompute_in_backward(m) ? 3 : 2;
-    for (int L = 0; L < m->cfg.layers; L++)
-        for (int e = 0; e < m->cfg.experts; e++)
-            if (m->layers[L].w1[e].q) n = MT_MAX(n, parts * m->layers[L].w1[e].out * m->layers[L].w1[e].in);
     if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_BF16, 1, &n))) return -1;
     each_4bit(m, attach, NULL);
     return 0;

@@ -142,9 +142,9 @@ typedef struct mt_model {
                                 // same on every rank whichever experts it holds
     mt_model_par par;
     int32_t *owner;             // [layers × experts] the EP rank holding each expert
-    mt_tensor *dequant;         // GPU step: bf16 scratch of the largest 4-bit W (an expert's w1‖w3,
-                                // dequantized together for one GEMM), shared by every Linear
-                                // (ledger: work; BUDGETS.md's "dequant buffer for one expert")
+    mt_tensor *dequant;         // GPU step: bf16 scratch of the largest 4-bit W outside the experts
+                                // (whose grouped kernels dequantize tile by tile), shared by those
+                                // Linears (ledger: work; BUDGETS.md's "dequant buffer")
     uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
 } mt_model;
 

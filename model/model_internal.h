@@ -119,24 +119,21 @@ void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 // R: the rows this rank's experts hold): forward xs -> a -> ys_own rows; backward from dys_own
 // rows, ACCUMULATING into dxs rows (dxs NULL: not wanted), the experts' weight and LoRA
 // gradients. The cpu runs w1 and w3 apart (the f32 reference), experts in parallel; the GPU step
-// runs them as one GEMM into gu with SwiGLU after it, a 4-bit pair dequantized together.
-// The experts' scratch, taken once per layer for as many rows as one expert can get (each token
-// picks k distinct experts: at most T per rank), so that its size never depends on the routing
-// and the plan can count it: the backward's da [rows, f] and dgu [rows, 2f] (the cpu's dg | du),
-// and the GPU step's LoRA scratch for the largest expert LoRA. The cpu's backward takes every
-// row instead (every_row), so that experts running at once each have their own.
+// runs a layer's experts together, a grouped launch per GEMM kind (model/experts_gpu.c).
+// The cpu's scratch, taken once per layer: the backward's da [rows, f] and dgu [rows, 2f] (dg | du)
+// for as many rows as one expert can get (each token picks k distinct experts: at most T per
+// rank), or every row (every_row) when experts run at once, each then with its own rows.
 typedef struct mt_expert_scratch {
     int64_t rows;
     int every_row;
     mt_tensor da, dgu;       // backward only
-    mt_tensor w;             // the cpu's recomputing backward: f32 [w1; w3; w2] per thread
-    mt_lora_scratch lora;
+    mt_tensor w;             // the recomputing backward: f32 [w1; w3; w2] per thread
 } mt_expert_scratch;
 void mt_experts_forward(mt_model *m, int L, const mt_tensor *ys_own, int64_t R);
-// Recomputation on one EP rank: the replay forward skips the experts, and each expert's backward
-// recomputes its rows (g, u or gu, a, ys) first, so its 4-bit weights are dequantized once for
-// both (the GPU step's dequant scratch then holds w1, w3 and w2: 3·f·H; the cpu's is f32, one
-// per thread running an expert).
+// Recomputation on one EP rank: the replay forward skips the experts, and the backward recomputes
+// their rows (g, u or gu, a, ys) first: on the cpu each expert with its 4-bit weights dequantized
+// once for both (an f32 scratch per thread running an expert); on the GPU step the layer's
+// grouped forward again, dequantizing in the kernels.
 int mt_experts_recompute_in_backward(const mt_model *m);
 // The cpu on one EP rank: the experts' backward also gives the router's top-k weight gradient
 // (dweights [T·k], added into), from w2's input gradient, so that a recomputing backward never
@@ -144,6 +141,10 @@ int mt_experts_recompute_in_backward(const mt_model *m);
 int mt_experts_give_dweights(const mt_model *m);
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
                          int64_t R);
+// The GPU step's (model/experts_gpu.c): the backward writes da and dgu over a and gu (their
+// storage is the layer's activations'), its one scratch the LoRAs' dxa [R, r] for every row.
+void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
+void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
 // token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,

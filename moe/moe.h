@@ -73,7 +73,7 @@ void swiglu_backward_cpu(float *dg, float *du, const float *da, const float *g, 
 // results are equal bit for bit (tests/test_moe_ops.c); the fp32 twins of swiglu_fused_*_cuda.
 // a [rows, f] = silu(gu[:, :f]) ⊙ gu[:, f:]
 void swiglu_fused_forward_cpu(float *a, const float *gu, int64_t rows, int64_t f);
-// dgu [rows, 2f] += (d/dg, d/du) of a given da [rows, f]
+// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f], written (not added); dgu may be gu
 void swiglu_fused_backward_cpu(float *dgu, const float *da, const float *gu, int64_t rows, int64_t f);
 
 #ifdef __cplusplus

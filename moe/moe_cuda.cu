@@ -606,7 +606,8 @@ static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int6
     }
 }
 
-// da [rows, f] → dgu [rows, 2f] += [dg | du]; silu'(g) = s·(1 + g·(1 − s)), s = sigmoid(g)
+// da [rows, f] → dgu [rows, 2f] = [dg | du]; silu'(g) = s·(1 + g·(1 − s)), s = sigmoid(g). Each
+// thread reads its g, u and da before it writes the same places of dgu: dgu may be gu itself.
 template <int V>
 static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, const bf16 *gu, int64_t rows,
                                                     int64_t f) {
@@ -617,13 +618,11 @@ static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, c
         bf16_load<V>(g, gu + r * 2 * f + c);
         bf16_load<V>(u, gu + r * 2 * f + f + c);
         bf16_load<V>(d, da + r * f + c);
-        bf16_load<V>(dg, dgu + r * 2 * f + c);
-        bf16_load<V>(du, dgu + r * 2 * f + f + c);
 #pragma unroll
         for (int e = 0; e < V; e++) {
             const float sg = mt_sigmoid(g[e]);
-            dg[e] += d[e] * u[e] * sg * (1.0f + g[e] * (1.0f - sg));
-            du[e] += d[e] * g[e] * sg;
+            dg[e] = d[e] * u[e] * sg * (1.0f + g[e] * (1.0f - sg));
+            du[e] = d[e] * g[e] * sg;
         }
         bf16_store<V>(dgu + r * 2 * f + c, dg);
         bf16_store<V>(dgu + r * 2 * f + f + c, du);

@@ -79,7 +79,8 @@ void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *pr
 // swiglu_fused_forward_cpu / swiglu_fused_backward_cpu (moe/moe.h).
 // a [rows, f] = silu(gu[:, :f]) * gu[:, f:]
 void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f);
-// dgu [rows, 2f] += (d/dg, d/du) of a given da [rows, f] (dgu NULL: nothing to do)
+// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f], written, not added (dgu NULL: nothing
+// to do); dgu may be gu itself (in place: the experts' backward reuses gu's storage)
 void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu, int64_t rows,
                                 int64_t f);
 

@@ -43,19 +43,17 @@ MT_HOT void swiglu_fused_forward_cpu(float *restrict a, const float *restrict gu
     }
 }
 
-// da [rows, f] → dgu [rows, 2f] += [dg | du]
-MT_HOT void swiglu_fused_backward_cpu(float *restrict dgu, const float *restrict da, const float *restrict gu,
-                                      int64_t rows, int64_t f) {
+// da [rows, f] → dgu [rows, 2f] = [dg | du], in place when dgu is gu (both read before written)
+MT_HOT void swiglu_fused_backward_cpu(float *dgu, const float *restrict da, const float *gu, int64_t rows,
+                                      int64_t f) {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
-        const float *restrict g = gu + r * 2 * f, *restrict u = g + f, *restrict d = da + r * f;
-        float *restrict dg = dgu + r * 2 * f, *restrict du = dg + f;
-#pragma omp simd
+        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * f;
+        float *dg = dgu + r * 2 * f, *du = dg + f;
         for (int64_t c = 0; c < f; c++) {
-            const float s = sigmoidf(g[c]);
-            dg[c] += d[c] * u[c] * s * (1.0f + g[c] * (1.0f - s));
+            const float gc = g[c], uc = u[c], s = sigmoidf(gc);
+            dg[c] = d[c] * uc * s * (1.0f + gc * (1.0f - s));
+            du[c] = d[c] * gc * sigmoidf(gc);
         }
-#pragma omp simd
-        for (int64_t c = 0; c < f; c++) du[c] += d[c] * g[c] * sigmoidf(g[c]);
     }
 }

@@ -238,7 +238,7 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     int64_t xa = 0;
     for (int64_t l = 0; l < sets; l++) xa += lora_xa_set(cfg, o, full ? 0 : l, full ? L : 1, sb);
     int n = 0;
-    t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): work in the model",
+    t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): none, the GPU step writes them over a and gu",
                                 -6 * k * sb * cfg->intermediate};
     t[n++] = (mt_plan_act_term){"logits and loss 10·s·b·V: none kept, the fused loss holds a chunk of rows at a time "
                                 "(work: 201 MB at V = 32000)", -10 * sb * V};

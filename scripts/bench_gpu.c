@@ -209,7 +209,6 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     sh->blocksize = o->quant_blocksize, sh->double_quant = o->double_quant;
     sh->recompute = o->checkpointing == MT_CKPT_FULL;
     sh->dequants_per_use = 1;
-    sh->experts_recompute_in_backward = sh->recompute && o->ep <= 1;  // mt_experts_recompute_in_backward
     return 1;
 }
 

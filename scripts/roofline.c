@@ -46,16 +46,22 @@
 #define EFF_ATTN_FWD 0.30
 #define EFF_ATTN_BWD 0.20
 #define GEMM_HALF_M 64.0
+// The grouped expert GEMMs' in-kernel dequantization on the CUDA cores (integer and fp32 ops
+// counted alike at the fp32 rate): assumed 0.5 of it, added to the GEMM's time as if nothing
+// overlapped: an upper bound on its cost.
+#define EFF_ALU 0.50
 
 static double op_eff(const step_op *o) {
     switch (o->cls) {
     case STEP_GEMM: return EFF_GEMM * o->m / (o->m + GEMM_HALF_M);
     case STEP_ATTN: return o->phase == 'B' ? EFF_ATTN_BWD : EFF_ATTN_FWD;
+    case STEP_ALU: return EFF_ALU;
     default: return EFF_MEM;
     }
 }
 
-static double op_peak(const step_op *o) { return o->cls == STEP_MEM ? PEAK_FP32 : PEAK_BF16; }  // MEM: unused
+// MEM: unused (memory-bound by definition); ALU: the CUDA cores' fp32 rate
+static double op_peak(const step_op *o) { return o->cls == STEP_MEM || o->cls == STEP_ALU ? PEAK_FP32 : PEAK_BF16; }
 
 // Seconds, and whether compute (1) or memory (0) bounds it.
 static double op_time(const step_op *o, int *compute_bound) {
@@ -140,7 +146,6 @@ int main(int argc, char **argv) {
     sh.quant = MT_QUANT_NF4, sh.blocksize = 64, sh.double_quant = 1;
     sh.recompute = 1;
     sh.dequants_per_use = 1;
-    sh.experts_recompute_in_backward = 1;  // model/experts.c on one GPU
 
     const mt_model_config *c = &sh.cfg;
     double N = step_matmul_params(c);
@@ -161,11 +166,11 @@ int main(int argc, char **argv) {
            "(WMMA tensor cores) %.2f forward, %.2f backward of the bf16 peak (assumed, below FA2's ~35%% on an H100 as "
            "the FA3 paper reports)\n",
            EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN_FWD, EFF_ATTN_BWD);
-    printf("dequant: q,k,v,o at every use (forward, recompute, backward); an expert's w1||w3 and w2 in the forward and "
-           "once more for its recompute and backward together (model/experts.c); "
-           "bytes per Mixtral expert (w1||w3 + w2) = %.1f MB (mt_qweight_dequant_bytes_of)\n",
-           (double)(mt_qweight_dequant_bytes_of(MT_QUANT_NF4, 2 * c->intermediate, c->hidden, 64, 1, MT_BF16) +
-                    mt_qweight_dequant_bytes_of(MT_QUANT_NF4, c->hidden, c->intermediate, 64, 1, MT_BF16)) / 1e6);
+    printf("dequant: q,k,v,o to bf16 at every use (forward, recompute, backward); the experts' 4-bit W inside "
+           "their grouped GEMMs (model/grouped_cuda.cu), a tile per block: once per %d-row tile of an expert's rows "
+           "and GEMM, 4 CUDA-core ops an element at %.0f%% of the fp32 peak, added to the step as if it overlapped "
+           "nothing (an upper bound: it runs beside the tensor cores)\n",
+           STEP_GROUPED_TILE_M, 100 * EFF_ALU);
     printf("phases: F forward, R recompute forward, B backward (dx and LoRA grads), O optimizer\n\n");
 
     sh.seq = seqs[0];
@@ -177,22 +182,25 @@ int main(int argc, char **argv) {
 
     const int64_t cols[3] = {2048, 4096, 16384};
     printf("PROJECTION by sequence length (micro-batch 1; time only: whether it fits is `moetrain plan`'s question)\n");
-    printf("%8s %10s %12s %8s %8s %16s\n", "seq", "step s", "tokens/s", "MFU", "HFU", "attention share");
+    printf("%8s %10s %12s %8s %8s %16s %22s\n", "seq", "step s", "tokens/s", "MFU", "HFU", "attention share",
+           "step s, dequant hidden");
     for (int i = 0; i < 3; i++) {
         step_shape x = sh;
         x.seq = cols[i];
         totals u = project(&x, 0);
         step_ops ops;
         step_build(&x, &ops);
-        double att = 0;
-        for (int j = 0; j < ops.n; j++)
-            if (ops.op[j].cls == STEP_ATTN) {
-                int cb;
-                att += op_time(&ops.op[j], &cb);
-            }
-        printf("%8lld %10.3f %12.0f %7.1f%% %7.1f%% %15.1f%%\n", (long long)x.seq, u.step_s, u.tokens_s, 100 * u.mfu,
-               100 * u.hfu, 100 * att / u.step_s);
+        double att = 0, alu = 0;
+        for (int j = 0; j < ops.n; j++) {
+            int cb;
+            if (ops.op[j].cls == STEP_ATTN) att += op_time(&ops.op[j], &cb);
+            if (ops.op[j].cls == STEP_ALU) alu += op_time(&ops.op[j], &cb);
+        }
+        printf("%8lld %10.3f %12.0f %7.1f%% %7.1f%% %15.1f%% %22.3f\n", (long long)x.seq, u.step_s, u.tokens_s,
+               100 * u.mfu, 100 * u.hfu, 100 * att / u.step_s, u.step_s - alu);
     }
+    printf("(the last column: the grouped GEMMs' dequantization entirely under the tensor cores' time, the bound\n"
+           " opposite to the step's, which adds it)\n");
     printf("roofline: PROJECTION, not measured; `make CUDA=1 bench-gpu` on an H100 measures the same step\n");
     return 0;
 }

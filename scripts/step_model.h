@@ -17,12 +17,15 @@
 //     of S·d_attn per token: the dq kernel recomputes QKᵀ and dO·Vᵀ and runs dS·K, the dk/dv
 //     kernel recomputes both again and runs Pᵀ·dO and dSᵀ·Q; the diagonal tiles' masked half,
 //     ~64/S of the work, is not counted), one FLOP
-//     per element for each dequantization (the scale multiply), and the elementwise ops' few.
+//     per element for each dequantization (the scale multiply) of a whole W (attention), four
+//     (unpack, codebook, scale, convert) per element and row tile for the experts' grouped GEMMs,
+//     which dequantize W's tiles inside the kernel, and the elementwise ops' few.
 // Bytes are what each op reads and writes in device memory, every operand once per kernel
 // (accumulating outputs read and written); L2 reuse inside a kernel (flash attention's K/V
 // re-reads, GEMM tiles) is not traffic. Storage follows issue 12's dtype rule: bf16 activations,
 // weights, LoRA and gradients; fp32 rstd, lse, router logits, lm_head logits, optimizer state.
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,7 +33,9 @@
 #include "model/spec.h"
 #include "quant/qweight.h"
 
-typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM } step_class;  // STEP_ATTN: the WMMA flash kernels
+// STEP_ATTN: the WMMA flash kernels; STEP_ALU: CUDA-core work inside a GEMM kernel (the grouped
+// expert GEMMs' dequantization), counted as if it did not overlap the tensor cores' (an upper bound)
+typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM, STEP_ALU } step_class;
 
 typedef struct {
     char name[48];
@@ -46,15 +51,17 @@ typedef struct {
     int64_t batch, seq;
     int lora_r;
     unsigned targets;       // MT_TARGET_* bits with LoRA
-    int quant_experts, quant_attn;  // frozen Linears stored 4-bit (dequantized to bf16 per use)
+    int quant_experts, quant_attn;  // frozen Linears stored 4-bit: attention's dequantized to bf16
+                                    // per use, the experts' inside their grouped GEMMs
     mt_quant quant;
     int blocksize, double_quant;
     int recompute;          // --checkpointing full: one recompute forward of every layer
     int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes
-    int experts_recompute_in_backward;  // the GPU step with recomputation on one rank (today):
-                                        // an expert's backward recomputes its rows with the
-                                        // weights it dequantized, so experts dequantize in F and B only
 } step_shape;
+
+// Rows of a grouped expert GEMM's block tile (model/grouped_cuda.cu): each block dequantizes the W
+// tiles it multiplies, so an expert's W is dequantized once per tile of its rows.
+enum { STEP_GROUPED_TILE_M = 64 };
 
 enum { STEP_MAX_OPS = 64 };
 
@@ -175,18 +182,16 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (R) step_add(s, "permute/gather + combine", 'R', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
 
-    // NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix; an expert's
-    // recompute shares its backward's.
+    // Attention's NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix.
+    // The experts' dequantize inside their grouped GEMMs: each GEMM kind reads the 4-bit W (its
+    // bytes below) and dequantizes a tile of it per row tile of its expert (ALU work).
     const char phases[3] = {'F', 'R', 'B'};
     for (int p = 0; p < 3; p++) {
         if (phases[p] == 'R' && !R) continue;
-        if (sh->quant_experts && !(phases[p] == 'R' && sh->experts_recompute_in_backward)) {
-            double by = (double)mt_qweight_dequant_bytes_of(sh->quant, 2 * c->intermediate, c->hidden, sh->blocksize,
-                                                            sh->double_quant, MT_BF16) +
-                        (double)mt_qweight_dequant_bytes_of(sh->quant, c->hidden, c->intermediate, sh->blocksize,
-                                                            sh->double_quant, MT_BF16);
-            double n = L * E * sh->dequants_per_use;
-            step_add(s, "dequant NF4->bf16 experts", phases[p], 2 * n, 3 * h * f * n, by * n, 0, STEP_MEM);
+        if (sh->quant_experts) {
+            double tiles = ceil(Me / STEP_GROUPED_TILE_M);
+            step_add(s, "dequant in grouped GEMMs (ALU)", phases[p], 2 * L, 4 * 3 * h * f * E * tiles * L, 0, 0,
+                     STEP_ALU);
         }
         if (sh->quant_attn) {
             double by = 0;
@@ -201,20 +206,26 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         }
     }
 
-    // Experts: w1‖w3 as one GEMM (N = 2f), SwiGLU, w2; E calls of Me rows each.
-    double e13_f = 2 * Tk * h * 2 * f, e13_fb = bf * (E * 2 * f * h + Tk * h + Tk * 2 * f);
-    double e13_bb = bf * (E * 2 * f * h + Tk * 2 * f + 2 * Tk * h);
-    double e2_f = 2 * Tk * f * h, e2_fb = bf * (E * h * f + Tk * f + Tk * h), e2_bb = bf * (E * h * f + Tk * h + 2 * Tk * f);
-    step_add(s, "expert GEMM w1||w3 (N=2f)", 'F', E * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
-    if (R) step_add(s, "expert GEMM w1||w3 (N=2f)", 'R', E * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
-    step_add(s, "expert GEMM w1||w3 (dx)", 'B', E * L, e13_f * L, e13_bb * L, Me, STEP_GEMM);
-    double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * 2 * Tk * f);
-    step_add(s, "SwiGLU", 'F', E * L, 8 * Tk * f * L, sw_fb * L, Me, STEP_MEM);
-    if (R) step_add(s, "SwiGLU", 'R', E * L, 8 * Tk * f * L, sw_fb * L, Me, STEP_MEM);
-    step_add(s, "SwiGLU", 'B', E * L, 12 * Tk * f * L, sw_bb * L, Me, STEP_MEM);
-    step_add(s, "expert GEMM w2", 'F', E * L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
-    if (R) step_add(s, "expert GEMM w2", 'R', E * L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
-    step_add(s, "expert GEMM w2 (dx)", 'B', E * L, e2_f * L, e2_bb * L, Me, STEP_GEMM);
+    // Experts: one grouped launch per GEMM kind and layer (model/experts_gpu.c): w1 and w3 into
+    // gu's halves, SwiGLU over every row, w2; the efficiency is that of Me rows (an expert's). W's
+    // bytes: 4-bit when quantized (read by the kernel), else bf16.
+    double w_f_h = sh->quant_experts ? (double)mt_q4_weight_bytes(sh->quant, c->intermediate * c->hidden,
+                                                                  mt_q4_blocksize_or_default(sh->quant, sh->blocksize),
+                                                                  sh->double_quant)
+                                     : bf * f * h;  // one [f, h] matrix
+    double e13_f = 2 * Tk * h * 2 * f, e13_fb = 2 * E * w_f_h + bf * (Tk * h + Tk * 2 * f);
+    double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice
+    double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
+    step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
+    if (R) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
+    step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GEMM);
+    double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
+    step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
+    if (R) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
+    step_add(s, "SwiGLU", 'B', L, 12 * Tk * f * L, sw_bb * L, Tk, STEP_MEM);
+    step_add(s, "expert GEMM w2 (grouped)", 'F', L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
+    if (R) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
+    step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GEMM);
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
@@ -225,7 +236,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double cnt = 0, fl = 0, by = 0;
             for (int i = 0; i < tmp.n; i++)
                 if (tmp.op[i].phase == phases[p]) cnt += tmp.op[i].count, fl += tmp.op[i].flops, by += tmp.op[i].bytes;
-            step_add(s, "LoRA experts w1,w3,w2", phases[p], cnt, fl, by, Me, STEP_GEMM);
+            // per-expert GEMMs counted above; they run as grouped launches, one for all E experts
+            step_add(s, "LoRA experts w1,w3,w2 (grouped)", phases[p], cnt / E, fl, by, Me, STEP_GEMM);
         }
     }
 

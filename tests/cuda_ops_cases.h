@@ -735,14 +735,17 @@ static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float g
     for (int64_t i = 0; i < rows; i++)  // the up half on a smaller scale than the gate half
         for (int64_t c = 0; c < f; c++) gu[i * 2 * f + f + c] *= 0.25f;
     void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
-    void *DGU = co_moe_up_bf16(g, dgu, ng);
+    void *DGU = co_moe_up_bf16(g, dgu, ng), *INPLACE = co_moe_up_bf16(g, gu, ng);
     swiglu_fused_forward_cpu(a, gu, rows, f);
     swiglu_fused_backward_cpu(dgu, da, gu, rows, f);
     swiglu_fused_forward_cuda(g, A, GU, rows, f);
-    swiglu_fused_backward_cuda(g, DGU, DA, GU, rows, f);
+    swiglu_fused_backward_cuda(g, DGU, DA, GU, rows, f);  // written over dgu's other values
+    swiglu_fused_backward_cuda(g, INPLACE, DA, INPLACE, rows, f);  // and over gu itself
     co_moe_cmp_bf16(&r, g, "a", A, a, na, CO_MOE_TOL_ROUND1, 0);
     co_moe_cmp_bf16(&r, g, "dgu", DGU, dgu, ng, CO_MOE_TOL_ROUND1, 0);
+    co_moe_cmp_bf16(&r, g, "dgu in place", INPLACE, dgu, ng, CO_MOE_TOL_ROUND1, 0);
     co_free(g, GU, ng * b2), co_free(g, DA, na * b2), co_free(g, A, na * b2), co_free(g, DGU, ng * b2);
+    co_free(g, INPLACE, ng * b2);
     free(gu), free(da), free(a), free(dgu);
     return r;
 }

@@ -619,25 +619,26 @@ Test(moe_ops, swiglu_large_gates_stay_finite) {
 
 // The fused layout (row r of gu = [g_r | u_r], the GPU step's one w1‖w3 GEMM) against the split
 // kernels on the same values, bit for bit (same expressions, element for element). f = 37 and
-// rows = 5: column counts that are no multiple of any vector width; the accumulating backward
-// starts from non-zero gradients.
+// rows = 5: column counts that are no multiple of any vector width. The fused backward writes
+// (the split one adds, here to zeros) over a dgu full of other values, and again in place, over
+// gu itself.
 Test(moe_ops, swiglu_fused_equals_split_exactly) {
     rng_seed(10);
     enum { R = 5, F = 37 };
     float gu[R * 2 * F], g[R * F], u[R * F], da[R * F];
-    float a_fused[R * F], a_split[R * F], dgu[R * 2 * F], dg[R * F], du[R * F];
+    float a_fused[R * F], a_split[R * F], dgu[R * 2 * F], inplace[R * 2 * F], dg[R * F] = {0}, du[R * F] = {0};
     fill(gu, R * 2 * F, -12.0f, 12.0f);
     fill(da, R * F, -1.0f, 1.0f);
     fill(dgu, R * 2 * F, -1.0f, 1.0f);
+    memcpy(inplace, gu, sizeof gu);
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < F; c++) {
-            g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
-            dg[r * F + c] = dgu[r * 2 * F + c], du[r * F + c] = dgu[r * 2 * F + F + c];
-        }
+        for (int c = 0; c < F; c++) g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
     swiglu_forward_cpu(a_split, g, u, R * F);
     swiglu_fused_forward_cpu(a_fused, gu, R, F);
     swiglu_backward_cpu(dg, du, da, g, u, R * F);
     swiglu_fused_backward_cpu(dgu, da, gu, R, F);
+    swiglu_fused_backward_cpu(inplace, da, inplace, R, F);
+    cr_assert(memcmp(inplace, dgu, sizeof dgu) == 0, "in place, the fused backward differs from its own out of place");
     int moved = 0;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < F; c++) {

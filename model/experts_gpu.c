@@ -1,0 +1,231 @@
+// model/experts_gpu.c — the GPU step's experts (cuda; the null backend counts the same
+// allocations): a layer's experts as ONE grouped launch per GEMM kind (model/grouped.h), not a
+// launch per expert. With top-8 of 128 small experts a loop over experts is mostly launch
+// overhead; grouped, a layer costs the same ~10 launches forward and ~25 backward for any E.
+//
+// Forward, on the rows of every expert at once (expert order, rows [off[e], off[e+1])):
+//   gu[:, :f] = xs·W1ᵀ, gu[:, f:] = xs·W3ᵀ   (4-bit W dequantized inside the kernel)
+//   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped)
+//   a = SwiGLU(gu); ys = a·W2ᵀ (+ w2's LoRA)
+// Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dg·W1 + du·W3 (+ LoRAs), a trainable
+// (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB as ragged reductions over its rows.
+// No dequantized expert weight exists in device memory, and the backward writes da and dgu over
+// the activations a and gu (BUDGETS.md's k·s·b·6f transient takes no memory of its own).
+#include <stdlib.h>
+
+#include "core/common.h"
+#include "model/grouped.h"
+#include "model/model_internal.h"
+
+enum { W1, W2, W3 };
+
+// The expert rows of layer L as one offsets array [E+1] from *row0, the first expert's first row:
+// each expert's rows follow the previous one's (expert order), which the grouped launch needs.
+static int64_t *layer_offsets(const mt_model *m, int L, int64_t *row0) {
+    int E = (int)m->cfg.experts;
+    int64_t *off = mt_xmalloc((size_t)(E + 1) * sizeof *off);
+    for (int e = 0; e < E; e++) {
+        int64_t r0, n;
+        mt_expert_rows(m, L, e, &r0, &n);
+        if (e == 0) *row0 = r0;
+        if (e > 0 && r0 - *row0 != off[e])
+            mt_fatal(MT_EXIT_ERROR, "layer %d: expert %d's rows start at %lld, not after expert %d's", L, e,
+                     (long long)r0, e - 1);
+        off[e] = r0 - *row0, off[e + 1] = r0 - *row0 + n;
+    }
+    return off;
+}
+
+static mt_linear *linears(mt_layer *ly, int which) { return which == W1 ? ly->w1 : which == W2 ? ly->w2 : ly->w3; }
+
+// One layer's grouped calls: its offsets (from row0 of the layer's buffers: every tensor they
+// get is a view from there) and the per-expert arrays they pass (E entries each).
+typedef struct {
+    mt_model *m;
+    int L, E;
+    int64_t row0, *off;
+    const mt_qweight **q;
+    const mt_tensor **w;
+    mt_tensor **g;
+    uint64_t *seed;
+} group;
+
+static group group_new(mt_model *m, int L) {
+    int E = (int)m->cfg.experts;
+    group gr = {m, L, E, 0, NULL, mt_xcalloc((size_t)E, sizeof(void *)),
+                mt_xcalloc((size_t)E, sizeof(void *)), mt_xcalloc((size_t)E, sizeof(void *)),
+                mt_xcalloc((size_t)E, sizeof(uint64_t))};
+    gr.off = layer_offsets(m, L, &gr.row0);
+    return gr;
+}
+
+static void group_free(group *gr) {
+    free(gr->off), free(gr->q), free(gr->w), free(gr->g), free(gr->seed);
+}
+
+static int64_t group_rows(const group *gr) { return gr->off[gr->E]; }
+
+// c = the grouped product, in launches of at most MT_GROUPED_MAX experts.
+static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_tensor *a) {
+    for (int e0 = 0; e0 < gr->E; e0 += MT_GROUPED_MAX) {
+        mt_grouped part = g;
+        part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
+        part.q = g.q ? g.q + e0 : NULL, part.w = g.w ? g.w + e0 : NULL, part.seed = g.seed ? g.seed + e0 : NULL;
+        mt_tensor cv = *c;
+        if (mt_grouped_gemm(&cv, a, &part) != 0)
+            mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped GEMM: %s", gr->L, mt_error_get());
+    }
+}
+
+static void gemm_tn(const group *gr, mt_grouped g, mt_tensor **grads, const mt_tensor *x, const mt_tensor *y) {
+    for (int e0 = 0; e0 < gr->E; e0 += MT_GROUPED_MAX) {
+        mt_grouped part = g;
+        part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
+        part.seed = g.seed ? g.seed + e0 : NULL;
+        if (mt_grouped_gemm_tn(grads + e0, x, y, &part) != 0)
+            mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped weight gradient: %s", gr->L, mt_error_get());
+    }
+}
+
+// c = a·op(W_e) + beta·c with each expert's own base weight (4-bit or dense; an expert another
+// EP rank holds has neither, and no rows).
+static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
+    const mt_linear *l = linears(&gr->m->layers[gr->L], which);
+    for (int e = 0; e < gr->E; e++) gr->q[e] = l[e].q, gr->w[e] = l[e].q ? NULL : l[e].w;
+    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
+}
+
+// The experts' LoRAs of Linear `which`: the first one (all share r, scale and dropout: one run's
+// options), or NULL when none has one. Their A (A_of) or B into gr->w, NULL where absent.
+static const mt_lora *loras(group *gr, int which, int use_b) {
+    const mt_linear *l = linears(&gr->m->layers[gr->L], which);
+    const mt_lora *first = NULL;
+    for (int e = 0; e < gr->E; e++) {
+        const mt_lora *lo = l[e].lora;
+        gr->w[e] = lo ? (use_b ? lo->b : lo->a) : NULL, gr->seed[e] = lo ? lo->dropout_seed : 0;
+        if (lo && !first) first = lo;
+        if (lo && (lo->r != first->r || lo->scale != first->scale || lo->dropout != first->dropout))
+            mt_fatal(MT_EXIT_ERROR, "layer %d: expert %d's LoRA differs from expert 0's in r, scale or dropout",
+                     gr->L, e);
+    }
+    return first;
+}
+
+static mt_grouped dropout_of(const group *gr, const mt_lora *lo, mt_grouped g) {
+    if (lo->dropout > 0.0f) g.seed = gr->seed, g.p = lo->dropout;
+    return g;
+}
+
+// y += s·(drop(x)·Aᵀ)·Bᵀ, xa = drop(x)·Aᵀ kept for the backward.
+static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
+    const mt_lora *lo = loras(gr, which, 0);
+    if (!lo) return;
+    mt_grouped g = dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1});
+    gemm(gr, g, xa, x);
+    loras(gr, which, 1);
+    gemm(gr, (mt_grouped){.w = gr->w, .trans = 1, .alpha = lo->scale, .beta = 1.0f}, y, xa);
+}
+
+// dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
+// (in *dxa_scratch's storage) for lora_dx. 0: the layer has no LoRA on `which`.
+static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
+                         mt_tensor *dxa_scratch) {
+    const mt_lora *lo = loras(gr, which, 1);
+    if (!lo) return 0;
+    const mt_linear *l = linears(&gr->m->layers[gr->L], which);
+    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
+    gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
+    gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
+    for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
+    gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
+    return 1;
+}
+
+// dx += drop(dxa·A), the LoRA's share of its input's gradient (dx NULL: not wanted).
+static void lora_dx(group *gr, int which, const mt_tensor *dx, const mt_tensor *dxa_scratch) {
+    const mt_lora *lo = loras(gr, which, 0);
+    if (!lo || !dx) return;
+    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = 1.0f}), dx, &dxa);
+}
+
+// A trainable (unfrozen) expert's dW += dyᵀ·x; frozen ones are skipped.
+static void weight_grads(group *gr, int which, const mt_tensor *dy, const mt_tensor *x) {
+    const mt_linear *l = linears(&gr->m->layers[gr->L], which);
+    int any = 0;
+    for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].dw, any |= l[e].dw != NULL;
+    if (any) gemm_tn(gr, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}, gr->g, dy, x);
+}
+
+// gu's column block of w1 (0) or w3 (1), [rows, f] with row stride 2f.
+static mt_tensor half(const mt_tensor *gu, int64_t f, int which) {
+    return mt_view2(gu->be, gu->data ? (char *)gu->data + mt_dtype_bytes(gu->dtype, (size_t)(which * f)) : NULL,
+                    gu->dtype, gu->shape[0], f, 2 * f);
+}
+
+// The group's rows of a layer buffer (NULL stays NULL).
+#define GROUP_ROWS(gr, t) ROWS((t), (gr)->row0, group_rows(gr))
+
+static void forward_group(group *gr, const mt_tensor *ys) {
+    mt_model *m = gr->m;
+    mt_layer_acts *a = layer_acts(m, gr->L);
+    int64_t f = m->cfg.intermediate, n = group_rows(gr);
+    mt_tensor *xs = GROUP_ROWS(gr, a->xs), *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
+    mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
+    base(gr, W1, 1, 0.0f, &g, xs);
+    base(gr, W3, 1, 0.0f, &u, xs);
+    lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1));
+    lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3));
+    if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
+    mt_tensor *y = GROUP_ROWS(gr, ys);
+    base(gr, W2, 1, 0.0f, y, act);
+    lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2));
+}
+
+void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
+    group gr = group_new(m, L);
+    if (group_rows(&gr)) forward_group(&gr, ys_own);
+    group_free(&gr);
+}
+
+// The largest r of the layer's expert LoRAs (0: none), for the dxa scratch.
+static int lora_r_max(const mt_layer *ly, int E) {
+    int r = 0;
+    for (int e = 0; e < E; e++) {
+        const mt_linear *ls[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
+        for (int i = 0; i < 3; i++) r = ls[i]->lora ? MT_MAX(r, ls[i]->lora->r) : r;
+    }
+    return r;
+}
+
+// Storage: the backward's da is written over a (a's last readers, w2's gradients, go first) and
+// dgu over gu (the SwiGLU backward reads each element before it writes it): no [rows, 3f]
+// scratch, only the LoRAs' dxa [R, r].
+void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs_all, int64_t R) {
+    group gr = group_new(m, L);
+    int64_t f = m->cfg.intermediate, n = group_rows(&gr);
+    mt_layer_acts *a = layer_acts(m, L);
+    int r = lora_r_max(&m->layers[L], gr.E);
+    mt_tensor dxa_all = r ? step_work(m, MT_BF16, R, r, 0) : (mt_tensor){0};  // every row: whatever the routing
+    if (n) {
+        if (mt_experts_recompute_in_backward(m)) forward_group(&gr, a->ys);  // gu, a, ys, xa again
+        mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = GROUP_ROWS(&gr, a->xs), *act = GROUP_ROWS(&gr, a->a);
+        mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs = GROUP_ROWS(&gr, dxs_all);
+        mt_tensor dxa = r ? mt_view_rows(&dxa_all, 0, n) : (mt_tensor){0};
+        weight_grads(&gr, W2, dys, act);
+        int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
+        mt_tensor *da = act;  // a is not read again
+        base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
+        if (w2_lora) lora_dx(&gr, W2, da, &dxa);
+        if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
+        mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu
+        if (dxs) base(&gr, W1, 0, 1.0f, dxs, &dg), base(&gr, W3, 0, 1.0f, dxs, &du);
+        weight_grads(&gr, W1, &dg, xs);
+        weight_grads(&gr, W3, &du, xs);
+        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa);
+        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa);
+    }
+    if (r) step_unwork(m, &dxa_all);
+    group_free(&gr);
+}
