@@ -64,6 +64,8 @@ struct mt_backend {
     mt_ledger ledger;
     uint64_t host_syncs;  // times the host waited for the device (cuda; 0 elsewhere): the step's
                           // count goes into metrics.jsonl
+    uint64_t device_ops;  // op launchers entered and matmuls issued on the device (cuda; 0
+                          // elsewhere): what tests count to see that work is batched
     void *ctx;  // backend-private state
 };
 

@@ -441,6 +441,7 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     }
     cuda_ctx *cx = cuda_enter(be);
     if (m == 0 || n == 0) return 0;
+    be->device_ops++;
     if (k == 0) {  // an empty sum: c = beta · c (beta = 0 overwrites, as BLAS does)
         if (mt_tensor_ld(c) != n) {
             mt_error_set("cuda matmul: K = 0 into a strided c is not supported");
@@ -504,7 +505,10 @@ static const mt_backend_ops cuda_ops = {
 };
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
-extern "C" void *mt_cuda_backend_enter(mt_backend *be) { return cuda_enter(be)->stream; }
+extern "C" void *mt_cuda_backend_enter(mt_backend *be) {
+    be->device_ops++;
+    return cuda_enter(be)->stream;
+}
 
 // Refuses, with an error, a backend that is not this file's (its ctx is something else).
 static cuda_ctx *cuda_ctx_of(mt_backend *be, const char *what) {

@@ -169,3 +169,51 @@ Test(cuda, olmoe_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_b
 Test(cuda, qwen2_moe_full_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_FULL); }
 Test(cuda, qwen3_moe_full_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_FULL); }
 Test(cuda, olmoe_full_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_FULL); }
+
+// The GPU step runs a layer's experts as grouped launches (model/experts_gpu.c), so the device
+// ops of a forward and backward do not grow with the number of experts: Qwen3-MoE's tiny config
+// with 4 and with 32 experts (top-3, NF4 base, LoRA on every target) issues as many. A loop over
+// experts issued a few ops per expert and Linear: hundreds more at 32.
+static void four_experts(mt_model_config *c) { c->experts = 4; }
+static void thirty_two_experts(mt_model_config *c) { c->experts = 32; }
+
+static uint64_t step_device_ops(mt_backend *gpu, const char *dir) {
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4, o.checkpointing = MT_CKPT_FULL;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    mt_model m;
+    cr_assert_eq(mt_model_load(&m, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", dir, mt_error_get());
+    cr_assert_not_null(m.layers[0].w1[0].q, "%s: the experts are 4-bit", dir);
+    enum { B = 2, S = 13 };
+    int32_t tokens[B * S], mask[B * S];
+    for (int i = 0; i < B * S; i++) tokens[i] = 3 + (i * 29) % 200, mask[i] = 1;
+    mt_batch b = {B, S, tokens, tokens, mask};
+    mt_loss l;
+    mt_model_zero_grad(&m);
+    uint64_t before = gpu->device_ops;
+    cr_assert_eq(mt_model_forward_train(&m, &b, &l), 0);
+    mt_model_backward(&m);
+    uint64_t ops = gpu->device_ops - before;
+    mt_model_free(&m);
+    return ops;
+}
+
+Test(cuda, experts_cost_the_same_device_ops_for_any_number_of_experts) {
+    mt_backend *gpu = gpu_or_skip();
+    char tmp[64], few[512], many[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, "tiny-qwen3-moe.json", four_experts, few);
+    uint64_t ops_few = step_device_ops(gpu, few);
+    mt_test_rmrf(tmp);
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, "tiny-qwen3-moe.json", thirty_two_experts, many);
+    uint64_t ops_many = step_device_ops(gpu, many);
+    mt_test_rmrf(tmp);
+    cr_log_info("device ops of a step: %llu with 4 experts, %llu with 32", (unsigned long long)ops_few,
+                (unsigned long long)ops_many);
+    cr_expect_gt(ops_few, 50, "the count saw the step");
+    cr_expect_eq(ops_many, ops_few, "device ops: %llu with 32 experts, %llu with 4", (unsigned long long)ops_many,
+                 (unsigned long long)ops_few);
+    mt_backend_free(gpu);
+}
