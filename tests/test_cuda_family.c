@@ -4,7 +4,10 @@
 // and OLMoE (whole-projection q/k RMSNorm, clip_qkv that cuts, q/k/v/o biases, norm_topk_prob
 // false), each from its tiny config, with and without recomputation. LoRA on every target
 // (attention, router, experts, and so the shared expert's and dense MLPs' projections): the loss
-// and every LoRA gradient; --mode full: every weight's gradient, biases and q/k norms included.
+// and every LoRA gradient; --mode full: every weight's gradient, biases and q/k norms included;
+// --mode unfreeze: two dense experts training among 4-bit frozen ones in the same grouped
+// launches. Qwen3-MoE with 32 experts too (many without rows), and the device ops of a step
+// counted for 4 and 32 experts (the experts' grouped launches, model/experts_gpu.c).
 // Tolerances are bf16's, as tests/test_cuda_step.c explains: loss 1e-2 relative, gradients
 // cosine 0.999 and rel. L2 0.1 (behind_clamp below for clip_qkv's). CF_PRINT=1 prints every
 // gradient's figures. Skips, saying why, in a CPU build or without a GPU.
@@ -90,6 +93,8 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
     o.mode = mode, o.lora_r = 4, o.checkpointing = ckpt;
     o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
     if (mode == MT_MODE_FULL) o.quant = MT_QUANT_NONE;
+    if (mode == MT_MODE_UNFREEZE)  // experts 0 and 1 train dense beside 4-bit frozen ones in a layer
+        cr_assert(mt_index_set_parse(&o.layers, "0,2") == 0 && mt_index_set_parse(&o.experts, "0,1") == 0);
     mt_backend *cpu = mt_backend_cpu_new();
     uint64_t dev0 = gpu->ledger.total_cur;  // the backend's own (cuBLASLt workspace)
     mt_model mc, mg;
@@ -166,6 +171,11 @@ static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mo
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_LORA); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
 Test(cuda, olmoe_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_LORA); }
+// Many small experts, several of them without a row (78 routed rows over 32): the grouped
+// launches' tile scan and their skipped experts.
+static void qwen3_many_experts(mt_model_config *c) { c->experts = 32; }
+Test(cuda, qwen3_moe_many_experts_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_many_experts, MT_MODE_LORA); }
+Test(cuda, qwen3_moe_unfreeze_step_matches_cpu) { family_step("tiny-qwen3-moe.json", NULL, MT_MODE_UNFREEZE); }
 Test(cuda, qwen2_moe_full_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_FULL); }
 Test(cuda, qwen3_moe_full_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_FULL); }
 Test(cuda, olmoe_full_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_FULL); }
@@ -175,7 +185,6 @@ Test(cuda, olmoe_full_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_c
 // with 4 and with 32 experts (top-3, NF4 base, LoRA on every target) issues as many. A loop over
 // experts issued a few ops per expert and Linear: hundreds more at 32.
 static void four_experts(mt_model_config *c) { c->experts = 4; }
-static void thirty_two_experts(mt_model_config *c) { c->experts = 32; }
 
 static uint64_t step_device_ops(mt_backend *gpu, const char *dir) {
     mt_run_opts o;
@@ -207,7 +216,7 @@ Test(cuda, experts_cost_the_same_device_ops_for_any_number_of_experts) {
     uint64_t ops_few = step_device_ops(gpu, few);
     mt_test_rmrf(tmp);
     mt_test_tmpdir(tmp, sizeof tmp);
-    family_checkpoint(tmp, "tiny-qwen3-moe.json", thirty_two_experts, many);
+    family_checkpoint(tmp, "tiny-qwen3-moe.json", qwen3_many_experts, many);
     uint64_t ops_many = step_device_ops(gpu, many);
     mt_test_rmrf(tmp);
     cr_log_info("device ops of a step: %llu with 4 experts, %llu with 32", (unsigned long long)ops_few,
