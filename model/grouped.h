@@ -33,11 +33,13 @@ extern "C" {
 
 typedef struct mt_grouped {
     int experts;                  // E, 1..MT_GROUPED_MAX
-    const int64_t *off;           // host [E+1], non-decreasing, off[0] = 0 is not required
-    const mt_qweight *const *q;   // [E] 4-bit W_e [out, in] (trans: N = out, K = in; else K = out, N = in)
-    const mt_tensor *const *w;    // [E] dense bf16 W_e (exactly one of q and w is set); NULL entries
-                                  // are not allowed: an expert without rows may not be read, but
-                                  // its W must have the shape of the others
+    const int64_t *off;           // host [E+1], non-decreasing (off[0] need not be 0)
+    // W_e: 4-bit q[e] [out, in] (trans: N = out, K = in; else K = out, N = in) or dense bf16 w[e]
+    // ([N, K] trans, [K, N] else). Per expert exactly one of q[e] and w[e] is set (either array
+    // may be NULL when no expert uses it: a layer may mix frozen 4-bit experts with unfrozen
+    // dense ones); both NULL only for an expert with no rows, which is never read.
+    const mt_qweight *const *q;
+    const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1
     const uint64_t *seed;         // [E] dropout seeds, or NULL: no dropout
@@ -48,7 +50,8 @@ typedef struct mt_grouped {
 // not touched.
 int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g);
 // g_e [M, N] (each expert its own tensor, bf16 or f32, contiguous) from x [R, M] and y [R, N];
-// mt_grouped's q/w/trans are not used. An expert with no rows leaves beta·G_e (beta 1: unchanged).
+// mt_grouped's q/w/trans are not used. g[e] NULL: expert e's gradient is not wanted (skipped). An
+// expert with no rows leaves beta·G_e (beta 1: unchanged; beta 0: zeroed).
 int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, const mt_grouped *gr);
 
 #ifdef __cplusplus
