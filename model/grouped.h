@@ -5,14 +5,16 @@
 // A or B). Many small experts (top-8 of 128) make a launch per expert cost more than its work;
 // one grouped launch per GEMM kind keeps the GPU busy and the launch count independent of E.
 //
-//   C[rows e] = alpha · drop_c(A[rows e] · op(W_e)) + beta · C[rows e]        mt_grouped_gemm
+//   C[rows e] = alpha · drop(A[rows e]) · op(W_e) + beta · C[rows e]    mt_grouped_gemm, drop_a
+//   C[rows e] = alpha · drop(A[rows e] · op(W_e)) + beta · C[rows e]    mt_grouped_gemm
 //   G_e       = alpha · X[rows e]ᵀ · drop_y(Y[rows e]) + beta · G_e            mt_grouped_gemm_tn
 //
 // op(W) = Wᵀ (trans, W is [N, K]) or W (W is [K, N]). The optional dropout is LoRA's
 // (lora/lora_dropout.h): expert e's element (r - off[e], j) of a row-major [n_e, width] matrix
 // gets mt_lora_dropout_factor(seed[e], p, (r - off[e]) · width + j), the mask mt_lora_dropout_cuda
-// gives that expert's rows when they are passed alone: on C in mt_grouped_gemm (dx += drop(dxa·A))
-// and on Y in mt_grouped_gemm_tn (dA += dxaᵀ · drop(x)). A, X, Y are bf16; C and G bf16 or f32;
+// gives that expert's rows when they are passed alone: in mt_grouped_gemm on A (drop_a: the
+// forward's xa = drop(x)·Aᵀ) or on C (dx += drop(dxa·A)); in mt_grouped_gemm_tn on Y
+// (dA += dxaᵀ · drop(x)). A, X, Y are bf16; C and G bf16 or f32;
 // products are bf16 × bf16 summed in fp32 (tensor cores). Any tensor may be a 2-D view with a
 // row stride (core/backend.h: mt_view2), as the column blocks of gu [R, 2f] are.
 //
@@ -37,13 +39,15 @@ typedef struct mt_grouped {
     // W_e: 4-bit q[e] [out, in] (trans: N = out, K = in; else K = out, N = in) or dense bf16 w[e]
     // ([N, K] trans, [K, N] else). Per expert exactly one of q[e] and w[e] is set (either array
     // may be NULL when no expert uses it: a layer may mix frozen 4-bit experts with unfrozen
-    // dense ones); both NULL only for an expert with no rows, which is never read.
+    // dense ones); both NULL: expert e is skipped (its rows of A and C are neither read nor
+    // written), as an expert without a LoRA in a layer whose others have one.
     const mt_qweight *const *q;
     const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1
     const uint64_t *seed;         // [E] dropout seeds, or NULL: no dropout
     float p;                      // dropout probability (used when seed is set)
+    int drop_a;                   // mt_grouped_gemm: 1 dropout on A (prologue), 0 on C (epilogue)
 } mt_grouped;
 
 // c [R, N] (rows off[0]..off[E]) as above from a [R, K]. Rows outside every expert's range are
