@@ -182,7 +182,8 @@ static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const gg_p
                 v[h] = rn(0.0f);
                 if (r < rows && k < K) {
                     v[h] = a[r * P.lda + k];
-                    if (P.drop == 1) v[h] = rn(bf(v[h]) * mt_lora_dropout_factor(*seed, P.p, (uint64_t)((r0 + r) * K + k)));
+                    if (P.drop == 1)
+                        v[h] = rn(bf(v[h]) * mt_lora_dropout_factor(*seed, P.p, (uint64_t)((r0 + r) * K + k)));
                 }
             }
             store2(as + r * LDK + kk, v[0], v[1]);
@@ -245,7 +246,8 @@ static __global__ void __launch_bounds__(THREADS) grouped_gemm_tn_kernel(const g
                 if (k < n_e && f + h < cols) {
                     yv[h] = y[k * P.ldy + n0 + f + h];
                     if (P.drop)
-                        yv[h] = rn(bf(yv[h]) * mt_lora_dropout_factor(P.seed[e], P.p, (uint64_t)(k * P.N + n0 + f + h)));
+                        yv[h] = rn(bf(yv[h]) *
+                                   mt_lora_dropout_factor(P.seed[e], P.p, (uint64_t)(k * P.N + n0 + f + h)));
                 }
             }
             store2(xs + kk * LDN + f, xv[0], xv[1]);

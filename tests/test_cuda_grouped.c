@@ -4,8 +4,9 @@
 // (mt_qweight_dequantize_rows_cpu, bit for bit what the device dequantizes: tests/test_quant_cuda.c),
 // rounded to bf16 as the kernel stages it. Dropout masks come from lora/lora_dropout.h.
 //
-// Numeric tests skip, saying why, in a CPU build or without a GPU; the refusal tests run on the
-// null and cpu backends in every build.
+// Numeric tests skip, saying why, in a CPU build or without a GPU (each calls gpu_or_skip() in its
+// body: tests/cudasim/run.sh counts such tests as CUDA tests, where a skip fails); the refusal
+// tests run on the null and cpu backends in every build.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -57,8 +58,8 @@ typedef struct gcase {
 
 // Runs one mt_grouped_gemm case and checks every element of the wide C: the experts' rows in the
 // view against the reference, everything else unchanged (bit for bit).
-static void run_gemm(const gcase *t) {
-    mt_backend *gpu = gpu_or_skip(), *cpu = mt_backend_cpu_new();
+static void run_gemm(mt_backend *gpu, const gcase *t) {
+    mt_backend *cpu = mt_backend_cpu_new();
     const int E = t->E, K = t->K, N = t->N, lda = K + t->a_pad, ldc = N + 2 * t->c_col;
     int64_t off[MT_GROUPED_MAX + 1];
     off[0] = t->row0;
@@ -92,7 +93,8 @@ static void run_gemm(const gcase *t) {
             mt_quant qt = kd == GK_FP4 ? MT_QUANT_FP4 : kd == GK_INT4 ? MT_QUANT_INT4 : MT_QUANT_NF4;
             int dq = kd == GK_NF4_DQ;
             mt_qweight qc;
-            cr_assert_eq(mt_qweight_quantize(&qc, cpu, "w", w, wout, win, qt, t->blocksize, dq), 0, "%s", mt_error_get());
+            cr_assert_eq(mt_qweight_quantize(&qc, cpu, "w", w, wout, win, qt, t->blocksize, dq), 0, "%s",
+                         mt_error_get());
             cr_assert_eq(mt_qweight_quantize(&qg[e], gpu, "w", w, wout, win, qt, t->blocksize, dq), 0, "%s",
                          mt_error_get());
             mt_qweight_dequantize_rows_cpu(&qc, deq, 0, wout);
@@ -102,7 +104,8 @@ static void run_gemm(const gcase *t) {
         }
         wref[e] = mt_xmalloc((size_t)(K * N) * sizeof(float));
         for (int k = 0; k < K; k++)
-            for (int n = 0; n < N; n++) wref[e][k * N + n] = t->trans ? deq[(int64_t)n * K + k] : deq[(int64_t)k * N + n];
+            for (int n = 0; n < N; n++)
+                wref[e][k * N + n] = t->trans ? deq[(int64_t)n * K + k] : deq[(int64_t)k * N + n];
         free(w), free(deq);
     }
 
@@ -122,8 +125,9 @@ static void run_gemm(const gcase *t) {
             const float have = got[r * ldc + j], old = c0[r * ldc + j];
             const int n = j - t->c_col;
             if (e < 0 || n < 0 || n >= N) {
-                cr_assert(memcmp(&have, &old, 4) == 0, "row %lld column %d (no expert's or outside the view) changed: %g -> %g",
-                          (long long)r, j, (double)old, (double)have);
+                cr_assert(memcmp(&have, &old, 4) == 0,
+                          "row %lld column %d (no expert's or outside the view) changed: %g -> %g", (long long)r, j,
+                          (double)old, (double)have);
                 continue;
             }
             const int64_t rl = r - off[e];
@@ -149,7 +153,9 @@ static void run_gemm(const gcase *t) {
             if (!(err <= worst)) worst = err, worst_at = r * ldc + j;  // NaN counts as worst
         }
     }
-    if (getenv("GG_PRINT")) fprintf(stderr, "checked %lld, dropped %lld, worst %.3f of tol\n", (long long)checked, (long long)dropped, worst);
+    if (getenv("GG_PRINT"))
+        fprintf(stderr, "checked %lld, dropped %lld, worst %.3f of tol\n", (long long)checked, (long long)dropped,
+                worst);
     cr_assert_gt(checked, 0, "no element checked");
     if (t->p > 0 && !t->drop_a) cr_assert_gt(dropped, 0, "dropout on C dropped nothing: the mask is not exercised");
     cr_assert(worst <= 1.0, "worst element (row %lld, column %lld) %g, reference off by %.2f of the tolerance",
@@ -171,51 +177,61 @@ static const int rows5[] = {0, 1, 17, 33, 5};
 #define ALL5(k) ((const int[]){k, k, k, k, k})
 
 Test(cuda_grouped, nf4_trans_f32, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
-                      .cdt = MT_F32, .alpha = 1, .beta = 0});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
+                           .cdt = MT_F32, .alpha = 1, .beta = 0});
 }
 Test(cuda_grouped, nf4_double_quant_no_trans_bf16_beta1_alpha, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4_DQ), .row0 = 3, .K = 40, .N = 24, .trans = 0,
-                      .blocksize = 32, .cdt = MT_BF16, .alpha = 0.5f, .beta = 1});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4_DQ), .row0 = 3, .K = 40, .N = 24, .trans = 0,
+                           .blocksize = 32, .cdt = MT_BF16, .alpha = 0.5f, .beta = 1});
 }
 Test(cuda_grouped, fp4_trans_c_view_beta1, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_FP4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
-                      .cdt = MT_F32, .c_col = 5, .a_pad = 3, .alpha = 1, .beta = 1});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_FP4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
+                           .cdt = MT_F32, .c_col = 5, .a_pad = 3, .alpha = 1, .beta = 1});
 }
 Test(cuda_grouped, int4_no_trans_dropout_on_c, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 0, .blocksize = 128,
-                      .cdt = MT_F32, .alpha = 2, .beta = 0, .p = 0.3f});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 0, .blocksize = 128,
+                           .cdt = MT_F32, .alpha = 2, .beta = 0, .p = 0.3f});
 }
 Test(cuda_grouped, int4_trans_bf16_view, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 1, .blocksize = 32,
-                      .cdt = MT_BF16, .c_col = 3, .alpha = 1, .beta = 1});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 1, .blocksize = 32,
+                           .cdt = MT_BF16, .c_col = 3, .alpha = 1, .beta = 1});
 }
 Test(cuda_grouped, dense_trans_dropout_on_a, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 1, .cdt = MT_BF16,
-                      .alpha = 1.5f, .beta = 0, .p = 0.25f, .drop_a = 1});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 1, .cdt = MT_BF16,
+                           .alpha = 1.5f, .beta = 0, .p = 0.25f, .drop_a = 1});
 }
 Test(cuda_grouped, dense_no_trans_dropout_on_c_beta1, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 0, .cdt = MT_F32,
-                      .c_col = 2, .alpha = 1, .beta = 1, .p = 0.5f});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 0, .cdt = MT_F32,
+                           .c_col = 2, .alpha = 1, .beta = 1, .p = 0.5f});
 }
 // A layer mixing frozen 4-bit experts with dense ones, and an expert with rows but no W (skipped:
 // its rows of C untouched).
 Test(cuda_grouped, mixed_and_skipped_expert, .timeout = 300) {
-    run_gemm(&(gcase){.E = 5, .rows = (const int[]){3, 1, 17, 33, 5},
-                      .kind = (const int[]){GK_NF4, GK_DENSE, GK_SKIP, GK_INT4, GK_DENSE}, .K = 40, .N = 24,
-                      .trans = 1, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 1});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = (const int[]){3, 1, 17, 33, 5},
+                           .kind = (const int[]){GK_NF4, GK_DENSE, GK_SKIP, GK_INT4, GK_DENSE}, .K = 40, .N = 24,
+                           .trans = 1, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 1});
 }
 // Several row tiles, K steps and column tiles, none of them whole; the dropout's index across them.
 Test(cuda_grouped, nf4_dq_tiles_k72_n80_dropout_on_c, .timeout = 600) {
-    run_gemm(&(gcase){.E = 2, .rows = (const int[]){70, 3}, .kind = (const int[]){GK_NF4_DQ, GK_FP4}, .K = 72, .N = 80,
-                      .trans = 0, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0, .p = 0.3f});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 2, .rows = (const int[]){70, 3}, .kind = (const int[]){GK_NF4_DQ, GK_FP4}, .K = 72,
+                           .N = 80, .trans = 0, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0, .p = 0.3f});
 }
 // 128 experts of 0..3 rows each, every one with its own W: the block's expert lookup.
 Test(cuda_grouped, many_experts_e128, .timeout = 600) {
     int rows[128], kind[128];
     for (int e = 0; e < 128; e++) rows[e] = (e * 7) % 4, kind[e] = e % 3 ? GK_NF4 : GK_DENSE;
-    run_gemm(&(gcase){.E = 128, .rows = rows, .kind = kind, .row0 = 1, .K = 24, .N = 16, .trans = 1, .blocksize = 64,
-                      .cdt = MT_F32, .alpha = 1, .beta = 0});
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 128, .rows = rows, .kind = kind, .row0 = 1, .K = 24, .N = 16, .trans = 1,
+                           .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -230,8 +246,7 @@ typedef struct gtcase {
     int null_g;  // this expert's g is NULL (not wanted)
 } gtcase;
 
-static void run_tn(const gtcase *t) {
-    mt_backend *gpu = gpu_or_skip();
+static void run_tn(mt_backend *gpu, const gtcase *t) {
     const int E = t->E, M = t->M, N = t->N, ldx = M + t->x_pad;
     int64_t off[MT_GROUPED_MAX + 1];
     off[0] = 2;
@@ -298,15 +313,19 @@ static void run_tn(const gtcase *t) {
 }
 
 Test(cuda_grouped, tn_f32_beta0_dropout_on_y, .timeout = 300) {
-    run_tn(&(gtcase){.E = 5, .rows = rows5, .M = 24, .N = 40, .x_pad = 3, .gdt = MT_F32, .alpha = 1, .beta = 0,
-                     .p = 0.3f, .null_g = -1});
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 24, .N = 40, .x_pad = 3, .gdt = MT_F32, .alpha = 1, .beta = 0,
+                          .p = 0.3f, .null_g = -1});
 }
 Test(cuda_grouped, tn_bf16_beta1_alpha_null_g, .timeout = 300) {
-    run_tn(&(gtcase){.E = 5, .rows = rows5, .M = 40, .N = 24, .gdt = MT_BF16, .alpha = 0.5f, .beta = 1, .null_g = 3});
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 40, .N = 24, .gdt = MT_BF16, .alpha = 0.5f, .beta = 1,
+                          .null_g = 3});
 }
 Test(cuda_grouped, tn_tiles_m80_n72_rows70_dropout, .timeout = 600) {
-    run_tn(&(gtcase){.E = 2, .rows = (const int[]){70, 0}, .M = 80, .N = 72, .gdt = MT_F32, .alpha = 1, .beta = 0,
-                     .p = 0.2f, .null_g = -1});
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 2, .rows = (const int[]){70, 0}, .M = 80, .N = 72, .gdt = MT_F32, .alpha = 1, .beta = 0,
+                          .p = 0.2f, .null_g = -1});
 }
 
 // ---------------------------------------------------------------------------------------------
