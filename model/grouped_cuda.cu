@@ -12,6 +12,8 @@
 //     the offsets and every expert's W pointers in the launch's parameters (~24 KiB: sm_80+ with
 //     CUDA >= 12.1 take up to 32 KiB); a block finds its expert by a binary search over them. An
 //     expert without rows (or without a W) has no tile, hence no block.
+//     The parameters are __grid_constant__: read in place from the constant bank (without it,
+//     indexing them by expert made nvcc copy all 24 KiB into every thread's local memory).
 //   * Per K step the block stages A's 64 × 32 tile and op(W)'s 32 × 64 tile in shared memory as
 //     bf16, zero-padded past n_e, K and N. A 4-bit W is dequantized there (quant/dequant_cuda.cuh,
 //     the same device definition as quant/quant.cu's), once per block and K step: a weight byte
@@ -155,7 +157,7 @@ static __device__ __forceinline__ int find_expert(const int *tile0, int experts,
 // C [R, N] (rows of expert e) = alpha · drop(A · op(W_e)) + beta · C. Grid (row tiles, N tiles).
 // TRANS: W [N, K], staged as ws[n][k]; else W [K, N], staged as ws[k][n].
 template <typename OUT, bool TRANS>
-static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const gg_params P) {
+static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const __grid_constant__ gg_params P) {
     __shared__ __align__(128) bf16 as[BM * LDK];
     __shared__ __align__(128) bf16 ws[TRANS ? BN * LDK : BK * LDN];
     __shared__ __align__(128) float cs[BM * LDC];
@@ -219,7 +221,7 @@ static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const gg_p
 // G_e [M, N] = alpha · X_eᵀ · drop(Y_e) + beta · G_e. Grid (tiles of G, experts).
 static_assert(BM == BN, "the tn kernel stages X's and Y's rows of a K step in one loop");
 template <typename OUT>
-static __global__ void __launch_bounds__(THREADS) grouped_gemm_tn_kernel(const gt_params P) {
+static __global__ void __launch_bounds__(THREADS) grouped_gemm_tn_kernel(const __grid_constant__ gt_params P) {
     __shared__ __align__(128) bf16 xs[BK * LDN];  // xs[k][m]: X_eᵀ as a col_major matrix_a
     __shared__ __align__(128) bf16 ys[BK * LDN];  // ys[k][n]
     __shared__ __align__(128) float cs[BM * LDC];
