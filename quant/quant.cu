@@ -21,11 +21,8 @@
 #include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
 #include "core/backend.h"
 #include "core/common.h"
+#include "quant/dequant_cuda.cuh"  // the codebooks and one element's value, shared with model/grouped_cuda.cu
 #include "quant/quant.h"
-
-__constant__ float c_nf4_map[16] = {MT_NF4_MAP_VALUES};
-__constant__ float c_fp4_map[16] = {MT_FP4_MAP_VALUES};
-__device__ float d_dynamic_map[256] = {MT_DYNAMIC_MAP_VALUES};  // read as a plain pointer
 
 enum { WARPS_PER_CTA = 8, DEQ_THREADS = 256 };
 
@@ -133,60 +130,32 @@ static __global__ void int4_quantize_kernel(const T *__restrict__ x, int64_t n, 
     }
 }
 
-// What the dequantize kernels need of a weight, by value.
-struct deq_args {
-    const uint8_t *packed;
-    const void *absmax;          // F32 absmax, U8 codes (double quant) or F16 scales (int4)
-    const __half *zero;          // int4 minimums
-    const float *nested_absmax;  // double quant
-    const float *nested_map;
-    float offset;
-    int bs;
-    int type;                    // mt_quant
-    int dq;
-};
-
-// The scale of block b (and, for int4, its minimum).
-static __device__ __forceinline__ float block_scale(const deq_args &a, int64_t b, float *m) {
-    if (a.type == MT_QUANT_INT4) {
-        *m = __half2float(a.zero[b]);
-        return __half2float(((const __half *)a.absmax)[b]);
-    }
-    if (!a.dq) return ((const float *)a.absmax)[b];
-    uint8_t c = ((const uint8_t *)a.absmax)[b];
-    return __fadd_rn(__fmul_rn(a.nested_map[c], a.nested_absmax[b / MT_Q4_NESTED_BLOCKSIZE]), a.offset);
-}
-
-static __device__ __forceinline__ float deq_one(const deq_args &a, const float *lut, unsigned c, float s, float m) {
-    return a.type == MT_QUANT_INT4 ? mt_int4_value(c, s, m) : __fmul_rn(lut[c], s);
-}
-
 static __device__ __forceinline__ void store(float *dst, int64_t i, float v) { dst[i] = v; }
 static __device__ __forceinline__ void store(__nv_bfloat16 *dst, int64_t i, float v) { dst[i] = __float2bfloat16_rn(v); }
 
-static __device__ __forceinline__ void load_lut(const deq_args &a, float *lut) {
-    if (threadIdx.x < 16) lut[threadIdx.x] = a.type == MT_QUANT_FP4 ? c_fp4_map[threadIdx.x] : c_nf4_map[threadIdx.x];
+static __device__ __forceinline__ void load_lut(const mt_deq_args &a, float *lut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = mt_deq_lut(a.type, threadIdx.x);
     __syncthreads();
 }
 
 // 32 elements per thread, from element i0 (a multiple of 32) to i0 + 32·groups.
 template <typename OUT>
-static __global__ void dequant32_kernel(deq_args a, int64_t i0, int64_t groups, OUT *__restrict__ dst) {
+static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, OUT *__restrict__ dst) {
     __shared__ float lut[16];
     load_lut(a, lut);
     int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (gi >= groups) return;
     int64_t e = i0 + 32 * gi;
     uint4 raw = *(const uint4 *)(a.packed + (e >> 1));  // 16 bytes = 32 codes, 16-byte aligned
-    float m = 0.0f, s = block_scale(a, e / a.bs, &m);   // blocksize >= 32: one block per thread
+    float m = 0.0f, s = mt_deq_block_scale(a, e / a.bs, &m);   // blocksize >= 32: one block per thread
     const uint8_t *bytes = (const uint8_t *)&raw;
     OUT *out = dst + (e - i0);
     if (sizeof(OUT) == 2) {
         __align__(16) __nv_bfloat16 v[32];
 #pragma unroll
         for (int k = 0; k < 16; k++) {
-            v[2 * k] = __float2bfloat16_rn(deq_one(a, lut, bytes[k] >> 4, s, m));
-            v[2 * k + 1] = __float2bfloat16_rn(deq_one(a, lut, bytes[k] & 15, s, m));
+            v[2 * k] = __float2bfloat16_rn(mt_deq_value(a, lut, bytes[k] >> 4, s, m));
+            v[2 * k + 1] = __float2bfloat16_rn(mt_deq_value(a, lut, bytes[k] & 15, s, m));
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
@@ -194,8 +163,8 @@ static __global__ void dequant32_kernel(deq_args a, int64_t i0, int64_t groups, 
         __align__(16) float v[32];
 #pragma unroll
         for (int k = 0; k < 16; k++) {
-            v[2 * k] = deq_one(a, lut, bytes[k] >> 4, s, m);
-            v[2 * k + 1] = deq_one(a, lut, bytes[k] & 15, s, m);
+            v[2 * k] = mt_deq_value(a, lut, bytes[k] >> 4, s, m);
+            v[2 * k + 1] = mt_deq_value(a, lut, bytes[k] & 15, s, m);
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
@@ -204,14 +173,14 @@ static __global__ void dequant32_kernel(deq_args a, int64_t i0, int64_t groups, 
 
 // One element per thread: [i0, i1) into dst (dst[0] = element i0).
 template <typename OUT>
-static __global__ void dequant1_kernel(deq_args a, int64_t i0, int64_t i1, OUT *__restrict__ dst) {
+static __global__ void dequant1_kernel(mt_deq_args a, int64_t i0, int64_t i1, OUT *__restrict__ dst) {
     __shared__ float lut[16];
     load_lut(a, lut);
     int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= i1) return;
-    float m = 0.0f, s = block_scale(a, i / a.bs, &m);
-    unsigned c = (a.packed[i >> 1] >> ((~i & 1) << 2)) & 15u;
-    store(dst, i - i0, deq_one(a, lut, c, s, m));
+    float m = 0.0f, s = mt_deq_block_scale(a, i / a.bs, &m);
+    unsigned c = mt_deq_code(a.packed, i);
+    store(dst, i - i0, mt_deq_value(a, lut, c, s, m));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,7 +213,7 @@ extern "C" void mt_q8_quantize_cuda(mt_backend *be, const float *map256, const f
     if (nb <= 0) return;
     cudaStream_t st = q_begin(be, codes);
     const float *map = map256;
-    if (!map) MT_CHECK_CUDA(cudaGetSymbolAddress((void **)&map, d_dynamic_map));
+    if (!map) MT_CHECK_CUDA(cudaGetSymbolAddress((void **)&map, mt_d_dynamic_map));
     q8_quantize_kernel<<<ctas(nb, 256), 256, 0, st>>>(map, absmax, nb, offset, codes, nested_absmax);
     q_end(st);
 }
@@ -267,7 +236,7 @@ extern "C" void mt_int4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt
 }
 
 template <typename OUT>
-static void dequant_launch(const deq_args &a, int64_t i0, int64_t i1, OUT *dst, cudaStream_t st) {
+static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, OUT *dst, cudaStream_t st) {
     int64_t vec_end = i0;
     if (i0 % 32 == 0 && ((uintptr_t)dst & 15) == 0) {
         int64_t groups = (i1 - i0) / 32;
@@ -283,20 +252,7 @@ static void dequant_launch(const deq_args &a, int64_t i0, int64_t i1, OUT *dst, 
 extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {
     if (i1 <= i0) return;
     cudaStream_t st = q_begin(q->be, q->packed->data);
-    deq_args a;
-    a.packed = (const uint8_t *)q->packed->data;
-    a.absmax = q->absmax->data;
-    a.zero = q->zero ? (const __half *)q->zero->data : NULL;
-    a.nested_absmax = q->nested_absmax ? (const float *)q->nested_absmax->data : NULL;
-    a.nested_map = NULL;
-    if (q->double_quant) {
-        if (q->nested_map) a.nested_map = (const float *)q->nested_map->data;
-        else MT_CHECK_CUDA(cudaGetSymbolAddress((void **)&a.nested_map, d_dynamic_map));
-    }
-    a.offset = q->offset;
-    a.bs = q->blocksize;
-    a.type = (int)q->type;
-    a.dq = q->double_quant;
+    mt_deq_args a = mt_deq_args_of(q);
     if (dt == MT_BF16) dequant_launch(a, i0, i1, (__nv_bfloat16 *)dst, st);
     else if (dt == MT_F32) dequant_launch(a, i0, i1, (float *)dst, st);
     else mt_fatal(MT_EXIT_ERROR, "dequantize (cuda): target dtype %s", mt_dtype_name(dt));

@@ -1,0 +1,386 @@
+// model/grouped.h's grouped GEMMs on the GPU (the emulator in `make SIM=1`) against an fp32
+// reference built on the CPU from the same bf16-rounded inputs and the same weights: a 4-bit W
+// quantized from the same floats on the cpu backend and dequantized there
+// (mt_qweight_dequantize_rows_cpu, bit for bit what the device dequantizes: tests/test_quant_cuda.c),
+// rounded to bf16 as the kernel stages it. Dropout masks come from lora/lora_dropout.h.
+//
+// Numeric tests skip, saying why, in a CPU build or without a GPU (each calls gpu_or_skip() in its
+// body: tests/cudasim/run.sh counts such tests as CUDA tests, where a skip fails); the refusal
+// tests run on the null and cpu backends in every build.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "tests/gpu_or_skip.h"
+#include "core/backend.h"
+#include "core/common.h"
+#include "core/rng.h"
+#include "lora/lora_dropout.h"
+#include "model/grouped.h"
+#include "quant/qweight.h"
+
+enum { GK_NF4, GK_NF4_DQ, GK_FP4, GK_INT4, GK_DENSE, GK_SKIP };  // expert e's W
+
+static float bfr(float x) { return mt_bf16_to_f32(mt_f32_to_bf16(x)); }
+
+static float *randn(int64_t n, uint64_t seed, float scale) {
+    mt_rng r;
+    mt_rng_seed(&r, seed, 7);
+    float *f = mt_xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = mt_rng_normal(&r) * scale;
+    return f;
+}
+
+// f32 host values into a new tensor [rows, cols] of dtype dt on be, rounded as dt stores them;
+// `vals` is rounded in place to what was stored.
+static mt_tensor *upload(mt_backend *be, mt_dtype dt, float *vals, int64_t rows, int64_t cols) {
+    int64_t sh[2] = {rows, cols};
+    mt_tensor *t = mt_tensor_new(be, MT_MEM_ACT, dt, 2, sh);
+    cr_assert_not_null(t, "%s", mt_error_get());
+    if (dt == MT_BF16)
+        for (int64_t i = 0; i < rows * cols; i++) vals[i] = bfr(vals[i]);
+    mt_tensor_upload_f32(t, vals);
+    return t;
+}
+
+typedef struct gcase {
+    int E;
+    const int *rows;   // [E]
+    const int *kind;   // [E] GK_*
+    int64_t row0;      // off[0]
+    int K, N, trans, blocksize;
+    mt_dtype cdt;
+    int c_col;         // C is columns [c_col, c_col + N) of a [R, N + 2·c_col] matrix (0: dense)
+    int a_pad;         // A's row stride K + a_pad
+    float alpha, beta, p;
+    int drop_a;        // with p > 0: dropout on A, else on C
+} gcase;
+
+// Runs one mt_grouped_gemm case and checks every element of the wide C: the experts' rows in the
+// view against the reference, everything else unchanged (bit for bit).
+static void run_gemm(mt_backend *gpu, const gcase *t) {
+    mt_backend *cpu = mt_backend_cpu_new();
+    const int E = t->E, K = t->K, N = t->N, lda = K + t->a_pad, ldc = N + 2 * t->c_col;
+    int64_t off[MT_GROUPED_MAX + 1];
+    off[0] = t->row0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + t->rows[e];
+    const int64_t R = off[E] + 2;  // two rows past the last expert: not touched
+    uint64_t seeds[MT_GROUPED_MAX];
+    for (int e = 0; e < E; e++) seeds[e] = 1000 + 17 * (uint64_t)e;
+
+    float *a = randn(R * lda, 1, 1.0f), *c0 = randn(R * ldc, 2, 1.0f);
+    mt_tensor *ta = upload(gpu, MT_BF16, a, R, lda), *tc = upload(gpu, t->cdt, c0, R, ldc);
+    mt_tensor av = mt_view2(gpu, ta->data, MT_BF16, R, K, lda);
+    mt_tensor cv = mt_view2(gpu, (char *)tc->data + (size_t)t->c_col * mt_dtype_bytes(t->cdt, 1), t->cdt, R, N, ldc);
+
+    // W per expert: op(W) (k, n) in wref[e][k·N + n] as the kernel sees it (bf16 values).
+    const int64_t wout = t->trans ? N : K, win = t->trans ? K : N;
+    mt_qweight qg[MT_GROUPED_MAX];
+    const mt_qweight *qp[MT_GROUPED_MAX];
+    mt_tensor *wt[MT_GROUPED_MAX];
+    const mt_tensor *wp[MT_GROUPED_MAX];
+    float **wref = mt_xmalloc((size_t)E * sizeof(float *));
+    for (int e = 0; e < E; e++) {
+        qp[e] = NULL, wp[e] = NULL, wt[e] = NULL, wref[e] = NULL;
+        const int kd = t->kind[e];
+        if (kd == GK_SKIP) continue;
+        float *w = randn(wout * win, 100 + (uint64_t)e, 0.5f), *deq = mt_xmalloc((size_t)(wout * win) * sizeof(float));
+        if (kd == GK_DENSE) {
+            wt[e] = upload(gpu, MT_BF16, w, wout, win);
+            wp[e] = wt[e];
+            memcpy(deq, w, (size_t)(wout * win) * sizeof(float));
+        } else {
+            mt_quant qt = kd == GK_FP4 ? MT_QUANT_FP4 : kd == GK_INT4 ? MT_QUANT_INT4 : MT_QUANT_NF4;
+            int dq = kd == GK_NF4_DQ;
+            mt_qweight qc;
+            cr_assert_eq(mt_qweight_quantize(&qc, cpu, "w", w, wout, win, qt, t->blocksize, dq), 0, "%s",
+                         mt_error_get());
+            cr_assert_eq(mt_qweight_quantize(&qg[e], gpu, "w", w, wout, win, qt, t->blocksize, dq), 0, "%s",
+                         mt_error_get());
+            mt_qweight_dequantize_rows_cpu(&qc, deq, 0, wout);
+            for (int64_t i = 0; i < wout * win; i++) deq[i] = bfr(deq[i]);
+            mt_qweight_free(&qc);
+            qp[e] = &qg[e];
+        }
+        wref[e] = mt_xmalloc((size_t)(K * N) * sizeof(float));
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++)
+                wref[e][k * N + n] = t->trans ? deq[(int64_t)n * K + k] : deq[(int64_t)k * N + n];
+        free(w), free(deq);
+    }
+
+    mt_grouped g = {.experts = E, .off = off, .q = qp, .w = wp, .trans = t->trans, .alpha = t->alpha,
+                    .beta = t->beta, .seed = t->p > 0 ? seeds : NULL, .p = t->p, .drop_a = t->drop_a};
+    cr_assert_eq(mt_grouped_gemm(&cv, &av, &g), 0, "mt_grouped_gemm: %s", mt_error_get());
+    float *got = mt_xmalloc((size_t)(R * ldc) * sizeof(float));
+    mt_tensor_download_f32(tc, got);
+
+    double worst = 0;
+    int64_t checked = 0, dropped = 0, worst_at = -1;
+    for (int64_t r = 0; r < R; r++) {
+        int e = -1;
+        for (int j = 0; j < E; j++)
+            if (r >= off[j] && r < off[j + 1] && t->kind[j] != GK_SKIP) e = j;
+        for (int j = 0; j < ldc; j++) {
+            const float have = got[r * ldc + j], old = c0[r * ldc + j];
+            const int n = j - t->c_col;
+            if (e < 0 || n < 0 || n >= N) {
+                cr_assert(memcmp(&have, &old, 4) == 0,
+                          "row %lld column %d (no expert's or outside the view) changed: %g -> %g", (long long)r, j,
+                          (double)old, (double)have);
+                continue;
+            }
+            const int64_t rl = r - off[e];
+            double acc = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                float x = a[r * lda + k];
+                if (t->p > 0 && t->drop_a) x = bfr(x * mt_lora_dropout_factor(seeds[e], t->p, (uint64_t)(rl * K + k)));
+                acc += (double)x * wref[e][k * N + n];
+                mag += fabs((double)x * wref[e][k * N + n]);
+            }
+            float v = (float)acc;
+            if (t->p > 0 && !t->drop_a) {
+                float f = mt_lora_dropout_factor(seeds[e], t->p, (uint64_t)(rl * N + n));
+                dropped += f == 0.0f;
+                v *= f;
+                mag *= f;
+            }
+            v = v * t->alpha + t->beta * old;
+            double tol = 1e-5 * mag * fabs(t->alpha) + 1e-6 * fabs(t->beta * old) + 1e-30;
+            if (t->cdt == MT_BF16) tol += fabs(v) / 250.0;  // bf16 rounding: at most 2^-8·|v| (8 significant bits)
+            double err = fabs((double)have - v) / tol;
+            checked++;
+            if (!(err <= worst)) worst = err, worst_at = r * ldc + j;  // NaN counts as worst
+        }
+    }
+    if (getenv("GG_PRINT"))
+        fprintf(stderr, "checked %lld, dropped %lld, worst %.3f of tol\n", (long long)checked, (long long)dropped,
+                worst);
+    cr_assert_gt(checked, 0, "no element checked");
+    if (t->p > 0 && !t->drop_a) cr_assert_gt(dropped, 0, "dropout on C dropped nothing: the mask is not exercised");
+    cr_assert(worst <= 1.0, "worst element (row %lld, column %lld) %g, reference off by %.2f of the tolerance",
+              (long long)(worst_at / ldc), (long long)(worst_at % ldc), (double)got[worst_at], worst);
+
+    for (int e = 0; e < E; e++) {
+        if (qp[e]) mt_qweight_free(&qg[e]);
+        if (wt[e]) mt_tensor_free(wt[e]);
+        free(wref[e]);
+    }
+    free(wref), free(a), free(c0), free(got);
+    mt_tensor_free(ta), mt_tensor_free(tc);
+    cr_expect_eq(gpu->ledger.cur[MT_MEM_ACT], 0, "test buffers left in the ledger");
+    mt_backend_free(gpu), mt_backend_free(cpu);
+}
+
+static const int rows5[] = {0, 1, 17, 33, 5};
+
+#define ALL5(k) ((const int[]){k, k, k, k, k})
+
+Test(cuda_grouped, nf4_trans_f32, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
+                           .cdt = MT_F32, .alpha = 1, .beta = 0});
+}
+Test(cuda_grouped, nf4_double_quant_no_trans_bf16_beta1_alpha, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4_DQ), .row0 = 3, .K = 40, .N = 24, .trans = 0,
+                           .blocksize = 32, .cdt = MT_BF16, .alpha = 0.5f, .beta = 1});
+}
+Test(cuda_grouped, fp4_trans_c_view_beta1, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_FP4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
+                           .cdt = MT_F32, .c_col = 5, .a_pad = 3, .alpha = 1, .beta = 1});
+}
+Test(cuda_grouped, int4_no_trans_dropout_on_c, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 0, .blocksize = 128,
+                           .cdt = MT_F32, .alpha = 2, .beta = 0, .p = 0.3f});
+}
+Test(cuda_grouped, int4_trans_bf16_view, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 1, .blocksize = 32,
+                           .cdt = MT_BF16, .c_col = 3, .alpha = 1, .beta = 1});
+}
+Test(cuda_grouped, dense_trans_dropout_on_a, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 1, .cdt = MT_BF16,
+                           .alpha = 1.5f, .beta = 0, .p = 0.25f, .drop_a = 1});
+}
+Test(cuda_grouped, dense_no_trans_dropout_on_c_beta1, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 0, .cdt = MT_F32,
+                           .c_col = 2, .alpha = 1, .beta = 1, .p = 0.5f});
+}
+// A layer mixing frozen 4-bit experts with dense ones, and an expert with rows but no W (skipped:
+// its rows of C untouched).
+Test(cuda_grouped, mixed_and_skipped_expert, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 5, .rows = (const int[]){3, 1, 17, 33, 5},
+                           .kind = (const int[]){GK_NF4, GK_DENSE, GK_SKIP, GK_INT4, GK_DENSE}, .K = 40, .N = 24,
+                           .trans = 1, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 1});
+}
+// Several row tiles, K steps and column tiles, none of them whole; the dropout's index across them.
+Test(cuda_grouped, nf4_dq_tiles_k72_n80_dropout_on_c, .timeout = 600) {
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 2, .rows = (const int[]){70, 3}, .kind = (const int[]){GK_NF4_DQ, GK_FP4}, .K = 72,
+                           .N = 80, .trans = 0, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0, .p = 0.3f});
+}
+// 128 experts of 0..3 rows each, every one with its own W: the block's expert lookup.
+Test(cuda_grouped, many_experts_e128, .timeout = 600) {
+    int rows[128], kind[128];
+    for (int e = 0; e < 128; e++) rows[e] = (e * 7) % 4, kind[e] = e % 3 ? GK_NF4 : GK_DENSE;
+    mt_backend *gpu = gpu_or_skip();
+    run_gemm(gpu, &(gcase){.E = 128, .rows = rows, .kind = kind, .row0 = 1, .K = 24, .N = 16, .trans = 1,
+                           .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0});
+}
+
+// ---------------------------------------------------------------------------------------------
+// mt_grouped_gemm_tn: G_e = alpha · X_eᵀ · drop(Y_e) + beta · G_e
+
+typedef struct gtcase {
+    int E;
+    const int *rows;
+    int M, N, x_pad;
+    mt_dtype gdt;
+    float alpha, beta, p;
+    int null_g;  // this expert's g is NULL (not wanted)
+} gtcase;
+
+static void run_tn(mt_backend *gpu, const gtcase *t) {
+    const int E = t->E, M = t->M, N = t->N, ldx = M + t->x_pad;
+    int64_t off[MT_GROUPED_MAX + 1];
+    off[0] = 2;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + t->rows[e];
+    const int64_t R = off[E] + 1;
+    uint64_t seeds[MT_GROUPED_MAX];
+    for (int e = 0; e < E; e++) seeds[e] = 77 + 3 * (uint64_t)e;
+    float *x = randn(R * ldx, 11, 1.0f), *y = randn(R * N, 12, 1.0f);
+    mt_tensor *tx = upload(gpu, MT_BF16, x, R, ldx), *ty = upload(gpu, MT_BF16, y, R, N);
+    mt_tensor xv = mt_view2(gpu, tx->data, MT_BF16, R, M, ldx);
+    mt_tensor *tg[MT_GROUPED_MAX];
+    float *g0[MT_GROUPED_MAX];
+    for (int e = 0; e < E; e++) {
+        g0[e] = randn(M * N, 20 + (uint64_t)e, 1.0f);
+        if (t->rows[e] == 0) g0[e][0] = -0.0f;  // beta 1 must leave it, bit for bit (0 + -0 would be +0)
+        tg[e] = upload(gpu, t->gdt, g0[e], M, N);
+    }
+    mt_tensor *gp[MT_GROUPED_MAX];
+    for (int e = 0; e < E; e++) gp[e] = e == t->null_g ? NULL : tg[e];
+    mt_grouped gr = {.experts = E, .off = off, .alpha = t->alpha, .beta = t->beta, .seed = t->p > 0 ? seeds : NULL,
+                     .p = t->p};
+    cr_assert_eq(mt_grouped_gemm_tn(gp, &xv, ty, &gr), 0, "mt_grouped_gemm_tn: %s", mt_error_get());
+
+    float *got = mt_xmalloc((size_t)(M * N) * sizeof(float));
+    double worst = 0;
+    int64_t dropped = 0;
+    for (int e = 0; e < E; e++) {
+        mt_tensor_download_f32(tg[e], got);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                const float have = got[m * N + n], old = g0[e][m * N + n];
+                if (!gp[e] || (t->rows[e] == 0 && t->beta != 0)) {  // skipped, or beta·G_e = G_e: untouched
+                    cr_assert(memcmp(&have, &old, 4) == 0, "expert %d: G[%d][%d] changed %g -> %g", e, m, n,
+                              (double)old, (double)have);
+                    continue;
+                }
+                double acc = 0, mag = 0;
+                for (int64_t r = off[e]; r < off[e + 1]; r++) {
+                    float yv = y[r * N + n];
+                    if (t->p > 0) {
+                        float f = mt_lora_dropout_factor(seeds[e], t->p, (uint64_t)((r - off[e]) * N + n));
+                        dropped += f == 0.0f;
+                        yv = bfr(yv * f);
+                    }
+                    acc += (double)x[r * ldx + m] * yv;
+                    mag += fabs((double)x[r * ldx + m] * yv);
+                }
+                float v = (float)acc * t->alpha + t->beta * old;
+                double tol = 1e-5 * mag * fabs(t->alpha) + 1e-6 * fabs(t->beta * old) + 1e-30;
+                if (t->gdt == MT_BF16) tol += fabs(v) / 250.0;
+                double err = fabs((double)have - v) / tol;
+                cr_assert(err <= 1.0, "expert %d: G[%d][%d] = %g, reference %g (%.2f of the tolerance)", e, m, n,
+                          (double)have, (double)v, err);
+                if (err > worst) worst = err;
+            }
+    }
+    if (getenv("GG_PRINT")) fprintf(stderr, "tn: dropped %lld, worst %.3f of tol\n", (long long)dropped, worst);
+    if (t->p > 0) cr_assert_gt(dropped, 0, "dropout on Y dropped nothing: the mask is not exercised");
+    for (int e = 0; e < E; e++) mt_tensor_free(tg[e]), free(g0[e]);
+    free(x), free(y), free(got);
+    mt_tensor_free(tx), mt_tensor_free(ty);
+    cr_expect_eq(gpu->ledger.cur[MT_MEM_ACT], 0, "test buffers left in the ledger");
+    mt_backend_free(gpu);
+}
+
+Test(cuda_grouped, tn_f32_beta0_dropout_on_y, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 24, .N = 40, .x_pad = 3, .gdt = MT_F32, .alpha = 1, .beta = 0,
+                          .p = 0.3f, .null_g = -1});
+}
+Test(cuda_grouped, tn_bf16_beta1_alpha_null_g, .timeout = 300) {
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 40, .N = 24, .gdt = MT_BF16, .alpha = 0.5f, .beta = 1,
+                          .null_g = 3});
+}
+Test(cuda_grouped, tn_tiles_m80_n72_rows70_dropout, .timeout = 600) {
+    mt_backend *gpu = gpu_or_skip();
+    run_tn(gpu, &(gtcase){.E = 2, .rows = (const int[]){70, 0}, .M = 80, .N = 72, .gdt = MT_F32, .alpha = 1, .beta = 0,
+                          .p = 0.2f, .null_g = -1});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals and the backends that do not compute (every build)
+
+Test(cuda_grouped, refusals_name_the_tensor) {
+    mt_backend *nb = mt_backend_null_new(), *cpu = mt_backend_cpu_new();
+    int64_t off[3] = {0, 2, 5}, sa[2] = {5, 8}, sc[2] = {5, 4}, sw[2] = {4, 8};
+    mt_tensor *a = mt_tensor_new(nb, MT_MEM_ACT, MT_BF16, 2, sa), *a32 = mt_tensor_new(nb, MT_MEM_ACT, MT_F32, 2, sa);
+    mt_tensor *c = mt_tensor_new(nb, MT_MEM_ACT, MT_F32, 2, sc), *w = mt_tensor_new(nb, MT_MEM_ACT, MT_BF16, 2, sw);
+    mt_tensor *c16 = mt_tensor_new(nb, MT_MEM_ACT, MT_F16, 2, sc);
+    const mt_tensor *ws[2] = {w, w};
+    mt_grouped g = {.experts = 2, .off = off, .w = ws, .trans = 1, .alpha = 1, .beta = 0};
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "null backend: %s", mt_error_get());  // counted step: nothing done
+    cr_assert_eq(mt_grouped_gemm(c, a32, &g), -1);
+    cr_assert(strstr(mt_error_get(), "a is f32"), "%s", mt_error_get());
+    cr_assert_eq(mt_grouped_gemm(c16, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "c is f16"), "%s", mt_error_get());
+    g.trans = 0;  // W must then be [K, N] = [8, 4]
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "w[0]"), "%s", mt_error_get());
+    g.trans = 1;
+    int64_t bad_off[3] = {0, 4, 3};
+    g.off = bad_off;
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "off[2]"), "%s", mt_error_get());
+    int64_t long_off[3] = {0, 2, 6};
+    g.off = long_off;
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "a has 5 rows"), "%s", mt_error_get());
+    g.off = off;
+    g.beta = 0.5f;
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "beta"), "%s", mt_error_get());
+    g.beta = 0;
+    g.experts = MT_GROUPED_MAX + 1;
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), -1);
+    cr_assert(strstr(mt_error_get(), "experts"), "%s", mt_error_get());
+    g.experts = 2;
+    // tn: x [5, 8], y [5, 4] -> g_e [8, 4]
+    int64_t sg[2] = {8, 4};
+    mt_tensor *gt = mt_tensor_new(nb, MT_MEM_ACT, MT_F32, 2, sg), *g16 = mt_tensor_new(nb, MT_MEM_ACT, MT_F16, 2, sg);
+    mt_tensor *y = mt_tensor_new(nb, MT_MEM_ACT, MT_BF16, 2, sc);
+    mt_tensor *gs[2] = {gt, NULL}, *gbad[2] = {NULL, g16};
+    cr_assert_eq(mt_grouped_gemm_tn(gs, a, y, &g), 0, "null backend: %s", mt_error_get());
+    cr_assert_eq(mt_grouped_gemm_tn(gbad, a, y, &g), -1);
+    cr_assert(strstr(mt_error_get(), "g[1] is f16"), "%s", mt_error_get());
+    cr_assert_eq(mt_grouped_gemm_tn(gs, a, c, &g), -1);
+    cr_assert(strstr(mt_error_get(), "y is f32"), "%s", mt_error_get());
+    // cpu: refused, whatever the arguments
+    mt_tensor *ac = mt_tensor_new(cpu, MT_MEM_ACT, MT_BF16, 2, sa), *cc = mt_tensor_new(cpu, MT_MEM_ACT, MT_F32, 2, sc);
+    cr_assert_eq(mt_grouped_gemm(cc, ac, &g), -1);
+    cr_assert(strstr(mt_error_get(), "GPU step"), "%s", mt_error_get());
+    mt_tensor_free(ac), mt_tensor_free(cc);
+    mt_tensor_free(gt), mt_tensor_free(g16), mt_tensor_free(y);
+    mt_tensor_free(a), mt_tensor_free(a32), mt_tensor_free(c), mt_tensor_free(c16), mt_tensor_free(w);
+    mt_backend_free(nb), mt_backend_free(cpu);
+}
