@@ -8,6 +8,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
+#include "core/threads.h"
 #include "model/mixtral.h"
 #include "optim/optim.h"
 #include "optim/params.h"
@@ -412,3 +413,28 @@ Test(train, later_steps_fault_in_no_fresh_memory, .init = setup, .fini = teardow
     cr_assert_lt(f[1] - f[0], 6 * 50, "6 more steps faulted in %ld more pages (%ld against %ld)", f[1] - f[0], f[1], f[0]);
 }
 
+// core/threads.h: the thread count a step takes, from the CPUs, /proc/loadavg's running count
+// (the caller among them) and the count the program started with.
+Test(train, thread_count_takes_the_cores_others_leave) {
+    cr_assert_eq(mt_threads_choose(2, 1, 2), 2, "alone on 2 CPUs: both");
+    cr_assert_eq(mt_threads_choose(2, 2, 2), 1, "one other task: 1");
+    cr_assert_eq(mt_threads_choose(2, 9, 2), 1, "never below 1");
+    cr_assert_eq(mt_threads_choose(2, 0, 2), 2, "a count below 1 counts as the caller alone");
+    cr_assert_eq(mt_threads_choose(16, 3, 4), 4, "never above the starting count");
+    cr_assert_eq(mt_threads_choose(16, 14, 8), 3);
+    cr_assert_eq(mt_threads_choose(1, 1, 4), 1);
+}
+
+Test(train, loadavg_running_count_is_parsed_or_refused) {
+    cr_assert_eq(mt_loadavg_running("0.52 0.58 0.59 3/467 12345\n"), 3);
+    cr_assert_eq(mt_loadavg_running("12.00 8.50 4.25 17/1024 99"), 17);
+    cr_assert_eq(mt_loadavg_running("0.00 0.00 0.00 0/80 1"), 0);
+    const char *bad[] = {"", "garbage", "0.52 0.58 0.59", "0.52 0.58 0.59 3", "0.52 0.58 0.59 x/467 1",
+                         "0.52 0.58 0.59 -2/467 1", "0.52 0.58 0.59 500/467 1", "0.52 0.58 3/467 1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(mt_loadavg_running(bad[i]), -1, "'%s' is not a loadavg line", bad[i]);
+    // and the count in force follows: the user's OMP_NUM_THREADS is kept as it is
+    int n = mt_threads_adapt();
+    cr_assert(n >= 1 && n <= omp_get_num_procs(), "%d threads", n);
+    cr_assert_eq(omp_get_max_threads(), n);
+}
