@@ -61,6 +61,7 @@ void mt_sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 #ifdef _OPENMP
     nested = omp_in_parallel();
 #endif
+    (void)nested;  // a build without OpenMP: the blocks in turn
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1 && !nested)
     for (int i = 0; i < blocks; i++) {
         int o = i * step;

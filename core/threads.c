@@ -51,6 +51,7 @@ int mt_loadavg_running(const char *line) {
 
 static long long threads_chosen[MT_THREADS_COUNTED];
 
+#ifdef _OPENMP
 // The CPUs this process may run on (its affinity mask), at least 1.
 static int cpus_allowed(void) {
     cpu_set_t set;
@@ -67,6 +68,7 @@ static int running_now(void) {
     fclose(f);
     return ok ? mt_loadavg_running(line) : -1;
 }
+#endif
 
 int mt_threads_adapt(void) {
 #ifdef _OPENMP
