@@ -9,14 +9,16 @@
 #endif
 
 // A product is cut only where each block keeps enough work to hide its own sgemm call and the
-// packing it repeats (the other operand's panels: a block of rows packs all of B again, a block
-// of columns all of A, so the cut runs along the longer side): at least GEMM_MIN_DIM rows or
-// columns and GEMM_MIN_WORK multiply-adds a block. An even count, so that two threads share them
-// equally; at most GEMM_BLOCKS_MAX: on the mid config's shapes (M = 512..2048; K, N of 512, 1792,
-// 32000) blocks of 128 and up to 8 of them ran ~1% slower than OpenBLAS's own 2-thread split
-// (median of interleaved pairs), 256 and up to 4 ~8% faster. Block edges are multiples of
-// GEMM_ALIGN (the kernels' unrolling).
-enum { GEMM_MIN_DIM = 256, GEMM_BLOCKS_MAX = 4, GEMM_ALIGN = 16 };
+// packing it repeats (a block of rows packs all of B again, a block of columns all of A, so the
+// cut runs along the longer side; the repeated share grows as blocks narrow). In two from
+// 2·GEMM_MIN_DIM rows or columns and 2·GEMM_MIN_WORK multiply-adds; in more (an even count, at
+// most GEMM_BLOCKS_MAX) only with blocks of GEMM_WIDE or more. Measured at 2 threads on the mid
+// config's shapes (M = 512..2048; K, N of 512, 1792, 32000; 24 shapes), interleaved pairs against
+// OpenBLAS's own 2-thread sgemm: a median 0.995× its speed, worst 0.974×. Narrower blocks cost
+// more: up to 4 blocks of 256 gave 0.991× (worst 0.952×), 16 of 2,000 on the vocab 0.958×. The
+// shape alone decides, so a machine with many cores gets at most 2 blocks of a product below
+// 2·GEMM_WIDE. Block edges are multiples of GEMM_ALIGN.
+enum { GEMM_MIN_DIM = 256, GEMM_WIDE = 4096, GEMM_BLOCKS_MAX = 16, GEMM_ALIGN = 16 };
 #define GEMM_MIN_WORK ((int64_t)1 << 22)
 
 // One single-threaded sgemm. OpenBLAS's OpenMP build takes as many threads as the calling task's
@@ -38,8 +40,9 @@ void mt_sgemm_blocks(int m, int n, int k, int *by_rows, int *blocks, int *step) 
     *by_rows = m >= n;
     int dim = *by_rows ? m : n;
     int64_t work = (int64_t)m * n * k;
-    int64_t nb = work / GEMM_MIN_WORK;
-    if (nb > dim / GEMM_MIN_DIM) nb = dim / GEMM_MIN_DIM;
+    int64_t nb = dim / GEMM_WIDE;
+    if (nb < 2) nb = dim >= 2 * GEMM_MIN_DIM ? 2 : 1;
+    if (nb > work / GEMM_MIN_WORK) nb = work / GEMM_MIN_WORK;
     if (nb > GEMM_BLOCKS_MAX) nb = GEMM_BLOCKS_MAX;
     if (nb < 2) {
         *blocks = 1, *step = dim;

@@ -673,17 +673,17 @@ Test(model_ops, vexpf_matches_exp) {
 
 // core/gemm.h: every CPU GEMM gives the same bits at 1, 2 and 3 threads, and the right product.
 // Odd shapes (edges that are not multiples of the block alignment), every transpose, strided
-// operands, beta 0 and 1; cut into blocks along rows and along columns, and not cut (one sgemm
-// large enough that OpenBLAS would split it over its own threads).
+// operands, beta 0 and 1; cut into blocks along rows and along columns (in 2, and in 4 for 3
+// threads), and not cut (one sgemm large enough that OpenBLAS would split it over its threads).
 Test(model_ops, gemm_same_bits_at_any_thread_count_on_odd_shapes) {
     const struct { int m, n, k, ta, tb, pad; float beta; } cases[] = {
         {1037, 301, 29, 0, 1, 0, 0.0f}, {515, 1531, 67, 1, 0, 3, 1.0f}, {777, 555, 57, 0, 0, 5, 1.0f},
         {263, 2049, 33, 1, 1, 1, 0.0f}, {2051, 17, 301, 0, 1, 0, 1.0f}, {300, 203, 101, 0, 1, 2, 1.0f},
-        {509, 64, 200, 1, 0, 0, 0.0f},
+        {509, 64, 200, 1, 0, 0, 0.0f}, {16411, 9, 120, 1, 1, 3, 1.0f},
     };
     mt_rng rng;
     mt_rng_seed(&rng, 77, 0);
-    int saved = omp_get_max_threads(), cut_rows = 0, cut_cols = 0, whole = 0;
+    int saved = omp_get_max_threads(), cut_rows = 0, cut_cols = 0, whole = 0, many = 0;
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         int m = cases[ci].m, n = cases[ci].n, k = cases[ci].k, ta = cases[ci].ta, tb = cases[ci].tb;
         int lda = (ta ? m : k) + cases[ci].pad, ldb = (tb ? k : n) + cases[ci].pad, ldc = n + cases[ci].pad;
@@ -701,7 +701,7 @@ Test(model_ops, gemm_same_bits_at_any_thread_count_on_odd_shapes) {
         omp_set_num_threads(saved);
         int by_rows, blocks, step;
         mt_sgemm_blocks(m, n, k, &by_rows, &blocks, &step);
-        cut_rows += blocks > 1 && by_rows, cut_cols += blocks > 1 && !by_rows, whole += blocks == 1;
+        cut_rows += blocks > 1 && by_rows, cut_cols += blocks > 1 && !by_rows, whole += blocks == 1, many += blocks > 3;
         for (int t = 1; t < 3; t++)
             cr_assert(memcmp(c[0], c[t], nc * sizeof(float)) == 0, "case %zu (%dx%dx%d): bits differ at %d threads", ci,
                       m, n, k, t + 1);
@@ -721,6 +721,6 @@ Test(model_ops, gemm_same_bits_at_any_thread_count_on_odd_shapes) {
         free(a), free(b), free(c0);
         for (int t = 0; t < 3; t++) free(c[t]);
     }
-    cr_assert(cut_rows && cut_cols && whole, "cut along rows in %d cases, columns in %d, not cut in %d", cut_rows,
-              cut_cols, whole);
+    cr_assert(cut_rows && cut_cols && whole && many, "cut along rows in %d cases, columns in %d, not cut in %d, in 4+ in %d",
+              cut_rows, cut_cols, whole, many);
 }
