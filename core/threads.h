@@ -1,5 +1,5 @@
-// core/threads.h — how the program's OpenMP threads wait (one libgomp pool: OpenBLAS is linked
-// in its OpenMP build, scripts/configure.sh).
+// core/threads.h — how the program's OpenMP threads wait, and how many a step takes (one
+// libgomp pool: OpenBLAS is linked in its OpenMP build, scripts/configure.sh).
 #pragma once
 
 // Makes OMP_WAIT_POLICY=passive the default: when the user set neither OMP_WAIT_POLICY nor
