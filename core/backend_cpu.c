@@ -1,5 +1,4 @@
-// core/backend_cpu.c — the reference backend: host memory, fp32 compute, OpenBLAS for matmul.
-#include <cblas.h>
+// core/backend_cpu.c — the reference backend: host memory, fp32 compute, OpenBLAS for matmul (core/gemm.h).
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -8,6 +7,7 @@
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/gemm.h"
 
 // glibc maps every block above its largest mmap threshold (32 MiB) afresh, so a step that frees
 // and takes such a block again faults it in and zeroes it each time: at seq 2048, ~57,000 page
@@ -139,9 +139,8 @@ static int cpu_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt
     float *fc = fb ? (float *)as_f32(be, c, &sc) : NULL;
     int rc = -1;
     if (fc) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                    trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, fa,
-                    (int)mt_tensor_ld(a), fb, (int)mt_tensor_ld(b), beta, fc, (int)mt_tensor_ld(c));
+        mt_sgemm(trans_a, trans_b, (int)m, (int)n, (int)k, alpha, fa, (int)mt_tensor_ld(a), fb,
+                 (int)mt_tensor_ld(b), beta, fc, (int)mt_tensor_ld(c));
         if (sc) mt_convert(c->data, c->dtype, fc, MT_F32, (size_t)(m * n));
         rc = 0;
     }

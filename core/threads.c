@@ -1,10 +1,14 @@
 // core/threads.c — the OpenMP wait policy default and thread counts (see threads.h).
 #include "core/threads.h"
 
+#include "core/common.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -29,4 +33,60 @@ int mt_thread_index(void) {
 #else
     return 0;
 #endif
+}
+
+int mt_threads_choose(int cpus, int running, int max) {
+    int others = running > 1 ? running - 1 : 0, n = cpus - others;
+    if (n > max) n = max;
+    return n < 1 ? 1 : n;
+}
+
+int mt_loadavg_running(const char *line) {
+    double l1, l5, l15;
+    int running, total;
+    if (sscanf(line, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) != 5 || running < 0 || total < running)
+        return -1;
+    return running;
+}
+
+static long long threads_chosen[MT_THREADS_COUNTED];
+
+#ifdef _OPENMP
+// The CPUs this process may run on (its affinity mask), at least 1.
+static int cpus_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return (int)MT_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    return MT_MAX(1, CPU_COUNT(&set));
+}
+
+// The running count of /proc/loadavg now, or −1.
+static int running_now(void) {
+    char line[256];
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return -1;
+    int ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    return ok ? mt_loadavg_running(line) : -1;
+}
+#endif
+
+int mt_threads_adapt(void) {
+#ifdef _OPENMP
+    static int max;  // the count the program started with: the first call's
+    if (!max) max = omp_get_max_threads();
+    int n = max;
+    if (!getenv("OMP_NUM_THREADS")) {
+        int running = running_now();
+        if (running >= 0) n = mt_threads_choose(cpus_allowed(), running, max);
+    }
+    omp_set_num_threads(n);
+#else
+    int n = 1;
+#endif
+    threads_chosen[MT_MIN(n, MT_THREADS_COUNTED - 1)]++;
+    return n;
+}
+
+void mt_threads_chosen(long long counts[MT_THREADS_COUNTED]) {
+    for (int i = 0; i < MT_THREADS_COUNTED; i++) counts[i] = threads_chosen[i];
 }

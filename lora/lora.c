@@ -1,11 +1,11 @@
 // lora/lora.c — LoRA adapter: init, forward, backward (CPU reference), with regenerated dropout.
 #include "lora/lora.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/rng.h"
 #include "lora/lora_dropout.h"
 
@@ -80,8 +80,7 @@ void mt_lora_project_cpu(const mt_lora *l, float *xa, const float *x, int64_t n)
     float *buf;
     const float *xd = dropped(l, x, n, &buf);
     if (!counting(l))  // xa [n, r] = xd [n, in] · Aᵀ
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, l->r, (int)l->in, 1.0f, xd,
-                    (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
+        mt_sgemm(0, 1, (int)n, l->r, (int)l->in, 1.0f, xd, (int)l->in, l->a->data, (int)l->in, 0.0f, xa, l->r);
     release(l, buf, n);
 }
 
@@ -90,8 +89,7 @@ void mt_lora_forward_cpu(const mt_lora *l, float *y, const float *x, float *xa, 
     mt_lora_project_cpu(l, xa, x, n);
     if (counting(l)) return;
     // y [n, out] += scale · xa · Bᵀ
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, l->r, l->scale, xa,
-                l->r, l->b->data, l->r, 1.0f, y, (int)l->out);
+    mt_sgemm(0, 1, (int)n, (int)l->out, l->r, l->scale, xa, l->r, l->b->data, l->r, 1.0f, y, (int)l->out);
 }
 
 void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const float *x,
@@ -107,28 +105,23 @@ void mt_lora_backward_cpu(const mt_lora *l, float *dx, const float *dy, const fl
     }
     int r = l->r, in = (int)l->in, out = (int)l->out;
     // dB [out, r] += scale · dyᵀ · xa
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, r, (int)n, l->scale, dy, out, xa, r,
-                1.0f, l->db->data, r);
+    mt_sgemm(1, 0, out, r, (int)n, l->scale, dy, out, xa, r, 1.0f, l->db->data, r);
     // dxa [n, r] = scale · dy · B
     float *dxa = scratch;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, r, out, l->scale, dy, out,
-                l->b->data, r, 0.0f, dxa, r);
+    mt_sgemm(0, 0, (int)n, r, out, l->scale, dy, out, l->b->data, r, 0.0f, dxa, r);
     float *buf;
     const float *xd = dropped(l, x, n, &buf);
     // dA [r, in] += dxaᵀ · dropout(x)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, (int)n, 1.0f, dxa, r, xd, in, 1.0f,
-                l->da->data, in);
+    mt_sgemm(1, 0, r, in, (int)n, 1.0f, dxa, r, xd, in, 1.0f, l->da->data, in);
     release(l, buf, n);
     if (!dx) return;
     if (l->dropout <= 0.0f) {
         // dx [n, in] += dxa · A
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, in, r, 1.0f, dxa, r,
-                    l->a->data, in, 1.0f, dx, in);
+        mt_sgemm(0, 0, (int)n, in, r, 1.0f, dxa, r, l->a->data, in, 1.0f, dx, in);
         return;
     }
     float *t = mt_work_alloc(l->a->be, (size_t)(n * in) * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, in, r, 1.0f, dxa, r, l->a->data,
-                in, 0.0f, t, in);
+    mt_sgemm(0, 0, (int)n, in, r, 1.0f, dxa, r, l->a->data, in, 0.0f, t, in);
     for (int64_t i = 0; i < n * in; i++) dx[i] += t[i] * dropout_factor(l, (uint64_t)i);
     release(l, t, n);
 }

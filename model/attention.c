@@ -12,15 +12,15 @@
 //
 // Tiles: queries in blocks of ATT_BQ rows, keys in blocks of ATT_BK on a grid from 0. Each block
 // product (Q_i K_jᵀ, P V_j, and the backward's four) is one sgemm on strided rows of q, k, v (no
-// copies); OpenBLAS runs it on the calling thread inside the parallel regions here. A block pair
+// copies); mt_sgemm runs it on the calling thread inside the parallel regions here. A block pair
 // with no visible element (above the diagonal, outside the window, or all keys masked) is never
 // computed; the mask is applied element by element only on the blocks it cuts.
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/vmath.h"
 #include "model/ops.h"
 
@@ -118,12 +118,10 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
                         int nk = MT_MIN(ATT_KC, i0 + nq - j0);
                         if (!attn_keys_any(km, j0, nk)) continue;
                         const int64_t kr = ((int64_t)b * S + j0) * ldk + (int64_t)kvh * hd;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, k + kr,
-                                    ldk, 0.0f, s, ATT_KC);
+                        mt_sgemm(0, 1, nq, nk, hd, scale, qi, ldq, k + kr, ldk, 0.0f, s, ATT_KC);
                         attn_mask_block(s, ATT_KC, nq, nk, i0, j0, window, km);
                         attn_online_softmax(s, ATT_KC, nq, nk, m, l, o, hd);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, s, ATT_KC, v + kr,
-                                    ldk, 1.0f, o, hd);
+                        mt_sgemm(0, 0, nq, hd, nk, 1.0f, s, ATT_KC, v + kr, ldk, 1.0f, o, hd);
                     }
                     for (int r = 0; r < nq; r++) {
                         int64_t row = ((int64_t)b * S + i0 + r) * nh + h;
@@ -215,21 +213,17 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
                     for (int i0 = j0; i0 < qend; i0 += ATT_QC) {
                         int nq = MT_MIN(ATT_QC, qend - i0);
                         const float *qi = q + q0 + (int64_t)i0 * ldq, *gi = dout + q0 + (int64_t)i0 * ldq;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, qi, ldq, kj, ldk,
-                                    0.0f, s, ATT_BK);
+                        mt_sgemm(0, 1, nq, nk, hd, scale, qi, ldq, kj, ldk, 0.0f, s, ATT_BK);
                         attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, gi, ldq, vj, ldk,
-                                    0.0f, dp, ATT_BK);
+                        mt_sgemm(0, 1, nq, nk, hd, 1.0f, gi, ldq, vj, ldk, 0.0f, dp, ATT_BK);
                         attn_block_ds(s, dp, ATT_BK, nq, nk, lh + i0, Dh + i0);
                         if (gv)  // dV_j += Pᵀ dO_i
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, s, ATT_BK, gi,
-                                        ldq, 1.0f, gv + (int64_t)j0 * ldg, ldg);
+                            mt_sgemm(1, 0, nk, hd, nq, 1.0f, s, ATT_BK, gi, ldq, 1.0f, gv + (int64_t)j0 * ldg, ldg);
                         if (gk)  // dK_j += scale dSᵀ Q_i
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dp, ATT_BK, qi,
-                                        ldq, 1.0f, gk + (int64_t)j0 * ldg, ldg);
+                            mt_sgemm(1, 0, nk, hd, nq, scale, dp, ATT_BK, qi, ldq, 1.0f, gk + (int64_t)j0 * ldg, ldg);
                         if (dq)  // dQ_i += scale dS K_j
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dp, ATT_BK,
-                                        kj, ldk, 1.0f, dq + q0 + (int64_t)i0 * ldq, ldq);
+                            mt_sgemm(0, 0, nq, hd, nk, scale, dp, ATT_BK, kj, ldk, 1.0f, dq + q0 + (int64_t)i0 * ldq,
+                                     ldq);
                     }
                 }
             }

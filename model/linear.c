@@ -1,10 +1,10 @@
 // model/linear.c — frozen or trainable Linear with an optional LoRA, CPU reference.
 #include "model/linear.h"
 
-#include <cblas.h>
 #include <stdlib.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "model/ops_cuda.h"
 #include "quant/qweight.h"
 
@@ -19,8 +19,8 @@ void mt_linear_forward_cpu(const mt_linear *l, float *y, const float *x, float *
     if (n == 0) return;
     if (l->q) mt_qweight_matmul_cpu(y, x, l->q, n, 0);
     else if (!counting(l))
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in, 1.0f, x,
-                    (int)l->in, l->w->data, (int)l->in, 0.0f, y, (int)l->out);
+        mt_sgemm(0, 1, (int)n, (int)l->out, (int)l->in, 1.0f, x, (int)l->in, l->w->data, (int)l->in, 0.0f, y,
+                 (int)l->out);
     if (l->lora) mt_lora_forward_cpu(l->lora, y, x, lora_xa, n);
 }
 
@@ -29,13 +29,13 @@ void mt_linear_backward_cpu(const mt_linear *l, float *dx, const float *dy, cons
     if (n == 0) return;
     int run = !counting(l);
     if (l->dw && run)  // dW [out, in] += dyᵀ · x
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)n, 1.0f, dy,
-                    (int)l->out, x, (int)l->in, 1.0f, l->dw->data, (int)l->in);
+        mt_sgemm(1, 0, (int)l->out, (int)l->in, (int)n, 1.0f, dy, (int)l->out, x, (int)l->in, 1.0f, l->dw->data,
+                 (int)l->in);
     if (dx || !run) {  // dx [n, in] += dy · W
         if (l->q) mt_qweight_matmul_t_cpu(dx, dy, l->q, n);
         else if (run)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)l->in, (int)l->out, 1.0f,
-                        dy, (int)l->out, l->w->data, (int)l->in, 1.0f, dx, (int)l->in);
+            mt_sgemm(0, 0, (int)n, (int)l->in, (int)l->out, 1.0f, dy, (int)l->out, l->w->data, (int)l->in, 1.0f, dx,
+                     (int)l->in);
     }
     if (l->lora) {
         mt_backend *be = l->lora->a->be;

@@ -1,10 +1,10 @@
 // quant/qweight.c — the frozen 4-bit weight: allocation through the ledger, quantization on
 // every backend, dequantization and the two training matmuls on the CPU.
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "quant/quant.h"
 
 // Elements quantized between two calls of the `consumed` hook (and, on cuda, per upload).
@@ -389,8 +389,8 @@ int mt_qweight_matmul_cpu(float *y, const float *x, const mt_qweight *q, int64_t
         int64_t r = MT_MIN(R, out - r0);
         dequant_range(q, r0 * in, (r0 + r) * in, tile);
         // y[:, r0:r0+r] (= or +=) x [n, in] · tile [r, in]ᵀ
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)r, (int)in, 1.0f, x, (int)in,
-                    tile, (int)in, accumulate ? 1.0f : 0.0f, y + r0, (int)out);
+        mt_sgemm(0, 1, (int)n, (int)r, (int)in, 1.0f, x, (int)in, tile, (int)in, accumulate ? 1.0f : 0.0f, y + r0,
+                 (int)out);
     }
     mt_backend_release(q->be, MT_MEM_WORK, tile_bytes, tile);
     return 0;
@@ -406,8 +406,7 @@ int mt_qweight_matmul_t_cpu(float *dx, const float *dy, const mt_qweight *q, int
         int64_t r = MT_MIN(R, out - r0);
         dequant_range(q, r0 * in, (r0 + r) * in, tile);
         // dx [n, in] += dy[:, r0:r0+r] [n, r] · tile [r, in]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in, (int)r, 1.0f, dy + r0,
-                    (int)out, tile, (int)in, 1.0f, dx, (int)in);
+        mt_sgemm(0, 0, (int)n, (int)in, (int)r, 1.0f, dy + r0, (int)out, tile, (int)in, 1.0f, dx, (int)in);
     }
     mt_backend_release(q->be, MT_MEM_WORK, tile_bytes, tile);
     return 0;

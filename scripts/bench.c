@@ -1,12 +1,12 @@
 // scripts/bench.c — `make bench`: measured throughput of the ops built so far, on every backend
 // this build and machine have. Prints what it measured; no goals are asserted here.
-#include <cblas.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
@@ -60,16 +60,16 @@ static void bench_matmul(mt_backend *be, mt_dtype dt, int64_t m, int64_t n, int6
 // ---------------------------------------------------------------------------------------------
 // CPU attention against the machine's sgemm
 
-// sgemm GFLOP/s on an [n, n] · [n, n] product with every thread: the yardstick the attention
-// figure below is read against.
+// sgemm GFLOP/s on an [n, n] · [n, n] product with every thread, through mt_sgemm as every
+// GEMM of the program: the yardstick the attention figure below is read against.
 static double bench_sgemm_gflops(int n) {
     float *a = mt_xmalloc(sizeof(float) * n * n), *b = mt_xmalloc(sizeof(float) * n * n), *c = mt_xmalloc(sizeof(float) * n * n);
     for (int64_t i = 0; i < (int64_t)n * n; i++) a[i] = b[i] = 0.001f * (float)(i % 97);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    mt_sgemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     int reps = 0;
     double t0 = now_s(), t;
     do {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        mt_sgemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         reps++;
     } while ((t = now_s() - t0) < 1.0);
     free(a), free(b), free(c);
@@ -244,6 +244,19 @@ static double load1(void) {
     return l;
 }
 
+// The thread counts mt_threads_adapt chose since `before` (then brought up to now), as
+// "count:times" pairs: e.g. "2:38 1:2".
+static void threads_since(long long before[MT_THREADS_COUNTED], char *buf, size_t size) {
+    long long now[MT_THREADS_COUNTED];
+    mt_threads_chosen(now);
+    size_t used = 0;
+    buf[0] = 0;
+    for (int n = 1; n < MT_THREADS_COUNTED; n++)
+        if (now[n] > before[n] && used < size)
+            used += (size_t)snprintf(buf + used, size - used, "%s%d:%lld", used ? " " : "", n, now[n] - before[n]);
+    for (int n = 0; n < MT_THREADS_COUNTED; n++) before[n] = now[n];
+}
+
 // Wall time of cmd(argc, argv), quiet or beside a burner.
 static double timed_cmd(const char *name, int (*cmd)(int, char **), int argc, char **argv, int busy) {
     pid_t burner = busy ? burner_start() : 0;
@@ -305,9 +318,14 @@ static void bench_busy(int demo) {
     char *train_argv[] = {"--model", model, "--data", data, "--mode", "lora", "--r", "16",
                           "--targets", "experts", "--seq", "128", "--batch", "1", "--steps", steps, "--out", out};
     double quiet[PAIRS], busy[PAIRS], ratio[PAIRS], load_start = load1();
+    char chosen[PAIRS][2][96];  // the thread counts each run's steps chose (core/threads.h)
     for (int p = 0; p < PAIRS; p++) {
+        long long before[MT_THREADS_COUNTED];
+        mt_threads_chosen(before);
         quiet[p] = (double)SEQ * STEPS / timed_cmd("train", cmd_train, (int)MT_ARRAY_LEN(train_argv), train_argv, 0);
+        threads_since(before, chosen[p][0], sizeof chosen[p][0]);
         busy[p] = (double)SEQ * STEPS / timed_cmd("train", cmd_train, (int)MT_ARRAY_LEN(train_argv), train_argv, 1);
+        threads_since(before, chosen[p][1], sizeof chosen[p][1]);
         ratio[p] = busy[p] / quiet[p];
     }
     double demo_quiet = 0, demo_busy = 0;
@@ -326,6 +344,9 @@ static void bench_busy(int demo) {
     close(saved), close(logfd);
     printf("bench busy_machine pairs (quiet, busy tok/s):");
     for (int p = 0; p < PAIRS; p++) printf(" (%.0f, %.0f)", quiet[p], busy[p]);
+    printf("\n");
+    printf("bench busy_machine threads chosen (threads:steps) quiet, busy:");
+    for (int p = 0; p < PAIRS; p++) printf(" (%s, %s)", chosen[p][0], chosen[p][1]);
     printf("\n");
     qsort(quiet, PAIRS, sizeof(double), cmp_double);
     qsort(busy, PAIRS, sizeof(double), cmp_double);

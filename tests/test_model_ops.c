@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/rng.h"
 #include "model/ops.h"
 #include "tests/fd.h"
@@ -668,4 +669,58 @@ Test(model_ops, vexpf_matches_exp) {
 #pragma omp simd
     for (int i = 0; i < N; i++) y[i] = mt_vexpf(x[i]);
     for (int i = 0; i < N; i++) cr_assert_eq(y[i], mt_vexpf(x[i]), "x=%g", x[i]);
+}
+
+// core/gemm.h: every CPU GEMM gives the same bits at 1, 2 and 3 threads, and the right product.
+// Odd shapes (edges that are not multiples of the block alignment), every transpose, strided
+// operands, beta 0 and 1; cut into blocks along rows and along columns (in 2, and in 4 for 3
+// threads), and not cut (one sgemm large enough that OpenBLAS would split it over its threads).
+Test(model_ops, gemm_same_bits_at_any_thread_count_on_odd_shapes) {
+    const struct { int m, n, k, ta, tb, pad; float beta; } cases[] = {
+        {1037, 301, 29, 0, 1, 0, 0.0f}, {515, 1531, 67, 1, 0, 3, 1.0f}, {777, 555, 57, 0, 0, 5, 1.0f},
+        {263, 2049, 33, 1, 1, 1, 0.0f}, {2051, 17, 301, 0, 1, 0, 1.0f}, {300, 203, 101, 0, 1, 2, 1.0f},
+        {509, 64, 200, 1, 0, 0, 0.0f}, {16411, 9, 120, 1, 1, 3, 1.0f},
+    };
+    mt_rng rng;
+    mt_rng_seed(&rng, 77, 0);
+    int saved = omp_get_max_threads(), cut_rows = 0, cut_cols = 0, whole = 0, many = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int m = cases[ci].m, n = cases[ci].n, k = cases[ci].k, ta = cases[ci].ta, tb = cases[ci].tb;
+        int lda = (ta ? m : k) + cases[ci].pad, ldb = (tb ? k : n) + cases[ci].pad, ldc = n + cases[ci].pad;
+        size_t na = (size_t)(ta ? k : m) * lda, nb = (size_t)(tb ? n : k) * ldb, nc = (size_t)m * ldc;
+        float *a = zeros((int64_t)na), *b = zeros((int64_t)nb), *c0 = zeros((int64_t)nc), *c[3];
+        for (size_t i = 0; i < na; i++) a[i] = mt_rng_uniform(&rng) * 2 - 1;
+        for (size_t i = 0; i < nb; i++) b[i] = mt_rng_uniform(&rng) * 2 - 1;
+        for (size_t i = 0; i < nc; i++) c0[i] = mt_rng_uniform(&rng) * 2 - 1;
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(t + 1);
+            c[t] = zeros((int64_t)nc);
+            memcpy(c[t], c0, nc * sizeof(float));
+            mt_sgemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, cases[ci].beta, c[t], ldc);
+        }
+        omp_set_num_threads(saved);
+        int by_rows, blocks, step;
+        mt_sgemm_blocks(m, n, k, &by_rows, &blocks, &step);
+        cut_rows += blocks > 1 && by_rows, cut_cols += blocks > 1 && !by_rows, whole += blocks == 1, many += blocks > 3;
+        for (int t = 1; t < 3; t++)
+            cr_assert(memcmp(c[0], c[t], nc * sizeof(float)) == 0, "case %zu (%dx%dx%d): bits differ at %d threads", ci,
+                      m, n, k, t + 1);
+        double worst = 0;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int p = 0; p < k; p++)
+                    s += (double)(ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]) *
+                         (tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j]);
+                double want = 0.5 * s + cases[ci].beta * c0[(size_t)i * ldc + j];
+                worst = fmax(worst, fabs(c[0][(size_t)i * ldc + j] - want));
+            }
+        cr_assert_lt(worst, 1e-4 * k, "case %zu: worst error %g", ci, worst);
+        for (int i = 0; i < m; i++)  // the padding past n is left alone
+            for (int j = n; j < ldc; j++) cr_assert_eq(c[0][(size_t)i * ldc + j], c0[(size_t)i * ldc + j]);
+        free(a), free(b), free(c0);
+        for (int t = 0; t < 3; t++) free(c[t]);
+    }
+    cr_assert(cut_rows && cut_cols && whole && many, "cut along rows in %d cases, columns in %d, not cut in %d, in 4+ in %d",
+              cut_rows, cut_cols, whole, many);
 }

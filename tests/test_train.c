@@ -2,11 +2,13 @@
 // one bit for bit; LoRA on every expert (case C's shape) lowers the loss of the tiny model.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
+#include "core/threads.h"
 #include "model/mixtral.h"
 #include "optim/optim.h"
 #include "optim/params.h"
@@ -132,6 +134,96 @@ static double last_loss(const char *metrics, int64_t *step) {
     }
     free(text);
     return loss;
+}
+
+// A few LoRA steps (experts and attention, dropout on) of the tiny model at `threads` threads,
+// with 512 tokens a step so that the lm head's and attention projections' GEMMs are cut into
+// blocks (core/gemm.h): each step's loss, then every trainable's weight and gradient bytes.
+enum { TS_STEPS = 3 };
+typedef struct {
+    double loss[TS_STEPS];
+    unsigned char *bytes;
+    size_t n;
+} step_bits;
+
+static step_bits lora_steps_at(int threads, mt_quant quant) {
+    omp_set_num_threads(threads);
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA;
+    o.quant = quant;
+    o.lora_r = 8;
+    o.lora_dropout = 0.1;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN;
+    cr_assert_eq(mt_index_set_parse(&o.layers, "all"), 0);
+    cr_assert_eq(mt_index_set_parse(&o.experts, "all"), 0);
+    mt_model m;
+    cr_assert_eq(mt_model_load(&m, be, model_dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    mt_model_set_lora_dropout(&m, 0.1f);
+    mt_param *p;
+    int n = mt_model_params(&m, &p);
+    for (int i = 0; i < n; i++)  // B = 0 at init: give A's path a gradient from step 1
+        if (strstr(p[i].name, "lora_B"))
+            for (int64_t j = 0; j < mt_tensor_numel(p[i].w); j++) ((float *)p[i].w->data)[j] = 0.01f * (float)(j % 7 - 3);
+    mt_adamw opt;
+    cr_assert_eq(mt_adamw_init(&opt, be, p, n, NULL), 0);
+    enum { B = 4, S = 128 };
+    static int32_t tokens[B * S], labels[B * S];
+    uint32_t x = 12345;
+    for (int i = 0; i < B * S; i++) x = x * 1664525u + 1013904223u, tokens[i] = labels[i] = 3 + (int32_t)((x >> 8) % 250);
+    mt_batch b = {B, S, tokens, labels, NULL};
+    step_bits r = {0};
+    for (int step = 0; step < TS_STEPS; step++) {
+        mt_loss l;
+        mt_model_zero_grad(&m);
+        mt_model_set_dropout_seed(&m, 5, step, 0);
+        cr_assert_eq(mt_model_forward_train(&m, &b, &l), 0, "%s", mt_error_get());
+        mt_model_backward(&m);
+        r.loss[step] = l.loss;
+        if (step == TS_STEPS - 1) break;  // the last step's gradients are compared as they are
+        double gn;
+        cr_assert_eq(mt_adamw_step(&opt, p, n, 1e-2, 1.0, &gn), 0);
+    }
+    for (int i = 0; i < n; i++) r.n += p[i].w->nbytes + p[i].g->nbytes;
+    r.bytes = mt_xmalloc(r.n);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(r.bytes + at, p[i].w->data, p[i].w->nbytes), at += p[i].w->nbytes;
+        memcpy(r.bytes + at, p[i].g->data, p[i].g->nbytes), at += p[i].g->nbytes;
+    }
+    mt_adamw_free(&opt);
+    mt_params_free(p, n);
+    mt_model_free(&m);
+    mt_backend_free(be);
+    return r;
+}
+
+// core/threads.c changes the thread count from step to step with the machine's load: a step must
+// give the same bits at any count (core/gemm.h; the OpenMP loops sum in a fixed order).
+static void same_bits_at_1_2_3_threads(mt_quant quant) {
+    int saved = omp_get_max_threads();
+    step_bits r[3];
+    for (int t = 0; t < 3; t++) r[t] = lora_steps_at(t + 1, quant);
+    omp_set_num_threads(saved);
+    for (int t = 1; t < 3; t++) {
+        for (int s = 0; s < TS_STEPS; s++)
+            cr_assert(memcmp(&r[0].loss[s], &r[t].loss[s], sizeof(double)) == 0, "%s: step %d loss %.17g at 1 thread, %.17g at %d",
+                      mt_quant_name(quant), s + 1, r[0].loss[s], r[t].loss[s], t + 1);
+        cr_assert_eq(r[0].n, r[t].n);
+        cr_assert(memcmp(r[0].bytes, r[t].bytes, r[0].n) == 0, "%s: adapter or gradient bytes differ at %d threads",
+                  mt_quant_name(quant), t + 1);
+    }
+    cr_assert(isfinite(r[0].loss[0]) && r[0].loss[TS_STEPS - 1] != r[0].loss[0], "the steps trained");
+    for (int t = 0; t < 3; t++) free(r[t].bytes);
+}
+
+Test(train, a_step_gives_the_same_bits_at_1_2_3_threads, .init = setup, .fini = teardown) {
+    same_bits_at_1_2_3_threads(MT_QUANT_NONE);
+}
+
+Test(train, a_step_on_an_nf4_base_gives_the_same_bits_at_1_2_3_threads, .init = setup, .fini = teardown) {
+    same_bits_at_1_2_3_threads(MT_QUANT_NF4);
 }
 
 Test(train, resume_is_bit_exact_and_lora_lowers_the_loss, .init = setup, .fini = teardown) {
@@ -319,4 +411,30 @@ Test(train, later_steps_fault_in_no_fresh_memory, .init = setup, .fini = teardow
         f[r] = run_minflt(args);
     }
     cr_assert_lt(f[1] - f[0], 6 * 50, "6 more steps faulted in %ld more pages (%ld against %ld)", f[1] - f[0], f[1], f[0]);
+}
+
+// core/threads.h: the thread count a step takes, from the CPUs, /proc/loadavg's running count
+// (the caller among them) and the count the program started with.
+Test(train, thread_count_takes_the_cores_others_leave) {
+    cr_assert_eq(mt_threads_choose(2, 1, 2), 2, "alone on 2 CPUs: both");
+    cr_assert_eq(mt_threads_choose(2, 2, 2), 1, "one other task: 1");
+    cr_assert_eq(mt_threads_choose(2, 9, 2), 1, "never below 1");
+    cr_assert_eq(mt_threads_choose(2, 0, 2), 2, "a count below 1 counts as the caller alone");
+    cr_assert_eq(mt_threads_choose(16, 3, 4), 4, "never above the starting count");
+    cr_assert_eq(mt_threads_choose(16, 14, 8), 3);
+    cr_assert_eq(mt_threads_choose(1, 1, 4), 1);
+}
+
+Test(train, loadavg_running_count_is_parsed_or_refused) {
+    cr_assert_eq(mt_loadavg_running("0.52 0.58 0.59 3/467 12345\n"), 3);
+    cr_assert_eq(mt_loadavg_running("12.00 8.50 4.25 17/1024 99"), 17);
+    cr_assert_eq(mt_loadavg_running("0.00 0.00 0.00 0/80 1"), 0);
+    const char *bad[] = {"", "garbage", "0.52 0.58 0.59", "0.52 0.58 0.59 3", "0.52 0.58 0.59 x/467 1",
+                         "0.52 0.58 0.59 -2/467 1", "0.52 0.58 0.59 500/467 1", "0.52 0.58 3/467 1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(mt_loadavg_running(bad[i]), -1, "'%s' is not a loadavg line", bad[i]);
+    // and the count in force follows: the user's OMP_NUM_THREADS is kept as it is
+    int n = mt_threads_adapt();
+    cr_assert(n >= 1 && n <= omp_get_num_procs(), "%d threads", n);
+    cr_assert_eq(omp_get_max_threads(), n);
 }

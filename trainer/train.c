@@ -13,6 +13,7 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "core/sha256.h"
+#include "core/threads.h"
 #include "lora/peft.h"
 #include "model/mixtral.h"
 #include "quant/formats.h"
@@ -372,6 +373,7 @@ static int run(trainer *t) {
     int64_t rows = (int64_t)B * S, mine = (int64_t)t->rank * rows;  // this rank's slice
     int stop = 0;  // a signal on any rank stops every rank at the same step
     while (t->st.step < total && !(stop = t->world ? mt_comm_any(t->world, stop_requested != 0) : stop_requested != 0)) {
+        mt_threads_adapt();  // the cores others leave free (core/threads.h); the same bits at any count
         double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
         int64_t tokens = 0;
         uint64_t syncs0 = t->m.be->host_syncs;

@@ -8,6 +8,7 @@
 
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "core/threads.h"
 #include "lora/peft.h"
 #include "trainer/cmd/commands.h"
 
@@ -233,6 +234,7 @@ int mt_eval_dataset(mt_model *m, mt_dataset *d, int B, int S, mt_eval_result *r)
             break;
         }
         if (rows == 0) break;
+        mt_threads_adapt();  // the cores others leave free (core/threads.h)
         // Only the rows holding data (the last batch of the pass may be short).
         int first = rank * B, mine = MT_MAX(0, MT_MIN(B, rows - first));
         if (mine == 0) {

@@ -10,6 +10,7 @@
 
 #include "core/common.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "trainer/cmd/commands.h"
 
 static void generate_usage(FILE *out) {
@@ -82,6 +83,7 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
             mt_warn("generate: stopped at max_position_embeddings (%lld tokens)", (long long)m->cfg.max_positions);
             break;
         }
+        mt_threads_adapt();  // the cores others leave free (core/threads.h)
         mt_batch b = {1, len, seq, labels, NULL};
         mt_loss loss;
         if (mt_model_forward(m, &b, &loss) != 0) {

@@ -9,7 +9,6 @@
 //
 // Tensors are produced one at a time inside the writer's fill callback (streaming, like init
 // and quantize): peak memory is one tensor in f32 plus the adapter.
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "core/common.h"
+#include "core/gemm.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "lora/peft.h"
@@ -153,8 +153,7 @@ static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
     }
     lora_pair *p = tt ? NULL : find_pair(c, d->name);
     if (p) {  // W [out, in] += scale · B [out, r] · A [r, in]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->out, (int)p->in, c->r, c->scale, p->b,
-                    c->r, p->a, (int)p->in, 1.0f, w, (int)p->in);
+        mt_sgemm(0, 0, (int)p->out, (int)p->in, c->r, c->scale, p->b, c->r, p->a, (int)p->in, 1.0f, w, (int)p->in);
         p->used = 1;
     }
     mt_convert(dst, c->out_dtype, w, MT_F32, n);
