@@ -1,6 +1,8 @@
 // core/gemm.c — the CPU's f32 GEMM in blocks fixed by the shape (see gemm.h).
 #include "core/gemm.h"
 
+#include "core/threads.h"
+
 #include <cblas.h>
 #include <stdint.h>
 
@@ -10,14 +12,15 @@
 
 // A product is cut only where each block keeps enough work to hide its own sgemm call and the
 // packing it repeats (a block of rows packs all of B again, a block of columns all of A, so the
-// cut runs along the longer side; the repeated share grows as blocks narrow). In two from
-// 2·GEMM_MIN_DIM rows or columns and 2·GEMM_MIN_WORK multiply-adds; in more (an even count, at
-// most GEMM_BLOCKS_MAX) only with blocks of GEMM_WIDE or more. Measured at 2 threads on the mid
-// config's shapes (M = 512..2048; K, N of 512, 1792, 32000; 24 shapes), interleaved pairs against
-// OpenBLAS's own 2-thread sgemm: a median 0.995× its speed, worst 0.974×. Narrower blocks cost
-// more: up to 4 blocks of 256 gave 0.991× (worst 0.952×), 16 of 2,000 on the vocab 0.958×. The
-// shape alone decides, so a machine with many cores gets at most 2 blocks of a product below
-// 2·GEMM_WIDE. Block edges are multiples of GEMM_ALIGN.
+// cut runs along the longer side; the repeated share grows as blocks narrow): in as many blocks
+// as the program started with threads (mt_threads_started: the count before the load adapts it;
+// at least 2), each at least GEMM_MIN_DIM wide and GEMM_MIN_WORK multiply-adds, and in blocks of
+// GEMM_WIDE beyond that (an even count, at most GEMM_BLOCKS_MAX). Measured at 2 threads on the
+// mid config's shapes (M = 512..2048; K, N of 512, 1792, 32000; 24 shapes), interleaved pairs
+// against OpenBLAS's own 2-thread sgemm: a median 0.995× its speed, worst 0.974×. Narrower blocks
+// cost more: up to 4 blocks of 256 gave 0.991× (worst 0.952×), 16 of 2,000 on the vocab 0.958×.
+// So a result depends on the shape and the thread count the program started with (the machine,
+// or OMP_NUM_THREADS), never on the load. Block edges are multiples of GEMM_ALIGN.
 enum { GEMM_MIN_DIM = 256, GEMM_WIDE = 4096, GEMM_BLOCKS_MAX = 16, GEMM_ALIGN = 16 };
 #define GEMM_MIN_WORK ((int64_t)1 << 22)
 
@@ -40,8 +43,8 @@ void mt_sgemm_blocks(int m, int n, int k, int *by_rows, int *blocks, int *step) 
     *by_rows = m >= n;
     int dim = *by_rows ? m : n;
     int64_t work = (int64_t)m * n * k;
-    int64_t nb = dim / GEMM_WIDE;
-    if (nb < 2) nb = dim >= 2 * GEMM_MIN_DIM ? 2 : 1;
+    int64_t nb = dim / GEMM_WIDE, threads = mt_threads_started() < 2 ? 2 : mt_threads_started();
+    if (nb < threads) nb = dim / GEMM_MIN_DIM < threads ? dim / GEMM_MIN_DIM : threads;
     if (nb > work / GEMM_MIN_WORK) nb = work / GEMM_MIN_WORK;
     if (nb > GEMM_BLOCKS_MAX) nb = GEMM_BLOCKS_MAX;
     if (nb < 2) {

@@ -70,11 +70,18 @@ static int running_now(void) {
 }
 #endif
 
+// The thread count the program started with, taken before main (libgomp, a shared library, is
+// initialised first) and before anything adapts it.
+static int started = 1;
+#ifdef _OPENMP
+__attribute__((constructor)) static void take_started(void) { started = omp_get_max_threads(); }
+#endif
+
+int mt_threads_started(void) { return started; }
+
 int mt_threads_adapt(void) {
 #ifdef _OPENMP
-    static int max;  // the count the program started with: the first call's
-    if (!max) max = omp_get_max_threads();
-    int n = max;
+    int max = started, n = max;
     if (!getenv("OMP_NUM_THREADS")) {
         int running = running_now();
         if (running >= 0) n = mt_threads_choose(cpus_allowed(), running, max);

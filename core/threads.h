@@ -47,6 +47,10 @@ int mt_threads_adapt(void);
 enum { MT_THREADS_COUNTED = 17 };
 void mt_threads_chosen(long long counts[MT_THREADS_COUNTED]);
 
+// The thread count the program started with (OMP_NUM_THREADS, or one a CPU), whatever
+// mt_threads_adapt chose since: what core/gemm.c cuts a product for. 1 without OpenMP.
+int mt_threads_started(void);
+
 // The threads a parallel region gets, and this thread's index in its region (0 outside one):
 // 1 and 0 in a build without OpenMP (the fuzzers').
 int mt_threads_max(void);
