@@ -125,6 +125,17 @@ static __device__ __forceinline__ void warp_mma(frag_c (&acc)[2][2], const bf16 
     }
 }
 
+// The warp's accumulators into the block's fp32 output tile (a warp whose rows are all past the
+// tile's holds nothing to keep), then the whole block waits for the tile.
+static __device__ __forceinline__ void store_acc(float *cs, frag_c (&acc)[2][2], int wm, int wn, int rows) {
+    if (32 * wm < rows)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                wmma::store_matrix_sync(cs + (32 * wm + 16 * i) * LDC + 32 * wn + 16 * j, acc[i][j], LDC,
+                                        wmma::mem_row_major);
+    __syncthreads();
+}
+
 // out[r·ldo + n] for r < rows, n < cols = alpha · drop(cs[r][n]) + beta · out; dropout (seed
 // set) on the element (row0 + r, n0 + n) of a row-major matrix `width` wide.
 template <typename OUT>
@@ -208,12 +219,7 @@ static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const __gr
         else
             warp_mma<wmma::row_major, wmma::row_major>(acc, as + 32 * wm * LDK, LDK, 1, LDK, ws + 32 * wn, LDN, 1, LDN);
     }
-    if (32 * wm < rows)
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                wmma::store_matrix_sync(cs + (32 * wm + 16 * i) * LDC + 32 * wn + 16 * j, acc[i][j], LDC,
-                                        wmma::mem_row_major);
-    __syncthreads();
+    store_acc(cs, acc, wm, wn, rows);
     OUT *c = (OUT *)P.c + (P.off[e] + r0) * P.ldc + n0;
     epilogue<OUT>(c, P.ldc, cs, rows, cols, P.alpha, P.beta, P.drop == 2 ? seed : NULL, P.p, r0, P.N, n0);
 }
@@ -259,12 +265,7 @@ static __global__ void __launch_bounds__(THREADS) grouped_gemm_tn_kernel(const _
         if (32 * wm >= rows) continue;
         warp_mma<wmma::col_major, wmma::row_major>(acc, xs + 32 * wm, 1, LDN, LDN, ys + 32 * wn, LDN, 1, LDN);
     }
-    if (32 * wm < rows)
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                wmma::store_matrix_sync(cs + (32 * wm + 16 * i) * LDC + 32 * wn + 16 * j, acc[i][j], LDC,
-                                        wmma::mem_row_major);
-    __syncthreads();
+    store_acc(cs, acc, wm, wn, rows);
     OUT *g = (OUT *)P.g[e] + (int64_t)m0 * P.N + n0;
     epilogue<OUT>(g, P.N, cs, rows, cols, P.alpha, P.beta, NULL, 0.0f, 0, 0, 0);
 }

@@ -11,6 +11,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <string.h>
 
 namespace nvcuda {
 namespace wmma {
@@ -67,11 +68,28 @@ template <class Use, int M, int N, int K, class T, class L, class V>
 inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, const V &v) {
     for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
 }
-// d = a·b + c, fp32 accumulation (d may alias c)
+// d = a·b + c, fp32 accumulation (d may alias c). Every lane holds the same tiles, so every lane
+// would compute the same scalar GEMM: the first lane of a warp to arrive computes it and keeps
+// its inputs and result (per warp slot of the block, per fragment type); a lane whose inputs are
+// equal bit for bit copies the result. Equal inputs give equal outputs whatever the staleness
+// of an entry, so this changes no result, only the emulator's time (32x fewer GEMMs).
 template <int M, int N, int K, class TA, class LA, class TB, class LB, class TC>
 inline void mma_sync(fragment<accumulator, M, N, K, TC> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                      const fragment<matrix_b, M, N, K, TB, LB> &b, const fragment<accumulator, M, N, K, TC> &c) {
     wmma_sync_point();
+    struct entry {
+        bool valid;
+        TA a[M * K];
+        TB b[K * N];
+        TC c[M * N], d[M * N];
+    };
+    static entry memo[32];  // a block has at most 32 warps
+    entry &m = memo[(cudasim::cur->lin >> 5) & 31];
+    if (m.valid && memcmp(m.a, a.x, sizeof m.a) == 0 && memcmp(m.b, b.x, sizeof m.b) == 0 &&
+        memcmp(m.c, c.x, sizeof m.c) == 0) {
+        memcpy(d.x, m.d, sizeof m.d);
+        return;
+    }
     float out[M * N];
     for (int r = 0; r < M; r++)
         for (int n = 0; n < N; n++) {
@@ -79,7 +97,10 @@ inline void mma_sync(fragment<accumulator, M, N, K, TC> &d, const fragment<matri
             for (int k = 0; k < K; k++) s += wmma_f(a.x[r * K + k]) * wmma_f(b.x[k * N + n]);
             out[r * N + n] = s;
         }
+    memcpy(m.a, a.x, sizeof m.a), memcpy(m.b, b.x, sizeof m.b), memcpy(m.c, c.x, sizeof m.c);
     for (int i = 0; i < M * N; i++) d.x[i] = (TC)out[i];
+    memcpy(m.d, d.x, sizeof m.d);
+    m.valid = true;
 }
 }  // namespace wmma
 }  // namespace nvcuda
