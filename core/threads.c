@@ -9,7 +9,10 @@
 
 #include <sched.h>
 #include <stdio.h>
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 void mt_threads_init(char **argv) {
@@ -59,14 +62,40 @@ static int cpus_allowed(void) {
     return MT_MAX(1, CPU_COUNT(&set));
 }
 
-// The running count of /proc/loadavg now, or −1.
+// This process's threads that are runnable now (their state R in /proc/self/task/*/stat), the
+// caller among them; 1 when that cannot be read.
+static int own_running(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/stat", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *p = strrchr(buf, ')');  // the state follows the command name, which may hold ')'
+        n += p && p[1] == ' ' && p[2] == 'R';
+    }
+    closedir(d);
+    return n > 0 ? n : 1;
+}
+
+// The running count of /proc/loadavg now, our own threads counted as the caller alone (a team
+// thread still finishing the last region, the loader's, would otherwise read as another
+// process's: idle, a step then took 1 thread every other time), or −1.
 static int running_now(void) {
     char line[256];
     FILE *f = fopen("/proc/loadavg", "r");
     if (!f) return -1;
     int ok = fgets(line, sizeof line, f) != NULL;
     fclose(f);
-    return ok ? mt_loadavg_running(line) : -1;
+    int running = ok ? mt_loadavg_running(line) : -1;
+    return running < 0 ? -1 : running - (own_running() - 1);
 }
 #endif
 
@@ -83,8 +112,17 @@ int mt_threads_adapt(void) {
 #ifdef _OPENMP
     int max = started, n = max;
     if (!getenv("OMP_NUM_THREADS")) {
+        // The least of the last RECENT samples: a process that wants a core shows in every one;
+        // a kernel thread's blip (this VM's kdamond was runnable at a third of the step
+        // boundaries of an idle machine) in few, and costs no thread.
+        enum { RECENT = 6 };
+        static int recent[RECENT], seen;
         int running = running_now();
-        if (running >= 0) n = mt_threads_choose(cpus_allowed(), running, max);
+        if (running >= 0) {
+            recent[seen++ % RECENT] = running;
+            for (int i = 0; i < MT_MIN(seen, RECENT); i++) running = MT_MIN(running, recent[i]);
+            n = mt_threads_choose(cpus_allowed(), running, max);
+        }
     }
     omp_set_num_threads(n);
 #else
