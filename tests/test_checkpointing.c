@@ -159,6 +159,7 @@ static void dropout_run(mt_model *m, mt_backend *be, mt_ckpt ckpt, int from_ys, 
         float amp = strstr(p[i].name, ".gate.") ? 0.5f : 0.05f, *b = p[i].w->data;  // a router the loss feels
         for (int64_t j = 0; j < mt_tensor_numel(p[i].w); j++) b[j] = amp * sinf((float)(5 * j + 3 * i));
     }
+    mt_params_free(p, n);
     mt_model_set_dropout_seed(m, 11, 0, 0);
     mt_loss l;
     mt_model_zero_grad(m);
@@ -188,7 +189,9 @@ Test(checkpointing, router_gradient_from_w2_input_gradient_with_lora_dropout) {
             cr_expect_lt(sqrt(d2 / r2), 1e-5, "ref %d %s: relative L2 error %.3g", k, pm[i].name, sqrt(d2 / r2));
             routers += k == 0 && strstr(pm[i].name, ".gate.") != NULL;
         }
+        mt_params_free(pr, n);
     }
+    mt_params_free(pm, n);
     cr_assert_eq(routers, 2 * 2, "A and B of both layers' routers compared");
     fd_ctx c = {&m, batch};
     for (int L = 0; L < 2; L++) {  // fp32 loss differences resolve these only to ~1e-5

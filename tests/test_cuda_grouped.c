@@ -176,57 +176,57 @@ static const int rows5[] = {0, 1, 17, 33, 5};
 
 #define ALL5(k) ((const int[]){k, k, k, k, k})
 
-Test(cuda_grouped, nf4_trans_f32, .timeout = 300) {
+Test(cuda_grouped, nf4_trans_f32) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
                            .cdt = MT_F32, .alpha = 1, .beta = 0});
 }
-Test(cuda_grouped, nf4_double_quant_no_trans_bf16_beta1_alpha, .timeout = 300) {
+Test(cuda_grouped, nf4_double_quant_no_trans_bf16_beta1_alpha) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_NF4_DQ), .row0 = 3, .K = 40, .N = 24, .trans = 0,
                            .blocksize = 32, .cdt = MT_BF16, .alpha = 0.5f, .beta = 1});
 }
-Test(cuda_grouped, fp4_trans_c_view_beta1, .timeout = 300) {
+Test(cuda_grouped, fp4_trans_c_view_beta1) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_FP4), .K = 40, .N = 24, .trans = 1, .blocksize = 64,
                            .cdt = MT_F32, .c_col = 5, .a_pad = 3, .alpha = 1, .beta = 1});
 }
-Test(cuda_grouped, int4_no_trans_dropout_on_c, .timeout = 300) {
+Test(cuda_grouped, int4_no_trans_dropout_on_c) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 0, .blocksize = 128,
                            .cdt = MT_F32, .alpha = 2, .beta = 0, .p = 0.3f});
 }
-Test(cuda_grouped, int4_trans_bf16_view, .timeout = 300) {
+Test(cuda_grouped, int4_trans_bf16_view) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_INT4), .K = 40, .N = 24, .trans = 1, .blocksize = 32,
                            .cdt = MT_BF16, .c_col = 3, .alpha = 1, .beta = 1});
 }
-Test(cuda_grouped, dense_trans_dropout_on_a, .timeout = 300) {
+Test(cuda_grouped, dense_trans_dropout_on_a) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 1, .cdt = MT_BF16,
                            .alpha = 1.5f, .beta = 0, .p = 0.25f, .drop_a = 1});
 }
-Test(cuda_grouped, dense_no_trans_dropout_on_c_beta1, .timeout = 300) {
+Test(cuda_grouped, dense_no_trans_dropout_on_c_beta1) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = rows5, .kind = ALL5(GK_DENSE), .K = 40, .N = 24, .trans = 0, .cdt = MT_F32,
                            .c_col = 2, .alpha = 1, .beta = 1, .p = 0.5f});
 }
 // A layer mixing frozen 4-bit experts with dense ones, and an expert with rows but no W (skipped:
 // its rows of C untouched).
-Test(cuda_grouped, mixed_and_skipped_expert, .timeout = 300) {
+Test(cuda_grouped, mixed_and_skipped_expert) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 5, .rows = (const int[]){3, 1, 17, 33, 5},
                            .kind = (const int[]){GK_NF4, GK_DENSE, GK_SKIP, GK_INT4, GK_DENSE}, .K = 40, .N = 24,
                            .trans = 1, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 1});
 }
 // Several row tiles, K steps and column tiles, none of them whole; the dropout's index across them.
-Test(cuda_grouped, nf4_dq_tiles_k72_n80_dropout_on_c, .timeout = 600) {
+Test(cuda_grouped, nf4_dq_tiles_k72_n80_dropout_on_c) {
     mt_backend *gpu = gpu_or_skip();
     run_gemm(gpu, &(gcase){.E = 2, .rows = (const int[]){70, 3}, .kind = (const int[]){GK_NF4_DQ, GK_FP4}, .K = 72,
                            .N = 80, .trans = 0, .blocksize = 64, .cdt = MT_F32, .alpha = 1, .beta = 0, .p = 0.3f});
 }
 // 128 experts of 0..3 rows each, every one with its own W: the block's expert lookup.
-Test(cuda_grouped, many_experts_e128, .timeout = 600) {
+Test(cuda_grouped, many_experts_e128) {
     int rows[128], kind[128];
     for (int e = 0; e < 128; e++) rows[e] = (e * 7) % 4, kind[e] = e % 3 ? GK_NF4 : GK_DENSE;
     mt_backend *gpu = gpu_or_skip();
@@ -312,17 +312,17 @@ static void run_tn(mt_backend *gpu, const gtcase *t) {
     mt_backend_free(gpu);
 }
 
-Test(cuda_grouped, tn_f32_beta0_dropout_on_y, .timeout = 300) {
+Test(cuda_grouped, tn_f32_beta0_dropout_on_y) {
     mt_backend *gpu = gpu_or_skip();
     run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 24, .N = 40, .x_pad = 3, .gdt = MT_F32, .alpha = 1, .beta = 0,
                           .p = 0.3f, .null_g = -1});
 }
-Test(cuda_grouped, tn_bf16_beta1_alpha_null_g, .timeout = 300) {
+Test(cuda_grouped, tn_bf16_beta1_alpha_null_g) {
     mt_backend *gpu = gpu_or_skip();
     run_tn(gpu, &(gtcase){.E = 5, .rows = rows5, .M = 40, .N = 24, .gdt = MT_BF16, .alpha = 0.5f, .beta = 1,
                           .null_g = 3});
 }
-Test(cuda_grouped, tn_tiles_m80_n72_rows70_dropout, .timeout = 600) {
+Test(cuda_grouped, tn_tiles_m80_n72_rows70_dropout) {
     mt_backend *gpu = gpu_or_skip();
     run_tn(gpu, &(gtcase){.E = 2, .rows = (const int[]){70, 0}, .M = 80, .N = 72, .gdt = MT_F32, .alpha = 1, .beta = 0,
                           .p = 0.2f, .null_g = -1});
