@@ -96,7 +96,7 @@ static void base(group *gr, int which, int trans, float beta, const mt_tensor *c
 }
 
 // The experts' LoRAs of Linear `which`: the first one (all share r, scale and dropout: one run's
-// options), or NULL when none has one. Their A (A_of) or B into gr->w, NULL where absent.
+// options), or NULL when none has one. Their A (use_b 0) or B into gr->w, NULL where absent.
 static const mt_lora *loras(group *gr, int which, int use_b) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     const mt_lora *first = NULL;
