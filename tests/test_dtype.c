@@ -1,6 +1,7 @@
 // dtype conversions: bf16 and f16 round to nearest even, specials survive.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 
 #include "core/dtype.h"
 
@@ -34,4 +35,34 @@ Test(dtype, names_and_sizes) {
     cr_assert_neq(mt_dtype_parse("float64", &t), 0);
     cr_assert_eq(mt_dtype_bytes(MT_Q4, 7), 4);
     cr_assert_eq(mt_dtype_bytes(MT_BF16, 7), 14);
+}
+
+// mt_convert's vector loops (bf16 <-> f32) give each element's bits exactly as the scalar
+// functions do: ties, NaN, inf, subnormals, signed zero, from an unaligned source, odd lengths.
+Test(dtype, convert_buffers_match_element_functions) {
+    enum { N = 1027 };
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7fc00000u, 0xff800001u, 0x7f800000u,
+                                       0x00000001u, 0x80000000u, 0x7f7fffffu, 0x3f80ffffu};
+    static float f[N];
+    static uint16_t h[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t u = (uint32_t)i * 2654435761u;  // spread over exponents and mantissas
+        if (i < (int)(sizeof special / sizeof *special)) u = special[i];
+        memcpy(&f[i], &u, 4);
+        h[i] = (uint16_t)(u >> 7);
+    }
+    static unsigned char src[4 * N + 1];
+    static uint16_t got_h[N];
+    static float got_f[N];
+    for (int len = 0; len <= N; len += len < 40 ? 1 : 331) {
+        memcpy(src + 1, f, 4 * (size_t)len);  // + 1: the mmapped source has no alignment
+        mt_convert(got_h, MT_BF16, src + 1, MT_F32, (size_t)len);
+        for (int i = 0; i < len; i++) cr_assert_eq(got_h[i], mt_f32_to_bf16(f[i]), "len %d [%d]", len, i);
+        memcpy(src + 1, h, 2 * (size_t)len);
+        mt_convert(got_f, MT_F32, src + 1, MT_BF16, (size_t)len);
+        for (int i = 0; i < len; i++) {
+            float want = mt_bf16_to_f32(h[i]);
+            cr_assert_eq(memcmp(&got_f[i], &want, 4), 0, "len %d [%d]", len, i);
+        }
+    }
 }
