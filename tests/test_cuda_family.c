@@ -26,6 +26,14 @@
 
 #define CONFIGS MT_REPO_ROOT "/configs/"
 
+// Uploads h (n f32 values) into t in t's dtype, and frees h.
+static void upload_f32(mt_tensor *t, float *h, int64_t n) {
+    void *d = mt_xmalloc((size_t)n * 4);
+    mt_convert(d, t->dtype, h, MT_F32, (size_t)n);
+    mt_tensor_upload(t, d);
+    free(h), free(d);
+}
+
 // t (f32 on the cpu, bf16 on cuda) = base + amp · sin(7j + salt), rounded to bf16 so that both
 // backends hold the same values.
 static void fill(mt_tensor *t, float base, float amp, int salt) {
@@ -33,10 +41,7 @@ static void fill(mt_tensor *t, float base, float amp, int salt) {
     int64_t n = mt_tensor_numel(t);
     float *h = mt_xmalloc((size_t)n * sizeof(float));
     for (int64_t j = 0; j < n; j++) h[j] = mt_bf16_to_f32(mt_f32_to_bf16(base + amp * sinf((float)(7 * j + salt))));
-    void *d = mt_xmalloc((size_t)n * 4);
-    mt_convert(d, t->dtype, h, MT_F32, (size_t)n);
-    mt_tensor_upload(t, d);
-    free(h), free(d);
+    upload_f32(t, h, n);
 }
 
 // t = uniform in [-amp, amp] from a hash of (salt, j), bf16-rounded: rows that differ everywhere.
@@ -50,10 +55,7 @@ static void fill_hashed(mt_tensor *t, float amp, int salt) {
         z = (z ^ (z >> 31)) * 0x94d049bb133111ebull, z ^= z >> 29;
         h[j] = mt_bf16_to_f32(mt_f32_to_bf16(amp * (2.0f * (float)(z >> 40) / 16777216.0f - 1.0f)));
     }
-    void *d = mt_xmalloc((size_t)n * 4);
-    mt_convert(d, t->dtype, h, MT_F32, (size_t)n);
-    mt_tensor_upload(t, d);
-    free(h), free(d);
+    upload_f32(t, h, n);
 }
 
 // The parts init leaves at 0 or 1 (biases, q/k norm weights) set away from them, and every LoRA
