@@ -7,7 +7,7 @@
 #   make layers     checks that no #include points up a layer (scripts/check_layers.sh)
 #   make bench-torch  moetrain beside PyTorch+PEFT (needs torch from PyPI; not CI)
 #   make SIM=1      the CUDA build with every .cu run on the CPU by tests/cudasim: build-sim/
-#   make test-sim   the whole suite on that build (CPU-emulated CUDA), in two thread orders
+#   make test-sim   the whole suite on that build (CPU-emulated CUDA); its CUDA tests in two thread orders
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 CUDA ?= 0
