@@ -7,9 +7,8 @@
 #include <omp.h>
 #endif
 
-#include <sched.h>
-#include <stdio.h>
 #include <dirent.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
