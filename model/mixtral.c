@@ -295,11 +295,15 @@ static int load_checkpoint(loader *ld, const char *dir) {
 
 // Random weights (benchmarks of full-size shapes, nothing read): N(0, 0.02²) like transformers'
 // initializer_range, norms 1. One random matrix per shape serves every tensor of that shape, so
-// building Mixtral-8x7B costs a few draws and the quantization of each tensor.
+// building Mixtral-8x7B costs a few draws and one quantization per shape.
 static int build_random(loader *ld, uint64_t seed) {
     const mt_model_spec *o = &ld->m->spec;
-    typedef struct { int64_t d0, d1; float *v; } shape_values;
+    // Values are drawn once per shape and reused; so is a shape's 4-bit form: quantized once,
+    // then copied on the device from the first weight placed (Mixtral-8x7B's 768 expert weights:
+    // 3 quantizations, not 187 GB of f32 uploaded to be quantized; no extra memory held).
+    typedef struct { int64_t d0, d1; float *v; const mt_qweight *q; } shape_values;
     shape_values cache[8];
+    memset(cache, 0, sizeof cache);
     int n_cache = 0, rc = 0;
     mt_rng rng;
     mt_rng_seed(&rng, seed, 0x72616e64ull);
@@ -307,30 +311,31 @@ static int build_random(loader *ld, uint64_t seed) {
         slot *s = &ld->slots[i];
         if (s->remote) continue;
         int64_t d1 = s->ndim > 1 ? s->shape[1] : 1;
-        float *v = NULL;
-        for (int c = 0; c < n_cache && !v; c++)
-            if (cache[c].d0 == s->shape[0] && cache[c].d1 == d1) v = cache[c].v;
+        shape_values *c = NULL;
+        for (int k = 0; k < n_cache && !c; k++)
+            if (cache[k].d0 == s->shape[0] && cache[k].d1 == d1) c = &cache[k];
+        float *v = c ? c->v : NULL;
         if (!v) {
             v = mt_xmalloc((size_t)(s->shape[0] * d1) * sizeof(float));
             for (int64_t j = 0; j < s->shape[0] * d1; j++) v[j] = s->ndim == 1 ? 1.0f : 0.02f * mt_rng_normal(&rng);
-            if (n_cache < (int)MT_ARRAY_LEN(cache)) cache[n_cache++] = (shape_values){s->shape[0], d1, v};
+            if (n_cache < (int)MT_ARRAY_LEN(cache)) c = &cache[n_cache++], c->d0 = s->shape[0], c->d1 = d1, c->v = v;
         }
         mt_quant_item it = {.name = s->name, .ndim = s->ndim, .shape = {s->shape[0], s->shape[1]}, .data = v,
                             .dtype = MT_F32};
         mt_qweight q;
         memset(&q, 0, sizeof q);
         if (s->role == FROZEN_QUANT) {
-            rc = mt_qweight_quantize(&q, ld->m->be, s->name, v, s->shape[0], s->shape[1], o->quant,
-                                     o->quant_blocksize, o->double_quant);
+            rc = c && c->q ? mt_qweight_clone(&q, c->q, s->name)
+                           : mt_qweight_quantize(&q, ld->m->be, s->name, v, s->shape[0], s->shape[1], o->quant,
+                                                 o->quant_blocksize, o->double_quant);
             it.q = &q, it.data = NULL;
         }
         if (rc == 0) rc = place(ld, s, &it);
+        if (rc == 0 && c && !c->q && s->role == FROZEN_QUANT) c->q = s->lin->q;  // placed: the model owns it
         mt_qweight_free(&q);
-        int cached = 0;
-        for (int c = 0; c < n_cache; c++) cached |= cache[c].v == v;
-        if (!cached) free(v);
+        if (!c) free(v);
     }
-    for (int c = 0; c < n_cache; c++) free(cache[c].v);
+    for (int k = 0; k < n_cache; k++) free(cache[k].v);
     return rc;
 }
 

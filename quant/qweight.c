@@ -121,6 +121,18 @@ int mt_qweight_alloc(mt_qweight *q, mt_backend *be, const char *name, int64_t ou
     return qweight_alloc(q, name, own_map);
 }
 
+int mt_qweight_clone(mt_qweight *dst, const mt_qweight *src, const char *name) {
+    if (mt_qweight_alloc(dst, src->be, name, src->out, src->in, src->type, src->blocksize, src->double_quant,
+                         src->nested_map != NULL) != 0)
+        return -1;
+    mt_tensor *const from[] = {src->packed, src->absmax, src->zero, src->nested_absmax, src->nested_map};
+    mt_tensor *const to[] = {dst->packed, dst->absmax, dst->zero, dst->nested_absmax, dst->nested_map};
+    for (size_t i = 0; i < MT_ARRAY_LEN(from); i++)
+        if (from[i]) src->be->ops->copy(src->be, to[i]->data, from[i]->data, from[i]->nbytes);
+    dst->dtype = src->dtype, dst->offset = src->offset;
+    return 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantization
 

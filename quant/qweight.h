@@ -56,6 +56,9 @@ void mt_qweight_free(mt_qweight *q);  // releases every tensor; the struct is ze
 // An allocated, unfilled q (the importer fills it); own_map: room for a non-canonical nested map.
 int mt_qweight_alloc(mt_qweight *q, mt_backend *be, const char *name, int64_t out, int64_t in,
                      mt_quant type, int blocksize, int double_quant, int own_map);
+// A copy of src on src's backend, named `name` in errors: the same bits, copied device to device
+// (a random model's experts share their values: one quantization, then copies). 0 or -1.
+int mt_qweight_clone(mt_qweight *dst, const mt_qweight *src, const char *name);
 // Bytes held on the backend (what the ledger counts under base for it).
 uint64_t mt_qweight_bytes(const mt_qweight *q);
 
