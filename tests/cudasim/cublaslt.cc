@@ -172,6 +172,9 @@ uint32_t alignment_of(const void *p) {
 
 extern "C" {
 
+// The stand-in claims the version of the headers it was compiled against.
+size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
     *h = (cublasLtHandle_t) new int(1);
     return CUBLAS_STATUS_SUCCESS;

@@ -554,6 +554,17 @@ cudaError_t cudaGetDevice(int *d) {
 }
 
 // An H100 SXM (what the project is sized for), as the driver describes it.
+// The emulator stands for the toolkit it was built with, driver and runtime alike.
+cudaError_t cudaDriverGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     if (d < 0 || d >= device_count()) return set_error(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
