@@ -10,8 +10,15 @@
 // DESIGN.md ("GPU performance") defines it; HFU = the hardware FLOPs of the step (recompute,
 // LoRA, attention as today's kernels run it, dequantization) over the same peak. Both from
 // scripts/step_model.h, which the roofline projection (scripts/roofline.c) uses too.
-// One `bench_gpu: case=...` line per run at the end, for scripts. Exit 0; 1 when a run failed;
-// 2 without a usable GPU (or on a bad flag).
+// --layers N cuts the model to its first N layers (the GPU check's time budget): every figure is
+// measured on that model; the step time at 32 layers is then scaled by the step model's hardware
+// FLOPs (t_32 = t_N · F_32 / F_N: the embedding, lm_head and loss are assumed to run at the layers'
+// efficiency) and labelled a projection, and the 32-layer memory is the planner's --measure.
+// Each run's ledger peak is set beside the driver's peak and beside `plan --measure` of the same
+// model and flags (the null backend's step), category by category.
+// One `bench_gpu: case=...` line per run at the end, for scripts, and one JSON line per result in
+// $MT_GPU_JSONL when set (scripts/json_line.h). Exit 0; 1 when a run failed; 2 without a usable GPU
+// (or on a bad flag).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +38,7 @@
 #include "plan/plan.h"
 #include "quant/qweight.h"
 #include "quant/quant.h"
+#include "scripts/json_line.h"
 #include "scripts/step_model.h"
 
 // H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet): the MFU and HFU denominator.
@@ -45,6 +53,8 @@ typedef struct {
     char error[512];
     double step_s, tokens_s, mfu, hfu;  // hfu < 0: not modelled for this case
     double ledger_gb, driver_gb;  // the ledger's total peak; the driver's used peak less the baseline
+    double plan_gb;               // plan --measure's total peak for the same model and flags
+    double step32_s, plan32_gb;   // --layers < 32: the step time scaled to 32 layers; the plan's peak there
 } result;
 
 static double now_s(void) {
@@ -106,6 +116,7 @@ static double copy_bandwidth(mt_backend *be, size_t bytes) {
            TIMED, t / TIMED * 1e3, gbs);
     mt_backend_release(be, MT_MEM_WORK, bytes, b);
     mt_backend_release(be, MT_MEM_WORK, bytes, a);
+    json_line("copy", "\"bytes\":%zu,\"ms\":%.4f,\"gbs\":%.1f", bytes, t / TIMED * 1e3, gbs);
     return gbs;
 }
 
@@ -138,6 +149,8 @@ static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, doub
            100 * gbs / copy_gbs);
     mt_tensor_free(dst);
     mt_qweight_free(&q);
+    json_line("dequant_nf4", "\"out\":%lld,\"in\":%lld,\"bytes\":%.0f,\"ms\":%.4f,\"gbs\":%.1f,\"of_copy\":%.3f",
+              (long long)out, (long long)in, bytes, t / TIMED * 1e3, gbs, gbs / copy_gbs);
     return gbs;
 }
 
@@ -171,6 +184,8 @@ static double matmul_peak(mt_backend *be, mt_dtype dt, int64_t n) {
            mt_dtype_name(dt), (long long)n, (long long)n, (long long)n, mt_dtype_name(dt), mt_dtype_name(dt), TIMED,
            WARMUP, t / TIMED * 1e3, tflops);
     mt_tensor_free(a), mt_tensor_free(b), mt_tensor_free(c);
+    json_line("matmul", "\"dtype\":\"%s\",\"n\":%lld,\"ms\":%.4f,\"tflops\":%.2f", mt_dtype_name(dt), (long long)n,
+              t / TIMED * 1e3, tflops);
     return tflops;
 }
 
@@ -283,18 +298,64 @@ static int set_opts(mt_run_opts *o, char which, int64_t seq) {
     return 0;
 }
 
+// plan --measure for the run's model and flags (the null backend's step): its peaks beside the
+// ledger's of the run just measured, category by category, less what the backend held before the
+// run (`held`: its cuBLASLt workspace, which the null backend has not); then, for a cut model, the step time
+// and the measured plan at the full layer count. Figures into *r (0 where not known).
+static void compare_plan(mt_backend *be, const mt_ledger *held, const mt_model_config *cfg, int64_t full_layers,
+                         const mt_run_opts *o, result *r) {
+    mt_plan_opts po = mt_run_opts_plan(o);
+    mt_plan_measurement pm;
+    if (mt_plan_measure(cfg, NULL, &po, MT_MODEL_SPEC_OF(o), &pm) != 0) {
+        printf("plan --measure: not comparable: %s\n", mt_error_get());
+    } else {
+        r->plan_gb = pm.total_peak / 1e9;
+        double run_gb = (double)(be->ledger.total_peak - held->total_cur) / 1e9;
+        printf("the run's peak by category, GB (cuda ledger less the backend's own / plan --measure):");
+        for (int c = 0; c < MT_MEM_COUNT; c++)
+            printf(" %s %.3f/%.3f", mt_mem_cat_name((mt_mem_cat)c), (double)(be->ledger.peak[c] - held->cur[c]) / 1e9,
+                   pm.peak[c] / 1e9);
+        printf("\nthe run's total: cuda ledger %.3f GB, plan --measure %.3f GB (%+.2f%%); driver %.3f GB\n", run_gb,
+               r->plan_gb, (run_gb / r->plan_gb - 1) * 100, r->driver_gb);
+    }
+    if (cfg->layers >= full_layers) return;
+    mt_model_config full = *cfg;
+    full.layers = full_layers;
+    step_shape sh_cut, sh_full;
+    step_ops ops_cut, ops_full;
+    double ratio;
+    const char *by;
+    if (step_shape_of(o, cfg, &sh_cut) && step_shape_of(o, &full, &sh_full)) {
+        step_build(&sh_cut, &ops_cut), step_build(&sh_full, &ops_full);
+        ratio = step_hw_flops(&ops_full) / step_hw_flops(&ops_cut), by = "hardware FLOPs";
+    } else {
+        ratio = step_model_flops_per_token(&full, o->seq) / step_model_flops_per_token(cfg, o->seq), by = "model FLOPs";
+    }
+    r->step32_s = r->step_s * ratio;
+    printf("PROJECTION at %lld layers: step %.3f s = %.3f s x %.3f (the step model's %s, %lld / %lld layers), "
+           "%.1f tokens/s\n", (long long)full_layers, r->step32_s, r->step_s, ratio, by, (long long)full_layers,
+           (long long)cfg->layers, (double)(o->batch * o->seq) / r->step32_s);
+    if (mt_plan_measure(&full, NULL, &po, MT_MODEL_SPEC_OF(o), &pm) == 0) {
+        r->plan32_gb = pm.total_peak / 1e9;
+        printf("plan --measure at %lld layers: %.3f GB\n", (long long)full_layers, r->plan32_gb);
+    }
+}
+
 // Builds the case, runs 1 warm-up and `steps` timed steps, prints the figures, frees it all.
-static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int64_t seq, int steps,
-                    double peak_tflops, result *r) {
+static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_layers, char which, int64_t seq,
+                    int steps, double peak_tflops, result *r) {
     mt_run_opts o;
     if (set_opts(&o, which, seq) != 0) return -1;
-    printf("\n--- case %c, seq %lld, batch %lld, --checkpointing full, %s%s\n", which, (long long)seq,
-           (long long)o.batch, mt_mode_name(o.mode), o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "");
+    printf("\n--- case %c, seq %lld, batch %lld, --checkpointing full, %s%s, %lld of %lld layers\n", which,
+           (long long)seq, (long long)o.batch, mt_mode_name(o.mode),
+           o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "", (long long)cfg->layers,
+           (long long)full_layers);
     // The driver's used memory that is not the ledger's (context, cuBLASLt, kernels loaded so far):
     // taken off the driver's peak so that the two count the same bytes. The pool's kept memory
     // is handed back first: it would count in the baseline and then serve this run unseen.
     trim_pool(be);
     size_t baseline = used_bytes(be) - (size_t)be->ledger.total_cur;
+    const mt_ledger held = be->ledger;  // the backend's own (workspace), before the run
     double t0 = now_s();
     mt_model m;
     if (mt_model_build(&m, be, cfg, NULL, MT_MODEL_SPEC_OF(&o)) != 0) return mt_error_prefix("build"), -1;
@@ -324,6 +385,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
 
     mt_ledger_reset_peak(&be->ledger);
     int rc = measure(&m, &opt, params, n, &b, &o, steps, peak_tflops, baseline, r);
+    if (rc == 0) compare_plan(be, &held, cfg, full_layers, &o, r);
     free(tokens);
     mt_adamw_free(&opt);
     mt_params_free(params, n);
@@ -335,24 +397,43 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, char which, int6
     printf("after free: ledger %.3f GB held; the pool had kept %.3f GB for reuse; after trimming it, driver %+.3f GB "
            "against the baseline\n", be->ledger.total_cur / 1e9, kept,
            ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9);
+    if (rc == 0)
+        json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"step_s\":%.4f,\"tokens_per_s\":%.1f,"
+                  "\"mfu\":%.4f,\"hfu\":%.4f,\"ledger_gb\":%.3f,\"driver_gb\":%.3f,\"plan_measure_gb\":%.3f,"
+                  "\"step32_s_projected\":%.3f,\"plan32_gb\":%.3f", which, (long long)seq, (long long)cfg->layers,
+                  r->step_s, r->tokens_s, r->mfu, r->hfu, r->ledger_gb, r->driver_gb, r->plan_gb, r->step32_s,
+                  r->plan32_gb);
+    else
+        json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"ok\":false", which, (long long)seq,
+                  (long long)cfg->layers);
     return rc;
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N]\n"
+    fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N]\n"
                "  --case   which of BUDGETS.md's cases to run (repeatable; default C, A, B)\n"
                "  --seq    case C's sequence length (repeatable; default 2048 and 4096; A and B run 1024)\n"
-               "  --steps  timed steps after the warm-up (default 3)\n");
+               "  --steps  timed steps after the warm-up (default 3)\n"
+               "  --layers the model cut to its first N layers (default all 32); 32-layer figures projected\n"
+               "  --config another model's config.json instead of Mixtral-8x7B (the emulator's rehearsal)\n"
+               "  --small  small peak-matmul and copy sizes (256, 16 MB): for the emulator, not for figures\n");
 }
 
 int main(int argc, char **argv) {
     char cases[8] = {0};
     int64_t seqs[8];
     int n_cases = 0, n_seqs = 0, steps = 3;
+    int64_t layers = 0;
+    const char *config = NULL;
+    int small = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);  // progress shows through a pipe (gpu_check.sh tees it)
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+        if (!strcmp(argv[i], "--small")) {
+            small = 1;
+            continue;
+        }
         if (!v) return usage(stderr), MT_EXIT_USAGE;
         if (!strcmp(argv[i], "--case") && strlen(v) == 1 && strchr("ABC", v[0]) && n_cases < 3)
             cases[n_cases++] = v[0];
@@ -360,6 +441,10 @@ int main(int argc, char **argv) {
             seqs[n_seqs++] = atoll(v);
         else if (!strcmp(argv[i], "--steps") && atoi(v) > 0)
             steps = atoi(v);
+        else if (!strcmp(argv[i], "--layers") && atoll(v) > 0)
+            layers = atoll(v);
+        else if (!strcmp(argv[i], "--config"))
+            config = v;
         else
             return fprintf(stderr, "bench_gpu: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
         i++;
@@ -379,14 +464,19 @@ int main(int argc, char **argv) {
     printf("device memory %.3f GB; used after creating the backend: %.3f GB (of which the cuBLASLt workspace "
            "%.3f GB, in the ledger; the rest is the CUDA context and libraries)\n", total_b / 1e9,
            (total_b - free_b) / 1e9, be->ledger.total_cur / 1e9);
-    double peak = matmul_peak(be, MT_BF16, 8192);
+    double peak = matmul_peak(be, MT_BF16, small ? 256 : 8192);
     // The step's activations are f32 on cuda today, so its Linears run f32 x f32 on cuBLASLt (no
     // TF32): this is the ceiling they have now. MFU stays against the bf16 peak, the card's.
-    double peak_f32 = matmul_peak(be, MT_F32, 4096);
+    double peak_f32 = matmul_peak(be, MT_F32, small ? 256 : 4096);
 
     mt_model_config cfg;
-    mt_plan_mixtral_8x7b(&cfg);
-    double copy_gbs = copy_bandwidth(be, (size_t)1 << 30);
+    if (!config) mt_plan_mixtral_8x7b(&cfg);
+    else if (mt_model_config_load(config, &cfg) != 0) mt_fatal(MT_EXIT_USAGE, "bench_gpu: %s", mt_error_get());
+    int64_t full_layers = cfg.layers;
+    if (layers > full_layers) return fprintf(stderr, "bench_gpu: --layers %lld: the model has %lld\n", (long long)layers,
+                                             (long long)full_layers), MT_EXIT_USAGE;
+    if (layers) cfg.layers = layers;
+    double copy_gbs = copy_bandwidth(be, (size_t)1 << (small ? 24 : 30));
     double deq_gbs = dequant_bandwidth(be, &cfg, copy_gbs);
     result res[MAX_RUNS];
     int n_res = 0, failed = 0;
@@ -395,7 +485,7 @@ int main(int argc, char **argv) {
             result *r = &res[n_res++];
             memset(r, 0, sizeof *r);
             r->which = cases[c], r->seq = cases[c] == 'C' ? seqs[s] : 1024;
-            r->ok = run_case(be, &cfg, r->which, r->seq, steps, peak, r) == 0;
+            r->ok = run_case(be, &cfg, full_layers, r->which, r->seq, steps, peak, r) == 0;
             if (!r->ok) {
                 snprintf(r->error, sizeof r->error, "%s", mt_error_get());
                 printf("case %c seq %lld FAILED: %s\n", r->which, (long long)r->seq, r->error);
