@@ -66,6 +66,10 @@ for name in "${!libs[@]}"; do
   cp -L "${libs[$name]}" "$stage/lib/$name"
 done
 
+# The CUDA tests the check runs there (as a Criterion filter), listed where perl and the sources are.
+bash tests/cuda_tests.sh "$build/moetrain_tests" | sort -u >"$stage/bin/cuda_tests.txt"
+[ -s "$stage/bin/cuda_tests.txt" ] || { echo "gpu_bundle: no CUDA tests listed" >&2; exit 1; }
+
 # The sources the programs were built from: gpu_check.sh hashes the same files of its tree.
 src_hash=$(bash scripts/gpu_source_hash.sh)
 mkdir -p "$out"

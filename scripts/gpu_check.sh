@@ -1,226 +1,302 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh — on a GPU machine, from the repository root, in one call: show the GPU and
-# toolkit, build with CUDA=1, run the CUDA build's test suite, the standalone matmul and op parity
-# program (scripts/cuda_parity.c), the benchmarks, three training steps of the CLI on cpu and on
-# cuda compared, and the Mixtral-8x7B step benchmark (make bench-gpu); ends with a table of the
-# checks and bench-gpu's result lines. Exits non-zero if anything failed.
+# scripts/gpu_check.sh — the GPU check: on a lent H100 machine, in one command of at most 10
+# minutes, from the repository root, with the bundle `make gpu-bundle` built here carried along.
 #
-#   bash scripts/gpu_check.sh               # on the GPU machine
-#   bash scripts/gpu_check.sh --fetch-debs  # on a machine with apt: put the Debian packages the
-#                                           # GPU machine lacks into .gpudeps/ to carry there
+#   make gpu-bundle                          # here: .gpubundle/ (programs + libraries, sm_90a)
+#   bash scripts/gpu_check.sh                # there (carry .gpubundle; .whl for PEFT if built)
+#   bash scripts/gpu_check.sh --estimate     # the steps, their time estimates and limits; no run
+#   bash scripts/gpu_check.sh --rehearse     # here, as root: the whole check in a clean Debian 12
+#                                            # root with no -dev packages and no network, up to
+#                                            # the first call that needs a GPU
 #
-# A GPU machine may lack Criterion, OpenBLAS, cJSON and libyaml and have no package registry.
-# If .gpudeps/*.deb is there (MT_GPU_DEBS names another folder) they are unpacked into
-# /tmp/mt-sysroot and used through CPATH, LIBRARY_PATH and LD_LIBRARY_PATH (never into /).
-# Without them the script says what is missing and runs what it can: without Criterion the
-# full build and the parity program but no suite; without OpenBLAS/cJSON/libyaml only the
-# parity program, built from the few core files it needs.
-# Environment: BUILD (default build-cuda), JOBS (default: all cores), CUDA_HOME, BENCH_GPU_ARGS
-# (flags for moetrain_bench_gpu, e.g. "--case C --seq 2048 --steps 2");
-# MT_GPU_CHECK_MINIMAL=1 takes the parity-program-only path even where the packages are there.
+# Nothing is compiled there: the GPU machine has the CUDA toolkit, PyTorch and its NVIDIA wheels,
+# but no Debian -dev packages and no package registry. cuBLASLt and NCCL are found on the
+# machine (the toolkit, the dynamic linker's cache, or PyTorch's nvidia-* wheels); the rest comes
+# in the bundle. Every step runs under `timeout`, within a deadline for the whole check
+# (MT_GPU_CHECK_DEADLINE, default 540 s), and says PASS, FAIL or SKIP. Results go, as they come, to
+# $OUT (the device tool's folder) or to gpu-check-out/: gpu_check.log (everything printed) and
+# gpu_check.json (every result so far, rewritten after each step), so a run cut off keeps what it
+# measured. Exit 0 when every step passed, 1 otherwise.
+#
+# Environment: MT_GPU_CHECK_LAYERS (Mixtral layers built, default 4), MT_GPU_CHECK_DEADLINE,
+# MT_GPU_BUNDLE_DIR (default .gpubundle). Internal: MT_GPU_CHECK_REHEARSAL=1 (set by --rehearse
+# inside the clean root): a step passes when its program started and reported that there is no
+# GPU; a library that does not load fails it, by name.
 set -uo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE=${MT_GPU_BUNDLE_DIR:-.gpubundle}
+PREFIX=/tmp/mt-gpu                 # where the bundle unpacks (the test suite's compiled-in path)
+LAYERS=${MT_GPU_CHECK_LAYERS:-4}
+DEADLINE=${MT_GPU_CHECK_DEADLINE:-540}
+REHEARSAL=${MT_GPU_CHECK_REHEARSAL:-0}
+SEQS=(4096 16384)
 
-DEBS_DIR=${MT_GPU_DEBS:-.gpudeps}
-# What the build needs beyond the CUDA toolkit, with the shared libraries those pull in (the
-# C library, zlib and the like are left to the machine: mixing those would do harm).
-DEB_PKGS=(libcriterion-dev libcriterion3 libnanomsg5 libgit2-1.5 libhttp-parser2.9 libmbedtls14
-          libmbedx509-1 libmbedcrypto7 libssh2-1 libgssapi-krb5-2 libkrb5-3 libk5crypto3
-          libkrb5support0 libffi8 libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread
-          libgfortran5 libcjson-dev libcjson1 libyaml-dev libyaml-0-2)
+# --- the steps: name, estimate on an H100 (s), limit (s), function -----------------------------
+# Estimates: the bundle unpacks in ~3 s; the probe's NCCL init ~5 s; the parity program's ~250
+# small cases ~15 s; the CLI's tiny model 2 x 3 steps ~20 s; the Mixtral step (4 layers): the
+# build ~15 s (5 quantizations, the rest device copies), case C at 4k ~1 s a step and at 16k
+# ~5 s (the static review's 6-7 s for 32 layers at 4k, attention x4 per token at 16k), 1 warm-up
+# + 2 timed each, case A at 4k, the peaks ~10 s, plan --measure on the CPU ~10 s; the PyTorch
+# baseline ~60 s (imports ~15 s, matmul and SDPA ~5 s, a 4-layer Mixtral with PEFT built on the
+# GPU ~10 s, 5 steps at 4k ~15 s); the 98 CUDA tests ~90 s (CPU references at small sizes, 16 cores).
+STEPS=(
+  "bundle|5|60|step_bundle"
+  "machine|5|30|step_machine"
+  "probe (device, versions, 1-rank NCCL)|10|60|step_probe"
+  "parity (every CUDA op against its CPU twin, matmul)|20|90|step_parity"
+  "CLI: 3 steps on cpu and on cuda, compared|25|120|step_cli"
+  "Mixtral-8x7B step, $LAYERS layers, MT_PROFILE=1: case C at ${SEQS[*]}, case A|90|240|step_bench"
+  "PyTorch + transformers + PEFT baseline, same shapes|60|180|step_baseline"
+  "CUDA tests of the suite|90|200|step_tests"
+)
 
-if [ "${1:-}" = "--fetch-debs" ]; then
-  mkdir -p "$DEBS_DIR"
-  (cd "$DEBS_DIR" && apt-get download "${DEB_PKGS[@]}") || { echo "gpu_check: apt-get download failed (run 'apt-get update' first?)" >&2; exit 1; }
-  echo "gpu_check: $(ls "$DEBS_DIR"/*.deb | wc -l) packages in $DEBS_DIR ($(du -sh "$DEBS_DIR" | cut -f1))."
-  echo "gpu_check: ignore it (echo '/$DEBS_DIR/' >> .git/info/exclude) and carry '$DEBS_DIR' to the GPU machine."
-  exit 0
-fi
-
-[ -f Makefile ] && [ -f core/backend.h ] || { echo "gpu_check: run me from the repository root" >&2; exit 1; }
-BUILD=${BUILD:-build-cuda}
-JOBS=${JOBS:-$(nproc)}
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-if [ ! -x "$CUDA_HOME/bin/nvcc" ] && command -v nvcc >/dev/null; then  # a toolkit elsewhere
-  CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-fi
-export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
-FAILED=()
-STEPS=() STEP_OK=()  # every step's title, and 0 once a failure happened under it: the final table
-step() { echo; echo "=== $*"; STEPS+=("$*"); STEP_OK+=(1); }
-fail() {
-  echo "gpu_check: FAILED: $*"; FAILED+=("$*")
-  [ ${#STEP_OK[@]} -gt 0 ] && STEP_OK[${#STEP_OK[@]}-1]=0
+estimate() {
+  local total=0 s name est lim
+  echo "gpu_check: steps (estimate on an H100 / limit, seconds):"
+  for s in "${STEPS[@]}"; do
+    IFS='|' read -r name est lim _ <<<"$s"
+    printf '  %4d / %4d  %s\n' "$est" "$lim" "$name"
+    total=$((total + est))
+  done
+  printf '  %4d s in all by the estimate (%s minutes; budget 6); the whole check stops at %d s\n' "$total" \
+    "$(awk -v t="$total" 'BEGIN { printf "%.1f", t / 60 }')" "$DEADLINE"
+  ESTIMATE_TOTAL=$total
 }
 
-step "machine"
-if command -v nvidia-smi >/dev/null; then nvidia-smi || fail "nvidia-smi"; else fail "nvidia-smi not found (no NVIDIA driver?)"; fi
-if command -v nvcc >/dev/null; then nvcc --version | tail -n 2; else fail "nvcc not found under $CUDA_HOME/bin or on PATH"; fi
-${CC:-cc} --version | head -n 1
+case "${1:-}" in
+  --estimate) estimate; exit 0;;
+  --rehearse) shift; exec bash scripts/gpu_rehearse.sh "$@";;
+  "") ;;
+  *) echo "usage: $0 [--estimate | --rehearse [--plant LIBRARY]]" >&2; exit 2;;
+esac
 
-# --- carried packages, and CUDA libraries that live outside the toolkit (pip wheels) ---------
-SYSROOT=/tmp/mt-sysroot
-if compgen -G "$DEBS_DIR/*.deb" >/dev/null; then
-  step "unpacking carried packages from $DEBS_DIR into $SYSROOT"
-  mkdir -p "$SYSROOT"
-  for f in "$DEBS_DIR"/*.deb; do dpkg-deb -x "$f" "$SYSROOT" || fail "unpack $f"; done
-  A=x86_64-linux-gnu
-  export CPATH="$SYSROOT/usr/include:$SYSROOT/usr/include/$A:$SYSROOT/usr/include/$A/openblas-pthread${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$SYSROOT/usr/lib/$A:$SYSROOT/usr/lib/$A/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  export LD_LIBRARY_PATH="$LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-# The Makefile links -lcublasLt -lnccl from $CUDA_HOME; where the toolkit lacks one, use a copy
-# from elsewhere on the machine (PyTorch's nvidia-* wheels carry both) through a link folder.
-LINKDIR=/tmp/mt-cudalibs
-for lib in cublasLt nccl; do
-  if ! compgen -G "$CUDA_HOME/lib*/lib$lib.so" >/dev/null && ! ldconfig -p 2>/dev/null | grep -q "lib$lib.so "; then
-    found=$(find /usr /opt -name "lib$lib.so*" -type f 2>/dev/null | head -n 1)
-    if [ -n "$found" ]; then
-      mkdir -p "$LINKDIR" && ln -sf "$found" "$LINKDIR/lib$lib.so"
-      ln -sf "$found" "$LINKDIR/$(basename "$found")"
-      echo "gpu_check: lib$lib.so is not in $CUDA_HOME; using $found"
-      export LIBRARY_PATH="$LINKDIR${LIBRARY_PATH:+:$LIBRARY_PATH}"
-      LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; export LD_LIBRARY_PATH
-    else
-      echo "gpu_check: lib$lib.so not found anywhere: linking will fail"
-    fi
+OUTDIR=${OUT:-gpu-check-out}
+mkdir -p "$OUTDIR"
+LOG="$OUTDIR/gpu_check.log" JSON="$OUTDIR/gpu_check.json"
+export MT_GPU_JSONL="$OUTDIR/.results.jsonl"
+: >"$MT_GPU_JSONL"
+exec > >(tee -a "$LOG") 2>&1
+START=$(date +%s)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# One JSON file of every result so far: the programs' lines and the steps' own.
+write_json() {
+  { printf '{"check":"gpu_check","rehearsal":%s,"started":"%s","results":[\n' \
+      "$([ "$REHEARSAL" = 1 ] && echo true || echo false)" "$STARTED"
+    paste -sd, "$MT_GPU_JSONL"; printf ']}\n'; } >"$JSON.tmp" && mv "$JSON.tmp" "$JSON"
+}
+record() { printf '%s\n' "$*" >>"$MT_GPU_JSONL"; write_json; }
+STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# run_limited LIMIT CMD...: CMD under timeout (TERM, then KILL 10 s later), output shown and kept
+# in $WORK/out for the step's verdict.
+run_limited() {
+  local lim=$1; shift
+  timeout -k 10 "$lim" "$@" 2>&1 | tee "$WORK/out"
+  return "${PIPESTATUS[0]}"
+}
+# In a rehearsal a GPU program must start and then say there is no GPU: 0 when that is what
+# $WORK/out shows, 1 otherwise (with the reason).
+rehearsed_ok() {
+  if grep -q 'error while loading shared libraries' "$WORK/out"; then
+    echo "gpu_check: MISSING LIBRARY: $(grep -o 'error while loading shared libraries: [^:]*' "$WORK/out" | head -1 | sed 's/.*: //')"
+    return 1
   fi
-done
-
-# --- what this machine can build --------------------------------------------------------------
-step "dependencies"
-have_header() {  # $1: a header path under an include directory
-  local d
-  for d in /usr/include /usr/include/x86_64-linux-gnu /usr/include/x86_64-linux-gnu/openblas-pthread \
-           /usr/local/include ${CPATH:+${CPATH//:/ }}; do
-    [ -e "$d/$1" ] && return 0
-  done
+  grep -qi 'no CUDA GPU' "$WORK/out" && return 0
+  echo "gpu_check: the program did not report 'no CUDA GPU'"
   return 1
 }
-BASE_OK=1; CRITERION_OK=1
-for h in cblas.h cjson/cJSON.h yaml.h; do
-  if have_header "$h"; then echo "found    $h"; else echo "MISSING  $h"; BASE_OK=0; fi
-done
-if have_header criterion/criterion.h; then echo "found    criterion/criterion.h"; else echo "MISSING  criterion/criterion.h"; CRITERION_OK=0; fi
-if [ $CRITERION_OK = 0 ]; then
-  echo "gpu_check: Criterion is not installed here, so the test suite cannot be built; running the"
-  echo "gpu_check: standalone parity program instead. To run the suite, carry the packages:"
-  echo "gpu_check:   bash scripts/gpu_check.sh --fetch-debs   (on the development machine)"
-fi
-if [ "${MT_GPU_CHECK_MINIMAL:-0}" = 1 ]; then
-  echo "gpu_check: MT_GPU_CHECK_MINIMAL=1: building only the CUDA backend and the parity program."
-  BASE_OK=0
-elif [ $BASE_OK = 0 ]; then
-  echo "gpu_check: OpenBLAS, cJSON or libyaml is missing: the moetrain binary cannot be built here;"
-  echo "gpu_check: building only the CUDA backend and the parity program (carry .gpudeps for the rest)."
-fi
-
-PARITY=""
-if [ $BASE_OK = 1 ]; then
-  # scripts/deps.sh would try apt-get, which cannot reach anything here; the probes above did its job.
-  mkdir -p "$BUILD" && touch "$BUILD/.deps-ok"
-  step "make CUDA=1 BUILD=$BUILD -j$JOBS"
-  if make CUDA=1 BUILD="$BUILD" -j"$JOBS"; then
-    step "parity program (linked against $BUILD's objects)"
-    # One extra rule beside the Makefile's own, so that flags, objects and libraries are the same.
-    if printf '$(BUILD)/cuda_parity: $(BUILD)/scripts/cuda_parity.o $(LIB_OBJ)\n\t$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)\n' |
-        make CUDA=1 BUILD="$BUILD" -j"$JOBS" -f Makefile -f - "$BUILD/cuda_parity"; then
-      PARITY="$BUILD/cuda_parity"
-    else
-      fail "build of the parity program"
-    fi
-    if [ $CRITERION_OK = 1 ]; then
-      step "test suite: $BUILD/moetrain_tests"
-      if make CUDA=1 BUILD="$BUILD" -j"$JOBS" "$BUILD/moetrain_tests"; then
-        # The CUDA tests first and verbose, so that each shows; on a GPU none may be skipped.
-        out=$("$BUILD/moetrain_tests" --filter 'cuda/*' --verbose 2>&1); rc=$?
-        echo "$out"
-        [ $rc = 0 ] || fail "CUDA tests (exit $rc)"
-        if grep -q '^\[SKIP\] cuda::' <<<"$out"; then fail "CUDA tests were skipped on a GPU machine"; fi
-        "$BUILD/moetrain_tests" --jobs "$JOBS" || fail "test suite"
-      else
-        fail "build of the test suite"
-      fi
-    fi
-  else
-    fail "make CUDA=1"
+# gpu_result RC: a GPU program's verdict: its exit status on a GPU; in a rehearsal, whether it
+# started and found no GPU (exit 2 or a clean error), never a hang or a crash.
+gpu_result() {
+  local rc=$1
+  if [ "$REHEARSAL" = 1 ]; then
+    [ "$rc" -ge 124 ] && { echo "gpu_check: ended by a signal or the limit (exit $rc)"; return 1; }
+    rehearsed_ok
+    return
   fi
-fi
+  return "$rc"
+}
 
-if [ -z "$PARITY" ] && [ $BASE_OK = 0 ]; then
-  step "parity program (from the core files it needs)"
-  OBJ=/tmp/mt-parity; rm -rf "$OBJ"; mkdir -p "$OBJ"
-  CFLAGS_MIN="-std=c11 -O2 -g -Wall -Wextra -D_GNU_SOURCE -DMT_CUDA -I. -I$CUDA_HOME/include"
-  # backend.c names the cpu backend, which needs OpenBLAS; the parity program does not use it.
-  printf '#include "core/backend.h"\n#include "core/common.h"\nmt_backend *mt_backend_cpu_new(void) {\n    mt_error_set("cpu backend not built (no OpenBLAS)");\n    return NULL;\n}\n' >"$OBJ/cpu_stub.c"
-  ok=1
-  # The op kernels and the CPU twins that need no library; the LoRA and AdamW cases (OpenBLAS,
-  # cJSON) report themselves skipped (CUDA_OPS_NO_HOST_LIBS).
-  for src in core/backend_cuda.cu model/ops_cuda.cu model/parts_cuda.cu moe/moe_cuda.cu; do
-    nvcc -O2 -g -std=c++17 -I. -DMT_CUDA -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-         -Xcompiler -Wall,-Wextra -c "$src" -o "$OBJ/$(basename "${src%.cu}")_cu.o" || ok=0
-  done
-  for src in core/common.c core/dtype.c core/ledger.c core/backend.c core/backend_null.c \
-             model/embedding.c model/rmsnorm.c model/rope.c model/attention.c model/cross_entropy.c model/bias.c \
-             moe/router.c moe/aux_loss.c moe/permute.c moe/swiglu.c scripts/cuda_parity.c "$OBJ/cpu_stub.c"; do
-    ${CC:-cc} $CFLAGS_MIN -fopenmp -DCUDA_OPS_NO_HOST_LIBS -c "$src" -o "$OBJ/$(basename "${src%.c}").o" || ok=0
-  done
-  if [ $ok = 1 ] && ${CC:-cc} -fopenmp "$OBJ"/*.o -o "$OBJ/cuda_parity" -lm -L"$CUDA_HOME/lib64" \
-       -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcudart -lstdc++; then
-    PARITY="$OBJ/cuda_parity"
-  else
-    fail "build of the parity program"
-  fi
-fi
-
-if [ -n "$PARITY" ]; then
-  step "matmul and op parity: $PARITY --bench"
-  "$PARITY" --bench || fail "matmul/op parity (exit $?)"
-fi
-
-if [ $BASE_OK = 1 ] && grep -q '^bench:' Makefile && { [ -f scripts/bench.sh ] || [ -f scripts/bench.c ]; }; then
-  step "make CUDA=1 bench"
-  make CUDA=1 BUILD="$BUILD" -j"$JOBS" bench || fail "make CUDA=1 bench"
-fi
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-if [ $BASE_OK = 1 ] && [ -x "$BUILD/moetrain" ]; then
-  # The whole step through the CLI: the same 3 steps on cpu and cuda, losses and adapters compared.
-  # --device cuda starts a 1-rank NCCL communicator, so this is also the 1-rank NCCL check.
-  step "train 3 steps on cpu and on cuda, compared (and a 1-rank NCCL run completes)"
-  if make CUDA=1 BUILD="$BUILD" -j"$JOBS" "$BUILD/tests/mpi/compare_runs" >/dev/null &&
-     "$BUILD/moetrain" init --config configs/tiny.json --out "$TMP/tiny" --seed 3 >/dev/null; then
-    for i in $(seq 0 63); do
-      printf '{"messages":[{"role":"user","content":"w%03d"},{"role":"assistant","content":"%03d"}]}\n' \
-        "$i" $(( (i * 7) % 1000 ))
-    done >"$TMP/data.jsonl"
-    args=(--model "$TMP/tiny" --data "$TMP/data.jsonl" --mode lora --r 4 --quant nf4 --seq 64 --batch 4
-          --dropout 0 --lr 1e-3 --steps 3)
-    for dev in cpu cuda; do
-      "$BUILD/moetrain" train "${args[@]}" --device $dev --out "$TMP/run-$dev" || fail "train --device $dev (exit $?)"
+# --- steps ------------------------------------------------------------------------------------
+step_bundle() {
+  local lim=$1
+  [ -f "$BUNDLE/mt-gpu.tar.gz" ] && [ -f "$BUNDLE/manifest.txt" ] ||
+    { echo "gpu_check: no bundle in $BUNDLE: run 'make gpu-bundle' on the development machine and carry $BUNDLE"; return 1; }
+  sed -n '1,4p' "$BUNDLE/manifest.txt"
+  local want have
+  want=$(awk '$1 == "sources" {print $2}' "$BUNDLE/manifest.txt")
+  have=$(bash scripts/gpu_source_hash.sh)
+  [ "$want" = "$have" ] || { echo "gpu_check: the bundle was built from other sources ($want, this tree $have): rebuild it (make gpu-bundle)"; return 1; }
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX" && timeout "$lim" tar -C "$PREFIX" -xzf "$BUNDLE/mt-gpu.tar.gz" || return 1
+  (cd "$PREFIX" && awk '$1 == "file" {print $2 "  " $3}' "$OLDPWD/$BUNDLE/manifest.txt" | sha256sum --quiet -c -) ||
+    { echo "gpu_check: the bundle's files differ from its manifest"; return 1; }
+  # CUDA's own libraries, found on this machine: the toolkit, the linker's cache, PyTorch's wheels.
+  local lib dir found cuda_home
+  cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  LIBPATH="$PREFIX/lib"
+  for lib in $(awk '$1 == "needs" {$1 = ""; print}' "$BUNDLE/manifest.txt"); do
+    found=""
+    for dir in "$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib"; do
+      [ -e "$dir/$lib" ] && found="$dir/$lib" && break
     done
-    # Loss to 1e-2 and tensors to 5% relative L2: fp32 on both, but different summation orders
-    # and cuBLASLt's kernels over 3 steps of Adam (whose first steps amplify tiny differences).
-    "$BUILD/tests/mpi/compare_runs" "$TMP/run-cpu" "$TMP/run-cuda" 1e-2 0.05 || fail "cpu and cuda runs differ"
-  else
-    fail "build of compare_runs or moetrain init"
-  fi
+    [ -n "$found" ] || found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
+    [ -n "$found" ] || found=$(find /opt /usr/local/lib /usr/lib /root -name "$lib" \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)
+    if [ -z "$found" ]; then echo "gpu_check: $lib not found on this machine (toolkit, ldconfig, /opt, /usr)"; return 1; fi
+    echo "gpu_check: $lib: $found"
+    LIBPATH="$LIBPATH:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Every program must load: a library the bundle lacks is named here, not inside a step. Exit 3
+  # then: the step fails, but the programs that do load still run (one loan, as much learnt).
+  local p bad=0
+  for p in "$PREFIX"/bin/*; do
+    [ -x "$p" ] || continue
+    if ldd "$p" | grep -q 'not found'; then
+      echo "gpu_check: MISSING LIBRARY for $(basename "$p"): $(ldd "$p" | awk '/not found/ {print $1}' | paste -sd' ')"
+      bad=3
+    fi
+  done
+  return $bad
+}
 
-  step "make CUDA=1 bench-gpu (roofline projection, then the Mixtral-8x7B step measured: cases C, A, B)"
-  make CUDA=1 BUILD="$BUILD" -j"$JOBS" bench-gpu 2>&1 | tee "$TMP/bench_gpu.log" || fail "make CUDA=1 bench-gpu"
-fi
+step_machine() {
+  local lim=$1
+  if ! command -v nvidia-smi >/dev/null; then
+    echo "gpu_check: nvidia-smi not found (no NVIDIA driver)"
+    [ "$REHEARSAL" = 1 ]; return
+  fi
+  run_limited "$lim" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  local rc=$?
+  timeout 10 nvidia-smi | head -n 20
+  command -v nvcc >/dev/null && nvcc --version | tail -n 1
+  return $rc
+}
+
+step_probe() {
+  NCCL_DEBUG=WARN run_limited "$1" "$PREFIX/bin/moetrain_gpu_probe"
+  gpu_result $?
+}
+
+step_parity() {
+  run_limited "$1" "$PREFIX/bin/cuda_parity" --bench
+  gpu_result $?
+}
+
+step_cli() {
+  local lim=$1 bin="$PREFIX/bin/moetrain" d="$WORK/cli" dev rc
+  mkdir -p "$d"
+  "$bin" init --config configs/tiny.json --out "$d/tiny" --seed 3 >"$d/init.log" 2>&1 ||
+    { cat "$d/init.log"; return 1; }
+  for i in $(seq 0 63); do
+    printf '{"messages":[{"role":"user","content":"w%03d"},{"role":"assistant","content":"%03d"}]}\n' "$i" $(( (i * 7) % 1000 ))
+  done >"$d/data.jsonl"
+  local args=(--model "$d/tiny" --data "$d/data.jsonl" --mode lora --r 4 --quant nf4 --seq 64 --batch 4 --dropout 0
+              --lr 1e-3 --steps 3)
+  run_limited "$lim" "$bin" train "${args[@]}" --device cpu --out "$d/cpu" || { echo "gpu_check: train --device cpu failed"; return 1; }
+  run_limited "$lim" "$bin" train "${args[@]}" --device cuda --out "$d/cuda"
+  rc=$?
+  if [ "$REHEARSAL" = 1 ]; then gpu_result $rc; return; fi
+  [ $rc = 0 ] || return $rc
+  # fp32 on both, different summation orders and cuBLASLt over 3 Adam steps: loss to 1e-2, 5% L2.
+  "$PREFIX/bin/compare_runs" "$d/cpu" "$d/cuda" 1e-2 0.05
+}
+
+step_bench() {
+  local lim=$1 seqargs=() s
+  for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
+  "$PREFIX/bin/moetrain_roofline" >"$OUTDIR/roofline.txt" 2>&1 || echo "gpu_check: the roofline projection failed"
+  if [ "$REHEARSAL" = 1 ]; then
+    # The same program on the tiny model with the emulator's sizes would need a GPU too: here it
+    # must start and find none.
+    run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
+    gpu_result $?; return
+  fi
+  MT_PROFILE=1 MT_PROFILE_JSON="$OUTDIR/profile.json" run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
+    --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
+}
+
+step_baseline() {
+  local lim=$1
+  if ! command -v python3 >/dev/null || ! python3 -c 'import torch' 2>/dev/null; then
+    echo "gpu_check: no python3 with torch here"
+    [ "$REHEARSAL" = 1 ] && { echo "gpu_check: (rehearsal: the clean root has no PyTorch; --rehearse compiled the script outside)"; return 0; }
+    return 1
+  fi
+  [ -f scripts/gpu_baseline.py ] || { echo "gpu_check: scripts/gpu_baseline.py is missing"; return 1; }
+  # PEFT as carried (gpu_wheels.sh), over whatever version the machine has.
+  if compgen -G "$BUNDLE/whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mt-site \
+      "$BUNDLE"/whl/*.whl && export PYTHONPATH="/tmp/mt-site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  PYTHONUNBUFFERED=1 run_limited "$lim" python3 scripts/gpu_baseline.py --layers "$LAYERS" --seq "${SEQS[0]}" \
+    --json "$MT_GPU_JSONL"
+}
+
+step_tests() {
+  local lim=$1 filter
+  filter="@($(sed 's|::|/|' "$PREFIX/bin/cuda_tests.txt" | paste -sd'|'))"
+  run_limited "$lim" "$PREFIX/bin/moetrain_tests" --jobs "$(nproc)" --filter "$filter" --tap="$WORK/tests.tap"
+  local rc=$?
+  [ "$rc" -ge 124 ] && return "$rc"
+  # Criterion lists the tests its filter left out as skipped: count the listed ones only.
+  local want passed skipped failed
+  want=$(wc -l <"$PREFIX/bin/cuda_tests.txt")
+  sed -E -n 's/^(not )?ok - ([^ ]+)(.*)$/\2 \1\3/p' "$WORK/tests.tap" 2>/dev/null | sed 's|/|::|' |
+    awk 'NR == FNR { want[$0] = 1; next } ($1 in want)' "$PREFIX/bin/cuda_tests.txt" - >"$WORK/tests.mine"
+  skipped=$(grep -c '# SKIP' "$WORK/tests.mine")
+  failed=$(grep -c ' not ' "$WORK/tests.mine")
+  passed=$(( $(wc -l <"$WORK/tests.mine") - skipped - failed ))
+  echo "gpu_check: CUDA tests: $want listed, $(wc -l <"$WORK/tests.mine") ran: $passed passed, $skipped skipped, $failed failed"
+  if [ "$REHEARSAL" = 1 ]; then
+    # Criterion forks each test: one that could not load a library would crash, not skip.
+    grep -q 'error while loading shared libraries' "$WORK/out" && { rehearsed_ok; return; }
+    [ "$rc" = 0 ] && grep '# SKIP' "$WORK/tests.mine" | grep -qi 'no CUDA GPU'
+    return
+  fi
+  # On a GPU every CUDA test must run and pass: a skip there is a failure.
+  [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$skipped" = 0 ] && [ "$passed" = "$want" ]
+}
+
+# --- the run ------------------------------------------------------------------------------------
+echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(nproc) cores$([ "$REHEARSAL" = 1 ] && echo ', REHEARSAL (no GPU expected)')"
+estimate
+record "{\"part\":\"plan\",\"estimate_s\":$ESTIMATE_TOTAL,\"deadline_s\":$DEADLINE,\"layers\":$LAYERS}"
+NAMES=() VERDICTS=()
+for s in "${STEPS[@]}"; do
+  IFS='|' read -r name est lim fn <<<"$s"
+  left=$((DEADLINE - ($(date +%s) - START) - 10))  # 10 s kept for the summary
+  if [ "$left" -lt 15 ] || { [ "$fn" != step_bundle ] && [ "${BUNDLE_OK:-0}" != 1 ]; }; then
+    verdict=SKIP
+    why=$([ "$left" -lt 15 ] && echo "no time left" || echo "no bundle")
+    echo; echo "=== $name: SKIP ($why)"
+    NAMES+=("$name") VERDICTS+=("SKIP ($why)")
+    record "{\"part\":\"step\",\"name\":\"$name\",\"verdict\":\"SKIP\",\"why\":\"$why\"}"
+    continue
+  fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  echo; echo "=== $name (estimate ${est} s, limit ${lim} s)"
+  t0=$(date +%s)
+  "$fn" "$lim"
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  if [ $rc = 0 ]; then verdict=PASS; elif [ $rc = 124 ] || [ $rc = 137 ]; then verdict="FAIL (limit ${lim} s)"; else verdict="FAIL (exit $rc)"; fi
+  [ "$fn" = step_bundle ] && { [ $rc = 0 ] || [ $rc = 3 ]; } && BUNDLE_OK=1
+  echo "=== $name: $verdict in ${dt} s (estimate ${est} s)"
+  NAMES+=("$name") VERDICTS+=("$verdict")
+  record "{\"part\":\"step\",\"name\":\"$name\",\"verdict\":\"${verdict%% *}\",\"rc\":$rc,\"seconds\":$dt,\"estimate_s\":$est}"
+done
 
 echo
-echo "gpu_check: summary"
-for i in "${!STEPS[@]}"; do
-  printf '  %-4s  %s\n' "$([ "${STEP_OK[$i]}" = 1 ] && echo PASS || echo FAIL)" "${STEPS[$i]}"
+echo "gpu_check: summary ($(( $(date +%s) - START )) s of the ${ESTIMATE_TOTAL} s estimated)"
+failed=0
+for i in "${!NAMES[@]}"; do
+  printf '  %-22s %s\n' "${VERDICTS[$i]}" "${NAMES[$i]}"
+  [ "${VERDICTS[$i]}" = PASS ] || failed=1
 done
-# The projection's totals beside the measured lines: the gap between them is the next work.
-grep -h '^PROJECTION seq\|^bench_gpu: ' "$TMP/bench_gpu.log" 2>/dev/null | sed 's/^/  /'
-if [ ${#FAILED[@]} -eq 0 ]; then
-  echo "gpu_check: all passed"
-  exit 0
-fi
-echo "gpu_check: ${#FAILED[@]} failed:"
-printf '  - %s\n' "${FAILED[@]}"
-exit 1
+grep -h '^PROJECTION\|^bench_gpu: \|^baseline: ' "$LOG" 2>/dev/null | sed 's/^/  /'
+write_json
+echo "gpu_check: results in $LOG and $JSON"
+[ $failed = 0 ] && echo "gpu_check: all passed$([ "$REHEARSAL" = 1 ] && echo ' (rehearsal)')"
+exit $failed

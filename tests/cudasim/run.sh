@@ -49,12 +49,7 @@ cli_pid=$!
 
 # --- 1. the suite, per order -------------------------------------------------------------------
 # The CUDA tests: suites cuda and quant_cuda, and every test whose body calls gpu_or_skip().
-perl -ne 'if (/^(?:Parameterized)?Test\(\s*(\w+)\s*,\s*(\w+)/) { $t = "$1::$2"; }
-          if (/gpu_or_skip\(\)/ && $t) { print "$t\n"; $t = ""; } $t = "" if eof;' tests/*.c >"$work/direct"
-"$build/moetrain_tests" --list 2>/dev/null | awk '
-  /^[a-z0-9_]+: [0-9]+ tests?$/ { suite = $1; sub(":", "", suite); next }
-  /^[├└]/ { name = $NF; if (suite == "cuda" || suite == "quant_cuda") print suite "::" name }' >"$work/suites"
-sort -u "$work/direct" "$work/suites" >"$work/cuda_tests"
+bash tests/cuda_tests.sh "$build/moetrain_tests" | sort -u >"$work/cuda_tests"
 ncuda=$(wc -l <"$work/cuda_tests")
 cuda_runs=0
 only_cuda="@($(sed 's|::|/|' "$work/cuda_tests" | paste -sd'|'))"  # a Criterion filter: these tests
