@@ -5,7 +5,8 @@
 //   * BUDGETS.md §4's case C (LoRA r=16 on every expert and router, NF4 double-quant base,
 //     batch 1, full recomputation) at --seq 2048 and 4096: step time, tokens/s, ledger peak per
 //     category, the ledger's total peak against the driver's used memory, MFU and HFU;
-//   * cases A (routers) and B (6 layers × 2 experts unfrozen, optimizer offloaded) at s=1024.
+//   * cases A (routers) and B (6 layers × 2 experts unfrozen, optimizer offloaded) at s=1024, or
+//     at the first --seq given.
 // MFU = (4·N + 6·S·d_attn·L) per token × tokens/s ÷ 989 TFLOP/s (H100 SXM dense bf16), as
 // DESIGN.md ("GPU performance") defines it; HFU = the hardware FLOPs of the step (recompute,
 // LoRA, attention as today's kernels run it, dequantization) over the same peak. Both from
@@ -412,7 +413,8 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N]\n"
                "  --case   which of BUDGETS.md's cases to run (repeatable; default C, A, B)\n"
-               "  --seq    case C's sequence length (repeatable; default 2048 and 4096; A and B run 1024)\n"
+               "  --seq    case C's sequence length (repeatable; default 2048 and 4096); A and B run\n"
+               "           the first --seq given, or 1024\n"
                "  --steps  timed steps after the warm-up (default 3)\n"
                "  --layers the model cut to its first N layers (default all 32); 32-layer figures projected\n"
                "  --config another model's config.json instead of Mixtral-8x7B (the emulator's rehearsal)\n"
@@ -450,6 +452,7 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!n_cases) strcpy(cases, "CAB"), n_cases = 3;
+    int seq_given = n_seqs > 0;
     if (!n_seqs) seqs[0] = 2048, seqs[1] = 4096, n_seqs = 2;
 
     mt_backend *be = mt_backend_cuda_new(0);
@@ -484,7 +487,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < (cases[c] == 'C' ? n_seqs : 1) && n_res < MAX_RUNS; s++) {
             result *r = &res[n_res++];
             memset(r, 0, sizeof *r);
-            r->which = cases[c], r->seq = cases[c] == 'C' ? seqs[s] : 1024;
+            r->which = cases[c], r->seq = cases[c] == 'C' ? seqs[s] : seq_given ? seqs[0] : 1024;
             r->ok = run_case(be, &cfg, full_layers, r->which, r->seq, steps, peak, r) == 0;
             if (!r->ok) {
                 snprintf(r->error, sizeof r->error, "%s", mt_error_get());

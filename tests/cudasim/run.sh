@@ -9,7 +9,9 @@
 #   3. the planted-bug self-tests: each must be reported with the kernel (and the thread);
 #   4. the CLI: 200 steps of the tiny model with --device cuda against --device cpu (started
 #      first, beside 1-3: the emulator runs a process's kernels on one OS thread);
-#   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process.
+#   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process;
+#   6. the GPU check's own programs (scripts/gpu_check.sh): the probe, the parity program, and the
+#      step benchmark with MT_PROFILE=1 on the tiny model, their JSON lines read back.
 # Prints a line per check and a summary; exits 1 when anything failed. Results are CPU-emulated.
 set -uo pipefail
 build=${1:-build-sim}
@@ -220,6 +222,29 @@ if command -v mpirun >/dev/null; then
 else
   bad "NCCL: no mpirun on PATH"
 fi
+
+# --- 6. the GPU check's programs ---------------------------------------------------------------------
+# What a lent GPU will run first, run here first: each must finish and write JSON that parses.
+export MT_GPU_JSONL="$work/gpu_check.jsonl"
+gpu_program() {  # NAME CMD...
+  local name=$1 t0
+  shift
+  t0=$(date +%s)
+  : >"$MT_GPU_JSONL"
+  if "$@" >"$work/gp.log" 2>&1 &&
+     python3 -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; assert rows, "no JSON lines"' \
+       "$MT_GPU_JSONL" 2>"$work/gp.err"; then
+    ok "GPU check program, emulated: $name: exit 0, $(wc -l <"$MT_GPU_JSONL") JSON lines ($(($(date +%s) - t0)) s)"
+  else
+    bad "GPU check program, emulated: $name"
+    tail -8 "$work/gp.log" "$work/gp.err" | sed 's/^/      | /'
+  fi
+}
+gpu_program "moetrain_gpu_probe (device, versions, 1-rank NCCL)" "$build/moetrain_gpu_probe"
+gpu_program "cuda_parity --bench" "$build/cuda_parity" --bench
+gpu_program "moetrain_bench_gpu, tiny, cases C and A, MT_PROFILE=1" env MT_PROFILE=1 \
+  MT_PROFILE_JSON="$work/profile.json" "$build/moetrain_bench_gpu" --small --config configs/tiny.json --layers 1 \
+  --case C --seq 64 --seq 128 --case A --steps 1
 
 printf 'test-sim (CPU-emulated CUDA): %d passed, %d failed; CUDA tests run and passed: %d (%d per order) in orders: %s; wall %d s\n' \
   "$passed" "$failed" "$cuda_runs" "$ncuda" "$orders" "$(($(date +%s) - start))"
