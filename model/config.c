@@ -254,6 +254,27 @@ static int read_architecture(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
+// The number of routed experts. transformers' attribute maps make num_experts and
+// num_local_experts one field, and which name a config carries depends on the version that wrote
+// it (Qwen3-MoE: num_experts in 4.x, num_local_experts in 5.x): either is read, both must agree.
+static int read_experts(const cJSON *root, const mt_family *fam, int64_t *out) {
+    int64_t a = 0, b = 0;
+    if (get_int(root, "num_experts", 0, 0, 1, SIZE_MAX_VALUE, &a) != 0 ||
+        get_int(root, "num_local_experts", 0, 0, 1, SIZE_MAX_VALUE, &b) != 0)
+        return -1;
+    if (a && b && a != b) {
+        mt_error_set("num_experts (%lld) and num_local_experts (%lld) disagree (transformers reads them as one field)",
+                     (long long)a, (long long)b);
+        return -1;
+    }
+    if (!a && !b) {
+        mt_error_set("%s: missing required field", fam->experts_key);
+        return -1;
+    }
+    *out = a ? a : b;
+    return 0;
+}
+
 // The sizes every family has. The model's shape (hidden, layers, heads, experts, vocab) is
 // required, not defaulted: a config.json without hidden_size is broken, not a 2048-wide model.
 static int read_sizes(const cJSON *root, mt_model_config *cfg) {
@@ -265,11 +286,11 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
         get_int(root, "num_attention_heads", 1, 0, 1, M, &cfg->heads) != 0 ||
         get_int(root, "num_key_value_heads", 0, fam->default_kv_heads ? fam->default_kv_heads : cfg->heads, 1, M,
                 &cfg->kv_heads) != 0 ||
-        get_int(root, fam->experts_key, 1, 0, 1, M, &cfg->experts) != 0 ||
+        read_experts(root, fam, &cfg->experts) != 0 ||
         get_int(root, "num_experts_per_tok", 1, 0, 1, M, &cfg->top_k) != 0 ||
         get_int(root, "vocab_size", 1, 0, 1, M, &cfg->vocab) != 0 ||
         get_int(root, "max_position_embeddings", 0, fam->default_max_positions, 1, M, &cfg->max_positions) != 0 ||
-        get_int(root, "sliding_window", 0, 0, 0, M, &cfg->sliding_window) != 0)
+        (fam->has_sliding_window && get_int(root, "sliding_window", 0, 0, 0, M, &cfg->sliding_window) != 0))
         return -1;
     // Qwen: sliding_window applies only with use_sliding_window (and then only above
     // max_window_layers, which the attention does not implement).
@@ -284,8 +305,17 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     }
     // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
     // the family's attention reads it (OLMoE ignores the field).
-    if (fam->head_dim_rule != MT_HEAD_DIM_IGNORED && get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0)
-        return -1;
+    if (get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0) return -1;
+    // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
+    if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
+        if (cfg->head_dim * cfg->heads != cfg->hidden) {
+            mt_error_set("head_dim: %lld is not hidden_size / num_attention_heads (%lld / %lld): transformers 4 "
+                         "ignores it for %s and transformers 5 reads it, so this config means two models",
+                         (long long)cfg->head_dim, (long long)cfg->hidden, (long long)cfg->heads, fam->model_type);
+            return -1;
+        }
+        cfg->head_dim = 0;
+    }
     if (fam->head_dim_rule == MT_HEAD_DIM_MUST_MATCH && cfg->head_dim &&
         cfg->head_dim * cfg->heads != cfg->hidden) {
         mt_error_set("head_dim: %lld x num_attention_heads %lld != hidden_size %lld (%s requires it)",
@@ -312,9 +342,106 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
+// A RoPE description's type: absent or "default" is the one moetrain implements; any other
+// (linear, dynamic, yarn, longrope, llama3, ...) changes the frequencies and is refused.
+static int rope_type_default(const cJSON *obj, const char *where) {
+    const char *type = NULL, *key = "rope_type";
+    if (get_string(obj, key, &type) != 0) return -1;
+    if (!type) {  // transformers 4 also wrote the older "type"
+        key = "type";
+        if (get_string(obj, key, &type) != 0) return -1;
+    }
+    if (type && strcmp(type, "default") != 0) {
+        mt_error_set("%s.%s: '%.40s' is not supported (moetrain implements the default RoPE only)", where, key, type);
+        return -1;
+    }
+    return 0;
+}
+
+// partial_rotary_factor: RoPE on a fraction of each head, which moetrain does not implement.
+static int rope_partial_whole(const cJSON *obj, const char *where) {
+    double f;
+    if (get_double(obj, "partial_rotary_factor", 1.0, &f) != 0) return -1;
+    if (f != 1.0) {
+        mt_error_set("%s%spartial_rotary_factor: %g is not supported (RoPE over the whole head only)", where,
+                     *where ? "." : "", f);
+        return -1;
+    }
+    return 0;
+}
+
+// RoPE as transformers 4 writes it (rope_theta; rope_scaling, null for plain RoPE) and as 5 does
+// (rope_parameters: {"rope_type": "default", "rope_theta": ...}, no top-level rope_theta). Missing
+// from both: the family's default.
+static int read_rope(const cJSON *root, const mt_family *fam, double *theta) {
+    const cJSON *top, *params, *scaling;
+    if (get_field(root, "rope_theta", &top) != 0 || get_field(root, "rope_parameters", &params) != 0 ||
+        get_field(root, "rope_scaling", &scaling) != 0 || rope_partial_whole(root, "") != 0)
+        return -1;
+    if (get_double(root, "rope_theta", fam->default_rope_theta, theta) != 0) return -1;
+    if (scaling && !cJSON_IsNull(scaling)) {
+        if (!cJSON_IsObject(scaling)) {
+            mt_error_set("rope_scaling: expected an object or null, got %s", json_type_name(scaling));
+            return -1;
+        }
+        if (rope_type_default(scaling, "rope_scaling") != 0) return -1;
+        for (const cJSON *c = scaling->child; c; c = c->next)
+            if (strcmp(c->string, "rope_type") != 0 && strcmp(c->string, "type") != 0) {
+                mt_error_set("rope_scaling.%.40s: not supported with the default RoPE", c->string);
+                return -1;
+            }
+    }
+    if (!params || cJSON_IsNull(params)) return 0;
+    if (!cJSON_IsObject(params)) {
+        mt_error_set("rope_parameters: expected an object, got %s", json_type_name(params));
+        return -1;
+    }
+    if (rope_type_default(params, "rope_parameters") != 0 || rope_partial_whole(params, "rope_parameters") != 0)
+        return -1;
+    for (const cJSON *c = params->child; c; c = c->next)
+        if (strcmp(c->string, "rope_type") != 0 && strcmp(c->string, "rope_theta") != 0 &&
+            strcmp(c->string, "partial_rotary_factor") != 0) {
+            mt_error_set("rope_parameters.%.40s: not understood (moetrain reads rope_type 'default', rope_theta "
+                         "and partial_rotary_factor 1; per-layer-type parameters are not supported)", c->string);
+            return -1;
+        }
+    const cJSON *t;
+    if (get_field(params, "rope_theta", &t) != 0) return -1;
+    if (!t || cJSON_IsNull(t)) return 0;
+    double inner;
+    if (get_double(params, "rope_theta", 0, &inner) != 0) return mt_error_prefix("rope_parameters"), -1;
+    if (top && !cJSON_IsNull(top) && inner != *theta) {
+        mt_error_set("rope_theta (%g) and rope_parameters.rope_theta (%g) disagree", *theta, inner);
+        return -1;
+    }
+    *theta = inner;
+    return 0;
+}
+
+// layer_types (transformers 5): the attention of each layer; moetrain runs every layer with the
+// same attention, so only a list of "full_attention" (or none) is accepted.
+static int read_layer_types(const cJSON *root, const mt_model_config *cfg) {
+    const cJSON *v;
+    if (get_field(root, "layer_types", &v) != 0) return -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != cfg->layers) {
+        mt_error_set("layer_types: expected a list of %lld names (one per layer)", (long long)cfg->layers);
+        return -1;
+    }
+    int i = 0;
+    for (const cJSON *c = v->child; c; c = c->next, i++)
+        if (!cJSON_IsString(c) || strcmp(c->valuestring, "full_attention") != 0) {
+            mt_error_set("layer_types[%d]: %s%.40s%s is not supported (every layer full_attention)", i,
+                         cJSON_IsString(c) ? "'" : "", cJSON_IsString(c) ? c->valuestring : json_type_name(c),
+                         cJSON_IsString(c) ? "'" : "");
+            return -1;
+        }
+    return 0;
+}
+
 static int read_floats(const cJSON *root, mt_model_config *cfg) {
     const mt_family *fam = mt_config_family(cfg);
-    if (get_double(root, "rope_theta", fam->default_rope_theta, &cfg->rope_theta) != 0 ||
+    if (read_rope(root, fam, &cfg->rope_theta) != 0 || read_layer_types(root, cfg) != 0 ||
         get_double(root, "rms_norm_eps", fam->default_rms_eps, &cfg->rms_norm_eps) != 0 ||
         get_double(root, "router_aux_loss_coef", fam->default_aux_coef, &cfg->router_aux_loss_coef) != 0 ||
         (fam->has_jitter && get_double(root, "router_jitter_noise", 0.0, &cfg->router_jitter_noise) != 0) ||
@@ -405,13 +532,6 @@ static int read_family(const cJSON *root, mt_model_config *cfg) {
             return -1;
         }
     }
-    // rope_scaling changes the rotary frequencies, which rope.c does not implement.
-    const cJSON *rs;
-    if (get_field(root, "rope_scaling", &rs) != 0) return -1;
-    if (rs && !cJSON_IsNull(rs)) {
-        mt_error_set("rope_scaling: not supported (only null: plain RoPE)");
-        return -1;
-    }
     return 0;
 }
 
@@ -429,12 +549,13 @@ static const char *torch_dtype_name(mt_dtype t) {
 
 static int read_dtype(const cJSON *root, mt_model_config *cfg) {
     // transformers v5 writes "dtype"; v4 writes "torch_dtype".
-    const char *key = "torch_dtype", *s;
-    if (get_string(root, key, &s) != 0) return -1;
-    if (!s) {
-        key = "dtype";
-        if (get_string(root, key, &s) != 0) return -1;
+    const char *key = "torch_dtype", *s, *s5;
+    if (get_string(root, key, &s) != 0 || get_string(root, "dtype", &s5) != 0) return -1;
+    if (s && s5 && strcmp(s, s5) != 0) {
+        mt_error_set("torch_dtype ('%.40s') and dtype ('%.40s') disagree", s, s5);
+        return -1;
     }
+    if (!s) key = "dtype", s = s5;
     cfg->torch_dtype = MT_BF16;
     if (s && parse_torch_dtype(s, &cfg->torch_dtype) != 0) {
         mt_error_set("%s: unsupported dtype '%.40s' (expected bfloat16, float32 or float16)", key, s);
@@ -484,12 +605,34 @@ static int read_quant(const cJSON *q, mt_model_config *cfg) {
     return 0;
 }
 
+// Every field either read, known not to matter, or refused (model/config_keys.c): a field
+// transformers reads and moetrain ignored would train a different model without a word.
+static int check_fields(const cJSON *root, const mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
+    for (const cJSON *c = root->child; c; c = c->next) {
+        if (mt_config_key_classify(fam, c->string) != MT_CONFIG_KEY_UNKNOWN) continue;
+        char *v = cJSON_PrintUnformatted(c);
+        if (mt_config_allows_unknown()) {
+            mt_warn("config.json: %.60s = %.60s is not a field moetrain knows for %s; ignored (--allow-unknown-config)",
+                    c->string, v ? v : "?", fam->model_type);
+        } else {
+            mt_error_set("%.60s: %.60s is not a field moetrain knows for %s; it may change the model's math, so it is "
+                         "refused rather than ignored (--allow-unknown-config ignores it, at your risk)",
+                         c->string, v ? v : "?", fam->model_type);
+            free(v);
+            return -1;
+        }
+        free(v);
+    }
+    return 0;
+}
+
 static int read_config(const cJSON *root, mt_model_config *cfg) {
     if (!cJSON_IsObject(root)) {
         mt_error_set("expected a JSON object at the top level, got %s", json_type_name(root));
         return -1;
     }
-    if (read_architecture(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
+    if (read_architecture(root, cfg) != 0 || check_fields(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
         read_floats(root, cfg) != 0 || read_family(root, cfg) != 0 || read_dtype(root, cfg) != 0)
         return -1;
     const cJSON *q;

@@ -61,6 +61,13 @@ int mt_model_config_check(const mt_model_config *cfg);
 // Writes config.json in Hugging Face's field names, through a temporary file and rename.
 int mt_model_config_write(const mt_model_config *cfg, const char *path);
 
+// A config.json field for a family: read by moetrain, known not to change a training step, or
+// neither (refused, unless mt_config_allow_unknown(1): --allow-unknown-config, which warns per field).
+typedef enum { MT_CONFIG_KEY_READ, MT_CONFIG_KEY_IGNORED, MT_CONFIG_KEY_UNKNOWN } mt_config_key_class;
+mt_config_key_class mt_config_key_classify(const mt_family *fam, const char *key);
+void mt_config_allow_unknown(int on);
+int mt_config_allows_unknown(void);
+
 // The family description of a config.
 static inline const mt_family *mt_config_family(const mt_model_config *c) { return mt_family_get(c->family); }
 // 1 when layer L has routed experts (router, experts, shared expert), 0 when it is a dense MLP.

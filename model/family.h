@@ -42,6 +42,7 @@ typedef struct mt_family {
     int qkv_bias_default;
     const char *attn_bias_key;  // "attention_bias" (q, k, v and o biases) or NULL
     int has_clip_qkv;           // clip_qkv: q, k, v clamped to ±clip after the q/k norm (OLMoE)
+    int has_sliding_window;     // the attention reads sliding_window (not OLMoE's)
     int has_sliding_flag;       // use_sliding_window gates sliding_window (Qwen)
     int has_jitter;             // router_jitter_noise (Mixtral)
     int64_t default_kv_heads;   // 0: num_attention_heads

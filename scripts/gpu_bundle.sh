@@ -41,10 +41,12 @@ needs="libcublasLt.so.13 libnccl.so.2"
 
 programs=(moetrain moetrain_tests moetrain_bench_gpu moetrain_gpu_probe cuda_parity moetrain_roofline
           tests/mpi/compare_runs)
+log=$build/bundle-build.log
+mkdir -p "$build"
 echo "gpu_bundle: building ${programs[*]} in $build (sm_90a, no MPI)"
 make -j"$jobs" CUDA=1 BUILD="$build" NVCC_ARCH='-gencode=arch=compute_90a,code=sm_90a' MPI_LIBS= MPI_CFLAGS= \
-  TEST_BIN_PATH="$prefix/bin/moetrain" TEST_REPO_ROOT=. "${programs[@]/#/$build/}" >"$build.log" 2>&1 ||
-  { tail -30 "$build.log"; echo "gpu_bundle: build failed (whole log: $build.log)" >&2; exit 1; }
+  TEST_BIN_PATH="$prefix/bin/moetrain" TEST_REPO_ROOT=. "${programs[@]/#/$build/}" >"$log" 2>&1 ||
+  { tail -30 "$log"; echo "gpu_bundle: build failed (whole log: $log)" >&2; exit 1; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -114,12 +114,19 @@ Test(family, class_defaults_when_fields_are_absent) {
     cr_assert_eq(c.dense_intermediate, 6144);
     cr_assert(!c.qkv_bias && !c.o_bias && c.shared_intermediate == 0);
 
-    cr_assert_eq(parse("{\"architectures\": [\"OlmoeForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 8, "
-                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"num_experts\": 4, "
-                       "\"num_experts_per_tok\": 2, \"vocab_size\": 60000, \"head_dim\": 7}", &c), 0, "%s",
-                 mt_error_get());
+#define OLMOE_NO_HEAD_DIM "{\"architectures\": [\"OlmoeForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 8, " \
+                          "\"num_hidden_layers\": 2, \"num_attention_heads\": 16, \"num_experts\": 4, " \
+                          "\"num_experts_per_tok\": 2, \"vocab_size\": 60000"
+    // OLMoE's head_dim: transformers 4 ignores it, 5 reads it. Equal to hidden/heads both agree;
+    // otherwise the config means two models and is refused.
+    cr_assert_eq(parse(OLMOE_NO_HEAD_DIM ", \"head_dim\": 4}", &c), 0, "%s", mt_error_get());
+    cr_assert_eq(c.head_dim, 4);
+    cr_assert_neq(parse(OLMOE_NO_HEAD_DIM ", \"head_dim\": 7}", &c), 0);
+    cr_assert(strstr(mt_error_get(), "head_dim: 7") && strstr(mt_error_get(), "transformers 5 reads it"), "%s",
+              mt_error_get());
+    cr_assert_eq(parse(OLMOE_NO_HEAD_DIM "}", &c), 0, "%s", mt_error_get());
     cr_assert_eq(c.kv_heads, 16, "OLMoE: num_key_value_heads defaults to the heads");
-    cr_assert_eq(c.head_dim, 4, "OLMoE ignores head_dim");
+    cr_assert_eq(c.head_dim, 4);
     cr_assert_float_eq(c.router_aux_loss_coef, 0.01, 0);
     cr_assert_eq(c.eos_token_id, 50279);
     cr_assert_eq(c.max_positions, 4096);

@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/yaml.h"
+#include "model/config.h"  // --allow-unknown-config
 #include "quant/quant.h"  // quantization targets and blocksizes
 
 typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_F64, OPT_BOOL, OPT_BYTES, OPT_SPECIAL } opt_type;
@@ -86,6 +87,9 @@ static const opt_def opt_table[] = {
      "adapter layout train writes: v4 (transformers 4.x, per-expert w1/w2/w3) | v5 (transformers 5.x, fused "
      "experts) | auto (the transformers_version in --model's config.json; v5 when none)"},
     {"verbose", OPT_BOOL, F(verbose), 0, "train: print the planner's full memory block"},
+    {"allow-unknown-config", OPT_BOOL, F(allow_unknown_config), 0,
+     "read a config.json with fields moetrain does not know (each warned and ignored; the model may differ "
+     "from transformers')"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "generate: the prompt text"},
     {"max-new-tokens", OPT_INT, F(max_new_tokens), 0, "generate: tokens to produce"},
     {"temperature", OPT_F64, F(temperature), 0, "generate: sampling temperature (0: greedy)"},
@@ -407,6 +411,7 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
         if (strcmp(d->key, "config") == 0) continue;  // loaded in pass 1
         if (mt_run_opts_set(o, d->key, value) != 0) return -1;
     }
+    mt_config_allow_unknown(o->allow_unknown_config);  // before any command reads a config.json
     return 0;
 }
 

@@ -78,6 +78,7 @@ typedef struct mt_run_opts {
     char save_tokens[1024];   // eval: also write the rows it reads as a token file (MTTOK1)
     char peft_format[8];      // adapter layout written: v4 | v5 | auto (lora/peft.h)
     int verbose;              // train: the planner's full block
+    int allow_unknown_config; // config.json fields moetrain does not know: warned and ignored
     char prompt[4096];
     int max_new_tokens;
     double temperature;       // 0: greedy

@@ -13,12 +13,13 @@
 static void init_usage(FILE *out) {
     fprintf(out,
             "usage: moetrain init --config CONFIG.json --out DIR [--seed N] [--dtype bf16|f32|f16]\n"
-            "                     [--shard-size SIZE]\n\n"
+            "                     [--shard-size SIZE] [--allow-unknown-config]\n\n"
             "Writes DIR/config.json and the weights (norms 1, everything else N(0, initializer_range))\n"
             "as model.safetensors, or as model-0000i-of-0000N.safetensors shards with\n"
             "model.safetensors.index.json when larger than --shard-size (default 5GB, as\n"
             "transformers' save_pretrained). The same seed gives the same bytes whatever the sharding.\n"
-            "Defaults: --seed 42, --dtype config.json's torch_dtype (bf16 when it names none).\n");
+            "Defaults: --seed 42, --dtype config.json's torch_dtype (bf16 when it names none).\n"
+            "--allow-unknown-config: config fields moetrain does not know are warned and ignored, not refused.\n");
 }
 
 typedef struct {
@@ -43,6 +44,10 @@ int cmd_init(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { init_usage(stdout); return MT_EXIT_OK; }
+        if (strcmp(a, "--allow-unknown-config") == 0) {  // the one flag without a value
+            mt_config_allow_unknown(1);
+            continue;
+        }
         size_t k = 0;
         while (k < MT_ARRAY_LEN(known) && strcmp(a, known[k]) != 0) k++;
         if (k == MT_ARRAY_LEN(known)) {
