@@ -121,7 +121,7 @@ void mt_prof_step_end(mt_backend *be) {
     P.depth = 0;
 }
 
-void mt_prof_push2(const char *name, const char *alt) {
+void mt_prof_push2_on(const char *name, const char *alt) {
     if (!mt_prof_active) return;
     if (P.depth == MT_PROF_DEPTH) mt_fatal(MT_EXIT_ERROR, "profile: regions nested deeper than %d at %s", MT_PROF_DEPTH, name);
     int row = row_of(name, P.phase);
@@ -129,13 +129,13 @@ void mt_prof_push2(const char *name, const char *alt) {
     transition(row);
 }
 
-void mt_prof_push_alt(void) {
+void mt_prof_push_alt_on(void) {
     if (!mt_prof_active) return;
     const frame *f = &P.stack[P.depth - 1];
-    mt_prof_push2(f->alt ? f->alt : P.t.row[f->row].name, NULL);
+    mt_prof_push2_on(f->alt ? f->alt : P.t.row[f->row].name, NULL);
 }
 
-void mt_prof_pop(void) {
+void mt_prof_pop_on(void) {
     if (!mt_prof_active) return;
     if (P.depth <= 1) mt_fatal(MT_EXIT_ERROR, "profile: a region popped that was never pushed");
     P.depth--;
@@ -153,29 +153,29 @@ char mt_prof_set_phase(char phase) {
     return old;
 }
 
-void mt_prof_count(double flops, double bytes) {
+void mt_prof_count_on(double flops, double bytes) {
     if (!mt_prof_active) return;
     mt_prof_row *r = &P.t.row[P.stack[P.depth - 1].row];
     r->calls++, r->flops += flops, r->bytes += bytes;
 }
 
-void mt_prof_count_untimed(const char *name, double flops, double bytes) {
+void mt_prof_count_untimed_on(const char *name, double flops, double bytes) {
     if (!mt_prof_active) return;
     mt_prof_row *r = &P.t.row[row_of(name, P.phase)];
     r->calls++, r->flops += flops, r->bytes += bytes, r->untimed = 1;
 }
 
-void mt_prof_wait_begin(double bytes) {
+void mt_prof_wait_begin_on(double bytes) {
     if (!mt_prof_active) return;
-    mt_prof_push2(HOST_WAITS, NULL);
-    mt_prof_count(0, bytes);
+    mt_prof_push2_on(HOST_WAITS, NULL);
+    mt_prof_count_on(0, bytes);
     P.wait_t0_ms = host_ms();
 }
 
-void mt_prof_wait_end(void) {
+void mt_prof_wait_end_on(void) {
     if (!mt_prof_active) return;
     P.t.row[P.stack[P.depth - 1].row].host_ms += host_ms() - P.wait_t0_ms;
-    mt_prof_pop();
+    mt_prof_pop_on();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -65,23 +65,45 @@ int mt_prof_step_begin(mt_backend *be);
 void mt_prof_step_end(mt_backend *be);
 
 // Regions. push makes (name, current phase) current until its pop; alt is the name the region's
-// adapter part takes (a Linear's LoRA: mt_prof_push_alt), NULL for the same name.
-void mt_prof_push2(const char *name, const char *alt);
-static inline void mt_prof_push(const char *name) {
-    if (mt_prof_active) mt_prof_push2(name, NULL);
+// adapter part takes (a Linear's LoRA: mt_prof_push_alt), NULL for the same name. Each hook is
+// inline: one branch on mt_prof_active when off; the *_on functions do the work.
+void mt_prof_push2_on(const char *name, const char *alt);
+void mt_prof_push_alt_on(void);
+void mt_prof_pop_on(void);
+void mt_prof_count_on(double flops, double bytes);
+void mt_prof_count_untimed_on(const char *name, double flops, double bytes);
+void mt_prof_wait_begin_on(double bytes);
+void mt_prof_wait_end_on(void);
+static inline void mt_prof_push2(const char *name, const char *alt) {
+    if (mt_prof_active) mt_prof_push2_on(name, alt);
 }
-void mt_prof_pop(void);
+static inline void mt_prof_push(const char *name) {
+    if (mt_prof_active) mt_prof_push2_on(name, NULL);
+}
 // Pushes the innermost region's alt name (its own name when it has none).
-void mt_prof_push_alt(void);
+static inline void mt_prof_push_alt(void) {
+    if (mt_prof_active) mt_prof_push_alt_on();
+}
+static inline void mt_prof_pop(void) {
+    if (mt_prof_active) mt_prof_pop_on();
+}
+// Adds one call's work to the current region.
+static inline void mt_prof_count(double flops, double bytes) {
+    if (mt_prof_active) mt_prof_count_on(flops, bytes);
+}
+// Adds work that runs inside another region's kernels to row (name, current phase), no time.
+static inline void mt_prof_count_untimed(const char *name, double flops, double bytes) {
+    if (mt_prof_active) mt_prof_count_untimed_on(name, flops, bytes);
+}
+// Host waits (core/backend_cuda.cu): begin before the copy or synchronize, end after it returns.
+static inline void mt_prof_wait_begin(double bytes) {
+    if (mt_prof_active) mt_prof_wait_begin_on(bytes);
+}
+static inline void mt_prof_wait_end(void) {
+    if (mt_prof_active) mt_prof_wait_end_on();
+}
 // The phase of regions pushed from now on; returns the previous one (to restore it).
 char mt_prof_set_phase(char phase);
-// Adds one call's work to the current region.
-void mt_prof_count(double flops, double bytes);
-// Adds work that runs inside another region's kernels to row (name, current phase), no time.
-void mt_prof_count_untimed(const char *name, double flops, double bytes);
-// Host waits (core/backend_cuda.cu): begin before the copy or synchronize, end after it returns.
-void mt_prof_wait_begin(double bytes);
-void mt_prof_wait_end(void);
 
 // The table of the steps profiled since mt_prof_reset (sums; the printers divide by steps).
 const mt_prof_table *mt_prof_table_get(void);
