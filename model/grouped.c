@@ -9,6 +9,7 @@
 #include "model/grouped.h"
 #include "model/grouped_cuda.h"
 
+#ifdef MT_CUDA  // only a cuda launch is profiled
 // MT_PROFILE: the launch's work from the real rows of each expert. C = A·op(W): 2·n_e·K·N per
 // expert with a W; bytes: A's rows, C's (read too when accumulated), W (4-bit as stored, or
 // bf16). A 4-bit W is dequantized inside the kernel once per 64-row tile of its expert
@@ -43,6 +44,7 @@ static void profile_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_te
     }
     mt_prof_count(flops, bytes);
 }
+#endif
 
 // Backend kind of a call, refusing the cpu.
 static int kind_ok(const mt_tensor *t, const char *fn) {
