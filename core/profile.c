@@ -94,6 +94,7 @@ int mt_prof_step_begin(mt_backend *be) {
     P.stream = mt_prof_cuda_stream(be);
     if (!P.stream) return -1;
     P.t.emulated = mt_prof_cuda_emulated();
+    mt_prof_cuda_reserve(MT_MAX(1024, P.n_ev + P.n_ev / 4));  // the last step's changes, and room
     mt_prof_cuda_sync(P.stream);  // not a host wait of the step: before it
     P.t0_ms = host_ms();
     P.n_ev = 0, P.depth = 0, P.cur = -2;
@@ -290,6 +291,7 @@ void *mt_prof_cuda_stream(mt_backend *be) {
     mt_error_set("profile: built without CUDA");
     return NULL;
 }
+void mt_prof_cuda_reserve(int n) { (void)n; }
 void mt_prof_cuda_record(void *stream, int index) { (void)stream, (void)index; }
 float mt_prof_cuda_elapsed(int from, int to) { return (void)from, (void)to, 0.0f; }
 void mt_prof_cuda_sync(void *stream) { (void)stream; }

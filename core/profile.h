@@ -115,6 +115,7 @@ int mt_prof_write_json(const char *path, const char *title);
 
 // For core/profile_cuda.cu: the event timeline of the profiler (core/profile.c).
 void *mt_prof_cuda_stream(mt_backend *be);
+void mt_prof_cuda_reserve(int n);                     // at least n events created
 void mt_prof_cuda_record(void *stream, int index);   // event `index` (grown as needed)
 float mt_prof_cuda_elapsed(int from, int to);        // ms between two recorded events
 void mt_prof_cuda_sync(void *stream);

@@ -13,13 +13,16 @@ static int n_events;
 
 extern "C" void *mt_prof_cuda_stream(mt_backend *be) { return mt_cuda_backend_stream(be); }
 
+// At least n events (mt_prof_step_begin asks before its clock starts, so that a step creates none).
+extern "C" void mt_prof_cuda_reserve(int n) {
+    if (n <= n_events) return;
+    events = (cudaEvent_t *)mt_xrealloc(events, (size_t)n * sizeof *events);
+    for (int i = n_events; i < n; i++) MT_CHECK_CUDA(cudaEventCreate(&events[i]));
+    n_events = n;
+}
+
 extern "C" void mt_prof_cuda_record(void *stream, int index) {
-    if (index >= n_events) {
-        int n = index < 512 ? 1024 : 2 * index;
-        events = (cudaEvent_t *)mt_xrealloc(events, (size_t)n * sizeof *events);
-        for (int i = n_events; i < n; i++) MT_CHECK_CUDA(cudaEventCreate(&events[i]));
-        n_events = n;
-    }
+    if (index >= n_events) mt_prof_cuda_reserve(2 * index + 1);  // more changes than the last step
     MT_CHECK_CUDA(cudaEventRecord(events[index], (cudaStream_t)stream));
 }
 
