@@ -25,6 +25,7 @@
 #include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/profile.h"
 
 enum {
     CUDA_WORKSPACE_BYTES = 32 << 20,  // cuBLASLt workspace (Hopper kernels want up to 32 MiB)
@@ -166,8 +167,10 @@ static void cuda_upload(mt_backend *be, void *dst, const void *host_src, size_t 
 static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     cuda_ctx *cx = cuda_enter(be);
+    if (mt_prof_active) mt_prof_wait_begin((double)bytes);  // the copy and the wait: the host's
     MT_CHECK_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    if (mt_prof_active) mt_prof_wait_end();
     be->host_syncs++;
 }
 
@@ -190,7 +193,9 @@ static void cuda_scale_op(mt_backend *be, void *x, mt_dtype dtype, size_t n, flo
 
 static void cuda_synchronize(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);
+    if (mt_prof_active) mt_prof_wait_begin(0);
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
+    if (mt_prof_active) mt_prof_wait_end();
     be->host_syncs++;
 }
 
@@ -451,6 +456,10 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
         else if (beta != 1.0f) scale_cuda(cx, c->data, c->dtype, (size_t)(m * n), beta);
         return 0;
     }
+    if (mt_prof_active)  // 2·M·N·K; a, b read once, c written (and read when accumulated)
+        mt_prof_count(2.0 * (double)m * (double)n * (double)k,
+                      (double)mt_dtype_bytes(a->dtype, (size_t)(m * k)) + (double)mt_dtype_bytes(b->dtype, (size_t)(k * n)) +
+                          (double)mt_dtype_bytes(c->dtype, (size_t)(m * n)) * (beta != 0.0f ? 2 : 1));
     matmul_key key;
     memset(&key, 0, sizeof key);
     key.m_bucket = key.k_bucket = 1;

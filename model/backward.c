@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/model_internal.h"
 #include "model/ops.h"
 #include "moe/moe.h"
@@ -90,7 +91,9 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
         if (run && m->z_coef != 0.0f && m->z_rows)
             mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
+        mt_prof_push2("router GEMM (dx)", "LoRA gate");
         mt_linear_backward(&ly->gate, need->dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);
+        mt_prof_pop();
         step_unwork(m, &dlogits);
     }
     step_unwork(m, &dweights);
@@ -131,7 +134,9 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     int want_datt = want_dln1 || qkv_trains(ly);
     mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
     if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
+    mt_prof_push2("o GEMM (dx)", "LoRA q,k,v,o");
     mt_linear_backward(&ly->o, want_datt ? &datt : NULL, dx, a->att, a->xa_o, NULL);
+    mt_prof_pop();
     if (!want_datt) return;
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
@@ -165,9 +170,11 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         if (ly->bias[i]) mt_bias_backward(m, A(ly->dbias[i]), dqkv[i]->data, T, dqkv[i]->shape[1]);
     mt_tensor dln1 = want_dln1 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
     const mt_tensor *d1 = want_dln1 ? &dln1 : NULL;
+    mt_prof_push2("q,k,v GEMMs (dx)", "LoRA q,k,v,o");
     mt_linear_backward(&ly->q, d1, &dq, a->ln1, a->xa_q, NULL);
     mt_linear_backward(&ly->k, d1, &dk, a->ln1, a->xa_k, NULL);
     mt_linear_backward(&ly->v, d1, &dv, a->ln1, a->xa_v, NULL);
+    mt_prof_pop();
     step_unwork(m, &dq), step_unwork(m, &dk), step_unwork(m, &dv);
     if (!want_dln1) return;
     if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln1), dln1.data, A(kp->x), A(ly->ln1), F(a->rstd1), T, H);
@@ -178,11 +185,17 @@ void mt_model_backward(mt_model *m) {
     const mt_model_config *c = &m->cfg;
     int T = m->B * m->S, H = (int)c->hidden, run = !m->counting;
     mt_dtype adt = act_dtype(m);
+    char phase = mt_prof_set_phase(MT_PROF_BWD);
     // The loss's gradient of xf: made by a training forward (scaled here), or the logits
     // recomputed a chunk at a time, never [T, V] whole.
     mt_tensor *early = m->dxf_early;
     mt_tensor dxf = early ? mt_view2(m->be, early->data, early->dtype, T, H, 0) : step_work(m, adt, T, H, 1);
-    if (early && run && m->ce_count) m->be->ops->scale(m->be, early->data, early->dtype, (size_t)T * H, 1.0f / (float)m->ce_count);
+    if (early && run && m->ce_count) {
+        mt_prof_push("loss gradient scale");  // by 1/count, known only after the forward
+        mt_prof_count((double)T * H, 2.0 * (double)mt_dtype_bytes(early->dtype, (size_t)T * H));
+        m->be->ops->scale(m->be, early->data, early->dtype, (size_t)T * H, 1.0f / (float)m->ce_count);
+        mt_prof_pop();
+    }
     if (!early) mt_model_loss_backward(m, &dxf);
     mt_tensor dx = step_work(m, adt, T, H, 1);
     if (run) mt_op_rmsnorm_backward(m, dx.data, A(m->dnorm), dxf.data, A(m->x_final), A(m->norm), F(m->rstdf), T, H);
@@ -196,6 +209,7 @@ void mt_model_backward(mt_model *m) {
     }
     if (run && m->dembed) mt_op_embedding_backward(m, A(m->dembed), dx.data, m->step_tokens, T, H);
     step_unwork(m, &dx);
+    mt_prof_set_phase(phase);
 }
 
 static void zero(mt_backend *be, mt_tensor *t) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/model_internal.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
@@ -30,52 +31,81 @@
     } while (0)
 #endif
 
+// MT_PROFILE (core/profile.h): `body` as a region of the step's profile named after
+// scripts/step_model.h's op, with its FLOPs and bytes (step_model's conventions; AB: bytes of a
+// stored activation element), evaluated only when a profiled step runs.
+#define PROFILED(name, flops, bytes, ...)                   \
+    do {                                                    \
+        if (mt_prof_active) {                               \
+            mt_prof_push2_on(name, NULL);                   \
+            mt_prof_count_on((double)(flops), (double)(bytes)); \
+        }                                                   \
+        __VA_ARGS__;                                        \
+        mt_prof_pop();                                      \
+    } while (0)
+#define AB(m) ((double)mt_dtype_bytes(act_dtype(m), 1))
+
 void mt_op_embedding_forward(mt_model *m, mt_act *out, const int32_t *tokens, const mt_act *wte, int T, int H) {
-    DISPATCH(m, embedding_forward_cpu(out, tokens, wte, T, H), embedding_forward_cuda(m->be, out, tokens, wte, T, H));
+    PROFILED("embedding", 0, 2 * AB(m) * T * H, {
+        DISPATCH(m, embedding_forward_cpu(out, tokens, wte, T, H), embedding_forward_cuda(m->be, out, tokens, wte, T, H));
+    });
 }
 
 void mt_op_embedding_backward(mt_model *m, mt_act *dwte, const mt_act *dout, const int32_t *tokens, int T, int H) {
-    DISPATCH(m, embedding_backward_cpu(dwte, dout, tokens, T, H),
-             embedding_backward_cuda(m->be, dwte, dout, tokens, T, H));
+    PROFILED("embedding", 0, 3 * AB(m) * T * H, {
+        DISPATCH(m, embedding_backward_cpu(dwte, dout, tokens, T, H),
+                 embedding_backward_cuda(m->be, dwte, dout, tokens, T, H));
+    });
 }
 
 void mt_op_rmsnorm_forward(mt_model *m, mt_act *y, float *rstd, const mt_act *x, const mt_act *w, int T, int H,
                            float eps) {
-    DISPATCH(m, rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps), rmsnorm_forward_cuda(m->be, y, rstd, x, w, T, H, eps));
+    PROFILED("rmsnorm", 4.0 * T * H, 2 * AB(m) * T * H + 4.0 * T, {
+        DISPATCH(m, rmsnorm_forward_cpu(y, rstd, x, w, T, H, eps), rmsnorm_forward_cuda(m->be, y, rstd, x, w, T, H, eps));
+    });
 }
 
 void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *dy, const mt_act *x, const mt_act *w,
                             const float *rstd, int T, int H) {
-    DISPATCH(m, rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H),
-             rmsnorm_backward_cuda(m->be, dx, dw, dy, x, w, rstd, T, H));
+    PROFILED("rmsnorm", 6.0 * T * H, 4 * AB(m) * T * H + 4.0 * T, {
+        DISPATCH(m, rmsnorm_backward_cpu(dx, dw, dy, x, w, rstd, T, H),
+                 rmsnorm_backward_cuda(m->be, dx, dw, dy, x, w, rstd, T, H));
+    });
 }
 
 void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward) {
-    if (backward)
-        DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, x, pos, T, nh, hd, theta));
-    else
-        DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, x, pos, T, nh, hd, theta));
+    PROFILED("rope (q, k)", 3.0 * T * nh * hd, 2 * AB(m) * T * nh * hd, {
+        if (backward)
+            DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, x, pos, T, nh, hd, theta));
+        else
+            DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, x, pos, T, nh, hd, theta));
+    });
 }
 
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
-    DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
-             attention_forward_cuda(m->be, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
+    PROFILED("attention fwd (wmma bf16)", 2.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (2 * nh + 2 * nkv) * hd) + 4.0 * B * S * nh, {
+        DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
+                 attention_forward_cuda(m->be, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
+    });
 }
 
 void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout, const mt_act *q,
                               const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
-    DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
-             attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
+    PROFILED("attention bwd (wmma bf16)", 7.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (4 * nh + 4 * nkv) * hd) + 8.0 * B * S * nh, {
+        DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
+                 attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
+    });
 }
 
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V) {
     double sum = 0.0;
     int64_t unused;  // the CPU twin always counts
-    DISPATCH(m, sum = cross_entropy_cpu(dlogits, dscale, count ? count : &unused, logits, targets, T, V, -100),
-             sum = cross_entropy_cuda(m->be, dlogits, dscale, count, logits, targets, T, V, -100));
+    PROFILED("cross-entropy gradient", 3.0 * T * V, 8.0 * T * V,
+             DISPATCH(m, sum = cross_entropy_cpu(dlogits, dscale, count ? count : &unused, logits, targets, T, V, -100),
+                      sum = cross_entropy_cuda(m->be, dlogits, dscale, count, logits, targets, T, V, -100)));
     return sum;
 }
 
@@ -87,8 +117,10 @@ void mt_op_ce_acc_start(mt_model *m, void *acc, int rows) {
 }
 
 void mt_op_ce_acc_add(mt_model *m, void *acc, int rows, const float *logits, int64_t row0, int n, int V) {
-    DISPATCH(m, (void)logits, cross_entropy_acc_add(m->be, acc, rows, logits, m->step_targets + row0, row0, n, V, -100));
-    (void)acc, (void)rows, (void)row0, (void)n, (void)V;
+    PROFILED("lm_head GEMM + loss", 3.0 * n * V, 4.0 * n * V, {
+        DISPATCH(m, (void)logits, cross_entropy_acc_add(m->be, acc, rows, logits, m->step_targets + row0, row0, n, V, -100));
+        (void)acc, (void)rows, (void)row0, (void)n, (void)V;
+    });
 }
 
 double mt_op_ce_acc_finish(mt_model *m, void *acc, int rows, int V, int64_t *count) {
@@ -100,23 +132,29 @@ double mt_op_ce_acc_finish(mt_model *m, void *acc, int rows, int V, int64_t *cou
 }
 
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n) {
-    float *yf = y;
-    const float *af = a, *bf = b;
-    DISPATCH(m, for (int64_t i = 0; i < n; i++) yf[i] = af[i] + bf[i], mt_add_cuda(m->be, y, a, b, n));
+    PROFILED("residual adds", n, 3 * AB(m) * n, {
+        float *yf = y;
+        const float *af = a, *bf = b;
+        DISPATCH(m, for (int64_t i = 0; i < n; i++) yf[i] = af[i] + bf[i], mt_add_cuda(m->be, y, a, b, n));
+    });
 }
 
 void mt_op_router_forward(mt_model *m, int32_t *ids, float *weights, float *probs, const float *logits, int T,
                           int E, int k) {
-    int norm = m->cfg.norm_topk_prob;
-    DISPATCH(m, router_forward_cpu(ids, weights, probs, logits, T, E, k, norm),
-             router_forward_cuda(m->be, ids, weights, probs, logits, T, E, k, norm));
+    PROFILED("router GEMM + top-k", 0, 4.0 * 2 * T * E + 8.0 * T * k, {
+        int norm = m->cfg.norm_topk_prob;
+        DISPATCH(m, router_forward_cpu(ids, weights, probs, logits, T, E, k, norm),
+                 router_forward_cuda(m->be, ids, weights, probs, logits, T, E, k, norm));
+    });
 }
 
 void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, const float *probs,
                            const int32_t *ids, const float *weights, int T, int E, int k) {
-    int norm = m->cfg.norm_topk_prob;
-    DISPATCH(m, router_backward_cpu(dlogits, dweights, probs, ids, weights, T, E, k, norm),
-             router_backward_cuda(m->be, dlogits, dweights, probs, ids, weights, T, E, k, norm));
+    PROFILED("router GEMM (dx)", 0, 4.0 * 3 * T * E + 8.0 * T * k, {
+        int norm = m->cfg.norm_topk_prob;
+        DISPATCH(m, router_backward_cpu(dlogits, dweights, probs, ids, weights, T, E, k, norm),
+                 router_backward_cuda(m->be, dlogits, dweights, probs, ids, weights, T, E, k, norm));
+    });
 }
 
 // The chosen probabilities of recorded choices, renormalised when norm (replay of a recomputed
@@ -133,15 +171,19 @@ static void weights_of_choices_cpu(float *weights, const float *probs, const int
 
 void mt_op_weights_of_choices(mt_model *m, float *weights, const float *probs, const int32_t *ids, int T, int E,
                               int k) {
-    DISPATCH(m, weights_of_choices_cpu(weights, probs, ids, T, E, k, m->cfg.norm_topk_prob),
-             moe_weights_of_choices_cuda(m->be, weights, probs, ids, T, E, k, m->cfg.norm_topk_prob));
+    PROFILED("router GEMM + top-k", 0, 4.0 * T * E + 8.0 * T * k, {
+        DISPATCH(m, weights_of_choices_cpu(weights, probs, ids, T, E, k, m->cfg.norm_topk_prob),
+                 moe_weights_of_choices_cuda(m->be, weights, probs, ids, T, E, k, m->cfg.norm_topk_prob));
+    });
 }
 
 // The aux statistics: m->aux on the CPU; on CUDA a device copy (m->aux_dev) that layers add to,
 // brought to m->aux once per forward (mt_op_aux_finish).
 void mt_op_aux_accumulate(mt_model *m, const float *probs, const int32_t *ids, const uint8_t *mask, int T) {
-    DISPATCH(m, moe_aux_accumulate_cpu(&m->aux, probs, ids, mask, T),
-             moe_aux_accumulate_cuda(m->be, (double *)m->aux_dev->data, probs, ids, mask, T, m->aux.E, m->aux.k));
+    PROFILED("router GEMM + top-k", 0, 4.0 * T * m->aux.E + 4.0 * T * m->aux.k, {
+        DISPATCH(m, moe_aux_accumulate_cpu(&m->aux, probs, ids, mask, T),
+                 moe_aux_accumulate_cuda(m->be, (double *)m->aux_dev->data, probs, ids, mask, T, m->aux.E, m->aux.k));
+    });
 }
 
 void mt_op_aux_start(mt_model *m) {
@@ -167,21 +209,27 @@ void mt_op_aux_upload(mt_model *m) {
 }
 
 void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *probs, const uint8_t *mask, int T) {
-    DISPATCH(m, moe_aux_backward_cpu(dlogits, coef, &m->aux, probs, mask, T),
-             moe_aux_backward_cuda(m->be, dlogits, coef, (const double *)m->aux_dev->data, probs, mask, T, m->aux.E));
+    PROFILED("router GEMM (dx)", 0, 4.0 * 2 * T * m->aux.E, {
+        DISPATCH(m, moe_aux_backward_cpu(dlogits, coef, &m->aux, probs, mask, T),
+                 moe_aux_backward_cuda(m->be, dlogits, coef, (const double *)m->aux_dev->data, probs, mask, T, m->aux.E));
+    });
 }
 
 // The z-loss statistics: m->z_sum / m->z_rows on the CPU; on CUDA two more doubles of aux_dev,
 // brought back with the aux statistics (no host wait per layer).
 void mt_op_zloss_accumulate(mt_model *m, const float *logits, const uint8_t *mask, int T, int E) {
-    DISPATCH(m, m->z_sum += moe_zloss_sum_cpu(&m->z_rows, logits, mask, T, E),
-             moe_zloss_accumulate_cuda(m->be, (double *)m->aux_dev->data, logits, mask, T, E));
+    PROFILED("router GEMM + top-k", 0, 4.0 * T * E, {
+        DISPATCH(m, m->z_sum += moe_zloss_sum_cpu(&m->z_rows, logits, mask, T, E),
+                 moe_zloss_accumulate_cuda(m->be, (double *)m->aux_dev->data, logits, mask, T, E));
+    });
 }
 
 void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float *logits, const uint8_t *mask, int T,
                           int E) {
-    DISPATCH(m, moe_zloss_backward_cpu(dlogits, dscale, logits, mask, T, E),
-             moe_zloss_backward_cuda(m->be, dlogits, dscale, logits, mask, T, E));
+    PROFILED("router GEMM (dx)", 0, 4.0 * 2 * T * E, {
+        DISPATCH(m, moe_zloss_backward_cpu(dlogits, dscale, logits, mask, T, E),
+                 moe_zloss_backward_cuda(m->be, dlogits, dscale, logits, mask, T, E));
+    });
 }
 
 // Layer L's expert order from its recorded choices, and the host copy of the offsets that the
@@ -193,8 +241,8 @@ void mt_op_permute(mt_model *m, int L) {
     const int32_t *ids = kp->ids->data;
     if (ON_CUDA(m)) {
 #ifdef MT_CUDA
-        moe_permute_cuda(m->be, order, offsets, NULL, ids, T, E, k);
-        mt_tensor_download(kp->offsets, kp->host_offsets);
+        PROFILED("permute/gather + combine", 0, 8.0 * T * k + 4.0 * (E + 1), moe_permute_cuda(m->be, order, offsets, NULL, ids, T, E, k));
+        mt_tensor_download(kp->offsets, kp->host_offsets);  // a host wait of its own in the profile
 #endif
     } else {
         moe_permute_cpu(order, offsets, NULL, ids, T, E, k);
@@ -204,23 +252,31 @@ void mt_op_permute(mt_model *m, int L) {
 }
 
 void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k) {
-    DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, xs, x, order, n, H, k));
+    PROFILED("permute/gather + combine", 0, 2 * AB(m) * n * H, {
+        DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, xs, x, order, n, H, k));
+    });
 }
 
 void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k) {
-    DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
+    PROFILED("permute/gather + combine", (double)n * H, AB(m) * (n * (double)H + 2.0 * n / k * H), {
+        DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
+    });
 }
 
 void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n, int H,
                    int k) {
-    DISPATCH(m, moe_combine_cpu(out, ys, weights, order, n, H, k),
-             moe_combine_cuda(m->be, out, ys, weights, order, n, H, k));
+    PROFILED("permute/gather + combine", 2.0 * n * H, AB(m) * (n * (double)H + 2.0 * n / k * H) + 4.0 * n, {
+        DISPATCH(m, moe_combine_cpu(out, ys, weights, order, n, H, k),
+                 moe_combine_cuda(m->be, out, ys, weights, order, n, H, k));
+    });
 }
 
 void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_act *dout, const mt_act *ys,
                             const float *weights, const int32_t *order, int n, int H, int k) {
-    DISPATCH(m, moe_combine_backward_cpu(dys, dweights, dout, ys, weights, order, n, H, k),
-             moe_combine_backward_cuda(m->be, dys, dweights, dout, ys, weights, order, n, H, k));
+    PROFILED("permute/gather + combine", (dys ? 1.0 : 0.0) * n * H + (dweights ? 2.0 : 0.0) * n * H, AB(m) * ((dys ? 1.0 : 0.0) * n * H + (dweights ? (double)n * H : 0.0) + (double)n / k * H) + 8.0 * n, {
+        DISPATCH(m, moe_combine_backward_cpu(dys, dweights, dout, ys, weights, order, n, H, k),
+                 moe_combine_backward_cuda(m->be, dys, dweights, dout, ys, weights, order, n, H, k));
+    });
 }
 
 // The CPU's SwiGLU of split g, u [n] (its experts run w1 and w3 apart).
@@ -237,11 +293,15 @@ void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, c
 
 // The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM).
 void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f) {
-    DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
+    PROFILED("SwiGLU", 8.0 * rows * f, 3 * AB(m) * rows * f, {
+        DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
+    });
 }
 
 void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows, int64_t f) {
-    DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f), swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
+    PROFILED("SwiGLU", 12.0 * rows * f, 5 * AB(m) * rows * f, {
+        DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f), swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
+    });
 }
 
 // dst [n] = src [n] rounded to the step's storage (an fp32 gradient about to feed a GEMM).

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/grouped.h"
 #include "model/model_internal.h"
 
@@ -89,10 +90,20 @@ static void gemm_tn(const group *gr, mt_grouped g, mt_tensor **grads, const mt_t
 
 // c = a·op(W_e) + beta·c with each expert's own base weight (4-bit or dense; an expert another
 // EP rank holds has neither, and no rows).
+// The profile's rows (scripts/step_model.h's names): trans is the forward's a·Wᵀ, else dx = dy·W.
+static const char *base_row(int which, int trans) {
+    if (which == W2) return trans ? "expert GEMM w2 (grouped)" : "expert GEMM w2 (dx, grouped)";
+    return trans ? "expert GEMMs w1, w3 (grouped)" : "expert GEMMs w1, w3 (dx, grouped)";
+}
+
+static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (grouped)";
+
 static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     for (int e = 0; e < gr->E; e++) gr->q[e] = l[e].q, gr->w[e] = l[e].q ? NULL : l[e].w;
+    mt_prof_push(base_row(which, trans));
     gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
+    mt_prof_pop();
 }
 
 // The experts' LoRAs of Linear `which`: the first one (all share r, scale and dropout: one run's
@@ -121,9 +132,11 @@ static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tens
     const mt_lora *lo = loras(gr, which, 0);
     if (!lo) return;
     mt_grouped g = dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1});
+    mt_prof_push(LORA_ROW);
     gemm(gr, g, xa, x);
     loras(gr, which, 1);
     gemm(gr, (mt_grouped){.w = gr->w, .trans = 1, .alpha = lo->scale, .beta = 1.0f}, y, xa);
+    mt_prof_pop();
 }
 
 // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
@@ -134,11 +147,13 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
     if (!lo) return 0;
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    mt_prof_push(LORA_ROW);
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
     gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
     gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
     gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
+    mt_prof_pop();
     return 1;
 }
 
@@ -147,7 +162,9 @@ static void lora_dx(group *gr, int which, const mt_tensor *dx, const mt_tensor *
     const mt_lora *lo = loras(gr, which, 0);
     if (!lo || !dx) return;
     mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    mt_prof_push(LORA_ROW);
     gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = 1.0f}), dx, &dxa);
+    mt_prof_pop();
 }
 
 // A trainable (unfrozen) expert's dW += dyᵀ·x; frozen ones are skipped.
@@ -155,7 +172,10 @@ static void weight_grads(group *gr, int which, const mt_tensor *dy, const mt_ten
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     int any = 0;
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].dw, any |= l[e].dw != NULL;
-    if (any) gemm_tn(gr, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}, gr->g, dy, x);
+    if (!any) return;
+    mt_prof_push("expert GEMMs dW (grouped)");
+    gemm_tn(gr, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}, gr->g, dy, x);
+    mt_prof_pop();
 }
 
 // gu's column block of w1 (0) or w3 (1), [rows, f] with row stride 2f.
@@ -209,7 +229,11 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
     int r = lora_r_max(&m->layers[L], gr.E);
     mt_tensor dxa_all = r ? step_work(m, MT_BF16, R, r, 0) : (mt_tensor){0};  // every row: whatever the routing
     if (n) {
-        if (mt_experts_recompute_in_backward(m)) forward_group(&gr, a->ys);  // gu, a, ys, xa again
+        if (mt_experts_recompute_in_backward(m)) {  // gu, a, ys, xa again
+            char phase = mt_prof_set_phase(MT_PROF_RECOMPUTE);
+            forward_group(&gr, a->ys);
+            mt_prof_set_phase(phase);
+        }
         mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = GROUP_ROWS(&gr, a->xs), *act = GROUP_ROWS(&gr, a->a);
         mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs = GROUP_ROWS(&gr, dxs_all);
         mt_tensor dxa = r ? mt_view_rows(&dxa_all, 0, n) : (mt_tensor){0};

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/model_internal.h"
 #include "model/ops.h"
 #include "moe/moe.h"
@@ -67,7 +68,7 @@ static void route(mt_model *m, int L, int replay) {
 // forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
 // the aux statistics are not counted twice. Counting (null backend), the same buffers are
 // allocated and no kernel runs.
-void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
+static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
@@ -81,9 +82,11 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
     mt_tensor *qo = a->q_raw ? a->q_raw : a->q, *ko = a->k_raw ? a->k_raw : a->k, *vo = a->v_raw ? a->v_raw : a->v;
+    mt_prof_push2("q,k,v GEMMs", "LoRA q,k,v,o");
     mt_linear_forward(&ly->q, qo, a->ln1, a->xa_q, NULL);
     mt_linear_forward(&ly->k, ko, a->ln1, a->xa_k, NULL);
     mt_linear_forward(&ly->v, vo, a->ln1, a->xa_v, NULL);
+    mt_prof_pop();
     mt_tensor *qkv[3] = {qo, ko, vo};
     for (int i = 0; i < 3; i++)
         if (ly->bias[i]) mt_bias_forward(m, A(qkv[i]), A(ly->bias[i]), T, qkv[i]->shape[1]);
@@ -107,7 +110,9 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
                                 (int)c->sliding_window);
     }
     mt_tensor o = step_work(m, adt, T, H, 0);
+    mt_prof_push2("o GEMM", "LoRA q,k,v,o");
     mt_linear_forward(&ly->o, &o, a->att, a->xa_o, NULL);
+    mt_prof_pop();
     if (ly->bias[3]) mt_bias_forward(m, o.data, A(ly->bias[3]), T, H);
     if (run) mt_op_add(m, A(a->h), A(kp->x), o.data, (int64_t)T * H);
     step_unwork(m, &o);
@@ -120,7 +125,9 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         mt_mlp_add_output(m, L, x_out);
         return;
     }
+    mt_prof_push2("router GEMM + top-k", "LoRA gate");
     mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate, NULL);
+    mt_prof_pop();
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
     int ep = m->par.ep_size > 1;
@@ -144,9 +151,20 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         step_unwork(m, &ys_own);
     }
     if (!x_out || !run) return;  // recomputation for backward needs no layer output
+    // The second residual: h copied, then combine accumulates the experts onto it (its adds
+    // are combine's FLOPs): this row counts the copy's bytes and no FLOP.
+    mt_prof_push("residual adds");
+    mt_prof_count(0, 2.0 * (double)mt_dtype_bytes(adt, (size_t)T * H));
     m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
+    mt_prof_pop();
     mt_op_combine(m, x_out, A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     if (ly->mlp[0].out) mt_mlp_add_output(m, L, x_out);  // + sigmoid(shared_gate(x)) · shared_expert(x)
+}
+
+void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
+    char phase = mt_prof_set_phase(replay ? MT_PROF_RECOMPUTE : MT_PROF_FWD);  // the profile's phase
+    layer_forward(m, L, x_out, replay);
+    mt_prof_set_phase(phase);
 }
 
 // Several ranks with a slice of the batch each: the loss's sums (CE, the aux statistics of every

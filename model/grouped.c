@@ -2,9 +2,49 @@
 // refusal names the tensor or field), then the null backend does nothing (a counted step), the
 // cpu refuses (the grouped GEMM is the GPU step's; the cpu step runs its experts one by one), and
 // the cuda backend launches model/grouped_cuda.cu's kernel.
+#include <math.h>
+
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/grouped.h"
 #include "model/grouped_cuda.h"
+
+#ifdef MT_CUDA  // only a cuda launch is profiled
+// MT_PROFILE: the launch's work from the real rows of each expert. C = A·op(W): 2·n_e·K·N per
+// expert with a W; bytes: A's rows, C's (read too when accumulated), W (4-bit as stored, or
+// bf16). A 4-bit W is dequantized inside the kernel once per 64-row tile of its expert
+// (model/grouped_cuda.cu's BM): 4 ALU FLOPs per element and tile (scripts/step_model.h),
+// counted on a row of its own without time (it is inside this launch's).
+static void profile_gemm(const mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
+    int64_t K = a->shape[1], N = c->shape[1];
+    double flops = 0, bytes = 0, alu = 0, cb = (double)mt_dtype_bytes(c->dtype, 1) * (g->beta != 0.0f ? 2 : 1);
+    for (int e = 0; e < g->experts; e++) {
+        const mt_qweight *q = g->q ? g->q[e] : NULL;
+        const mt_tensor *w = g->w ? g->w[e] : NULL;
+        double n = (double)(g->off[e + 1] - g->off[e]);
+        if ((!q && !w) || n == 0) continue;
+        flops += 2.0 * n * (double)K * (double)N;
+        bytes += n * (2.0 * (double)K + cb * (double)N) + (q ? (double)mt_qweight_bytes(q) : 2.0 * (double)K * (double)N);
+        if (q) alu += 4.0 * (double)K * (double)N * ceil(n / 64.0);
+    }
+    mt_prof_count(flops, bytes);
+    if (alu > 0) mt_prof_count_untimed("dequant in grouped GEMMs (ALU)", alu, 0);
+}
+
+// G_e = X[rows e]ᵀ·Y[rows e]: 2·n_e·M·N per expert with a G; bytes: the rows of X and Y, G read
+// and written.
+static void profile_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, const mt_grouped *gr) {
+    int64_t M = x->shape[1], N = y->shape[1];
+    double flops = 0, bytes = 0;
+    for (int e = 0; e < gr->experts; e++) {
+        double n = (double)(gr->off[e + 1] - gr->off[e]);
+        if (!g[e]) continue;
+        flops += 2.0 * n * (double)M * (double)N;
+        bytes += 2.0 * n * (double)(M + N) + 2.0 * (double)g[e]->nbytes;
+    }
+    mt_prof_count(flops, bytes);
+}
+#endif
 
 // Backend kind of a call, refusing the cpu.
 static int kind_ok(const mt_tensor *t, const char *fn) {
@@ -107,6 +147,7 @@ int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
         if (!weight_ok(g, e, c->be, K, N)) return -1;
     if (c->be->ops->kind == MT_BACKEND_NULL) return 0;
 #ifdef MT_CUDA
+    if (mt_prof_active) profile_gemm(c, a, g);
     mt_grouped_gemm_cuda(c->be, c, a, g);
     return 0;
 #else
@@ -142,6 +183,7 @@ int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor 
     }
     if (x->be->ops->kind == MT_BACKEND_NULL) return 0;
 #ifdef MT_CUDA
+    if (mt_prof_active) profile_gemm_tn(g, x, y, gr);
     mt_grouped_gemm_tn_cuda(x->be, g, x, y, gr);
     return 0;
 #else

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "core/common.h"
+#include "core/profile.h"
 #include "core/gemm.h"
 #include "model/ops_cuda.h"
 #include "quant/qweight.h"
@@ -85,7 +86,12 @@ static float *cpu_rows(const mt_tensor *t) {
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch) {
     if (!l->q) return mt_view2(l->w->be, l->w->data, l->w->dtype, l->out, l->in, 0);
     mt_tensor w;
+    // The profile's row is step_model's: the 4-bit Linears outside the experts are attention's
+    // by default (MT_QTARGET_DEFAULT); --quant-targets all adds the router's here.
+    mt_prof_push("dequant NF4->bf16 q,k,v,o");
+    mt_prof_count((double)l->out * (double)l->in, (double)mt_qweight_dequant_bytes(l->q, scratch->dtype));
     check(mt_qweight_dequantize_view(l->q, scratch, &w), "4-bit dequantize");
+    mt_prof_pop();
     return w;
 }
 
@@ -107,7 +113,11 @@ void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor
     if (x->shape[0] == 0) return;
     mt_tensor yv = *y, xv = *x, wv = *w;
     check(mt_matmul(&yv, &xv, &wv, 0, 1, 1.0f, 0.0f), "forward");  // y = x · Wᵀ
-    if (l->lora) mt_lora_forward_dev(l->lora, y, x, xa, sc);
+    if (l->lora) {
+        mt_prof_push_alt();  // the adapter's row of the caller's region
+        mt_lora_forward_dev(l->lora, y, x, xa, sc);
+        mt_prof_pop();
+    }
 }
 
 void mt_linear_forward(const mt_linear *l, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa,
@@ -141,7 +151,11 @@ static void backward_rows(const mt_linear *l, const mt_tensor *dx, const mt_tens
         mt_tensor dxv = *dx, wv = *w;
         check(mt_matmul(&dxv, &dyv, &wv, 0, 0, 1.0f, 1.0f), "input gradient");
     }
-    if (l->lora) mt_lora_backward_dev(l->lora, dx, dy, x, xa, sc);
+    if (l->lora) {
+        mt_prof_push_alt();
+        mt_lora_backward_dev(l->lora, dx, dy, x, xa, sc);
+        mt_prof_pop();
+    }
 }
 
 void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,

@@ -14,6 +14,7 @@
 // 2·T·H·V flops). Either way recomputation of the layers is unaffected: xf is kept, and the
 // loss's chunk is released before the first layer is replayed, so the two peaks never add.
 #include "core/common.h"
+#include "core/profile.h"
 #include "model/linear.h"
 #include "model/model_internal.h"
 #include "model/ops_cuda.h"  // MT_CE_ACC_BYTES: the null backend counts the cuda accumulator
@@ -40,7 +41,9 @@ static int any_counted(const mt_model *m, int64_t r0, int64_t n) {
 // lg [n, V] fp32 = lm_head(xf rows [r0, r0 + n)).
 static mt_tensor chunk_logits(mt_model *m, const mt_tensor *lg, int64_t r0, int64_t n) {
     mt_tensor y = mt_view_rows(lg, 0, n), x = mt_view_rows(m->xf, r0, n);
+    mt_prof_push("lm_head GEMM + loss");
     mt_linear_forward(&m->lm_head, &y, &x, NULL, NULL);
+    mt_prof_pop();
     return y;
 }
 
@@ -78,7 +81,9 @@ double mt_model_loss_forward(mt_model *m, int64_t *count, int with_grad) {
             mt_op_cross_entropy(m, F(&y), 1.0f, NULL, F(&y), m->step_targets + r0, (int)n, (int)V);
         if (grad) {  // dxf rows += unscaled gradient · W
             mt_tensor x = mt_view_rows(m->xf, r0, n), dx = mt_view_rows(m->dxf_early, r0, n);
+            mt_prof_push("lm_head GEMM (dx)");
             mt_linear_backward(&m->lm_head, &dx, &y, &x, NULL, NULL);
+            mt_prof_pop();
         }
         *count += k;
     }
@@ -100,7 +105,9 @@ void mt_model_loss_backward(mt_model *m, const mt_tensor *dxf) {
         // the gradient alone, written over the chunk's logits (on cuda: no host wait)
         if (run) mt_op_cross_entropy(m, F(&y), dscale, NULL, F(&y), m->step_targets + r0, (int)n, (int)V);
         mt_tensor x = mt_view_rows(m->xf, r0, n), dx = mt_view_rows(dxf, r0, n);
+        mt_prof_push("lm_head GEMM (dx)");
         mt_linear_backward(&m->lm_head, &dx, &y, &x, NULL, NULL);
+        mt_prof_pop();
     }
     step_unwork(m, &lg);
 }

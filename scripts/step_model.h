@@ -265,7 +265,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (sh->targets & MT_TARGET_V) P += L * r * (h + dkv);
     if (sh->targets & MT_TARGET_O) P += L * r * (dq + h);
     if (sh->targets & MT_TARGET_GATE) P += L * r * (h + E);
-    step_add(s, "AdamW (LoRA params)", 'O', 1, 15 * P, 32 * P, 0, STEP_MEM);
+    step_add(s, "AdamW", 'O', 1, 15 * P, 32 * P, 0, STEP_MEM);
 }
 
 // Hardware FLOPs of the step: the sum over its ops.

@@ -41,12 +41,14 @@
 #include <stdarg.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <deque>
 #include <string>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -407,6 +409,10 @@ struct Event {
     Stream *s = nullptr;
     uint64_t at = 0;
     bool told_not_ready = false;
+    bool timing = true;  // not cudaEventDisableTiming: its record stamps the host clock when reached
+    // Set by the stamp item when the stream reaches the record (host ms, CPU-emulated); shared
+    // with the item so that an event destroyed before its stream ran leaves nothing dangling.
+    std::shared_ptr<double> stamp;
 };
 static Stream legacy;
 static std::vector<Stream *> streams;
@@ -839,8 +845,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     enqueue(s, "cudaStreamWaitEvent", [from, at] { run_until(from, at); }, false);
     return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
-    *e = (cudaEvent_t) new Event;
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    Event *ev = new Event;
+    ev->timing = !(flags & cudaEventDisableTiming);
+    *e = (cudaEvent_t)ev;
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
@@ -853,8 +861,29 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     API_ENTER("cudaEventRecord");
     Event *ev = (Event *)e;
     ev->s = stream_of(s);
-    ev->at = ev->s->queued;
     ev->told_not_ready = false;
+    ev->stamp.reset();
+    if (ev->timing) {  // the time the emulated stream gets there: an item of its own
+        auto stamp = std::make_shared<double>(-1.0);
+        ev->stamp = stamp;
+        enqueue(s, "cudaEventRecord", [stamp] {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            *stamp = (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+        }, false);
+    }
+    ev->at = ev->s->queued;
+    return cudaSuccess;
+}
+// Milliseconds between two completed timing events, as the host clock saw the emulated stream
+// reach them: CPU-emulated, meaningless as GPU time, but ordered and additive as the real one.
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    API_ENTER("cudaEventElapsedTime");
+    Event *x = (Event *)a, *y = (Event *)b;
+    if (!x || !y || !ms) return set_error(cudaErrorInvalidValue);
+    if (!x->timing || !y->timing || !x->stamp || !y->stamp) return set_error(cudaErrorInvalidResourceHandle);
+    if (*x->stamp < 0 || *y->stamp < 0) return set_error(cudaErrorNotReady);
+    *ms = (float)(*y->stamp - *x->stamp);
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
