@@ -30,6 +30,7 @@
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/mixtral.h"
@@ -40,6 +41,7 @@
 #include "quant/qweight.h"
 #include "quant/quant.h"
 #include "scripts/json_line.h"
+#include "scripts/profile_table.h"
 #include "scripts/step_model.h"
 
 // H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet): the MFU and HFU denominator.
@@ -228,6 +230,33 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     return 1;
 }
 
+// MT_PROFILE=1: one more step, profiled (the timed ones stay unprofiled): the per-op table, the
+// same rows beside the step model's projection, and the table as JSON in $MT_PROFILE_DIR when set.
+static int profile_step(mt_model *m, mt_adamw *opt, const mt_param *params, int n, const mt_batch *b,
+                        const mt_run_opts *o, int64_t step) {
+    char title[96];
+    double loss;
+    snprintf(title, sizeof title, "case %c, seq %lld, %lld layers", o->plan_case, (long long)b->S,
+             (long long)m->cfg.layers);
+    mt_prof_reset();
+    if (mt_prof_step_begin(m->be) != 0 || train_step(m, opt, params, n, b, o, step, &loss) != 0) return -1;
+    mt_prof_step_end(m->be);
+    mt_prof_print(stdout, title);
+    step_shape sh;
+    step_ops ops;
+    if (step_shape_of(o, &m->cfg, &sh)) {
+        step_build(&sh, &ops);
+        profile_table_print(stdout, mt_prof_table_get(), &ops);
+    }
+    const char *dir = getenv("MT_PROFILE_DIR");
+    if (dir && *dir) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/profile-%c-%lld.json", dir, o->plan_case, (long long)b->S);
+        if (mt_prof_write_json(path, title) != 0) mt_warn("bench_gpu: %s", mt_error_get());
+    }
+    return 0;
+}
+
 static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, const mt_batch *b,
                    const mt_run_opts *o, int steps, double peak_tflops, size_t baseline, result *r) {
     mt_backend *be = m->be;
@@ -250,6 +279,7 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
         sum += dt, lo = fmin(lo, dt), hi = fmax(hi, dt);
         printf("step %d: %.3f s, loss %.4f\n", s, dt, loss);
     }
+    if (mt_prof_enabled() && profile_step(m, opt, params, n, b, o, steps + 1) != 0) return -1;
     int64_t T = (int64_t)b->B * b->S;
     double per_token = step_model_flops_per_token(&m->cfg, b->S);
     r->step_s = sum / steps;

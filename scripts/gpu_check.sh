@@ -206,14 +206,14 @@ step_cli() {
 step_bench() {
   local lim=$1 seqargs=() s
   for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
-  "$PREFIX/bin/moetrain_roofline" >"$OUTDIR/roofline.txt" 2>&1 || echo "gpu_check: the roofline projection failed"
+  "$PREFIX/bin/moetrain_roofline" || echo "gpu_check: the roofline projection failed"
   if [ "$REHEARSAL" = 1 ]; then
     # The same program on the tiny model with the emulator's sizes would need a GPU too: here it
     # must start and find none.
     run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
     gpu_result $?; return
   fi
-  MT_PROFILE=1 MT_PROFILE_JSON="$OUTDIR/profile.json" run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
+  MT_PROFILE=1 MT_PROFILE_DIR="$OUTDIR" run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
     --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
 }
 

@@ -243,8 +243,18 @@ gpu_program() {  # NAME CMD...
 gpu_program "moetrain_gpu_probe (device, versions, 1-rank NCCL)" "$build/moetrain_gpu_probe"
 gpu_program "cuda_parity --bench" "$build/cuda_parity" --bench
 gpu_program "moetrain_bench_gpu, tiny, cases C and A, MT_PROFILE=1" env MT_PROFILE=1 \
-  MT_PROFILE_JSON="$work/profile.json" "$build/moetrain_bench_gpu" --small --config configs/tiny.json --layers 1 \
+  MT_PROFILE_DIR="$work" "$build/moetrain_bench_gpu" --small --config configs/tiny.json --layers 1 \
   --case C --seq 64 --seq 128 --case A --steps 1
+# The profile's JSON per run, its rows summing to the step (the table's own invariant).
+for f in profile-C-64 profile-C-128 profile-A-64; do
+  if python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); r = t["totals"]
+assert abs(sum(x["ms"] for x in t["rows"]) + r["unattributed_ms"] - r["step_ms"]) < 1e-6 * max(1, r["step_ms"]), "rows + unattributed != step"
+assert t["emulated"] and t["rows"], "not labelled emulated, or no rows"' "$work/$f.json" 2>"$work/gp.err"; then
+    ok "GPU check program, emulated: $f.json: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' "$work/$f.json") rows, rows + unattributed = step"
+  else
+    bad "GPU check program, emulated: $f.json"; sed 's/^/      | /' "$work/gp.err"
+  fi
+done
 
 printf 'test-sim (CPU-emulated CUDA): %d passed, %d failed; CUDA tests run and passed: %d (%d per order) in orders: %s; wall %d s\n' \
   "$passed" "$failed" "$cuda_runs" "$ncuda" "$orders" "$(($(date +%s) - start))"
