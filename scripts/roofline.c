@@ -25,14 +25,14 @@
 #define PEAK_FP32 67e12
 #define HBM_BW 3.35e12
 // Efficiencies.
-//   GEMM 0.75 at large M: DESIGN.md ("GPU performance") takes ~800 TFLOP/s (0.81 of peak) as what
+//   GEMM 0.75 at large M: docs/design.md ("GPU performance conventions") takes ~800 TFLOP/s (0.81 of peak) as what
 //     cuBLASLt's dense bf16 GEMMs reach on an H100; 0.75 leaves room for the step's non-square
 //     shapes (N = 1024 for k and v, K = 16 LoRA products). Assumed, to be replaced by
 //     bench_gpu's measured matmul peak.
 //   Small M: × M / (M + 64). Assumed: a 128-row tile is on average half idle on the last
 //     row-tile of each expert, and few row-tiles leave SMs idle (132 SMs); at M = 1024 rows per
 //     expert (s = 4096, top-2 of 8) it gives 0.71, at M = 64 half the large-M rate.
-//   Memory-bound kernels 0.80 of 3.35 TB/s: DESIGN.md expects ~3 TB/s (0.9) for plain copies;
+//   Memory-bound kernels 0.80 of 3.35 TB/s: docs/design.md expects ~3 TB/s (0.9) for plain copies;
 //     gathers, reductions and small kernels reach less. Assumed.
 //   Attention on tensor cores (model/ops_cuda.cu: WMMA 16×16×16 bf16, fp32 accumulate, flash-
 //     style) 0.30 of the bf16 peak forward and 0.20 backward. Source: the FlashAttention-3 paper
@@ -162,7 +162,7 @@ int main(int argc, char **argv) {
            "%.0f FLOP/B (bf16 tensor), %.0f FLOP/B (fp32)\n", PEAK_BF16 / 1e12, PEAK_FP32 / 1e12, HBM_BW / 1e12,
            PEAK_BF16 / HBM_BW, PEAK_FP32 / HBM_BW);
     printf("efficiencies (see scripts/roofline.c for sources; 'assumed' = no measurement yet): GEMM %.2f x M/(M+%.0f) "
-           "(assumed, from DESIGN.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, DESIGN.md ~3 TB/s), attention "
+           "(assumed, from docs/design.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, docs/design.md ~3 TB/s), attention "
            "(WMMA tensor cores) %.2f forward, %.2f backward of the bf16 peak (assumed, below FA2's ~35%% on an H100 as "
            "the FA3 paper reports)\n",
            EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN_FWD, EFF_ATTN_BWD);
