@@ -5,6 +5,7 @@
 #   make asan       the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench      benchmarks
 #   make layers     checks that no #include points up a layer (scripts/check_layers.sh)
+#   make check-docs checks that README and docs/ name only files a clone has (scripts/check_docs.sh)
 #   make bench-torch  moetrain beside PyTorch+PEFT (needs torch from PyPI; not CI)
 #   make SIM=1      the CUDA build with every .cu run on the CPU by tests/cudasim: build-sim/
 #   make test-sim   the whole suite on that build (CPU-emulated CUDA); its CUDA tests in two thread orders
@@ -32,7 +33,7 @@ NVCC ?= $(CUDA_HOME)/bin/nvcc
 # it when absent or older than the scripts, and restarts with it.
 .DEFAULT_GOAL := all
 CONFIG_MK := $(BUILD)/config.mk
-NO_CONFIG_GOALS := clean layers
+NO_CONFIG_GOALS := clean layers check-docs
 ifneq ($(filter-out $(NO_CONFIG_GOALS),$(or $(MAKECMDGOALS),all)),)
 include $(CONFIG_MK)
 endif
@@ -149,7 +150,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan interop bench bench-torch bench-gpu fuzz clean deps test-mpi layers test-sim gpu-bundle
+.PHONY: all test asan interop bench bench-torch bench-gpu fuzz clean deps test-mpi layers check-docs test-sim gpu-bundle
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -192,6 +193,10 @@ interop: $(BIN)
 # No #include points up a layer (scripts/check_layers.sh says which may include which).
 layers:
 	@bash scripts/check_layers.sh
+
+# README and docs/ point only at files a clone has, and cited doc sections exist (scripts/check_docs.sh).
+check-docs:
+	@bash scripts/check_docs.sh
 
 # The CUDA suite executed on the CPU (tests/cudasim/run.sh: two thread orders, the planted-bug
 # self-tests, the CLI run against the CPU, the 2-rank NCCL run). Results are CPU-emulated.

@@ -1,5 +1,5 @@
 // core/safetensors.c — safetensors reader: mmap the file, parse the header with cJSON, apply
-// every check of FORMATS.md §4 before any tensor pointer is handed out.
+// every check of docs/formats.md "safetensors" before any tensor pointer is handed out.
 //
 // Memory: the header (at most 100 MB, and never more than the file holds) is copied once so
 // cJSON parses a NUL-terminated buffer we own; the cJSON tree and the tensor table grow with

@@ -1,5 +1,5 @@
 // core/safetensors.h — read (mmap, fully validated) and write (atomic, optionally sharded)
-// Hugging Face safetensors files. Format and validation rules: FORMATS.md §4.
+// Hugging Face safetensors files. Format and validation rules: docs/formats.md "safetensors".
 //
 // Every reader error is reported through mt_error_set() as
 //   "<file>: [tensor '<name>': ]<ReferenceErrorName>: <what is wrong>"

@@ -11,7 +11,7 @@ extern "C" {
 typedef int (*mt_yaml_pair_fn)(void *ctx, const char *key, const char *value, int line, int column);
 
 // Reads `path` as a flat mapping. Depth, size, aliases and duplicate keys are bounded or refused
-// (RELIABILITY.md): errors name the file, line and column. 0, or -1 with mt_error_set().
+// (docs/design.md, "Reliability"): errors name the file, line and column. 0, or -1 with mt_error_set().
 int mt_yaml_read_flat(const char *path, mt_yaml_pair_fn fn, void *ctx);
 // The same on text in memory; `name` stands for the file in errors.
 int mt_yaml_read_flat_buffer(const char *name, const char *buf, size_t len, mt_yaml_pair_fn fn,

@@ -1,7 +1,7 @@
 // lora/ — LoRA adapters: init, forward, backward, dropout, PEFT import/export. Uses core/; used by
 // model/ (one adapter per targeted Linear) and trainer/ (merge, eval). This is its main header.
 //
-// lora/lora.h — one LoRA adapter: y += scale · B · A · dropout(x), PEFT's definition (FORMATS.md §2.2).
+// lora/lora.h — one LoRA adapter: y += scale · B · A · dropout(x), PEFT's definition (docs/formats.md "LoRA math").
 // Knows nothing of experts or layers: the model attaches one per targeted Linear.
 #pragma once
 #include <stdint.h>

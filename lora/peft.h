@@ -1,4 +1,4 @@
-// lora/peft.h — reading and writing PEFT LoRA adapter folders (FORMATS.md §2): adapter_config.json and
+// lora/peft.h — reading and writing PEFT LoRA adapter folders (docs/formats.md "PEFT adapters"): adapter_config.json and
 // adapter_model.safetensors with keys "base_model.model.<module>.lora_{A,B}.weight".
 #pragma once
 #include "core/safetensors.h"
@@ -17,7 +17,7 @@ typedef struct mt_peft_config {
     int r_gate_up, r_down;
 } mt_peft_config;
 
-// The two adapter layouts (FORMATS.md §2.3, §2.4): v4 per-expert Linears (transformers 4.x),
+// The two adapter layouts (docs/formats.md "Layout v4", "Layout v5"): v4 per-expert Linears (transformers 4.x),
 // v5 fused experts through target_parameters (transformers 5.x).
 typedef enum { MT_PEFT_V4 = 4, MT_PEFT_V5 = 5 } mt_peft_format;
 

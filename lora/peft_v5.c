@@ -1,4 +1,4 @@
-// lora/peft_v5.c — the transformers 5 adapter layout (FORMATS.md §2.4, docs/families.md): every
+// lora/peft_v5.c — the transformers 5 adapter layout (docs/formats.md "Layout v5", docs/families.md): every
 // family's experts fused into mlp.experts.gate_up_proj / down_proj and targeted as parameters,
 // the router as mlp.gate.weight. Writing converts our per-expert LoRAs; reading splits the fused tensors back
 // into per-expert pairs, so everything downstream sees one (v4) shape of adapter.

@@ -1,4 +1,4 @@
-// lora/peft_write.c — writing PEFT adapter folders (FORMATS.md §2): adapter_config.json as
+// lora/peft_write.c — writing PEFT adapter folders (docs/formats.md "PEFT adapters"): adapter_config.json as
 // PEFT's save_pretrained writes it, adapter_model.safetensors, and the target_modules rule.
 #include <math.h>
 #include <stdarg.h>

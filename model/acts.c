@@ -61,7 +61,7 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden;
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->spec.lora_r;
-    // fp32 where BUDGETS.md §3.2 keeps fp32: rstd, lse, router probs (and the router logits and
+    // fp32 where docs/memory.md "Activations" keeps fp32: rstd, lse, router probs (and the router logits and
     // top-k weights beside them); bf16 for the rest.
     a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
     a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);

@@ -564,7 +564,7 @@ static int read_dtype(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
-// quantization_config of a pre-quantized bitsandbytes 4-bit checkpoint (FORMATS.md §1.4).
+// quantization_config of a pre-quantized bitsandbytes 4-bit checkpoint (docs/formats.md "Serialized quant_state").
 static int read_quant(const cJSON *q, mt_model_config *cfg) {
     const char *method, *type, *storage;
     int in4 = 0, in8 = 0, in4_private = 0, in8_private = 0;

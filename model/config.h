@@ -42,7 +42,7 @@ typedef struct mt_model_config {
     int64_t decoder_sparse_step;  // layer L is MoE when (L+1) % step == 0 and not mlp_only
     int n_mlp_only;
     int32_t mlp_only_layers[MT_CONFIG_MAX_MLP_ONLY];  // dense layers, ascending
-    int output_router_logits;     // recorded; moetrain applies the aux loss either way (DESIGN.md)
+    int output_router_logits;     // recorded; moetrain applies the aux loss either way (docs/design.md, "The step's arithmetic")
     mt_dtype torch_dtype;    // the checkpoint's stored dtype
 
     // quantization_config (bitsandbytes), when the checkpoint is pre-quantized
@@ -75,7 +75,7 @@ int mt_config_layer_is_moe(const mt_model_config *c, int64_t L);
 // Number of MoE layers.
 int64_t mt_config_moe_layers(const mt_model_config *c);
 
-// Parameter counts (BUDGETS.md §1), by the family's parts: biases, q/k norms, shared expert and
+// Parameter counts (docs/memory.md "Parameter counts"), by the family's parts: biases, q/k norms, shared expert and
 // dense layers included.
 int64_t mt_config_attn_params(const mt_model_config *cfg);     // q, k, v, o of one layer
 int64_t mt_config_expert_params(const mt_model_config *cfg);   // w1, w2, w3 of one expert

@@ -10,7 +10,7 @@
 // Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dg·W1 + du·W3 (+ LoRAs), a trainable
 // (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB as ragged reductions over its rows.
 // No dequantized expert weight exists in device memory, and the backward writes da and dgu over
-// the activations a and gu (BUDGETS.md's k·s·b·6f transient takes no memory of its own).
+// the activations a and gu (docs/memory.md's k·s·b·6f transient takes no memory of its own).
 #include <stdlib.h>
 
 #include "core/common.h"

@@ -144,7 +144,7 @@ typedef struct mt_model {
     int32_t *owner;             // [layers × experts] the EP rank holding each expert
     mt_tensor *dequant;         // GPU step: bf16 scratch of the largest 4-bit W outside the experts
                                 // (whose grouped kernels dequantize tile by tile), shared by those
-                                // Linears (ledger: work; BUDGETS.md's "dequant buffer")
+                                // Linears (ledger: work; the dequantization buffer of docs/memory.md "Workspace")
     uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
 } mt_model;
 

@@ -23,7 +23,7 @@ void rmsnorm_forward_cpu(float *y, float *rstd, const float *x, const float *w, 
 void rmsnorm_backward_cpu(float *dx, float *dw, const float *dy, const float *x, const float *w,
                           const float *rstd, int T, int H);
 
-// Rotary embedding, in place, Hugging Face's non-interleaved form (FORMATS.md §3.3):
+// Rotary embedding, in place, Hugging Face's non-interleaved form (docs/design.md "The step's arithmetic"):
 // x [T, n_heads, hd], pos [T]; inv_freq_j = theta^(-2j/hd), x' = x·cos + rotate_half(x)·sin.
 void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
 // The transpose rotation, in place on dx (the gradient of the rotated tensor becomes the

@@ -1,4 +1,4 @@
-// model/rope.c — rotary position embedding, Hugging Face's non-interleaved form (FORMATS.md §3.3),
+// model/rope.c — rotary position embedding, Hugging Face's non-interleaved form (docs/design.md "The step's arithmetic"),
 // CPU reference, fp32. Dimension j pairs with j + hd/2 (rotate_half), not with j + 1.
 #include <math.h>
 

@@ -1,5 +1,5 @@
 // model/weights.h — the tensors of a checkpoint of any supported family, by Hugging Face name and
-// shape (FORMATS.md §3.2, docs/families.md), and their random initialisation for `moetrain init`.
+// shape (docs/formats.md "Hugging Face checkpoints", docs/families.md), and their random initialisation for `moetrain init`.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-// Router as transformers does it (FORMATS.md §3.3): probs [T, E] = softmax(logits [T, E]) in
+// Router as transformers does it (docs/design.md "The step's arithmetic"): probs [T, E] = softmax(logits [T, E]) in
 // fp32 over all experts; ids [T, k] = top-k of probs, highest first, ties to the lower expert
 // index; weights [T, k] = the chosen probs, renormalised to sum 1 when norm_topk.
 void router_forward_cpu(int32_t *ids, float *weights, float *probs, const float *logits, int T,

@@ -1,5 +1,5 @@
 // moe/router.c — router softmax → top-k → (re)normalise, and its backward (CPU reference, fp32).
-// As transformers' MixtralSparseMoeBlock (FORMATS.md §3.3): softmax over all E experts in fp32,
+// As transformers' MixtralSparseMoeBlock (docs/design.md "The step's arithmetic"): softmax over all E experts in fp32,
 // torch.topk of the probabilities, routing_weights /= routing_weights.sum(-1) (norm_topk).
 #include <math.h>
 

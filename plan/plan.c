@@ -1,11 +1,11 @@
-// plan/plan.c — the planner's arithmetic (BUDGETS.md §1–4), per GPU and ledger category.
+// plan/plan.c — the planner's arithmetic (docs/memory.md), per GPU and ledger category.
 //
-// Choices where BUDGETS.md leaves room (each one reported in the plan's output or its tests):
+// Choices where docs/memory.md leaves room (each one reported in the plan's output or its tests):
 //   * 4-bit bytes are quant/'s own count (mt_q4_weight_bytes): blocks per tensor, rounded up;
 //     per-tensor constants (code table, nested map, offset: ~1 KB a tensor) are left out, as
-//     BUDGETS.md §2 does and as the ledger does (they are shared constants).
+//     docs/memory.md "Bytes per parameter" does and as the ledger does (they are shared constants).
 //   * --quant-targets decides which frozen Linears are 4-bit (default experts and attention;
-//     routers, embeddings, lm_head and norms bf16, as BUDGETS.md §2).
+//     routers, embeddings, lm_head and norms bf16, as docs/memory.md "Bytes per parameter").
 //   * The workspace guess is 2.0 GB whenever there is more than one GPU (NCCL buffers exist
 //     for plain data parallelism too), 1.5 GB on one.
 //   * ZeRO shards a weight's optimizer state (and grads at stage 2) over the GPUs that hold a
@@ -53,7 +53,7 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
 }
 
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {
-    // BUDGETS.md §4: every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card.
+    // docs/memory.md "The reference cases": every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card.
     static const struct { char which; const char *key, *value; } settings[] = {
         {0, "quant", "nf4"}, {0, "double-quant", "true"}, {0, "seq", "1024"}, {0, "batch", "1"},
         {0, "checkpointing", "full"}, {0, "gpus", "1"}, {0, "ep", "1"}, {0, "gpu-mem", "44GB"},
@@ -148,7 +148,7 @@ static int64_t model_params(const mt_model_config *cfg) { return mt_config_total
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
     if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
     // quant/'s own count (packed nibbles + per-block constants), so plan and ledger agree for
-    // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25 (BUDGETS.md §2).
+    // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25 (docs/memory.md "Bytes per parameter").
     int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
     return mt_q4_weight_bytes(o->quant, n, bs, o->double_quant);
 }
@@ -169,7 +169,7 @@ static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations (BUDGETS.md §3.2)
+// Activations (docs/memory.md "Activations")
 
 // A_layer per row of one activation set serving layers L0 .. L0+n-1: §3.2's terms every layer
 // has; the family's (q and k before their norms and one rstd per normed row, v before its

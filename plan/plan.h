@@ -1,8 +1,8 @@
-// plan/ — the memory planner: BUDGETS.md's analytic budget, its report (text, JSON), and
+// plan/ — the memory planner: docs/memory.md's analytic budget, its report (text, JSON), and
 // --measure, one real step on the null backend. Uses core/, quant/, model/, optim/ (the
 // measured step); used by trainer/ (moetrain plan, and the plan printed before training).
 //
-// plan/plan.h — the analytic memory planner: BUDGETS.md's arithmetic, per GPU, by the
+// plan/plan.h — the analytic memory planner: docs/memory.md's arithmetic, per GPU, by the
 // ledger's categories (core/ledger.h), for a model config and a run's options.
 //
 // Every figure is for the most loaded GPU: with expert parallelism (EP) the rank that holds
@@ -73,9 +73,9 @@ typedef struct mt_plan {
     uint64_t bytes[MT_MEM_COUNT];
     uint64_t total;
     uint64_t host_bytes;        // Adam state + master moved to host memory (per GPU rank)
-    uint64_t act_layer;         // A_layer of BUDGETS.md §3.2: one layer's kept activations
+    uint64_t act_layer;         // A_layer of docs/memory.md "Activations": one layer's kept activations
     uint64_t act_model;         // the activations the model allocates (ledger `act`), see
-                                // mt_plan_act_terms; bytes[MT_MEM_ACT] stays BUDGETS.md's
+                                // mt_plan_act_terms; bytes[MT_MEM_ACT] stays docs/memory.md's
     int workspace_guessed;      // 1: the default guess, not --workspace or a measurement
     double gpu_mem;
     double percent;             // total / gpu_mem · 100
@@ -88,23 +88,23 @@ typedef struct mt_plan_suggestion {
     mt_plan plan;
 } mt_plan_suggestion;
 
-// Mixtral-8x7B's config.json (FORMATS.md §3.1), for --case without --model.
+// Mixtral-8x7B's config.json (docs/formats.md "Hugging Face checkpoints"), for --case without --model.
 void mt_plan_mixtral_8x7b(mt_model_config *cfg);
-// BUDGETS.md §4's case 'A', 'B' or 'C' as settings: calls set(ctx, key, value) for each, keys
+// Case 'A', 'B' or 'C' of docs/memory.md "The reference cases" as settings: calls set(ctx, key, value) for each, keys
 // being the flags' names ("mode", "layers", ...); trainer/options.c applies them to the run
 // options (mt_plan_case_apply). 0, or -1 (bad case, or the first non-zero set()).
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx);
 
 // Bytes of one frozen Linear of `n` weights in the run's base format (--quant).
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o);
-// BUDGETS.md §3.2: one layer's kept activations, and the step's whole activation memory. With
+// docs/memory.md "Activations": one layer's kept activations, and the step's whole activation memory. With
 // the family's parts: A_layer is the set recomputation shares (the widest MLP of any layer, the
 // router's and experts' rows where a MoE layer is); without recomputation each layer keeps its
 // own (a dense layer no router or experts).
 uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch);
 uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
-// The model's own activation set (model/acts.c, with a GPU run's dtypes) against BUDGETS.md
+// The model's own activation set (model/acts.c, with a GPU run's dtypes) against docs/memory.md
 // §3.2's whole-step figure: the terms, signed, that turn mt_plan_act_bytes into what the
 // ledger's `act` holds (the backward's transients are `work` there, no logits at all, the
 // routing kept per layer, ...). Returns how many; their sum plus mt_plan_act_bytes is
@@ -151,7 +151,7 @@ int mt_plan_measure_on(mt_backend *be, const mt_model_config *cfg, const char *c
 
 // --measure's verdict: the measured peak of the sum on a card of gpu_mem bytes. With --measure
 // it decides (exit 3 when it does not fit), also where the plan's total, an upper bound built on
-// BUDGETS.md §3.2's act and a guessed workspace, says otherwise.
+// docs/memory.md's act ("Activations") and a guessed workspace, says otherwise.
 static inline int mt_plan_measured_fits(const mt_plan_measurement *m, double gpu_mem) {
     return (double)m->total_peak <= gpu_mem;
 }

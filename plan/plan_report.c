@@ -123,7 +123,7 @@ static const char *category_label(mt_mem_cat c, const mt_plan_opts *o, const mt_
 }
 
 // ---------------------------------------------------------------------------------------------
-// The source document's figures (BUDGETS.md §5), for --case
+// The source document's figures (docs/memory.md "Omissions corrected"), for --case
 
 typedef enum { OURS_PARAMS, OURS_STATE, OURS_BASE, OURS_ACT, OURS_TOTAL } ours_kind;
 
@@ -178,7 +178,7 @@ static const char *ours_text(ours_kind k, const mt_plan *p, char *buf, size_t n)
 }
 
 static void print_source(FILE *out, const mt_plan_report *r) {
-    fprintf(out, "\ncase %c beside the source document (BUDGETS.md §5), both on the case's own settings\n"
+    fprintf(out, "\ncase %c beside the source document (docs/memory.md, 'Omissions corrected'), both on the case's own settings\n"
                  "(one 44 GB card, s=1024, b=1, NF4-DQ base, full checkpointing):\n",
             r->opts->plan_case);
     fprintf(out, "  %-18s %-32s %s\n", "item", "source", "ours");
@@ -274,7 +274,7 @@ static void print_suggestions(FILE *out, const mt_plan_report *r) {
 // --measure: the null backend's peaks beside the plan
 
 // The plan's figure a measured category is compared with: the plan's own, except act, which is
-// compared with the model's set (mt_plan_act_terms says how it differs from BUDGETS.md's).
+// compared with the model's set (mt_plan_act_terms says how it differs from docs/memory.md's).
 static uint64_t planned_for(const mt_plan *p, mt_mem_cat c) {
     return c == MT_MEM_ACT ? p->act_model : p->bytes[c];
 }
@@ -293,7 +293,7 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
         if (c == MT_MEM_COMM && !pl && !me) continue;
         fprintf(out, "  %-8s %12.3f %12.3f ", mt_mem_cat_name((mt_mem_cat)c), gb(pl), gb(me));
         if (c == MT_MEM_WORK) fprintf(out, "%9s   planned: a guess; measured: the step's scratch (below)\n", "-");
-        else if (c == MT_MEM_ACT) fprintf(out, "%8.2f%%   the model's set; the plan's act is BUDGETS.md's %.3f (below)\n",
+        else if (c == MT_MEM_ACT) fprintf(out, "%8.2f%%   the model's set; the plan's act is docs/memory.md's %.3f (below)\n",
                                           diff_percent(pl, me), gb(p->bytes[MT_MEM_ACT]));
         else fprintf(out, "%8.2f%%\n", diff_percent(pl, me));
     }
@@ -317,8 +317,8 @@ static void print_act_terms(FILE *out, const mt_plan_report *r) {
     mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
     int n = mt_plan_act_terms(r->cfg, r->opts, t);
     int full = r->opts->checkpointing == MT_CKPT_FULL;
-    fprintf(out, "\nact: BUDGETS.md §3.2 (the plan's act) against the set the model allocates, term by term, MB\n");
-    fprintf(out, "  %11.3f  BUDGETS.md §3.2, %s\n", r->plan->bytes[MT_MEM_ACT] / 1e6,
+    fprintf(out, "\nact: docs/memory.md 'Activations' (the plan's act) against the set the model allocates, term by term, MB\n");
+    fprintf(out, "  %11.3f  docs/memory.md 'Activations', %s\n", r->plan->bytes[MT_MEM_ACT] / 1e6,
             full ? "full recomputation: L·2sbh + A_layer + k·s·b·6f + 10·s·b·V"
                  : "no recomputation: L·A_layer + k·s·b·6f + 10·s·b·V");
     for (int i = 0; i < n; i++)

@@ -1,4 +1,4 @@
-// quant/bnb_export.c — a frozen weight as bitsandbytes serialises it (FORMATS.md §1.4): the
+// quant/bnb_export.c — a frozen weight as bitsandbytes serialises it (docs/formats.md "Serialized quant_state"): the
 // tensors of Linear4bit._save_to_state_dict, in its order, and the quant_state JSON exactly as
 // Python's json.dumps writes QuantState.as_dict(packed=True)'s non-tensor items.
 #include <math.h>

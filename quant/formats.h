@@ -1,11 +1,11 @@
-// quant/formats.h — the frozen-weight formats, defined once for C and nvcc (STYLE.md §5).
+// quant/formats.h — the frozen-weight formats, defined once for C and nvcc (docs/design.md, "Layers and folders").
 //
 // Three formats (mt_quant, below), all 4-bit codes packed two per byte, element 2j
 // in the HIGH nibble of byte j and 2j+1 in the low one; an odd count pads the last low nibble
 // with the code of 0.0. Blocks are runs of `blocksize` consecutive elements of the row-major
 // [out, in] weight (a block may span rows; the last may be partial).
 //
-//   NF4, FP4  bitsandbytes' 4-bit formats, bit for bit (FORMATS.md §1). Per block an fp32
+//   NF4, FP4  bitsandbytes' 4-bit formats, bit for bit (docs/formats.md "bitsandbytes 4-bit"). Per block an fp32
 //             absmax; code = the CUDA kernel's decision on x · (1/absmax) (the canonical rule:
 //             the Hub's bnb-4bit checkpoints were made by it); value = map[code] · absmax.
 //             Double quantization (optional): offset = mean(absmax); the 256-blocks of
@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Codebooks, as bitsandbytes stores them in `quant_map` (FORMATS.md §1.1). As initialiser
+// Codebooks, as bitsandbytes stores them in `quant_map` (docs/formats.md "Codebooks"). As initialiser
 // lists, so that C (static const) and CUDA (__constant__) tables are made from the same text.
 
 // NF4: create_normal_map(offset=0.9677083, use_extra_value=True), sorted; code 7 is 0.0.
@@ -66,7 +66,7 @@ extern "C" {
     0.0f, -0x1.555556p-8f, -0x1.555556p-1f, -1.0f, -0x1.555556p-2f, -0.5f, -0x1.555556p-3f, -0.25f
 
 // The signed dynamic 8-bit map of double quantization, create_dynamic_map(signed=True,
-// max_exponent_bits=7, total_bits=8) (FORMATS.md §1.3): 127 negative values, 0.0 at 127, 127
+// max_exponent_bits=7, total_bits=8) (docs/formats.md "Double quantization"): 127 negative values, 0.0 at 127, 127
 // positive, 1.0 at 255. Dumped from bitsandbytes 0.50.2 by scripts/make_quant_goldens.py
 // --print-dynamic-map (torch's fp32 linspace rounding is not worth re-deriving). Files carry
 // their own copy (nested_quant_map), which is what an imported weight uses.
@@ -238,7 +238,7 @@ MT_QF_FN int64_t mt_q4_packed_bytes(int64_t n) { return (n + 1) / 2; }
 typedef struct mt_qformat {
     const char *name;        // "nf4", "fp4", "int4"
     int default_blocksize;   // 64, 64, 128
-    int bnb;                 // 1: serialised as bitsandbytes' QuantState (FORMATS.md §1.4)
+    int bnb;                 // 1: serialised as bitsandbytes' QuantState (docs/formats.md "Serialized quant_state")
     int double_quant;        // 1: double quantization of absmax is available
     int block_bytes;         // constants per block without double quant (fp32 absmax; fp16 d + m)
     int block_bytes_dq;      // per block with double quant (the 8-bit code), 0 when unavailable

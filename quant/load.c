@@ -1,4 +1,4 @@
-// quant/load.c — bnb-4bit import (FORMATS.md §1.4) and quantize-on-load: a checkpoint streamed
+// quant/load.c — bnb-4bit import (docs/formats.md "Serialized quant_state") and quantize-on-load: a checkpoint streamed
 // tensor by tensor, targets quantized one at a time, each tensor's mmapped pages dropped once
 // it is done.
 #include <float.h>

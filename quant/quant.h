@@ -50,7 +50,7 @@ void mt_int4_dequantize_ref(const uint8_t *packed, const uint16_t *scale, const 
                             int group, int64_t i0, int64_t i1, float *y);
 
 // ---------------------------------------------------------------------------------------------
-// bitsandbytes checkpoints (FORMATS.md §1.4). For a weight "P.weight": P.weight (U8 [n/2, 1]),
+// bitsandbytes checkpoints (docs/formats.md "Serialized quant_state"). For a weight "P.weight": P.weight (U8 [n/2, 1]),
 // P.weight.absmax, P.weight.quant_map, [P.weight.nested_absmax, P.weight.nested_quant_map],
 // P.weight.quant_state.bitsandbytes__nf4|fp4 (JSON bytes). INT4 uses the same layout with
 // P.weight.absmax holding the fp16 scales, P.weight.zero the fp16 minimums and
@@ -113,7 +113,7 @@ enum {
     // Default: experts and attention. The router stays in full precision: it is tiny (h·E,
     // 32,768 params per Mixtral layer, 2.1 MB for the model in bf16), its logits decide which
     // experts run, and it is a training target in the router and unfreeze modes, where a
-    // frozen 4-bit copy would be useless. bitsandbytes does quantize it (FORMATS.md §1.4), so
+    // frozen 4-bit copy would be useless. bitsandbytes does quantize it (docs/formats.md "Serialized quant_state"), so
     // a bnb-4bit checkpoint arrives with a packed gate: it loads, dequantized to dense, unless
     // the router is among the targets.
     MT_QTARGET_DEFAULT = MT_QTARGET_EXPERTS | MT_QTARGET_ATTN,

@@ -2,13 +2,13 @@
 // (issue 6), on GPU 0, with random weights and tokens (nothing to download):
 //   * the card's bf16 matmul peak, its device-to-device copy bandwidth, and the NF4 -> bf16
 //     dequantize kernel's GB/s on an expert-sized weight against that copy bandwidth;
-//   * BUDGETS.md §4's case C (LoRA r=16 on every expert and router, NF4 double-quant base,
+//   * case C of docs/memory.md "The reference cases" (LoRA r=16 on every expert and router, NF4 double-quant base,
 //     batch 1, full recomputation) at --seq 2048 and 4096: step time, tokens/s, ledger peak per
 //     category, the ledger's total peak against the driver's used memory, MFU and HFU;
 //   * cases A (routers) and B (6 layers × 2 experts unfrozen, optimizer offloaded) at s=1024, or
 //     at the first --seq given.
 // MFU = (4·N + 6·S·d_attn·L) per token × tokens/s ÷ 989 TFLOP/s (H100 SXM dense bf16), as
-// DESIGN.md ("GPU performance") defines it; HFU = the hardware FLOPs of the step (recompute,
+// docs/design.md ("GPU performance conventions") defines it; HFU = the hardware FLOPs of the step (recompute,
 // LoRA, attention as today's kernels run it, dequantization) over the same peak. Both from
 // scripts/step_model.h, which the roofline projection (scripts/roofline.c) uses too.
 // --layers N cuts the model to its first N layers (the GPU check's time budget): every figure is
@@ -442,7 +442,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N]\n"
-               "  --case   which of BUDGETS.md's cases to run (repeatable; default C, A, B)\n"
+               "  --case   which of docs/memory.md's cases to run (repeatable; default C, A, B)\n"
                "  --seq    case C's sequence length (repeatable; default 2048 and 4096); A and B run\n"
                "           the first --seq given, or 1024\n"
                "  --steps  timed steps after the warm-up (default 3)\n"

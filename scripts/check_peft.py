@@ -4,7 +4,7 @@
     python scripts/check_peft.py --base DIR --adapter DIR --data FILE --loss X [--rtol 1e-4] [--seq 1024]
 
 Works on both Hugging Face stacks: transformers 4.x (per-expert Linears; moetrain's v4 adapter
-layout) and transformers 5.x (fused experts; the v5 layout, FORMATS.md §2.4). Loads the base
+layout) and transformers 5.x (fused experts; the v5 layout, docs/formats.md "Layout v5"). Loads the base
 checkpoint with transformers (fp32, eager attention) and the adapter with
 PeftModel.from_pretrained, then checks:
   1. key coverage: PEFT's adapter state dict (get_peft_model_state_dict) holds exactly the keys

@@ -9,7 +9,7 @@ Each fixture is a small safetensors file holding the input, what bitsandbytes ma
 dequantization. Its __metadata__ says which bitsandbytes version and backend made it.
 
 Which rule is canonical. The Hub's bnb-4bit checkpoints were made by bitsandbytes' CUDA
-kernels (FORMATS.md §1.2). The machine that made these fixtures has no GPU, so bitsandbytes ran
+kernels (docs/formats.md "Quantizing"). The machine that made these fixtures has no GPU, so bitsandbytes ran
 its CPU backend, whose quantizers are different code:
   * 4-bit: the "default" torch implementation (bucketize on fp32 midpoints of the codebook);
   * nested 8-bit: libbitsandbytes_cpu's quantize_blockwise (division, BinSearch).
@@ -32,7 +32,7 @@ Differences of dequantization: none. Given the same codes and constants, dequant
 same product on every backend, so the dequantized outputs must match exactly.
 
 It also prints the 256-entry signed dynamic map (nested_quant_map) as C hex floats, for
-quant/formats.h (FORMATS.md §1.3: a published constant, dumped once).
+quant/formats.h (docs/formats.md "Double quantization": a published constant, dumped once).
 """
 import argparse
 import copy

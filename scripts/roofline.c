@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
            "%.0f FLOP/B (bf16 tensor), %.0f FLOP/B (fp32)\n", PEAK_BF16 / 1e12, PEAK_FP32 / 1e12, HBM_BW / 1e12,
            PEAK_BF16 / HBM_BW, PEAK_FP32 / HBM_BW);
     printf("efficiencies (see scripts/roofline.c for sources; 'assumed' = no measurement yet): GEMM %.2f x M/(M+%.0f) "
-           "(assumed, from DESIGN.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, DESIGN.md ~3 TB/s), attention "
+           "(assumed, from docs/design.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, docs/design.md ~3 TB/s), attention "
            "(WMMA tensor cores) %.2f forward, %.2f backward of the bf16 peak (assumed, below FA2's ~35%% on an H100 as "
            "the FA3 paper reports)\n",
            EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN_FWD, EFF_ATTN_BWD);

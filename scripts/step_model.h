@@ -2,7 +2,7 @@
 // model, op by op, for the roofline projection (scripts/roofline.c) and for bench_gpu.c's MFU and
 // HFU: one model, so that the projection and the measurement count the same things.
 //
-// Conventions (DESIGN.md, "GPU performance"):
+// Conventions (docs/design.md, "GPU performance conventions"):
 //   * N = matmul parameters active per token: mt_config_active_params less the input embedding
 //     table (a lookup, no FLOPs; the lm_head, a GEMM, stays in); the norms' weights (0.27 M for
 //     Mixtral-8x7B) stay in too, a 2e-5 error not worth a second convention.

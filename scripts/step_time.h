@@ -13,14 +13,14 @@
 #define PEAK_FP32 67e12
 #define HBM_BW 3.35e12
 // Efficiencies.
-//   GEMM 0.75 at large M: DESIGN.md ("GPU performance") takes ~800 TFLOP/s (0.81 of peak) as what
+//   GEMM 0.75 at large M: docs/design.md ("GPU performance conventions") takes ~800 TFLOP/s (0.81 of peak) as what
 //     cuBLASLt's dense bf16 GEMMs reach on an H100; 0.75 leaves room for the step's non-square
 //     shapes (N = 1024 for k and v, K = 16 LoRA products). Assumed, to be replaced by
 //     bench_gpu's measured matmul peak.
 //   Small M: × M / (M + 64). Assumed: a 128-row tile is on average half idle on the last
 //     row-tile of each expert, and few row-tiles leave SMs idle (132 SMs); at M = 1024 rows per
 //     expert (s = 4096, top-2 of 8) it gives 0.71, at M = 64 half the large-M rate.
-//   Memory-bound kernels 0.80 of 3.35 TB/s: DESIGN.md expects ~3 TB/s (0.9) for plain copies;
+//   Memory-bound kernels 0.80 of 3.35 TB/s: docs/design.md expects ~3 TB/s (0.9) for plain copies;
 //     gathers, reductions and small kernels reach less. Assumed.
 //   Attention on tensor cores (model/ops_cuda.cu: WMMA 16×16×16 bf16, fp32 accumulate, flash-
 //     style) 0.30 of the bf16 peak forward and 0.20 backward. Source: the FlashAttention-3 paper

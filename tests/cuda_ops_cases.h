@@ -26,7 +26,7 @@
 #include "optim/optim.h"
 #endif
 
-#define CUDA_OPS_TOL 1e-4  // fp32 paths (DESIGN.md: CUDA vs CPU per op)
+#define CUDA_OPS_TOL 1e-4  // fp32 paths (docs/design.md, "What counts as right")
 
 typedef struct {
     char what[160];  // the worst output and where

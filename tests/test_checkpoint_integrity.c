@@ -192,7 +192,7 @@ Test(checkpoint_integrity, any_object_seals_and_reads_back) {
     mt_test_rmrf(tmp);
 }
 
-// RELIABILITY.md: a resume with another configuration (or other data) is refused, saying why.
+// docs/design.md "Reliability": a resume with another configuration (or other data) is refused, saying why.
 Test(checkpoint_integrity, resume_with_other_options_or_data_is_refused, .init = setup, .fini = teardown) {
     char out[16384], other[200];
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --r 8 --steps 6 --resume %s --out %s", model_dir,

@@ -1,5 +1,5 @@
 // Model config.json: the real Mixtral config, our test models, every check naming its field,
-// hostile inputs (deep nesting, huge numbers), write → load, and the BUDGETS.md §1 counts.
+// hostile inputs (deep nesting, huge numbers), write → load, and the parameter counts of docs/memory.md "Parameter counts".
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>

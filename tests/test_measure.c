@@ -123,7 +123,7 @@ Test(measure, parallel_runs_per_rank_to_the_byte) {
     expect_exact(&cfg, 'C', "--gpus 4 --zero 1");
     expect_exact(&cfg, 'A', "--gpus 4 --ep 4 --quant none");
     // Uneven shares (3, 3, 2 experts): rank 0 gets 9/8 of the balanced expert rows, which the
-    // plan's activation figure (BUDGETS.md's, for P dividing E) does not scale; the states agree.
+    // plan's activation figure (docs/memory.md's, for P dividing E) does not scale; the states agree.
     mt_run_opts o;
     mt_plan p;
     mt_plan_measurement m;
@@ -186,7 +186,7 @@ static double number(cJSON *o, const char *key) {
 }
 
 // The acceptance: Mixtral-8x7B case C, s=1024, on this machine's null backend, each category
-// within 2% of the plan (act: of the model's set; BUDGETS.md's own act differs by the terms the
+// within 2% of the plan (act: of the model's set; docs/memory.md's own act differs by the terms the
 // report lists, checked to add up).
 Test(measure, cli_case_c_within_two_percent) {
     static char out[1 << 17];
@@ -211,8 +211,8 @@ Test(measure, cli_case_c_within_two_percent) {
     cr_expect_eq(act, number(bytes, "act"));
     cJSON *t;
     cJSON_ArrayForEach(t, cJSON_GetObjectItem(m, "act_terms")) sum += number(t, "bytes");
-    cr_expect_eq(sum, number(planned, "act"), "BUDGETS.md's act plus the terms is the model's set");
-    cr_expect(fabs(number(bytes, "act") / 1e9 - 1.04) < 0.005, "the plan's act stays BUDGETS.md's 1.04 GB");
+    cr_expect_eq(sum, number(planned, "act"), "docs/memory.md's act plus the terms is the model's set");
+    cr_expect(fabs(number(bytes, "act") / 1e9 - 1.04) < 0.005, "the plan's act stays docs/memory.md's 1.04 GB");
     cr_expect_eq(number(m, "rows_per_expert"), 256, "balanced routing: 1024·2/8");
     cJSON_Delete(j);
     // the text form says the same, with routing and the terms
@@ -236,7 +236,7 @@ Test(measure, cli_model_config_and_refusal) {
     cr_expect(strstr(out, "by the measured total (with --measure it decides): NO (132%)"), "%s", out);
 }
 
-// Case C at 16k tokens: the plan's total (BUDGETS.md's act with 10·s·b·V of logits, a guessed
+// Case C at 16k tokens: the plan's total (docs/memory.md's act with 10·s·b·V of logits, a guessed
 // workspace) does not fit 44 GB, the step measured does (the logits are never whole); with
 // --measure the measured total decides, and says that the two disagree.
 Test(measure, case_c_at_16k_fits_by_the_measured_total) {
@@ -283,7 +283,7 @@ Test(measure, max_seq_is_the_longest_that_fits) {
 
 Test(measure, optimizer_options_measured_against_the_plan) {
     static char out[1 << 16];
-    // 8-bit Adam keeps an fp32 absmax per 256 elements beside the 2 B/param BUDGETS.md counts:
+    // 8-bit Adam keeps an fp32 absmax per 256 elements beside the 2 B/param docs/memory.md counts:
     // +1.56%, inside the 2% the plan promises; offload leaves nothing of the optimizer on the GPU.
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --measure --adam-8bit --no-master-weights"), MT_EXIT_OK,
                  "%s", out);

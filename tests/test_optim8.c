@@ -344,7 +344,7 @@ Test(optim8, ledger_of_a_1m_tensor) {
     mt_backend_free(be);
 }
 
-// BUDGETS.md case B (Mixtral-8x7B, layers 0-5, experts 0 and 1 unfrozen) built on the null
+// Case B of docs/memory.md "The reference cases" (Mixtral-8x7B, layers 0-5, experts 0 and 1 unfrozen) built on the null
 // backend: the optimizer's ledger against the planner's optim, master and host figures, per
 // option. Acceptance: the saving the planner predicts, to within 2%.
 Test(optim8, ledger_matches_the_planner_for_case_b) {

@@ -207,7 +207,7 @@ static int pair_count(void *ctx, const char *module, const mt_st_tensor *a, cons
     return 0;
 }
 
-// FORMATS.md §2.3 on configs/tiny.json (hidden 64, intermediate 128, 2 layers, 8 experts), r 16.
+// docs/formats.md "Layout v4" on configs/tiny.json (hidden 64, intermediate 128, 2 layers, 8 experts), r 16.
 Test(outputs, adapter_keys_and_shapes_tiny_r16) {
     char out[8192], model[300], dir[300], path[400];
     snprintf(model, sizeof model, "%s/tiny", tmp);

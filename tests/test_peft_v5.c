@@ -1,4 +1,4 @@
-// tests/test_peft_v5.c — the transformers 5 adapter layout (FORMATS.md §2.4) against PEFT's own:
+// tests/test_peft_v5.c — the transformers 5 adapter layout (docs/formats.md "Layout v5") against PEFT's own:
 // tests/data/peft_v5/ holds a moetrain v4 adapter (2 layers, 6 experts, r 4, --targets all) and
 // peft_v5/, what PEFT 0.21 + transformers 5 made of it (load, convert, save_pretrained), written
 // by `FIXTURES=1 scripts/interop.sh`. Our v5 writer must give the same tensors byte for byte,

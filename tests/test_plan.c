@@ -1,4 +1,5 @@
-// The memory planner: every cell of BUDGETS.md §4's tables, the parameter counts, activations,
+// The memory planner: every cell of the reference cases' tables (docs/memory.md "The reference cases", and
+// the bf16 and EP rows it leaves out), the parameter counts, activations,
 // the suggestions, the checks, and the `moetrain plan` command's exit codes and output.
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -12,7 +13,7 @@
 #include "trainer/options.h"
 #include "plan/plan.h"
 
-// Options of BUDGETS.md case `which`, then `flags` (space-separated) on top.
+// Options of case `which` (docs/memory.md "The reference cases"), then `flags` (space-separated) on top.
 static int case_opts(char which, const char *flags, mt_run_opts *o) {
     char buf[512], *argv[32];
     int argc = 0;
@@ -34,7 +35,7 @@ static int plan_of(char which, const char *flags, mt_plan *p) {
 static double gb(uint64_t b) { return (double)b / 1e9; }
 
 // ---------------------------------------------------------------------------------------------
-// BUDGETS.md §4, cell by cell. A cell matches when ours rounds to it at the table's precision.
+// The reference cases (docs/memory.md "The reference cases"), cell by cell. A cell matches when ours rounds to it at the table's precision.
 
 enum { COLS = 8 };
 static const char *col_names[COLS] = {"base", "train", "grad", "optim", "master", "act", "work", "total"};
@@ -135,7 +136,7 @@ Test(plan, parameter_counts) {
 }
 
 Test(plan, frozen_base_formats) {
-    // BUDGETS.md §2: 46,439,333,888 quantized Linear weights; 4.127/4.5/4.25 bits; bf16 rest.
+    // docs/memory.md "Bytes per parameter": 46,439,333,888 quantized Linear weights; 4.127/4.5/4.25 bits; bf16 rest.
     static const struct { const char *flags; double bits, base_gb; } rows[] = {
         {"", 4.126953125, 24.48}, {"--no-double-quant", 4.5, 26.65}, {"--quant int4", 4.25, 25.20},
         {"--quant fp4", 4.126953125, 24.48}, {"--quant none", 0, 93.41},
@@ -151,7 +152,7 @@ Test(plan, frozen_base_formats) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     cr_expect_eq(mt_plan_linear_bytes(14336LL * 4096, MT_PLAN_OPTS_OF(&o)), 14336ull * 4096 / 2 + 917504 + 3584 * 4,
-                 "an expert's w1: nibbles, uint8 absmax, fp32 nested absmax (FORMATS.md §1.4)");
+                 "an expert's w1: nibbles, uint8 absmax, fp32 nested absmax (docs/formats.md 'Serialized quant_state')");
 }
 
 Test(plan, activations) {
@@ -164,7 +165,7 @@ Test(plan, activations) {
         mt_run_opts o;
         mt_run_opts_default(&o);
         o.seq = rows[i].seq;
-        cr_expect_eq(mt_plan_act_layer_bytes(&cfg, o.seq, 1), 258232ull * (uint64_t)o.seq, "BUDGETS.md §3.2");
+        cr_expect_eq(mt_plan_act_layer_bytes(&cfg, o.seq, 1), 258232ull * (uint64_t)o.seq, "docs/memory.md 'Activations'");
         double ckpt = gb(mt_plan_act_bytes(&cfg, MT_PLAN_OPTS_OF(&o)));
         o.checkpointing = MT_CKPT_NONE;
         double none = gb(mt_plan_act_bytes(&cfg, MT_PLAN_OPTS_OF(&o)));

@@ -308,12 +308,12 @@ Test(quant, traits_and_sizes) {
     cr_expect_str_eq(mt_qformats[MT_QUANT_NF4].name, "nf4");
     cr_expect_eq(mt_qformats[MT_QUANT_NF4].default_blocksize, 64);
     cr_expect_eq(mt_qformats[MT_QUANT_INT4].default_blocksize, 128);
-    // FORMATS.md §1.4: Mixtral's w1 [14336, 4096]: weight [29360128, 1], absmax 917504, nested 3584.
+    // docs/formats.md "Serialized quant_state": Mixtral's w1 [14336, 4096]: weight [29360128, 1], absmax 917504, nested 3584.
     int64_t n = 14336LL * 4096;
     cr_expect_eq(mt_q4_packed_bytes(n), 29360128);
     cr_expect_eq(mt_q4_blocks(n, 64), 917504);
     cr_expect_eq(mt_q4_blocks(917504, 256), 3584);
-    // BUDGETS.md §2: 4.126953125 bits with double quant, 4.5 without, 4.25 for int4 g128.
+    // docs/memory.md "Bytes per parameter": 4.126953125 bits with double quant, 4.5 without, 4.25 for int4 g128.
     cr_expect_eq(8.0 * (double)mt_q4_weight_bytes(MT_QUANT_NF4, n, 64, 1) / (double)n, 4.126953125);
     cr_expect_eq(8.0 * (double)mt_q4_weight_bytes(MT_QUANT_NF4, n, 64, 0) / (double)n, 4.5);
     cr_expect_eq(8.0 * (double)mt_q4_weight_bytes(MT_QUANT_INT4, n, 128, 0) / (double)n, 4.25);

@@ -1,5 +1,5 @@
 // tests/test_safetensors.c — the safetensors reader against one malformed file per rule of
-// FORMATS.md §4 (each built here, in a fresh temporary folder), and the writer by round trips.
+// docs/formats.md "safetensors" (each built here, in a fresh temporary folder), and the writer by round trips.
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <dirent.h>

@@ -94,7 +94,7 @@ static const opt_def opt_table[] = {
     {"max-new-tokens", OPT_INT, F(max_new_tokens), 0, "generate: tokens to produce"},
     {"temperature", OPT_F64, F(temperature), 0, "generate: sampling temperature (0: greedy)"},
     {"top-p", OPT_F64, F(top_p), 0, "generate: nucleus sampling threshold"},
-    {"case", OPT_SPECIAL, F(plan_case), 0, "plan: reproduce BUDGETS.md case A, B or C"},
+    {"case", OPT_SPECIAL, F(plan_case), 0, "plan: reproduce case A, B or C of docs/memory.md"},
     {"json", OPT_BOOL, F(json), 0, "plan: print JSON"},
     {"measure", OPT_BOOL, F(measure), 0, "plan: run one step on the null backend and compare"},
     {"max-seq", OPT_BOOL, F(max_seq), 0, "plan: the longest --seq that fits --gpu-mem (measured with --measure)"},

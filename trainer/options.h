@@ -109,7 +109,7 @@ int mt_args_want_help(int argc, char **argv);
 // Byte counts: "44GB", "44GiB", "44e9", "512MiB"; GB = 1e9, GiB = 2^30.
 int mt_parse_bytes(const char *text, double *out);
 
-// BUDGETS.md §4's case 'A', 'B' or 'C' (plan/plan.c) set on `o`, flags parsed afterwards override it.
+// Case 'A', 'B' or 'C' of docs/memory.md "The reference cases" (plan/plan.c) set on `o`, flags parsed afterwards override it.
 int mt_plan_case_apply(mt_run_opts *o, char which);
 // What the planner reads (plan/plan.h): the fields of `o` of the same names.
 mt_plan_opts mt_run_opts_plan(const mt_run_opts *o);

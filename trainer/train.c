@@ -383,7 +383,7 @@ static int run(trainer *t) {
             mt_data_next_batch(&t->data, &t->st.cursor, B * t->ranks, S, t->tokens, t->labels, t->mask);
             mt_batch b = {B, S, t->tokens + mine, t->labels + mine, t->mask + mine};
             mt_loss l;
-            // Each rank draws its own masks (DESIGN.md); rank 0's are those of a single process.
+            // Each rank draws its own masks (docs/design.md, "Parallelism: EP, DP, ZeRO"); rank 0's are those of a single process.
             mt_model_set_dropout_seed(&t->m, o->seed + (uint64_t)t->rank * 0x9e3779b97f4a7c15ull, t->st.step, micro);
             if (mt_model_forward_train(&t->m, &b, &l) != 0) return -1;
             mt_model_backward(&t->m);

@@ -81,7 +81,7 @@ check "mt_comm_abort(code 7) on rank 0" 4 7 10 "rank 0/4 .*rank-local failure" \
 
 # --- Parallel training on the tiny model ------------------------------------------------------
 # Every run trains 5 steps of the same global batch: one process with --batch 4, or N ranks with
-# --batch 4/N each. LoRA dropout is 0: its masks are drawn per rank (DESIGN.md).
+# --batch 4/N each. LoRA dropout is 0: its masks are drawn per rank (docs/design.md, "Parallelism: EP, DP, ZeRO").
 work=$(mktemp -d)
 trap 'rm -rf "$work" "$out"' EXIT
 moetrain=$build/moetrain

@@ -1,6 +1,6 @@
 // trainer/cmd/cmd_merge.c — `moetrain merge`: an adapter folded into a Hugging Face checkpoint.
 //
-// For every adapted Linear W [out, in]: W' = W + scale · B · A (PEFT's merge, FORMATS.md §2.2),
+// For every adapted Linear W [out, in]: W' = W + scale · B · A (PEFT's merge, docs/formats.md "LoRA math"),
 // computed in f32 and written in --dtype (by default the base's own dtype). The base is read, never written:
 // a 4-bit base (a bnb-4bit checkpoint, or a dense one with --quant nf4|fp4|int4, quantized here
 // exactly as `moetrain train` quantizes it on load) is dequantized to f32 first, then the delta

@@ -11,14 +11,14 @@
 static void plan_usage(FILE *out) {
     fprintf(out,
             "usage: moetrain plan --model DIR|CONFIG.json [FLAGS]\n"
-            "       moetrain plan --case A|B|C [FLAGS]    (BUDGETS.md's Mixtral-8x7B cases; flags override)\n\n"
+            "       moetrain plan --case A|B|C [FLAGS]    (docs/memory.md's Mixtral-8x7B cases; flags override)\n\n"
             "Prints the memory of one training step on the most loaded GPU, by category (GB = 1e9 B),\n"
             "whether it fits --gpu-mem, and which single changes would make it fit.\n"
             "Exit status: 0 fits, 3 does not fit, 2 bad flag, 1 bad model.\n\n"
             "--measure also runs one training step of the real code on the null backend (the model built\n"
             "from its config, nothing read, allocated or computed; the ledger counts every buffer) and\n"
             "prints the measured peak per category beside the plan; then the measured total decides the\n"
-            "exit status (the plan's total is an upper bound: BUDGETS.md's act and a guessed workspace).\n"
+            "exit status (the plan's total is an upper bound: docs/memory.md's act and a guessed workspace).\n"
             "--max-seq prints the longest --seq that fits (the plan's total; with --measure the measured one).\n\n");
     mt_run_opts_print_help(out);
 }

@@ -1,5 +1,5 @@
 // trainer/cmd/cmd_quantize.c — `moetrain quantize`: a bf16/f16/f32 checkpoint to a 4-bit one in
-// bitsandbytes' layout (FORMATS.md §1.4) with the same quantization_config in config.json, so
+// bitsandbytes' layout (docs/formats.md "Serialized quant_state") with the same quantization_config in config.json, so
 // that a later run (or transformers) loads it without re-quantizing.
 //
 // Two passes over the input, both streaming: the first lays out every output tensor (the
