@@ -2,11 +2,15 @@
 // (tests/data/hf_configs/, made by scripts/make_config_fixtures.py): both dialects read as the
 // same model with every value that matters; fields moetrain does not implement refused by name.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "core/fileio.h"
+#include "core/safetensors.h"
 #include "model/config.h"
+#include "model/mixtral.h"
+#include "trainer/options.h"
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/hf_configs/"
 
@@ -136,4 +140,45 @@ Test(config_dialects, fields_transformers_ignores_are_ignored) {
     cr_assert(!c.qkv_bias && !c.o_bias && c.clip_qkv == 0);
     cr_assert_eq(parse_with("v5", "qwen3_moe", "\"max_window_layers\": 2, \"temperature\": 0.7", &c), 0, "%s",
                  mt_error_get());
+}
+
+// Checkpoints saved by transformers 4.57 and 5.x (scripts/make_dialect_goldens.py: the fixtures'
+// configs, seeded weights saved in bf16): moetrain's fp32 CPU forward against transformers' logits.
+Test(config_dialects, saved_checkpoints_give_transformers_logits) {
+    const char *versions[] = {"v4", "v5"};
+    mt_backend *be = mt_backend_cpu_new();
+    for (size_t v = 0; v < MT_ARRAY_LEN(versions); v++)
+        for (size_t f = 0; f < MT_ARRAY_LEN(FAMILIES); f++) {
+            char dir[512], path[600];
+            snprintf(dir, sizeof dir, MT_REPO_ROOT "/tests/data/hf_models/%s/%s", versions[v], FAMILIES[f]);
+            snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+            mt_st_file g;
+            cr_assert_eq(mt_st_file_open(&g, path), 0, "%s", mt_error_get());
+            const mt_st_tensor *tok = mt_st_file_find(&g, "tokens"), *want = mt_st_file_find(&g, "logits");
+            cr_assert(tok && want && tok->ndim == 2 && want->ndim == 3, "%s: tokens/logits missing", path);
+            int B = (int)tok->shape[0], S = (int)tok->shape[1], T = B * S;
+            int32_t *mask = mt_xmalloc((size_t)T * sizeof(int32_t));
+            for (int i = 0; i < T; i++) mask[i] = 1;
+            mt_run_opts o;
+            mt_run_opts_default(&o);
+            o.quant = MT_QUANT_NONE;
+            mt_model m;
+            cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+            mt_batch b = {B, S, (int32_t *)tok->data, (int32_t *)tok->data, mask};
+            mt_loss l;
+            cr_assert_eq(mt_model_forward(&m, &b, &l), 0, "%s", mt_error_get());
+            int64_t V = m.cfg.vocab;
+            cr_assert_eq(want->shape[2], V);
+            float *got = mt_xmalloc((size_t)(T * V) * sizeof(float));
+            cr_assert_eq(mt_model_logits(&m, 0, T, got), 0, "%s", mt_error_get());
+            const float *w = want->data;
+            double diff = 0, scale = 0;
+            for (int64_t i = 0; i < T * V; i++) diff = fmax(diff, fabs((double)got[i] - w[i])), scale = fmax(scale, fabs(w[i]));
+            cr_expect_leq(diff / scale, 1e-4, "%s %s: logits' relative error %.3g", versions[v], FAMILIES[f],
+                          diff / scale);
+            free(got), free(mask);
+            mt_model_free(&m);
+            mt_st_file_close(&g);
+        }
+    mt_backend_free(be);
 }
