@@ -241,7 +241,7 @@ gpu_program() {  # NAME CMD...
   fi
 }
 gpu_program "moetrain_gpu_probe (device, versions, 1-rank NCCL)" "$build/moetrain_gpu_probe"
-gpu_program "cuda_parity --bench" "$build/cuda_parity" --bench
+gpu_program "cuda_parity (its --bench, an 8192³ GEMM, is for a GPU)" "$build/cuda_parity"
 gpu_program "moetrain_bench_gpu, tiny, cases C and A, MT_PROFILE=1" env MT_PROFILE=1 \
   MT_PROFILE_DIR="$work" "$build/moetrain_bench_gpu" --small --config configs/tiny.json --layers 1 \
   --case C --seq 64 --seq 128 --case A --steps 1
