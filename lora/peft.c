@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -77,6 +78,54 @@ static int read_patterns(const cJSON *root, const char *path, mt_peft_config *cf
     return 0;
 }
 
+// adapter_config.json fields beyond those read above. A field that changes what the adapter
+// computes is honoured (read above) or refused by name when set; bookkeeping and how PEFT made
+// the adapter are ignored; a field PEFT added later is accepted only when off (null, false, 0,
+// empty), because an adapter that uses it computes something moetrain does not.
+static const char *const PEFT_READ[] = {
+    "r", "lora_alpha", "peft_type", "use_dora", "bias", "use_rslora", "lora_dropout", "target_modules",
+    "target_parameters", "rank_pattern", "alpha_pattern",
+};
+static const char *const PEFT_IGNORED[] = {
+    "base_model_name_or_path", "revision", "task_type", "inference_mode", "init_lora_weights", "auto_mapping",
+    "peft_version", "exclude_modules", "layers_to_transform", "layers_pattern", "corda_config", "eva_config",
+    "loftq_config", "lora_ga_config", "qalora_group_size", "runtime_config", "ensure_weight_tying",
+    "megatron_core",  // the module megatron_config would use: without that config, nothing
+};
+// Keys the adapter file alone decides (which modules and layers carry A/B pairs is read from
+// adapter_model.safetensors): exclude_modules, layers_to_transform, layers_pattern. How the weights
+// were initialised (init_lora_weights, loftq/eva/corda configs) does not change what they compute.
+
+static int in_list(const char *const *list, size_t n, const char *key) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], key) == 0) return 1;
+    return 0;
+}
+
+// Off: null, false, 0, "" or an empty list/object (the value PEFT writes when a feature is unused).
+static int value_off(const cJSON *v) {
+    return cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
+           (cJSON_IsString(v) && !v->valuestring[0]) || ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child);
+}
+
+static int check_fields(const cJSON *root, const char *path) {
+    for (const cJSON *c = root->child; c; c = c->next) {
+        if (!c->string || in_list(PEFT_READ, MT_ARRAY_LEN(PEFT_READ), c->string) ||
+            in_list(PEFT_IGNORED, MT_ARRAY_LEN(PEFT_IGNORED), c->string) || value_off(c))
+            continue;
+        // fan_in_fan_out, lora_bias, modules_to_save, use_qalora, layer_replication,
+        // trainable_token_indices, megatron_config, alora_invocation_tokens, and whatever PEFT
+        // adds next: each changes the computation when set.
+        char *v = cJSON_PrintUnformatted(c);
+        mt_error_set("%s: %.60s = %.60s is not supported: moetrain would compute another adapter than PEFT "
+                     "(only the plain LoRA of r, lora_alpha, use_rslora, rank/alpha patterns is)", path, c->string,
+                     v ? v : "?");
+        free(v);
+        return -1;
+    }
+    return 0;
+}
+
 int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft_config *cfg) {
     cJSON *root = cJSON_ParseWithLength(text, len);
     int rc = -1;
@@ -103,6 +152,8 @@ int mt_peft_config_parse(const char *text, size_t len, const char *path, mt_peft
     else if (cJSON_IsTrue(dora)) mt_error_set("%s: use_dora adapters are not supported", path);
     else if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none") != 0)
         mt_error_set("%s: bias \"%s\" is not supported (only \"none\")", path, bias->valuestring);
+    else if (check_fields(root, path) != 0)
+        ;  // the error is set
     else {
         cfg->r = (int)r->valuedouble;
         cfg->lora_alpha = alpha ? alpha->valuedouble : 8.0;  // PEFT's default

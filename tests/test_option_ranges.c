@@ -124,3 +124,32 @@ Test(option_ranges, adapter_config_bounds_r_alpha_dropout_and_targets) {
     cr_assert_eq(mt_peft_config_parse(good, strlen(good), "ok.json", &c), 0, "%s", mt_error_get());
     cr_assert_eq(c.r, 65536);
 }
+
+// adapter_config.json fields that change what the adapter computes: refused by name when set,
+// accepted when off (the values PEFT writes for unused features); bookkeeping ignored.
+Test(option_ranges, adapter_config_fields_that_change_the_math) {
+    const char *set[][2] = {
+        {"\"fan_in_fan_out\":true", "fan_in_fan_out = true"},
+        {"\"lora_bias\":true", "lora_bias = true"},
+        {"\"modules_to_save\":[\"lm_head\"]", "modules_to_save = [\"lm_head\"]"},
+        {"\"use_dora\":true", "use_dora"},
+        {"\"bias\":\"all\"", "bias \"all\""},
+        {"\"layer_replication\":[[0,2],[1,2]]", "layer_replication"},
+        {"\"trainable_token_indices\":[5]", "trainable_token_indices"},
+        {"\"use_qalora\":true", "use_qalora"},
+        {"\"some_future_feature\":{\"on\":1}", "some_future_feature"},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(set); i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"peft_type\":\"LORA\",\"r\":8,%s}", set[i][0]);
+        expect_config_refused(json, set[i][1]);
+    }
+    mt_peft_config c;
+    const char *off = "{\"peft_type\":\"LORA\",\"r\":8,\"fan_in_fan_out\":false,\"lora_bias\":false,\"modules_to_save\":"
+                      "null,\"layer_replication\":null,\"use_qalora\":false,\"some_future_feature\":null,"
+                      "\"megatron_config\":null,\"megatron_core\":\"megatron.core\",\"layers_to_transform\":[0,1],"
+                      "\"layers_pattern\":\"layers\",\"init_lora_weights\":\"gaussian\",\"task_type\":\"CAUSAL_LM\","
+                      "\"use_rslora\":true}";
+    cr_assert_eq(mt_peft_config_parse(off, strlen(off), "ok.json", &c), 0, "%s", mt_error_get());
+    cr_assert(c.use_rslora, "use_rslora is honoured");
+}
