@@ -519,3 +519,25 @@ Test(quant_load, own_nested_map_is_used) {
     mt_st_model_close(&m);
     spoil_free(&s);
 }
+
+// Qwen2-MoE's shared_expert_gate [1, H] stays dense in a quantized checkpoint, so the skip list
+// names it (transformers 4.57 left it a 4-bit Linear without data: "Cannot copy out of meta tensor"),
+// with the default targets and with --quant-targets all alike.
+Test(quant_load, quantize_names_the_dense_shared_expert_gate, .timeout = 60) {
+    char tmp[64], src[128], out[1024], path[256], *text;
+    size_t len;
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(src, sizeof src, "%s/qwen2", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny-qwen2-moe.json --out %s", MT_REPO_ROOT, src),
+                 0, "%s", out);
+    const char *targets[] = {"", "--quant-targets all"};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(mt_test_run(out, sizeof out, "quantize --model %s --quant nf4 %s --out %s/q%d", src, targets[i], tmp,
+                                 i), 0, "%s", out);
+        snprintf(path, sizeof path, "%s/q%d/config.json", tmp, i);
+        cr_assert_eq(mt_read_file(path, 1 << 20, &text, &len), 0);
+        cr_expect(strstr(text, "\"shared_expert_gate\"]"), "%s: %s", targets[i], strstr(text, "llm_int8_skip_modules"));
+        free(text);
+    }
+    mt_test_rmrf(tmp);
+}

@@ -214,7 +214,8 @@ static int copy_other_files(const char *from, const char *to) {
 // config.json with the quantization_config of what was written. transformers replaces every
 // Linear that llm_int8_skip_modules does not name (a module's own name, or a dotted prefix of
 // its path), so modules left unquantized are named there: "gate" (the router's own name),
-// "self_attn", "experts" with "shared_expert", and lm_head, which an explicit list must include.
+// "self_attn", "experts" with "shared_expert", "shared_expert_gate" (Qwen2-MoE's, always dense), and
+// lm_head, which an explicit list must include.
 // (A dense layer's mlp.*_proj has no name of its own to list: with the experts left out, a
 // Qwen checkpoint with dense layers gets them quantized by transformers but stored dense here.)
 static int write_config(const mt_model_config *in, const qargs *a, const char *path) {
@@ -225,11 +226,16 @@ static int write_config(const mt_model_config *in, const qargs *a, const char *p
         cfg.double_quant = a->double_quant;
     }
     if (mt_model_config_write(&cfg, path) != 0) return -1;
-    if (!cfg.quantized || (a->targets & MT_QTARGET_ALL) == MT_QTARGET_ALL) return 0;
-    char list[160] = "[\"lm_head\"";
+    // Qwen2-MoE's shared_expert_gate [1, H] is always stored dense: without its name here,
+    // transformers makes it a 4-bit Linear whose weight the file does not have (4.57: "Cannot copy
+    // out of meta tensor" on load).
+    const char *shared_gate = mt_config_family(&cfg)->shared_gate;
+    if (!cfg.quantized || ((a->targets & MT_QTARGET_ALL) == MT_QTARGET_ALL && !shared_gate)) return 0;
+    char list[200] = "[\"lm_head\"";
     if (!(a->targets & MT_QTARGET_ROUTER)) strcat(list, ", \"gate\"");
     if (!(a->targets & MT_QTARGET_ATTN)) strcat(list, ", \"self_attn\"");
     if (!(a->targets & MT_QTARGET_EXPERTS)) strcat(list, ", \"experts\", \"shared_expert\"");
+    if (shared_gate && (a->targets & MT_QTARGET_EXPERTS)) strcat(list, ", \"shared_expert_gate\"");
     strcat(list, "]");
     char *text;
     size_t len;
