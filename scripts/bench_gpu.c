@@ -57,6 +57,7 @@ typedef struct {
     double step_s, tokens_s, mfu, hfu;  // hfu < 0: not modelled for this case
     double ledger_gb, driver_gb;  // the ledger's total peak; the driver's used peak less the baseline
     double plan_gb;               // plan --measure's total peak for the same model and flags
+    double run_gb;                // the ledger's peak less what the backend held before the run
     double step32_s, plan32_gb;   // --layers < 32: the step time scaled to 32 layers; the plan's peak there
 } result;
 
@@ -341,7 +342,7 @@ static void compare_plan(mt_backend *be, const mt_ledger *held, const mt_model_c
         printf("plan --measure: not comparable: %s\n", mt_error_get());
     } else {
         r->plan_gb = pm.total_peak / 1e9;
-        double run_gb = (double)(be->ledger.total_peak - held->total_cur) / 1e9;
+        double run_gb = r->run_gb = (double)(be->ledger.total_peak - held->total_cur) / 1e9;
         printf("the run's peak by category, GB (cuda ledger less the backend's own / plan --measure):");
         for (int c = 0; c < MT_MEM_COUNT; c++)
             printf(" %s %.3f/%.3f", mt_mem_cat_name((mt_mem_cat)c), (double)(be->ledger.peak[c] - held->cur[c]) / 1e9,
@@ -372,15 +373,15 @@ static void compare_plan(mt_backend *be, const mt_ledger *held, const mt_model_c
     }
 }
 
-// Builds the case, runs 1 warm-up and `steps` timed steps, prints the figures, frees it all.
-static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_layers, char which, int64_t seq,
-                    int steps, double peak_tflops, result *r) {
+// Builds the case's model once, then for each sequence length runs 1 warm-up and `steps` timed
+// steps, prints the figures into rs[i] and frees the model.
+static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_layers, char which, const int64_t *seqs,
+                    int n_seqs, int steps, double peak_tflops, result *rs) {
     mt_run_opts o;
-    if (set_opts(&o, which, seq) != 0) return -1;
-    printf("\n--- case %c, seq %lld, batch %lld, --checkpointing full, %s%s, %lld of %lld layers\n", which,
-           (long long)seq, (long long)o.batch, mt_mode_name(o.mode),
-           o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "", (long long)cfg->layers,
-           (long long)full_layers);
+    if (set_opts(&o, which, seqs[0]) != 0) return -1;
+    printf("\n--- case %c, batch %lld, --checkpointing full, %s%s, %lld of %lld layers\n", which, (long long)o.batch,
+           mt_mode_name(o.mode), o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "",
+           (long long)cfg->layers, (long long)full_layers);
     // The driver's used memory that is not the ledger's (context, cuBLASLt, kernels loaded so far):
     // taken off the driver's peak so that the two count the same bytes. The pool's kept memory
     // is handed back first: it would count in the baseline and then serve this run unseen.
@@ -407,17 +408,33 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
     if (o.offload_optimizer)
         printf("optimizer state in host memory: %.3f GB\n", mt_adamw_host_bytes(&opt) / 1e9);
 
-    size_t T = (size_t)(o.batch * o.seq);
-    int32_t *tokens = mt_xmalloc(T * sizeof(int32_t));
-    mt_rng rng;
-    mt_rng_seed(&rng, o.seed, 7);
-    for (size_t i = 0; i < T; i++) tokens[i] = (int32_t)(mt_rng_next(&rng) % (uint64_t)cfg->vocab);
-    mt_batch b = {(int)o.batch, (int)o.seq, tokens, tokens, NULL};  // the model shifts labels by one
-
-    mt_ledger_reset_peak(&be->ledger);
-    int rc = measure(&m, &opt, params, n, &b, &o, steps, peak_tflops, baseline, r);
-    if (rc == 0) compare_plan(be, &held, cfg, full_layers, &o, r);
-    free(tokens);
+    int failed = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        result *r = &rs[i];
+        if (set_opts(&o, which, seqs[i]) != 0) return -1;  // the same model; seq is the step's shape
+        printf("\n--- case %c, seq %lld\n", which, (long long)o.seq);
+        size_t T = (size_t)(o.batch * o.seq);
+        int32_t *tokens = mt_xmalloc(T * sizeof(int32_t));
+        mt_rng rng;
+        mt_rng_seed(&rng, o.seed, 7);
+        for (size_t t = 0; t < T; t++) tokens[t] = (int32_t)(mt_rng_next(&rng) % (uint64_t)cfg->vocab);
+        mt_batch b = {(int)o.batch, (int)o.seq, tokens, tokens, NULL};  // the model shifts labels by one
+        if (i) trim_pool(be);  // the last length's activations, kept by the pool, are not this one's
+        mt_ledger_reset_peak(&be->ledger);
+        r->ok = measure(&m, &opt, params, n, &b, &o, steps, peak_tflops, baseline, r) == 0;
+        if (r->ok) compare_plan(be, &held, cfg, full_layers, &o, r);
+        else snprintf(r->error, sizeof r->error, "%s", mt_error_get()), failed++;
+        free(tokens);
+        if (r->ok)
+            json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"step_s\":%.4f,\"tokens_per_s\":%.1f,"
+                      "\"mfu\":%.4f,\"hfu\":%.4f,\"ledger_gb\":%.3f,\"ledger_run_gb\":%.3f,\"driver_gb\":%.3f,"
+                      "\"plan_measure_gb\":%.3f,\"step32_s_projected\":%.3f,\"plan32_gb\":%.3f", which,
+                      (long long)o.seq, (long long)cfg->layers, r->step_s, r->tokens_s, r->mfu, r->hfu, r->ledger_gb,
+                      r->run_gb, r->driver_gb, r->plan_gb, r->step32_s, r->plan32_gb);
+        else
+            json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"ok\":false", which, (long long)o.seq,
+                      (long long)cfg->layers);
+    }
     mt_adamw_free(&opt);
     mt_params_free(params, n);
     mt_model_free(&m);
@@ -428,16 +445,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
     printf("after free: ledger %.3f GB held; the pool had kept %.3f GB for reuse; after trimming it, driver %+.3f GB "
            "against the baseline\n", be->ledger.total_cur / 1e9, kept,
            ((double)used_bytes(be) - (double)be->ledger.total_cur - (double)baseline) / 1e9);
-    if (rc == 0)
-        json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"step_s\":%.4f,\"tokens_per_s\":%.1f,"
-                  "\"mfu\":%.4f,\"hfu\":%.4f,\"ledger_gb\":%.3f,\"driver_gb\":%.3f,\"plan_measure_gb\":%.3f,"
-                  "\"step32_s_projected\":%.3f,\"plan32_gb\":%.3f", which, (long long)seq, (long long)cfg->layers,
-                  r->step_s, r->tokens_s, r->mfu, r->hfu, r->ledger_gb, r->driver_gb, r->plan_gb, r->step32_s,
-                  r->plan32_gb);
-    else
-        json_line("step", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"ok\":false", which, (long long)seq,
-                  (long long)cfg->layers);
-    return rc;
+    return failed ? -1 : 0;
 }
 
 static void usage(FILE *f) {
@@ -513,18 +521,23 @@ int main(int argc, char **argv) {
     double deq_gbs = dequant_bandwidth(be, &cfg, copy_gbs);
     result res[MAX_RUNS];
     int n_res = 0, failed = 0;
-    for (int c = 0; c < n_cases; c++)
-        for (int s = 0; s < (cases[c] == 'C' ? n_seqs : 1) && n_res < MAX_RUNS; s++) {
-            result *r = &res[n_res++];
-            memset(r, 0, sizeof *r);
-            r->which = cases[c], r->seq = cases[c] == 'C' ? seqs[s] : seq_given ? seqs[0] : 1024;
-            r->ok = run_case(be, &cfg, full_layers, r->which, r->seq, steps, peak, r) == 0;
-            if (!r->ok) {
-                snprintf(r->error, sizeof r->error, "%s", mt_error_get());
-                printf("case %c seq %lld FAILED: %s\n", r->which, (long long)r->seq, r->error);
-                failed++;
-            }
-        }
+    // One model per case, every sequence length run on it (C: each --seq; A and B: one).
+    for (int c = 0; c < n_cases && n_res < MAX_RUNS; c++) {
+        int64_t ab_seq = seq_given ? seqs[0] : 1024;
+        const int64_t *cs = cases[c] == 'C' ? seqs : &ab_seq;
+        int ns = cases[c] == 'C' ? MT_MIN(n_seqs, MAX_RUNS - n_res) : 1;
+        result *rs = &res[n_res];
+        memset(rs, 0, (size_t)ns * sizeof *rs);
+        for (int s = 0; s < ns; s++) rs[s].which = cases[c], rs[s].seq = cs[s];
+        if (run_case(be, &cfg, full_layers, cases[c], cs, ns, steps, peak, rs) != 0)
+            for (int s = 0; s < ns; s++)
+                if (!rs[s].ok) {
+                    if (!rs[s].error[0]) snprintf(rs[s].error, sizeof rs[s].error, "%s", mt_error_get());
+                    printf("case %c seq %lld FAILED: %s\n", rs[s].which, (long long)rs[s].seq, rs[s].error);
+                    failed++;
+                }
+        n_res += ns;
+    }
     mt_backend_free(be);
 
     printf("\n");
