@@ -17,6 +17,8 @@
 #         the build; 1 MB).
 #   manifest.txt  the commit, a hash of the sources (gpu_check.sh refuses a bundle of other
 #         sources), each file's sha256, and what the machine must provide.
+#   whl/  PEFT's wheel (pure Python), for the PyTorch baseline (scripts/gpu_baseline.py): the GPU
+#         machine's own PEFT may be too old for target_parameters; pip installs it there offline.
 # Environment: MT_GPU_BUNDLE_DIR (default .gpubundle), JOBS (default nproc),
 #   MT_GPU_BUNDLE_OMIT=libfoo.so.1 leaves that library out (the rehearsal's planted failure).
 set -euo pipefail
@@ -82,6 +84,13 @@ mkdir -p "$out"
   echo "needs $needs"
   (cd "$stage" && find bin lib -type f | sort | xargs sha256sum | sed 's/^/file /')
 } >"$out/manifest.txt.tmp"
+# PEFT for the baseline: the version it was checked with (a failed download only warns: the
+# baseline then uses the machine's PEFT, and says which).
+peft=peft==0.21.2
+rm -rf "$out/whl"
+if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$out/whl" "$peft" >/dev/null 2>&1; then
+  echo "gpu_bundle: WARNING: could not download $peft: the baseline will use the GPU machine's PEFT" >&2
+fi
 tar -C "$stage" -czf "$out/mt-gpu.tar.gz.tmp" bin lib
 mv "$out/mt-gpu.tar.gz.tmp" "$out/mt-gpu.tar.gz"
 mv "$out/manifest.txt.tmp" "$out/manifest.txt"

@@ -296,6 +296,23 @@ for i in "${!NAMES[@]}"; do
   [ "${VERDICTS[$i]}" = PASS ] || failed=1
 done
 grep -h '^PROJECTION\|^bench_gpu: \|^baseline: ' "$LOG" 2>/dev/null | sed 's/^/  /'
+# The goal: case C's tokens/s against transformers + PEFT's on the same model and sequence length.
+if command -v python3 >/dev/null; then
+  python3 - "$MT_GPU_JSONL" "${SEQS[0]}" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+ours = [r for r in rows if r.get("part") == "step" and r.get("case") == "C" and r.get("seq") == int(sys.argv[2]) and "tokens_per_s" in r]
+theirs = [r for r in rows if r.get("part") == "baseline_train" and r.get("ok")]
+if ours and theirs:
+    a, b = ours[0]["tokens_per_s"], theirs[0]["tokens_per_s"]
+    with open(sys.argv[1], "a") as f:
+        f.write(json.dumps({"part": "ratio", "seq": int(sys.argv[2]), "moetrain_tokens_per_s": a,
+                            "transformers_peft_tokens_per_s": b, "ratio": round(a / b, 3), "goal": 5.0}) + "\n")
+    print(f"gpu_check: case C at seq {sys.argv[2]}: moetrain {a} tokens/s, transformers + PEFT {b}: {a / b:.2f}x (goal 5x)")
+else:
+    print("gpu_check: no ratio: moetrain's case C or the baseline's training figure is missing")
+PY
+fi
 write_json
 echo "gpu_check: results in $LOG and $JSON"
 [ $failed = 0 ] && echo "gpu_check: all passed$([ "$REHEARSAL" = 1 ] && echo ' (rehearsal)')"

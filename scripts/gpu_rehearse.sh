@@ -71,7 +71,7 @@ fi
 mkdir -p "$root/src/main"
 git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$root/src/main"
 mkdir -p "$root/src/main/.gpubundle"
-cp "$bundle/manifest.txt" "$bundle/mt-gpu.tar.gz" "$root/src/main/.gpubundle/"
+cp -r "$bundle"/. "$root/src/main/.gpubundle/"
 
 cuda=$(readlink -f "${CUDA_HOME:-/usr/local/cuda}")
 nccl=$(find "$cuda/" -name 'libnccl.so.2' | head -n 1)
