@@ -250,9 +250,11 @@ static void json_str(FILE *f, const char *s) {
 }
 
 int mt_prof_write_json(const char *path, const char *title) {
-    FILE *f = fopen(path, "w");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);  // written whole, then renamed: never half a file
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        mt_error_set("profile: cannot write %s", path);
+        mt_error_set("profile: cannot write %s", tmp);
         return -1;
     }
     const mt_prof_table *t = &P.t;
@@ -277,8 +279,9 @@ int mt_prof_write_json(const char *path, const char *title) {
                "\"bytes\": %.17g}}\n",
             t->step_ms / steps, t->rows_ms / steps, (t->step_ms - t->rows_ms) / steps, t->flops / steps,
             t->bytes / steps);
-    if (fclose(f) != 0) {
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
         mt_error_set("profile: writing %s failed", path);
+        remove(tmp);
         return -1;
     }
     return 0;

@@ -25,11 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>  // the default pool, trimmed between runs (this program is CUDA-only)
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/fileio.h"
 #include "core/profile.h"
 #include "core/rng.h"
 #include "model/config.h"
@@ -249,12 +251,27 @@ static int profile_step(mt_model *m, mt_adamw *opt, const mt_param *params, int 
         step_build(&sh, &ops);
         profile_table_print(stdout, mt_prof_table_get(), &ops);
     }
+    // The table as JSON: in $MT_PROFILE_DIR when set, and as one line of $MT_GPU_JSONL (the GPU
+    // check's one results file).
     const char *dir = getenv("MT_PROFILE_DIR");
-    if (dir && *dir) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/profile-%c-%lld.json", dir, o->plan_case, (long long)b->S);
-        if (mt_prof_write_json(path, title) != 0) mt_warn("bench_gpu: %s", mt_error_get());
+    char path[4200];
+    if (dir && *dir) snprintf(path, sizeof path, "%s/profile-%c-%lld.json", dir, o->plan_case, (long long)b->S);
+    else snprintf(path, sizeof path, "/tmp/moetrain-profile-%d.json", (int)getpid());
+    if (mt_prof_write_json(path, title) != 0) {
+        mt_warn("bench_gpu: %s", mt_error_get());
+        return 0;
     }
+    char *text;
+    size_t len;
+    if (mt_read_file(path, 16u << 20, &text, &len) == 0) {
+        for (size_t i = 0; i < len; i++)
+            if (text[i] == '\n') text[i] = ' ';
+        while (len && text[len - 1] == ' ') text[--len] = 0;
+        json_line("profile", "\"case\":\"%c\",\"seq\":%lld,\"layers\":%lld,\"table\":%s", o->plan_case,
+                  (long long)b->S, (long long)m->cfg.layers, text);
+        free(text);
+    }
+    if (!(dir && *dir)) remove(path);
     return 0;
 }
 

@@ -41,8 +41,8 @@ SEQS=(4096 16384)
 # GPU ~10 s, 5 steps at 4k ~15 s); the 98 CUDA tests ~90 s (CPU references at small sizes, 16 cores).
 STEPS=(
   "bundle|5|60|step_bundle"
-  "machine|5|30|step_machine"
   "probe (device, versions, 1-rank NCCL)|10|60|step_probe"
+  "machine|5|30|step_machine"
   "parity (every CUDA op against its CPU twin, matmul)|20|90|step_parity"
   "CLI: 3 steps on cpu and on cuda, compared|25|120|step_cli"
   "Mixtral-8x7B step, $LAYERS layers, MT_PROFILE=1: case C at ${SEQS[*]}, case A|90|240|step_bench"
@@ -213,7 +213,7 @@ step_bench() {
     run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
     gpu_result $?; return
   fi
-  MT_PROFILE=1 MT_PROFILE_DIR="$OUTDIR" run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
+  MT_PROFILE=1 run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
     --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
 }
 
