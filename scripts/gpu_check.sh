@@ -19,7 +19,12 @@
 # measured. Exit 0 when every step passed, 1 otherwise.
 #
 # Environment: MT_GPU_CHECK_LAYERS (Mixtral layers built, default 4), MT_GPU_CHECK_DEADLINE,
-# MT_GPU_BUNDLE_DIR (default .gpubundle). Internal: MT_GPU_CHECK_REHEARSAL=1 (set by --rehearse
+# MT_GPU_BUNDLE_DIR (default .gpubundle), MT_GPU_CHECK_SEQS (case C's lengths, default "4096
+# 16384"), MT_GPU_CHECK_BENCH_ARGS (more flags for moetrain_bench_gpu), MT_GPU_CHECK_SKIP (steps
+# to skip, by function name: "step_tests step_baseline"; shown as SKIP (asked), not failures),
+# MT_GPU_CHECK_PARITY_ARGS (default --bench: also time an 8192³ bf16 GEMM).
+# MT_GPU_CHECK_BUILD=DIR runs the programs of a build folder instead of a bundle: with build-sim
+# (make SIM=1), make test-sim runs the check's GPU path end to end, CPU-emulated. Internal: MT_GPU_CHECK_REHEARSAL=1 (set by --rehearse
 # inside the clean root): a step passes when its program started and reported that there is no
 # GPU; a library that does not load fails it, by name.
 set -uo pipefail
@@ -29,7 +34,16 @@ PREFIX=/tmp/mt-gpu                 # where the bundle unpacks (the test suite's 
 LAYERS=${MT_GPU_CHECK_LAYERS:-4}
 DEADLINE=${MT_GPU_CHECK_DEADLINE:-540}
 REHEARSAL=${MT_GPU_CHECK_REHEARSAL:-0}
-SEQS=(4096 16384)
+read -r -a SEQS <<<"${MT_GPU_CHECK_SEQS:-4096 16384}"
+read -r -a BENCH_ARGS <<<"${MT_GPU_CHECK_BENCH_ARGS:-}"
+BUILD_DIR=${MT_GPU_CHECK_BUILD:-}
+# prog NAME: a program of the check, from the unpacked bundle or the build folder.
+prog() {
+  if [ -z "$BUILD_DIR" ]; then echo "$PREFIX/bin/$1"
+  elif [ "$1" = compare_runs ]; then echo "$BUILD_DIR/tests/mpi/compare_runs"
+  else echo "$BUILD_DIR/$1"; fi
+}
+TESTS_LIST=$PREFIX/bin/cuda_tests.txt
 
 # --- the steps: name, estimate on an H100 (s), limit (s), function -----------------------------
 # Estimates: the bundle unpacks in ~3 s; the probe's NCCL init ~5 s; the parity program's ~250
@@ -122,6 +136,16 @@ gpu_result() {
 # --- steps ------------------------------------------------------------------------------------
 step_bundle() {
   local lim=$1
+  if [ -n "$BUILD_DIR" ]; then  # a build folder of this machine: its programs, its test list
+    local p
+    for p in moetrain moetrain_tests moetrain_bench_gpu moetrain_gpu_probe cuda_parity moetrain_roofline compare_runs; do
+      [ -x "$(prog $p)" ] || { echo "gpu_check: $(prog $p) is missing: build it first"; return 1; }
+    done
+    TESTS_LIST=$WORK/cuda_tests.txt
+    bash tests/cuda_tests.sh "$(prog moetrain_tests)" | sort -u >"$TESTS_LIST"
+    echo "gpu_check: the programs of $BUILD_DIR, $(wc -l <"$TESTS_LIST") CUDA tests listed"
+    return 0
+  fi
   [ -f "$BUNDLE/mt-gpu.tar.gz" ] && [ -f "$BUNDLE/manifest.txt" ] ||
     { echo "gpu_check: no bundle in $BUNDLE: run 'make gpu-bundle' on the development machine and carry $BUNDLE"; return 1; }
   sed -n '1,4p' "$BUNDLE/manifest.txt"
@@ -175,17 +199,17 @@ step_machine() {
 }
 
 step_probe() {
-  NCCL_DEBUG=WARN run_limited "$1" "$PREFIX/bin/moetrain_gpu_probe"
+  NCCL_DEBUG=WARN run_limited "$1" "$(prog moetrain_gpu_probe)"
   gpu_result $?
 }
 
 step_parity() {
-  run_limited "$1" "$PREFIX/bin/cuda_parity" --bench
+  run_limited "$1" "$(prog cuda_parity)" ${MT_GPU_CHECK_PARITY_ARGS---bench}
   gpu_result $?
 }
 
 step_cli() {
-  local lim=$1 bin="$PREFIX/bin/moetrain" d="$WORK/cli" dev rc
+  local lim=$1 bin="$(prog moetrain)" d="$WORK/cli" dev rc
   mkdir -p "$d"
   "$bin" init --config configs/tiny.json --out "$d/tiny" --seed 3 >"$d/init.log" 2>&1 ||
     { cat "$d/init.log"; return 1; }
@@ -199,22 +223,25 @@ step_cli() {
   rc=$?
   if [ "$REHEARSAL" = 1 ]; then gpu_result $rc; return; fi
   [ $rc = 0 ] || return $rc
-  # fp32 on both, different summation orders and cuBLASLt over 3 Adam steps: loss to 1e-2, 5% L2.
-  "$PREFIX/bin/compare_runs" "$d/cpu" "$d/cuda" 1e-2 0.05
+  # The CUDA step is bf16, the CPU's fp32: losses to 1e-2; the adapters to 15% relative L2 (Adam's
+  # first steps normalise each gradient element, so the bf16 roundings of the tiny ones show in
+  # full: 7% seen CPU-emulated, where the kernels' arithmetic is the GPU's).
+  "$(prog compare_runs)" "$d/cpu" "$d/cuda" 1e-2 0.15
 }
 
 step_bench() {
   local lim=$1 seqargs=() s
   for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
-  "$PREFIX/bin/moetrain_roofline" || echo "gpu_check: the roofline projection failed"
+  "$(prog moetrain_roofline)" || echo "gpu_check: the roofline projection failed"
   if [ "$REHEARSAL" = 1 ]; then
     # The same program on the tiny model with the emulator's sizes would need a GPU too: here it
     # must start and find none.
-    run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
+    run_limited "$lim" "$(prog moetrain_bench_gpu)" --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2 \
+      "${BENCH_ARGS[@]}"
     gpu_result $?; return
   fi
-  MT_PROFILE=1 run_limited "$lim" "$PREFIX/bin/moetrain_bench_gpu" \
-    --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2
+  MT_PROFILE=1 run_limited "$lim" "$(prog moetrain_bench_gpu)" \
+    --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2 "${BENCH_ARGS[@]}"
 }
 
 step_baseline() {
@@ -236,15 +263,15 @@ step_baseline() {
 
 step_tests() {
   local lim=$1 filter
-  filter="@($(sed 's|::|/|' "$PREFIX/bin/cuda_tests.txt" | paste -sd'|'))"
-  run_limited "$lim" "$PREFIX/bin/moetrain_tests" --jobs "$(nproc)" --filter "$filter" --tap="$WORK/tests.tap"
+  filter="@($(sed 's|::|/|' "$TESTS_LIST" | paste -sd'|'))"
+  run_limited "$lim" "$(prog moetrain_tests)" --jobs "$(nproc)" --filter "$filter" --tap="$WORK/tests.tap"
   local rc=$?
   [ "$rc" -ge 124 ] && return "$rc"
   # Criterion lists the tests its filter left out as skipped: count the listed ones only.
   local want passed skipped failed
-  want=$(wc -l <"$PREFIX/bin/cuda_tests.txt")
+  want=$(wc -l <"$TESTS_LIST")
   sed -E -n 's/^(not )?ok - ([^ ]+)(.*)$/\2 \1\3/p' "$WORK/tests.tap" 2>/dev/null | sed 's|/|::|' |
-    awk 'NR == FNR { want[$0] = 1; next } ($1 in want)' "$PREFIX/bin/cuda_tests.txt" - >"$WORK/tests.mine"
+    awk 'NR == FNR { want[$0] = 1; next } ($1 in want)' "$TESTS_LIST" - >"$WORK/tests.mine"
   skipped=$(grep -c '# SKIP' "$WORK/tests.mine")
   failed=$(grep -c ' not ' "$WORK/tests.mine")
   passed=$(( $(wc -l <"$WORK/tests.mine") - skipped - failed ))
@@ -267,6 +294,12 @@ NAMES=() VERDICTS=()
 for s in "${STEPS[@]}"; do
   IFS='|' read -r name est lim fn <<<"$s"
   left=$((DEADLINE - ($(date +%s) - START) - 10))  # 10 s kept for the summary
+  if [[ " ${MT_GPU_CHECK_SKIP:-} " == *" $fn "* ]]; then
+    echo; echo "=== $name: SKIP (asked: MT_GPU_CHECK_SKIP)"
+    NAMES+=("$name") VERDICTS+=("SKIP (asked)")
+    record "{\"part\":\"step\",\"name\":\"$name\",\"verdict\":\"SKIP\",\"why\":\"asked\"}"
+    continue
+  fi
   if [ "$left" -lt 15 ] || { [ "$fn" != step_bundle ] && [ "${BUNDLE_OK:-0}" != 1 ]; }; then
     verdict=SKIP
     why=$([ "$left" -lt 15 ] && echo "no time left" || echo "no bundle")
@@ -293,7 +326,7 @@ echo "gpu_check: summary ($(( $(date +%s) - START )) s of the ${ESTIMATE_TOTAL} 
 failed=0
 for i in "${!NAMES[@]}"; do
   printf '  %-22s %s\n' "${VERDICTS[$i]}" "${NAMES[$i]}"
-  [ "${VERDICTS[$i]}" = PASS ] || failed=1
+  [ "${VERDICTS[$i]}" = PASS ] || [ "${VERDICTS[$i]}" = "SKIP (asked)" ] || failed=1
 done
 grep -h '^PROJECTION\|^bench_gpu: \|^baseline: ' "$LOG" 2>/dev/null | sed 's/^/  /'
 # The goal: case C's tokens/s against transformers + PEFT's on the same model and sequence length.

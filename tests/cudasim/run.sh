@@ -10,8 +10,8 @@
 #   4. the CLI: 200 steps of the tiny model with --device cuda against --device cpu (started
 #      first, beside 1-3: the emulator runs a process's kernels on one OS thread);
 #   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process;
-#   6. the GPU check's own programs (scripts/gpu_check.sh): the probe, the parity program, and the
-#      step benchmark with MT_PROFILE=1 on the tiny model, their JSON lines read back.
+#   6. the GPU check (scripts/gpu_check.sh) on this build's programs: its GPU path end to end on the
+#      tiny model, its results file read back.
 # Prints a line per check and a summary; exits 1 when anything failed. Results are CPU-emulated.
 set -uo pipefail
 build=${1:-build-sim}
@@ -223,38 +223,43 @@ else
   bad "NCCL: no mpirun on PATH"
 fi
 
-# --- 6. the GPU check's programs ---------------------------------------------------------------------
-# What a lent GPU will run first, run here first: each must finish and write JSON that parses.
-export MT_GPU_JSONL="$work/gpu_check.jsonl"
-gpu_program() {  # NAME CMD...
-  local name=$1 t0
-  shift
-  t0=$(date +%s)
-  : >"$MT_GPU_JSONL"
-  if "$@" >"$work/gp.log" 2>&1 &&
-     python3 -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; assert rows, "no JSON lines"' \
-       "$MT_GPU_JSONL" 2>"$work/gp.err"; then
-    ok "GPU check program, emulated: $name: exit 0, $(wc -l <"$MT_GPU_JSONL") JSON lines ($(($(date +%s) - t0)) s)"
-  else
-    bad "GPU check program, emulated: $name"
-    tail -8 "$work/gp.log" "$work/gp.err" | sed 's/^/      | /'
-  fi
-}
-gpu_program "moetrain_gpu_probe (device, versions, 1-rank NCCL)" "$build/moetrain_gpu_probe"
-gpu_program "cuda_parity (its --bench, an 8192³ GEMM, is for a GPU)" "$build/cuda_parity"
-gpu_program "moetrain_bench_gpu, tiny, cases C and A, MT_PROFILE=1" env MT_PROFILE=1 \
-  MT_PROFILE_DIR="$work" "$build/moetrain_bench_gpu" --small --config configs/tiny.json --layers 1 \
-  --case C --seq 64 --seq 128 --case A --steps 1
-# The profile's JSON per run, its rows summing to the step (the table's own invariant).
-for f in profile-C-64 profile-C-128 profile-A-64; do
-  if python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); r = t["totals"]
-assert abs(sum(x["ms"] for x in t["rows"]) + r["unattributed_ms"] - r["step_ms"]) < 1e-6 * max(1, r["step_ms"]), "rows + unattributed != step"
-assert t["emulated"] and t["rows"], "not labelled emulated, or no rows"' "$work/$f.json" 2>"$work/gp.err"; then
-    ok "GPU check program, emulated: $f.json: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' "$work/$f.json") rows, rows + unattributed = step"
-  else
-    bad "GPU check program, emulated: $f.json"; sed 's/^/      | /' "$work/gp.err"
-  fi
-done
+# --- 6. the GPU check's GPU path ------------------------------------------------------------------
+# What a lent GPU will run first, run here first: scripts/gpu_check.sh on this build's programs
+# (the probe, the parity program, the CLI's cpu-against-cuda steps, the step benchmark with
+# MT_PROFILE=1 on the tiny model), then its results file read back: every part there, each
+# profile's rows summing to its step. Skipped: nvidia-smi (no driver here), the CUDA tests
+# (section 1 ran them) and the PyTorch baseline (it needs torch and a GPU).
+t0=$(date +%s)
+if MT_GPU_CHECK_BUILD="$build" MT_GPU_CHECK_SEQS="64 128" MT_GPU_CHECK_LAYERS=1 \
+   MT_GPU_CHECK_BENCH_ARGS="--small --config configs/tiny.json" MT_GPU_CHECK_PARITY_ARGS= \
+   MT_GPU_CHECK_SKIP="step_machine step_tests step_baseline" OUT="$work/gco" \
+   bash scripts/gpu_check.sh >"$work/gco.log" 2>&1 &&
+   python3 - "$work/gco/gpu_check.json" >"$work/gco.check" 2>&1 <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+parts = {r["part"] for r in rows}
+for want in ("versions", "device", "nccl", "matmul", "copy", "dequant_nf4", "step", "profile"):
+    assert want in parts, f"no '{want}' result"
+assert all(r.get("ok", True) for r in rows if r["part"] == "nccl"), "the NCCL check failed"
+steps = {(r["case"], r["seq"]) for r in rows if r["part"] == "step" and "tokens_per_s" in r}
+assert steps == {("C", 64), ("C", 128), ("A", 64)}, f"step results {sorted(steps)}"
+profiles = [r for r in rows if r["part"] == "profile"]
+assert len(profiles) == 3, f"{len(profiles)} profiles"
+for p in profiles:
+    t = p["table"]
+    tot = t["totals"]
+    assert t["emulated"] and t["rows"], "a profile not labelled emulated, or without rows"
+    gap = abs(sum(r["ms"] for r in t["rows"]) + tot["unattributed_ms"] - tot["step_ms"])
+    assert gap <= 1e-6 * max(1.0, tot["step_ms"]), f"case {p['case']} seq {p['seq']}: rows + unattributed != step"
+print(f"{len(rows)} results, steps {sorted(steps)}, {len(profiles)} profiles of {len(profiles[0]['table']['rows'])}+ rows")
+PY
+then
+  ok "GPU check, CPU-emulated, on $build: $(grep -cE '^  PASS' "$work/gco.log") steps passed, 3 skipped as asked; $(cat "$work/gco.check") ($(($(date +%s) - t0)) s)"
+else
+  bad "GPU check, CPU-emulated, on $build"
+  grep -E '^  (PASS|FAIL|SKIP)|FAILED|MISSING' "$work/gco.log" | head -12 | sed 's/^/      | /'
+  sed 's/^/      | /' "$work/gco.check" 2>/dev/null | tail -3
+fi
 
 printf 'test-sim (CPU-emulated CUDA): %d passed, %d failed; CUDA tests run and passed: %d (%d per order) in orders: %s; wall %d s\n' \
   "$passed" "$failed" "$cuda_runs" "$ncuda" "$orders" "$(($(date +%s) - start))"
