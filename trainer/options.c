@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/yaml.h"
+#include "data/data.h"     // MT_MAX_LINE_BYTES_DEFAULT
 #include "quant/quant.h"  // quantization targets and blocksizes
 
 typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_F64, OPT_BOOL, OPT_BYTES, OPT_SPECIAL } opt_type;
@@ -79,6 +80,8 @@ static const opt_def opt_table[] = {
     {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
+    {"max-line-bytes", OPT_BYTES, F(max_line_bytes), 0,
+     "a JSONL line holding more than this besides its strings' text is refused naming the line (long strings are read in bounded pieces: only what --seq can use is kept); default 64MiB"},
     {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
     {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply; train: the LoRAs start from it (v4 or v5 layout)"},
     {"save-tokens", OPT_STR, F(save_tokens), S(save_tokens), "eval: also write the samples it reads, tokenized and loss-masked, as a token file (MTTOK1) for scripts/check_peft.py"},
@@ -119,6 +122,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->ep = 1;
     o->master_weights = 1;
     o->gpu_mem_bytes = 44e9;
+    o->max_line_bytes = (double)MT_MAX_LINE_BYTES_DEFAULT;
     o->workspace_bytes = -1;
     o->steps = 0;
     o->epochs = 1;

@@ -282,6 +282,7 @@ static int setup(trainer *t) {
     mt_data_opts dopts;
     mt_data_opts_default(&dopts);
     dopts.seq = o->seq;
+    dopts.max_line_bytes = (uint64_t)o->max_line_bytes;
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;

@@ -310,6 +310,7 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
     mt_data_opts dopts;
     mt_data_opts_default(&dopts);
     dopts.seq = o->seq;
+    dopts.max_line_bytes = (uint64_t)o->max_line_bytes;
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     dopts.shuffle = 0;
