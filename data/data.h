@@ -110,8 +110,8 @@ typedef struct mt_data_opts {
     mt_chat_template chat;   // messages form (default: Mixtral's)
     int whole_epochs;        // 1: a batch never spans two epochs; rows past the end of an epoch
                              // are padding (eval: one pass, no sample twice)
-    uint64_t max_line_bytes; // --max-line-bytes: a JSONL line keeping more than this, besides the
-                             // text of its long strings, is refused (line_reader.h)
+    uint64_t max_line_bytes; // --max-line-bytes: a JSONL line keeping more than this (its strings
+                             // kept only to mt_data_string_cap) is refused (line_reader.h)
 } mt_data_opts;
 
 #define MT_MAX_LINE_BYTES_DEFAULT (64ull << 20)

@@ -43,9 +43,9 @@ static int next_byte(mt_line_reader *r) {
 static int keep(mt_line_reader *r, int c) {
     if (r->len + 2 > r->cap) {
         if (r->len + 1 > r->max_keep) {
-            mt_error_set("%s:%lld: the line holds more than --max-line-bytes %zu bytes besides the "
-                         "text of its long strings: refused", r->path, (long long)r->lineno,
-                         r->max_keep);
+            mt_error_set("%s:%lld: the line keeps more than --max-line-bytes %zu bytes (its strings "
+                         "counted only to what --seq can use): refused", r->path,
+                         (long long)r->lineno, r->max_keep);
             return -1;
         }
         r->cap = MT_MIN(MT_MAX(2 * r->cap, (size_t)4096), r->max_keep + 2);

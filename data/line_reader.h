@@ -6,9 +6,9 @@
 // a UTF-8 sequence, then closed as usual), and the rest of it is only scanned: raw control bytes,
 // bad escapes and bad UTF-8 there are errors as anywhere else (the parser would refuse them), and
 // the line is marked `cut`. The data layer sets string_cap so that the kept text already holds
-// more tokens than --seq: a cut sample is overlong either way (data.c). What is kept beyond
-// `max_keep` bytes (a line of a million keys, a 100 MB array of numbers) is refused naming the
-// line: --max-line-bytes.
+// more tokens than --seq: a cut sample is overlong either way (data.c). A line keeping more than
+// `max_keep` bytes (a million keys, a 100 MB array of numbers, very many long strings) is
+// refused naming the line: --max-line-bytes.
 //
 // Ends of file and errors are told apart: a read error (ferror) is an error naming the line it
 // was in; an allocation that fails exits MT_EXIT_OOM naming the line (core/common.h).

@@ -81,7 +81,7 @@ static const opt_def opt_table[] = {
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
     {"max-line-bytes", OPT_BYTES, F(max_line_bytes), 0,
-     "a JSONL line holding more than this besides its strings' text is refused naming the line (long strings are read in bounded pieces: only what --seq can use is kept); default 64MiB"},
+     "a JSONL line keeping more than this is refused naming the line; its strings are kept only to what --seq can use (the rest is read in bounded pieces and checked); default 64MiB"},
     {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
     {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply; train: the LoRAs start from it (v4 or v5 layout)"},
     {"save-tokens", OPT_STR, F(save_tokens), S(save_tokens), "eval: also write the samples it reads, tokenized and loss-masked, as a token file (MTTOK1) for scripts/check_peft.py"},
