@@ -353,6 +353,13 @@ uint64_t mt_data_string_cap(const mt_tokenizer *tok, int64_t seq) {
     return ((uint64_t)seq + 2) * mt_tokenizer_max_token_bytes(tok) * 2 + 4096;
 }
 
+uint64_t mt_data_work_bytes(int64_t seq, uint64_t max_line_bytes, uint64_t max_token_bytes, uint64_t *typical) {
+    uint64_t cap = ((uint64_t)seq + 2) * max_token_bytes * 2 + 4096, fixed = sizeof(mt_line_reader);
+    uint64_t sample = ((uint64_t)seq + 1) * 2 * sizeof(int32_t) * 2;  // ids, labels, and their growth
+    if (typical) *typical = fixed + sample + 2 * cap + 40 * cap;      // line, cJSON's copy; encoding
+    return fixed + sample + max_line_bytes + 32 * max_line_bytes + 40 * MT_MIN(cap, max_line_bytes);
+}
+
 static int load_jsonl(loader *L, FILE *f, const char *path) {
     mt_line_reader r;
     uint64_t keep = MT_MIN(L->d->opts.max_line_bytes, (uint64_t)SIZE_MAX / 2);

@@ -163,6 +163,13 @@ void mt_dataset_free(mt_dataset *d);
 // what seq + 2 of its longest tokens span, plus 4 KiB. The data path's host memory per sample is
 // a few times this (plan counts it).
 uint64_t mt_data_string_cap(const mt_tokenizer *tok, int64_t seq);
+// Host memory the loader works in besides the samples it keeps (8 bytes a kept token, 8 a
+// sample): the read buffer; a line as kept; cJSON's tree of it; a string's text, its NFC copy
+// and the BPE encoder's scratch (~40 bytes a byte); a sample's ids and labels. *typical: for
+// lines whose size is their strings (each kept to the cap, mt_data_string_cap with tokens of
+// max_token_bytes); returned: the bound, a line of --max-line-bytes made of one-digit numbers
+// (cJSON spends a 64-byte node on every 2 bytes of it).
+uint64_t mt_data_work_bytes(int64_t seq, uint64_t max_line_bytes, uint64_t max_token_bytes, uint64_t *typical);
 
 // Sample i: its tokens and labels (pointers into the dataset) and its length.
 int64_t mt_dataset_sample(const mt_dataset *d, int64_t i, const int32_t **tokens,

@@ -241,7 +241,10 @@ int mt_plan_case_apply(mt_run_opts *o, char which) {
 }
 
 mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
+    // The data loader's host memory, for tokens of up to 256 bytes (real BPE vocabularies' longest).
+    uint64_t data_typical, data_bound = mt_data_work_bytes(o->seq, (uint64_t)o->max_line_bytes, 256, &data_typical);
     return (mt_plan_opts){
+        .data_host_bytes = data_typical, .data_host_bound = data_bound,
         .mode = o->mode, .lora_r = o->lora_r, .targets = o->targets, .layers = o->layers, .experts = o->experts,
         .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
         .quant_targets = o->quant_targets, .seq = o->seq, .batch = o->batch, .checkpointing = o->checkpointing,
