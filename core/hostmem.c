@@ -41,16 +41,27 @@ uint64_t mt_hostmem_used(void) {
     return pages * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-static void refuse(uint64_t limit, uint64_t used, uint64_t need, const char *what) {
+// The address space a run takes at start-up beyond what is mapped before main: OpenBLAS's n + 1
+// buffers while it loads, then one per thread and their stacks (mt_hostmem_reserve).
+static uint64_t startup_need(int threads) {
+    struct rlimit st;
+    uint64_t stack = getrlimit(RLIMIT_STACK, &st) == 0 && st.rlim_cur != RLIM_INFINITY ? (uint64_t)st.rlim_cur
+                                                                                       : (uint64_t)8 << 20;
+    return (uint64_t)(2 * threads + 1) * MT_BLAS_BUFFER_BYTES + (uint64_t)(threads - 1) * stack + 2 * MARGIN_BYTES;
+}
+
+// `want`: the address space the whole start-up needs from here, an upper estimate (the figure to
+// raise the limit to).
+static void refuse(uint64_t limit, uint64_t used, uint64_t need, uint64_t want, const char *what) {
     char msg[512];
     int n = snprintf(msg, sizeof msg,
                      "moetrain: fatal: out of host memory: the address-space limit (ulimit -v) of "
-                     "%llu MiB leaves %llu MiB, and %s needs %llu MiB; raise the limit to at least "
-                     "%llu MiB (%llu KiB for ulimit -v)\n",
+                     "%llu MiB leaves %llu MiB, and %s needs %llu MiB; a limit of %llu MiB "
+                     "(ulimit -v %llu) is enough to start\n",
                      (unsigned long long)(limit >> 20),
                      (unsigned long long)(limit > used ? (limit - used) >> 20 : 0), what,
-                     (unsigned long long)(need >> 20), (unsigned long long)((used + need) >> 20) + 1,
-                     (unsigned long long)((used + need) >> 10) + 1024);
+                     (unsigned long long)(need >> 20), (unsigned long long)((used + want) >> 20) + 1,
+                     (unsigned long long)((used + want) >> 10) + 1024);
     if (write(2, msg, (size_t)(n < (int)sizeof msg ? n : (int)sizeof msg - 1)) < 0) _exit(MT_EXIT_OOM);
     _exit(MT_EXIT_OOM);
 }
@@ -82,7 +93,7 @@ static void preinit_check(int argc, char **argv, char **env) {
     if (used + need > limit) {
         char what[96];
         snprintf(what, sizeof what, "OpenBLAS's start-up work buffers (%d + 1 of 128 MiB)", n);
-        refuse(limit, used, need, what);
+        refuse(limit, used, need, startup_need(n), what);
     }
 }
 __attribute__((section(".preinit_array"), used)) static void (*const preinit_hook)(int, char **, char **) =
@@ -106,7 +117,7 @@ void mt_hostmem_reserve(void) {
             char what[160];
             snprintf(what, sizeof what, "a 128 MiB OpenBLAS work buffer for each of %d threads and "
                      "their stacks", threads);
-            refuse(limit, used, need, what);
+            refuse(limit, used, need, need, what);
         }
     }
     // One buffer per thread taken and given back: OpenBLAS keeps them for later sgemms.
