@@ -3,8 +3,9 @@
 //
 // Bounded work per text: each regex search runs on a window of the text (RE_WINDOW bytes, grown
 // only while the match runs into its last RE_MARGIN bytes, as a long run of one class does), under
-// a PCRE2 match limit that scales with the window, and the whole text under a time budget
-// (RE_BUDGET_BASE_S plus RE_BUDGET_NS_PER_BYTE per byte): a pattern that backtracks
+// a PCRE2 match limit that scales with the window, and the whole text under a time budget for
+// its regexes (RE_BUDGET_BASE_S plus RE_BUDGET_NS_PER_BYTE per byte; the merging of long pieces
+// is not charged to it): a pattern that backtracks
 // quadratically (`.(?=[^#]*#)|.`) ends with an error naming tokenizer.json within seconds instead
 // of running for hours. What the window cannot see: a lookahead reaching more than RE_MARGIN bytes
 // past a match (no real pre-tokenizer has one). Long pre-tokens are merged a window at a time
@@ -140,8 +141,12 @@ static void put(enc *E, mt_ids *out, int32_t id) {
 // they end. A merge never reaches further than a few tokens, so the kept tokens are those of the
 // whole run (checked against `tokenizers` on 10 MB runs: tests/data/bpe/runs), and memory stays
 // O(window).
+static double now_s(void);
+
 static void bpe_piece(enc *E, const uint8_t *p, size_t n, mt_ids *out) {
     const mt_bpe *b = E->b;
+    // The regex budget is the regexes' alone: a long piece's merging moves the deadline on.
+    double t0 = n > RE_WINDOW ? now_s() : 0;
     bpe_scratch *s = &E->s;
     int32_t whole = bpe_whole(b, s, p, n);
     if (whole >= 0) {
@@ -162,6 +167,7 @@ static void bpe_piece(enc *E, const uint8_t *p, size_t n, mt_ids *out) {
         if (all) break;
         at += last;
     }
+    if (n > RE_WINDOW) E->deadline += now_s() - t0;
 }
 
 static double now_s(void) {
