@@ -24,6 +24,12 @@ static cJSON *read_json(const char *path) {
     return j;
 }
 
+static void write_json(const char *path, const cJSON *j) {
+    char *text = cJSON_PrintUnformatted(j);
+    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0, "%s", mt_error_get());
+    free(text);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -97,10 +103,8 @@ static void write_with_regex(const char *dir, const char *pattern, char *out, si
     cJSON *j = read_json("tests/data/bpe/qwen2/tokenizer.json");
     cJSON *split = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "pre_tokenizer"), "pretokenizers"), 0);
     cJSON_ReplaceItemInObject(cJSON_GetObjectItem(split, "pattern"), "Regex", cJSON_CreateString(pattern));
-    char *text = cJSON_PrintUnformatted(j);
     snprintf(out, n, "%s/tokenizer.json", dir);
-    cr_assert_eq(mt_write_file_atomic(out, text, strlen(text)), 0);
-    free(text);
+    write_json(out, j);
     cJSON_Delete(j);
 }
 
@@ -136,9 +140,7 @@ Test(bpe_runs, invalid_utf8_in_tokenizer_json_is_refused_naming_the_key) {
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     cJSON *j = read_json("tests/data/bpe/qwen2/tokenizer.json");
     cJSON_AddNumberToObject(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "vocab"), "ab\xff", 9999);
-    char *text = cJSON_PrintUnformatted(j);
-    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
-    free(text);
+    write_json(path, j);
     cr_assert_null(mt_bpe_load(path));
     cr_assert(strstr(mt_error_get(), path) && strstr(mt_error_get(), "model.vocab") &&
               strstr(mt_error_get(), "not valid UTF-8"), "%s", mt_error_get());
@@ -146,9 +148,7 @@ Test(bpe_runs, invalid_utf8_in_tokenizer_json_is_refused_naming_the_key) {
     cJSON_DeleteItemFromObject(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "vocab"), "ab\xff");
     cJSON *added = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "added_tokens"), 0);
     cJSON_ReplaceItemInObject(added, "content", cJSON_CreateString("<|\xc3(|>"));
-    text = cJSON_PrintUnformatted(j);
-    cr_assert_eq(mt_write_file_atomic(path, text, strlen(text)), 0);
-    free(text);
+    write_json(path, j);
     cr_assert_null(mt_bpe_load(path));
     cr_assert(strstr(mt_error_get(), "added_tokens[0].content") && strstr(mt_error_get(), "not valid UTF-8"),
               "%s", mt_error_get());

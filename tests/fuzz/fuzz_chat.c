@@ -14,6 +14,7 @@
 #include "data/data.h"
 #include "data/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/fuzz_data.h"
 
 static const mt_chat_style STYLES[] = {MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_QWEN2,
                                        MT_CHAT_QWEN3, MT_CHAT_TULU, MT_CHAT_OLMO};
@@ -71,13 +72,7 @@ static void render_direct(const mt_chat_template *t, int need_assistant, const u
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static mt_tokenizer tok;
-    static int ready;
-    if (!ready) {
-        mt_log_set_level(MT_LOG_ERROR);
-        if (mt_tokenizer_init_bytes(&tok, 256, 1, 2) != 0) __builtin_trap();
-        ready = 1;
-    }
+    const mt_tokenizer *tok = fuzz_byte_tokenizer();
     if (size < 2) return 0;
     mt_chat_template t = {.style = STYLES[data[0] % MT_ARRAY_LEN(STYLES)]};
     strcpy(t.bos_token, "<s>");
@@ -95,10 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.seq = 256;
     o.chat = t;
     mt_dataset d;
-    if (mt_dataset_load(&d, in, &tok, &o) == 0) {
-        for (int64_t k = 0; k < (d.n ? d.offsets[d.n] : 0); k++)
-            if (d.tokens[k] < 0 || d.tokens[k] >= 256 || (d.labels[k] != d.tokens[k] && d.labels[k] != MT_LABEL_IGNORE))
-                __builtin_trap();
+    if (mt_dataset_load(&d, in, tok, &o) == 0) {
+        fuzz_check_dataset(&d, 256, o.seq);
     } else if (!strstr(mt_error_get(), in)) {
         __builtin_trap();  // a refusal names the file
     }

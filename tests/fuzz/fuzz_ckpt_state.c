@@ -12,15 +12,13 @@
 #include "core/common.h"
 #include "data/data.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/fuzz_data.h"
 #include "trainer/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static mt_tokenizer tok;
     static mt_dataset d;
     static char path[256], run[256];
     if (!d.n) {
-        mt_log_set_level(MT_LOG_ERROR);
-        if (mt_tokenizer_init_bytes(&tok, 256, 1, 2) != 0) __builtin_trap();
         char jsonl[256];
         snprintf(jsonl, sizeof jsonl, "%s/data.jsonl", fuzz_dir("ckpt_state"));
         const char rows[] = "{\"text\":\"a\"}\n{\"text\":\"bb\"}\n{\"text\":\"ccc\"}\n{\"text\":\"dddd\"}\n{\"text\":\"e\"}\n";
@@ -28,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         mt_data_opts o;
         mt_data_opts_default(&o);
         o.seq = 16;
-        if (mt_dataset_load(&d, jsonl, &tok, &o) != 0 || d.n != 5) __builtin_trap();
+        if (mt_dataset_load(&d, jsonl, fuzz_byte_tokenizer(), &o) != 0 || d.n != 5) __builtin_trap();
         snprintf(path, sizeof path, "%s/state.json", fuzz_dir("ckpt_state"));
     }
     cJSON *j = cJSON_ParseWithLength((const char *)data, size);

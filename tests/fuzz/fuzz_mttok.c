@@ -11,15 +11,10 @@
 #include "data/data.h"
 #include "data/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/fuzz_data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static mt_tokenizer tok;
-    static int ready;
-    if (!ready) {
-        mt_log_set_level(MT_LOG_ERROR);
-        if (mt_tokenizer_init_bytes(&tok, 256, 1, 2) != 0) __builtin_trap();
-        ready = 1;
-    }
+    const mt_tokenizer *tok = fuzz_byte_tokenizer();
     if (size < 1) return 0;
     char in[256], out[256];
     snprintf(in, sizeof in, "%s/in.tok", fuzz_dir("mttok"));
@@ -34,22 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.shuffle = 0;
     o.seq = 2 + data[0] % 64;
     o.overlong = (mt_overlong)(data[0] / 64 % 3);
-    mt_dataset d, back;
-    if (mt_dataset_load(&d, in, &tok, &o) == 0) {
-        if (d.stats.longest > o.seq || d.stats.samples != d.n) __builtin_trap();
-        for (int64_t i = 0; i < d.n; i++) {
-            if (d.offsets[i + 1] - d.offsets[i] > o.seq || d.offsets[i + 1] <= d.offsets[i]) __builtin_trap();
-            for (int64_t k = d.offsets[i]; k < d.offsets[i + 1]; k++)
-                if (d.tokens[k] < 0 || d.tokens[k] >= 256 || (d.labels[k] != d.tokens[k] && d.labels[k] != MT_LABEL_IGNORE))
-                    __builtin_trap();
-        }
-        if (mt_dataset_save_tokens(&d, out) != 0) __builtin_trap();
-        if (mt_dataset_load(&back, out, &tok, &o) != 0) __builtin_trap();
-        if (back.n != d.n || memcmp(back.offsets, d.offsets, (size_t)(d.n + 1) * sizeof *d.offsets) != 0 ||
-            memcmp(back.tokens, d.tokens, (size_t)d.offsets[d.n] * 4) != 0 ||
-            memcmp(back.labels, d.labels, (size_t)d.offsets[d.n] * 4) != 0)
-            __builtin_trap();
-        mt_dataset_free(&back);
+    mt_dataset d;
+    if (mt_dataset_load(&d, in, tok, &o) == 0) {
+        fuzz_check_dataset(&d, 256, o.seq);
+        fuzz_round_trip(&d, out, &o);
     } else if (!strstr(mt_error_get(), in)) {
         __builtin_trap();  // a refusal names the file
     }
