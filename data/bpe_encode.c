@@ -160,7 +160,7 @@ static void bpe_piece(enc *E, const uint8_t *p, size_t n, mt_ids *out) {
         bpe_merge(b, s, p + at, w);
         for (int32_t i = 0; i >= 0; i = s->next[i]) {
             size_t end = s->next[i] < 0 ? w : (size_t)s->next[i];
-            if (!all && end > w - overlap) break;
+            if (!all && end > w - overlap && last > 0) break;  // (one token at least: progress)
             put(E, out, s->id[i]);
             last = end;
         }

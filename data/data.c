@@ -112,10 +112,15 @@ static int loader_finish(loader *L) {
             st->dropped_overlong++;
             return 0;
         case MT_OVERLONG_REFUSE:
-            mt_error_set("%s: sample of %s%lld tokens is longer than --seq %lld (overlong: refuse; "
-                         "truncate or drop would keep going)", L->where,
-                         len > d->opts.seq ? "more than " : "", (long long)MT_MIN(len, d->opts.seq),
-                         (long long)d->opts.seq);
+            if (len > d->opts.seq)
+                mt_error_set("%s: sample of more than %lld tokens is longer than --seq %lld (overlong: "
+                             "refuse; truncate or drop would keep going)", L->where, (long long)d->opts.seq,
+                             (long long)d->opts.seq);
+            else  // its tokenizer squeezed the kept text (SentencePiece's whitespace), not the rest
+                mt_error_set("%s: a string runs past the %llu bytes of text that --seq %lld can use: "
+                             "longer than --seq (overlong: refuse; truncate or drop would keep going)",
+                             L->where, (unsigned long long)mt_data_string_cap(L->tok, d->opts.seq),
+                             (long long)d->opts.seq);
             return -1;
         case MT_OVERLONG_TRUNCATE:
             len = MT_MIN(len, d->opts.seq);
