@@ -432,7 +432,8 @@ static int check_rest(const loader *L, FILE *f, uint32_t from, uint32_t len, int
 static int load_tokfile(loader *L, FILE *f, const char *path, uint64_t size) {
     unsigned char h[TOKFILE_HEADER];
     if (size < TOKFILE_HEADER || fread(h, 1, TOKFILE_HEADER, f) != TOKFILE_HEADER) {
-        mt_error_set("%s: token file shorter than its %d-byte header", path, TOKFILE_HEADER);
+        if (ferror(f)) mt_error_set("%s: read failed in the header: %s", path, strerror(errno));
+        else mt_error_set("%s: token file shorter than its %d-byte header", path, TOKFILE_HEADER);
         return -1;
     }
     uint16_t flags;
@@ -571,6 +572,11 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
     if (!f) return -1;
     char magic[6] = {0};
     size_t got = fread(magic, 1, sizeof magic, f);
+    if (got < sizeof magic && ferror(f)) {
+        mt_error_set("%s: read failed: %s", path, strerror(errno));
+        fclose(f);
+        return -1;
+    }
     rewind(f);
     loader L = {.d = d, .tok = tok};
     int rc;

@@ -155,3 +155,15 @@ Test(data_bounded, a_long_token_file_sample_is_read_to_seq_and_checked_to_its_en
     free(ids);
     mt_test_rmrf(b.dir);
 }
+
+// A read error is an error naming the file, never an early end of the data. /proc/self/mem is a
+// regular file whose first page is unmapped: reading it fails with EIO.
+Test(data_bounded, a_read_error_is_not_the_end_of_the_file) {
+    bx b;
+    bx_init(&b);
+    mt_dataset d;
+    cr_assert_neq(mt_dataset_load(&d, "/proc/self/mem", &b.tok, &b.o), 0, "a failed read loaded");
+    cr_assert(strstr(mt_error_get(), "/proc/self/mem") && strstr(mt_error_get(), "read failed"), "%s", mt_error_get());
+    mt_dataset_free(&d);
+    mt_test_rmrf(b.dir);
+}
