@@ -22,7 +22,9 @@ static void eval_usage(FILE *out) {
             "--adapter: a PEFT adapter folder, or a trained-tensor .safetensors (router, unfreeze or\n"
             "full mode). The frozen base is built as training builds it (--quant, default nf4).\n"
             "--save-tokens FILE: also write the samples as read (tokenized, chat templates applied,\n"
-            "loss-masked) as a token file, e.g. for scripts/check_peft.py --data FILE.\n");
+            "loss-masked) as a token file, e.g. for scripts/check_peft.py --data FILE.\n"
+            "--max-line-bytes N: a JSONL line keeping more than N bytes is refused naming the line (its\n"
+            "strings are kept only to what --seq can use; default 64MiB). Exit 4: out of host memory.\n");
 }
 
 // ---------------------------------------------------------------------------------------------
