@@ -176,8 +176,14 @@ $(BUILD)/tests/%.o: CFLAGS += -DMT_TEST_BIN='"$(TEST_BIN_PATH)"' -DMT_REPO_ROOT=
 $(TEST_BIN): $(TEST_OBJ) $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
+# The data path with one allocation made to fail (tests/failalloc/; run by tests/test_failalloc.c).
+FAILALLOC_BIN := $(BUILD)/failalloc_data
+$(FAILALLOC_BIN): $(BUILD)/tests/failalloc/failalloc_data.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/%.o: CFLAGS += -DMT_FAILALLOC_BIN='"$(abspath $(FAILALLOC_BIN))"'
+
 # Skipped tests are listed with their reason; passing ones are not, to keep the output short.
-test: $(BIN) $(TEST_BIN)
+test: $(BIN) $(TEST_BIN) $(FAILALLOC_BIN)
 	$(TEST_BIN) --jobs 2 --verbose=1 2>&1 | grep -vE '^\[(RUN |PASS)\]|: Test is disabled$$'
 
 
@@ -297,4 +303,4 @@ fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 clean:
 	rm -rf build build-cuda build-asan build-fuzz build-sim
 
--include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d) $(BUILD)/tests/failalloc/failalloc_data.d

@@ -1,6 +1,7 @@
 // core/common.c — error buffer, logging, fatal exits, checked host allocation.
 #include "core/common.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <string.h>
@@ -70,22 +71,53 @@ _Noreturn void mt_fatal_io_at(const char *file, int line, const char *expr, cons
                 strerror(errno), expr);
 }
 
+static _Thread_local char oom_where[1200];
+
+void mt_oom_context(const char *where) {
+    snprintf(oom_where, sizeof oom_where, "%s", where ? where : "");
+}
+
+_Noreturn void mt_fatal_oom_at(const char *file, int line, const char *what) {
+    mt_fatal_at(file, line, MT_EXIT_OOM, "out of host memory (%s)%s%s", what,
+                oom_where[0] ? " reading " : "", oom_where);
+}
+
 void *mt_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) mt_fatal(MT_EXIT_OOM, "out of host memory allocating %zu bytes", n);
+    if (!p) {
+        char what[64];
+        snprintf(what, sizeof what, "%zu bytes", n);
+        mt_fatal_oom(what);
+    }
     return p;
 }
 
 void *mt_xcalloc(size_t count, size_t size) {
     void *p = calloc(count ? count : 1, size ? size : 1);
-    if (!p) mt_fatal(MT_EXIT_OOM, "out of host memory allocating %zu x %zu bytes", count, size);
+    if (!p) {
+        char what[80];
+        snprintf(what, sizeof what, "%zu x %zu bytes", count, size);
+        mt_fatal_oom(what);
+    }
     return p;
 }
 
 void *mt_xrealloc(void *p, size_t n) {
     void *q = realloc(p, n ? n : 1);
-    if (!q) mt_fatal(MT_EXIT_OOM, "out of host memory reallocating %zu bytes", n);
+    if (!q) {
+        char what[64];
+        snprintf(what, sizeof what, "%zu bytes, growing a buffer", n);
+        mt_fatal_oom(what);
+    }
     return q;
+}
+
+// cJSON allocates through mt_xmalloc: an out-of-memory parse exits MT_EXIT_OOM instead of
+// reading as "invalid JSON". Installed before main, so every parser of every layer has it.
+static void *json_malloc(size_t n) { return mt_xmalloc(n); }
+__attribute__((constructor)) static void json_hooks_install(void) {
+    cJSON_Hooks h = {.malloc_fn = json_malloc, .free_fn = free};
+    cJSON_InitHooks(&h);
 }
 
 char *mt_xstrdup(const char *s) {

@@ -48,11 +48,19 @@ MT_NORETURN void mt_fatal_at(const char *file, int line, int code, const char *f
     __attribute__((format(printf, 4, 5)));
 #define mt_fatal(code, ...) mt_fatal_at(__FILE__, __LINE__, (code), __VA_ARGS__)
 
-// Host allocation that never returns NULL: out of host memory is a clean fatal error.
+// Host allocation that never returns NULL: out of host memory is a clean fatal error (exit
+// MT_EXIT_OOM), naming what is being read when a context is set.
 void *mt_xmalloc(size_t n);
 void *mt_xcalloc(size_t count, size_t size);
 void *mt_xrealloc(void *p, size_t n);
 char *mt_xstrdup(const char *s);
+// What this thread is reading ("data.jsonl:11"), for the out-of-memory message of mt_x*alloc and
+// of every cJSON parse (its allocator is mt_xmalloc's: a JSON parse never fails for want of
+// memory, it exits MT_EXIT_OOM). The string is copied; NULL clears it.
+void mt_oom_context(const char *where);
+// Out of host memory, with `what` (bytes asked, the call) and the context: exits MT_EXIT_OOM.
+MT_NORETURN void mt_fatal_oom_at(const char *file, int line, const char *what);
+#define mt_fatal_oom(what) mt_fatal_oom_at(__FILE__, __LINE__, (what))
 
 // Checked I/O: expression must be true, else fatal with errno text.
 #define MT_CHECK_IO(expr, path)                                                             \

@@ -12,6 +12,11 @@
 
 FILE *mt_open_regular(const char *path, struct stat *st) {
     FILE *f = fopen(path, "rb");
+    if (!f && errno == ENOMEM) {  // stdio's FILE could not be allocated: not the file's fault
+        char what[1200];
+        snprintf(what, sizeof what, "opening %s", path);
+        mt_fatal_oom(what);
+    }
     if (!f) {
         mt_error_set("%s: cannot open: %s", path, strerror(errno));
         return NULL;
@@ -39,7 +44,7 @@ int mt_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     size_t n = (size_t)st.st_size;
     char *buf = mt_xmalloc(n + 1);
     if (fread(buf, 1, n, f) != n) {
-        mt_error_set("%s: read failed: %s", path, strerror(errno));
+        mt_error_set("%s: read failed: %s", path, ferror(f) ? strerror(errno) : "the file is shorter than it was");
         free(buf);
         fclose(f);
         return -1;

@@ -18,93 +18,13 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/safetensors.h"
+#include "data/bpe_internal.h"
 
 #define BPE_MAX_FILE_BYTES (256u << 20)
-#define BPE_MAX_REGEX 8
 #define BPE_MAX_IDS (1 << 24)  // the largest real vocabularies hold ~260k ids
 // GPT-2's pattern, which ByteLevel(use_regex=true) applies.
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-// ---------------------------------------------------------------------------------------------
-// Hash maps: string → id (the vocabulary), id pair → merge.
-
-typedef struct {
-    const char *key;  // NULL: empty slot
-    size_t len;
-    int32_t id;
-} str_slot;
-
-typedef struct {
-    uint64_t key;     // left << 32 | right; UINT64_MAX: empty
-    int32_t rank, id;
-} pair_slot;
-
-static uint64_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
-}
-
-static uint64_t hash_u64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return x;
-}
-
-static size_t pow2_at_least(size_t n) {
-    size_t c = 16;
-    while (c < 2 * n) c *= 2;
-    return c;
-}
-
-typedef struct added_token {
-    char *content;
-    size_t len;
-    int32_t id;
-    int special;
-} added_token;
-
-struct mt_bpe {
-    char path[1024];
-    str_slot *vocab;          // model.vocab
-    size_t vocab_cap;
-    pair_slot *merges;
-    size_t merges_cap;
-    char **piece;             // [n_ids]: token string (vocab entry or added content), or NULL
-    uint8_t *added;           // [n_ids]: 0, 1 added, 2 added and special
-    int64_t n_ids;
-    added_token *adds;        // longest first
-    int n_adds;
-    uint8_t add_first[256];   // 1: some added token starts with this byte
-    pcre2_code *re[BPE_MAX_REGEX];
-    int n_re;
-    int nfc, ignore_merges;
-    int32_t byte_id[256];     // id of each byte's one-character token
-    char byte_chr[256][3];    // byte → its character in the byte-level alphabet (UTF-8)
-    uint8_t byte_chr_len[256];
-    int16_t char_byte[324];   // that character's code point → byte; -1: none
-};
-
-static int32_t vocab_find(const mt_bpe *b, const char *s, size_t n) {
-    size_t mask = b->vocab_cap - 1;
-    for (size_t i = hash_bytes(s, n) & mask;; i = (i + 1) & mask) {
-        const str_slot *e = &b->vocab[i];
-        if (!e->key) return -1;
-        if (e->len == n && memcmp(e->key, s, n) == 0) return e->id;
-    }
-}
-
-static const pair_slot *merge_find(const mt_bpe *b, int32_t l, int32_t r) {
-    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
-    size_t mask = b->merges_cap - 1;
-    for (size_t i = hash_u64(key) & mask;; i = (i + 1) & mask) {
-        const pair_slot *e = &b->merges[i];
-        if (e->key == UINT64_MAX) return NULL;
-        if (e->key == key) return e;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Loading
@@ -303,6 +223,7 @@ static int set_piece(mt_bpe *b, int32_t id, const char *s, size_t len, int is_ad
                      (int)MT_MIN(len, 80), s);
         return -1;
     }
+    b->max_tok = MT_MAX(b->max_tok, (uint64_t)len);
     if (!b->piece[id]) {
         b->piece[id] = mt_xmalloc(len + 1);
         memcpy(b->piece[id], s, len);
@@ -506,6 +427,39 @@ static int load_json(mt_bpe *b, const cJSON *root) {
     return 0;
 }
 
+// Every key and string of the file must be valid UTF-8 (Hugging Face's JSON reader refuses the
+// file otherwise). 0, or -1 with an error naming the file and the key.
+static int check_utf8_tree(const mt_bpe *b, const cJSON *j, char *path, size_t at, size_t cap) {
+    int i = 0;
+    for (const cJSON *c = j->child; c; c = c->next, i++) {
+        size_t n = at;
+        if (cJSON_IsObject(j)) {
+            const char *k = c->string ? c->string : "";
+            size_t kl = strlen(k), ok = mt_st_utf8_prefix(k, kl);
+            if (ok != kl) {
+                mt_error_set("%s: %s%s: a key is not valid UTF-8 (byte 0x%02X at its offset %zu)",
+                             b->path, path, at ? "" : "(top level)", (unsigned)(uint8_t)k[ok], ok);
+                return -1;
+            }
+            n += (size_t)snprintf(path + at, cap - at, "%s%.*s", at ? "." : "", (int)MT_MIN(kl, 60), k);
+        } else {
+            n += (size_t)snprintf(path + at, cap - at, "[%d]", i);
+        }
+        n = MT_MIN(n, cap - 1);
+        if (cJSON_IsString(c) && c->valuestring) {
+            size_t vl = strlen(c->valuestring), ok = mt_st_utf8_prefix(c->valuestring, vl);
+            if (ok != vl) {
+                mt_error_set("%s: %s: the string is not valid UTF-8 (byte 0x%02X at offset %zu)",
+                             b->path, path, (unsigned)(uint8_t)c->valuestring[ok], ok);
+                return -1;
+            }
+        }
+        if (c->child && check_utf8_tree(b, c, path, n, cap)) return -1;
+        path[at] = 0;
+    }
+    return 0;
+}
+
 mt_bpe *mt_bpe_load(const char *path) {
     char *text;
     size_t len;
@@ -519,7 +473,8 @@ mt_bpe *mt_bpe_load(const char *path) {
     mt_bpe *b = mt_xcalloc(1, sizeof *b);
     snprintf(b->path, sizeof b->path, "%s", path);
     byte_table(b);
-    int rc = load_json(b, root);
+    char where[512] = "";
+    int rc = check_utf8_tree(b, root, where, 0, sizeof where) || load_json(b, root);
     cJSON_Delete(root);
     if (rc) {
         mt_bpe_free(b);
@@ -542,6 +497,7 @@ void mt_bpe_free(mt_bpe *b) {
 }
 
 int64_t mt_bpe_id_count(const mt_bpe *b) { return b->n_ids; }
+uint64_t mt_bpe_max_token_bytes(const mt_bpe *b) { return MT_MAX(b->max_tok, (uint64_t)1); }
 
 int32_t mt_bpe_token_id(const mt_bpe *b, const char *token) {
     size_t n = strlen(token);
@@ -556,191 +512,6 @@ int mt_bpe_is_special(const mt_bpe *b, int32_t id) {
 
 const char *mt_bpe_piece(const mt_bpe *b, int32_t id) {
     return id >= 0 && id < b->n_ids ? b->piece[id] : NULL;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Encoding
-
-// A candidate merge: the pair starting at symbol pos, its rank and merged id.
-typedef struct {
-    int32_t rank, pos, id;
-} cand;
-
-typedef struct {
-    int32_t *id, *prev, *next;  // symbols of one word as a linked list; id -1: merged away
-    cand *heap;
-    size_t cap, heap_n, heap_cap;
-    char *word;                 // the word in the byte-level alphabet (ignore_merges)
-    size_t word_cap;
-} bpe_scratch;
-
-static int cand_less(cand a, cand b) { return a.rank != b.rank ? a.rank < b.rank : a.pos < b.pos; }
-
-static void heap_push(bpe_scratch *s, cand c) {
-    if (s->heap_n == s->heap_cap) {
-        s->heap_cap = s->heap_cap ? 2 * s->heap_cap : 64;
-        s->heap = mt_xrealloc(s->heap, s->heap_cap * sizeof *s->heap);
-    }
-    size_t i = s->heap_n++;
-    while (i > 0 && cand_less(c, s->heap[(i - 1) / 2])) {
-        s->heap[i] = s->heap[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    s->heap[i] = c;
-}
-
-static cand heap_pop(bpe_scratch *s) {
-    cand top = s->heap[0], last = s->heap[--s->heap_n];
-    size_t i = 0, n = s->heap_n;
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        cand best = last;
-        if (l < n && cand_less(s->heap[l], best)) m = l, best = s->heap[l];
-        if (l + 1 < n && cand_less(s->heap[l + 1], best)) m = l + 1;
-        if (m == i) break;
-        s->heap[i] = s->heap[m];
-        i = m;
-    }
-    if (n) s->heap[i] = last;
-    return top;
-}
-
-static void push_pair(const mt_bpe *b, bpe_scratch *s, int32_t pos) {
-    int32_t nx = s->next[pos];
-    if (nx < 0) return;
-    const pair_slot *e = merge_find(b, s->id[pos], s->id[nx]);
-    if (e) heap_push(s, (cand){e->rank, pos, e->id});
-}
-
-// One pre-token: bytes p[0..n) → ids. The adjacent pair of lowest rank is merged first, the
-// leftmost among equals, as `tokenizers` does it (a heap of candidates, stale ones skipped), so
-// a long word costs n log n.
-static void bpe_word(const mt_bpe *b, bpe_scratch *s, const uint8_t *p, size_t n, mt_ids *out) {
-    if (b->ignore_merges) {
-        if (2 * n + 1 > s->word_cap) s->word = mt_xrealloc(s->word, s->word_cap = 4 * n + 16);
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            memcpy(s->word + k, b->byte_chr[p[i]], b->byte_chr_len[p[i]]);
-            k += b->byte_chr_len[p[i]];
-        }
-        int32_t whole = vocab_find(b, s->word, k);
-        if (whole >= 0) {
-            mt_ids_push(out, whole);
-            return;
-        }
-    }
-    if (n > s->cap) {
-        s->cap = 2 * n;
-        s->id = mt_xrealloc(s->id, s->cap * sizeof *s->id);
-        s->prev = mt_xrealloc(s->prev, s->cap * sizeof *s->prev);
-        s->next = mt_xrealloc(s->next, s->cap * sizeof *s->next);
-    }
-    for (size_t i = 0; i < n; i++) {
-        s->id[i] = b->byte_id[p[i]];
-        s->prev[i] = (int32_t)i - 1;
-        s->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    }
-    s->heap_n = 0;
-    for (size_t i = 0; i + 1 < n; i++) push_pair(b, s, (int32_t)i);
-    while (s->heap_n) {
-        cand c = heap_pop(s);
-        int32_t nx = s->next[c.pos];
-        if (s->id[c.pos] < 0 || nx < 0) continue;
-        const pair_slot *e = merge_find(b, s->id[c.pos], s->id[nx]);
-        if (!e || e->id != c.id) continue;  // stale: the pair changed since it was queued
-        s->id[c.pos] = c.id;
-        s->id[nx] = -1;
-        s->next[c.pos] = s->next[nx];
-        if (s->next[nx] >= 0) s->prev[s->next[nx]] = c.pos;
-        if (s->prev[c.pos] >= 0) push_pair(b, s, s->prev[c.pos]);
-        push_pair(b, s, c.pos);
-    }
-    for (int32_t i = 0; i >= 0; i = s->next[i]) mt_ids_push(out, s->id[i]);
-}
-
-// Applies regexes re[k..] to s[0..n) (matches and gaps both kept), then BPE on each piece.
-static int split_and_merge(const mt_bpe *b, bpe_scratch *s, pcre2_match_data *md, int k,
-                           const char *t, size_t n, mt_ids *out) {
-    if (n == 0) return 0;
-    if (k == b->n_re) {
-        bpe_word(b, s, (const uint8_t *)t, n, out);
-        return 0;
-    }
-    size_t prev = 0, off = 0;
-    while (off < n) {
-        int rc = pcre2_match(b->re[k], (PCRE2_SPTR)t, n, off, PCRE2_NO_UTF_CHECK, md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            mt_error_set("%s: pre_tokenizer regex %d failed: %s", b->path, k, (const char *)msg);
-            return -1;
-        }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        size_t a = ov[0], e = ov[1];
-        if (a > prev && split_and_merge(b, s, md, k + 1, t + prev, a - prev, out)) return -1;
-        if (e > a && split_and_merge(b, s, md, k + 1, t + a, e - a, out)) return -1;
-        prev = MT_MAX(prev, e);
-        off = e > a ? e : e + 1;  // an empty match: step past one character
-        while (e == a && off < n && ((uint8_t)t[off] & 0xC0) == 0x80) off++;
-    }
-    return prev < n ? split_and_merge(b, s, md, k + 1, t + prev, n - prev, out) : 0;
-}
-
-// A run of text between added tokens: normalize, pre-tokenize, merge.
-static int encode_chunk(const mt_bpe *b, bpe_scratch *s, pcre2_match_data *md, const char *t,
-                        size_t n, mt_ids *out) {
-    if (n == 0) return 0;
-    if (!b->nfc) return split_and_merge(b, s, md, 0, t, n, out);
-    utf8proc_uint8_t *norm = NULL;
-    utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)t, (utf8proc_ssize_t)n, &norm,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (k < 0) {
-        mt_error_set("%s: NFC normalization failed: %s", b->path, utf8proc_errmsg(k));
-        return -1;
-    }
-    int rc = split_and_merge(b, s, md, 0, (const char *)norm, (size_t)k, out);
-    free(norm);
-    return rc;
-}
-
-int mt_bpe_encode(const mt_bpe *b, const char *text, size_t len, mt_ids *out) {
-    size_t valid = mt_st_utf8_prefix(text, len);
-    if (valid != len) {
-        mt_error_set("the text is not valid UTF-8 at byte %zu (byte 0x%02X): %s reads UTF-8 only",
-                     valid, (unsigned)(uint8_t)text[valid], b->path);
-        return -1;
-    }
-    // Scratch match data per call: encode may run on several threads.
-    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
-    bpe_scratch s = {0};
-    size_t start = 0, i = 0;
-    int rc = 0;
-    while (i < len && rc == 0) {
-        const added_token *hit = NULL;
-        if (b->add_first[(uint8_t)text[i]])
-            for (int a = 0; a < b->n_adds; a++)
-                if (b->adds[a].len <= len - i && memcmp(text + i, b->adds[a].content, b->adds[a].len) == 0) {
-                    hit = &b->adds[a];
-                    break;
-                }
-        if (!hit) {
-            i++;
-            continue;
-        }
-        rc = encode_chunk(b, &s, md, text + start, i - start, out);
-        mt_ids_push(out, hit->id);
-        i += hit->len;
-        start = i;
-    }
-    if (rc == 0) rc = encode_chunk(b, &s, md, text + start, len - start, out);
-    pcre2_match_data_free(md);
-    free(s.id);
-    free(s.prev);
-    free(s.next);
-    free(s.heap);
-    free(s.word);
-    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------

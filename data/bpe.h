@@ -46,6 +46,10 @@ int32_t mt_bpe_token_id(const mt_bpe *b, const char *token);
 int mt_bpe_is_special(const mt_bpe *b, int32_t id);
 // Appends the ids of text[0..len). 0, or -1 with an error.
 int mt_bpe_encode(const mt_bpe *b, const char *text, size_t len, mt_ids *out);
+// The same, appending at most `max` ids (the first of them); pieces past those are not merged.
+int mt_bpe_encode_max(const mt_bpe *b, const char *text, size_t len, size_t max, mt_ids *out);
+// The bytes of the longest token's string (an upper bound on the text one id stands for).
+uint64_t mt_bpe_max_token_bytes(const mt_bpe *b);
 // Text of ids[0..n) as `tokenizers` decodes it (skip_special_tokens=False): added tokens as
 // their content, the rest through the byte-level table, invalid UTF-8 replaced by U+FFFD.
 // Ids with no token are skipped. A malloc'ed NUL-terminated string and its length.

@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/rng.h"
+#include "data/line_reader.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read as little-endian");
 
@@ -21,7 +22,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read 
 
 void mt_data_opts_default(mt_data_opts *o) {
     *o = (mt_data_opts){.seq = 512, .overlong = MT_OVERLONG_TRUNCATE, .packing = 0, .shuffle = 1,
-                        .seed = 0, .prompt = MT_PROMPT_ALPACA, .whole_epochs = 0};
+                        .seed = 0, .prompt = MT_PROMPT_ALPACA, .whole_epochs = 0,
+                        .max_line_bytes = MT_MAX_LINE_BYTES_DEFAULT};
 }
 
 static const char *const overlong_names[] = {"truncate", "drop", "refuse"};
@@ -50,12 +52,14 @@ typedef struct loader {
     mt_ids cur_tok, cur_lab;
     mt_ids scratch;
     int64_t content;       // tokens of text runs in the loss (0 → the sample is empty)
+    int cut;               // a string of this line was cut (line_reader.h): overlong
     size_t cap_tokens, cap_offsets;
 } loader;
 
 static void loader_begin(loader *L) {
     L->cur_tok.n = L->cur_lab.n = 0;
     L->content = 0;
+    L->cut = 0;
 }
 
 static void push_token(loader *L, int32_t id, int in_loss) {
@@ -73,10 +77,13 @@ static int emit_segment(void *ctx, mt_seg_kind kind, const char *text, size_t le
         push_token(L, L->tok->eos, in_loss);
         return 0;
     }
+    // Only what the row can hold (seq, and one more to know the sample is overlong) is encoded;
+    // the rest of the text is checked, not tokenized.
+    size_t want = (size_t)L->d->opts.seq + 1, room = L->cur_tok.n < want ? want - L->cur_tok.n : 0;
     L->scratch.n = 0;
-    if (mt_tokenizer_encode(L->tok, text, len, &L->scratch)) return -1;
+    if (mt_tokenizer_encode_max(L->tok, text, len, room, &L->scratch)) return -1;
     for (size_t i = 0; i < L->scratch.n; i++) push_token(L, L->scratch.v[i], in_loss);
-    if (in_loss) L->content += (int64_t)L->scratch.n;
+    if (in_loss) L->content += (int64_t)L->scratch.n + (room == 0 && len > 0);
     return 0;
 }
 
@@ -99,18 +106,24 @@ static int loader_finish(loader *L) {
     }
     L->cur_lab.v[0] = MT_LABEL_IGNORE;  // the first token of a sample is never a target
     int truncated = 0;
-    if (len > d->opts.seq) {
+    if (len > d->opts.seq || L->cut) {
         switch (d->opts.overlong) {
         case MT_OVERLONG_DROP:
             st->dropped_overlong++;
             return 0;
         case MT_OVERLONG_REFUSE:
-            mt_error_set("%s: sample of %lld tokens is longer than --seq %lld (overlong: refuse; "
-                         "truncate or drop would keep going)", L->where, (long long)len,
-                         (long long)d->opts.seq);
+            if (len > d->opts.seq)
+                mt_error_set("%s: sample of more than %lld tokens is longer than --seq %lld (overlong: "
+                             "refuse; truncate or drop would keep going)", L->where, (long long)d->opts.seq,
+                             (long long)d->opts.seq);
+            else  // its tokenizer squeezed the kept text (SentencePiece's whitespace), not the rest
+                mt_error_set("%s: a string runs past the %llu bytes of text that --seq %lld can use: "
+                             "longer than --seq (overlong: refuse; truncate or drop would keep going)",
+                             L->where, (unsigned long long)mt_data_string_cap(L->tok, d->opts.seq),
+                             (long long)d->opts.seq);
             return -1;
         case MT_OVERLONG_TRUNCATE:
-            len = d->opts.seq;
+            len = MT_MIN(len, d->opts.seq);
             truncated = 1;
             break;
         }
@@ -341,15 +354,26 @@ static int parse_line(loader *L, const char *s, size_t len) {
     return rc;
 }
 
+uint64_t mt_data_string_cap(const mt_tokenizer *tok, int64_t seq) {
+    return ((uint64_t)seq + 2) * mt_tokenizer_max_token_bytes(tok) * 2 + 4096;
+}
+
+uint64_t mt_data_work_bytes(int64_t seq, uint64_t max_line_bytes, uint64_t max_token_bytes, uint64_t *typical) {
+    uint64_t cap = ((uint64_t)seq + 2) * max_token_bytes * 2 + 4096, fixed = sizeof(mt_line_reader);
+    uint64_t sample = ((uint64_t)seq + 1) * 2 * sizeof(int32_t) * 2;  // ids, labels, and their growth
+    if (typical) *typical = fixed + sample + 2 * cap + 40 * cap;      // line, cJSON's copy; encoding
+    return fixed + sample + max_line_bytes + 32 * max_line_bytes + 40 * MT_MIN(cap, max_line_bytes);
+}
+
 static int load_jsonl(loader *L, FILE *f, const char *path) {
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    int64_t lineno = 0;
-    int rc = 0;
-    while ((got = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        size_t len = (size_t)got;
+    mt_line_reader r;
+    uint64_t keep = MT_MIN(L->d->opts.max_line_bytes, (uint64_t)SIZE_MAX / 2);
+    mt_line_reader_init(&r, f, path, (size_t)MT_MIN(mt_data_string_cap(L->tok, L->d->opts.seq), keep),
+                        (size_t)keep);
+    int rc = 0, got;
+    while ((got = mt_line_next(&r)) > 0) {
+        const char *line = r.line;
+        size_t len = r.len;
         int blank = 1;
         for (size_t i = 0; i < len && blank; i++)
             blank = line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n';
@@ -357,19 +381,18 @@ static int load_jsonl(loader *L, FILE *f, const char *path) {
             L->d->stats.blank_lines++;
             continue;
         }
-        snprintf(L->where, sizeof L->where, "%s:%lld", path, (long long)lineno);
+        snprintf(L->where, sizeof L->where, "%s:%lld", path, (long long)r.lineno);
         L->d->stats.lines++;
         loader_begin(L);
+        L->cut = r.cut;
         if (parse_line(L, line, len) || loader_finish(L)) {
             rc = -1;
             break;
         }
     }
-    if (rc == 0 && ferror(f)) {
-        mt_error_set("%s: read failed after line %lld: %s", path, (long long)lineno, strerror(errno));
-        rc = -1;
-    }
-    free(line);
+    if (got < 0) rc = -1;
+    mt_line_reader_free(&r);
+    mt_oom_context(NULL);
     return rc;
 }
 
@@ -382,10 +405,35 @@ static int read_exact(const loader *L, FILE *f, void *buf, size_t n) {
     return -1;
 }
 
+// Positions [from, len) of a sample's ids (width 4) or mask bytes (width 1), read in pieces and
+// checked as the kept ones are: ids inside the vocabulary, mask bytes 0 or 1.
+static int check_rest(const loader *L, FILE *f, uint32_t from, uint32_t len, int width) {
+    int32_t buf[4096];
+    for (uint32_t at = from; at < len;) {
+        uint32_t n = MT_MIN(len - at, (uint32_t)(sizeof buf / width));
+        if (read_exact(L, f, buf, (size_t)n * width)) return -1;
+        for (uint32_t i = 0; i < n; i++) {
+            if (width == 4 && (buf[i] < 0 || buf[i] >= L->tok->vocab)) {
+                mt_error_set("%s: token id %d at position %u is outside the vocabulary [0, %lld)",
+                             L->where, (int)buf[i], at + i, (long long)L->tok->vocab);
+                return -1;
+            }
+            if (width == 1 && ((const uint8_t *)buf)[i] > 1) {
+                mt_error_set("%s: mask byte %u at position %u is not 0 or 1", L->where,
+                             (unsigned)((const uint8_t *)buf)[i], at + i);
+                return -1;
+            }
+        }
+        at += n;
+    }
+    return 0;
+}
+
 static int load_tokfile(loader *L, FILE *f, const char *path, uint64_t size) {
     unsigned char h[TOKFILE_HEADER];
     if (size < TOKFILE_HEADER || fread(h, 1, TOKFILE_HEADER, f) != TOKFILE_HEADER) {
-        mt_error_set("%s: token file shorter than its %d-byte header", path, TOKFILE_HEADER);
+        if (ferror(f)) mt_error_set("%s: read failed in the header: %s", path, strerror(errno));
+        else mt_error_set("%s: token file shorter than its %d-byte header", path, TOKFILE_HEADER);
         return -1;
     }
     uint16_t flags;
@@ -409,6 +457,7 @@ static int load_tokfile(loader *L, FILE *f, const char *path, uint64_t size) {
     int rc = 0;
     for (uint64_t k = 0; k < count && rc == 0; k++) {
         snprintf(L->where, sizeof L->where, "%s: sample %" PRIu64, path, k);
+        mt_oom_context(L->where);
         uint32_t len;
         uint64_t bytes, end;
         if (pos + 4 > size) {
@@ -425,18 +474,21 @@ static int load_tokfile(loader *L, FILE *f, const char *path, uint64_t size) {
             rc = -1;
             break;
         }
-        if (len > cap) {
-            cap = len;
+        // Only seq + 1 ids are kept (one more than a row holds: the sample is then overlong);
+        // the rest is read in fixed pieces to check it.
+        uint32_t k = (uint32_t)MT_MIN((uint64_t)len, (uint64_t)L->d->opts.seq + 1);
+        if (k > cap) {
+            cap = k;
             ids = mt_xrealloc(ids, cap * sizeof *ids);
             mask = mt_xrealloc(mask, cap);
         }
-        if ((rc = read_exact(L, f, ids, (size_t)len * 4))) break;
-        if (has_mask && (rc = read_exact(L, f, mask, len))) break;
+        if ((rc = read_exact(L, f, ids, (size_t)k * 4)) || (rc = check_rest(L, f, k, len, 4))) break;
+        if (has_mask && ((rc = read_exact(L, f, mask, k)) || (rc = check_rest(L, f, k, len, 1)))) break;
         pos = end;
         L->d->stats.lines++;
         L->d->stats.pretokenized++;
         loader_begin(L);
-        for (uint32_t i = 0; i < len && rc == 0; i++) {
+        for (uint32_t i = 0; i < k && rc == 0; i++) {
             if (has_mask && mask[i] > 1) {
                 mt_error_set("%s: mask byte %u at position %u is not 0 or 1", L->where,
                              (unsigned)mask[i], i);
@@ -520,6 +572,11 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
     if (!f) return -1;
     char magic[6] = {0};
     size_t got = fread(magic, 1, sizeof magic, f);
+    if (got < sizeof magic && ferror(f)) {
+        mt_error_set("%s: read failed: %s", path, strerror(errno));
+        fclose(f);
+        return -1;
+    }
     rewind(f);
     loader L = {.d = d, .tok = tok};
     int rc;
@@ -528,6 +585,7 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
     else
         rc = load_jsonl(&L, f, path);
     fclose(f);
+    mt_oom_context(NULL);
     mt_ids_free(&L.cur_tok);
     mt_ids_free(&L.cur_lab);
     mt_ids_free(&L.scratch);

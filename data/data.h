@@ -50,7 +50,12 @@
 // before it is read; ids must lie in [0, vocab), mask bytes in {0, 1}.
 //
 // Length: a sample longer than opts.seq is truncated (its first seq tokens kept), dropped, or
-// refused (an error naming it), per opts.overlong, and counted. A sample with no tokens, or no
+// refused (an error naming it), per opts.overlong, and counted. Memory per sample is O(seq), not
+// O(line): a JSONL string is kept up to mt_data_string_cap() decoded bytes (more than seq tokens
+// of any tokenizer) and only scanned beyond (line_reader.h); a sample with a string cut there is
+// overlong whatever its kept text gives. Tokenizing stops once a sample holds seq + 1 tokens
+// (plus its template's): the text beyond is only checked (UTF-8, reserved bytes), not encoded. A
+// token-file sample is read up to seq + 1 ids; the rest of it is read in fixed pieces to check. A sample with no tokens, or no
 // token in the loss (say a prompt truncated away), is dropped and counted. No usable sample
 // left → an error.
 //
@@ -105,9 +110,14 @@ typedef struct mt_data_opts {
     mt_chat_template chat;   // messages form (default: Mixtral's)
     int whole_epochs;        // 1: a batch never spans two epochs; rows past the end of an epoch
                              // are padding (eval: one pass, no sample twice)
+    uint64_t max_line_bytes; // --max-line-bytes: a JSONL line keeping more than this (its strings
+                             // kept only to mt_data_string_cap) is refused (line_reader.h)
 } mt_data_opts;
 
-// seq 512, truncate, no packing, shuffle on, seed 0, Alpaca prompt, Mixtral chat, whole_epochs 0.
+#define MT_MAX_LINE_BYTES_DEFAULT (64ull << 20)
+
+// seq 512, truncate, no packing, shuffle on, seed 0, Alpaca prompt, Mixtral chat, whole_epochs 0,
+// max_line_bytes 64 MiB.
 void mt_data_opts_default(mt_data_opts *o);
 int mt_overlong_parse(const char *text, mt_overlong *out);  // "truncate" | "drop" | "refuse"
 const char *mt_overlong_name(mt_overlong m);
@@ -149,6 +159,17 @@ typedef struct mt_data_cursor {
 int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
                     const mt_data_opts *opts);
 void mt_dataset_free(mt_dataset *d);
+// Decoded bytes of a JSONL string kept for a sample of `seq` tokens with this tokenizer: twice
+// what seq + 2 of its longest tokens span, plus 4 KiB. The data path's host memory per sample is
+// a few times this (plan counts it).
+uint64_t mt_data_string_cap(const mt_tokenizer *tok, int64_t seq);
+// Host memory the loader works in besides the samples it keeps (8 bytes a kept token, 8 a
+// sample): the read buffer; a line as kept; cJSON's tree of it; a string's text, its NFC copy
+// and the BPE encoder's scratch (~40 bytes a byte); a sample's ids and labels. *typical: for
+// lines whose size is their strings (each kept to the cap, mt_data_string_cap with tokens of
+// max_token_bytes); returned: the bound, a line of --max-line-bytes made of one-digit numbers
+// (cJSON spends a 64-byte node on every 2 bytes of it).
+uint64_t mt_data_work_bytes(int64_t seq, uint64_t max_line_bytes, uint64_t max_token_bytes, uint64_t *typical);
 
 // Sample i: its tokens and labels (pointers into the dataset) and its length.
 int64_t mt_dataset_sample(const mt_dataset *d, int64_t i, const int32_t **tokens,

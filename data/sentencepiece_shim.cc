@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ mt_spm *mt_spm_load(const char *path) {
             return nullptr;
         }
         return s;
+    } catch (const std::bad_alloc &) {  // out of memory is exit 4, not a bad file
+        mt_fatal_oom("inside SentencePiece");
     } catch (const std::exception &e) {
         mt_error_set("%s: loading the SentencePiece model failed: %s", path, e.what());
         return nullptr;
@@ -62,6 +65,8 @@ int mt_spm_encode(const mt_spm *s, const char *text, size_t len, int32_t **ids, 
         *ids = out;
         *n = v.size();
         return 0;
+    } catch (const std::bad_alloc &) {  // out of memory is exit 4, not a bad file
+        mt_fatal_oom("inside SentencePiece");
     } catch (const std::exception &e) {
         mt_error_set("%s: encode failed: %s", s->path.c_str(), e.what());
         return -1;
@@ -94,6 +99,8 @@ int mt_spm_decode(const mt_spm *s, const int32_t *ids, size_t n, char **text, si
         *text = buf;
         *len = out.size();
         return 0;
+    } catch (const std::bad_alloc &) {  // out of memory is exit 4, not a bad file
+        mt_fatal_oom("inside SentencePiece");
     } catch (const std::exception &e) {
         mt_error_set("%s: decode failed: %s", s->path.c_str(), e.what());
         return -1;
@@ -130,6 +137,8 @@ int mt_spm_train(const char *args) {
             return -1;
         }
         return 0;
+    } catch (const std::bad_alloc &) {  // out of memory is exit 4, not a bad file
+        mt_fatal_oom("inside SentencePiece");
     } catch (const std::exception &e) {
         mt_error_set("SentencePiece training failed: %s", e.what());
         return -1;

@@ -173,8 +173,18 @@ static int byte_reserved(const mt_tokenizer *t, int32_t b) {
     return b == t->bos || b == t->eos || b == t->pad;
 }
 
+uint64_t mt_tokenizer_max_token_bytes(const mt_tokenizer *t) {
+    if (t->kind == MT_TOKENIZER_BPE) return mt_bpe_max_token_bytes(t->bpe);
+    return t->kind == MT_TOKENIZER_BYTE ? 1 : 64;
+}
+
 int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_ids *out) {
-    if (t->kind == MT_TOKENIZER_BPE) return mt_bpe_encode(t->bpe, text, len, out);
+    return mt_tokenizer_encode_max(t, text, len, SIZE_MAX, out);
+}
+
+int mt_tokenizer_encode_max(const mt_tokenizer *t, const char *text, size_t len, size_t max,
+                            mt_ids *out) {
+    if (t->kind == MT_TOKENIZER_BPE) return mt_bpe_encode_max(t->bpe, text, len, max, out);
     if (t->kind == MT_TOKENIZER_BYTE) {
         for (size_t i = 0; i < len; i++) {
             int32_t b = (uint8_t)text[i];
@@ -185,14 +195,14 @@ int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_
                 return -1;
             }
         }
-        for (size_t i = 0; i < len; i++) mt_ids_push(out, (uint8_t)text[i]);
+        for (size_t i = 0; i < len && i < max; i++) mt_ids_push(out, (uint8_t)text[i]);
         return 0;
     }
 #ifdef MT_SENTENCEPIECE
     int32_t *ids;
     size_t n;
     if (mt_spm_encode(t->spm, text, len, &ids, &n)) return -1;
-    for (size_t i = 0; i < n; i++) mt_ids_push(out, ids[i]);
+    for (size_t i = 0; i < n && i < max; i++) mt_ids_push(out, ids[i]);
     free(ids);
     return 0;
 #else

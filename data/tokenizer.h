@@ -81,6 +81,15 @@ int mt_tokenizer_have_spm(void);
 
 // Appends the ids of text[0..len) to `out` (no BOS/EOS). 0, or -1 with an error.
 int mt_tokenizer_encode(const mt_tokenizer *t, const char *text, size_t len, mt_ids *out);
+// The same, appending at most `max` ids: the first `max` of what mt_tokenizer_encode gives. The
+// whole text is still checked (UTF-8, reserved bytes), but encoding stops once `max` ids are
+// out, so the work and memory past them do not grow with the text (BPE: the pre-tokenizer's
+// pieces after the one that fills `max` are not merged; SentencePiece encodes the whole text).
+int mt_tokenizer_encode_max(const mt_tokenizer *t, const char *text, size_t len, size_t max,
+                            mt_ids *out);
+// The most bytes of text one id stands for (1 for bytes; BPE: its longest token; SentencePiece:
+// 64, an assumed bound: its pieces are at most 16 characters).
+uint64_t mt_tokenizer_max_token_bytes(const mt_tokenizer *t);
 // Text of ids[0..n): BOS/EOS and unused ids are skipped. A malloc'ed NUL-terminated string
 // (the caller frees it) and its length; -1 with an error for an id outside [0, vocab).
 int mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, char **text,

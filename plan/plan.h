@@ -45,6 +45,9 @@ typedef struct mt_plan_opts {
     double workspace_bytes;   // < 0: the planner's default guess
     double lr, clip;          // --measure's AdamW step
     char plan_case;           // 0, 'A', 'B' or 'C'
+    // The data loader's host memory per rank (data.h mt_data_work_bytes, filled by the trainer,
+    // which may read data/): typical and bound; 0: not counted. Not in the GPU total.
+    uint64_t data_host_bytes, data_host_bound;
 } mt_plan_opts;
 
 #define MT_PLAN_MAX_PARTS 6

@@ -248,6 +248,9 @@ static void print_table(FILE *out, const mt_plan_report *r) {
     if (p->host_bytes)
         fprintf(out, "  %-44s %8.2f GB (not in the total)\n", "host memory (Adam m, v + master), per GPU",
                 gb(p->host_bytes));
+    if (r->opts->data_host_bytes)
+        fprintf(out, "  %-44s %8.3f GB (up to %.2f GB for a line of --max-line-bytes; not in the total)\n",
+                "host memory (data loading, per rank)", gb(r->opts->data_host_bytes), gb(r->opts->data_host_bound));
     if (p->workspace_guessed)
         fprintf(out, "  (work is a guess, 1.5 GB on one GPU and 2.0 GB on more, until measured; --workspace sets it)\n");
     fprintf(out, "fits on a %s GB (%.2f GiB) card: %s (%.0f%%)\n", short_gb(p->gpu_mem, card, sizeof card),
@@ -483,6 +486,8 @@ char *mt_plan_json(const mt_plan_report *r) {
     json_settings(root, r->opts);
     json_params(root, r->plan);
     json_memory(root, r->plan);
+    cJSON_AddNumberToObject(root, "data_host_bytes", (double)r->opts->data_host_bytes);
+    cJSON_AddNumberToObject(root, "data_host_bound", (double)r->opts->data_host_bound);
     json_suggestions(root, r);
     if (r->opts->plan_case && r->case_plan) json_source(root, r);
     if (r->measured) json_measured(root, r);

@@ -317,7 +317,7 @@ Test(data, overlong_refuse) {
     mt_dataset d;
     cr_assert_neq(fx_load(&f, &d, overlong_data), 0);
     char want[256];
-    snprintf(want, sizeof want, "%s:2: sample of 12 tokens is longer than --seq 8", f.path);
+    snprintf(want, sizeof want, "%s:2: sample of more than 8 tokens is longer than --seq 8", f.path);
     cr_assert(strstr(mt_error_get(), want), "got: %s", mt_error_get());
     mt_dataset_free(&d);
     mt_overlong m;

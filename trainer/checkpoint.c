@@ -79,7 +79,7 @@ static int write_state(const char *path, const mt_train_state *st, const char *r
     return rc;
 }
 
-static int read_state(const char *path, mt_train_state *st, char *run_id, size_t cap) {
+int mt_ckpt_state_parse(const char *path, mt_train_state *st, char *run_id, size_t cap) {
     cJSON *j;
     if (mt_ckpt_state_read(path, &j) != 0) return -1;
     const cJSON *f = cJSON_GetObjectItem(j, "format"), *step = cJSON_GetObjectItem(j, "step"),
@@ -218,11 +218,25 @@ int mt_checkpoint_find(const char *path, char *dir) {
     return 0;
 }
 
+int mt_train_state_check(const mt_train_state *st, const mt_dataset *d, int64_t total_steps, const char *dir) {
+    if (st->cursor.epoch < 0 || st->cursor.index < 0 || st->cursor.index >= d->n) {
+        mt_error_set("%s: its data position (epoch %lld, sample %lld) is past the %lld samples of %s",
+                     dir, (long long)st->cursor.epoch, (long long)st->cursor.index, (long long)d->n, d->source);
+        return -1;
+    }
+    if (st->step > total_steps) {
+        mt_error_set("%s is at step %lld, past this run's %lld steps: nothing left to train (raise --steps "
+                     "or --epochs)", dir, (long long)st->step, (long long)total_steps);
+        return -1;
+    }
+    return 0;
+}
+
 int mt_checkpoint_load(const char *dir, const mt_param *w, int nw, const mt_param *p, int n, mt_adamw *o,
                        mt_train_state *st, const char *run_id, mt_comm *world) {
     char path[4400], saved_run[2048];
     snprintf(path, sizeof path, "%s/state.json", dir);
-    if (read_state(path, st, saved_run, sizeof saved_run) != 0) return -1;
+    if (mt_ckpt_state_parse(path, st, saved_run, sizeof saved_run) != 0) return -1;
     if (strcmp(saved_run, run_id) != 0) {
         mt_error_set("%s was written by a different run and cannot be resumed by this one:\n  saved: %s\n  now:   %s",
                      dir, saved_run, run_id);

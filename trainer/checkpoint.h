@@ -55,6 +55,13 @@ int mt_ckpt_manifest_add(cJSON *state, const char *dir);
 char *mt_ckpt_state_seal(const cJSON *state);
 // Reads and parses state.json, refusing it unless its own checksum holds.
 int mt_ckpt_state_read(const char *path, cJSON **out);
+// state.json's training state and run id (cap bytes): the checksum, then the fields' types and
+// ranges. 0, or -1 with an error naming the file.
+int mt_ckpt_state_parse(const char *path, mt_train_state *st, char *run_id, size_t cap);
+// What a verified state must also mean for this run before anything trains: its data position
+// inside `d` (epoch >= 0, index in [0, n)) and its step at most `total_steps` (a checkpoint past
+// --steps has nothing left to train). 0, or -1 with an error naming `dir`.
+int mt_train_state_check(const mt_train_state *st, const mt_dataset *d, int64_t total_steps, const char *dir);
 
 // Restores trainables and optimizer state (this rank's files); refuses (naming both) when run_id
 // differs.

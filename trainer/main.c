@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/hostmem.h"
 #include "core/threads.h"
 #include "trainer/cmd/commands.h"
 #include "trainer/options.h"
@@ -46,6 +47,7 @@ int cmd_not_built(const char *name, const char *issue) {
 
 int main(int argc, char **argv) {
     mt_threads_init(argv);  // OMP_WAIT_POLICY=passive unless the user chose (core/threads.h)
+    mt_hostmem_reserve();   // a ulimit -v that cannot fit OpenBLAS: exit 4 now (core/hostmem.h)
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
                       strcmp(argv[1], "help") == 0)) {
         print_usage(stdout);

@@ -38,6 +38,7 @@ static const opt_range ranges[] = {
     {"save-total-limit", 0, 1e6, 0, 0},
     {"eval-every", 0, 1e12, 0, 0},
     {"mem", 0, 1e15, 0, 0},
+    {"max-line-bytes", 4096, 1e15, 0, 0},
     {"max-skips", 0, 1e6, 0, 0},
     {"max-new-tokens", 0, 1 << 20, 0, 0},
     {"temperature", 0, 100, 0, 0},

@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/yaml.h"
+#include "data/data.h"     // MT_MAX_LINE_BYTES_DEFAULT
 #include "model/config.h"  // --allow-unknown-config
 #include "quant/quant.h"  // quantization targets and blocksizes
 
@@ -80,6 +81,8 @@ static const opt_def opt_table[] = {
     {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
     {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
+    {"max-line-bytes", OPT_BYTES, F(max_line_bytes), 0,
+     "a JSONL line keeping more than this is refused naming the line; its strings are kept only to what --seq can use (the rest is read in bounded pieces and checked); default 64MiB"},
     {"max-skips", OPT_INT, F(max_skips), 0, "stop after this many non-finite steps in a row"},
     {"adapter", OPT_STR, F(adapter), S(adapter), "eval/generate/merge: a PEFT adapter folder to apply; train: the LoRAs start from it (v4 or v5 layout)"},
     {"save-tokens", OPT_STR, F(save_tokens), S(save_tokens), "eval: also write the samples it reads, tokenized and loss-masked, as a token file (MTTOK1) for scripts/check_peft.py"},
@@ -123,6 +126,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->ep = 1;
     o->master_weights = 1;
     o->gpu_mem_bytes = 44e9;
+    o->max_line_bytes = (double)MT_MAX_LINE_BYTES_DEFAULT;
     o->workspace_bytes = -1;
     o->steps = 0;
     o->epochs = 1;
@@ -241,7 +245,10 @@ int mt_plan_case_apply(mt_run_opts *o, char which) {
 }
 
 mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
+    // The data loader's host memory, for tokens of up to 256 bytes (real BPE vocabularies' longest).
+    uint64_t data_typical, data_bound = mt_data_work_bytes(o->seq, (uint64_t)o->max_line_bytes, 256, &data_typical);
     return (mt_plan_opts){
+        .data_host_bytes = data_typical, .data_host_bound = data_bound,
         .mode = o->mode, .lora_r = o->lora_r, .targets = o->targets, .layers = o->layers, .experts = o->experts,
         .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
         .quant_targets = o->quant_targets, .seq = o->seq, .batch = o->batch, .checkpointing = o->checkpointing,

@@ -72,6 +72,7 @@ typedef struct mt_run_opts {
     int64_t eval_every;
     char resume[1024];        // checkpoint folder (or an output folder: its latest checkpoint)
     double mem_bytes;         // cpu: refuse a run whose plan exceeds this (0: no check)
+    double max_line_bytes;    // a JSONL line keeping more than this (besides its long strings' cut text) is refused
     int max_skips;            // stop after this many non-finite steps in a row
     // eval / generate / merge
     char adapter[1024];       // PEFT adapter folder to apply

@@ -282,6 +282,7 @@ static int setup(trainer *t) {
     mt_data_opts dopts;
     mt_data_opts_default(&dopts);
     dopts.seq = o->seq;
+    dopts.max_line_bytes = (uint64_t)o->max_line_bytes;
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
@@ -320,6 +321,7 @@ static int setup(trainer *t) {
             mt_error_set("%s was trained on different data than --data %s", dir, o->data);
             return -1;
         }
+        if (mt_train_state_check(&t->st, &t->data, total_steps(t), dir) != 0) return -1;
         mt_info("resumed from %s at step %lld", dir, (long long)t->st.step);
     }
     if (mt_mkdir_p(o->out) != 0) return -1;

@@ -22,7 +22,9 @@ static void eval_usage(FILE *out) {
             "--adapter: a PEFT adapter folder, or a trained-tensor .safetensors (router, unfreeze or\n"
             "full mode). The frozen base is built as training builds it (--quant, default nf4).\n"
             "--save-tokens FILE: also write the samples as read (tokenized, chat templates applied,\n"
-            "loss-masked) as a token file, e.g. for scripts/check_peft.py --data FILE.\n");
+            "loss-masked) as a token file, e.g. for scripts/check_peft.py --data FILE.\n"
+            "--max-line-bytes N: a JSONL line keeping more than N bytes is refused naming the line (its\n"
+            "strings are kept only to what --seq can use; default 64MiB). Exit 4: out of host memory.\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -310,6 +312,7 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
     mt_data_opts dopts;
     mt_data_opts_default(&dopts);
     dopts.seq = o->seq;
+    dopts.max_line_bytes = (uint64_t)o->max_line_bytes;
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     dopts.shuffle = 0;
