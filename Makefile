@@ -207,7 +207,8 @@ check-docs:
 # The CUDA suite executed on the CPU (tests/cudasim/run.sh: two thread orders, the planted-bug
 # self-tests, the CLI run against the CPU, the 2-rank NCCL run). Results are CPU-emulated.
 test-sim:
-	$(MAKE) SIM=1 all build-sim/moetrain_tests build-sim/tests/mpi/compare_runs build-sim/moetrain_roofline
+	$(MAKE) SIM=1 all build-sim/moetrain_tests build-sim/tests/mpi/compare_runs build-sim/moetrain_roofline \
+	  build-sim/failalloc_data
 	bash tests/cudasim/run.sh build-sim
 
 # Multi-rank checks of core/comm and of parallel training: plain programs (Criterion forks, which
