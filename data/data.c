@@ -70,7 +70,7 @@ static void push_token(loader *L, int32_t id, int in_loss) {
 static int emit_segment(void *ctx, mt_seg_kind kind, const char *text, size_t len, int in_loss) {
     loader *L = ctx;
     if (kind == MT_SEG_BOS) {
-        if (L->tok->bos >= 0) push_token(L, L->tok->bos, 0);  // never a target; none for BPE
+        if (L->tok->add_bos) push_token(L, L->tok->bos, 0);  // never a target; none for BPE by default
         return 0;
     }
     if (kind == MT_SEG_EOS) {

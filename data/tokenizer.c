@@ -1,6 +1,7 @@
 // data/tokenizer.c — byte-level, SentencePiece and BPE tokenizers behind one interface.
 #include "data/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,6 +59,7 @@ int mt_tokenizer_init_bytes(mt_tokenizer *t, int64_t vocab, int32_t bos, int32_t
     t->kind = MT_TOKENIZER_BYTE;
     t->vocab = vocab;
     t->bos = bos;
+    t->add_bos = 1;
     t->eos = eos;
     t->pad = 0;
     snprintf(t->source, sizeof t->source, "bytes");
@@ -88,6 +90,7 @@ int mt_tokenizer_load_spm(mt_tokenizer *t, const char *model_path, int64_t vocab
     t->kind = MT_TOKENIZER_SPM;
     t->vocab = vocab;
     t->bos = bos;
+    t->add_bos = 1;
     t->eos = eos;
     t->pad = 0;
     t->spm = s;
@@ -124,6 +127,7 @@ int mt_tokenizer_load_bpe(mt_tokenizer *t, const char *json_path, int64_t vocab,
     t->kind = MT_TOKENIZER_BPE;
     t->vocab = vocab;
     t->bos = -1;  // Qwen2/OLMoE add no BOS (tokenizer.h)
+    t->add_bos = 0;
     t->eos = eos;
     t->pad = 0;
     t->bpe = b;
@@ -131,13 +135,10 @@ int mt_tokenizer_load_bpe(mt_tokenizer *t, const char *json_path, int64_t vocab,
     return 0;
 }
 
-int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int32_t bos,
+static int open_files(mt_tokenizer *t, const char *dir, int64_t vocab, int32_t bos,
                       int32_t eos) {
-    memset(t, 0, sizeof *t);
-    // --model may name the config.json itself: look beside it.
-    char dir[4096], path[4200];
+    char path[4200];
     struct stat st;
-    mt_model_folder(model_dir, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/tokenizer.model", dir);
     if (stat(path, &st) == 0) return mt_tokenizer_load_spm(t, path, vocab, bos, eos);
     if (errno != ENOENT) {
@@ -159,6 +160,59 @@ int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int
         mt_warn("%s: no tokenizer.model: byte-level tokenizer for vocab_size %lld (ids 256 and up "
                 "stay unused)", dir, (long long)vocab);
     return mt_tokenizer_init_bytes(t, vocab, bos, eos);
+}
+
+// tokenizer_config.json's settings that change the ids of a sample (tokenizer.h): honoured or
+// refused by name; the file's absence changes nothing.
+static int apply_config(mt_tokenizer *t, const char *dir, int32_t bos) {
+    char path[4200], *text;
+    size_t len;
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (stat(path, &st) != 0) return 0;
+    if (mt_read_file(path, 64u << 20, &text, &len) != 0) return -1;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        mt_error_set("%s: not a JSON object", path);
+        rc = -1;
+    }
+    static const char *const refused[] = {"add_prefix_space", "do_lower_case"};
+    for (size_t i = 0; rc == 0 && i < MT_ARRAY_LEN(refused); i++)
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, refused[i]))) {
+            mt_error_set("%s: %s: true changes how text is split beyond tokenizer.json, which moetrain does not do",
+                         path, refused[i]);
+            rc = -1;
+        }
+    const cJSON *add_bos = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "add_bos_token") : NULL;
+    if (cJSON_IsFalse(add_bos)) {
+        t->add_bos = 0;
+    } else if (cJSON_IsTrue(add_bos) && !t->add_bos) {
+        // BPE: transformers rebuilds the post-processor to add the bos_token; here, config.json's id.
+        if (bos < 0 || bos >= t->vocab || (t->bpe && !mt_bpe_piece(t->bpe, bos))) {
+            mt_error_set("%s: add_bos_token is true, but config.json's bos_token_id (%d) names no token of this "
+                         "tokenizer", path, (int)bos);
+            rc = -1;
+        } else {
+            t->bos = bos, t->add_bos = 1;
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int mt_tokenizer_open(mt_tokenizer *t, const char *model_dir, int64_t vocab, int32_t bos, int32_t eos) {
+    memset(t, 0, sizeof *t);
+    // --model may name the config.json itself: look beside it.
+    char dir[4096];
+    mt_model_folder(model_dir, dir, sizeof dir);
+    if (open_files(t, dir, vocab, bos, eos) != 0) return -1;
+    if (apply_config(t, dir, bos) != 0) {
+        mt_tokenizer_free(t);
+        return -1;
+    }
+    return 0;
 }
 
 void mt_tokenizer_free(mt_tokenizer *t) {

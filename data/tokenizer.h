@@ -11,8 +11,15 @@
 // Encoding never adds BOS or EOS: the data layer (data.h) places them, as Mixtral/Llama
 // training does (BOS at the start of each sample, EOS after each completion).
 //
-// BOS: `bos` < 0 means the model has none, and the data layer then inserts none. BPE tokenizers
-// always have bos = -1: Qwen2's and OLMoE's tokenizers add no BOS (their post_processor is
+// tokenizer_config.json beside it (transformers' tokenizer settings): add_bos_token is honoured
+// (true: a BPE tokenizer gets config.json's bos_token_id, which its vocabulary must hold; false: no
+// BOS for SentencePiece either); add_eos_token needs nothing (the data layer ends every sample with
+// EOS, as TRL's SFT does); clean_up_tokenization_spaces only changes decoding (generate's text);
+// add_prefix_space and do_lower_case, which change encoding beyond tokenizer.json, are refused when
+// true, naming the file and the field.
+//
+// BOS: `add_bos` 0 means the data layer inserts none. Without tokenizer_config.json's word, BPE
+// tokenizers have bos = -1: Qwen2's and OLMoE's tokenizers add no BOS (their post_processor is
 // ByteLevel; one with a TemplateProcessing is refused), whatever config.json's bos_token_id says
 // (Qwen's names <|endoftext|>; OLMoE's is null). Chat templates that print a bos_token string
 // (OLMoE's) emit it as text, which the BPE encoder turns into its added-token id.
@@ -44,7 +51,9 @@ typedef struct mt_tokenizer {
     mt_tokenizer_kind kind;
     int64_t vocab;        // the model's vocab_size; every id produced is below it
     int32_t bos, eos;     // config.json's ids (checked against tokenizer.model's when it has them);
-                          // bos -1: none (BPE), the data layer inserts no BOS
+                          // bos -1: none (BPE unless tokenizer_config.json adds one)
+    int add_bos;          // 1: the data layer starts each sample with bos (SentencePiece and bytes;
+                          // tokenizer_config.json's add_bos_token overrides, as transformers does)
     int32_t pad;          // the id written into padding: 0 (always masked out of loss and attention)
     struct mt_spm *spm;   // SentencePiece model, kind == MT_TOKENIZER_SPM
     struct mt_bpe *bpe;   // tokenizer.json, kind == MT_TOKENIZER_BPE

@@ -207,6 +207,44 @@ Test(bpe, tokenizer_open_picks_tokenizer_json_without_bos) {
     mt_test_rmrf(dir);
 }
 
+// tokenizer_config.json beside the tokenizer: add_bos_token honoured both ways, the settings that
+// would change the split refused by name (issue 31).
+Test(bpe, tokenizer_config_add_bos_token_and_refusals) {
+    char dir[256];
+    mt_test_tmpdir(dir, sizeof dir);
+    copy_fixture("qwen2", dir);
+    mt_tokenizer t;
+    write_file(dir, "tokenizer_config.json", "{\"add_bos_token\": true, \"add_eos_token\": false, "
+                                             "\"clean_up_tokenization_spaces\": false}");
+    cr_assert_eq(mt_tokenizer_open(&t, dir, 700, 656, 658), 0, "%s", mt_error_get());
+    cr_assert(t.add_bos && t.bos == 656, "add_bos_token: true gives a BPE tokenizer config.json's BOS");
+    mt_tokenizer_free(&t);
+    cr_assert_neq(mt_tokenizer_open(&t, dir, 700, -1, 658), 0, "add_bos_token without a BOS id");
+    cr_assert(strstr(mt_error_get(), "tokenizer_config.json: add_bos_token"), "%s", mt_error_get());
+    write_file(dir, "tokenizer_config.json", "{\"add_prefix_space\": true}");
+    cr_assert_neq(mt_tokenizer_open(&t, dir, 700, 656, 658), 0);
+    cr_assert(strstr(mt_error_get(), "tokenizer_config.json: add_prefix_space: true"), "%s", mt_error_get());
+    write_file(dir, "tokenizer_config.json", "{\"do_lower_case\": true}");
+    cr_assert_neq(mt_tokenizer_open(&t, dir, 700, 656, 658), 0);
+    cr_assert(strstr(mt_error_get(), "do_lower_case"), "%s", mt_error_get());
+    write_file(dir, "tokenizer_config.json", "{\"add_prefix_space\": false, \"add_bos_token\": false}");
+    cr_assert_eq(mt_tokenizer_open(&t, dir, 700, 656, 658), 0, "%s", mt_error_get());
+    cr_assert(!t.add_bos && t.bos == -1);
+    mt_tokenizer_free(&t);
+    mt_test_rmrf(dir);
+    // The byte-level tokenizer (a folder with only tokenizer_config.json): add_bos_token false
+    // drops the BOS it would add.
+    mt_test_tmpdir(dir, sizeof dir);
+    cr_assert_eq(mt_tokenizer_open(&t, dir, 300, 1, 2), 0, "%s", mt_error_get());
+    cr_assert(t.add_bos && t.bos == 1);
+    mt_tokenizer_free(&t);
+    write_file(dir, "tokenizer_config.json", "{\"add_bos_token\": false}");
+    cr_assert_eq(mt_tokenizer_open(&t, dir, 300, 1, 2), 0, "%s", mt_error_get());
+    cr_assert(!t.add_bos && t.bos == 1, "no BOS added; the id stays known to decode");
+    mt_tokenizer_free(&t);
+    mt_test_rmrf(dir);
+}
+
 // --- refusals ------------------------------------------------------------------------------
 
 typedef void (*mutate_fn)(cJSON *root);

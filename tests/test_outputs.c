@@ -503,7 +503,7 @@ static void write_tokfile(const char *path, int n, int vocab, uint64_t seed) {
 
 // The mean CE straight from mt_model_forward, one sample per batch.
 static double direct_mean_ce(mt_model *m, const char *path, int64_t *tokens) {
-    mt_tokenizer tok = {.kind = MT_TOKENIZER_BYTE, .vocab = m->cfg.vocab, .bos = 1, .eos = 2};
+    mt_tokenizer tok = {.kind = MT_TOKENIZER_BYTE, .vocab = m->cfg.vocab, .bos = 1, .eos = 2, .add_bos = 1};
     mt_data_opts dopts;
     mt_data_opts_default(&dopts);
     dopts.shuffle = 0;

@@ -286,6 +286,7 @@ static int open_tokenizer(mt_tokenizer *tok, const mt_run_opts *o, const mt_mode
     tok->kind = MT_TOKENIZER_BYTE;
     tok->vocab = cfg->vocab;
     tok->bos = (int32_t)cfg->bos_token_id, tok->eos = (int32_t)cfg->eos_token_id;
+    tok->add_bos = tok->bos >= 0;
     snprintf(tok->source, sizeof tok->source, "none (token file)");
     mt_error_clear();
     return 0;

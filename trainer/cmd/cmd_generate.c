@@ -140,7 +140,7 @@ int cmd_generate(int argc, char **argv) {
     }
     g.eos = tok.eos;
     mt_ids prompt = {0}, out = {0};
-    if (tok.bos >= 0) mt_ids_push(&prompt, tok.bos);  // BPE models have none
+    if (tok.add_bos) mt_ids_push(&prompt, tok.bos);  // BPE models have none unless their config adds it
     int rc = MT_EXIT_ERROR, hit_eos = 0;
     mt_backend *be = mt_backend_cpu_new();
     mt_model m;
