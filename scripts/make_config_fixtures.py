@@ -23,7 +23,7 @@ COMMON = dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_ke
               num_experts_per_tok=2, rms_norm_eps=3e-6, router_aux_loss_coef=0.03, initializer_range=0.05,
               max_position_embeddings=640, tie_word_embeddings=False)
 FAMILIES = {
-    "mixtral": (MixtralConfig, dict(intermediate_size=40, num_local_experts=6, head_dim=12, sliding_window=200,
+    "mixtral": (MixtralConfig, dict(intermediate_size=40, num_local_experts=6, head_dim=12, sliding_window=5,
                                     router_jitter_noise=0.0, bos_token_id=1, eos_token_id=2)),
     "qwen2_moe": (Qwen2MoeConfig, dict(moe_intermediate_size=20, intermediate_size=56, num_experts=6,
                                        shared_expert_intermediate_size=36, decoder_sparse_step=2, mlp_only_layers=[0],
