@@ -302,6 +302,6 @@ fuzz: $(CONFIG_MK) $(FUZZ_OBJ)
 	done
 
 clean:
-	rm -rf build build-cuda build-asan build-fuzz build-sim
+	rm -rf build build-cuda build-asan build-fuzz build-sim build-gpu .gpubundle
 
 -include $(LIB_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MPI_TEST_OBJ:.o=.d) $(BUILD)/tests/failalloc/failalloc_data.d
