@@ -304,7 +304,7 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
         cfg->sliding_window = 0;
     }
     // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
-    // the family's attention reads it (OLMoE ignores the field).
+    // the family's attention reads it.
     if (get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0) return -1;
     // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
     if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
