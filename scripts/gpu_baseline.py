@@ -7,7 +7,7 @@ moetrain's step is judged against (scripts/gpu_check.sh's baseline step).
      Mixtral-8x7B's attention shapes (32 query heads, 8 KV heads, head_dim 128) and --seq,
      forward and forward + backward;
   3. train: transformers + PEFT training Mixtral-8x7B's shape cut to --layers, bf16, LoRA r=16
-     (alpha 32, dropout 0) on every expert's gate_up_proj and down_proj and on each router
+     (alpha 16 as case C, dropout 0) on every expert's gate_up_proj and down_proj and on each router
      (target_parameters: transformers 5 stores a layer's experts fused), gradient checkpointing
      on (moetrain's case C recomputes every layer), the router aux loss on at 0.02 as moetrain
      applies it, AdamW on the LoRA weights: tok/s and peak memory.
@@ -132,7 +132,7 @@ def part_train(args, torch):
         model = transformers.MixtralForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
-    lcfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[],
+    lcfg = peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=[],
                            target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"])
     model = peft.get_peft_model(model, lcfg)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
