@@ -91,6 +91,9 @@ uint64_t mt_cuda_matmul_plans_built(mt_backend *be);
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).
 void *mt_cuda_backend_enter(mt_backend *be);
+// A second stream of the backend's device (made on first use, destroyed with the backend), for
+// work that overlaps the main stream's; the caller orders the two with events. Device current.
+void *mt_cuda_backend_side_stream(mt_backend *be);
 // Waits for the backend's stream and counts the wait in be->host_syncs: every host wait of a
 // cuda op goes through it (or through download / synchronize, which count theirs).
 void mt_cuda_backend_sync(mt_backend *be);

@@ -92,6 +92,7 @@ typedef struct {
     // (NCCL's) is ordered by the comm's events.
     int async_alloc;
     cudaMemPool_t pool;  // the device's default pool, when async_alloc
+    cudaStream_t side;   // a second stream, made on first use (mt_cuda_backend_side_stream)
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -493,6 +494,10 @@ static void cuda_destroy(mt_backend *be) {
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) plan_destroy(&cx->plans[i]);
     if (cx->workspace) mt_backend_release(be, MT_MEM_WORK, cx->workspace_bytes, cx->workspace);
     MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
+    if (cx->side) {
+        MT_CHECK_CUDA(cudaStreamSynchronize(cx->side));
+        MT_CHECK_CUDA(cudaStreamDestroy(cx->side));
+    }
     MT_CHECK_CUDA(cudaStreamDestroy(cx->stream));
     free(cx);
     free(be);
@@ -514,6 +519,11 @@ static const mt_backend_ops cuda_ops = {
 };
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
+extern "C" void *mt_cuda_backend_side_stream(mt_backend *be) {
+    cuda_ctx *cx = cuda_enter(be);
+    if (!cx->side) MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
+    return cx->side;
+}
 extern "C" void *mt_cuda_backend_enter(mt_backend *be) {
     be->device_ops++;
     return cuda_enter(be)->stream;
