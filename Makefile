@@ -82,7 +82,7 @@ NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 NVCCFLAGS := -O2 -g -std=c++20 -I. -DMT_CUDA -MMD -MP $(NVCC_ARCH) -Xcompiler -Wall,-Wextra
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
-          -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcudart -lnccl -lstdc++
+          -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 endif
 
 # MPI (Open MPI): core/comm_mpi.c and the NCCL bootstrap. Without mpicc (config.mk's MPI_LIBS is

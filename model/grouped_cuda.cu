@@ -19,8 +19,13 @@
 //     on A, a masked bf16 copy of the expert's rows feeds the GEMM; on C, the GEMM writes an f32
 //     product that a kernel masks, scales and adds into C (one rounding); on Y (the weight
 //     gradient's operand), a masked bf16 copy.
+//   * Dense weights (LoRA's A and B, unfrozen experts) and the weight gradients of every expert
+//     go as ONE cublasGemmGroupedBatchedEx call (core/backend_cuda.cu's mt_cuda_gemm_grouped):
+//     with 128 small experts a call per expert would be mostly launch overhead. The 4-bit base
+//     GEMMs stay one cuBLASLt call per expert: each needs its W dequantized first, and two slots
+//     bound the scratch.
 //   * The host knows each expert's rows (the routing's counts, downloaded once per layer in the
-//     forward and kept for the backward); cuBLASLt takes M from the host.
+//     forward and kept for the backward); cuBLAS and cuBLASLt take their shapes from the host.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -67,6 +72,15 @@ static __global__ void drop_add_kernel(C *__restrict__ c, int64_t ldc, const flo
 }
 
 static unsigned row_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > 65535 ? 65535 : n); }
+
+static void drop_add(cudaStream_t s, mt_tensor *c, const float *t, int64_t n, int64_t w, uint64_t seed, float p,
+                     float alpha, float beta) {
+    if (c->dtype == MT_F32)
+        drop_add_kernel<float><<<row_blocks(n), THREADS, 0, s>>>((float *)c->data, mt_tensor_ld(c), t, n, w, seed, p, alpha, beta);
+    else
+        drop_add_kernel<bf16><<<row_blocks(n), THREADS, 0, s>>>((bf16 *)c->data, mt_tensor_ld(c), t, n, w, seed, p, alpha, beta);
+    MT_CHECK_LAUNCH();
+}
 
 static void drop_copy(cudaStream_t s, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
     int64_t n = in->shape[0];
@@ -143,9 +157,59 @@ static void slots_close(slots *S) {
     }
 }
 
+// Dense W (a LoRA's A or B, an unfrozen expert) for every expert with rows: the products as one
+// cublasGemmGroupedBatchedEx call. Dropout as in the per-expert path: A's masked copies first, or
+// the f32 products masked into C after. Returns 0 (nothing done) when the call does not qualify:
+// a 4-bit expert, fewer than two products, weights of different row strides.
+static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                              void *drop_scratch) {
+    const int64_t K = a->shape[1], N = c->shape[1], row0 = g->off[0];
+    int n = 0;
+    int64_t ldw = -1, m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+    const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+    void *pc[MT_GROUPED_MAX];
+    int ex[MT_GROUPED_MAX];
+    for (int e = 0; e < g->experts; e++) {
+        if (g->q && g->q[e]) return 0;
+        const mt_tensor *w = g->w ? g->w[e] : NULL;
+        if (!w || g->off[e + 1] == g->off[e]) continue;
+        if (ldw >= 0 && mt_tensor_ld(w) != ldw) return 0;
+        ldw = mt_tensor_ld(w), ex[n++] = e;
+    }
+    if (n < 2) return 0;
+    const bool copy_a = g->seed && g->drop_a, drop_c = g->seed && !g->drop_a;
+    for (int i = 0; i < n; i++) {
+        int e = ex[i];
+        int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
+        mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
+        m[i] = rows, k[i] = K, pb[i] = g->w[e]->data;
+        if (copy_a) {
+            bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * K;
+            drop_copy(st, D, K, &A, K, g->seed[e], g->p);
+            pa[i] = D;
+        } else {
+            pa[i] = A.data;
+        }
+        pc[i] = drop_c ? (void *)((float *)drop_scratch + (r0 - row0) * N) : C.data;
+    }
+    mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = copy_a ? K : mt_tensor_ld(a), .ldb = ldw,
+                        .ldc = drop_c ? N : mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans,
+                        .tc = drop_c ? MT_F32 : c->dtype, .alpha = drop_c ? 1.0f : g->alpha,
+                        .beta = drop_c ? 0.0f : g->beta, .a = pa, .b = pb, .c = pc};
+    if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
+    for (int i = 0; drop_c && i < n; i++) {
+        int e = ex[i];
+        int64_t r0 = g->off[e], rows = m[i];
+        mt_tensor C = mt_view_rows(c, r0, rows);
+        drop_add(st, &C, (const float *)pc[i], rows, N, g->seed[e], g->p, g->alpha, g->beta);
+    }
+    return 1;
+}
+
 extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
                                      void *deq_scratch, size_t slot_elems, void *drop_scratch) {
     cudaStream_t st = mt_cuda_begin(be);
+    if (gemm_dense_grouped(be, st, c, a, g, drop_scratch)) return;
     const int64_t K = a->shape[1], N = c->shape[1];
     slots S;
     slots_open(&S, be, st, deq_scratch, slot_elems);
@@ -163,13 +227,7 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         } else if (g->seed) {  // C = alpha·drop(A·op(W)) + beta·C
             mt_tensor T = mt_view2(be, drop_scratch, MT_F32, n, N, 0);
             matmul(&T, &A, &W, 0, g->trans, 1.0f, 0.0f);
-            if (C.dtype == MT_F32)
-                drop_add_kernel<float><<<row_blocks(n), THREADS, 0, st>>>((float *)C.data, mt_tensor_ld(&C), (const float *)T.data,
-                                                                         n, N, g->seed[e], g->p, g->alpha, g->beta);
-            else
-                drop_add_kernel<bf16><<<row_blocks(n), THREADS, 0, st>>>((bf16 *)C.data, mt_tensor_ld(&C), (const float *)T.data,
-                                                                        n, N, g->seed[e], g->p, g->alpha, g->beta);
-            MT_CHECK_LAUNCH();
+            drop_add(st, &C, (const float *)T.data, n, N, g->seed[e], g->p, g->alpha, g->beta);
         } else {
             matmul(&C, &A, &W, 0, g->trans, g->alpha, g->beta);
         }
@@ -178,24 +236,42 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
     slots_close(&S);
 }
 
+// G_e = alpha·X[rows e]ᵀ·drop(Y[rows e]) + beta·G_e for every expert with a G: the experts with
+// rows as one grouped call (one cuBLASLt call when only one has rows), the others beta·G_e.
 extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y,
                                         const mt_grouped *gr, void *drop_scratch) {
     cudaStream_t st = mt_cuda_begin(be);
-    const int64_t N = y->shape[1];
+    const int64_t M = x->shape[1], N = y->shape[1], row0 = gr->off[0];
+    int n = 0;
+    int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+    const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+    void *pc[MT_GROUPED_MAX];
+    mt_tensor X1, Y1;
+    mt_tensor *G1 = NULL;
     for (int e = 0; e < gr->experts; e++) {
         mt_tensor *G = g[e];
         if (!G) continue;
-        int64_t r0 = gr->off[e], n = gr->off[e + 1] - r0;
-        if (n == 0) {  // an empty sum: beta·G
+        int64_t r0 = gr->off[e], rows = gr->off[e + 1] - r0;
+        if (rows == 0) {  // an empty sum: beta·G
             if (gr->beta == 0.0f) MT_CHECK_CUDA(cudaMemsetAsync(G->data, 0, G->nbytes, st));
             continue;
         }
-        mt_tensor X = mt_view_rows(x, r0, n), Y = mt_view_rows(y, r0, n);
+        mt_tensor X = mt_view_rows(x, r0, rows), Y = mt_view_rows(y, r0, rows);
         if (gr->seed) {
-            mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, N, 0);
-            drop_copy(st, (bf16 *)D.data, N, &Y, N, gr->seed[e], gr->p);
-            Y = D;
+            bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * N;
+            drop_copy(st, D, N, &Y, N, gr->seed[e], gr->p);
+            Y = mt_view2(be, D, MT_BF16, rows, N, 0);
         }
-        matmul(G, &X, &Y, 1, 0, gr->alpha, gr->beta);
+        m[n] = M, k[n] = rows, pa[n] = X.data, pb[n] = Y.data, pc[n] = G->data;
+        X1 = X, Y1 = Y, G1 = G, n++;
     }
+    if (n == 1) {
+        matmul(G1, &X1, &Y1, 1, 0, gr->alpha, gr->beta);
+        return;
+    }
+    if (n == 0) return;
+    mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(x), .ldb = gr->seed ? N : mt_tensor_ld(y),
+                        .ldc = N, .trans_a = 1, .trans_b = 0, .tc = G1->dtype, .alpha = gr->alpha, .beta = gr->beta,
+                        .a = pa, .b = pb, .c = pc};
+    if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped weight gradient (cuda): %s", mt_error_get());
 }
