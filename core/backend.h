@@ -99,9 +99,11 @@ void *mt_cuda_backend_side_stream(mt_backend *be);
 //   c[i] [m[i], n] = alpha · op(a[i]) · op(b[i]) + beta · c[i]
 // op(a[i]) is [m[i], k[i]] (a[i] stored [k[i], m[i]] when trans_a), op(b[i]) [k[i], n]; every
 // problem shares n, the transposes, the row strides and the dtypes (a, b bf16; c bf16 or f32).
-// Pointers are device memory of be; m, k host arrays. 0, or -1 with an error (not cuda, a count
-// above MT_GEMM_GROUP_MAX, bad sizes).
+// Pointers are device memory of be; m, k host arrays; `ptrs` device memory of
+// MT_GEMM_GROUP_PTR_BYTES for the problems' pointer arrays (the caller's scratch: the null backend
+// counts it too). 0, or -1 with an error (not cuda, a count above MT_GEMM_GROUP_MAX, bad sizes).
 #define MT_GEMM_GROUP_MAX 256
+#define MT_GEMM_GROUP_PTR_BYTES (3 * MT_GEMM_GROUP_MAX * sizeof(void *))
 typedef struct mt_gemm_group {
     int count;
     const int64_t *m, *k;
@@ -111,6 +113,7 @@ typedef struct mt_gemm_group {
     float alpha, beta;
     const void *const *a, *const *b;
     void *const *c;
+    void *ptrs;
 } mt_gemm_group;
 int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g);
 // Waits for the backend's stream and counts the wait in be->host_syncs: every host wait of a

@@ -548,8 +548,8 @@ extern "C" int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g) {
     }
     be->device_ops++;
     if (mt_prof_active) mt_prof_count(flops, bytes);
-    size_t ptr_bytes = 3 * MT_GEMM_GROUP_MAX * sizeof(void *);
-    const void **dev = (const void **)mt_work_alloc(be, ptr_bytes);
+    const void **dev = (const void **)g->ptrs;
+    if (!dev) return mt_error_set("mt_cuda_gemm_grouped: no pointer scratch"), -1;
     group_ptrs_kernel<<<1, MT_GEMM_GROUP_MAX, 0, cx->stream>>>(P, n, dev);
     MT_CHECK_CUDA(cudaGetLastError());
     cudaDataType_t ct = g->tc == MT_F32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -557,7 +557,6 @@ extern "C" int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g) {
                                                dev + MT_GEMM_GROUP_MAX, CUDA_R_16BF, ldb, beta,
                                                (void *const *)(dev + 2 * MT_GEMM_GROUP_MAX), ct, ldc, n, size,
                                                CUBLAS_COMPUTE_32F));
-    mt_work_free(be, (void *)dev, ptr_bytes);  // stream-ordered: after the call reads the pointers
     return 0;
 }
 

@@ -105,16 +105,17 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
     return 1;
 }
 
-// The call's scratch (model/expert_scratch.h): bf16 elements of one dequantization slot (the
-// largest 4-bit W of an expert with rows; 0: none) and the dropout buffer's bytes.
+// The call's scratch (model/expert_scratch.h): bf16 elements of one dequantization slot (sized by
+// the largest 4-bit W of an expert with rows and the call's experts; 0: no such expert) and the
+// dropout buffer's bytes.
 static size_t slot_elems(const mt_grouped *g) {
-    size_t most = 0;
+    int64_t most = 0;
     for (int e = 0; g->q && e < g->experts; e++) {
         const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
         if (!q || g->off[e + 1] == g->off[e]) continue;
-        most = MT_MAX(most, (size_t)((q->out + (q2 ? q2->out : 0)) * q->in));
+        most = MT_MAX(most, (q->out + (q2 ? q2->out : 0)) * q->in);
     }
-    return most;
+    return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
 }
 
 static size_t drop_bytes(const mt_grouped *g, int64_t width) {
@@ -134,12 +135,14 @@ int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
         if (!weight_ok(g, e, c->be, K, N)) return -1;
     mt_backend *be = c->be;
     size_t slot = slot_elems(g), deq = MT_EXPERT_SCRATCH_SLOTS * slot * 2, drop = drop_bytes(g, g->drop_a ? K : N);
-    void *deq_p = deq ? mt_work_alloc(be, deq) : NULL, *drop_p = drop ? mt_work_alloc(be, drop) : NULL;
+    mt_grouped_scratch s = {deq ? mt_work_alloc(be, deq) : NULL, drop ? mt_work_alloc(be, drop) : NULL,
+                            mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), slot};
 #ifdef MT_CUDA
-    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_cuda(be, c, a, g, deq_p, slot, drop_p);
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_cuda(be, c, a, g, &s);
 #endif
-    if (drop) mt_work_free(be, drop_p, drop);
-    if (deq) mt_work_free(be, deq_p, deq);
+    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    if (drop) mt_work_free(be, s.drop, drop);
+    if (deq) mt_work_free(be, s.deq, deq);
     return 0;
 }
 
@@ -171,10 +174,11 @@ int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor 
     }
     mt_backend *be = x->be;
     size_t drop = first ? drop_bytes(gr, N) : 0;
-    void *drop_p = drop ? mt_work_alloc(be, drop) : NULL;
+    mt_grouped_scratch s = {NULL, drop ? mt_work_alloc(be, drop) : NULL, mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), 0};
 #ifdef MT_CUDA
-    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_tn_cuda(be, g, x, y, gr, drop_p);
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_tn_cuda(be, g, x, y, gr, &s);
 #endif
-    if (drop) mt_work_free(be, drop_p, drop);
+    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    if (drop) mt_work_free(be, s.drop, drop);
     return 0;
 }

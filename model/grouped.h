@@ -27,13 +27,13 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "model/expert_scratch.h"  // MT_GROUPED_MAX: experts in one call; callers split a larger group
 #include "quant/qweight.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MT_GROUPED_MAX 256  // experts in one launch; callers split a larger group
 
 typedef struct mt_grouped {
     int experts;                  // E, 1..MT_GROUPED_MAX

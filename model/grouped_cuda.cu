@@ -21,9 +21,10 @@
 //     gradient's operand), a masked bf16 copy.
 //   * Dense weights (LoRA's A and B, unfrozen experts) and the weight gradients of every expert
 //     go as ONE cublasGemmGroupedBatchedEx call (core/backend_cuda.cu's mt_cuda_gemm_grouped):
-//     with 128 small experts a call per expert would be mostly launch overhead. The 4-bit base
-//     GEMMs stay one cuBLASLt call per expert: each needs its W dequantized first, and two slots
-//     bound the scratch.
+//     with 128 small experts a call per expert would be mostly launch overhead. So do the 4-bit
+//     base GEMMs of small experts: a slot holds as many dequantized W as fit in 64 MiB
+//     (model/expert_scratch.h), one grouped call runs them while the other slot fills. A large
+//     expert (Mixtral's w1‖w3 is 235 MB in bf16) fills a slot alone: one cuBLASLt call each.
 //   * The host knows each expert's rows (the routing's counts, downloaded once per layer in the
 //     forward and kept for the backward); cuBLAS and cuBLASLt take their shapes from the host.
 #include <cuda_bf16.h>
@@ -121,25 +122,42 @@ static void slots_open(slots *S, mt_backend *be, cudaStream_t main, void *scratc
     }
 }
 
-// W_e (q stacked over q2 when set) dequantized into the next slot, the main stream made to wait
-// for it. Returns the bf16 [q->out + q2->out, in] matrix.
-static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2) {
+// The next slot, once the GEMM that last read it is past (its refill waits for that).
+static bf16 *slot_begin(slots *S) {
     int i = S->next;
     if (S->used[i] && S->deq != S->main) MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[i], 0));
+    return S->slot[i];
+}
+
+// W_e (q stacked over q2 when set) dequantized to dst on the dequantization stream: the bf16
+// [q->out + q2->out, in] matrix.
+static mt_tensor slot_put(slots *S, bf16 *dst, const mt_qweight *q, const mt_qweight *q2) {
     int64_t n1 = q->out * q->in, rows = q->out + (q2 ? q2->out : 0);
     mt_prof_push("expert dequant 4-bit->bf16");
     if (mt_prof_active) {
         double el = (double)rows * (double)q->in;
         mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0));
     }
-    mt_qweight_dequantize_cuda_on(q, S->slot[i], MT_BF16, 0, n1, S->deq);
-    if (q2) mt_qweight_dequantize_cuda_on(q2, S->slot[i] + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
+    mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
+    if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
     mt_prof_pop();
+    return mt_view2(S->be, dst, MT_BF16, rows, q->in, 0);
+}
+
+// The slot filled: the main stream waits for its dequantization.
+static void slot_ready(slots *S) {
+    int i = S->next;
     if (S->deq != S->main) {
         MT_CHECK_CUDA(cudaEventRecord(S->ready[i], S->deq));
         MT_CHECK_CUDA(cudaStreamWaitEvent(S->main, S->ready[i], 0));
     }
-    return mt_view2(S->be, S->slot[i], MT_BF16, rows, q->in, 0);
+}
+
+// One expert's W into the next slot, ready for the main stream.
+static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2) {
+    mt_tensor W = slot_put(S, slot_begin(S), q, q2);
+    slot_ready(S);
+    return W;
 }
 
 // After the GEMM that read the slot: it may be refilled once the main stream is past here.
@@ -162,7 +180,8 @@ static void slots_close(slots *S) {
 // the f32 products masked into C after. Returns 0 (nothing done) when the call does not qualify:
 // a 4-bit expert, fewer than two products, weights of different row strides.
 static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
-                              void *drop_scratch) {
+                              const mt_grouped_scratch *sc) {
+    void *drop_scratch = sc->drop;
     const int64_t K = a->shape[1], N = c->shape[1], row0 = g->off[0];
     int n = 0;
     int64_t ldw = -1, m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
@@ -195,7 +214,7 @@ static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, con
     mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = copy_a ? K : mt_tensor_ld(a), .ldb = ldw,
                         .ldc = drop_c ? N : mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans,
                         .tc = drop_c ? MT_F32 : c->dtype, .alpha = drop_c ? 1.0f : g->alpha,
-                        .beta = drop_c ? 0.0f : g->beta, .a = pa, .b = pb, .c = pc};
+                        .beta = drop_c ? 0.0f : g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
     if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
     for (int i = 0; drop_c && i < n; i++) {
         int e = ex[i];
@@ -206,10 +225,62 @@ static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, con
     return 1;
 }
 
+// Small 4-bit experts, every one with rows 4-bit and no dropout (the base GEMMs): as many W as a
+// slot holds dequantized into it, then one grouped call for them, the next slot filling
+// meanwhile. Returns 0 (nothing done) when the call does not qualify: a slot holds one W only,
+// a dense expert, dropout.
+static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                             const mt_grouped_scratch *sc) {
+    void *deq_scratch = sc->deq;
+    const size_t slot_elems = sc->slot_elems;
+    if (g->seed || !g->q || !deq_scratch) return 0;
+    const int64_t K = a->shape[1], N = c->shape[1];
+    int n = 0, ex[MT_GROUPED_MAX];
+    int64_t welems = 0;
+    for (int e = 0; e < g->experts; e++) {
+        if (g->off[e + 1] == g->off[e] || (!g->q[e] && !(g->w && g->w[e]))) continue;
+        if (!g->q[e]) return 0;
+        const mt_qweight *q2 = g->q2 ? g->q2[e] : NULL;
+        int64_t we = (g->q[e]->out + (q2 ? q2->out : 0)) * g->q[e]->in;
+        if (welems && we != welems) return 0;
+        welems = we, ex[n++] = e;
+    }
+    const int per = (int)((int64_t)slot_elems / (welems ? welems : 1));
+    if (n < 2 || per < 2) return 0;
+    slots S;
+    slots_open(&S, be, st, deq_scratch, slot_elems);
+    for (int c0 = 0; c0 < n; c0 += per) {
+        int cn = MT_MIN(per, n - c0);
+        int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+        const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+        void *pc[MT_GROUPED_MAX];
+        bf16 *dst = slot_begin(&S);
+        int64_t ldw = 0;
+        for (int i = 0; i < cn; i++) {
+            int e = ex[c0 + i];
+            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g->q[e], g->q2 ? g->q2[e] : NULL);
+            int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
+            mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
+            m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
+        }
+        slot_ready(&S);
+        mt_gemm_group gg = {.count = cn, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(a), .ldb = ldw,
+                            .ldc = mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans, .tc = c->dtype,
+                            .alpha = g->alpha, .beta = g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
+        if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
+        slot_done(&S);
+    }
+    slots_close(&S);
+    return 1;
+}
+
 extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
-                                     void *deq_scratch, size_t slot_elems, void *drop_scratch) {
+                                     const mt_grouped_scratch *sc) {
     cudaStream_t st = mt_cuda_begin(be);
-    if (gemm_dense_grouped(be, st, c, a, g, drop_scratch)) return;
+    if (gemm_dense_grouped(be, st, c, a, g, sc)) return;
+    if (gemm_4bit_grouped(be, st, c, a, g, sc)) return;
+    void *deq_scratch = sc->deq, *drop_scratch = sc->drop;
+    const size_t slot_elems = sc->slot_elems;
     const int64_t K = a->shape[1], N = c->shape[1];
     slots S;
     slots_open(&S, be, st, deq_scratch, slot_elems);
@@ -239,7 +310,8 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
 // G_e = alpha·X[rows e]ᵀ·drop(Y[rows e]) + beta·G_e for every expert with a G: the experts with
 // rows as one grouped call (one cuBLASLt call when only one has rows), the others beta·G_e.
 extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y,
-                                        const mt_grouped *gr, void *drop_scratch) {
+                                        const mt_grouped *gr, const mt_grouped_scratch *sc) {
+    void *drop_scratch = sc->drop;
     cudaStream_t st = mt_cuda_begin(be);
     const int64_t M = x->shape[1], N = y->shape[1], row0 = gr->off[0];
     int n = 0;
@@ -272,6 +344,6 @@ extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, con
     if (n == 0) return;
     mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(x), .ldb = gr->seed ? N : mt_tensor_ld(y),
                         .ldc = N, .trans_a = 1, .trans_b = 0, .tc = G1->dtype, .alpha = gr->alpha, .beta = gr->beta,
-                        .a = pa, .b = pb, .c = pc};
+                        .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
     if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped weight gradient (cuda): %s", mt_error_get());
 }

@@ -12,14 +12,21 @@
 extern "C" {
 #endif
 
-// mt_grouped_gemm on the cuda backend `be` (c, a and every W on it). deq_scratch: two slots of
-// slot_elems bf16 each (NULL when no expert is 4-bit); drop_scratch: [rows, width] f32 when
-// g->seed is set (width K with drop_a, else N).
+// The scratch of one call (model/grouped.c allocates it): deq, two slots of slot_elems bf16 each
+// (NULL when no expert with rows is 4-bit); drop, [rows, width] f32 when the call has dropout
+// (width K with drop_a, else N; for the weight gradient, Y's N); ptrs, MT_GEMM_GROUP_PTR_BYTES
+// for a grouped cuBLAS call's pointer arrays.
+typedef struct mt_grouped_scratch {
+    void *deq, *drop, *ptrs;
+    size_t slot_elems;
+} mt_grouped_scratch;
+
+// mt_grouped_gemm on the cuda backend `be` (c, a and every W on it).
 void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
-                          void *deq_scratch, size_t slot_elems, void *drop_scratch);
-// mt_grouped_gemm_tn on the cuda backend `be`; drop_scratch as above, width N (Y's).
+                          const mt_grouped_scratch *s);
+// mt_grouped_gemm_tn on the cuda backend `be`.
 void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y,
-                             const mt_grouped *gr, void *drop_scratch);
+                             const mt_grouped *gr, const mt_grouped_scratch *s);
 
 #ifdef __cplusplus
 }

@@ -201,13 +201,11 @@ Test(cuda, qwen2_moe_full_step_matches_cpu) { family_step("tiny-qwen2-moe.json",
 Test(cuda, qwen3_moe_full_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_FULL); }
 Test(cuda, olmoe_full_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_FULL); }
 
-// The GPU step (model/grouped_cuda.cu) runs the experts' LoRA products and weight gradients as
-// one grouped cuBLAS call per GEMM kind whatever the number of experts, and each 4-bit expert's
-// base GEMM as a cuBLASLt call of its own (its W is dequantized first): forward w1‖w3 and w2,
-// their recompute, backward dx of w2 and w1‖w3, so at most 6 device ops per expert with rows and
-// layer. Qwen3-MoE's tiny config with 4 and with 32 experts (top-3, NF4 base, LoRA on every
-// target): the difference stays within 6 per added expert and layer (a call per expert for the
-// LoRAs too would be ~30).
+// The GPU step (model/grouped_cuda.cu) runs a layer's experts as one grouped cuBLAS call per
+// GEMM kind: the LoRA products and weight gradients, and the 4-bit base GEMMs of small experts
+// (as many dequantized W as a 64 MiB slot holds), so the device ops of a step do not grow with
+// the number of experts: Qwen3-MoE's tiny config with 4 and with 32 experts (top-3, NF4 base,
+// LoRA on every target) issues as many. A call per expert would be ~30 more per added expert.
 static void four_experts(mt_model_config *c) { qwen3_many_experts(c), c->experts = 4; }
 
 static uint64_t step_device_ops(mt_backend *gpu, const char *dir) {
@@ -232,7 +230,7 @@ static uint64_t step_device_ops(mt_backend *gpu, const char *dir) {
     return ops;
 }
 
-Test(cuda, experts_cost_a_bounded_number_of_device_ops_per_expert) {
+Test(cuda, experts_cost_the_same_device_ops_for_any_number_of_experts) {
     mt_backend *gpu = gpu_or_skip();
     char tmp[64], few[512], many[512];
     mt_test_tmpdir(tmp, sizeof tmp);
@@ -246,10 +244,7 @@ Test(cuda, experts_cost_a_bounded_number_of_device_ops_per_expert) {
     cr_log_info("device ops of a step: %llu with 4 experts, %llu with 32", (unsigned long long)ops_few,
                 (unsigned long long)ops_many);
     cr_expect_gt(ops_few, 50, "the count saw the step");
-    const uint64_t per_expert_layer = 6, layers = 1;  // qwen3_many_experts: one layer
-    cr_expect_gt(ops_many, ops_few, "more experts with rows, more cuBLASLt calls");
-    cr_expect_leq(ops_many - ops_few, per_expert_layer * (32 - 4) * layers,
-                  "device ops: %llu with 32 experts, %llu with 4: more than %llu per added expert and layer",
-                  (unsigned long long)ops_many, (unsigned long long)ops_few, (unsigned long long)per_expert_layer);
+    cr_expect_eq(ops_many, ops_few, "device ops: %llu with 32 experts, %llu with 4", (unsigned long long)ops_many,
+                 (unsigned long long)ops_few);
     mt_backend_free(gpu);
 }

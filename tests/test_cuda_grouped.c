@@ -429,8 +429,8 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, tx, &g), 0, "%s", mt_error_get());
     cr_expect_eq(gpu->ledger.cur[MT_MEM_WORK], work0, "the scratch is released");
-    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F),
-                  "two slots of [2f, d] bf16 held during the call");
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E),
+                  "two slots of E [2f, d] bf16 held during the call (small experts: a slot holds them all)");
     mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F);
     mt_tensor uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
     mt_grouped h = {.experts = E, .off = off, .q = p1, .trans = 1, .alpha = 1, .beta = 0};
@@ -475,7 +475,8 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
 }
 
 // The null backend (plan --measure) reserves the same scratch as the cuda backend: two slots for
-// a call with a 4-bit expert with rows, none for dense weights, the f32 dropout buffer with a seed.
+// a call with a 4-bit expert with rows, none for dense weights, the f32 dropout buffer with a seed,
+// the grouped call's pointer table always.
 Test(cuda_grouped, null_backend_counts_the_scratch) {
     mt_backend *nb = mt_backend_null_new();
     enum { D = 64, F = 32 };
@@ -490,14 +491,16 @@ Test(cuda_grouped, null_backend_counts_the_scratch) {
     mt_ledger_reset_peak(&nb->ledger);
     size_t w0 = nb->ledger.cur[MT_MEM_WORK];
     cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
-    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0, (size_t)(MT_EXPERT_SCRATCH_SLOTS * D * F * 2), "w2's two slots");
+    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0, (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2) + MT_GEMM_GROUP_PTR_BYTES,
+                 "w2's two slots, each of both experts, and the pointer table");
     cr_expect_eq(nb->ledger.cur[MT_MEM_WORK], w0, "released");
     uint64_t seeds[2] = {1, 2};
     g.seed = seeds, g.p = 0.1f, g.drop_a = 1;
     mt_ledger_reset_peak(&nb->ledger);
     cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
     cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0,
-                 (size_t)(MT_EXPERT_SCRATCH_SLOTS * D * F * 2 + mt_expert_dropout_scratch_bytes(9, F)),
+                 (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2 + mt_expert_dropout_scratch_bytes(9, F)) +
+                     MT_GEMM_GROUP_PTR_BYTES,
                  "the slots and the dropout buffer of A's width");
     for (int e = 0; e < 2; e++) mt_qweight_free(&q[e]);
     mt_tensor_free(a), mt_tensor_free(c);
