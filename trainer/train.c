@@ -286,11 +286,14 @@ static int setup(trainer *t) {
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
+    if (mt_prompt_style_parse(o->instruction_template, &dopts.prompt) != 0)
+        return mt_error_prefix("--instruction-template"), -1;
     if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0) return -1;
     if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
-    char stats[512];
+    char stats[512], notes[1024];
     mt_data_stats_format(&t->data.stats, stats, sizeof stats);
-    mt_info("data: %s", stats);
+    mt_data_notes_format(&t->data.stats, &dopts, notes, sizeof notes);
+    mt_info("data: %s%s%s", stats, notes[0] ? "; " : "", notes);
     if (o->eval_data[0]) {
         dopts.shuffle = 0, dopts.whole_epochs = 1;
         if (mt_dataset_load(&t->eval, o->eval_data, &t->tok, &dopts) != 0) return -1;
