@@ -282,7 +282,7 @@ Test(data, overlong_truncate) {
     cr_assert_eq(fx_load(&f, &d, overlong_data), 0, "%s", mt_error_get());
     cr_assert_eq(d.n, 2);
     cr_assert_eq(d.stats.truncated, 1);
-    cr_assert_eq(d.stats.dropped_masked, 1, "the prompt alone fills seq: nothing left to learn");
+    cr_assert_eq(d.stats.dropped_truncated, 1, "the prompt alone fills seq: nothing left to learn");
     cr_assert_eq(d.stats.longest, 8);
     expect e = {0};
     ex_id(&e, 1, 0);

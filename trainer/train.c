@@ -161,19 +161,22 @@ static int write_outputs(trainer *t) {
     char path[4200];
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+        // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
-        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
+        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 ||
+            mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_sha256sums_write(list, path, files, 3) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
         char list[4300];
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
         snprintf(list, sizeof list, "%s.sha256", path);
-        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0)
+        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0 ||
+            mt_base_record_write(t->o->out, &t->m.cfg, t->o) != 0)
             return -1;
     }
     mt_info("wrote %s", path);
