@@ -275,7 +275,7 @@ static int read_messages(const loader *L, const cJSON *arr, const char *key, con
         int k = 0;
         while (k < 3 && strcmp(role, dl->names[k]) != 0) k++;
         if (k == 3) {
-            mt_error_set("%s: %s\"%s\" is \"%s\", not %s, %s or %s", L->where, ctx, dl->role_key, role, dl->names[0],
+            mt_error_set("%s: %sunknown %s \"%s\" (%s, %s or %s)", L->where, ctx, dl->role_key, role, dl->names[0],
                          dl->names[1], dl->names[2]);
             return -1;
         }

@@ -337,10 +337,16 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     double f;
     int rc = 0;
     switch (d->type) {
-    case OPT_STR:
+    case OPT_STR: {
+        // Settings with a fixed set of values are checked here, so a typo is a usage error (exit 2).
+        static const char *const report[] = {"none", "tensorboard"}, *const inst[] = {"alpaca", "none", "chat"};
+        int v;
         if (strlen(value) >= d->size) { mt_error_set("value too long (%zu bytes max)", d->size - 1); rc = -1; }
+        else if (strcmp(key, "report-to") == 0 && set_from_list(value, report, 2, &v)) rc = -1;
+        else if (strcmp(key, "instruction-template") == 0 && set_from_list(value, inst, 3, &v)) rc = -1;
         else strcpy(field, value);
         break;
+    }
     case OPT_INT:
         rc = parse_int64(value, 0, 1 << 30, &i64);
         if (!rc) *(int *)field = (int)i64;

@@ -334,6 +334,9 @@ static int setup(trainer *t) {
     char path[4200];
     snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
     if (mt_metrics_open_ex(&t->metrics, t->rank == 0 ? path : NULL, o->resume[0] != 0) != 0) return -1;
+    snprintf(path, sizeof path, "%.1023s/runs", o->out);  // --report-to tensorboard: OUT/runs, as HF's Trainer
+    if (t->rank == 0 && strcmp(o->report_to, "tensorboard") == 0 && mt_metrics_tensorboard(&t->metrics, path) != 0)
+        return -1;
     // Off a terminal, about 20 progress lines a run (the JSONL has every step).
     int64_t planned = total_steps(t);
     t->metrics.every = (int)MT_MAX(1, planned / 20);
