@@ -59,8 +59,15 @@
 //   encoding the whole rendered string except where a content starts with whitespace that the
 //   pre-tokenizer would have joined to the header's "\n".
 //
-// Instruction: the Alpaca prompt (Stanford Alpaca's PROMPT_DICT, "prompt_input" and
-// "prompt_no_input"), then the output and EOS in the loss.
+// Instruction (--instruction-template): the Alpaca prompt (Stanford Alpaca's PROMPT_DICT,
+// "prompt_input" and "prompt_no_input"), the same without its first paragraph, no template (the
+// instruction and input alone), or one user turn through the chat template; then the output and
+// EOS in the loss.
+//
+// Without tokenizer_config.json (the tiny byte-level models) a model gets its family's template
+// (family_template below) and tulu/olmo, which print bos_token/eos_token as text, use the
+// tokenizer's BOS/EOS ids instead. A message's no_loss keeps an assistant turn out of the loss
+// (TRL's conversational prompts: only the completion is learnt).
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
