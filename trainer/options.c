@@ -74,6 +74,11 @@ static const opt_def opt_table[] = {
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"chat-template", OPT_STR, F(chat_template), S(chat_template),
      "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu | olmo"},
+    {"instruction-template", OPT_STR, F(instruction_template), S(instruction_template),
+     "prompt of \"instruction\" rows: alpaca (Stanford Alpaca's preamble and ### headers) | none (the instruction "
+     "and input alone) | chat (a user turn through the chat template)"},
+    {"report-to", OPT_STR, F(report_to), S(report_to),
+     "none | tensorboard (event files in OUT/runs beside metrics.jsonl)"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
     {"save-total-limit", OPT_I64, F(save_total_limit), 0,
      "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
@@ -138,6 +143,8 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->seed = 42;
     strcpy(o->overlong, "truncate");
     strcpy(o->chat_template, "auto");
+    strcpy(o->instruction_template, "alpaca");
+    strcpy(o->report_to, "none");
     o->max_skips = 10;
     o->save_total_limit = 3;
     o->max_new_tokens = 64;
@@ -330,10 +337,16 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     double f;
     int rc = 0;
     switch (d->type) {
-    case OPT_STR:
+    case OPT_STR: {
+        // Settings with a fixed set of values are checked here, so a typo is a usage error (exit 2).
+        static const char *const report[] = {"none", "tensorboard"}, *const inst[] = {"alpaca", "none", "chat"};
+        int v;
         if (strlen(value) >= d->size) { mt_error_set("value too long (%zu bytes max)", d->size - 1); rc = -1; }
+        else if (strcmp(key, "report-to") == 0 && set_from_list(value, report, 2, &v)) rc = -1;
+        else if (strcmp(key, "instruction-template") == 0 && set_from_list(value, inst, 3, &v)) rc = -1;
         else strcpy(field, value);
         break;
+    }
     case OPT_INT:
         rc = parse_int64(value, 0, 1 << 30, &i64);
         if (!rc) *(int *)field = (int)i64;

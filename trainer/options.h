@@ -66,6 +66,8 @@ typedef struct mt_run_opts {
     int packing;
     char overlong[16];        // truncate | drop | refuse
     char chat_template[16];   // auto (tokenizer_config.json's) | mixtral | chatml | qwen | qwen2 | tulu
+    char instruction_template[16];  // alpaca | none | chat: how instruction rows become prompts
+    char report_to[16];       // none | tensorboard: also write TensorBoard event files in OUT/runs
     int64_t save_every;       // steps between checkpoints (0: only at the end)
     int64_t save_total_limit; // checkpoints kept in --out (0: all); newest and best always
     char eval_data[1024];

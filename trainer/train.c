@@ -161,19 +161,22 @@ static int write_outputs(trainer *t) {
     char path[4200];
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+        // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
-        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
+        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 ||
+            mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_sha256sums_write(list, path, files, 3) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
         char list[4300];
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
         snprintf(list, sizeof list, "%s.sha256", path);
-        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0)
+        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0 ||
+            mt_base_record_write(t->o->out, &t->m.cfg, t->o) != 0)
             return -1;
     }
     mt_info("wrote %s", path);
@@ -286,11 +289,14 @@ static int setup(trainer *t) {
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
+    if (mt_prompt_style_parse(o->instruction_template, &dopts.prompt) != 0)
+        return mt_error_prefix("--instruction-template"), -1;
     if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0) return -1;
     if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
-    char stats[512];
+    char stats[512], notes[1024];
     mt_data_stats_format(&t->data.stats, stats, sizeof stats);
-    mt_info("data: %s", stats);
+    mt_data_notes_format(&t->data.stats, &dopts, notes, sizeof notes);
+    mt_info("data: %s%s%s", stats, notes[0] ? "; " : "", notes);
     if (o->eval_data[0]) {
         dopts.shuffle = 0, dopts.whole_epochs = 1;
         if (mt_dataset_load(&t->eval, o->eval_data, &t->tok, &dopts) != 0) return -1;
@@ -328,6 +334,9 @@ static int setup(trainer *t) {
     char path[4200];
     snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
     if (mt_metrics_open_ex(&t->metrics, t->rank == 0 ? path : NULL, o->resume[0] != 0) != 0) return -1;
+    snprintf(path, sizeof path, "%.1023s/runs", o->out);  // --report-to tensorboard: OUT/runs, as HF's Trainer
+    if (t->rank == 0 && strcmp(o->report_to, "tensorboard") == 0 && mt_metrics_tensorboard(&t->metrics, path) != 0)
+        return -1;
     // Off a terminal, about 20 progress lines a run (the JSONL has every step).
     int64_t planned = total_steps(t);
     t->metrics.every = (int)MT_MAX(1, planned / 20);
