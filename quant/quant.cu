@@ -21,7 +21,7 @@
 #include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
 #include "core/backend.h"
 #include "core/common.h"
-#include "quant/dequant_cuda.cuh"  // the codebooks and one element's value, shared with model/grouped_cuda.cu
+#include "quant/dequant_cuda.cuh"  // the codebooks and one element's value
 #include "quant/quant.h"
 
 enum { WARPS_PER_CTA = 8, DEQ_THREADS = 256 };
