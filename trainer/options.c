@@ -48,7 +48,10 @@ static const opt_def opt_table[] = {
     {"shard-size", OPT_BYTES, F(shard_bytes), 0, "quantize: largest output shard (default 5GB)"},
     {"seq", OPT_I64, F(seq), 0, "sequence length"},
     {"batch", OPT_I64, F(batch), 0, "micro-batch per GPU"},
-    {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none"},
+    {"recompute", OPT_SPECIAL, F(checkpointing), 0,
+     "what the backward recomputes instead of keeping: none | attention | experts (the MLP part: router, experts, "
+     "dense MLP) | full | auto (the least that fits --gpu-mem, the host's memory on the cpu; docs/memory.md)"},
+    {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute (full | none, and its other values)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
     {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
@@ -68,7 +71,7 @@ static const opt_def opt_table[] = {
     {"weight-decay", OPT_F64, F(weight_decay), 0, "AdamW decoupled weight decay"},
     {"aux-coef", OPT_F64, F(aux_coef), 0, "router aux-loss coefficient (default: config.json's)"},
     {"z-coef", OPT_F64, F(z_coef), 0, "router z-loss coefficient"},
-    {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none (same as --checkpointing)"},
+    {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute"},
     {"seed", OPT_U64, F(seed), 0, "random seed"},
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
@@ -121,7 +124,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->shard_bytes = 5e9;
     o->seq = 1024;
     o->batch = 1;
-    o->checkpointing = MT_CKPT_FULL;
+    o->checkpointing = MT_CKPT_AUTO;
     o->gpus = 1;
     o->ep = 1;
     o->master_weights = 1;
@@ -263,7 +266,11 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
         .mode = o->mode, .lora_r = o->lora_r, .lora_alpha = o->lora_alpha, .lora_dropout = o->lora_dropout,
         .use_rslora = o->use_rslora, .targets = o->targets, .layers = o->layers, .experts = o->experts,
         .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
-        .quant_targets = o->quant_targets, .checkpointing = o->checkpointing, .seed = o->seed,
+        .quant_targets = o->quant_targets, .seed = o->seed,
+        // auto is resolved by the trainer (mt_plan_resolve_recompute) before it builds the model;
+        // a model built from unresolved options (eval, generate, tests) recomputes every layer,
+        // the least memory, as every run did before auto existed.
+        .checkpointing = o->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : o->checkpointing,
     };
 }
 
@@ -288,10 +295,10 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         o->quant = (mt_quant)v;
         return 0;
     }
-    if (strcmp(key, "checkpointing") == 0 || strcmp(key, "ckpt") == 0) {
-        static const char *n[] = {"full", "none"};
+    if (strcmp(key, "recompute") == 0 || strcmp(key, "checkpointing") == 0 || strcmp(key, "ckpt") == 0) {
+        static const char *n[] = {"full", "none", "attention", "experts", "auto"};  // mt_ckpt's order
         int v;
-        if (set_from_list(value, n, 2, &v)) return -1;
+        if (set_from_list(value, n, 5, &v)) return -1;
         o->checkpointing = (mt_ckpt)v;
         return 0;
     }
@@ -446,7 +453,7 @@ static void default_text(const mt_run_opts *def, const opt_def *d, char *buf, si
     case OPT_SPECIAL: {
         static const struct { const char *key, *text; } special[] = {
             {"mode", "lora"}, {"targets", "experts"}, {"layers", "all"}, {"experts", "all"}, {"quant", "nf4"},
-            {"checkpointing", "full"}, {"ckpt", "full"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
+            {"recompute", "auto"}, {"checkpointing", "auto"}, {"ckpt", "auto"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
             if (strcmp(special[i].key, d->key) == 0) snprintf(buf, n, "%s", special[i].text);
