@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "core/yaml.h"
@@ -258,7 +259,34 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
         .gpus = o->gpus, .ep = o->ep, .zero = o->zero, .offload_optimizer = o->offload_optimizer,
         .adam_8bit = o->adam_8bit, .master_weights = o->master_weights, .gpu_mem_bytes = o->gpu_mem_bytes,
         .workspace_bytes = o->workspace_bytes, .lr = o->lr, .clip = o->clip, .plan_case = o->plan_case,
+        .lora_dropout = o->lora_dropout, .cuda = strcmp(o->backend, "cuda") == 0,
     };
+}
+
+int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n) {
+    if (o->checkpointing != MT_CKPT_AUTO) {
+        snprintf(note, n, "%s (--recompute)", mt_ckpt_name(o->checkpointing));
+        return 0;
+    }
+    int cuda = gpu;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double limit = cuda ? o->gpu_mem_bytes : o->mem_bytes > 0 ? o->mem_bytes : phys;
+    double scale = cuda ? 1.0 : 2.0, reserve = cuda ? 1e9 : 0.0;
+    mt_plan_opts po = mt_run_opts_plan(o);
+    mt_model_spec spec = mt_run_opts_model_spec(o);
+    mt_plan_recompute_choice c;
+    if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
+    o->checkpointing = c.mode;
+    const char *by = c.measured ? "the measured step" : "the plan";
+    const char *where = cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
+    double need = (double)c.total * scale + reserve;
+    if (c.fits)
+        snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.1f GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
+                 by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", f32 counted twice bf16");
+    else
+        snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
+                 limit / 1e9, where, need / 1e9, by);
+    return 0;
 }
 
 mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
