@@ -150,7 +150,7 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
                      dir, L);
     }
     free(ids);
-    if (mc.cfg.clip_qkv > 0 && ckpt == MT_CKPT_NONE) {  // the clamp cuts: q_norm's outputs beyond ±clip
+    if (mc.cfg.clip_qkv > 0 && !mt_ckpt_attention(ckpt)) {  // the clamp cuts: q_norm's outputs beyond ±clip
         const mt_layer_acts *a = &mc.acts[0];
         const float *x = a->q_raw->data, *r = a->rstd_q->data, *w = mc.layers[0].qn->data, cl = (float)mc.cfg.clip_qkv;
         int64_t cut = 0, nq = mt_tensor_numel(a->q_raw), width = nq / T;
@@ -187,6 +187,21 @@ static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mo
     step_matches_cpu(dir, mode, MT_CKPT_FULL);  // recomputation: replayed routing, parts rebuilt
     mt_test_rmrf(tmp);
 }
+
+// --recompute attention and experts on the GPU step: the attention part (q/k norms, the clamp)
+// or the MLP part (router, experts, shared expert, a dense layer's MLP) recomputed, the rest
+// kept per layer; the step as the cpu's at the same tolerances.
+static void selective_steps(const char *name, void (*edit)(mt_model_config *)) {
+    char tmp[64], dir[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, name, edit, dir);
+    step_matches_cpu(dir, MT_MODE_LORA, MT_CKPT_ATTENTION);
+    step_matches_cpu(dir, MT_MODE_LORA, MT_CKPT_EXPERTS);
+    mt_test_rmrf(tmp);
+}
+
+Test(cuda, qwen2_moe_selective_recompute_matches_cpu) { selective_steps("tiny-qwen2-moe.json", NULL); }
+Test(cuda, olmoe_selective_recompute_matches_cpu) { selective_steps("tiny-olmoe.json", olmoe_clip_biases); }
 
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_LORA); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
