@@ -72,8 +72,8 @@ static const mt_prof_row *find(const mt_prof_table *t, const char *name, char ph
 //     product, the gather's backward, the w1/w3 dx GEMMs (and their in-kernel dequantization)
 //     and the w1/w3 LoRAs' dx products;
 //   * the second residual add is h copied, then combine accumulating onto it (its adds are
-//     combine's): one add kernel per layer forward and recompute, not two;
-//   * a recomputed layer gathers its experts' rows but combines nothing (no layer output);
+//     combine's): one add kernel per layer forward, not two (a recomputed layer makes h only, as
+//     the model has it, and combines nothing);
 //   * the experts' in-kernel dequantization runs once per 64-row tile of each expert's real
 //     rows, where the model assumes T·k/E rows for every expert;
 //   * the backward scales the loss's gradient by 1/count (T·H), which the model does not count.
@@ -91,8 +91,7 @@ static double delta(const char *name, char ph, const mt_model *m) {
 #define IS(s) (!strcmp(name, s))
     if (IS("dequant in grouped GEMMs (ALU)"))
         return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
-    if (IS("residual adds") && (F_ || R_)) return -T * h * L;
-    if (IS("permute/gather + combine") && R_) return -2 * Tk * h * L;
+    if (IS("residual adds") && F_) return -T * h * L;
     if (IS("loss gradient scale") && B_) return T * h;
     if (!B_) return 0;
     if (IS("rmsnorm")) return -2 * 6 * T * h;
