@@ -87,7 +87,7 @@ static double delta(const char *name, char ph, const mt_model *m) {
             double t = ceil(m->kept[l].counts[e] / (double)STEP_GROUPED_TILE_M);
             tiles += t, tiles0 += l == 0 ? t : 0;
         }
-    int B_ = ph == 'B', F_ = ph == 'F', R_ = ph == 'R';
+    int B_ = ph == 'B', F_ = ph == 'F';
 #define IS(s) (!strcmp(name, s))
     if (IS("dequant in grouped GEMMs (ALU)"))
         return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
