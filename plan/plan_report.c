@@ -502,6 +502,7 @@ char *mt_plan_json(const mt_plan_report *r) {
     if (r->opts->plan_case) cJSON_AddStringToObject(root, "case", c);
     else cJSON_AddNullToObject(root, "case");
     json_settings(root, r->opts);
+    if (r->recompute && r->recompute[0]) cJSON_AddStringToObject(root, "recompute_choice", r->recompute);
     json_params(root, r->plan);
     json_memory(root, r->plan);
     cJSON_AddNumberToObject(root, "data_host_bytes", (double)r->opts->data_host_bytes);

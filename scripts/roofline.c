@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     sh.seq = seqs[0];
     char note[256];
     if (mode == MT_CKPT_AUTO) mode = resolve_auto(&sh.cfg, &sh, gpu_mem, note, sizeof note);
-    else snprintf(note, sizeof note, "%s (--recompute)", mt_ckpt_name(mode));
+    else snprintf(note, sizeof note, "%s (as set)", mt_ckpt_name(mode));
     set_recompute(&sh, mode);
 
     const mt_model_config *c = &sh.cfg;

@@ -282,3 +282,35 @@ static void every_mode_as_none(mt_quant quant) {
 
 Test(checkpointing, attention_and_experts_modes_give_none_gradients_bit_for_bit) { every_mode_as_none(MT_QUANT_NONE); }
 Test(checkpointing, attention_and_experts_modes_with_a_4bit_base) { every_mode_as_none(MT_QUANT_NF4); }
+
+// The flag and its aliases (YAML files and scripts written for --checkpointing keep working), and
+// auto never reaching a model: the trainer and the planner resolve it.
+Test(checkpointing, recompute_flag_aliases_and_auto_resolved_before_the_model) {
+    struct { const char *argv[2]; mt_ckpt want; } ok[] = {
+        {{"--recompute", "attention"}, MT_CKPT_ATTENTION}, {{"--recompute", "experts"}, MT_CKPT_EXPERTS},
+        {{"--ckpt", "none"}, MT_CKPT_NONE}, {{"--checkpointing", "full"}, MT_CKPT_FULL},
+        {{"--checkpointing", "experts"}, MT_CKPT_EXPERTS}, {{"--recompute", "auto"}, MT_CKPT_AUTO},
+    };
+    mt_run_opts o;
+    for (size_t i = 0; i < MT_ARRAY_LEN(ok); i++) {
+        mt_run_opts_default(&o);
+        char *argv[2] = {(char *)ok[i].argv[0], (char *)ok[i].argv[1]};
+        cr_assert_eq(mt_run_opts_parse(&o, 2, argv), 0, "%s %s: %s", argv[0], argv[1], mt_error_get());
+        cr_expect_eq(o.checkpointing, ok[i].want, "%s %s", argv[0], argv[1]);
+    }
+    mt_run_opts_default(&o);
+    cr_expect_eq(o.checkpointing, MT_CKPT_AUTO, "auto is the default");
+    cr_expect_eq(mt_run_opts_model_spec(&o).checkpointing, MT_CKPT_FULL, "unresolved auto builds full");
+    char *bad[2] = {"--recompute", "sometimes"};
+    cr_expect_neq(mt_run_opts_parse(&o, 2, bad), 0);
+    cr_expect(strstr(mt_error_get(), "none, attention, experts"), "%s", mt_error_get());
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(MT_REPO_ROOT "/tests/data/tiny4.json", &cfg), 0, "%s", mt_error_get());
+    mt_model_spec spec = mt_run_opts_model_spec(&o);
+    spec.checkpointing = MT_CKPT_AUTO;
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m;
+    cr_expect_neq(mt_model_build(&m, be, &cfg, NULL, &spec), 0, "a model refuses auto");
+    cr_expect(strstr(mt_error_get(), "--recompute auto"), "%s", mt_error_get());
+    mt_backend_free(be);
+}

@@ -265,7 +265,7 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
 
 int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n) {
     if (o->checkpointing != MT_CKPT_AUTO) {
-        snprintf(note, n, "%s (--recompute)", mt_ckpt_name(o->checkpointing));
+        snprintf(note, n, "%s (as set)", mt_ckpt_name(o->checkpointing));
         return 0;
     }
     int cuda = gpu;
@@ -282,7 +282,7 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     double need = (double)c.total * scale + reserve;
     if (c.fits)
         snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.1f GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
-                 by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", f32 counted twice bf16");
+                 by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", the GPU step's bytes twice for f32");
     else
         snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
                  limit / 1e9, where, need / 1e9, by);

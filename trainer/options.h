@@ -122,7 +122,7 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
 // the host's physical memory, with the measured GPU step's total doubled (the cpu keeps f32
 // where it keeps bf16). Sets o->checkpointing to the choice and writes what the one-line plan
 // says of it into `note` ("none (auto: fits 80 GB of --gpu-mem by the measured step: 63.4
-// GB ...)"); a mode the user gave is kept ("experts (--recompute)"). 0, or -1 with an error.
+// GB ...)"); a mode set by a flag or a case is kept ("experts (as set)"). 0, or -1 with an error.
 int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n);
 // Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:
 // a compound literal, alive until the end of the enclosing block.
