@@ -76,7 +76,7 @@ static void usage(FILE *f) {
                "                         [--dequant-instr N] [--experts cublas|grouped] [--attention cudnn|wmma]\n"
                "                         [--dropout P]\n"
                "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
-               "  --seq            sequence length of the detailed table (default 4096; more: the summary's)\n"
+               "  --seq            sequence length of the detailed table (default 4096)\n"
                "  --recompute      none | attention | experts | full | auto (default auto: the least that fits\n"
                "                   --gpu-mem by the planner's measured step, as the trainer picks it)\n"
                "  --gpu-mem        the card auto plans for (default 80GB: an H100 SXM 80 GB)\n"
