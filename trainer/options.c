@@ -281,7 +281,7 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     const char *where = cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
     double need = (double)c.total * scale + reserve;
     if (c.fits)
-        snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.1f GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
+        snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.3g GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
                  by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", the GPU step's bytes twice for f32");
     else
         snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
