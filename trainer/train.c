@@ -65,11 +65,11 @@ static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
     return 0;
 }
 
-static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
+static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, const char *recompute) {
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(o);
     if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
-    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan};
+    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan, .recompute = recompute};
     if (o->verbose) mt_plan_print(stdout, &rep);
     else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
         int top[3] = {-1, -1, -1};
@@ -84,7 +84,7 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o) {
                plan.percent, plan.fits ? "fits" : "DOES NOT FIT");
         for (int k = 0; k < 3; k++)
             if (plan.bytes[top[k]]) printf("%s %s %.3g GB", k ? "," : "", mt_mem_cat_name((mt_mem_cat)top[k]), plan.bytes[top[k]] / 1e9);
-        printf(" (full table: --verbose or `moetrain plan`)\n");
+        printf("; recompute: %s (full table: --verbose or `moetrain plan`)\n", recompute);
     }
     if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
         mt_error_set("the plan needs %.2f GB but --mem allows %.2f GB; see `moetrain plan` for what would fit",
@@ -259,7 +259,12 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
-    if (t->rank == 0 && print_plan(&cfg, o) != 0) return -1;
+    // --recompute auto: the least recomputation that fits this device, the same on every rank.
+    char recompute[256];
+    if (mt_run_opts_resolve_recompute(o, &cfg, strcmp(o->backend, "cpu") != 0, recompute, sizeof recompute) != 0)
+        return -1;
+    if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
+    if (t->rank == 0 && print_plan(&cfg, o, recompute) != 0) return -1;
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
