@@ -259,12 +259,12 @@ $(BUILD)/cuda_parity: $(BUILD)/scripts/cuda_parity.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 -include $(BUILD)/scripts/gpu_probe.d $(BUILD)/scripts/cuda_parity.d
 bench-gpu: $(BUILD)/moetrain_roofline $(BUILD)/moetrain_bench_gpu
-	$(BUILD)/moetrain_roofline
+	@n=$$(bash scripts/sass_count.sh --both) || n=; $(BUILD)/moetrain_roofline $${n:+--dequant-instr $$n}
 	$(BUILD)/moetrain_bench_gpu $(BENCH_GPU_ARGS)
 -include $(BUILD)/scripts/bench_gpu.d
 else
 bench-gpu: $(BUILD)/moetrain_roofline
-	$(BUILD)/moetrain_roofline
+	@n=$$(bash scripts/sass_count.sh --both) || n=; $(BUILD)/moetrain_roofline $${n:+--dequant-instr $$n}
 	@echo "bench-gpu: the measured step needs a CUDA build and a GPU: make CUDA=1 bench-gpu"
 endif
 

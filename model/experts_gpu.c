@@ -93,11 +93,11 @@ static void gemm_tn(const group *gr, mt_grouped g, mt_tensor **grads, const mt_t
 // EP rank holds has neither, and no rows).
 // The profile's rows (scripts/step_model.h's names): trans is the forward's a·Wᵀ, else dx = dy·W.
 static const char *base_row(int which, int trans) {
-    if (which == W2) return trans ? "expert GEMM w2 (cuBLASLt)" : "expert GEMM w2 (dx, cuBLASLt)";
-    return trans ? "expert GEMM w1+w3 (cuBLASLt)" : "expert GEMM w1+w3 (dx, cuBLASLt)";
+    if (which == W2) return trans ? "expert GEMM w2 (cuBLAS)" : "expert GEMM w2 (dx, cuBLAS)";
+    return trans ? "expert GEMM w1+w3 (cuBLAS)" : "expert GEMM w1+w3 (dx, cuBLAS)";
 }
 
-static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLASLt)";
+static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLAS)";
 
 static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
