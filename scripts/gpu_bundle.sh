@@ -39,7 +39,7 @@ system_lib() {
   return 1
 }
 # What the machine must provide from CUDA (gpu_check.sh looks for each).
-needs="libcublasLt.so.13 libnccl.so.2"
+needs="libcublasLt.so.13 libcublas.so.13 libnccl.so.2"
 
 programs=(moetrain moetrain_tests moetrain_bench_gpu moetrain_gpu_probe cuda_parity moetrain_roofline
           tests/mpi/compare_runs)

@@ -87,8 +87,14 @@ static double delta(const char *name, char ph, const mt_model *m) {
             double t = ceil(m->kept[l].counts[e] / (double)STEP_GROUPED_TILE_M);
             tiles += t, tiles0 += l == 0 ? t : 0;
         }
+    double idle = 0, rows0 = 0;  // (layer, expert) pairs without rows; layer 0's experts with rows
+    for (int l = 0; l < c->layers; l++)
+        for (int e = 0; e < c->experts; e++) idle += m->kept[l].counts[e] == 0, rows0 += l == 0 && m->kept[l].counts[e];
     int B_ = ph == 'B', F_ = ph == 'F';
 #define IS(s) (!strcmp(name, s))
+    // The cuBLAS path dequantizes an expert's W only when it has rows, and layer 0's backward
+    // skips w1‖w3's dx (nothing below wants it).
+    if (IS("expert dequant 4-bit->bf16")) return -3 * h * f * idle - (B_ ? 2 * h * f * rows0 : 0);
     if (IS("dequant in grouped GEMMs (ALU)"))
         return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
     if (IS("residual adds") && F_) return -T * h * L;
@@ -103,8 +109,8 @@ static double delta(const char *name, char ph, const mt_model *m) {
     if (IS("router GEMM (dx)")) return -2 * T * h * E;
     if (IS("LoRA gate")) return -2 * T * r * h;
     if (IS("permute/gather + combine")) return -Tk * h;
-    if (IS("expert GEMMs w1, w3 (dx, grouped)")) return -4 * Tk * h * f;
-    if (IS("LoRA experts w1,w3,w2 (grouped)")) return -2 * 2 * Tk * r * h;
+    if (IS("expert GEMMs w1, w3 (dx, grouped)") || IS("expert GEMM w1+w3 (dx, cuBLAS)")) return -4 * Tk * h * f;
+    if (IS("LoRA experts w1,w3,w2 (grouped)") || IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h;
 #undef IS
     return 0;
 }
@@ -159,6 +165,7 @@ Test(cuda, profile_table_case_c) {
     sh.cfg = prof.m.cfg, sh.batch = B, sh.seq = S, sh.lora_r = R, sh.targets = o.targets;
     sh.quant = o.quant, sh.quant_experts = sh.quant_attn = 1, sh.blocksize = o.quant_blocksize;
     sh.double_quant = o.double_quant, sh.recompute = 1, sh.dequants_per_use = 1;
+    sh.recompute_attn = sh.recompute_mlp = 1, sh.experts_cublas = 1, sh.lora_dropout = o.lora_dropout;
     step_ops model;
     step_build(&sh, &model);
     profile_table_print(stdout, t, &model);
