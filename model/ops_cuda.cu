@@ -16,6 +16,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "model/ops_cuda.h"
+#include "model/attention_cudnn.h"
 
 enum { THREADS = 256 };
 
@@ -623,6 +624,8 @@ template <typename K> static void att_smem(K kernel, size_t bytes) {
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
                                        const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S,
                                        int nh, int nkv, int hd, int window) {
+    // cuDNN's SDPA where it is loaded and takes the shape (model/attention_cudnn.h), else the kernel.
+    if (attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, NULL, B, S, nh, nkv, hd, window)) return;
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
@@ -641,6 +644,9 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
                                         const mt_bf16 *dout_, const mt_bf16 *q_, const mt_bf16 *k_,
                                         const mt_bf16 *v_, const mt_bf16 *out_, const float *lse,
                                         const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
+    if (attention_cudnn_backward(be, dq_, dk_, dv_, dout_, q_, k_, v_, out_, lse, key_mask, NULL, B, S, nh, nkv, hd,
+                                 window))
+        return;
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_)) return;
     cudaStream_t s = mt_cuda_begin(be);
