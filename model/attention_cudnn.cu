@@ -564,6 +564,13 @@ extern "C" mt_attention_mode attention_get_mode(void) {
     return mode;
 }
 extern "C" size_t attention_cudnn_version(void) { return load() ? api.GetVersion() : 0; }
+extern "C" int attention_cudnn_emulated(void) {
+#ifdef MT_CUDASIM
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 extern "C" const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd) {
     const char *why = refusal(has_key_mask, has_kv_len, nh, nkv, hd);

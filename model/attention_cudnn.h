@@ -54,6 +54,8 @@ int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *
 
 // The cuDNN version loaded (cudnnGetVersion), 0 when none.
 size_t attention_cudnn_version(void);
+// 1 in emulated builds (make SIM=1), where "cuDNN" is the emulator's stand-in.
+int attention_cudnn_emulated(void);
 
 // Tests: the forward graph built with one planted bug, run (never cached, never fatal). Returns the
 // first failing cuDNN status (0: all accepted) and its call in msg. bug 1: Q's head stride wrong

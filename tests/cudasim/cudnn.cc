@@ -786,29 +786,48 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
         if (o->op.mode == CUDNN_POINTWISE_CMP_LT && v < 1.0f)
             return refuse(CUDNN_STATUS_BAD_PARAM, "window (UID %lld) is %g: it would hide every key", (long long)s->t.uid, v);
     }
-    std::vector<DescP> ops = g->ops;
+    // The graph as it is now, copied: the caller may destroy its descriptors once this returns
+    // (the real library's kernels hold their parameters), before the stream runs the work.
+    auto snap = std::make_shared<std::vector<std::unique_ptr<Desc>>>();
+    std::map<DescP, DescP> remap;
+    auto copy = [&](DescP t) -> DescP {
+        if (!t) return nullptr;
+        auto it = remap.find(t);
+        if (it != remap.end()) return it->second;
+        snap->push_back(std::make_unique<Desc>());
+        DescP n = snap->back().get();
+        n->type = t->type, n->t = t->t;
+        return remap[t] = n;
+    };
+    std::vector<Op> ops;
+    for (DescP o : g->ops) {
+        Op op = o->op;
+        for (DescP &in : op.in) in = copy(in);
+        op.out = copy(op.out);
+        ops.push_back(op);
+    }
     void *ws = pack->workspace;
-    cudasim::lib_enqueue(h->stream, "cudnnBackendExecute", [ops, need, bound, by_value, ws] {
+    cudasim::lib_enqueue(h->stream, "cudnnBackendExecute", [snap, ops, bound, by_value, ws] {
         std::map<DescP, Vals> val;
-        for (DescP o : ops)
-            for (DescP t : {o->op.in[0], o->op.in[1], o->op.in[2]}) {
+        for (const Op &o : ops)
+            for (DescP t : {o.in[0], o.in[1], o.in[2]}) {
                 if (!t || t->t.is_virtual || val.count(t)) continue;
                 val[t] = t->t.by_value ? by_value.at(t->t.uid) : gather(t->t, bound.at(t->t.uid));
                 // sequence lengths (an int32 input of a comparison with the column index)
                 if (t->t.type == CUDNN_DATA_INT32 && !t->t.by_value)
                     for (float v : val[t])
-                        if (v < 1.0f || v > (float)o->op.out->t.dim[3])
-                            cudasim::fail("cuDNN: sequence length %g outside [1, %lld]", v, (long long)o->op.out->t.dim[3]);
+                        if (v < 1.0f || v > (float)o.out->t.dim[3])
+                            cudasim::fail("cuDNN: sequence length %g outside [1, %lld]", v, (long long)o.out->t.dim[3]);
             }
         size_t ws_off = 0;
-        for (DescP o : ops) {
-            run_op(o->op, val);
-            const Tensor &y = o->op.out->t;
-            if (o->op.kind == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR && ws) {  // row statistics in the workspace
-                memcpy((char *)ws + ws_off, val[o->op.out].data(), val[o->op.out].size() * 4);
-                ws_off += val[o->op.out].size() * 4;
+        for (const Op &o : ops) {
+            run_op(o, val);
+            const Tensor &y = o.out->t;
+            if (o.kind == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR && ws) {  // row statistics in the workspace
+                memcpy((char *)ws + ws_off, val[o.out].data(), val[o.out].size() * 4);
+                ws_off += val[o.out].size() * 4;
             }
-            if (!y.is_virtual) scatter(y, bound.at(y.uid), val[o->op.out]);
+            if (!y.is_virtual) scatter(y, bound.at(y.uid), val[o.out]);
         }
     }, false);
     return CUDNN_STATUS_SUCCESS;
