@@ -324,13 +324,13 @@ static co_result co_rope(mt_backend *g) {
 static int co_attention_fwd(mt_backend *g, int via, void *O, void *L, void *Q, void *K, void *V, void *M, void *LEN,
                             int B, int S, int nh, int nkv, int hd, int window) {
     if (via == 2) return attention_cudnn_forward(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
-    attention_forward_cuda(g, O, L, Q, K, V, M, B, S, nh, nkv, hd, window);
+    attention_forward_cuda(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
     return 1;
 }
 static int co_attention_bwd(mt_backend *g, int via, void *DQ, void *DK, void *DV, void *DO, void *Q, void *K, void *V,
                             void *O, void *L, void *M, void *LEN, int B, int S, int nh, int nkv, int hd, int window) {
     if (via == 2) return attention_cudnn_backward(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
-    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, V, O, L, M, B, S, nh, nkv, hd, window);
+    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
     return 1;
 }
 
