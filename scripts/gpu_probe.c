@@ -18,6 +18,7 @@
 #include "core/backend.h"
 #include "core/comm.h"
 #include "core/common.h"
+#include "model/attention_cudnn.h"
 #include "scripts/json_line.h"
 
 static double now_s(void) {
@@ -40,6 +41,19 @@ static void versions(void) {
            lt, nccl, NCCL_VERSION_CODE);
     json_line("versions", "\"driver\":%d,\"runtime\":%d,\"runtime_built\":%d,\"cublaslt\":%zu,\"nccl\":%d,"
               "\"nccl_built\":%d", drv, rt, CUDART_VERSION, lt, nccl, NCCL_VERSION_CODE);
+}
+
+// cuDNN, loaded at run time (model/attention_cudnn.h): its version, and which attention Mixtral's
+// shape (32 query heads, 8 KV heads, hd 128) runs on here; the reason is printed when not cuDNN.
+static void cudnn_probe(void) {
+    const char *path = attention_path(0, 0, 32, 8, 128);
+    size_t v = attention_cudnn_version();
+    if (v)
+        printf("probe: cuDNN %zu.%zu.%zu%s; Mixtral's attention runs on %s\n", v / 10000, v % 10000 / 100, v % 100,
+               attention_cudnn_emulated() ? " (the emulator's stand-in)" : "", path);
+    else
+        printf("probe: cuDNN not loadable; Mixtral's attention runs on %s\n", path);
+    json_line("cudnn", "\"version\":%zu,\"attention\":\"%s\"", v, path);
 }
 
 static int device(void) {
@@ -109,6 +123,7 @@ int main(void) {
         json_line("device", "\"ok\":false,\"error\":\"no usable CUDA GPU\"");
         return 2;
     }
+    cudnn_probe();
     int rc = device() != 0 || nccl_check(be) != 0;
     mt_backend_free(be);
     return rc;
