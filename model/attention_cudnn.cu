@@ -340,11 +340,6 @@ void graph_forward(Build *b, const Shape &s) {
     matmul(b, p, tv, to);
 }
 
-// dst = (the per-query-head gradient) summed over each GQA group into the nkv-head tensor.
-void group_sum(Build *b, const Shape &s, cudnnBackendDescriptor_t full, cudnnBackendDescriptor_t dst) {
-    reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, dst);
-}
-
 void graph_backward(Build *b, const Shape &s) {
     const int64_t hd = s.hd;
     const bool gqa = s.nkv != s.nh;
@@ -382,7 +377,7 @@ void graph_backward(Build *b, const Shape &s) {
     if (gqa) {
         cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
         matmul(b, pbt, tdo, full);
-        group_sum(b, s, full, tdv);
+        reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdv);  // summed over each GQA group
     } else {
         matmul(b, pbt, tdo, tdv);
     }
@@ -402,7 +397,7 @@ void graph_backward(Build *b, const Shape &s) {
     if (gqa) {
         cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
         matmul(b, dst, tq, full);
-        group_sum(b, s, full, tdk);
+        reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdk);
     } else {
         matmul(b, dst, tq, tdk);
     }
@@ -416,6 +411,7 @@ struct Plan {
     int64_t ws;
     cudnnBackendDescriptor_t d[MAX_DESC];  // every descriptor the plan was built from (kept alive)
     int n;
+    char why[320];  // plan == NULL: why the library refused the graph
 };
 enum { MAX_PLANS = 32 };
 Plan plans[MAX_PLANS];
@@ -479,21 +475,31 @@ cudnnStatus_t build_plan(const Shape &s, Plan *out, Build *b) {
     return b->st;
 }
 
+// The plan of `s`, built at its first use. A graph the library refuses (status and call kept, as
+// its plan == NULL, so it is not rebuilt) is a reason to decline: the WMMA kernel runs (fatal
+// under MT_ATTENTION=cudnn).
 Plan *get_plan(const Shape &s) {
-    for (int i = 0; i < nplans; i++)
-        if (same(plans[i].key, s)) return &plans[i];
-    if (nplans == MAX_PLANS) {  // the oldest goes: shapes come and go with sequence lengths
-        destroy_all(plans[0].d, plans[0].n);
-        memmove(&plans[0], &plans[1], sizeof(Plan) * (MAX_PLANS - 1));
-        nplans--;
+    Plan *p = NULL;
+    for (int i = 0; i < nplans && !p; i++)
+        if (same(plans[i].key, s)) p = &plans[i];
+    if (!p) {
+        if (nplans == MAX_PLANS) {  // the oldest goes: shapes come and go with sequence lengths
+            destroy_all(plans[0].d, plans[0].n);
+            memmove(&plans[0], &plans[1], sizeof(Plan) * (MAX_PLANS - 1));
+            nplans--;
+        }
+        Build b;
+        p = &plans[nplans++];
+        if (build_plan(s, p, &b) != CUDNN_STATUS_SUCCESS) {
+            destroy_all(b.d, b.n);
+            p->key = s, p->plan = NULL, p->n = 0;
+            snprintf(p->why, sizeof p->why, "cuDNN refused the %s graph (B=%d S=%d nh=%d nkv=%d hd=%d window=%d): %s: %s",
+                     s.bwd ? "backward" : "forward", s.B, s.S, s.nh, s.nkv, s.hd, s.window, b.what, st_name(b.st));
+        }
     }
-    Build b;
-    Plan *p = &plans[nplans];
-    if (build_plan(s, p, &b) != CUDNN_STATUS_SUCCESS)
-        mt_fatal(MT_EXIT_ERROR, "attention_cudnn: %s: %s (%s, B=%d S=%d nh=%d nkv=%d hd=%d window=%d)", b.what,
-                 st_name(b.st), s.bwd ? "backward" : "forward", s.B, s.S, s.nh, s.nkv, s.hd, s.window);
-    nplans++;
-    return p;
+    if (p->plan) return p;
+    decline(p->why);
+    return NULL;
 }
 
 struct Binding {
@@ -590,6 +596,7 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
     if (B <= 0 || S <= 0) return 1;
     const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0};
     Plan *p = get_plan(s);
+    if (!p) return 0;
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t w = window;
     Binding bind = {};
@@ -615,6 +622,7 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return 1;
     const Shape s = {1, B, S, nh, nkv, hd, window, kv_len != NULL, 0};
     Plan *p = get_plan(s);
+    if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
     const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd;
     const size_t bytes = (nq + 2 * nk) * sizeof(mt_bf16);

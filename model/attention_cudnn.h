@@ -17,8 +17,9 @@
 // is one it takes (hd ≤ 256 and a multiple of 8, nh a multiple of nkv, 16-byte aligned rows, no
 // key mask unless given as lengths), else the WMMA kernel, printing the reason once ("attention:
 // cuDNN not found (libcudnn.so.9): using the WMMA kernel"); wmma forces the kernel; cudnn makes a
-// refusal fatal (the GPU check's way of knowing cuDNN ran). Every cuDNN call is checked and a
-// failure is fatal, named with cudnnGetErrorString.
+// refusal fatal (the GPU check's way of knowing cuDNN ran). Every cuDNN call is checked, its
+// failure named with cudnnGetErrorString: a graph the library refuses while building its plan
+// (per shape, remembered) is a refusal like the others; a failing execution is fatal.
 //
 // Plain C, CUDA builds only (MT_CUDA), like model/ops_cuda.h.
 #pragma once

@@ -1070,6 +1070,7 @@ static co_result co_attention_fd_mha(mt_backend *g) { return co_attention(g, 2, 
 // takes it as sequence lengths).
 static co_result co_attention_wmma_gqa(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21, 1); }
 static co_result co_attention_cudnn_gqa(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21, 2); }
+static co_result co_attention_auto_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 0); }
 static co_result co_attention_wmma_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 1); }
 static co_result co_attention_cudnn_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 2); }
 static co_result co_attention_cudnn_padding_lens(mt_backend *g) { return co_attention(g, 3, 33, 4, 1, 64, 0, 1, 35, 2); }
@@ -1120,6 +1121,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"attention fd config mha", co_attention_fd_mha},
     {"attention wmma forced, gqa", co_attention_wmma_gqa},
     {"attention cudnn forced, gqa", co_attention_cudnn_gqa},
+    {"attention auto, gqa window", co_attention_auto_window},
     {"attention wmma forced, gqa window", co_attention_wmma_window},
     {"attention cudnn forced, gqa window", co_attention_cudnn_window},
     {"attention cudnn, padding as lengths, mqa", co_attention_cudnn_padding_lens},

@@ -59,6 +59,7 @@ OP_TEST(op_attention_fd_config_mqa_window, co_attention_fd_mqa_window)
 OP_TEST(op_attention_fd_config_mha, co_attention_fd_mha)
 OP_TEST(op_attention_wmma_forced_gqa, co_attention_wmma_gqa)
 OP_TEST(op_attention_cudnn_forced_gqa, co_attention_cudnn_gqa)
+OP_TEST(op_attention_auto_gqa_window, co_attention_auto_window)
 OP_TEST(op_attention_wmma_forced_gqa_window, co_attention_wmma_window)
 OP_TEST(op_attention_cudnn_forced_gqa_window, co_attention_cudnn_window)
 OP_TEST(op_attention_cudnn_padding_as_lengths_mqa, co_attention_cudnn_padding_lens)
@@ -94,6 +95,26 @@ OP_TEST(op_lora_dropout, co_lora_dropout)
 OP_TEST(op_lora_f32_out, co_lora_f32_out)
 OP_TEST(op_adamw_master, co_adamw_master)
 OP_TEST(op_adamw_bf16_direct, co_adamw_direct)
+
+// A graph the library has no engine for (the stand-in told to answer so): auto mode falls back to
+// the WMMA kernel, which computes the same results; emulated builds only.
+Test(cuda, attention_cudnn_refused_graph_falls_back) {
+    mt_backend *be = gpu_or_skip();
+#ifdef MT_CUDA
+    if (!attention_cudnn_emulated()) {
+        mt_backend_free(be);
+        cr_skip_test("the stand-in's refusal is emulated");
+    }
+    mt_backend_free(be);
+    setenv("CUDASIM_CUDNN_NO_ENGINE", "1", 1);
+    attention_set_mode(MT_ATTENTION_AUTO);
+    check_case("attention fallback gqa window", co_attention_auto_window);
+    check_case("attention fallback causal", co_attention_causal);
+    unsetenv("CUDASIM_CUDNN_NO_ENGINE");
+#else
+    (void)be;
+#endif
+}
 
 // cuDNN's forward graph with a planted bug: the emulator's stand-in (tests/cudasim/cudnn.cc) must
 // refuse each, naming the call, where the unplanted graph runs. Emulated builds only: a real

@@ -717,7 +717,10 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
     if (!p->final) return refuse(CUDNN_STATUS_NOT_INITIALIZED, "cudnnBackendGetAttribute(%d): descriptor not finalized", name);
     if (p->type == CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR && name == CUDNN_ATTR_ENGINEHEUR_RESULTS) {
         if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR) return refuse(CUDNN_STATUS_BAD_PARAM, "heuristics' results: wrong type");
-        *count = 1;  // one engine: the fused flash attention (this stand-in)
+        // one engine: the fused flash attention (this stand-in); none under CUDASIM_CUDNN_NO_ENGINE,
+        // as a real library answers a graph no engine of it supports (tests of the fallback)
+        *count = getenv("CUDASIM_CUDNN_NO_ENGINE") ? 0 : 1;
+        if (*count == 0) return CUDNN_STATUS_SUCCESS;
         if (requested >= 1) {
             DescP cfg = as_desc(((cudnnBackendDescriptor_t *)out)[0]);
             if (!cfg || cfg->type != CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)
