@@ -45,6 +45,7 @@ struct cudnn_api {
 };
 cudnn_api api;
 int api_state;  // 0: not tried, 1: loaded, -1: unavailable (api_why says why)
+int api_syms;   // 1: the symbols resolved and the version is 9 (even where cudnnCreate failed)
 char api_why[256];
 cudnnHandle_t handle;
 int mode_set;
@@ -94,6 +95,7 @@ int load(void) {
         snprintf(api_why, sizeof api_why, "cuDNN %zu is not version %d", api.GetVersion(), CUDNN_MAJOR);
         return 0;
     }
+    api_syms = 1;
     cudnnStatus_t st = api.Create(&handle);
     if (st != CUDNN_STATUS_SUCCESS) {
         snprintf(api_why, sizeof api_why, "cudnnCreate: %s", st_name(st));
@@ -643,6 +645,45 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     if (dv) mt_add_cuda(be, dv, dv, tv, (int64_t)nk);
     mt_work_free(be, tq, bytes);
     return 1;
+}
+
+extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int window, int lens, char *msg,
+                                     size_t msg_len) {
+    read_mode();
+    load();
+    if (!api_syms) {
+        snprintf(msg, msg_len, "%s", api_why);
+        return -1;
+    }
+    const Shape s = {bwd, B, S, nh, nkv, hd, window, lens, 0};
+    if (api_state > 0) {  // a device: the plan the step would use
+        mt_attention_mode m0 = mode;
+        mode = MT_ATTENTION_AUTO;  // a refusal is reported here, not fatal
+        Plan *p = get_plan(s);
+        mode = m0;
+        if (!p) {
+            for (int i = 0; i < nplans; i++)
+                if (same(plans[i].key, s)) snprintf(msg, msg_len, "%s", plans[i].why);
+            return 0;
+        }
+        snprintf(msg, msg_len, "plan finalized, workspace %lld bytes", (long long)p->ws);
+        return 1;
+    }
+    // No device (cudnnCreate failed): every tensor and operation descriptor, finalized by the
+    // library; the operation graph needs a handle.
+    Build b;
+    memset(&b, 0, sizeof b);
+    b.next_virtual = 1000;
+    cudnnBackendDescriptor_t ops[MAX_DESC];
+    int nops = 0;
+    ops_out = ops, nops_out = &nops;
+    if (bwd) graph_backward(&b, s);
+    else graph_forward(&b, s);
+    int ok = b.st == CUDNN_STATUS_SUCCESS;
+    if (ok) snprintf(msg, msg_len, "%d operations, %d descriptors finalized (no device: the graph not)", nops, b.n);
+    else snprintf(msg, msg_len, "%s: %s", b.what, st_name(b.st));
+    destroy_all(b.d, b.n);
+    return ok ? 2 : 0;
 }
 
 extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, float *lse, const mt_bf16 *q,

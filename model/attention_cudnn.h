@@ -58,6 +58,13 @@ size_t attention_cudnn_version(void);
 // 1 in emulated builds (make SIM=1), where "cuDNN" is the emulator's stand-in.
 int attention_cudnn_emulated(void);
 
+// The graphs of one shape built as far as this machine allows (the probe; a refusal is reported,
+// never fatal): 1: the plan finalized (a device: cached for the step), 2: no device, but every
+// tensor and operation descriptor finalized by the library, 0: refused (why in msg), -1: cuDNN
+// not loadable.
+int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int window, int lens, char *msg,
+                          size_t msg_len);
+
 // Tests: the forward graph built with one planted bug, run (never cached, never fatal). Returns the
 // first failing cuDNN status (0: all accepted) and its call in msg. bug 1: Q's head stride wrong
 // (overlapping heads), 2: execute without the workspace the plan reported, 3: K with a head count

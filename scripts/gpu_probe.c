@@ -53,7 +53,14 @@ static void cudnn_probe(void) {
                attention_cudnn_emulated() ? " (the emulator's stand-in)" : "", path);
     else
         printf("probe: cuDNN not loadable; Mixtral's attention runs on %s\n", path);
-    json_line("cudnn", "\"version\":%zu,\"attention\":\"%s\"", v, path);
+    // Whether the library takes the graphs (only a GPU's heuristics can say): case C's shape.
+    int ok[2] = {-1, -1};
+    for (int bwd = 0; v && bwd < 2; bwd++) {
+        char msg[400];
+        ok[bwd] = attention_cudnn_check(bwd, 1, 4096, 32, 8, 128, 0, 0, msg, sizeof msg);
+        printf("probe: cuDNN SDPA %s graph at B 1, S 4096, 32/8 heads, hd 128: %s\n", bwd ? "backward" : "forward", msg);
+    }
+    json_line("cudnn", "\"version\":%zu,\"attention\":\"%s\",\"fwd_plan\":%d,\"bwd_plan\":%d", v, path, ok[0], ok[1]);
 }
 
 static int device(void) {
