@@ -351,6 +351,10 @@ cudnnStatus_t finalize_op(Desc *d) {
 }
 
 // The operation graph: well formed, then within the fused attention engine's surface.
+// CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, finalization: "CUDNN_STATUS_BAD_PARAM: invalid or
+// inconsistent attribute values are encountered"; a virtual tensor is "an intermediate of the
+// graph", written by one operation; UIDs identify tensors in the variant pack, so one UID names
+// one tensor.
 cudnnStatus_t finalize_graph(Desc *d) {
     if (!has(d, CUDNN_ATTR_OPERATIONGRAPH_OPS) || !has(d, CUDNN_ATTR_OPERATIONGRAPH_HANDLE))
         return refuse(CUDNN_STATUS_BAD_PARAM, "operation graph: OPS and HANDLE are required");
@@ -740,6 +744,9 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
 }
 
 // Checks the plan and the pack against the graph, then queues the interpretation on the stream.
+// cudnnBackendExecute: "CUDNN_STATUS_BAD_PARAM: an incorrect or inconsistent value is encountered
+// (for example, the required data pointers are invalid)"; the variant pack's UIDs are "the unique
+// identifiers of the tensors the data pointers are for", so a graph tensor left unbound is refused.
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan_, cudnnBackendDescriptor_t pack_) {
     cudasim::LibCall lock;
     DescP plan = as_desc(plan_), pack = as_desc(pack_);
