@@ -47,7 +47,9 @@ cudnn_api api;
 int api_state;  // 0: not tried, 1: loaded, -1: unavailable (api_why says why)
 int api_syms;   // 1: the symbols resolved and the version is 9 (even where cudnnCreate failed)
 char api_why[256];
-cudnnHandle_t handle;
+enum { MAX_DEV = 64 };
+cudnnHandle_t handles[MAX_DEV];  // one per device: a handle (and its plans) belongs to the device
+cudnnHandle_t handle;            // current at its creation; this is the current device's
 int mode_set;
 mt_attention_mode mode;
 
@@ -96,13 +98,33 @@ int load(void) {
         return 0;
     }
     api_syms = 1;
-    cudnnStatus_t st = api.Create(&handle);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEV) {
+        (void)cudaGetLastError();
+        snprintf(api_why, sizeof api_why, "no current CUDA device below %d", MAX_DEV);
+        return 0;
+    }
+    cudnnStatus_t st = api.Create(&handles[dev]);
     if (st != CUDNN_STATUS_SUCCESS) {
         snprintf(api_why, sizeof api_why, "cudnnCreate: %s", st_name(st));
         return 0;
     }
+    handle = handles[dev];
     api_state = 1;
     return 1;
+}
+
+// The current device's handle (made at its first use there); returns the device.
+int use_device(void) {
+    int dev = 0;
+    MT_CHECK_CUDA(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= MAX_DEV) mt_fatal(MT_EXIT_ERROR, "attention_cudnn: device %d (at most %d)", dev, MAX_DEV);
+    if (!handles[dev]) {
+        cudnnStatus_t st = api.Create(&handles[dev]);
+        if (st) mt_fatal(MT_EXIT_ERROR, "attention_cudnn: cudnnCreate on device %d: %s", dev, st_name(st));
+    }
+    handle = handles[dev];
+    return dev;
 }
 
 // A refusal's reason, printed once per distinct reason.
@@ -268,7 +290,7 @@ void reshape(Build *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
 enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_WINDOW, U_KV_LEN, U_DO, U_DQ, U_DK, U_DV, U_COUNT };
 
 struct Shape {
-    int bwd, B, S, nh, nkv, hd, window, lens, bug;
+    int bwd, B, S, nh, nkv, hd, window, lens, bug, dev;
 };
 
 // [B, h, S, hd] in the model's [B, S, h, hd] memory; transposed: [B, h, hd, S].
@@ -596,7 +618,8 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
         return 0;
     }
     if (B <= 0 || S <= 0) return 1;
-    const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0};
+    mt_cuda_begin(be);  // the backend's device current: its handle and plans
+    const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
     Plan *p = get_plan(s);
     if (!p) return 0;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -622,7 +645,8 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
         return 0;
     }
     if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return 1;
-    const Shape s = {1, B, S, nh, nkv, hd, window, kv_len != NULL, 0};
+    mt_cuda_begin(be);
+    const Shape s = {1, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
     Plan *p = get_plan(s);
     if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
@@ -655,7 +679,7 @@ extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int
         snprintf(msg, msg_len, "%s", api_why);
         return -1;
     }
-    const Shape s = {bwd, B, S, nh, nkv, hd, window, lens, 0};
+    const Shape s = {bwd, B, S, nh, nkv, hd, window, lens, 0, api_state > 0 ? use_device() : 0};
     if (api_state > 0) {  // a device: the plan the step would use
         mt_attention_mode m0 = mode;
         mode = MT_ATTENTION_AUTO;  // a refusal is reported here, not fatal
@@ -694,7 +718,8 @@ extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, fl
         snprintf(msg, msg_len, "%s", api_why);
         return -1;
     }
-    const Shape s = {0, B, S, nh, nkv, hd, 0, 0, bug};
+    mt_cuda_begin(be);
+    const Shape s = {0, B, S, nh, nkv, hd, 0, 0, bug, use_device()};
     Plan p;
     Build b;
     cudnnStatus_t st = build_plan(s, &p, &b);
