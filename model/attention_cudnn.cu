@@ -99,9 +99,11 @@ int load(void) {
     }
     api_syms = 1;
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEV) {
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess || dev < 0 || dev >= MAX_DEV) {
         (void)cudaGetLastError();
-        snprintf(api_why, sizeof api_why, "no current CUDA device below %d", MAX_DEV);
+        snprintf(api_why, sizeof api_why, "no CUDA device for cuDNN (cudaGetDevice: %s, device %d)",
+                 cudaGetErrorString(e), dev);
         return 0;
     }
     cudnnStatus_t st = api.Create(&handles[dev]);
@@ -593,7 +595,10 @@ extern "C" mt_attention_mode attention_get_mode(void) {
     read_mode();
     return mode;
 }
-extern "C" size_t attention_cudnn_version(void) { return load() ? api.GetVersion() : 0; }
+extern "C" size_t attention_cudnn_version(void) {
+    load();
+    return api_syms ? api.GetVersion() : 0;
+}
 extern "C" int attention_cudnn_emulated(void) {
 #ifdef MT_CUDASIM
     return 1;

@@ -53,7 +53,8 @@ int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *
                              const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
                              int nkv, int hd, int window);
 
-// The cuDNN version loaded (cudnnGetVersion), 0 when none.
+// The cuDNN version loaded (cudnnGetVersion; also where it loads but cudnnCreate fails: no GPU),
+// 0 when none.
 size_t attention_cudnn_version(void);
 // 1 in emulated builds (make SIM=1), where "cuDNN" is the emulator's stand-in.
 int attention_cudnn_emulated(void);

@@ -45,6 +45,8 @@ static void versions(void) {
 
 // cuDNN, loaded at run time (model/attention_cudnn.h): its version, and which attention Mixtral's
 // shape (32 query heads, 8 KV heads, hd 128) runs on here; the reason is printed when not cuDNN.
+// Run before the device check, so that a machine without a GPU (the rehearsal) still has the
+// library finalize every descriptor of the graphs.
 static void cudnn_probe(void) {
     const char *path = attention_path(0, 0, 32, 8, 128);
     size_t v = attention_cudnn_version();
@@ -124,13 +126,13 @@ static int nccl_check(mt_backend *be) {
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     versions();
+    cudnn_probe();
     mt_backend *be = mt_backend_cuda_new(0);
     if (!be) {
         printf("probe: %s\n", mt_error_get());  // "no CUDA GPU: ..." where there is none
         json_line("device", "\"ok\":false,\"error\":\"no usable CUDA GPU\"");
         return 2;
     }
-    cudnn_probe();
     int rc = device() != 0 || nccl_check(be) != 0;
     mt_backend_free(be);
     return rc;
