@@ -82,11 +82,40 @@ void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int h
     });
 }
 
+#ifdef MT_CUDA
+// cuDNN takes a key mask as sequence lengths: made on the device when this step's padding is all
+// at the sequences' ends (m->pad_right, from the host mask), in work scratch freed by kv_len_end.
+static int32_t *kv_len_begin(mt_model *m, const uint8_t *mask, int B, int S) {
+    if (!mask || !m->pad_right) return NULL;
+    int32_t *kv = mt_work_alloc(m->be, (size_t)B * sizeof(int32_t));
+    attention_kv_len_cuda(m->be, kv, mask, B, S);
+    return kv;
+}
+static void kv_len_end(mt_model *m, int32_t *kv, int B) {
+    if (kv) mt_work_free(m->be, kv, (size_t)B * sizeof(int32_t));
+}
+static void attention_forward_on_cuda(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k,
+                                      const mt_act *v, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                                      int window) {
+    int32_t *kv = kv_len_begin(m, mask, B, S);
+    attention_forward_cuda(m->be, out, lse, q, k, v, mask, kv, B, S, nh, nkv, hd, window);
+    kv_len_end(m, kv, B);
+}
+static void attention_backward_on_cuda(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout,
+                                       const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out,
+                                       const float *lse, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                                       int window) {
+    int32_t *kv = kv_len_begin(m, mask, B, S);
+    attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, kv, B, S, nh, nkv, hd, window);
+    kv_len_end(m, kv, B);
+}
+#endif
+
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     PROFILED("attention fwd (wmma bf16)", 2.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (2 * nh + 2 * nkv) * hd) + 4.0 * B * S * nh, {
         DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
-                 attention_forward_cuda(m->be, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
+                 attention_forward_on_cuda(m, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
     });
 }
 
@@ -95,7 +124,7 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, c
                               const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
     PROFILED("attention bwd (wmma bf16)", 7.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (4 * nh + 4 * nkv) * hd) + 8.0 * B * S * nh, {
         DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
-                 attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
+                 attention_backward_on_cuda(m, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
     });
 }
 
