@@ -363,7 +363,7 @@ int cmd_merge(int argc, char **argv) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.quant = MT_QUANT_NONE;  // merge's default: the base as stored
-    if (mt_run_opts_parse(&o, nrest, rest) != 0) {
+    if (mt_run_opts_parse_cmd(&o, nrest, rest, "merge", NULL) != 0) {
         fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
         goto out;
     }
