@@ -632,6 +632,8 @@ static int resume_settings(mt_run_opts *o, mt_opt_pairs *given, mt_opt_pairs *ov
     if (mt_checkpoint_find(o->resume, dir) != 0) return MT_EXIT_OK;  // setup says there is none
     mt_opt_pairs stored = {0};
     int rc = mt_ckpt_state_options(dir, &stored);
+    // A damaged latest: the settings of the checkpoint setup will fall back to (it says which).
+    if (rc < 0 && mt_checkpoint_find_verified(o->resume, dir) == 0) rc = mt_ckpt_state_options(dir, &stored);
     if (rc != 0) {
         mt_opt_pairs_free(&stored);
         return rc > 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
