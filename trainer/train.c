@@ -180,21 +180,27 @@ static int write_outputs(trainer *t) {
     mt_model_gather_experts(&t->m);  // EP: rank 0 collects the experts the others trained
     if (t->rank != 0) return 0;
     char path[4200];
+    // how the rows were rendered, for `generate` to render its prompt alike
+    mt_train_template rec = {.text = t->data.stats.text, .instruction = t->data.stats.instruction,
+                             .chat = t->data.stats.chat, .pretokenized = t->data.stats.pretokenized};
+    if (rec.chat) snprintf(rec.chat_template, sizeof rec.chat_template, "%s", mt_chat_style_name(t->data.opts.chat.style));
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_TRAIN_TEMPLATE_FILE};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
-        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_sha256sums_write(list, path, files, 2) != 0)
+        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_train_template_write(path, &rec) != 0 ||
+            mt_sha256sums_write(list, path, files, 3) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
         char list[4300];
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
         snprintf(list, sizeof list, "%s.sha256", path);
-        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0)
+        if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0 ||
+            mt_train_template_write(t->o->out, &rec) != 0)
             return -1;
     }
     mt_info("wrote %s", path);
@@ -260,7 +266,7 @@ static int check_adapter_rank(const mt_run_opts *o) {
 // What a run writes into --out (and the debris of killed ones): what --overwrite may remove.
 static int is_run_output(const char *name) {
     static const char *const exact[] = {"metrics.jsonl", "latest", "adapter", "trained.safetensors",
-                                        "trained.safetensors.sha256"};
+                                        "trained.safetensors.sha256", MT_TRAIN_TEMPLATE_FILE};
     for (size_t i = 0; i < MT_ARRAY_LEN(exact); i++)
         if (strcmp(name, exact[i]) == 0) return 1;
     return strncmp(name, "checkpoint-", 11) == 0 || strncmp(name, ".checkpoint-", 12) == 0 ||
@@ -373,12 +379,20 @@ static int setup(trainer *t) {
                          (long long)cfg.experts, (long long)cfg.experts - 1);
             return -1;
         }
-    // As `plan --max-seq` stops at max_position_embeddings, training does not go past it: positions
-    // the model never saw (RoPE without scaling) would train on out-of-range angles.
+    // As `plan --max-seq` stops at max_position_embeddings, training does not go past it (RoPE
+    // without scaling would train on angles the model never saw): the default --seq is capped
+    // there, as TRL caps max_seq_length at the model's, and a --seq given above it is refused.
     if (cfg.max_positions > 0 && o->seq > cfg.max_positions) {
-        mt_error_set("--seq %lld is above the model's max_position_embeddings %lld (%s's config.json): use --seq %lld "
-                     "or less", (long long)o->seq, (long long)cfg.max_positions, o->model, (long long)cfg.max_positions);
-        return -1;
+        if (t->given && mt_opt_pairs_get(t->given, "seq")) {
+            mt_error_set("--seq %lld is above the model's max_position_embeddings %lld (%s's config.json): use --seq "
+                         "%lld or less", (long long)o->seq, (long long)cfg.max_positions, o->model,
+                         (long long)cfg.max_positions);
+            return -1;
+        }
+        if (t->rank == 0)
+            mt_info("--seq %lld (the default) capped at the model's max_position_embeddings: %lld", (long long)o->seq,
+                    (long long)cfg.max_positions);
+        o->seq = cfg.max_positions;
     }
     t->fail_code = MT_EXIT_ERROR;
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
