@@ -625,8 +625,9 @@ int mt_run_opts_parse_cmd(mt_run_opts *o, int argc, char **argv, const char *cmd
             return -1;
         }
         if (!applies(d->key, cmd)) {
-            mt_error_set("--%s does not apply to `moetrain %s` (it is read by: %s; see moetrain %s --help)", d->key,
-                         cmd, scope_of(d->key), cmd);
+            const char *cmds = scope_of(d->key);
+            mt_error_set("--%s does not apply to `moetrain %s`: it is a flag of %s%s (see moetrain %s --help)", d->key,
+                         cmd, cmds, in_list(cmds, "train") && !in_list(cmds, "plan") ? " and plan" : "", cmd);
             return -1;
         }
         if (d->type == OPT_BOOL && !eq) value = negated ? "false" : "true";

@@ -724,7 +724,7 @@ int cmd_train(int argc, char **argv) {
     t.given = &given, t.overrides = &overrides;
     rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : t.fail_code ? t.fail_code : MT_EXIT_ERROR;
     if (rc != MT_EXIT_OK) {
-        if (t.ranks > 1) fprintf(stderr, "moetrain train [rank %d of %d]: %s\n", t.rank, t.ranks, mt_error_get());
+        if (t.ranks > 1) fprintf(stderr, "moetrain train: [rank %d/%d] %s\n", t.rank, t.ranks, mt_error_get());
         else fprintf(stderr, "moetrain train: %s\n", mt_error_get());
     } else if (t.exit_code) {
         rc = t.exit_code;
