@@ -88,7 +88,7 @@ int cmd_plan(int argc, char **argv) {
     // A plan is per GPU unless the run is named a cpu one (--device cpu): then no CUDA context.
     const char *dev = mt_opt_pairs_get(&given, "device") ? mt_opt_pairs_get(&given, "device")
                                                          : mt_opt_pairs_get(&given, "backend");
-    int cpu = dev && strcmp(dev, "cpu") == 0;
+    int cpu = dev && strcmp(dev, "cpu") == 0, seq_given = mt_opt_pairs_get(&given, "seq") != NULL;
     mt_opt_pairs_free(&given);
     if (bad) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
@@ -99,11 +99,16 @@ int cmd_plan(int argc, char **argv) {
     int rc = load_model(&o, &cfg, name, sizeof name);
     if (rc != MT_EXIT_OK) return rc;
 
+    // --seq past max_position_embeddings, as train takes it: the default capped, a given one warned of
+    if (!o.max_seq && !o.plan_case && cfg.max_positions > 0 && o.seq > cfg.max_positions) {
+        if (seq_given)
+            mt_warn("--seq %lld is above the model's max_position_embeddings %lld: train refuses it (--max-seq stops "
+                    "there)", (long long)o.seq, (long long)cfg.max_positions);
+        else
+            o.seq = cfg.max_positions;
+    }
     mt_plan_opts po = mt_run_opts_plan(&o);
     po.cpu = cpu;
-    if (!o.max_seq && cfg.max_positions > 0 && o.seq > cfg.max_positions)
-        mt_warn("--seq %lld is above the model's max_position_embeddings %lld: train refuses it (--max-seq stops there)",
-                (long long)o.seq, (long long)cfg.max_positions);
     if (o.max_seq) return max_seq(&o, &cfg, &po);
     mt_plan plan;
     if (mt_plan_compute(&cfg, &po, &plan) != 0) {
