@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "core/common.h"
@@ -415,8 +417,9 @@ static int is_path_key(const char *key) {
 static void add_given(mt_opt_pairs *given, const char *key, const char *value) {
     if (!given || strcmp(key, "resume") == 0 || strcmp(key, "resume-override") == 0 || strcmp(key, "overwrite") == 0)
         return;
-    char abs[4200], cwd[4096];
-    if (is_path_key(key) && value[0] && value[0] != '/' && getcwd(cwd, sizeof cwd)) {
+    char abs[4200], cwd[4096], real[PATH_MAX];
+    if (is_path_key(key) && value[0] && realpath(value, real)) value = real;  // ./x and x alike
+    else if (is_path_key(key) && value[0] && value[0] != '/' && getcwd(cwd, sizeof cwd)) {
         snprintf(abs, sizeof abs, "%s/%s", cwd, value);
         value = abs;
     }

@@ -663,7 +663,9 @@ static int resume_settings(mt_run_opts *o, mt_opt_pairs *given, mt_opt_pairs *ov
     memcpy(now, was, sizeof *now);
     for (int i = 0; i < given->n && code == MT_EXIT_OK; i++) {
         const char *key = given->kv[2 * i], *value = given->kv[2 * i + 1];
-        if (mt_opt_changes_run(key) && mt_run_opts_differs(now, key, value) == 1) {
+        int last = 1;  // a key given twice (a --config file's, then a flag): the last one counts
+        for (int j = i + 1; j < given->n && last; j++) last = strcmp(given->kv[2 * j], key) != 0;
+        if (last && mt_opt_changes_run(key) && mt_run_opts_differs(was, key, value) == 1) {
             const char *before = mt_opt_pairs_get(&stored, key);
             char change[2100];
             snprintf(change, sizeof change, "%.1000s -> %.1000s", before ? before : "(default)", value);
