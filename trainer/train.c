@@ -68,15 +68,17 @@ static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
 
 // The one-line plan (the full table with --verbose), then whether it fits: --gpu-mem on a cuda run
 // (and on the cpu when given), --mem on the cpu. 0, 1 when it does not fit (exit 3), -1 on error.
-static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, int gpu_mem_given) {
+static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, int gpu_mem_given, int say) {
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(o);
     int cpu = strcmp(o->backend, "cpu") == 0;
     po.cpu = cpu;  // no CUDA context or library workspace counted on the cpu
     if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
     mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan};
-    if (o->verbose) mt_plan_print(stdout, &rep);
-    else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
+    if (!say) {  // another rank: the same verdict, printed once by rank 0
+    } else if (o->verbose) {
+        mt_plan_print(stdout, &rep);
+    } else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
         int top[3] = {-1, -1, -1};
         for (int c = 0; c < MT_MEM_COUNT; c++)
             for (int k = 0; k < 3; k++)
@@ -398,11 +400,10 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
-    if (t->rank == 0) {
-        int fit = print_plan(&cfg, o, t->given && mt_opt_pairs_get(t->given, "gpu-mem"));
-        if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
-        if (fit) return -1;
-    }
+    // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
+    int fit = print_plan(&cfg, o, t->given && mt_opt_pairs_get(t->given, "gpu-mem"), t->rank == 0);
+    if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
+    if (fit) return -1;
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
