@@ -644,7 +644,13 @@ static int run(trainer *t) {
 // (no stored settings) leaves everything as given. Returns an exit code.
 static int resume_settings(mt_run_opts *o, mt_opt_pairs *given, mt_opt_pairs *overrides) {
     char dir[4096];
-    if (mt_checkpoint_find(o->resume, dir) != 0) return MT_EXIT_OK;  // setup says there is none
+    if (mt_checkpoint_find(o->resume, dir) != 0) {
+        if (o->model[0] && o->data[0]) return MT_EXIT_OK;  // setup says there is none
+        mt_error_set("--resume %s: no checkpoint there to take the run's settings from: start the run with --model "
+                     "and --data (and --overwrite when the folder holds a run stopped before its first save)",
+                     o->resume);
+        return MT_EXIT_ERROR;
+    }
     mt_opt_pairs stored = {0};
     int rc = mt_ckpt_state_options(dir, &stored);
     // A damaged latest: the settings of the checkpoint setup will fall back to (it says which).
