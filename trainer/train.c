@@ -249,6 +249,23 @@ static int start_ranks(trainer *t) {
     return mt_comm_grid(t->world, o->ep, &t->ep, &t->dp);
 }
 
+// A resumed run with --early-stop-patience: the best so far is the lowest eval loss its checkpoints
+// up to the resumed step record (the count of evaluations since then starts again at 0).
+static void best_so_far(trainer *t) {
+    DIR *d = opendir(t->o->out);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
+        char path[4400], run[8];
+        snprintf(path, sizeof path, "%.1023s/%.255s/state.json", t->o->out, e->d_name);
+        mt_train_state st = {0};
+        if (mt_ckpt_state_parse(path, &st, run, sizeof run) != 0) continue;
+        if (st.eval_loss == st.eval_loss && st.step <= t->st.step && (t->best_step == 0 || st.eval_loss < t->best_eval))
+            t->best_eval = st.eval_loss, t->best_step = st.step;
+    }
+    if (d) closedir(d);
+    mt_error_clear();
+}
+
 // --adapter of another rank than --r: say which --r it needs (before its tensors' shapes disagree).
 static int check_adapter_rank(const mt_run_opts *o) {
     char path[4200], *text;
@@ -472,6 +489,7 @@ static int setup(trainer *t) {
         }
         if (mt_train_state_check(&t->st, &t->data, total_steps(t), dir) != 0) return -1;
         mt_info("resumed from %s at step %lld", dir, (long long)t->st.step);
+        if (o->early_stop_patience > 0) best_so_far(t);
     }
     if (mt_mkdir_p(o->out) != 0) return -1;
     char path[4200];
