@@ -150,7 +150,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BIN := $(BUILD)/moetrain
 TEST_BIN := $(BUILD)/moetrain_tests
 
-.PHONY: all test asan interop bench bench-torch bench-gpu fuzz clean deps test-mpi layers check-docs test-sim gpu-bundle
+.PHONY: all test asan interop interop-tensorboard bench bench-torch bench-gpu fuzz clean deps test-mpi layers check-docs test-sim gpu-bundle
 all: $(BIN)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP) | $(CONFIG_MK)
@@ -195,6 +195,11 @@ asan:
 # and a transformers 4.57 + PEFT 0.17 one; FIXTURES=1 rewrites tests/data/peft_v5/.
 interop: $(BIN)
 	bash scripts/interop.sh
+	bash scripts/tensorboard_interop.sh
+
+# --report-to tensorboard read back by TensorBoard's own reader (TBPY: a python with tensorboard).
+interop-tensorboard: $(BIN)
+	bash scripts/tensorboard_interop.sh
 
 # No #include points up a layer (scripts/check_layers.sh says which may include which).
 layers:

@@ -59,8 +59,15 @@
 //   encoding the whole rendered string except where a content starts with whitespace that the
 //   pre-tokenizer would have joined to the header's "\n".
 //
-// Instruction: the Alpaca prompt (Stanford Alpaca's PROMPT_DICT, "prompt_input" and
-// "prompt_no_input"), then the output and EOS in the loss.
+// Instruction (--instruction-template): the Alpaca prompt (Stanford Alpaca's PROMPT_DICT,
+// "prompt_input" and "prompt_no_input"), the same without its first paragraph, no template (the
+// instruction and input alone), or one user turn through the chat template; then the output and
+// EOS in the loss.
+//
+// Without tokenizer_config.json (the tiny byte-level models) a model gets its family's template
+// (family_template below) and tulu/olmo, which print bos_token/eos_token as text, use the
+// tokenizer's BOS/EOS ids instead. A message's no_loss keeps an assistant turn out of the loss
+// (TRL's conversational prompts: only the completion is learnt).
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -162,8 +169,9 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
             sb_add(&b, " [/INST]");
             rc = emit(ctx, MT_SEG_TEXT, b.p, b.n, 0);
         } else {
-            rc = emit_str(emit, ctx, msgs[i].content, 1);
-            if (rc == 0) rc = emit(ctx, MT_SEG_EOS, NULL, 0, 1);
+            int loss = !msgs[i].no_loss;
+            rc = emit_str(emit, ctx, msgs[i].content, loss);
+            if (rc == 0) rc = emit(ctx, MT_SEG_EOS, NULL, 0, loss);
         }
     }
     free(b.p);
@@ -202,8 +210,8 @@ static int render_chatml(const char *default_system, const mt_chat_msg *msgs, in
     for (int i = 0; i < n && rc == 0; i++) {
         if (!chatml_header(&b, &msgs[i])) continue;
         rc = flush(&b, emit, ctx);
-        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, 1);
-        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", 1);
+        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, !msgs[i].no_loss);
+        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", !msgs[i].no_loss);
         sb_add(&b, "\n");
     }
     if (rc == 0 && strcmp(msgs[n - 1].role, "user") == 0) sb_add(&b, "<|im_start|>assistant\n");
@@ -267,13 +275,13 @@ static int render_qwen3(const mt_chat_msg *msgs, int n, mt_seg_fn emit, void *ct
                 sb_add(&b, "<think>\n");
                 sb_add(&b, r);
                 sb_add(&b, "\n</think>\n\n");
-                rc = emit(ctx, MT_SEG_TEXT, b.p, b.n, 1);
+                rc = emit(ctx, MT_SEG_TEXT, b.p, b.n, !msgs[i].no_loss);
                 b.n = 0;
             }
         } else
             rc = flush(&b, emit, ctx);
-        if (rc == 0 && answer[0]) rc = emit_str(emit, ctx, answer, 1);
-        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", 1);
+        if (rc == 0 && answer[0]) rc = emit_str(emit, ctx, answer, !msgs[i].no_loss);
+        if (rc == 0) rc = emit_str(emit, ctx, "<|im_end|>", !msgs[i].no_loss);
         sb_add(&b, "\n");
         free(reasoning);
     }
@@ -288,7 +296,10 @@ static int render_tulu(const mt_chat_template *t, const char *first, const mt_ch
                        mt_seg_fn emit, void *ctx) {
     sbuf b = {0};
     int rc = 0;
-    sb_add(&b, first);
+    // Without the token's text (a byte-level model has no tokenizer_config.json) the tokenizer's
+    // own BOS / EOS ids stand in for it.
+    if (first[0]) sb_add(&b, first);
+    else rc = emit(ctx, t->style == MT_CHAT_TULU ? MT_SEG_BOS : MT_SEG_EOS, NULL, 0, 0);
     for (int i = 0; i < n && rc == 0; i++) {
         const char *role = msgs[i].role;
         if (strcmp(role, "assistant") != 0) {
@@ -299,8 +310,9 @@ static int render_tulu(const mt_chat_template *t, const char *first, const mt_ch
         }
         sb_add(&b, "<|assistant|>\n");
         rc = flush(&b, emit, ctx);
-        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, 1);
-        if (rc == 0 && t->eos_token[0]) rc = emit_str(emit, ctx, t->eos_token, 1);
+        int loss = !msgs[i].no_loss;
+        if (rc == 0) rc = emit_str(emit, ctx, msgs[i].content, loss);
+        if (rc == 0) rc = t->eos_token[0] ? emit_str(emit, ctx, t->eos_token, loss) : emit(ctx, MT_SEG_EOS, NULL, 0, loss);
         sb_add(&b, "\n");
     }
     if (rc == 0 && strcmp(msgs[n - 1].role, "user") == 0) sb_add(&b, "<|assistant|>\n");
@@ -319,11 +331,6 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
     int first;
     if (check_conversation(msgs, n, need_assistant, &first)) return -1;
     if (t->style == MT_CHAT_TULU || t->style == MT_CHAT_OLMO) {
-        if (!t->eos_token[0]) {
-            mt_error_set("the %s chat template ends each assistant turn with eos_token, but "
-                         "tokenizer_config.json gives none", mt_chat_style_name(t->style));
-            return -1;
-        }
         return render_tulu(t, t->style == MT_CHAT_TULU ? t->bos_token : t->eos_token, msgs, n, emit, ctx);
     }
     if (t->style == MT_CHAT_QWEN3) return render_qwen3(msgs, n, emit, ctx);
@@ -468,15 +475,44 @@ static void token_string(const cJSON *v, char *buf, size_t n) {
     snprintf(buf, n, "%s", cJSON_IsString(v) ? v->valuestring : "");
 }
 
+// The chat template a family's instruct models ship, for a model folder without one: config.json's
+// model_type (read from `config`, the folder's or the file --model names). *type gets the name.
+static mt_chat_style family_template(const char *config, char *type, size_t n) {
+    static const struct { const char *model_type; mt_chat_style style; } fams[] = {
+        {"mixtral", MT_CHAT_MIXTRAL}, {"qwen2_moe", MT_CHAT_QWEN}, {"qwen3_moe", MT_CHAT_QWEN3}, {"olmoe", MT_CHAT_TULU},
+    };
+    char *text = NULL;
+    size_t len;
+    snprintf(type, n, "unknown");
+    if (mt_read_file(config, 16u << 20, &text, &len) != 0) {
+        mt_error_clear();
+        return MT_CHAT_MIXTRAL;
+    }
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    mt_chat_style style = MT_CHAT_MIXTRAL;
+    if (cJSON_IsString(mt)) {
+        snprintf(type, n, "%s", mt->valuestring);
+        for (size_t i = 0; i < MT_ARRAY_LEN(fams); i++)
+            if (strcmp(mt->valuestring, fams[i].model_type) == 0) style = fams[i].style;
+    }
+    cJSON_Delete(root);
+    return style;
+}
+
 int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char *flag,
                           mt_tokenizer_kind kind) {
     memset(t, 0, sizeof *t);
     int from_flag = flag && flag[0] && strcmp(flag, "auto") != 0;
     if (from_flag && mt_chat_style_parse(flag, &t->style)) return mt_error_prefix("--chat-template"), -1;
+    if (from_flag) snprintf(t->source, sizeof t->source, "--chat-template");
     // --model may name config.json: look beside it.
-    char dir[4096], path[4200];
+    char dir[4096], path[4200], config[4200];
     struct stat st;
     mt_model_folder(model_dir, dir, sizeof dir);
+    if (stat(model_dir, &st) == 0 && S_ISREG(st.st_mode)) snprintf(config, sizeof config, "%s", model_dir);
+    else snprintf(config, sizeof config, "%s/config.json", dir);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     cJSON *root = NULL;
     if (stat(path, &st) == 0) {
@@ -510,39 +546,101 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     }
     int spm_like = kind != MT_TOKENIZER_BPE;
     if (!cJSON_IsString(ct)) {
-        t->style = spm_like ? MT_CHAT_MIXTRAL : MT_CHAT_NONE;
         snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
                  "qwen2, qwen3, tulu or olmo to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
-    } else if (mt_chat_template_recognise(ct->valuestring, &t->style) != 0) {
+        if (spm_like) {  // a tiny byte-level model or Mixtral's tokenizer.model: the family's own
+            char type[64];
+            t->style = family_template(config, type, sizeof type);
+            snprintf(t->source, sizeof t->source, "built-in for model_type %s: %s", type,
+                     root ? "tokenizer_config.json has no chat_template" : "no tokenizer_config.json");
+        } else {
+            t->style = MT_CHAT_NONE;
+            snprintf(t->source, sizeof t->source, "none: %s", root ? "tokenizer_config.json has no chat_template"
+                                                                   : "no tokenizer_config.json");
+        }
+    } else if (mt_chat_template_recognise(ct->valuestring, &t->style) == 0) {
+        snprintf(t->source, sizeof t->source, "tokenizer_config.json");
+    } else {
         snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
                  "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu, OLMo): pass --chat-template mixtral, chatml, qwen, qwen2, "
                  "qwen3, tulu or olmo for the closest", path);
         if (spm_like) {
             mt_warn("%s; using mixtral", t->why);
             t->style = MT_CHAT_MIXTRAL;
-        } else
+            snprintf(t->source, sizeof t->source, "fallback: tokenizer_config.json's chat_template is not one moetrain knows");
+        } else {
             t->style = MT_CHAT_NONE;
+            snprintf(t->source, sizeof t->source, "none: tokenizer_config.json's chat_template is not one moetrain knows");
+        }
     }
     cJSON_Delete(root);
     return 0;
 }
 
-int mt_instruction_render(const char *instruction, const char *input, const char *output,
-                          mt_prompt_style style, mt_seg_fn emit, void *ctx) {
+static const char *const prompt_names[] = {"alpaca", "alpaca-short", "none", "chat"};
+
+int mt_prompt_style_parse(const char *name, mt_prompt_style *out) {
+    for (int i = 0; i < (int)MT_ARRAY_LEN(prompt_names); i++)
+        if (strcmp(name, prompt_names[i]) == 0) {
+            *out = (mt_prompt_style)i;
+            return 0;
+        }
+    mt_error_set("unknown instruction template \"%s\" (alpaca, none or chat)", name);
+    return -1;
+}
+
+const char *mt_prompt_style_name(mt_prompt_style s) {
+    return (unsigned)s < MT_ARRAY_LEN(prompt_names) ? prompt_names[s] : "?";
+}
+
+int mt_instruction_render_chat(const char *instruction, const char *input, const char *output,
+                               mt_prompt_style style, const mt_chat_template *chat, mt_seg_fn emit,
+                               void *ctx) {
     int has_input = input && input[0];
     sbuf b = {0};
-    if (style == MT_PROMPT_ALPACA) sb_add(&b, has_input ? alpaca_intro_input : alpaca_intro_no_input);
-    sb_add(&b, "### Instruction:\n");
-    sb_add(&b, instruction);
-    if (has_input) {
-        sb_add(&b, "\n\n### Input:\n");
-        sb_add(&b, input);
+    if (style == MT_PROMPT_CHAT) {
+        // One user turn (the input below the instruction, as Alpaca's template orders them) and,
+        // when there is an output, the assistant's reply.
+        if (!chat) {
+            mt_error_set("--instruction-template chat needs the model's chat template");
+            return -1;
+        }
+        sb_add(&b, instruction);
+        if (has_input) {
+            sb_add(&b, "\n\n");
+            sb_add(&b, input);
+        }
+        mt_chat_msg m[2] = {{"user", b.p, 0}, {"assistant", output, 0}};
+        int rc = mt_chat_render_template(chat, m, output ? 2 : 1, output != NULL, emit, ctx);
+        free(b.p);
+        return rc;
     }
-    sb_add(&b, "\n\n### Response:\n");
+    if (style == MT_PROMPT_NONE) {
+        sb_add(&b, instruction);
+        if (has_input) {
+            sb_add(&b, "\n\n");
+            sb_add(&b, input);
+        }
+        sb_add(&b, "\n");
+    } else {
+        if (style == MT_PROMPT_ALPACA) sb_add(&b, has_input ? alpaca_intro_input : alpaca_intro_no_input);
+        sb_add(&b, "### Instruction:\n");
+        sb_add(&b, instruction);
+        if (has_input) {
+            sb_add(&b, "\n\n### Input:\n");
+            sb_add(&b, input);
+        }
+        sb_add(&b, "\n\n### Response:\n");
+    }
     int rc = emit(ctx, MT_SEG_BOS, NULL, 0, 0);
     if (rc == 0) rc = emit(ctx, MT_SEG_TEXT, b.p, b.n, 0);
     free(b.p);
     if (rc || !output) return rc;
     if (emit_str(emit, ctx, output, 1)) return -1;
     return emit(ctx, MT_SEG_EOS, NULL, 0, 1);
+}
+
+int mt_instruction_render(const char *instruction, const char *input, const char *output,
+                          mt_prompt_style style, mt_seg_fn emit, void *ctx) {
+    return mt_instruction_render_chat(instruction, input, output, style, NULL, emit, ctx);
 }

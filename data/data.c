@@ -24,6 +24,7 @@ void mt_data_opts_default(mt_data_opts *o) {
     *o = (mt_data_opts){.seq = 512, .overlong = MT_OVERLONG_TRUNCATE, .packing = 0, .shuffle = 1,
                         .seed = 0, .prompt = MT_PROMPT_ALPACA, .whole_epochs = 0,
                         .max_line_bytes = MT_MAX_LINE_BYTES_DEFAULT};
+    snprintf(o->chat.source, sizeof o->chat.source, "the default");
 }
 
 static const char *const overlong_names[] = {"truncate", "drop", "refuse"};
@@ -130,8 +131,9 @@ static int loader_finish(loader *L) {
     }
     int64_t in_loss = 0;
     for (int64_t i = 0; i < len; i++) in_loss += L->cur_lab.v[i] != MT_LABEL_IGNORE;
-    if (in_loss == 0) {
-        st->dropped_masked++;
+    if (in_loss == 0) {  // the cut took every target (the prompt filled seq), or there was none
+        if (truncated) st->dropped_truncated++;
+        else st->dropped_masked++;
         return 0;
     }
     int64_t at = d->n ? d->offsets[d->n] : 0;
@@ -236,46 +238,110 @@ static int sample_instruction(loader *L, const cJSON *obj) {
     if (in && cJSON_IsNull(in)) input = NULL;
     else if (get_string(L, obj, "input", 1, "", &input) < 0) return -1;
     if (required_string(L, obj, "output", "", &output)) return -1;
-    if (mt_instruction_render(instruction, input, output, L->d->opts.prompt, emit_segment, L))
+    if (mt_instruction_render_chat(instruction, input, output, L->d->opts.prompt, &L->d->opts.chat, emit_segment, L))
         return render_failed(L);
     L->d->stats.instruction++;
     return 0;
 }
 
-static int sample_chat(loader *L, const cJSON *obj) {
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
-    if (!cJSON_IsArray(msgs)) {
-        mt_error_set("%s: \"messages\" must be an array", L->where);
-        return -1;
-    }
-    int n = cJSON_GetArraySize(msgs);
-    if (n == 0) {
-        mt_error_set("%s: \"messages\" is empty", L->where);
-        return -1;
-    }
-    mt_chat_msg *m = mt_xcalloc((size_t)n, sizeof *m);
-    int i = 0, rc = 0;
+// How a list of messages is spelled: "messages" (role/content, as transformers' chat templates
+// read them) or ShareGPT's "conversations" (from/value, with human and gpt for user and assistant).
+typedef struct msg_dialect {
+    const char *role_key, *content_key;
+    const char *const *names;  // [3]: this dialect's system, user, assistant
+} msg_dialect;
+
+static const char *const plain_roles[3] = {"system", "user", "assistant"};
+static const char *const sharegpt_roles[3] = {"system", "human", "gpt"};
+static const msg_dialect plain_msgs = {"role", "content", plain_roles};
+static const msg_dialect sharegpt_msgs = {"from", "value", sharegpt_roles};
+
+// Appends the messages of array `key` to m[*n..] (m has room for them), roles mapped to
+// system/user/assistant; no_loss marks assistant turns kept out of the loss. 0 or -1 with an error.
+static int read_messages(const loader *L, const cJSON *arr, const char *key, const msg_dialect *dl, int no_loss,
+                         mt_chat_msg *m, int *n) {
+    int i = 0;
     const cJSON *it;
-    cJSON_ArrayForEach(it, msgs) {
-        char ctx[48];
-        snprintf(ctx, sizeof ctx, "messages[%d]: ", i);
+    cJSON_ArrayForEach(it, arr) {
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "%s[%d]: ", key, i);
         if (!cJSON_IsObject(it)) {
-            mt_error_set("%s: messages[%d] is not an object", L->where, i);
-            rc = -1;
-            break;
+            mt_error_set("%s: %s[%d] is not an object", L->where, key, i);
+            return -1;
         }
-        if (required_string(L, it, "role", ctx, &m[i].role) ||
-            required_string(L, it, "content", ctx, &m[i].content)) {
-            rc = -1;
-            break;
+        const char *role, *content;
+        if (required_string(L, it, dl->role_key, ctx, &role) || required_string(L, it, dl->content_key, ctx, &content))
+            return -1;
+        int k = 0;
+        while (k < 3 && strcmp(role, dl->names[k]) != 0) k++;
+        if (k == 3) {
+            mt_error_set("%s: %sunknown %s \"%s\" (%s, %s or %s)", L->where, ctx, dl->role_key, role, dl->names[0],
+                         dl->names[1], dl->names[2]);
+            return -1;
         }
-        i++;
+        m[*n] = (mt_chat_msg){plain_roles[k], content, no_loss};
+        ++*n, i++;
     }
-    if (rc == 0 && mt_chat_render_template(&L->d->opts.chat, m, n, 1, emit_segment, L))
-        rc = render_failed(L);
+    return 0;
+}
+
+// A chat sample from one or two message arrays (the second, TRL's completion, alone in the loss
+// when given); `stat` counts it.
+static int sample_messages(loader *L, const cJSON *obj, const char *key, const char *key2, const msg_dialect *dl,
+                           int64_t *stat) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, key), *b = key2 ? cJSON_GetObjectItemCaseSensitive(obj, key2) : NULL;
+    const char *keys[2] = {key, key2};
+    const cJSON *arrs[2] = {a, b};
+    for (int k = 0; k < (key2 ? 2 : 1); k++) {
+        if (!cJSON_IsArray(arrs[k])) {
+            mt_error_set("%s: \"%s\" must be an array", L->where, keys[k]);
+            return -1;
+        }
+        if (cJSON_GetArraySize(arrs[k]) == 0) {
+            mt_error_set("%s: \"%s\" is empty", L->where, keys[k]);
+            return -1;
+        }
+    }
+    int total = cJSON_GetArraySize(a) + (b ? cJSON_GetArraySize(b) : 0), n = 0, rc = 0;
+    mt_chat_msg *m = mt_xcalloc((size_t)total, sizeof *m);
+    // TRL's completion_only_loss: the prompt's own assistant turns are context, not targets.
+    if (read_messages(L, a, key, dl, key2 != NULL, m, &n) || (b && read_messages(L, b, key2, dl, 0, m, &n)))
+        rc = -1;
+    if (rc == 0 && key2) {
+        int replies = 0;
+        for (int i = cJSON_GetArraySize(a); i < n; i++) replies += strcmp(m[i].role, "assistant") == 0;
+        if (!replies) {
+            mt_error_set("%s: \"%s\" holds no assistant message: nothing to learn", L->where, key2);
+            rc = -1;
+        }
+    }
+    if (rc == 0 && mt_chat_render_template(&L->d->opts.chat, m, n, 1, emit_segment, L)) rc = render_failed(L);
     free(m);
-    if (rc == 0) L->d->stats.chat++;
+    if (rc == 0) ++*stat;
     return rc;
+}
+
+static int sample_chat(loader *L, const cJSON *obj) {
+    return sample_messages(L, obj, "messages", NULL, &plain_msgs, &L->d->stats.chat);
+}
+
+static int sample_sharegpt(loader *L, const cJSON *obj) {
+    return sample_messages(L, obj, "conversations", NULL, &sharegpt_msgs, &L->d->stats.sharegpt);
+}
+
+// TRL's prompt-completion rows: two strings (standard) or two message lists (conversational).
+static int sample_prompt_completion(loader *L, const cJSON *obj) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, "prompt");
+    if (cJSON_IsArray(p))
+        return sample_messages(L, obj, "prompt", "completion", &plain_msgs, &L->d->stats.prompt_completion);
+    const char *prompt, *completion;
+    if (required_string(L, obj, "prompt", "", &prompt) || required_string(L, obj, "completion", "", &completion))
+        return -1;
+    if (emit_segment(L, MT_SEG_BOS, NULL, 0, 0) || emit_segment(L, MT_SEG_TEXT, prompt, strlen(prompt), 0) ||
+        emit_segment(L, MT_SEG_TEXT, completion, strlen(completion), 1) || emit_segment(L, MT_SEG_EOS, NULL, 0, 1))
+        return render_failed(L);
+    L->d->stats.prompt_completion++;
+    return 0;
 }
 
 static int has_key(const cJSON *obj, const char *key) {
@@ -340,15 +406,19 @@ static int parse_line(loader *L, const char *s, size_t len) {
     } else {
         int has_text = has_key(obj, "text"), has_chat = has_key(obj, "messages");
         int has_inst = has_key(obj, "instruction") || has_key(obj, "output");
-        if (has_text + has_chat + has_inst > 1)
+        int has_pc = has_key(obj, "prompt") || has_key(obj, "completion"), has_sg = has_key(obj, "conversations");
+        if (has_text + has_chat + has_inst + has_pc + has_sg > 1)
             mt_error_set("%s: holds fields of more than one form (\"text\", \"instruction\"/"
-                         "\"output\", \"messages\"): which is meant?", L->where);
+                         "\"output\", \"messages\", \"prompt\"/\"completion\", \"conversations\"): which is "
+                         "meant?", L->where);
         else if (has_text) rc = sample_text(L, obj);
         else if (has_chat) rc = sample_chat(L, obj);
         else if (has_inst) rc = sample_instruction(L, obj);
+        else if (has_pc) rc = sample_prompt_completion(L, obj);
+        else if (has_sg) rc = sample_sharegpt(L, obj);
         else
-            mt_error_set("%s: no \"text\", \"instruction\"/\"output\" or \"messages\" field",
-                         L->where);
+            mt_error_set("%s: no \"text\", \"instruction\"/\"output\", \"messages\", \"prompt\"/"
+                         "\"completion\" or \"conversations\" field", L->where);
     }
     cJSON_Delete(obj);
     return rc;
@@ -591,10 +661,13 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
     mt_ids_free(&L.scratch);
     if (rc == 0 && d->n == 0) {
         const mt_data_stats *s = &d->stats;
+        char notes[1024];
+        mt_data_notes_format(s, opts, notes, sizeof notes);
         mt_error_set("%s: no usable sample (%lld read: %lld empty, %lld with nothing in the loss, "
-                     "%lld longer than --seq %lld and dropped)", path, (long long)s->lines,
-                     (long long)s->dropped_empty, (long long)s->dropped_masked,
-                     (long long)s->dropped_overlong, (long long)opts->seq);
+                     "%lld cut to --seq %lld with nothing left in the loss, %lld longer than --seq and "
+                     "dropped)%s%s", path, (long long)s->lines, (long long)s->dropped_empty,
+                     (long long)s->dropped_masked, (long long)s->dropped_truncated, (long long)opts->seq,
+                     (long long)s->dropped_overlong, notes[0] ? "; " : "", notes);
         rc = -1;
     }
     return rc;
@@ -742,10 +815,34 @@ uint64_t mt_dataset_fingerprint(const mt_dataset *d) {
 void mt_data_stats_format(const mt_data_stats *s, char *buf, size_t n) {
     snprintf(buf, n,
              "samples=%lld tokens=%lld loss_tokens=%lld truncated=%lld dropped_overlong=%lld "
-             "dropped_empty=%lld dropped_masked=%lld longest=%lld (text=%lld instruction=%lld "
-             "chat=%lld pretokenized=%lld)",
+             "dropped_empty=%lld dropped_truncated=%lld dropped_masked=%lld longest=%lld (text=%lld "
+             "instruction=%lld chat=%lld prompt_completion=%lld sharegpt=%lld pretokenized=%lld)",
              (long long)s->samples, (long long)s->tokens, (long long)s->loss_tokens,
              (long long)s->truncated, (long long)s->dropped_overlong, (long long)s->dropped_empty,
-             (long long)s->dropped_masked, (long long)s->longest, (long long)s->text,
-             (long long)s->instruction, (long long)s->chat, (long long)s->pretokenized);
+             (long long)s->dropped_truncated, (long long)s->dropped_masked, (long long)s->longest,
+             (long long)s->text, (long long)s->instruction, (long long)s->chat,
+             (long long)s->prompt_completion, (long long)s->sharegpt, (long long)s->pretokenized);
+}
+
+void mt_data_notes_format(const mt_data_stats *s, const mt_data_opts *o, char *buf, size_t n) {
+    size_t k = 0;
+#define ADD(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__), k = MT_MIN(k, n ? n - 1 : 0))
+    if (n) buf[0] = 0;
+    int chatty = s->chat || s->sharegpt || s->prompt_completion || (s->instruction && o->prompt == MT_PROMPT_CHAT);
+    if (s->instruction)
+        ADD("instruction template %s%s", mt_prompt_style_name(o->prompt),
+            o->prompt == MT_PROMPT_ALPACA ? " (Alpaca's preamble, ~150 bytes a prompt)" : "");
+    if (s->lines > s->pretokenized)
+        ADD("%schat template %s (%s)%s", k ? "; " : "", mt_chat_style_name(o->chat.style),
+            o->chat.source[0] ? o->chat.source : "?", chatty ? "" : ", unused");
+    if (s->truncated || s->dropped_truncated) {
+        ADD("%s--seq %lld cut %lld sample%s", k ? "; " : "", (long long)o->seq,
+            (long long)(s->truncated + s->dropped_truncated), s->truncated + s->dropped_truncated == 1 ? "" : "s");
+        if (s->dropped_truncated)
+            ADD(" (%lld lost every token in the loss and %s dropped)", (long long)s->dropped_truncated,
+                s->dropped_truncated == 1 ? "was" : "were");
+        ADD(": raise --seq%s", s->instruction && o->prompt == MT_PROMPT_ALPACA
+                                   ? " or shorten the prompt with --instruction-template none" : "");
+    }
+#undef ADD
 }

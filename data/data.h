@@ -11,6 +11,17 @@
 //                                                     only the output and its EOS in the loss
 //   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
 //                                                     only the assistant turns and their EOS
+//   {"prompt": "...", "completion": "..."}            TRL's prompt-completion rows, as TRL's
+//                                                     SFTTrainer reads them by default
+//                                                     (completion_only_loss): <s> prompt completion
+//                                                     </s>, only the completion and its EOS
+//   {"prompt": [messages], "completion": [messages]}  TRL's conversational form: prompt + completion
+//                                                     through the chat template, only the
+//                                                     completion's assistant turns in the loss
+//   {"conversations": [{"from": "system"|"human"|"gpt", "value": "..."}, ...]}
+//                                                     ShareGPT (axolotl, FastChat): read as
+//                                                     messages (human = user, gpt = assistant),
+//                                                     only the gpt turns in the loss
 // Other keys ("id", "source", ...) are ignored. A line that is not valid JSON, not an object,
 // holds fields of no form or of two forms, misses a field, has an empty or non-string or
 // non-UTF-8 field, an unknown role, or a conversation that does not alternate user/assistant
@@ -19,7 +30,8 @@
 //
 // Token layout of one sample (the data layer adds BOS/EOS; the tokenizer never does):
 //   text:         <s> text </s>
-//   instruction:  <s> PROMPT output </s>      PROMPT is Alpaca's (chat_template.c):
+//   instruction:  <s> PROMPT output </s>      PROMPT per opts.prompt (--instruction-template);
+//                                             Alpaca's by default (chat_template.c):
 //       "Below is an instruction that describes a task, paired with an input that provides
 //        further context. Write a response that appropriately completes the request.\n\n
 //        ### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
@@ -85,7 +97,13 @@ extern "C" {
 #define MT_LABEL_IGNORE (-100)
 
 typedef enum { MT_OVERLONG_TRUNCATE, MT_OVERLONG_DROP, MT_OVERLONG_REFUSE } mt_overlong;
-typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT } mt_prompt_style;
+// How an instruction row becomes a prompt (--instruction-template; chat_template.c):
+//   ALPACA        Stanford Alpaca's preamble and "### Instruction/Input/Response" headers (default)
+//   ALPACA_SHORT  the same without the first paragraph (tests, byte-level tiny models)
+//   NONE          no preamble or headers: "{instruction}\n" or "{instruction}\n\n{input}\n"
+//   CHAT          a user turn "{instruction}" or "{instruction}\n\n{input}" and the output as the
+//                 assistant's reply, through the model's chat template (opts.chat)
+typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT, MT_PROMPT_NONE, MT_PROMPT_CHAT } mt_prompt_style;
 
 // Chat templates (chat_template.c). NONE: no template known (a BPE model whose
 // tokenizer_config.json has none, or one we do not recognise): a chat sample is then an error
@@ -98,6 +116,9 @@ typedef struct mt_chat_template {
     char bos_token[128], eos_token[128];  // tokenizer_config.json's strings, for the templates that
                                           // print them (tulu); "" when it has none
     char why[1024];                        // style NONE: the message a chat sample fails with
+    char source[256];                      // where the style came from, for the data line:
+                                           // "tokenizer_config.json", "--chat-template", "built-in
+                                           // for model_type X (...)"
 } mt_chat_template;
 
 typedef struct mt_data_opts {
@@ -126,11 +147,13 @@ typedef struct mt_data_stats {
     int64_t lines;             // JSONL lines holding a sample, or token-file samples read
     int64_t blank_lines;       // skipped blank JSONL lines
     int64_t text, instruction, chat, pretokenized;  // samples read, by form
+    int64_t prompt_completion, sharegpt;            // (chat counts "messages" rows only)
     int64_t samples;           // kept
-    int64_t truncated;         // kept, cut to seq
+    int64_t truncated;         // kept, cut to seq (the end of its text or answer lost)
     int64_t dropped_overlong;  // overlong with MT_OVERLONG_DROP
     int64_t dropped_empty;     // no tokens (e.g. whitespace SentencePiece normalises away)
-    int64_t dropped_masked;    // no token in the loss (e.g. the prompt alone filled seq)
+    int64_t dropped_truncated; // cut to seq with nothing left in the loss (the prompt filled seq)
+    int64_t dropped_masked;    // nothing in the loss to begin with (a token file's all-0 mask)
     int64_t tokens;            // in kept samples
     int64_t loss_tokens;       // of those, with a label
     int64_t longest;           // longest kept sample
@@ -189,8 +212,16 @@ int64_t mt_data_epoch_rows(mt_dataset *d, int64_t epoch, int S);
 uint64_t mt_dataset_fingerprint(const mt_dataset *d);
 
 // "samples=… tokens=… loss_tokens=… truncated=… dropped_overlong=… dropped_empty=…
-//  dropped_masked=… longest=… (text=… instruction=… chat=… pretokenized=…)" for the log.
+//  dropped_truncated=… dropped_masked=… longest=… (text=… instruction=… chat=… prompt_completion=…
+//  sharegpt=… pretokenized=…)" for the log: every sample read is kept or dropped for one reason.
 void mt_data_stats_format(const mt_data_stats *s, char *buf, size_t n);
+// The data line's tail for a dataset loaded with opts: the instruction template (when instruction
+// rows were read), the chat template and where it came from, and, when --seq cut samples, a hint
+// naming --seq (and the instruction template's preamble when it is the long one). "" when none.
+void mt_data_notes_format(const mt_data_stats *s, const mt_data_opts *opts, char *buf, size_t n);
+// "alpaca" | "none" | "chat" (and "alpaca-short") → style; -1 with an error listing them.
+int mt_prompt_style_parse(const char *name, mt_prompt_style *out);
+const char *mt_prompt_style_name(mt_prompt_style s);
 
 // Writes a token file (format above) atomically: n samples, sample i being
 // ids[offsets[i] .. offsets[i+1]); mask (same layout, 0/1) may be NULL.
@@ -208,6 +239,7 @@ typedef int (*mt_seg_fn)(void *ctx, mt_seg_kind kind, const char *text, size_t l
 typedef struct mt_chat_msg {
     const char *role;     // "system" (first only), "user", "assistant"
     const char *content;  // non-empty
+    int no_loss;          // an assistant turn kept out of the loss (a TRL prompt's own replies)
 } mt_chat_msg;
 
 // Mixtral-8x7B-Instruct's template. Roles must be [system] user assistant user assistant ...;
@@ -227,16 +259,21 @@ const char *mt_chat_style_name(mt_chat_style s);
 // whitespace inside {{ }} and {% %} ignored, the text between them exact). 0, or -1 when none.
 int mt_chat_template_recognise(const char *jinja, mt_chat_style *out);
 // Fills t for a model folder: `flag` ("" or "auto": from tokenizer_config.json's chat_template;
-// else a style name) and tokenizer_config.json's bos_token/eos_token. No chat_template: Mixtral's
-// for SentencePiece and byte tokenizers (as before), NONE for BPE; an unrecognised one: NONE
-// (SentencePiece: Mixtral's, with a warning). -1 with an error only for a bad flag or an
-// unreadable tokenizer_config.json.
+// else a style name) and tokenizer_config.json's bos_token/eos_token. No chat_template: the
+// family's built-in for SentencePiece and byte tokenizers (config.json's model_type: mixtral →
+// mixtral, qwen2_moe → qwen, qwen3_moe → qwen3, olmoe → tulu; Mixtral's when none is known), NONE
+// for BPE; an unrecognised one: NONE (SentencePiece: Mixtral's, with a warning). t->source says
+// which. -1 with an error only for a bad flag or an unreadable tokenizer_config.json.
 int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char *flag,
                           mt_tokenizer_kind kind);
-// The Alpaca prompt (input may be NULL or ""), then output and EOS in the loss; output NULL
-// renders the prompt alone (generation).
+// The instruction prompt in `style` (input may be NULL or ""), then output and EOS in the loss;
+// output NULL renders the prompt alone (generation). MT_PROMPT_CHAT renders through `chat`
+// (NULL: an error), the others ignore it.
 int mt_instruction_render(const char *instruction, const char *input, const char *output,
                           mt_prompt_style style, mt_seg_fn emit, void *ctx);
+int mt_instruction_render_chat(const char *instruction, const char *input, const char *output,
+                               mt_prompt_style style, const mt_chat_template *chat, mt_seg_fn emit,
+                               void *ctx);
 
 #ifdef __cplusplus
 }

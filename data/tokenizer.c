@@ -55,11 +55,13 @@ int mt_tokenizer_init_bytes(mt_tokenizer *t, int64_t vocab, int32_t bos, int32_t
                      (long long)vocab);
         return -1;
     }
-    if (check_ids(vocab, bos, eos, "byte-level tokenizer")) return -1;
+    // No bos_token_id (OLMoE's is null): samples start without one, as OLMoE's tokenizer's do.
+    int no_bos = bos < 0;
+    if (check_ids(vocab, no_bos ? (eos == 0 ? 1 : 0) : bos, eos, "byte-level tokenizer")) return -1;
     t->kind = MT_TOKENIZER_BYTE;
     t->vocab = vocab;
-    t->bos = bos;
-    t->add_bos = 1;
+    t->bos = no_bos ? -1 : bos;
+    t->add_bos = !no_bos;
     t->eos = eos;
     t->pad = 0;
     snprintf(t->source, sizeof t->source, "bytes");

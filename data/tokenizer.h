@@ -32,8 +32,10 @@
 //     bytes never occur in real text, and text containing one is refused by the encoder
 //     (an error, never a silent BOS/EOS inside a sample); the pad id 0 (NUL) is likewise
 //     refused, since a JSON string cannot carry it through the parser anyway;
-//   * ids 256..vocab-1 other than BOS/EOS are unused (decode skips them).
-// So vocab 256 means "bytes only, with two control bytes doubling as BOS/EOS".
+//   * ids 256..vocab-1 other than BOS/EOS are unused (decode skips them);
+//   * no bos_token_id (null, as OLMoE's): no BOS, samples start with their text.
+// So vocab 256 means "bytes only, with two control bytes doubling as BOS/EOS"; the shipped tiny
+// non-Mixtral configs use 256 + specials (BOS 256, EOS 257, pad 258) instead.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -56,17 +56,48 @@ static int any_expert_lora(const mt_model *m, int L0, int n, int which) {
     return 0;
 }
 
-// Activations for layers L0 .. L0+n-1 (one layer, or all of them sharing one set).
-static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
+// The two parts of a layer's activation set, as --recompute splits them (model/spec.h): the
+// attention part (ln1 to h) and the MLP part (ln2 onwards: router, experts, dense MLP or shared
+// expert). A part the backward recomputes is one set shared by every layer (m->shared owns its
+// tensors; each layer's mt_layer_acts holds copies of the pointers), a kept part is each layer's own.
+enum { PART_ATTN = 1, PART_MLP = 2, PART_ALL = 3 };
+#define AF(x) offsetof(mt_layer_acts, x)
+static const size_t attn_fields[] = {AF(ln1), AF(rstd1), AF(q), AF(k), AF(v), AF(att), AF(lse), AF(h), AF(v_raw),
+                                     AF(q_raw), AF(k_raw), AF(rstd_q), AF(rstd_k), AF(xa_q), AF(xa_k), AF(xa_v),
+                                     AF(xa_o)};
+static const size_t mlp_fields[] = {AF(ln2), AF(rstd2), AF(mlp_g), AF(mlp_u), AF(mlp_gu), AF(mlp_a), AF(mlp_y),
+                                    AF(mlp_s), AF(xa_mlp[0]), AF(xa_mlp[1]), AF(xa_mlp[2]), AF(xa_sgate),
+                                    AF(logits), AF(probs), AF(weights), AF(ys), AF(xa_gate), AF(xs), AF(g), AF(u),
+                                    AF(gu), AF(a), AF(xa_w1), AF(xa_w2), AF(xa_w3)};
+#undef AF
+#define FIELD(a, off) (*(mt_tensor **)((char *)(a) + (off)))
+
+// Activations for layers L0 .. L0+n-1 (one layer, or all of them sharing one set), the parts
+// `parts` names.
+static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a, int parts) {
     const mt_model_config *c = &m->cfg;
     int64_t T = (int64_t)m->B * m->S, Tk = T * c->top_k, H = c->hidden;
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->spec.lora_r;
     // fp32 where docs/memory.md "Activations" keeps fp32: rstd, lse, router probs (and the router logits and
     // top-k weights beside them); bf16 for the rest.
-    a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
-    a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);
-    a->att = act(m, MT_BF16, T, qd), a->lse = act(m, MT_F32, T, c->heads);
-    a->h = act(m, MT_BF16, T, H), a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
+    if (parts & PART_ATTN) {
+        a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
+        a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);
+        a->att = act(m, MT_BF16, T, qd), a->lse = act(m, MT_F32, T, c->heads);
+        a->h = act(m, MT_BF16, T, H);
+        a->v_raw = c->clip_qkv > 0 ? act(m, MT_BF16, T, kvd) : NULL;
+        mt_qk_norm qkn = mt_config_family(c)->qk_norm;
+        if (qkn != MT_QK_NORM_NONE) {  // the projections before the norm, and one rstd per normed row
+            int64_t per_q = qkn == MT_QK_NORM_HEAD ? c->heads : 1, per_k = qkn == MT_QK_NORM_HEAD ? c->kv_heads : 1;
+            a->q_raw = act(m, MT_BF16, T, qd), a->k_raw = act(m, MT_BF16, T, kvd);
+            a->rstd_q = act(m, MT_F32, T * per_q, 0), a->rstd_k = act(m, MT_F32, T * per_k, 0);
+        }
+        mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o};
+        size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o)};
+        for (int i = 0; i < 4; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_BF16, T, r) : NULL;
+    }
+    if (!(parts & PART_MLP)) return;
+    a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
     int64_t mf = 0;  // the widest MLP (dense layer or shared expert) of these layers
     int shared = 0;
     for (int L = L0; L < L0 + n; L++) mf = MT_MAX(mf, mt_mlp_size(m, L)), shared |= !m->layers[L].dense && mt_mlp_size(m, L);
@@ -80,13 +111,6 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
         for (int i = 0; i < 3; i++) a->xa_mlp[i] = any_lora(m, L0, n, mo[i]) ? act(m, MT_BF16, T, r) : NULL;
         a->xa_sgate = any_lora(m, L0, n, offsetof(mt_layer, shared_gate)) ? act(m, MT_BF16, T, r) : NULL;
     }
-    a->v_raw = c->clip_qkv > 0 ? act(m, MT_BF16, T, kvd) : NULL;
-    mt_qk_norm qkn = mt_config_family(c)->qk_norm;
-    if (qkn != MT_QK_NORM_NONE) {  // the projections before the norm, and one rstd per normed row
-        int64_t per_q = qkn == MT_QK_NORM_HEAD ? c->heads : 1, per_k = qkn == MT_QK_NORM_HEAD ? c->kv_heads : 1;
-        a->q_raw = act(m, MT_BF16, T, qd), a->k_raw = act(m, MT_BF16, T, kvd);
-        a->rstd_q = act(m, MT_F32, T * per_q, 0), a->rstd_k = act(m, MT_F32, T * per_k, 0);
-    }
     int moe = 0;  // the router's and experts' buffers: only where a layer of the set has them
     for (int L = L0; L < L0 + n; L++) moe |= !m->layers[L].dense;
     if (moe) {
@@ -94,10 +118,7 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
         a->weights = act(m, MT_F32, T, c->top_k);
         a->ys = act(m, MT_BF16, Tk, H);
     }
-    mt_tensor **xa[] = {&a->xa_q, &a->xa_k, &a->xa_v, &a->xa_o, &a->xa_gate};
-    size_t offs[] = {offsetof(mt_layer, q), offsetof(mt_layer, k), offsetof(mt_layer, v), offsetof(mt_layer, o),
-                     offsetof(mt_layer, gate)};
-    for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_BF16, T, r) : NULL;
+    a->xa_gate = any_lora(m, L0, n, offsetof(mt_layer, gate)) ? act(m, MT_BF16, T, r) : NULL;
     a->expert_lora[0] = any_expert_lora(m, L0, n, 1);
     a->expert_lora[1] = any_expert_lora(m, L0, n, 2);
     a->expert_lora[2] = any_expert_lora(m, L0, n, 3);
@@ -113,7 +134,20 @@ static void expert_acts_free(mt_layer_acts *a) {
     a->expert_rows = 0;
 }
 
-void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
+// The shared set's part `parts` into every layer's set (pointers: the shared set owns them).
+static void share_parts(mt_model *m, int parts) {
+    for (int L = 0; m->acts && L < m->cfg.layers; L++) {
+        mt_layer_acts *a = &m->acts[L];
+        for (size_t i = 0; (parts & PART_ATTN) && i < MT_ARRAY_LEN(attn_fields); i++)
+            FIELD(a, attn_fields[i]) = FIELD(&m->shared, attn_fields[i]);
+        if (!(parts & PART_MLP)) continue;
+        for (size_t i = 0; i < MT_ARRAY_LEN(mlp_fields); i++) FIELD(a, mlp_fields[i]) = FIELD(&m->shared, mlp_fields[i]);
+        a->expert_rows = m->shared.expert_rows;
+        memcpy(a->expert_lora, m->shared.expert_lora, sizeof a->expert_lora);
+    }
+}
+
+static void expert_bufs_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     if (a->xs && rows <= a->expert_rows) return;
     expert_acts_free(a);
     int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->spec.lora_r;
@@ -127,19 +161,30 @@ void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     a->xa_w3 = a->expert_lora[2] ? act(m, MT_BF16, rows, r) : NULL;
 }
 
-static void layer_acts_free(mt_layer_acts *a) {
-    expert_acts_free(a);
-    mt_tensor *all[] = {a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->h, a->ln2, a->rstd2,
-                        a->logits, a->probs, a->weights, a->ys, a->xa_q, a->xa_k, a->xa_v, a->xa_o, a->xa_gate,
-                        a->q_raw, a->k_raw, a->rstd_q, a->rstd_k, a->mlp_g, a->mlp_u, a->mlp_gu, a->mlp_a, a->mlp_y,
-                        a->mlp_s, a->xa_mlp[0], a->xa_mlp[1], a->xa_mlp[2], a->xa_sgate, a->v_raw};
-    for (size_t i = 0; i < MT_ARRAY_LEN(all); i++) mt_tensor_free(all[i]);
+// A recomputed MLP part is the shared set's: regrown there, every layer then pointing at it.
+void mt_model_expert_acts_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
+    if (!m->recompute_mlp || a == &m->shared) {
+        expert_bufs_ensure(m, a, rows);
+        return;
+    }
+    expert_bufs_ensure(m, &m->shared, rows);
+    share_parts(m, PART_MLP);
+}
+
+// Frees the tensors of `parts` that `a` owns, and forgets every pointer.
+static void layer_acts_free(mt_layer_acts *a, int parts) {
+    for (size_t i = 0; (parts & PART_ATTN) && i < MT_ARRAY_LEN(attn_fields); i++)
+        mt_tensor_free(FIELD(a, attn_fields[i]));
+    for (size_t i = 0; (parts & PART_MLP) && i < MT_ARRAY_LEN(mlp_fields); i++) mt_tensor_free(FIELD(a, mlp_fields[i]));
     memset(a, 0, sizeof *a);
 }
 
+static int shared_parts(const mt_model *m) { return (m->recompute_attn ? PART_ATTN : 0) | (m->recompute_mlp ? PART_MLP : 0); }
+
 void mt_model_acts_free(mt_model *m) {
-    int n_sets = m->recompute ? 1 : (int)m->cfg.layers;
-    for (int i = 0; m->acts && i < n_sets; i++) layer_acts_free(&m->acts[i]);
+    int shared = shared_parts(m);
+    for (int i = 0; m->acts && i < m->cfg.layers; i++) layer_acts_free(&m->acts[i], PART_ALL & ~shared);
+    if (m->acts) layer_acts_free(&m->shared, shared);
     for (int L = 0; m->kept && L < m->cfg.layers; L++) layer_kept_free(&m->kept[L]);
     free(m->acts), free(m->kept);
     mt_tensor_free(m->x_final), mt_tensor_free(m->xf), mt_tensor_free(m->rstdf), mt_tensor_free(m->dxf_early);
@@ -160,16 +205,13 @@ void mt_model_acts_ensure(mt_model *m, int B, int S) {
     mt_model_acts_free(m);
     m->B = B, m->S = S;
     int64_t T = (int64_t)B * S;
-    int L = (int)m->cfg.layers;
+    int L = (int)m->cfg.layers, shared = shared_parts(m);
     m->kept = mt_xcalloc((size_t)L, sizeof(mt_layer_kept));
     for (int i = 0; i < L; i++) layer_kept_alloc(m, i, &m->kept[i]);
-    if (m->recompute) {
-        m->acts = mt_xcalloc(1, sizeof(mt_layer_acts));
-        layer_acts_alloc(m, 0, L, &m->acts[0]);
-    } else {
-        m->acts = mt_xcalloc((size_t)L, sizeof(mt_layer_acts));
-        for (int i = 0; i < L; i++) layer_acts_alloc(m, i, 1, &m->acts[i]);
-    }
+    if (shared) layer_acts_alloc(m, 0, L, &m->shared, shared);  // the recomputed part: one set, the widest
+    m->acts = mt_xcalloc((size_t)L, sizeof(mt_layer_acts));
+    for (int i = 0; i < L; i++) layer_acts_alloc(m, i, 1, &m->acts[i], PART_ALL & ~shared);
+    share_parts(m, shared);
     // No logits: the loss computes them a chunk at a time from xf (model/loss.c).
     m->x_final = act(m, MT_BF16, T, m->cfg.hidden), m->xf = act(m, MT_BF16, T, m->cfg.hidden);
     m->rstdf = act(m, MT_F32, T, 0);

@@ -204,7 +204,8 @@ void mt_model_backward(mt_model *m) {
     // Layers below the lowest trainable one have nothing to learn and nothing above them needs
     // their input gradient: backward stops there.
     for (int L = (int)c->layers - 1; L >= m->lowest_trainable; L--) {
-        if (m->recompute) mt_layer_forward(m, L, NULL, 1);  // refill the shared set, same routing
+        // refill the shared parts, same routing
+        if (m->recompute_attn || m->recompute_mlp) mt_layer_forward(m, L, NULL, 1);
         layer_backward(m, L, &dx);
     }
     if (run && m->dembed) mt_op_embedding_backward(m, A(m->dembed), dx.data, m->step_tokens, T, H);

@@ -32,7 +32,7 @@ static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, c
     else if (w2->lora) mt_lora_project_cpu(w2->lora, XA(a->xa_w2)->data, act->data, n);
 }
 
-int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute && m->par.ep_size == 1; }
+int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute_mlp && m->par.ep_size == 1; }
 
 int mt_experts_give_dweights(const mt_model *m) {
     return m->be->ops->kind == MT_BACKEND_CPU && m->par.ep_size == 1 && !m->dweights_from_ys;

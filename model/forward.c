@@ -63,19 +63,15 @@ static void route(mt_model *m, int L, int replay) {
     mt_work_free(m->be, fresh, ids_bytes);
 }
 
-// Layer L's input kept[L].x -> x_out [T, H] (pre-norm attention, then the sparse MoE). With
-// `replay` the layer is being recomputed for backward: the routing recorded by the first
-// forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
-// the aux statistics are not counted twice. Counting (null backend), the same buffers are
-// allocated and no kernel runs.
-static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
+// The attention part of layer L: its input kept[L].x -> h = x + o(attention(...)), keeping
+// ln1, q, k, v, the attention output and lse (and the family's extras) for the backward.
+static void attention_forward(mt_model *m, int L) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden, k = (int)c->top_k;
-    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    int Tk = T * k, run = !m->counting;
+    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden;
+    int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
@@ -116,6 +112,25 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     if (ly->bias[3]) mt_bias_forward(m, o.data, A(ly->bias[3]), T, H);
     if (run) mt_op_add(m, A(a->h), A(kp->x), o.data, (int64_t)T * H);
     step_unwork(m, &o);
+}
+
+// Layer L's input kept[L].x -> x_out [T, H] (pre-norm attention, then the sparse MoE). With
+// `replay` the layer is being recomputed for backward: the routing recorded by the first
+// forward is reused, never recomputed, so a recomputed layer cannot pick different experts; and
+// the aux statistics are not counted twice. Counting (null backend), the same buffers are
+// allocated and no kernel runs.
+static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer *ly = &m->layers[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int T = m->B * m->S, H = (int)c->hidden, k = (int)c->top_k;
+    int Tk = T * k, run = !m->counting;
+    float eps = (float)c->rms_norm_eps;
+    mt_dtype adt = act_dtype(m);
+    // A replay recomputes only the parts --recompute shares; the rest the layer still holds.
+    if (!replay || m->recompute_attn) attention_forward(m, L);
+    if (replay && !m->recompute_mlp) return;
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
     if (ly->mlp[0].out) mt_mlp_forward(m, L);  // a dense layer's MLP, or the shared expert

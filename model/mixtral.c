@@ -423,6 +423,11 @@ static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
         mt_error_set("--r must be at least 1 in lora mode");
         return -1;
     }
+    if (o->checkpointing < MT_CKPT_FULL || o->checkpointing >= MT_CKPT_AUTO) {  // auto: the planner's to resolve
+        mt_error_set("--recompute %s reached the model unresolved: the trainer and the planner choose none, "
+                     "attention, experts or full for it", mt_ckpt_name(o->checkpointing));
+        return -1;
+    }
     if (c->router_jitter_noise != 0.0) {
         mt_error_set("router_jitter_noise %g is not supported (Mixtral uses 0)", c->router_jitter_noise);
         return -1;
@@ -521,7 +526,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->spec = *spec;
     place_experts(m);
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
-    m->recompute = spec->checkpointing == MT_CKPT_FULL;
+    m->recompute_attn = mt_ckpt_attention(spec->checkpointing), m->recompute_mlp = mt_ckpt_mlp(spec->checkpointing);
     m->counting = be->ops->kind == MT_BACKEND_NULL;
     m->wdtype = act_dtype(m);
     loader ld;
@@ -595,6 +600,11 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
 const char *mt_mode_name(mt_mode m) {
     static const char *n[] = {"lora", "router", "unfreeze", "full"};
     return m <= MT_MODE_FULL ? n[m] : "?";
+}
+
+const char *mt_ckpt_name(mt_ckpt c) {
+    static const char *n[] = {"full", "none", "attention", "experts", "auto"};
+    return c >= MT_CKPT_FULL && c <= MT_CKPT_AUTO ? n[c] : "?";
 }
 
 double mt_model_spec_lora_alpha(const mt_model_spec *s) { return s->lora_alpha == s->lora_alpha ? s->lora_alpha : s->lora_r; }

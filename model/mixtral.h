@@ -50,7 +50,8 @@ typedef struct mt_layer_kept {
 } mt_layer_kept;
 
 // The rest of a layer's forward state (ledger: act). Without recomputation each layer has its
-// own; with --checkpointing full one set is shared and refilled by recomputing each layer.
+// own; a part that --recompute names is one set shared by every layer, refilled by recomputing
+// that part of each layer before its backward.
 typedef struct mt_layer_acts {
     mt_tensor *ln1, *rstd1, *q, *k, *v, *att, *lse, *h, *ln2, *rstd2;
     mt_tensor *mlp_g, *mlp_u, *mlp_a, *mlp_y;        // dense MLP or shared expert [T, f], y [T, H]
@@ -118,9 +119,13 @@ typedef struct mt_model {
     float aux_coef, z_coef;
     // step state
     int B, S;                   // activations are sized for this batch shape
-    int recompute;              // --checkpointing full: one shared mt_layer_acts, layers recomputed
+    // --recompute (model/spec.h): the parts of every layer the backward recomputes, attention
+    // (ln1 to h) and the MLP part (ln2 onwards). A recomputed part's buffers are one set for all
+    // layers, `shared` (which owns them); acts[L] points at them beside its own kept part.
+    int recompute_attn, recompute_mlp;
     mt_layer_kept *kept;        // [layers]
-    mt_layer_acts *acts;        // [layers], or [1] when recomputing
+    mt_layer_acts *acts;        // [layers]
+    mt_layer_acts shared;       // the recomputed parts' tensors (none without recomputation)
     mt_tensor *x_final, *xf, *rstdf;  // [T, H], [T, H], [T]: the loss reads xf (model/loss.c)
     int64_t loss_chunk_rows;    // rows of logits the loss holds at once; 0: mt_loss_chunk_rows's
     int dweights_from_ys;       // tests: the cpu takes the router's top-k weight gradient from ys,

@@ -5,8 +5,8 @@
 void mt_model_acts_ensure(mt_model *m, int B, int S);
 void mt_model_acts_free(mt_model *m);
 
-// The activation set layer L uses: its own, or the shared one when recomputing.
-static inline mt_layer_acts *layer_acts(mt_model *m, int L) { return &m->acts[m->recompute ? 0 : L]; }
+// The activation set layer L uses: its own parts, and pointers to the shared set's recomputed ones.
+static inline mt_layer_acts *layer_acts(mt_model *m, int L) { return &m->acts[L]; }
 void mt_layer_forward(mt_model *m, int L, void *x_out, int replay);  // x_out: step storage
 
 // The fused, chunked lm_head + cross-entropy (model/loss.c). Forward: the CE sum over counted

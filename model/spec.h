@@ -12,7 +12,17 @@ extern "C" {
 #endif
 
 typedef enum { MT_MODE_LORA, MT_MODE_ROUTER, MT_MODE_UNFREEZE, MT_MODE_FULL } mt_mode;
-typedef enum { MT_CKPT_FULL, MT_CKPT_NONE } mt_ckpt;
+// Activation recomputation (--recompute): which part of each layer the backward recomputes
+// instead of keeping from the forward. The attention part is ln1 to h (norm, q, k, v, RoPE,
+// attention, o); the MLP part is ln2 onwards (norm, router, experts, a dense MLP or shared
+// expert). AUTO is the trainer's and the planner's to resolve (mt_ckpt_resolve in plan/): the
+// least recomputation whose measured step fits; a model never sees it.
+typedef enum { MT_CKPT_FULL, MT_CKPT_NONE, MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_AUTO } mt_ckpt;
+// Whether a mode recomputes the attention part / the MLP part.
+static inline int mt_ckpt_attention(mt_ckpt c) { return c == MT_CKPT_FULL || c == MT_CKPT_ATTENTION; }
+static inline int mt_ckpt_mlp(mt_ckpt c) { return c == MT_CKPT_FULL || c == MT_CKPT_EXPERTS; }
+// "none", "attention", "experts", "full", "auto".
+const char *mt_ckpt_name(mt_ckpt c);
 
 // LoRA targets, as bits.
 enum {
@@ -36,7 +46,7 @@ typedef struct mt_model_spec {
     int double_quant;
     int quant_blocksize;      // 0: the format's default (64 NF4/FP4, 128 INT4)
     unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h)
-    mt_ckpt checkpointing;    // MT_CKPT_FULL: layers recomputed in backward
+    mt_ckpt checkpointing;    // what the backward recomputes (never MT_CKPT_AUTO: resolved before)
     uint64_t seed;            // random weights (no checkpoint) and LoRA init
 } mt_model_spec;
 

@@ -11,9 +11,10 @@
 //   * ZeRO shards a weight's optimizer state (and grads at stage 2) over the GPUs that hold a
 //     copy of it: all GPUs for replicated weights, gpus/ep for per-expert weights.
 //   * Activations follow §3.2 for every layer (L), whatever the lowest trainable layer, with the
-//     family's parts added to A_layer (set_row_bytes) and none of the router's or experts' rows
+//     family's parts added to A_layer (attn_row_bytes, mlp_row_bytes) and none of the router's or experts' rows
 //     for a dense layer, as model/acts.c allocates them.
 #include "plan/plan.h"
+#include "model/expert_scratch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -171,18 +172,24 @@ static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t 
 // ---------------------------------------------------------------------------------------------
 // Activations (docs/memory.md "Activations")
 
-// A_layer per row of one activation set serving layers L0 .. L0+n-1: §3.2's terms every layer
-// has; the family's (q and k before their norms and one rstd per normed row, v before its
-// clamp); the router's and experts' where a layer of the set has them (a dense layer has none);
-// the widest MLP of the set (a dense layer's or a shared expert: gate, up, act 3·2mf, output 2h)
-// and, where a shared expert is, its gate's sigmoid (4).
-static int64_t set_row_bytes(const mt_model_config *cfg, int64_t L0, int64_t n) {
-    int64_t h = cfg->hidden, f = cfg->intermediate, k = cfg->top_k;
-    int64_t qd = cfg->heads * cfg->head_dim, h_kv = cfg->kv_heads * cfg->head_dim;
-    int64_t b = 12 * h + 4 * h_kv + 4 * cfg->heads + 8;
+// A_layer per row of one activation set serving layers L0 .. L0+n-1, in the two parts
+// --recompute splits (model/spec.h). The attention part: §3.2's norm1 in (the layer input), qkv
+// in, q, k, v, o_proj in, lse, h and rstd1, and the family's (q and k before their norms and one
+// rstd per normed row, v before its clamp). The MLP part: norm2 in, router in, rstd2, the router's
+// and experts' terms where a layer of the set has them (a dense layer has none), the widest MLP
+// of the set (a dense layer's or a shared expert: gate, up, act 3·2mf, output 2h) and, where a
+// shared expert is, its gate's sigmoid (4).
+static int64_t attn_row_bytes(const mt_model_config *cfg) {
+    int64_t h = cfg->hidden, qd = cfg->heads * cfg->head_dim, h_kv = cfg->kv_heads * cfg->head_dim;
+    int64_t b = 10 * h + 4 * h_kv + 4 * cfg->heads + 4;
     mt_qk_norm qkn = mt_config_family(cfg)->qk_norm;
     if (qkn != MT_QK_NORM_NONE) b += 2 * qd + 2 * h_kv + (qkn == MT_QK_NORM_HEAD ? 4 * (cfg->heads + cfg->kv_heads) : 8);
     if (cfg->clip_qkv > 0) b += 2 * h_kv;
+    return b;
+}
+
+static int64_t mlp_row_bytes(const mt_model_config *cfg, int64_t L0, int64_t n) {
+    int64_t h = cfg->hidden, f = cfg->intermediate, k = cfg->top_k, b = 2 * h + 4;
     int moe = 0, shared = 0;
     int64_t mf = 0;
     for (int64_t L = L0; L < L0 + n; L++) {
@@ -195,25 +202,40 @@ static int64_t set_row_bytes(const mt_model_config *cfg, int64_t L0, int64_t n) 
 }
 
 uint64_t mt_plan_act_layer_bytes(const mt_model_config *cfg, int64_t seq, int64_t batch) {
-    return (uint64_t)(batch * seq * set_row_bytes(cfg, 0, cfg->layers));  // the set recomputation shares
+    // the set full recomputation shares
+    return (uint64_t)(batch * seq * (attn_row_bytes(cfg) + mlp_row_bytes(cfg, 0, cfg->layers)));
+}
+
+// The parts the backward recomputes: one set of each for all layers; every other part, one per
+// layer. Unresolved auto is full, as the model takes it (trainer/options.c).
+static void recomputed_parts(const mt_plan_opts *o, int *attn, int *mlp) {
+    mt_ckpt c = o->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : o->checkpointing;
+    *attn = mt_ckpt_attention(c), *mlp = mt_ckpt_mlp(c);
 }
 
 uint64_t mt_plan_act_bytes(const mt_model_config *cfg, const mt_plan_opts *o) {
-    uint64_t sb = (uint64_t)(o->seq * o->batch);
-    uint64_t layer = mt_plan_act_layer_bytes(cfg, o->seq, o->batch);
+    uint64_t sb = (uint64_t)(o->seq * o->batch), L = (uint64_t)cfg->layers;
     uint64_t transient = (uint64_t)cfg->top_k * sb * 6 * (uint64_t)cfg->intermediate;  // grads of g, u, h
     uint64_t logits = 10 * sb * (uint64_t)cfg->vocab;  // bf16 logits, fp32 upcast, fp32 grad
-    uint64_t L = (uint64_t)cfg->layers;
-    uint64_t kept = L * 2 * sb * (uint64_t)cfg->hidden + layer;  // layer inputs + one recompute
-    if (o->checkpointing != MT_CKPT_FULL)
-        for (int64_t l = kept = 0; l < cfg->layers; l++) kept += sb * (uint64_t)set_row_bytes(cfg, l, 1);
+    int ra, rm;
+    recomputed_parts(o, &ra, &rm);
+    // A recomputed attention part keeps each layer's input beside the one set (whose norm1 in
+    // is then counted twice, as docs/memory.md's full-recomputation formula does); a kept one
+    // holds the input as its norm1 in.
+    uint64_t kept = ra ? L * 2 * sb * (uint64_t)cfg->hidden + sb * (uint64_t)attn_row_bytes(cfg)
+                       : L * sb * (uint64_t)attn_row_bytes(cfg);
+    if (rm) kept += sb * (uint64_t)mlp_row_bytes(cfg, 0, cfg->layers);
+    else
+        for (int64_t l = 0; l < cfg->layers; l++) kept += sb * (uint64_t)mlp_row_bytes(cfg, l, 1);
     return kept + transient + logits;
 }
 
 // LoRA xa buffers (bf16 [rows, r]) of the activation set serving layers L0 .. L0+n-1: one per
-// adapted Linear of a layer of the set: T rows for attention, the router and the MLP (a dense
-// layer's or the shared expert), T·k for the experts' w1, w2, w3.
-static int64_t lora_xa_set(const mt_model_config *cfg, const mt_plan_opts *o, int64_t L0, int64_t n, int64_t sb) {
+// adapted Linear of a layer of the set: T rows for attention (its part `attn`), the router and
+// the MLP (a dense layer's or the shared expert), T·k for the experts' w1, w2, w3 (the MLP part,
+// `mlp`).
+static int64_t lora_xa_set(const mt_model_config *cfg, const mt_plan_opts *o, int64_t L0, int64_t n, int64_t sb,
+                           int attn_part, int mlp_part) {
     static const unsigned attn[] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
     static const unsigned mlp[] = {MT_TARGET_W1, MT_TARGET_W2, MT_TARGET_W3};
     if (o->mode != MT_MODE_LORA) return 0;
@@ -223,7 +245,8 @@ static int64_t lora_xa_set(const mt_model_config *cfg, const mt_plan_opts *o, in
             any = 1, moe |= mt_config_layer_is_moe(cfg, L), has_mlp |= mlp_width(cfg, L) > 0;
     int experts = moe && mt_index_set_count(&o->experts, (int)cfg->experts) > 0;
     int64_t b = 0, row = 2 * sb * o->lora_r;
-    for (size_t i = 0; any && i < MT_ARRAY_LEN(attn); i++) b += (o->targets & attn[i]) ? row : 0;
+    for (size_t i = 0; attn_part && any && i < MT_ARRAY_LEN(attn); i++) b += (o->targets & attn[i]) ? row : 0;
+    if (!mlp_part) return b;
     if (moe && (o->targets & MT_TARGET_GATE)) b += row;
     for (size_t i = 0; i < MT_ARRAY_LEN(mlp); i++)
         if (o->targets & mlp[i]) b += (experts ? cfg->top_k * row : 0) + (has_mlp ? row : 0);
@@ -232,24 +255,27 @@ static int64_t lora_xa_set(const mt_model_config *cfg, const mt_plan_opts *o, in
 
 int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_act_term *t) {
     int64_t sb = o->seq * o->batch, h = cfg->hidden, k = cfg->top_k, E = cfg->experts, V = cfg->vocab;
-    int64_t L = cfg->layers, qd = cfg->heads * cfg->head_dim, full = o->checkpointing == MT_CKPT_FULL;
-    int64_t sets = full ? 1 : L;  // activation sets: one shared by recomputation, or one per layer
-    int64_t n_moe = mt_config_moe_layers(cfg), moe_sets = full ? n_moe > 0 : n_moe;  // sets with a router
-    int64_t xa = 0;
-    for (int64_t l = 0; l < sets; l++) xa += lora_xa_set(cfg, o, full ? 0 : l, full ? L : 1, sb);
+    int64_t L = cfg->layers, qd = cfg->heads * cfg->head_dim;
+    int ra, rm;
+    recomputed_parts(o, &ra, &rm);
+    // Sets of each part: one shared by recomputation, or one per layer.
+    int64_t attn_sets = ra ? 1 : L, n_moe = mt_config_moe_layers(cfg), moe_sets = rm ? n_moe > 0 : n_moe;
+    int64_t xa = ra ? lora_xa_set(cfg, o, 0, L, sb, 1, 0) : 0;
+    xa += rm ? lora_xa_set(cfg, o, 0, L, sb, 0, 1) : 0;
+    for (int64_t l = 0; l < L; l++) xa += lora_xa_set(cfg, o, l, 1, sb, !ra, !rm);
     int n = 0;
     t[n++] = (mt_plan_act_term){"backward transient k·s·b·6f (grads of gate, up, act): none, the GPU step writes them over a and gu",
                                 -6 * k * sb * cfg->intermediate};
     t[n++] = (mt_plan_act_term){"logits and loss 10·s·b·V: none kept, the fused loss holds a chunk of rows at a time "
                                 "(work: 201 MB at V = 32000)", -10 * sb * V};
     t[n++] = (mt_plan_act_term){"layer input again in A_layer (\"norm1 in\"): kept once, as the layer input",
-                                full ? -2 * h * sb : 0};
+                                ra ? -2 * h * sb : 0};
     t[n++] = (mt_plan_act_term){"top-k ids 4k per row in A_layer: kept with the routing, below", -4 * k * sb * moe_sets};
     t[n++] = (mt_plan_act_term){"routing kept per MoE layer: ids, expert order (4k + 4k per row), offsets",
                                 n_moe * (8 * k * sb + 4 * (E + 1))};
     t[n++] = (mt_plan_act_term){"router logits fp32 4E per row (router backward and z-loss read them)",
                                 4 * E * sb * moe_sets};
-    t[n++] = (mt_plan_act_term){"q and attention output heads·head_dim wide where A_layer has h", 4 * (qd - h) * sb * sets};
+    t[n++] = (mt_plan_act_term){"q and attention output heads·head_dim wide where A_layer has h", 4 * (qd - h) * sb * attn_sets};
     t[n++] = (mt_plan_act_term){"final norm input and output 2·2h, its rstd 4 per row", (4 * h + 4) * sb};
     t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", xa};
     t[n++] = (mt_plan_act_term){"the batch on the device (tokens, targets, positions 4 each, mask 1 per row) and "
@@ -427,10 +453,15 @@ static void add_state(mt_plan *p, const mt_plan_opts *o, int64_t n, int copies) 
 // Frozen weights on the worst GPU: its E/P experts of every MoE layer less the trainable ones it
 // holds, attention of every layer, embeddings, norms, frozen routers and the family's dense parts
 // (replicated).
+static int64_t frozen_experts_gpu(const mt_model_config *cfg, const mt_plan_opts *o, const trainables *t,
+                                  const mt_plan *p) {
+    int64_t experts_gpu = mt_config_moe_layers(cfg) * ceil_div(cfg->experts, o->ep);
+    return experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
+}
+
 static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const linear_sizes *s,
                         const trainables *t, mt_plan *p) {
-    int64_t n_moe = mt_config_moe_layers(cfg), experts_gpu = n_moe * ceil_div(cfg->experts, o->ep);
-    int64_t frozen_experts = experts_gpu - (t->units_are_experts ? p->units_gpu : 0);
+    int64_t n_moe = mt_config_moe_layers(cfg), frozen_experts = frozen_experts_gpu(cfg, o, t, p);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
     int64_t router[1] = {cfg->hidden * cfg->experts};
     uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
@@ -446,6 +477,19 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
     p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
+}
+
+// The GPU step's expert scratch (model/expert_scratch.h), held while one grouped call runs: two
+// slots of a 4-bit expert's w1‖w3 when this GPU holds a frozen 4-bit expert, and with expert LoRA
+// dropout the buffer of the call's routed rows (this rank's T·k, balanced as the plan assumes) at
+// the widest operand a call masks (h for w1, w3; f for w2). The cpu step has neither.
+static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, const trainables *t, mt_plan *p) {
+    static const unsigned expert_bits = MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3;
+    int64_t h = cfg->hidden, f = cfg->intermediate, rows = o->seq * o->batch * cfg->top_k;
+    int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
+    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0 ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f) : 0;
+    int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
+    p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
@@ -473,6 +517,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     // The guess is the CUDA context, cuBLAS/NCCL workspaces and allocator slack: none on the cpu.
     p->bytes[MT_MEM_WORK] = (uint64_t)(!p->workspace_guessed ? o->workspace_bytes
                                        : o->cpu ? 0 : o->gpus > 1 ? 2.0e9 : 1.5e9);
+    expert_scratch(cfg, o, &t, p);
+    if (o->cuda) p->bytes[MT_MEM_WORK] += p->expert_dequant_bytes + p->expert_dropout_bytes;
     // NCCL's own buffers are inside the workspace guess; `comm` holds ZeRO-1's flat grads.
 
     for (int c = 0; c < MT_MEM_COUNT; c++) p->total += p->bytes[c];
@@ -534,10 +580,15 @@ int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_s
         c.offload_optimizer = 1;
         try_change(&x, &c, "--offload-optimizer");
     }
-    if (o->checkpointing != MT_CKPT_FULL) {
+    // More recomputation: the least that fits (in mt_plan_choose_recompute's order), one line.
+    static const mt_ckpt more[] = {MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};
+    int from = o->checkpointing == MT_CKPT_NONE ? 0 : o->checkpointing == MT_CKPT_ATTENTION ? 1
+             : o->checkpointing == MT_CKPT_EXPERTS ? 2 : 3;
+    for (int i = from, n0 = x.n; i < 3 && x.n == n0; i++) {
         c = *o;
-        c.checkpointing = MT_CKPT_FULL;
-        try_change(&x, &c, "--checkpointing full");
+        c.checkpointing = more[i];
+        snprintf(label, sizeof label, "--recompute %s", mt_ckpt_name(more[i]));
+        try_change(&x, &c, label);
     }
     if (o->seq >= 2) {
         c = *o;

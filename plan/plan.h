@@ -34,7 +34,9 @@ typedef struct mt_plan_opts {
     unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h)
     int64_t seq;
     int64_t batch;            // micro-batch per GPU
-    mt_ckpt checkpointing;
+    mt_ckpt checkpointing;    // MT_CKPT_AUTO: taken as full until mt_plan_choose_recompute resolves it
+    double lora_dropout;      // > 0: the GPU step's expert calls hold a dropout buffer (work)
+    int cuda;                 // the run is the GPU step (--device cuda): its experts' scratch is in work
     int gpus;
     int ep;
     int zero;                 // 0, 1 or 2
@@ -81,6 +83,10 @@ typedef struct mt_plan {
     uint64_t act_model;         // the activations the model allocates (ledger `act`), see
                                 // mt_plan_act_terms; bytes[MT_MEM_ACT] stays docs/memory.md's
     int workspace_guessed;      // 1: the default guess, not --workspace or a measurement
+    // The GPU step's expert scratch (model/expert_scratch.h), in work on cuda beside the guess:
+    // the two dequantization slots while a call runs 4-bit experts, and the LoRA dropout buffer
+    // of a call's routed rows (expert LoRA with dropout). 0 where the run has none.
+    uint64_t expert_dequant_bytes, expert_dropout_bytes;
     double gpu_mem;
     double percent;             // total / gpu_mem · 100
     int fits;
@@ -160,6 +166,22 @@ static inline int mt_plan_measured_fits(const mt_plan_measurement *m, double gpu
     return (double)m->total_peak <= gpu_mem;
 }
 
+// --recompute auto: the least recomputation whose step fits. Candidates in order of the FLOPs
+// they recompute: none < attention < experts < full (plan/plan_measure.c says why that order).
+// Each is measured (mt_plan_measure: the null backend's step, as `plan --measure`; where the
+// measurement refuses the run, the plan's total), its total times `scale` (the cpu keeps f32
+// where the measured GPU step keeps bf16: 2 bounds it) plus `reserve` (what the ledger cannot
+// see: the CUDA context, library workspaces) against `limit` bytes. The first that fits is
+// chosen, else full (the least memory; the plan then says it does not fit).
+typedef struct mt_plan_recompute_choice {
+    mt_ckpt mode;
+    uint64_t total;   // the chosen mode's deciding total, before scale and reserve
+    int measured;     // 1: by the null-backend step; 0: by the plan's total
+    int fits;
+} mt_plan_recompute_choice;
+int mt_plan_choose_recompute(const mt_model_config *cfg, const mt_plan_opts *o, const mt_model_spec *spec,
+                             double limit, double scale, double reserve, mt_plan_recompute_choice *out);
+
 // `plan --max-seq`: the longest --seq in [1, limit] whose total fits o->gpu_mem_bytes, by binary
 // search (totals grow with the sequence): the plan's total when spec is NULL, else the measured
 // one (one null-backend step per probe, spec the model the run builds). *total gets the deciding
@@ -177,6 +199,7 @@ typedef struct mt_plan_report {
     int n_suggestions;
     const mt_plan *case_plan;  // --case: the case on its own settings, beside the source's figures
     const mt_plan_measurement *measured;  // --measure: printed beside the plan, or NULL
+    const char *recompute;                // how --recompute was chosen (auto's reason), or NULL
 } mt_plan_report;
 
 // The text table; for --case also the source document's figures beside ours.

@@ -130,3 +130,33 @@ int64_t mt_plan_max_seq(const mt_model_config *cfg, const mt_plan_opts *o, const
     *total = at_lo;
     return lo;
 }
+
+// The order of the candidates, least recomputation first. Per token and layer of Mixtral at
+// s = 4096, the attention part recomputes 2·(h·(qd + 2·h_kv) + qd·h) = 84 MFLOP of projections
+// and 4·(s/2)·hd·a = 34 MFLOP of causal attention, 118 MFLOP, and frees 8h + 4h_kv + 4a + 4 =
+// 37 KB; the MLP part recomputes k·3·2·h·f = 705 MFLOP of experts and frees k·(4h + 6f) + 2h + ...
+// = 213 KB. Both free about 3 bytes per kFLOP, so bytes saved per FLOP does not order them; the
+// FLOPs recomputed do, and each later candidate also saves more: attention before experts.
+static const mt_ckpt recompute_order[] = {MT_CKPT_NONE, MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};
+
+int mt_plan_choose_recompute(const mt_model_config *cfg, const mt_plan_opts *o, const mt_model_spec *spec,
+                             double limit, double scale, double reserve, mt_plan_recompute_choice *out) {
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < MT_ARRAY_LEN(recompute_order); i++) {
+        mt_plan_opts at = *o;
+        mt_model_spec sp = *spec;
+        at.checkpointing = sp.checkpointing = recompute_order[i];
+        mt_plan_measurement m;
+        mt_plan p;
+        if (mt_plan_measure(cfg, NULL, &at, &sp, &m) == 0) {
+            out->total = m.total_peak, out->measured = 1;
+        } else {  // a run the step cannot measure yet (--zero 2): the plan's total
+            if (mt_plan_compute(cfg, &at, &p) != 0) return -1;
+            out->total = p.total, out->measured = 0;
+        }
+        out->mode = recompute_order[i];
+        out->fits = (double)out->total * scale + reserve <= limit;
+        if (out->fits) return 0;
+    }
+    return 0;  // nothing fits: full, the least memory
+}

@@ -114,9 +114,15 @@ static const char *category_label(mt_mem_cat c, const mt_plan_opts *o, const mt_
         return !o->master_weights ? "master weights: none" : off ? "master weights: in host memory"
                                                                   : "master weights (fp32)";
     case MT_MEM_ACT:
-        return o->checkpointing == MT_CKPT_FULL ? "activations (full checkpointing)"
-                                                : "activations (no checkpointing)";
+        switch (o->checkpointing) {
+        case MT_CKPT_NONE: return "activations (no recomputation)";
+        case MT_CKPT_ATTENTION: return "activations (attention recomputed)";
+        case MT_CKPT_EXPERTS: return "activations (MLP part recomputed)";
+        default: return "activations (full recomputation)";
+        }
     case MT_MEM_WORK:
+        if (o->cuda && (p->expert_dequant_bytes || p->expert_dropout_bytes))
+            return p->workspace_guessed ? "CUDA ctx + libs (guess) + experts'" : "workspace (--workspace + experts')";
         return !p->workspace_guessed ? "workspace (--workspace)"
                : o->cpu              ? "workspace (cpu: no CUDA context)"
                                      : "CUDA ctx + cuBLAS/NCCL ws (a guess)";
@@ -208,8 +214,8 @@ static void print_run(FILE *out, const mt_plan_report *r) {
     if (o->mode != MT_MODE_FULL) fprintf(out, ", layers %s", index_set_text(&o->layers, layers, sizeof layers));
     if (o->mode == MT_MODE_LORA || o->mode == MT_MODE_UNFREEZE)
         fprintf(out, ", experts %s", index_set_text(&o->experts, experts, sizeof experts));
-    fprintf(out, "; seq %lld, batch %lld, checkpointing %s\n", (long long)o->seq, (long long)o->batch,
-            o->checkpointing == MT_CKPT_FULL ? "full" : "none");
+    fprintf(out, "; seq %lld, batch %lld, recompute %s\n", (long long)o->seq, (long long)o->batch,
+            r->recompute && r->recompute[0] ? r->recompute : mt_ckpt_name(o->checkpointing));
     if (o->mode == MT_MODE_FULL) fprintf(out, "  base    none: every weight is trained\n");
     else if (o->quant == MT_QUANT_NONE)  // the GPU step stores the base bf16 whatever the checkpoint's dtype
         fprintf(out, "  base    every frozen weight as stored (%s in the checkpoint; bf16 on a GPU, as planned here)\n",
@@ -257,6 +263,12 @@ static void print_table(FILE *out, const mt_plan_report *r) {
     if (p->workspace_guessed && !r->opts->cpu)
         fprintf(out, "  (work is a guess of the CUDA context, cuBLAS and NCCL workspaces and allocator slack,\n"
                      "   1.5 GB on one GPU and 2.0 GB on more, until measured; --workspace sets it)\n");
+    if (p->expert_dequant_bytes)
+        fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' dequantization scratch (2 × w1‖w3)", gb(p->expert_dequant_bytes),
+                r->opts->cuda ? "in work: --device cuda" : "the GPU step's; not in this cpu run's work");
+    if (p->expert_dropout_bytes)
+        fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' LoRA dropout buffer (T·k × max(h, f))",
+                gb(p->expert_dropout_bytes), r->opts->cuda ? "in work: --device cuda" : "the GPU step's; not in work here");
     fprintf(out, "fits on a %s GB (%.2f GiB) card: %s (%.0f%%)\n", short_gb(p->gpu_mem, card, sizeof card),
             gib(p->gpu_mem), p->fits ? "yes" : "NO", p->percent);
 }
@@ -323,11 +335,13 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
 static void print_act_terms(FILE *out, const mt_plan_report *r) {
     mt_plan_act_term t[MT_PLAN_MAX_ACT_TERMS];
     int n = mt_plan_act_terms(r->cfg, r->opts, t);
-    int full = r->opts->checkpointing == MT_CKPT_FULL;
+    const char *formula[] = {"full recomputation: L·2sbh + A_layer + k·s·b·6f + 10·s·b·V",
+                             "no recomputation: L·A_layer + k·s·b·6f + 10·s·b·V",
+                             "attention recomputed: L·2sbh + A_attn + L·A_mlp + k·s·b·6f + 10·s·b·V",
+                             "MLP part recomputed: L·A_attn + A_mlp + k·s·b·6f + 10·s·b·V"};
+    mt_ckpt c = r->opts->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : r->opts->checkpointing;
     fprintf(out, "\nact: docs/memory.md 'Activations' (the plan's act) against the set the model allocates, term by term, MB\n");
-    fprintf(out, "  %11.3f  docs/memory.md 'Activations', %s\n", r->plan->bytes[MT_MEM_ACT] / 1e6,
-            full ? "full recomputation: L·2sbh + A_layer + k·s·b·6f + 10·s·b·V"
-                 : "no recomputation: L·A_layer + k·s·b·6f + 10·s·b·V");
+    fprintf(out, "  %11.3f  docs/memory.md 'Activations', %s\n", r->plan->bytes[MT_MEM_ACT] / 1e6, formula[c]);
     for (int i = 0; i < n; i++)
         if (t[i].bytes) fprintf(out, "  %+11.3f  %s\n", (double)t[i].bytes / 1e6, t[i].what);
     fprintf(out, "  %11.3f  = the model's set, compared above\n", r->plan->act_model / 1e6);
@@ -372,7 +386,8 @@ static void json_settings(cJSON *root, const mt_plan_opts *o) {
     cJSON_AddNumberToObject(s, "blocksize", mt_q4_blocksize_or_default(o->quant, o->quant_blocksize));
     cJSON_AddNumberToObject(s, "seq", (double)o->seq);
     cJSON_AddNumberToObject(s, "batch", (double)o->batch);
-    cJSON_AddStringToObject(s, "checkpointing", o->checkpointing == MT_CKPT_FULL ? "full" : "none");
+    cJSON_AddStringToObject(s, "checkpointing", mt_ckpt_name(o->checkpointing));
+    cJSON_AddStringToObject(s, "recompute", mt_ckpt_name(o->checkpointing));
     cJSON_AddNumberToObject(s, "gpus", o->gpus);
     cJSON_AddNumberToObject(s, "ep", o->ep);
     cJSON_AddNumberToObject(s, "zero", o->zero);
@@ -415,6 +430,8 @@ static void json_memory(cJSON *root, const mt_plan *p) {
     cJSON_AddNumberToObject(root, "host_bytes", (double)p->host_bytes);
     cJSON_AddNumberToObject(root, "act_layer_bytes", (double)p->act_layer);
     cJSON_AddBoolToObject(root, "workspace_is_guess", p->workspace_guessed);
+    cJSON_AddNumberToObject(root, "expert_dequant_scratch_bytes", (double)p->expert_dequant_bytes);
+    cJSON_AddNumberToObject(root, "expert_dropout_scratch_bytes", (double)p->expert_dropout_bytes);
     cJSON_AddNumberToObject(root, "gpu_mem_bytes", p->gpu_mem);
     cJSON_AddNumberToObject(root, "gpu_mem_gb", p->gpu_mem / 1e9);
     cJSON_AddNumberToObject(root, "gpu_mem_gib", gib(p->gpu_mem));
@@ -488,6 +505,7 @@ char *mt_plan_json(const mt_plan_report *r) {
     if (r->opts->plan_case) cJSON_AddStringToObject(root, "case", c);
     else cJSON_AddNullToObject(root, "case");
     json_settings(root, r->opts);
+    if (r->recompute && r->recompute[0]) cJSON_AddStringToObject(root, "recompute_choice", r->recompute);
     json_params(root, r->plan);
     json_memory(root, r->plan);
     cJSON_AddNumberToObject(root, "data_host_bytes", (double)r->opts->data_host_bytes);

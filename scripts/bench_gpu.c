@@ -228,7 +228,9 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     sh->quant_experts = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     sh->quant_attn = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_ATTN);
     sh->blocksize = o->quant_blocksize, sh->double_quant = o->double_quant;
-    sh->recompute = o->checkpointing == MT_CKPT_FULL;
+    // --recompute's parts; unresolved auto builds full (trainer/options.c mt_run_opts_model_spec)
+    sh->recompute = o->checkpointing == MT_CKPT_FULL || o->checkpointing == MT_CKPT_AUTO;
+    sh->recompute_attn = mt_ckpt_attention(o->checkpointing), sh->recompute_mlp = mt_ckpt_mlp(o->checkpointing);
     sh->dequants_per_use = 1;
     return 1;
 }

@@ -1,13 +1,17 @@
 // scripts/roofline.c — `make bench-gpu` on any machine: a roofline PROJECTION of one QLoRA
 // training step on one H100 SXM, op by op (scripts/step_model.h counts FLOPs and bytes), each op
-// timed at max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency)) and summed (no
-// overlap between ops, no launch overhead). Nothing here is measured: every rate below is a
-// published peak times an efficiency factor, and each factor says where it comes from.
+// timed at max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency)) plus a launch gap
+// per call, and summed (no overlap between ops). Nothing here is measured: every rate is a
+// published or once-measured figure times a stated efficiency, printed with its source before the
+// table (scripts/step_time.h holds the values). The rows carry the step's profile names
+// (core/profile.h), so the GPU check's measured table (scripts/profile_table.h) sits beside this
+// one line by line.
 //
-// The case (the brief of issue 12's performance work; note that configs/case-c.yaml puts LoRA on
-// the routers instead of attention): Mixtral-8x7B, NF4 double-quant frozen experts and
-// attention, LoRA r=16 on every expert's w1, w2, w3 and on q, k, v, o, bf16 activations,
-// --checkpointing full (one recompute forward), micro-batch 1, one GPU, no expert parallelism.
+// The case: configs/case-c.yaml (Mixtral-8x7B, NF4 double-quant frozen experts and attention,
+// LoRA r=16 on every expert's w1, w2, w3 and on the routers), bf16 activations, micro-batch 1,
+// one GPU, no expert parallelism; by default the step issue 27 builds (experts dequantized to bf16
+// and run through cuBLASLt, attention through cuDNN's SDPA) and --recompute auto resolved as the
+// trainer would on an 80 GB card.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,12 +20,19 @@
 #include "core/common.h"
 #include "model/config.h"
 #include "plan/plan.h"
+#include "quant/quant.h"
 #include "scripts/step_model.h"
 #include "scripts/step_time.h"
+#include "trainer/options.h"  // mt_parse_bytes
 
 typedef struct {
     double step_s, tokens_s, mfu, hfu, hw_flops, model_flops;
 } totals;
+
+static const char *bound_name(const step_op *o, int cb) {
+    if (!cb) return "memory";
+    return o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? "issue" : "compute";
+}
 
 static totals project(const step_shape *sh, int print) {
     step_ops ops;
@@ -29,10 +40,9 @@ static totals project(const step_shape *sh, int print) {
     totals t;
     memset(&t, 0, sizeof t);
     double T = (double)(sh->batch * sh->seq);
-    if (print) {
-        printf("%-30s %2s %7s %10s %9s %8s %-7s %5s %9s\n", "op", "ph", "calls", "GFLOP", "GB", "FLOP/B", "bound", "eff",
-               "ms");
-    }
+    if (print)
+        printf("%-36s %2s %6s %9s %8s %8s %-7s %5s %9s\n", "op (profile row)", "ph", "calls", "GFLOP", "GB", "FLOP/B",
+               "bound", "eff", "ms");
     double by_phase[4] = {0};
     for (int i = 0; i < ops.n; i++) {
         const step_op *o = &ops.op[i];
@@ -40,11 +50,11 @@ static totals project(const step_shape *sh, int print) {
         double s = op_time(o, &cb);
         t.step_s += s;
         by_phase[o->phase == 'F' ? 0 : o->phase == 'R' ? 1 : o->phase == 'B' ? 2 : 3] += s;
-        // eff: of the resource that bounds the op (its peak compute rate, or HBM bandwidth).
+        // eff: of the resource that bounds the op (its compute rate, HBM, or the issue slots).
+        double eff = !cb ? (o->cls == STEP_DEQUANT ? op_eff(o) : EFF_MEM) : o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
         if (print)
-            printf("%-30s %2c %7.0f %10.1f %9.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
-                   o->bytes / 1e9, o->bytes > 0 ? o->flops / o->bytes : 0.0, cb ? "compute" : "memory",
-                   100 * (cb ? op_eff(o) : EFF_MEM), s * 1e3);
+            printf("%-36s %2c %6.0f %9.1f %8.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
+                   o->bytes / 1e9, o->bytes > 0 ? o->flops / o->bytes : 0.0, bound_name(o, cb), 100 * eff, s * 1e3);
     }
     t.hw_flops = step_hw_flops(&ops);
     t.model_flops = step_model_flops_per_token(&sh->cfg, sh->seq) * T;
@@ -52,7 +62,7 @@ static totals project(const step_shape *sh, int print) {
     t.mfu = t.model_flops / t.step_s / PEAK_BF16;
     t.hfu = t.hw_flops / t.step_s / PEAK_BF16;
     if (print) {
-        printf("%-30s %2s %7s %10.1f %9s %8s %-7s %5s %9.2f\n", "total", "", "", t.hw_flops / 1e9, "", "", "", "",
+        printf("%-36s %2s %6s %9.1f %8s %8s %-7s %5s %9.2f\n", "total", "", "", t.hw_flops / 1e9, "", "", "", "",
                t.step_s * 1e3);
         printf("by phase (ms): forward %.1f, recompute %.1f, backward %.1f, optimizer %.1f\n", by_phase[0] * 1e3,
                by_phase[1] * 1e3, by_phase[2] * 1e3, by_phase[3] * 1e3);
@@ -62,9 +72,93 @@ static totals project(const step_shape *sh, int print) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]\n"
-               "  --model  a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
-               "  --seq    sequence length of the detailed table (default 4096)\n");
+    fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]... [--recompute MODE] [--gpu-mem BYTES]\n"
+               "                         [--dequant-instr N] [--experts cublas|grouped] [--attention cudnn|wmma]\n"
+               "                         [--dropout P]\n"
+               "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
+               "  --seq            sequence length of the detailed table (default 4096)\n"
+               "  --recompute      none | attention | experts | full | auto (default auto: the least that fits\n"
+               "                   --gpu-mem by the planner's measured step, as the trainer picks it)\n"
+               "  --gpu-mem        the card auto plans for (default 80GB: an H100 SXM 80 GB)\n"
+               "  --dequant-instr  SASS instructions per element of the 4-bit -> bf16 kernel (default 8;\n"
+               "                   make bench-gpu passes the count read from the kernel's SASS)\n"
+               "  --experts        cublas: issue 27's dequantize-then-cuBLASLt experts (default); grouped: the WMMA kernel\n"
+               "  --attention      cudnn: cuDNN's SDPA (default); wmma: the WMMA flash kernels\n"
+               "  --dropout        the experts' LoRA dropout (default 0, as case C)\n");
+}
+
+// Case C's run for the planner, at `seq`, on a card of gpu_mem bytes (auto's choice).
+static mt_ckpt resolve_auto(const mt_model_config *cfg, const step_shape *sh, double gpu_mem, char *note, size_t n) {
+    mt_plan_opts po;
+    memset(&po, 0, sizeof po);
+    po.mode = MT_MODE_LORA, po.lora_r = sh->lora_r, po.targets = sh->targets;
+    po.layers.all = po.experts.all = 1;
+    po.quant = sh->quant, po.double_quant = sh->double_quant, po.quant_blocksize = sh->blocksize;
+    po.quant_targets = MT_QTARGET_DEFAULT, po.seq = sh->seq, po.batch = sh->batch, po.checkpointing = MT_CKPT_AUTO;
+    po.lora_dropout = sh->lora_dropout, po.cuda = 1, po.gpus = 1, po.ep = 1, po.master_weights = 1;
+    po.gpu_mem_bytes = gpu_mem, po.workspace_bytes = -1, po.lr = 1e-4, po.clip = 1.0;
+    mt_model_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.mode = MT_MODE_LORA, spec.lora_r = sh->lora_r, spec.lora_alpha = NAN, spec.lora_dropout = sh->lora_dropout;
+    spec.targets = sh->targets, spec.layers.all = spec.experts.all = 1, spec.quant = sh->quant;
+    spec.double_quant = sh->double_quant, spec.quant_blocksize = sh->blocksize, spec.quant_targets = MT_QTARGET_DEFAULT;
+    mt_plan_recompute_choice c;
+    if (mt_plan_choose_recompute(cfg, &po, &spec, gpu_mem, 1.0, 1e9, &c) != 0) {
+        snprintf(note, n, "full (auto could not measure: %s)", mt_error_get());
+        return MT_CKPT_FULL;
+    }
+    snprintf(note, n, "%s (auto: %s %.0f GB by the planner's measured step, %.1f GB with 1 GB for the CUDA context)",
+             mt_ckpt_name(c.mode), c.fits ? "fits" : "nothing fits", gpu_mem / 1e9, (c.total + 1e9) / 1e9);
+    return c.mode;
+}
+
+static void set_recompute(step_shape *sh, mt_ckpt mode) {
+    sh->recompute = 0;
+    sh->recompute_attn = mt_ckpt_attention(mode), sh->recompute_mlp = mt_ckpt_mlp(mode);
+}
+
+static void print_assumptions(const step_shape *sh) {
+    printf("assumptions (value: source)\n");
+    printf("  peaks: bf16 dense %.0f TFLOP/s, HBM3 %.2f TB/s: NVIDIA H100 SXM5 datasheet\n", PEAK_BF16 / 1e12, HBM_BW / 1e12);
+    printf("  issue rate: %.2f e12 thread instructions/s = %d SMs x 4 schedulers x 32 lanes x %.2f GHz: Hopper whitepaper's\n"
+           "    SM; the clock the datasheet's 989 TFLOP/s implies at 4096 dense bf16 FLOP/clock/SM\n",
+           ISSUE_RATE / 1e12, H100_SMS, H100_CLOCK / 1e9);
+    printf("  cuBLASLt bf16 GEMM: %.0f TFLOP/s at 8192^3: measured on the GPU machine's H100 (issue 27); other shapes\n"
+           "    (assumed): the same core rate (%.3f of peak) x tile use of the better of 128x256 / 128x128 tiles over\n"
+           "    %d SMs x K/(K+%.0f) (pipeline fill and epilogue); e.g. M=1024 rows per expert: w1+w3 %.0f%%, w2 %.0f%%,\n"
+           "    dx %.0f%% / %.0f%%; q,k,v at T=4096 %.0f%%; skinny GEMMs (N or K <= %.0f: LoRA, the router) %.0f%%\n"
+           "    (assumed: narrow or split-K tiles at half the core rate; memory-bound at it)\n",
+           CUBLAS_8192_FLOPS / 1e12, cublas_core(), H100_SMS, GEMM_K_OVERHEAD,
+           100 * cublas_eff(1024, 2.0 * (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
+           100 * cublas_eff(1024, (double)sh->cfg.hidden, (double)sh->cfg.intermediate),
+           100 * cublas_eff(1024, (double)sh->cfg.hidden, 2.0 * (double)sh->cfg.intermediate),
+           100 * cublas_eff(1024, (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
+           100 * cublas_eff(4096, 4096, 4096), GEMM_SKINNY, 100 * cublas_eff(1024, 16, 4096));
+    if (sh->attn_cudnn)
+        printf("  cuDNN SDPA bf16, head dim 128, seq 4k: %.0f TFLOP/s forward, %.0f backward: cuDNN's bars in the\n"
+               "    FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, Figs. 5-6, no causal mask); causal x %.2f\n"
+               "    (assumed: diagonal tiles half masked); backward FLOPs 2.5x forward (FlashAttention-2's 5 GEMMs)\n",
+               SDPA_FWD_FLOPS / 1e12, SDPA_BWD_FLOPS / 1e12, SDPA_CAUSAL);
+    else
+        printf("  WMMA flash attention: %.2f forward, %.2f backward of peak: assumed below FlashAttention-2's ~35%%\n"
+               "    (FlashAttention-3 paper); issue 27's review says 15-20%% / 8-12%%: an upper bound\n",
+               EFF_ATTN_FWD, EFF_ATTN_BWD);
+    printf("  memory-bound kernels: %.2f of HBM (%.2f TB/s): assumed; docs/design.md expects ~3 TB/s for a plain copy\n",
+           EFF_MEM, EFF_MEM * HBM_BW / 1e12);
+    if (sh->experts_cublas)
+        printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.2f\n"
+               "    of the copy bandwidth (%.2f of HBM): issue 27's goal for the kernel, not measured; or %.0f SASS\n"
+               "    instructions per element at the issue rate, whichever is slower (--dequant-instr)\n",
+               (double)mt_qweight_dequant_bytes_of(sh->quant, 1 << 20, 1024, sh->blocksize, sh->double_quant, MT_BF16) /
+                       (1024.0 * 1024 * 1024) - 2.0,
+               EFF_DEQUANT, EFF_COPY, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT);
+    else
+        printf("  grouped WMMA expert kernel: %.3f of peak, its dequantization %.0f SASS instructions per element and\n"
+               "    64-row tile at the issue rate, not overlapped: issue 27's static review of model/grouped_cuda.cu\n",
+               EFF_GROUPED, STEP_GROUPED_DEQUANT_INSTR);
+    printf("  launches: %.0f us a call between kernels (one stream, no CUDA Graphs): assumed\n", LAUNCH_GAP_S * 1e6);
+    printf("  routing: every expert gets T*k/E rows (balanced: assumed, as the planner)\n");
+    printf("  no overlap between ops: each op's time is added (an upper bound where streams would overlap)\n\n");
 }
 
 int main(int argc, char **argv) {
@@ -73,17 +167,38 @@ int main(int argc, char **argv) {
     mt_plan_mixtral_8x7b(&sh.cfg);
     int64_t seqs[8];
     int n_seqs = 0;
+    mt_ckpt mode = MT_CKPT_AUTO;
+    double gpu_mem = 80e9;
+    sh.experts_cublas = sh.attn_cudnn = 1;
     for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;
         if (!v) return usage(stderr), MT_EXIT_USAGE;
-        if (!strcmp(argv[i], "--model")) {
+        int ok = 1;
+        if (!strcmp(a, "--model")) {
             if (mt_model_config_load(v, &sh.cfg) != 0) return fprintf(stderr, "roofline: %s\n", mt_error_get()), MT_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--seq") && atoll(v) > 0 && n_seqs < 8) {
-            seqs[n_seqs++] = atoll(v);
+        } else if (!strcmp(a, "--seq")) {
+            ok = atoll(v) > 0 && n_seqs < 8;
+            if (ok) seqs[n_seqs++] = atoll(v);
+        } else if (!strcmp(a, "--recompute")) {
+            static const char *names[] = {"full", "none", "attention", "experts", "auto"};  // mt_ckpt's order
+            ok = 0;
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(v, names[k])) mode = (mt_ckpt)k, ok = 1;
+        } else if (!strcmp(a, "--gpu-mem")) {
+            ok = mt_parse_bytes(v, &gpu_mem) == 0 && gpu_mem > 0;
+        } else if (!strcmp(a, "--dequant-instr")) {
+            sh.dequant_instr = atof(v), ok = sh.dequant_instr > 0;
+        } else if (!strcmp(a, "--experts")) {
+            ok = !strcmp(v, "cublas") || !strcmp(v, "grouped"), sh.experts_cublas = !strcmp(v, "cublas");
+        } else if (!strcmp(a, "--attention")) {
+            ok = !strcmp(v, "cudnn") || !strcmp(v, "wmma"), sh.attn_cudnn = !strcmp(v, "cudnn");
+        } else if (!strcmp(a, "--dropout")) {
+            sh.lora_dropout = atof(v), ok = sh.lora_dropout >= 0 && sh.lora_dropout < 1;
         } else {
-            return fprintf(stderr, "roofline: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
+            ok = 0;
         }
+        if (!ok) return fprintf(stderr, "roofline: bad flag or value: %s %s\n", a, v), usage(stderr), MT_EXIT_USAGE;
         i++;
     }
     if (!n_seqs) seqs[0] = 4096, n_seqs = 1;
@@ -92,8 +207,12 @@ int main(int argc, char **argv) {
     sh.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;  // case C (configs/case-c.yaml)
     sh.quant_experts = sh.quant_attn = 1;
     sh.quant = MT_QUANT_NF4, sh.blocksize = 64, sh.double_quant = 1;
-    sh.recompute = 1;
     sh.dequants_per_use = 1;
+    sh.seq = seqs[0];
+    char note[256];
+    if (mode == MT_CKPT_AUTO) mode = resolve_auto(&sh.cfg, &sh, gpu_mem, note, sizeof note);
+    else snprintf(note, sizeof note, "%s (as set)", mt_ckpt_name(mode));
+    set_recompute(&sh, mode);
 
     const mt_model_config *c = &sh.cfg;
     double N = step_matmul_params(c);
@@ -103,25 +222,18 @@ int main(int argc, char **argv) {
            (long long)c->intermediate, (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
            (long long)c->vocab);
     printf("case C (configs/case-c.yaml): NF4 double-quant (blocksize 64) frozen experts and q,k,v,o; LoRA r=16 on "
-           "w1,w2,w3 (all experts) and the routers; bf16 activations; --checkpointing full; micro-batch 1; one GPU, no EP\n");
+           "w1,w2,w3 (all experts) and the routers, dropout %g; bf16 activations; micro-batch 1; one GPU, no EP\n",
+           sh.lora_dropout);
+    printf("step: experts %s; attention %s; recompute %s\n",
+           sh.experts_cublas ? "4-bit W dequantized to bf16 scratch, then cuBLASLt per expert (w1+w3 one GEMM, N = 2f)"
+                             : "the grouped WMMA kernel (in-kernel dequantization)",
+           sh.attn_cudnn ? "cuDNN SDPA" : "WMMA flash kernels", note);
     printf("N (matmul params per token, input embedding excluded) = %.3f e9 (mt_config_active_params %.3f e9)\n",
            N / 1e9, (double)mt_config_active_params(c) / 1e9);
-    printf("peaks (H100 SXM datasheet): bf16 dense %.0f TFLOP/s, fp32 %.0f TFLOP/s, HBM %.2f TB/s; ridge points "
-           "%.0f FLOP/B (bf16 tensor), %.0f FLOP/B (fp32)\n", PEAK_BF16 / 1e12, PEAK_FP32 / 1e12, HBM_BW / 1e12,
-           PEAK_BF16 / HBM_BW, PEAK_FP32 / HBM_BW);
-    printf("efficiencies (see scripts/roofline.c for sources; 'assumed' = no measurement yet): GEMM %.2f x M/(M+%.0f) "
-           "(assumed, from docs/design.md's ~800 TFLOP/s), memory-bound %.2f of HBM (assumed, docs/design.md ~3 TB/s), attention "
-           "(WMMA tensor cores) %.2f forward, %.2f backward of the bf16 peak (assumed, below FA2's ~35%% on an H100 as "
-           "the FA3 paper reports)\n",
-           EFF_GEMM, GEMM_HALF_M, EFF_MEM, EFF_ATTN_FWD, EFF_ATTN_BWD);
-    printf("dequant: q,k,v,o to bf16 at every use (forward, recompute, backward); the experts' 4-bit W inside "
-           "their grouped GEMMs (model/grouped_cuda.cu), a tile per block: once per %d-row tile of an expert's rows "
-           "and GEMM, 4 CUDA-core ops an element at %.0f%% of the fp32 peak, added to the step as if it overlapped "
-           "nothing (an upper bound: it runs beside the tensor cores)\n",
-           STEP_GROUPED_TILE_M, 100 * EFF_ALU);
-    printf("phases: F forward, R recompute forward, B backward (dx and LoRA grads), O optimizer\n\n");
+    print_assumptions(&sh);
+    printf("phases: F forward, R recompute (the parts --recompute names), B backward (dx and LoRA grads; the\n"
+           "experts' second dequantization serves their recompute too), O optimizer\n\n");
 
-    sh.seq = seqs[0];
     printf("--- seq %lld (%lld tokens a step) ---\n", (long long)sh.seq, (long long)(sh.batch * sh.seq));
     totals t = project(&sh, 1);
     printf("PROJECTION seq %lld: step %.3f s, %.0f tokens/s, MFU %.1f%% ((4·N + 6·S·d_attn·L) = %.2f GFLOP/token), "
@@ -129,26 +241,28 @@ int main(int argc, char **argv) {
            t.tokens_s, 100 * t.mfu, step_model_flops_per_token(c, sh.seq) / 1e9, 100 * t.hfu, t.hw_flops / 1e12);
 
     const int64_t cols[3] = {2048, 4096, 16384};
-    printf("PROJECTION by sequence length (micro-batch 1; time only: whether it fits is `moetrain plan`'s question)\n");
-    printf("%8s %10s %12s %8s %8s %16s %22s\n", "seq", "step s", "tokens/s", "MFU", "HFU", "attention share",
-           "step s, dequant hidden");
-    for (int i = 0; i < 3; i++) {
-        step_shape x = sh;
-        x.seq = cols[i];
-        totals u = project(&x, 0);
-        step_ops ops;
-        step_build(&x, &ops);
-        double att = 0, alu = 0;
-        for (int j = 0; j < ops.n; j++) {
-            int cb;
-            if (ops.op[j].cls == STEP_ATTN) att += op_time(&ops.op[j], &cb);
-            if (ops.op[j].cls == STEP_ALU) alu += op_time(&ops.op[j], &cb);
+    printf("PROJECTION by sequence length and recomputation (micro-batch 1; time only: whether it fits is\n"
+           "`moetrain plan`'s question)\n");
+    printf("%8s %-10s %10s %12s %8s %8s %16s\n", "seq", "recompute", "step s", "tokens/s", "MFU", "HFU",
+           "attention share");
+    const mt_ckpt modes[4] = {MT_CKPT_NONE, MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 4; k++) {
+            step_shape x = sh;
+            x.seq = cols[i];
+            set_recompute(&x, modes[k]);
+            totals u = project(&x, 0);
+            step_ops ops;
+            step_build(&x, &ops);
+            double att = 0;
+            for (int j = 0; j < ops.n; j++) {
+                int cb;
+                if (ops.op[j].cls == STEP_ATTN || ops.op[j].cls == STEP_SDPA) att += op_time(&ops.op[j], &cb);
+            }
+            printf("%8lld %-10s %10.3f %12.0f %7.1f%% %7.1f%% %15.1f%%\n", (long long)x.seq, mt_ckpt_name(modes[k]),
+                   u.step_s, u.tokens_s, 100 * u.mfu, 100 * u.hfu, 100 * att / u.step_s);
         }
-        printf("%8lld %10.3f %12.0f %7.1f%% %7.1f%% %15.1f%% %22.3f\n", (long long)x.seq, u.step_s, u.tokens_s,
-               100 * u.mfu, 100 * u.hfu, 100 * att / u.step_s, u.step_s - alu);
-    }
-    printf("(the last column: the grouped GEMMs' dequantization entirely under the tensor cores' time, the bound\n"
-           " opposite to the step's, which adds it)\n");
-    printf("roofline: PROJECTION, not measured; `make CUDA=1 bench-gpu` on an H100 measures the same step\n");
+    printf("roofline: PROJECTION, not measured; `make CUDA=1 bench-gpu` on an H100 measures the same step, and its\n"
+           "profile table (scripts/profile_table.h) sets each measured row beside these\n");
     return 0;
 }

@@ -33,9 +33,13 @@
 #include "model/spec.h"
 #include "quant/qweight.h"
 
-// STEP_ATTN: the WMMA flash kernels; STEP_ALU: CUDA-core work inside a GEMM kernel (the grouped
-// expert GEMMs' dequantization), counted as if it did not overlap the tensor cores' (an upper bound)
-typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM, STEP_ALU } step_class;
+// STEP_GEMM: a cuBLASLt GEMM (its efficiency by shape, scripts/step_time.h); STEP_GROUPED: the
+// grouped WMMA expert kernel (model/grouped_cuda.cu, until issue 27 replaces it); STEP_ATTN: the
+// WMMA flash kernels; STEP_SDPA: cuDNN's SDPA; STEP_MEM: memory-bound kernels; STEP_ALU: CUDA-core
+// work inside a GEMM kernel (the grouped kernel's dequantization), counted as if it did not
+// overlap the tensor cores' (an upper bound); STEP_DEQUANT: the 4-bit -> bf16 dequantization
+// kernel of the cuBLAS experts, bound by its bytes or by its instructions' issue slots.
+typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM, STEP_ALU, STEP_GROUPED, STEP_SDPA, STEP_DEQUANT } step_class;
 
 typedef struct {
     char name[48];
@@ -43,6 +47,8 @@ typedef struct {
     double count;       // kernel calls (or GEMMs) in the step
     double flops, bytes;
     double m;           // GEMMs: rows per call (the M the efficiency depends on)
+    double n, k;        // cuBLASLt GEMMs: the call's N and K (0: unknown, M alone decides)
+    double instr;       // STEP_DEQUANT, STEP_ALU: thread instructions issued (SASS), whole step
     step_class cls;
 } step_op;
 
@@ -55,9 +61,24 @@ typedef struct {
                                     // per use, the experts' inside their grouped GEMMs
     mt_quant quant;
     int blocksize, double_quant;
-    int recompute;          // --checkpointing full: one recompute forward of every layer
+    int recompute;          // --recompute full: one recompute forward of every layer (both parts)
+    int recompute_attn, recompute_mlp;  // --recompute attention / experts: that part of every
+                                        // layer recomputed (model/spec.h); `recompute` sets both
     int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes
+    // Issue 27's step: 1: every 4-bit expert W dequantized to bf16 by a kernel (once in the
+    // forward, once in the backward for its recompute and dx), then cuBLASLt GEMMs per expert, w1‖w3
+    // as one of N = 2f, LoRA through cuBLASLt; 0: today's grouped WMMA kernel dequantizing tile by
+    // tile. attn_cudnn 1: cuDNN's SDPA forward and backward; 0: the WMMA flash kernels.
+    int experts_cublas, attn_cudnn;
+    double dequant_instr;   // SASS instructions per element of the dequantization kernel (0: 8)
+    double lora_dropout;    // > 0: the experts' LoRA dropout copies (experts_cublas)
 } step_shape;
+
+// The grouped WMMA kernel's dequantization, instructions per element and 64-row tile: ≈ 75-80
+// SASS instructions (issue 27's static review of model/grouped_cuda.cu: a 64-bit division and
+// four loads per element).
+#define STEP_GROUPED_DEQUANT_INSTR 76.0
+#define STEP_DEQUANT_INSTR_DEFAULT 8.0
 
 // Rows of a grouped expert GEMM's block tile (model/grouped_cuda.cu): each block dequantizes the W
 // tiles it multiplies, so an expert's W is dequantized once per tile of its rows.
@@ -70,13 +91,22 @@ typedef struct {
     int n;
 } step_ops;
 
-static inline void step_add(step_ops *s, const char *name, char phase, double count, double flops, double bytes,
-                            double m, step_class cls) {
-    if (s->n >= STEP_MAX_OPS || count <= 0) return;
+static inline step_op *step_add(step_ops *s, const char *name, char phase, double count, double flops, double bytes,
+                                double m, step_class cls) {
+    static step_op sink;  // a row not added (count 0, table full): written to, never read
+    if (s->n >= STEP_MAX_OPS || count <= 0) return &sink;
     step_op *o = &s->op[s->n++];
     memset(o, 0, sizeof *o);
     strncpy(o->name, name, sizeof o->name - 1);
     o->phase = phase, o->count = count, o->flops = flops, o->bytes = bytes, o->m = m, o->cls = cls;
+    return o;
+}
+
+// A cuBLASLt GEMM row: rows M per call, N and K of each call (the efficiency's shape).
+static inline void step_gemm(step_ops *s, const char *name, char phase, double count, double flops, double bytes,
+                             double m, double n, double k) {
+    step_op *o = step_add(s, name, phase, count, flops, bytes, m, STEP_GEMM);
+    o->n = n, o->k = k;
 }
 
 // N: matmul parameters per token (see the conventions above).
@@ -91,7 +121,7 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 }
 
 // One LoRA pair on an [out, in] Linear over `rows` rows: forward x·Aᵀ then (xa)·Bᵀ added into y;
-// backward dB, dxa, dA, and dx += dxa·A.
+// backward dB, dxa, dA, and dx += dxa·A. `recompute`: the forward again in phase R.
 static inline void step_lora(step_ops *s, const char *name, double calls, double rows, double in, double out,
                              double r, int recompute) {
     const double bf = 2.0;
@@ -100,12 +130,30 @@ static inline void step_lora(step_ops *s, const char *name, double calls, double
     double b_flops = 2.0 * f_flops;
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
     double b_bytes = bf * (rows * (2 * out + 4 * r + 3 * in) + 3 * r * (in + out));
-    step_add(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, STEP_GEMM);
-    if (recompute) step_add(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, STEP_GEMM);
-    step_add(s, name, 'B', calls, b_flops * calls, b_bytes * calls, rows, STEP_GEMM);
+    // The shape of the larger product (x·Aᵀ: N = r, K = in): LoRA's GEMMs are memory-bound.
+    step_gemm(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, r, in);
+    if (recompute) step_gemm(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, r, in);
+    step_gemm(s, name, 'B', calls, b_flops * calls, b_bytes * calls, rows, r, in);
 }
 
-// The step, op by op.
+// LoRA products of several Linears summed into one row per phase (the step profiles them as one).
+static inline void step_lora_rows(step_ops *s, const step_ops *tmp, const char *name, double calls_div, double m) {
+    const char phases[3] = {'F', 'R', 'B'};
+    for (int p = 0; p < 3; p++) {
+        double cnt = 0, fl = 0, by = 0, n = 0, k = 0;
+        for (int i = 0; i < tmp->n; i++)
+            if (tmp->op[i].phase == phases[p])
+                cnt += tmp->op[i].count, fl += tmp->op[i].flops, by += tmp->op[i].bytes, n = tmp->op[i].n,
+                k = fmax(k, tmp->op[i].k);
+        step_gemm(s, name, phases[p], cnt / calls_div, fl, by, m, n, k);
+    }
+}
+
+// The step, op by op. Row names are the step's profile rows (core/profile.h mt_prof_push), so a
+// measured step lands beside this line by line (scripts/profile_table.h). Phase R holds the
+// parts --recompute recomputes: the attention part (ln1 to h: norm, q, k, v, RoPE, attention, o,
+// the first residual add) and the MLP part (ln2 onwards: norm, router, the gather, the experts;
+// a replay combines nothing and makes no layer output).
 static inline void step_build(const step_shape *sh, step_ops *s) {
     const mt_model_config *c = &sh->cfg;
     const double bf = 2.0, f32 = 4.0;
@@ -114,28 +162,31 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const double V = (double)c->vocab, H = (double)c->heads, dq = (double)(c->heads * c->head_dim);
     const double dkv = (double)(c->kv_heads * c->head_dim), r = (double)sh->lora_r;
     const double Tk = T * K, Me = Tk / E;  // expert rows: every token k times, spread evenly (assumed)
-    const int R = sh->recompute;
+    const int RA = sh->recompute || sh->recompute_attn, RM = sh->recompute || sh->recompute_mlp;
+    const int cub = sh->experts_cublas;
     memset(s, 0, sizeof *s);
 
     step_add(s, "embedding", 'F', 1, 0, 2 * bf * T * h, T, STEP_MEM);
 
-    // Two RMSNorms per layer and the final one (not recomputed: it is outside the layers).
-    double nf_b = 2 * bf * T * h + f32 * T, nb_b = 4 * bf * T * h + f32 * T;
+    // Two RMSNorms per layer and the final one (not recomputed: it is outside the layers); a
+    // recomputed part runs its own again.
+    double nf_b = 2 * bf * T * h + f32 * T, nb_b = 4 * bf * T * h + f32 * T, nR = (double)(RA + RM) * L;
     step_add(s, "rmsnorm", 'F', 2 * L + 1, 4 * T * h * (2 * L + 1), nf_b * (2 * L + 1), T, STEP_MEM);
-    if (R) step_add(s, "rmsnorm", 'R', 2 * L, 4 * T * h * 2 * L, nf_b * 2 * L, T, STEP_MEM);
+    step_add(s, "rmsnorm", 'R', nR, 4 * T * h * nR, nf_b * nR, T, STEP_MEM);
     step_add(s, "rmsnorm", 'B', 2 * L + 1, 6 * T * h * (2 * L + 1), nb_b * (2 * L + 1), T, STEP_MEM);
 
-    // Attention projections: q, k, v as three GEMMs reading x each; o. Base frozen: backward is dx only.
+    // Attention projections: q, k, v as three GEMMs reading x each; o. Base frozen: backward is dx
+    // only. The shapes: q's (N = dq, K = h) stands for the three.
     const double nqkv = dq + 2 * dkv;
     double qkv_f = 2 * T * h * nqkv, qkv_fb = bf * (h * nqkv + 3 * T * h + T * nqkv);
     double qkv_bb = bf * (h * nqkv + T * nqkv + 3 * 2 * T * h);
-    step_add(s, "q,k,v GEMMs", 'F', 3 * L, qkv_f * L, qkv_fb * L, T, STEP_GEMM);
-    if (R) step_add(s, "q,k,v GEMMs", 'R', 3 * L, qkv_f * L, qkv_fb * L, T, STEP_GEMM);
-    step_add(s, "q,k,v GEMMs (dx)", 'B', 3 * L, qkv_f * L, qkv_bb * L, T, STEP_GEMM);
+    step_gemm(s, "q,k,v GEMMs", 'F', 3 * L, qkv_f * L, qkv_fb * L, T, dq, h);
+    if (RA) step_gemm(s, "q,k,v GEMMs", 'R', 3 * L, qkv_f * L, qkv_fb * L, T, dq, h);
+    step_gemm(s, "q,k,v GEMMs (dx)", 'B', 3 * L, qkv_f * L, qkv_bb * L, T, h, dq);
     double o_f = 2 * T * dq * h, o_fb = bf * (dq * h + T * dq + T * h), o_bb = bf * (dq * h + T * h + 2 * T * dq);
-    step_add(s, "o GEMM", 'F', L, o_f * L, o_fb * L, T, STEP_GEMM);
-    if (R) step_add(s, "o GEMM", 'R', L, o_f * L, o_fb * L, T, STEP_GEMM);
-    step_add(s, "o GEMM (dx)", 'B', L, o_f * L, o_bb * L, T, STEP_GEMM);
+    step_gemm(s, "o GEMM", 'F', L, o_f * L, o_fb * L, T, h, dq);
+    if (RA) step_gemm(s, "o GEMM", 'R', L, o_f * L, o_fb * L, T, h, dq);
+    step_gemm(s, "o GEMM (dx)", 'B', L, o_f * L, o_bb * L, T, dq, h);
     if (sh->targets & MT_TARGET_ATTN) {
         // Per adapted projection; q, k, v, o have (in, out) = (h, dq), (h, dkv), (h, dkv), (dq, h).
         step_ops tmp;
@@ -143,57 +194,70 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         const unsigned bits[4] = {MT_TARGET_Q, MT_TARGET_K, MT_TARGET_V, MT_TARGET_O};
         const double ins[4] = {h, h, h, dq}, outs[4] = {dq, dkv, dkv, h};
         for (int i = 0; i < 4; i++)
-            if (sh->targets & bits[i]) step_lora(&tmp, "x", L, T, ins[i], outs[i], r, R);
-        // Summed into one row per phase.
-        const char phases[3] = {'F', 'R', 'B'};
-        for (int p = 0; p < 3; p++) {
-            double cnt = 0, fl = 0, by = 0;
-            for (int i = 0; i < tmp.n; i++)
-                if (tmp.op[i].phase == phases[p]) cnt += tmp.op[i].count, fl += tmp.op[i].flops, by += tmp.op[i].bytes;
-            step_add(s, "LoRA q,k,v,o", phases[p], cnt, fl, by, T, STEP_GEMM);
-        }
+            if (sh->targets & bits[i]) step_lora(&tmp, "x", L, T, ins[i], outs[i], r, RA);
+        step_lora_rows(s, &tmp, "LoRA q,k,v,o", 1, T);
     }
 
     double rope_b = 2 * bf * T * (dq + dkv), rope_f = 6 * T * (dq + dkv) / 2;
     step_add(s, "rope (q, k)", 'F', L, rope_f * L, rope_b * L, T, STEP_MEM);
-    if (R) step_add(s, "rope (q, k)", 'R', L, rope_f * L, rope_b * L, T, STEP_MEM);
+    if (RA) step_add(s, "rope (q, k)", 'R', L, rope_f * L, rope_b * L, T, STEP_MEM);
     step_add(s, "rope (q, k)", 'B', L, rope_f * L, rope_b * L, T, STEP_MEM);
 
-    // Attention (causal, model/ops_cuda.cu's WMMA kernels): forward 2·T·S·d_attn; backward as its
-    // two kernels, 7 units. Bytes: q, k, v, out once each (K/V re-reads per query block are L2
-    // traffic), lse; backward D, dq, dk, dv read and written.
+    // Attention, causal: forward 2·T·S·d_attn (QKᵀ and P·V over the visible half). Backward as
+    // the kernels run it: the WMMA pair 7 units (the dq kernel recomputes QKᵀ and dO·Vᵀ and runs
+    // dS·K, the dk/dv kernel recomputes both and runs Pᵀ·dO and dSᵀ·Q); cuDNN's (FlashAttention-2's
+    // algorithm, one pass) 5 units: QKᵀ again, dO·Vᵀ, dV, dQ, dK. Bytes: q, k, v, out once each
+    // (K/V re-reads per query block are L2 traffic), lse; backward D, dq, dk, dv read and written.
     double at_fb = bf * (2 * T * dq + 2 * T * dkv) + f32 * T * H;
     double at_bb = bf * (3 * T * dq + 2 * T * dkv + T * dq + 2 * T * dkv) + f32 * 2 * T * H;
-    step_add(s, "attention fwd (wmma bf16)", 'F', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN);
-    if (R) step_add(s, "attention fwd (wmma bf16)", 'R', L, 2 * T * S * dq * L, at_fb * L, T, STEP_ATTN);
-    step_add(s, "attention bwd (wmma bf16)", 'B', L, 7 * T * S * dq * L, at_bb * L, T, STEP_ATTN);
+    const char *att_f = sh->attn_cudnn ? "attention fwd (cuDNN SDPA)" : "attention fwd (wmma bf16)";
+    const char *att_b = sh->attn_cudnn ? "attention bwd (cuDNN SDPA)" : "attention bwd (wmma bf16)";
+    step_class ac = sh->attn_cudnn ? STEP_SDPA : STEP_ATTN;
+    double bwd_units = sh->attn_cudnn ? 5 : 7;
+    step_add(s, att_f, 'F', L, 2 * T * S * dq * L, at_fb * L, T, ac);
+    if (RA) step_add(s, att_f, 'R', L, 2 * T * S * dq * L, at_fb * L, T, ac);
+    step_add(s, att_b, 'B', L, bwd_units * T * S * dq * L, at_bb * L, T, ac);
 
     // Router: x·Wgᵀ to fp32 logits, softmax and top-k (folded in); backward dx = dlogits·Wg.
     double ro_f = 2 * T * h * E, ro_fb = bf * (T * h + E * h) + f32 * (2 * T * E) + (f32 + 4) * Tk;
     double ro_bb = f32 * 2 * T * E + bf * (E * h + 2 * T * h);
-    step_add(s, "router GEMM + top-k", 'F', L, ro_f * L, ro_fb * L, T, STEP_GEMM);
-    if (R) step_add(s, "router GEMM + top-k", 'R', L, ro_f * L, ro_fb * L, T, STEP_GEMM);
-    step_add(s, "router GEMM (dx)", 'B', L, ro_f * L, ro_bb * L, T, STEP_GEMM);
-    if (sh->targets & MT_TARGET_GATE) step_lora(s, "LoRA gate", L, T, h, E, r, R);
+    step_gemm(s, "router GEMM + top-k", 'F', L, ro_f * L, ro_fb * L, T, E, h);
+    if (RM) step_gemm(s, "router GEMM + top-k", 'R', L, ro_f * L, ro_fb * L, T, E, h);
+    step_gemm(s, "router GEMM (dx)", 'B', L, ro_f * L, ro_bb * L, T, h, E);
+    if (sh->targets & MT_TARGET_GATE) step_lora(s, "LoRA gate", L, T, h, E, r, RM);
 
-    // Tokens to expert rows (each token k times) and back, weighted by the router.
+    // Tokens to expert rows (each token k times) and back, weighted by the router; a replay
+    // gathers only.
     double pc_fb = bf * (2 * Tk * h + Tk * h + T * h), pc_bb = bf * (2 * Tk * h + 2 * Tk * h + 2 * T * h);
     step_add(s, "permute/gather + combine", 'F', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
-    if (R) step_add(s, "permute/gather + combine", 'R', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
+    if (RM) step_add(s, "permute/gather + combine", 'R', L, 0, bf * 2 * Tk * h * L, Tk, STEP_MEM);
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
 
-    // Attention's NF4 -> bf16, once per use (forward, recompute, backward) of every 4-bit matrix.
-    // The experts' dequantize inside their grouped GEMMs: each GEMM kind reads the 4-bit W (its
-    // bytes below) and dequantizes a tile of it per row tile of its expert (ALU work).
+    // Dequantization. Attention's 4-bit q, k, v, o to bf16 once per use (forward, recompute,
+    // backward). The experts: the WMMA kernel reads the 4-bit W and dequantizes a tile of it per
+    // 64-row tile of its expert's rows (4 FLOPs an element, STEP_GROUPED_DEQUANT_INSTR issue slots);
+    // the cuBLAS path dequantizes each expert's w1‖w3 and w2 whole into bf16 scratch, once in the
+    // forward and once in the backward, which serves its recompute and dx (1 FLOP an element, the
+    // scale; bytes: 4-bit in with its constants, bf16 out).
     const char phases[3] = {'F', 'R', 'B'};
+    double w_elems = 3 * h * f * E * L;  // every expert's w1, w2, w3
     for (int p = 0; p < 3; p++) {
-        if (phases[p] == 'R' && !R) continue;
-        if (sh->quant_experts) {
+        int attn_r = phases[p] != 'R' || RA, mlp_r = phases[p] != 'R' || RM;
+        if (sh->quant_experts && !cub && mlp_r) {
             double tiles = ceil(Me / STEP_GROUPED_TILE_M);
-            step_add(s, "dequant in grouped GEMMs (ALU)", phases[p], 2 * L, 4 * 3 * h * f * E * tiles * L, 0, 0,
-                     STEP_ALU);
+            step_op *o = step_add(s, "dequant in grouped GEMMs (ALU)", phases[p], 2 * L, 4 * w_elems * tiles, 0, 0,
+                                  STEP_ALU);
+            o->instr = STEP_GROUPED_DEQUANT_INSTR * w_elems * tiles;
         }
-        if (sh->quant_attn) {
+        if (sh->quant_experts && cub && phases[p] != 'R') {
+            double in = (double)mt_qweight_dequant_bytes_of(sh->quant, c->intermediate, c->hidden, sh->blocksize,
+                                                            sh->double_quant, MT_BF16);  // one [f, h] matrix
+            double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
+            step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], 2 * E * L, w_elems, 3 * E * L * in, 0,
+                                  STEP_DEQUANT);
+            o->instr = instr * w_elems;
+        }
+        if (sh->quant_attn && attn_r) {
             double by = 0;
             const int64_t ins[4] = {c->hidden, c->hidden, c->hidden, c->heads * c->head_dim};
             const int64_t outs[4] = {c->heads * c->head_dim, c->kv_heads * c->head_dim, c->kv_heads * c->head_dim,
@@ -206,53 +270,74 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         }
     }
 
-    // Experts: one grouped launch per GEMM kind and layer (model/experts_gpu.c): w1 and w3 into
-    // gu's halves, SwiGLU over every row, w2; the efficiency is that of Me rows (an expert's). W's
-    // bytes: 4-bit when quantized (read by the kernel), else bf16.
-    double w_f_h = sh->quant_experts ? (double)mt_q4_weight_bytes(sh->quant, c->intermediate * c->hidden,
-                                                                  mt_q4_blocksize_or_default(sh->quant, sh->blocksize),
-                                                                  sh->double_quant)
-                                     : bf * f * h;  // one [f, h] matrix
+    // Experts. W's bytes: 4-bit when the WMMA kernel reads it, bf16 scratch for cuBLASLt (the
+    // dequantization's output, read back), bf16 when not quantized.
+    double w_f_h = sh->quant_experts && !cub
+                       ? (double)mt_q4_weight_bytes(sh->quant, c->intermediate * c->hidden,
+                                                    mt_q4_blocksize_or_default(sh->quant, sh->blocksize), sh->double_quant)
+                       : bf * f * h;  // one [f, h] matrix
     double e13_f = 2 * Tk * h * 2 * f, e13_fb = 2 * E * w_f_h + bf * (Tk * h + Tk * 2 * f);
-    double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice
+    double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice (WMMA)
     double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
-    step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
-    if (R) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GEMM);
-    step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GEMM);
     double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
+    if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
+        step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
+        if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
+        step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GROUPED);
+    } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
+        e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + Tk * h);
+        step_gemm(s, "expert GEMM w1+w3 (cuBLASLt)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        if (RM) step_gemm(s, "expert GEMM w1+w3 (cuBLASLt)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        step_gemm(s, "expert GEMM w1+w3 (dx, cuBLASLt)", 'B', E * L, e13_f * L, e13_bb * L, Me, h, 2 * f);
+    }
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
-    if (R) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
+    if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     step_add(s, "SwiGLU", 'B', L, 12 * Tk * f * L, sw_bb * L, Tk, STEP_MEM);
-    step_add(s, "expert GEMM w2 (grouped)", 'F', L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
-    if (R) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GEMM);
-    step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GEMM);
+    if (!cub) {
+        step_add(s, "expert GEMM w2 (grouped)", 'F', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
+        if (RM) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
+        step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GROUPED);
+    } else {
+        step_gemm(s, "expert GEMM w2 (cuBLASLt)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        if (RM) step_gemm(s, "expert GEMM w2 (cuBLASLt)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        step_gemm(s, "expert GEMM w2 (dx, cuBLASLt)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
+    }
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
-        if (sh->targets & MT_TARGET_W1) step_lora(&tmp, "x", E * L, Me, h, f, r, R);
-        if (sh->targets & MT_TARGET_W3) step_lora(&tmp, "x", E * L, Me, h, f, r, R);
-        if (sh->targets & MT_TARGET_W2) step_lora(&tmp, "x", E * L, Me, f, h, r, R);
-        for (int p = 0; p < 3; p++) {
-            double cnt = 0, fl = 0, by = 0;
-            for (int i = 0; i < tmp.n; i++)
-                if (tmp.op[i].phase == phases[p]) cnt += tmp.op[i].count, fl += tmp.op[i].flops, by += tmp.op[i].bytes;
-            // per-expert GEMMs counted above; they run as grouped launches, one for all E experts
-            step_add(s, "LoRA experts w1,w3,w2 (grouped)", phases[p], cnt / E, fl, by, Me, STEP_GEMM);
+        if (sh->targets & MT_TARGET_W1) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
+        if (sh->targets & MT_TARGET_W3) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
+        if (sh->targets & MT_TARGET_W2) step_lora(&tmp, "x", E * L, Me, f, h, r, RM);
+        // The grouped kernel runs one launch for all E experts; cuBLASLt one call per expert.
+        step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLASLt)" : "LoRA experts w1,w3,w2 (grouped)",
+                       cub ? 1 : E, Me);
+        // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for
+        // w1, w3, f for w2) in every forward, and the f32 product it masks in the backward.
+        double drop_in = 0;
+        if (sh->targets & MT_TARGET_W1) drop_in += h;
+        if (sh->targets & MT_TARGET_W3) drop_in += h;
+        if (sh->targets & MT_TARGET_W2) drop_in += f;
+        if (cub && sh->lora_dropout > 0) {
+            double fb = 2 * bf * Tk * drop_in, bb = (bf + 2 * f32) * Tk * drop_in;  // read, write; f32 product
+            step_add(s, "LoRA dropout copy", 'F', 3 * E * L, Tk * drop_in * L, fb * L, Tk, STEP_MEM);
+            if (RM) step_add(s, "LoRA dropout copy", 'R', 3 * E * L, Tk * drop_in * L, fb * L, Tk, STEP_MEM);
+            step_add(s, "LoRA dropout copy", 'B', 3 * E * L, Tk * drop_in * L, bb * L, Tk, STEP_MEM);
         }
     }
 
-    // Residual adds, two per layer (the backward passes gradients through by accumulation).
+    // Residual adds, two per layer forward (the backward passes gradients through by
+    // accumulation); a replay makes h only (the attention part's add).
     step_add(s, "residual adds", 'F', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
-    if (R) step_add(s, "residual adds", 'R', 2 * L, 2 * T * h * L, 2 * 3 * bf * T * h * L, T, STEP_MEM);
+    if (RA) step_add(s, "residual adds", 'R', L, T * h * L, 3 * bf * T * h * L, T, STEP_MEM);
 
     // lm_head (frozen bf16) to fp32 logits a chunk of rows at a time (model/loss.c): a training
     // forward takes the loss, writes each chunk's gradient over its logits and takes dx =
     // dlogits·W at once (the backward only scales dx). The logits [T, V] never exist whole;
     // their bytes still move.
-    step_add(s, "lm_head GEMM + loss", 'F', 1, 2 * T * h * V + 3 * T * V, bf * (V * h + T * h) + 2 * f32 * T * V, T,
-             STEP_GEMM);
+    step_gemm(s, "lm_head GEMM + loss", 'F', 1, 2 * T * h * V + 3 * T * V, bf * (V * h + T * h) + 2 * f32 * T * V, T,
+              V, h);
     step_add(s, "cross-entropy gradient", 'F', 1, 3 * T * V, 2 * f32 * T * V, T, STEP_MEM);
-    step_add(s, "lm_head GEMM (dx)", 'F', 1, 2 * T * h * V, bf * (V * h + 2 * T * h) + f32 * T * V, T, STEP_GEMM);
+    step_gemm(s, "lm_head GEMM (dx)", 'F', 1, 2 * T * h * V, bf * (V * h + 2 * T * h) + f32 * T * V, T, h, V);
 
     // AdamW on the LoRA parameters: bf16 param and grad, fp32 m, v and master, read and written,
     // and the gradient zeroed: 2+2+4+4+4 read, 2+4+4+4 written, 2 zeroed = 32 bytes a parameter.

@@ -202,3 +202,115 @@ Test(checkpointing, router_gradient_from_w2_input_gradient_with_lora_dropout) {
     mt_model_free(&m), mt_model_free(&ref[0]), mt_model_free(&ref[1]);
     mt_backend_free(be);
 }
+
+// --recompute attention / experts: the backward recomputes one part of every layer (attention:
+// ln1 to h; experts: ln2 onwards) and keeps the other. Every gradient of the model (LoRA on
+// attention, the router and the experts, so both parts train) equals that of keeping everything,
+// bit for bit: recomputation is deterministic on the cpu. Each selective mode keeps less than
+// none and more than full.
+typedef struct { double loss; uint64_t act_peak; float *g; size_t n; } mode_result;
+
+static void mode_run(const char *dir, mt_ckpt ckpt, mt_quant quant, mode_result *r) {
+    mt_backend *be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 4, o.quant = quant, o.lora_dropout = 0.2;
+    o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE | MT_TARGET_ATTN;
+    o.checkpointing = ckpt;
+    mt_model m;
+    cr_assert_eq(mt_model_load(&m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    mt_param *p;
+    int n = mt_model_params(&m, &p);
+    for (int i = 0; i < n; i++)  // B ≠ 0: A's gradients carry information
+        if (strstr(p[i].name, "lora_B")) {
+            float *b = p[i].w->data;
+            for (int64_t j = 0; j < mt_tensor_numel(p[i].w); j++) b[j] = 0.02f * sinf((float)(3 * j + i));
+        }
+    mt_model_set_dropout_seed(&m, 5, 0, 0);
+    enum { B = 2, S = 24 };
+    int32_t tokens[B * S], labels[B * S];
+    for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = (i * 37 + 11) % 256;
+    mt_batch batch = {B, S, tokens, labels, NULL};
+    mt_ledger_reset_peak(&be->ledger);
+    mt_loss loss;
+    mt_model_zero_grad(&m);
+    cr_assert_eq(mt_model_forward_train(&m, &batch, &loss), 0);
+    mt_model_backward(&m);
+    r->loss = loss.loss, r->act_peak = be->ledger.peak[MT_MEM_ACT], r->n = 0, r->g = NULL;
+    for (int i = 0; i < n; i++) {
+        size_t k = (size_t)mt_tensor_numel(p[i].g);
+        r->g = mt_xrealloc(r->g, (r->n + k) * sizeof(float));
+        memcpy(r->g + r->n, p[i].g->data, k * sizeof(float));
+        r->n += k;
+    }
+    mt_params_free(p, n);
+    mt_model_free(&m);
+    mt_backend_free(be);
+}
+
+static void every_mode_as_none(mt_quant quant) {
+    char tmp[64], out[4096], dir[128];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(dir, sizeof dir, "%s/tiny4", tmp);
+    cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/tests/data/tiny4.json --out %s", MT_REPO_ROOT, dir), 0,
+                 "%s", out);
+    mode_result none, r[3];
+    mt_ckpt modes[3] = {MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};
+    mode_run(dir, MT_CKPT_NONE, quant, &none);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < none.n; i++) nonzero += none.g[i] != 0;
+    cr_assert_gt(nonzero, none.n / 4, "the gradients carry information (%zu of %zu non-zero)", nonzero, none.n);
+    for (int k = 0; k < 3; k++) {
+        mode_run(dir, modes[k], quant, &r[k]);
+        const char *name = mt_ckpt_name(modes[k]);
+        cr_assert_eq(r[k].loss, none.loss, "%s: loss %.17g vs %.17g", name, r[k].loss, none.loss);
+        cr_assert_eq(r[k].n, none.n);
+        size_t differ = 0;
+        for (size_t i = 0; i < none.n; i++) differ += memcmp(&r[k].g[i], &none.g[i], sizeof(float)) != 0;
+        cr_assert_eq(differ, 0, "%s: %zu of %zu gradient elements differ from none's", name, differ, none.n);
+        cr_log_info("%s: act peak %llu bytes (none %llu)", name, (unsigned long long)r[k].act_peak,
+                    (unsigned long long)none.act_peak);
+    }
+    for (int k = 0; k < 2; k++) {
+        cr_assert_lt(r[k].act_peak, none.act_peak, "%s keeps less than none", mt_ckpt_name(modes[k]));
+        cr_assert_gt(r[k].act_peak, r[2].act_peak, "%s keeps more than full", mt_ckpt_name(modes[k]));
+    }
+    free(none.g);
+    for (int k = 0; k < 3; k++) free(r[k].g);
+    mt_test_rmrf(tmp);
+}
+
+Test(checkpointing, attention_and_experts_modes_give_none_gradients_bit_for_bit) { every_mode_as_none(MT_QUANT_NONE); }
+Test(checkpointing, attention_and_experts_modes_with_a_4bit_base) { every_mode_as_none(MT_QUANT_NF4); }
+
+// The flag and its aliases (YAML files and scripts written for --checkpointing keep working), and
+// auto never reaching a model: the trainer and the planner resolve it.
+Test(checkpointing, recompute_flag_aliases_and_auto_resolved_before_the_model) {
+    struct { const char *argv[2]; mt_ckpt want; } ok[] = {
+        {{"--recompute", "attention"}, MT_CKPT_ATTENTION}, {{"--recompute", "experts"}, MT_CKPT_EXPERTS},
+        {{"--ckpt", "none"}, MT_CKPT_NONE}, {{"--checkpointing", "full"}, MT_CKPT_FULL},
+        {{"--checkpointing", "experts"}, MT_CKPT_EXPERTS}, {{"--recompute", "auto"}, MT_CKPT_AUTO},
+    };
+    mt_run_opts o;
+    for (size_t i = 0; i < MT_ARRAY_LEN(ok); i++) {
+        mt_run_opts_default(&o);
+        char *argv[2] = {(char *)ok[i].argv[0], (char *)ok[i].argv[1]};
+        cr_assert_eq(mt_run_opts_parse(&o, 2, argv), 0, "%s %s: %s", argv[0], argv[1], mt_error_get());
+        cr_expect_eq(o.checkpointing, ok[i].want, "%s %s", argv[0], argv[1]);
+    }
+    mt_run_opts_default(&o);
+    cr_expect_eq(o.checkpointing, MT_CKPT_AUTO, "auto is the default");
+    cr_expect_eq(mt_run_opts_model_spec(&o).checkpointing, MT_CKPT_FULL, "unresolved auto builds full");
+    char *bad[2] = {"--recompute", "sometimes"};
+    cr_expect_neq(mt_run_opts_parse(&o, 2, bad), 0);
+    cr_expect(strstr(mt_error_get(), "none, attention, experts"), "%s", mt_error_get());
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(MT_REPO_ROOT "/tests/data/tiny4.json", &cfg), 0, "%s", mt_error_get());
+    mt_model_spec spec = mt_run_opts_model_spec(&o);
+    spec.checkpointing = MT_CKPT_AUTO;
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m;
+    cr_expect_neq(mt_model_build(&m, be, &cfg, NULL, &spec), 0, "a model refuses auto");
+    cr_expect(strstr(mt_error_get(), "--recompute auto"), "%s", mt_error_get());
+    mt_backend_free(be);
+}

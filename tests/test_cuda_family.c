@@ -150,7 +150,7 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
                      dir, L);
     }
     free(ids);
-    if (mc.cfg.clip_qkv > 0 && ckpt == MT_CKPT_NONE) {  // the clamp cuts: q_norm's outputs beyond ±clip
+    if (mc.cfg.clip_qkv > 0 && !mt_ckpt_attention(ckpt)) {  // the clamp cuts: q_norm's outputs beyond ±clip
         const mt_layer_acts *a = &mc.acts[0];
         const float *x = a->q_raw->data, *r = a->rstd_q->data, *w = mc.layers[0].qn->data, cl = (float)mc.cfg.clip_qkv;
         int64_t cut = 0, nq = mt_tensor_numel(a->q_raw), width = nq / T;
@@ -179,18 +179,30 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
     mt_backend_free(cpu), mt_backend_free(gpu);
 }
 
-static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mode mode) {
+// `selective`: --recompute attention and experts too: the attention part (q/k norms, the clamp)
+// or the MLP part (router, experts, shared expert, a dense layer's MLP) recomputed, the rest kept
+// per layer. (Inside these tests, not beside them: tests/cudasim/run.sh's filter of every CUDA
+// test by name takes at most 99, Criterion's limit on a pattern's alternatives.)
+static void family_step_modes(const char *name, void (*edit)(mt_model_config *), mt_mode mode, int selective) {
     char tmp[64], dir[512];
     mt_test_tmpdir(tmp, sizeof tmp);
     family_checkpoint(tmp, name, edit, dir);
     step_matches_cpu(dir, mode, MT_CKPT_NONE);
     step_matches_cpu(dir, mode, MT_CKPT_FULL);  // recomputation: replayed routing, parts rebuilt
+    if (selective) {
+        step_matches_cpu(dir, mode, MT_CKPT_ATTENTION);
+        step_matches_cpu(dir, mode, MT_CKPT_EXPERTS);
+    }
     mt_test_rmrf(tmp);
 }
 
-Test(cuda, qwen2_moe_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_LORA); }
+static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mode mode) {
+    family_step_modes(name, edit, mode, 0);
+}
+
+Test(cuda, qwen2_moe_step_matches_cpu) { family_step_modes("tiny-qwen2-moe.json", NULL, MT_MODE_LORA, 1); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
-Test(cuda, olmoe_step_matches_cpu) { family_step("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_LORA); }
+Test(cuda, olmoe_step_matches_cpu) { family_step_modes("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_LORA, 1); }
 // Many small experts, several of them without a row (78 routed rows over 32): the grouped
 // launches' tile scan and their skipped experts. One layer: with 32 experts a deeper layer's
 // logits hold near ties that the two backends' roundings break differently.

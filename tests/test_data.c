@@ -185,7 +185,7 @@ static int collect(void *ctx, mt_seg_kind kind, const char *text, size_t len, in
 
 Test(data, chat_render_for_generation) {
     char out[512] = "";
-    mt_chat_msg m[] = {{"user", "Hi"}};
+    mt_chat_msg m[] = {{"user", "Hi", 0}};
     cr_assert_eq(mt_chat_render(m, 1, 0, collect, out), 0, "%s", mt_error_get());
     cr_assert_str_eq(out, "<s>[INST] Hi [/INST]");
     cr_assert_neq(mt_chat_render(m, 1, 1, collect, out), 0, "training needs an assistant turn");
@@ -219,7 +219,7 @@ Test(data, bad_lines_named) {
     expect_bad_line("{\"text\": \"a\"} trailing", "more text after");
     expect_bad_line("[\"text\", \"a\"]", "not a JSON object");
     expect_bad_line("\"just a string\"", "not a JSON object");
-    expect_bad_line("{\"prompt\": \"a\", \"completion\": \"b\"}", "no \"text\"");
+    expect_bad_line("{\"question\": \"a\", \"answer\": \"b\"}", "no \"text\"");  // prompt/completion is TRL's form (below)
     expect_bad_line("{\"text\": \"\"}", "\"text\" is empty");
     expect_bad_line("{\"text\": 5}", "\"text\" must be a string");
     expect_bad_line("{\"text\": \"a\", \"messages\": []}", "more than one form");
@@ -282,7 +282,7 @@ Test(data, overlong_truncate) {
     cr_assert_eq(fx_load(&f, &d, overlong_data), 0, "%s", mt_error_get());
     cr_assert_eq(d.n, 2);
     cr_assert_eq(d.stats.truncated, 1);
-    cr_assert_eq(d.stats.dropped_masked, 1, "the prompt alone fills seq: nothing left to learn");
+    cr_assert_eq(d.stats.dropped_truncated, 1, "the prompt alone fills seq: nothing left to learn");
     cr_assert_eq(d.stats.longest, 8);
     expect e = {0};
     ex_id(&e, 1, 0);
@@ -695,6 +695,131 @@ Test(data, whole_epochs_for_eval) {
     cr_assert_eq(seen, 5);
     cr_assert_eq(letters_seen, 6, "every sample once, none twice");
     cr_assert_eq(c.index, 0);
+    mt_dataset_free(&d);
+    fx_done(&f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instruction templates, TRL's and ShareGPT's rows, and the data line (issue 28, snag 3)
+
+Test(data, instruction_templates_alpaca_none_and_chat) {
+    fx f;
+    fx_init(&f);
+    const char *row = "{\"instruction\": \"Add\", \"input\": \"1 2\", \"output\": \"3\"}\n";
+    mt_dataset d;
+    expect e = {0};
+    f.o.prompt = MT_PROMPT_NONE;  // the instruction and its input alone
+    cr_assert_eq(fx_load(&f, &d, row), 0, "%s", mt_error_get());
+    ex_id(&e, 1, 0), ex_text(&e, "Add\n\n1 2\n", 0), ex_text(&e, "3", 1), ex_id(&e, 2, 1);
+    assert_sample(&d, 0, &e);
+    mt_dataset_free(&d);
+    f.o.prompt = MT_PROMPT_CHAT;  // a user turn through the chat template (Mixtral's by default)
+    cr_assert_eq(fx_load(&f, &d, row), 0, "%s", mt_error_get());
+    e.n = 0;
+    ex_id(&e, 1, 0), ex_text(&e, "[INST] Add\n\n1 2 [/INST]", 0), ex_text(&e, "3", 1), ex_id(&e, 2, 1);
+    assert_sample(&d, 0, &e);
+    mt_dataset_free(&d);
+    f.o.prompt = MT_PROMPT_ALPACA;  // the default: Stanford Alpaca's preamble
+    cr_assert_eq(fx_load(&f, &d, row), 0, "%s", mt_error_get());
+    const int32_t *tok;
+    int64_t n = mt_dataset_sample(&d, 0, &tok, NULL);
+    cr_assert_gt(n, 150, "Alpaca's preamble is long: %lld tokens", (long long)n);
+    cr_assert_eq(memcmp((const int32_t[]){'B', 'e', 'l', 'o', 'w'}, tok + 1, 20), 0);
+    mt_dataset_free(&d);
+    mt_prompt_style s;
+    cr_assert_eq(mt_prompt_style_parse("none", &s), 0);
+    cr_assert_eq(s, MT_PROMPT_NONE);
+    cr_assert_neq(mt_prompt_style_parse("vicuna", &s), 0);
+    cr_assert(strstr(mt_error_get(), "alpaca, none or chat"), "%s", mt_error_get());
+    fx_done(&f);
+}
+
+Test(data, trl_prompt_completion_rows_train_on_the_completion) {
+    fx f;
+    fx_init(&f);
+    mt_dataset d;
+    // Standard form: <s> prompt completion </s>, the completion and EOS in the loss (TRL's
+    // completion_only_loss default).
+    cr_assert_eq(fx_load(&f, &d, "{\"prompt\": \"2+2=\", \"completion\": \" 4\"}\n"), 0, "%s", mt_error_get());
+    expect e = {0};
+    ex_id(&e, 1, 0), ex_text(&e, "2+2=", 0), ex_text(&e, " 4", 1), ex_id(&e, 2, 1);
+    assert_sample(&d, 0, &e);
+    cr_assert_eq(d.stats.prompt_completion, 1);
+    mt_dataset_free(&d);
+    // Conversational form: the prompt's own assistant turn is context, only the completion learns.
+    cr_assert_eq(fx_load(&f, &d,
+                         "{\"prompt\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}, "
+                         "{\"role\": \"user\", \"content\": \"c\"}], \"completion\": [{\"role\": \"assistant\", \"content\": \"d\"}]}\n"),
+                 0, "%s", mt_error_get());
+    e.n = 0;
+    ex_id(&e, 1, 0), ex_text(&e, "[INST] a [/INST]", 0), ex_text(&e, "b", 0), ex_id(&e, 2, 0);
+    ex_text(&e, "[INST] c [/INST]", 0), ex_text(&e, "d", 1), ex_id(&e, 2, 1);
+    assert_sample(&d, 0, &e);
+    mt_dataset_free(&d);
+    // A completion without an assistant turn has nothing to learn; a string prompt with a list
+    // completion is neither form.
+    cr_assert_neq(fx_load(&f, &d, "{\"prompt\": [{\"role\": \"user\", \"content\": \"a\"}], \"completion\": "
+                                  "[{\"role\": \"user\", \"content\": \"b\"}]}\n"), 0);
+    mt_dataset_free(&d);
+    cr_assert_neq(fx_load(&f, &d, "{\"prompt\": \"a\", \"completion\": [{\"role\": \"assistant\", \"content\": \"b\"}]}\n"), 0);
+    cr_assert(strstr(mt_error_get(), "data.jsonl:1") && strstr(mt_error_get(), "completion"), "%s", mt_error_get());
+    mt_dataset_free(&d);
+    fx_done(&f);
+}
+
+Test(data, sharegpt_rows_read_as_messages) {
+    fx f;
+    fx_init(&f);
+    mt_dataset a, b;
+    cr_assert_eq(fx_load(&f, &a, "{\"conversations\": [{\"from\": \"system\", \"value\": \"S\"}, {\"from\": \"human\", "
+                                 "\"value\": \"u\"}, {\"from\": \"gpt\", \"value\": \"g\"}]}\n"), 0, "%s", mt_error_get());
+    cr_assert_eq(fx_load(&f, &b, "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
+                                 "\"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"g\"}]}\n"), 0, "%s", mt_error_get());
+    cr_assert_eq(a.stats.sharegpt, 1);
+    const int32_t *ta, *la, *tb, *lb;
+    int64_t na = mt_dataset_sample(&a, 0, &ta, &la), nb = mt_dataset_sample(&b, 0, &tb, &lb);
+    cr_assert_eq(na, nb);
+    cr_assert_arr_eq(ta, tb, (size_t)na * 4);
+    cr_assert_arr_eq(la, lb, (size_t)na * 4, "gpt turns, and only they, in the loss");
+    mt_dataset_free(&a);
+    mt_dataset_free(&b);
+    cr_assert_neq(fx_load(&f, &a, "{\"conversations\": [{\"from\": \"user\", \"value\": \"u\"}]}\n"), 0);
+    cr_assert(strstr(mt_error_get(), "human") && strstr(mt_error_get(), "gpt"), "names the roles: %s", mt_error_get());
+    mt_dataset_free(&a);
+    fx_done(&f);
+}
+
+// Every sample read is kept or counted under one reason; a cut that empties samples says --seq.
+Test(data, every_dropped_or_cut_sample_is_counted_with_a_hint) {
+    fx f;
+    fx_init(&f);
+    f.o.seq = 24;
+    f.o.prompt = MT_PROMPT_NONE;
+    mt_dataset d;
+    cr_assert_eq(fx_load(&f, &d,
+                         "{\"instruction\": \"short\", \"output\": \"ok\"}\n"                                // kept whole
+                         "{\"instruction\": \"q\", \"output\": \"an answer much longer than the row\"}\n"   // answer cut
+                         "{\"instruction\": \"a prompt that fills all the row\", \"output\": \"x\"}\n"),    // answer gone
+                 0, "%s", mt_error_get());
+    const mt_data_stats *s = &d.stats;
+    cr_assert_eq(s->samples, 2);
+    cr_assert_eq(s->truncated, 1);
+    cr_assert_eq(s->dropped_truncated, 1);
+    cr_assert_eq(s->samples + s->dropped_truncated + s->dropped_overlong + s->dropped_empty + s->dropped_masked, s->lines);
+    char line[1024], notes[1024];
+    mt_data_stats_format(s, line, sizeof line);
+    cr_assert(strstr(line, "truncated=1 ") && strstr(line, "dropped_truncated=1 "), "%s", line);
+    mt_data_notes_format(s, &f.o, notes, sizeof notes);
+    cr_assert(strstr(notes, "--seq 24 cut 2 samples") && strstr(notes, "1 lost every token in the loss") &&
+                  strstr(notes, "raise --seq"), "%s", notes);
+    cr_assert(strstr(notes, "instruction template none"), "%s", notes);
+    mt_dataset_free(&d);
+    // All of them emptied: the error says so and names --seq (and Alpaca's preamble).
+    f.o.prompt = MT_PROMPT_ALPACA;
+    cr_assert_neq(fx_load(&f, &d, "{\"instruction\": \"q\", \"output\": \"a\"}\n"), 0);
+    cr_assert(strstr(mt_error_get(), "1 cut to --seq 24 with nothing left in the loss") &&
+                  strstr(mt_error_get(), "raise --seq") && strstr(mt_error_get(), "--instruction-template none"),
+              "%s", mt_error_get());
     mt_dataset_free(&d);
     fx_done(&f);
 }

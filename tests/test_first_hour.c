@@ -57,6 +57,8 @@ Test(first_hour, train_prints_a_short_plan_and_the_full_one_with_verbose, .timeo
     // a cpu run: no CUDA context or library workspace in its plan (issue 28)
     cr_expect(strstr(out, "plan: ") && strstr(out, "on the cpu") && strstr(out, "largest:"), "%s", out);
     cr_expect_null(strstr(out, "work "), "no workspace on the cpu: %s", out);
+    // --recompute auto, the default: a tiny model keeps everything in the host's memory
+    cr_expect(strstr(out, "; recompute: none (auto: fits"), "%s", out);
     cr_expect_null(strstr(out, "moetrain plan:"), "the full table only with --verbose: %s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --out %s/b --verbose", model, data, run, tmp), 0,
                  "%s", out);

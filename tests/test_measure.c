@@ -52,6 +52,8 @@ Test(measure, mixtral_every_case_to_the_byte) {
     expect_exact(&cfg, 'B', "");
     expect_exact(&cfg, 'C', "");
     expect_exact(&cfg, 'C', "--seq 512 --batch 2 --checkpointing none");
+    expect_exact(&cfg, 'C', "--seq 512 --recompute attention");
+    expect_exact(&cfg, 'C', "--seq 512 --recompute experts --targets all");
     expect_exact(&cfg, 'C', "--quant int4");
     expect_exact(&cfg, 'C', "--no-double-quant --blocksize 128 --quant-targets all");
     expect_exact(&cfg, 'C', "--targets all --layers 4-9 --experts 1,5 --r 8 --dropout 0.1");
@@ -69,6 +71,8 @@ Test(measure, small_configs_every_mode) {
         "--mode full --quant none", "--mode lora --targets q,o,w2 --quant fp4 --seq 100 --batch 3",
         "--mode lora --targets all --checkpointing none --layers 0,1", "--mode lora --targets w1,w3 --layers 0 --r 3",
         "--mode lora --targets gate,w2 --layers 1 --gpus 4 --zero 1", "--mode full --quant none --checkpointing none",
+        "--mode lora --targets all --r 4 --recompute attention", "--mode lora --targets all --r 4 --recompute experts",
+        "--mode lora --targets q,w2 --layers 1 --recompute attention", "--mode full --quant none --recompute experts",
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
         char path[1024];

@@ -12,6 +12,7 @@
 #include "tests/test_util.h"
 #include "trainer/options.h"
 #include "plan/plan.h"
+#include "model/expert_scratch.h"
 
 // Options of case `which` (docs/memory.md "The reference cases"), then `flags` (space-separated) on top.
 static int case_opts(char which, const char *flags, mt_run_opts *o) {
@@ -251,6 +252,74 @@ Test(plan, workspace_flag_overrides_the_guess) {
     cr_expect(!p.fits);
 }
 
+// The GPU step's expert scratch (model/expert_scratch.h) in work, on cuda only: two slots of one
+// expert's w1‖w3 in bf16 while a call runs frozen 4-bit experts (Mixtral: 2·2·14336·4096·2 =
+// 469,762,048 B), and with expert LoRA dropout the f32 buffer of a call's T·k rows at f columns.
+Test(plan, expert_scratch_in_work_on_cuda) {
+    mt_plan cpu, gpu, drop, dense;
+    cr_assert_eq(plan_of('C', "--seq 4096", &cpu), 0);
+    cr_assert_eq(plan_of('C', "--seq 4096 --device cuda", &gpu), 0);
+    cr_expect_eq(gpu.expert_dequant_bytes, 469762048ull);
+    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336));
+    cr_expect_eq(gpu.expert_dropout_bytes, 0, "no dropout: no buffer");
+    cr_expect_eq(gpu.bytes[MT_MEM_WORK] - cpu.bytes[MT_MEM_WORK], gpu.expert_dequant_bytes, "only cuda counts it");
+    cr_expect_eq(cpu.bytes[MT_MEM_WORK], 1500000000ull);
+    cr_assert_eq(plan_of('C', "--seq 4096 --device cuda --dropout 0.1", &drop), 0);
+    cr_expect_eq(drop.expert_dropout_bytes, 4096ull * 2 * 14336 * 4, "T·k rows × f columns, f32");
+    cr_expect_eq(drop.bytes[MT_MEM_WORK], gpu.bytes[MT_MEM_WORK] + drop.expert_dropout_bytes);
+    cr_assert_eq(plan_of('C', "--device cuda --quant-targets attn", &dense), 0);
+    cr_expect_eq(dense.expert_dequant_bytes, 0, "bf16 experts need no dequantization");
+    cr_assert_eq(plan_of('A', "--device cuda --mode full --quant none", &dense), 0);
+    cr_expect_eq(dense.expert_dequant_bytes + dense.expert_dropout_bytes, 0, "every expert trains: none frozen");
+    char out[32768];
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "experts' dequantization scratch") && strstr(out, "0.470 GB (in work"), "%s", out);
+}
+
+// --recompute auto: the least recomputation whose measured step fits --gpu-mem (less 1 GB for
+// what the ledger cannot see). Case C at s = 4096 keeps everything on an 80 GB card (62.4 GB
+// measured) and recomputes on a 44 GB one, each choice fitting by --measure.
+Test(plan, recompute_auto_picks_the_least_that_fits) {
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    struct { const char *flags; mt_ckpt want; } runs[] = {
+        {"--seq 4096 --gpu-mem 80GB --recompute auto", MT_CKPT_NONE},
+        {"--seq 4096 --gpu-mem 44GB --recompute auto", MT_CKPT_EXPERTS},
+        {"--seq 4096 --gpu-mem 60GB --recompute auto", MT_CKPT_ATTENTION},
+        {"--seq 4096 --gpu-mem 44GB --recompute attention", MT_CKPT_ATTENTION},  // given: kept
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(runs); i++) {
+        mt_run_opts o;
+        char note[256];
+        cr_assert_eq(case_opts('C', runs[i].flags, &o), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, 1, note, sizeof note), 0, "%s", mt_error_get());
+        cr_expect_eq(o.checkpointing, runs[i].want, "%s: %s", runs[i].flags, note);
+        cr_log_info("%s: %s", runs[i].flags, note);
+        if (i == 3) {
+            cr_expect(strstr(note, "attention (as set)"), "%s", note);
+            continue;
+        }
+        mt_plan_measurement m;
+        cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s", mt_error_get());
+        cr_expect(mt_plan_measured_fits(&m, o.gpu_mem_bytes), "%s: %.2f GB measured", runs[i].flags, m.total_peak / 1e9);
+        // The one before it in the order does not fit (with the 1 GB reserve).
+        static const mt_ckpt order[] = {MT_CKPT_NONE, MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};
+        for (int k = 0; order[k] != runs[i].want; k++) {
+            o.checkpointing = order[k];
+            cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0);
+            cr_expect_gt((double)m.total_peak + 1e9, o.gpu_mem_bytes, "%s: %s would fit", runs[i].flags,
+                         mt_ckpt_name(order[k]));
+        }
+    }
+    char out[32768];
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --seq 4096 --gpu-mem 80GB --recompute auto --measure"),
+                 MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "recompute none (auto: fits 80 GB"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --seq 4096 --gpu-mem 44GB --recompute auto --measure"),
+                 MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "recompute experts (auto: fits 44 GB"), "%s", out);
+}
+
 Test(plan, checks_name_the_flag) {
     static const struct { const char *flags, *needle; } bad[] = {
         {"--gpus 16 --ep 16", "--ep"}, {"--ep 3", "--ep"},          {"--gpus 2 --ep 4", "--gpus"},
@@ -301,8 +370,13 @@ Test(plan, suggestions_are_recomputed_plans_that_fit) {
     cr_expect_null(find_change(s, n, "--gpus 2 --ep 2"), "51.36 GB does not fit");
     cr_expect_not_null(find_change(s, n, "--gpus 4 --ep 4"));
 
-    n = suggest('C', "--checkpointing none --gpu-mem 38GB", s);
-    cr_expect_not_null(find_change(s, n, "--checkpointing full"));
+    n = suggest('C', "--checkpointing none --gpu-mem 38GB", s);  // 38.61 GB without recomputation
+    const mt_plan_suggestion *rc = find_change(s, n, "--recompute attention");
+    cr_assert_not_null(rc, "the least recomputation that fits: attention (1.2 GB less)");
+    cr_expect_lt(gb(rc->plan.total), 38.0);
+    cr_expect_null(find_change(s, n, "--recompute full"), "one recomputation line, the least that fits");
+    n = suggest('C', "--checkpointing none --gpu-mem 36GB", s);
+    cr_expect_not_null(find_change(s, n, "--recompute experts"), "attention alone saves too little for 36 GB");
     cr_expect_eq(suggest('A', "--gpu-mem 5GB", s), 0, "nothing single fits 5 GB");
 }
 

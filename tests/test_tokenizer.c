@@ -72,7 +72,11 @@ Test(tokenizer, bytes_bad_vocab) {
     cr_assert(strstr(mt_error_get(), "256"), "got: %s", mt_error_get());
     cr_assert_neq(mt_tokenizer_init_bytes(&t, 256, 2, 2), 0, "BOS == EOS");
     cr_assert_neq(mt_tokenizer_init_bytes(&t, 256, 1, 256), 0, "EOS outside the vocab");
-    cr_assert_neq(mt_tokenizer_init_bytes(&t, 256, -1, 2), 0);
+    // No bos_token_id (OLMoE's null): no BOS, and EOS still a token.
+    cr_assert_eq(mt_tokenizer_init_bytes(&t, 256, -1, 2), 0, "%s", mt_error_get());
+    cr_assert_eq(t.add_bos, 0);
+    cr_assert_eq(t.bos, -1);
+    cr_assert_neq(mt_tokenizer_init_bytes(&t, 256, -1, -1), 0, "EOS is needed");
 }
 
 Test(tokenizer, pieces) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "trainer/tensorboard.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -174,6 +175,37 @@ static void progress(mt_metrics *m, const mt_step_record *r) {
     fflush(m->out);
 }
 
+int mt_metrics_tensorboard(mt_metrics *m, const char *logdir) {
+    mt_tb *tb = mt_xcalloc(1, sizeof *tb);
+    if (mt_tb_open(tb, logdir) != 0) {
+        free(tb);
+        return -1;
+    }
+    m->tb = tb;
+    return 0;
+}
+
+// The step's scalars as TensorBoard tags; expert loads one tag per layer and expert.
+static void tb_step(mt_metrics *m, const mt_step_record *r) {
+    static const char *const names[] = {"train/loss", "train/aux", "train/learning_rate", "train/grad_norm",
+                                        "train/tokens_per_s"};
+    int loads = r->expert_load && r->layers > 0 && r->experts > 0 ? r->layers * r->experts : 0, n = 5 + loads;
+    const char **tags = mt_xcalloc((size_t)n, sizeof *tags);
+    float *v = mt_xcalloc((size_t)n, sizeof *v);
+    char *text = mt_xcalloc((size_t)loads + 1, 48);
+    const double head[5] = {r->loss, r->aux, r->lr, r->grad_norm, r->tokens_per_s};
+    for (int i = 0; i < 5; i++) tags[i] = names[i], v[i] = (float)head[i];
+    for (int k = 0; k < loads; k++) {
+        snprintf(text + 48 * k, 48, "expert_load/layer_%d/expert_%d", k / r->experts, k % r->experts);
+        tags[5 + k] = text + 48 * k, v[5 + k] = r->expert_load[k];
+    }
+    if (mt_tb_scalars(m->tb, r->step, tags, v, n) != 0) {
+        mt_warn("%s; TensorBoard logging stops here (metrics.jsonl goes on)", mt_error_get());
+        mt_tb_close(m->tb);
+    }
+    free(tags), free(v), free(text);
+}
+
 void mt_metrics_step(mt_metrics *m, const mt_step_record *r) {
     if (r->skipped) m->skips++;
     m->records++;
@@ -195,6 +227,7 @@ void mt_metrics_step(mt_metrics *m, const mt_step_record *r) {
         fputs("}\n", f);
         fflush(f);
     }
+    if (m->tb) tb_step(m, r);
     progress(m, r);
 }
 
@@ -240,6 +273,15 @@ void mt_metrics_event(mt_metrics *m, const char *kind, const char *json_fields) 
         fputs("}\n", f);
         fflush(f);
     }
+    if (m->tb && ok && strcmp(kind, "eval") == 0) {
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(obj, "step"), *loss = cJSON_GetObjectItemCaseSensitive(obj, "loss");
+        const char *tag = "eval/loss";
+        float v = cJSON_IsNumber(loss) ? (float)loss->valuedouble : NAN;
+        if (cJSON_IsNumber(step) && mt_tb_scalars(m->tb, (int64_t)step->valuedouble, &tag, &v, 1) != 0) {
+            mt_warn("%s; TensorBoard logging stops here (metrics.jsonl goes on)", mt_error_get());
+            mt_tb_close(m->tb);
+        }
+    }
     if (m->out) {
         end_line(m);
         fprintf(m->out, "%s:", kind);
@@ -256,6 +298,9 @@ void mt_metrics_event(mt_metrics *m, const char *kind, const char *json_fields) 
 
 void mt_metrics_close(mt_metrics *m) {
     end_line(m);
+    if (m->tb) mt_tb_close(m->tb);
+    free(m->tb);
+    m->tb = NULL;
     if (m->jsonl) fclose(m->jsonl);
     m->jsonl = NULL;
 }

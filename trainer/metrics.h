@@ -38,7 +38,12 @@ typedef struct mt_metrics {
     int64_t skips;     // skipped steps recorded
     int64_t records;   // step records written
     char path[1024];
+    struct mt_tb *tb;  // --report-to tensorboard: steps and evals also as events (tensorboard.h)
 } mt_metrics;
+
+// Also writes every step record (loss, aux, lr, grad norm, tokens/s, expert load per layer and
+// expert) and every "eval" event's loss to a TensorBoard event file in `logdir`. 0 or -1.
+int mt_metrics_tensorboard(mt_metrics *m, const char *logdir);
 
 // NULL path: no file, progress only. The file is created (truncated). 0, or -1 with an error.
 int mt_metrics_open(mt_metrics *m, const char *path);

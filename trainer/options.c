@@ -51,7 +51,10 @@ static const opt_def opt_table[] = {
     {"shard-size", OPT_BYTES, F(shard_bytes), 0, "quantize: largest output shard (default 5GB)"},
     {"seq", OPT_I64, F(seq), 0, "sequence length"},
     {"batch", OPT_I64, F(batch), 0, "micro-batch per GPU"},
-    {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none"},
+    {"recompute", OPT_SPECIAL, F(checkpointing), 0,
+     "what the backward recomputes instead of keeping: none | attention | experts (the MLP part: router, experts, "
+     "dense MLP) | full | auto (the least that fits --gpu-mem, the host's memory on the cpu; docs/memory.md)"},
+    {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute (full | none, and its other values)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
     {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
@@ -71,12 +74,17 @@ static const opt_def opt_table[] = {
     {"weight-decay", OPT_F64, F(weight_decay), 0, "AdamW decoupled weight decay"},
     {"aux-coef", OPT_F64, F(aux_coef), 0, "router aux-loss coefficient (default: config.json's)"},
     {"z-coef", OPT_F64, F(z_coef), 0, "router z-loss coefficient"},
-    {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "activation recomputation: full | none (same as --checkpointing)"},
+    {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute"},
     {"seed", OPT_U64, F(seed), 0, "random seed"},
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"chat-template", OPT_STR, F(chat_template), S(chat_template),
      "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu | olmo"},
+    {"instruction-template", OPT_STR, F(instruction_template), S(instruction_template),
+     "prompt of \"instruction\" rows: alpaca (Stanford Alpaca's preamble and ### headers) | none (the instruction "
+     "and input alone) | chat (a user turn through the chat template)"},
+    {"report-to", OPT_STR, F(report_to), S(report_to),
+     "none | tensorboard (event files in OUT/runs beside metrics.jsonl)"},
     {"save-every", OPT_I64, F(save_every), 0, "steps between checkpoints (0: only at the end)"},
     {"save-total-limit", OPT_I64, F(save_total_limit), 0,
      "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
@@ -135,7 +143,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->shard_bytes = 5e9;
     o->seq = 1024;
     o->batch = 1;
-    o->checkpointing = MT_CKPT_FULL;
+    o->checkpointing = MT_CKPT_AUTO;
     o->gpus = 1;
     o->ep = 1;
     o->master_weights = 1;
@@ -152,6 +160,8 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->seed = 42;
     strcpy(o->overlong, "truncate");
     strcpy(o->chat_template, "auto");
+    strcpy(o->instruction_template, "alpaca");
+    strcpy(o->report_to, "none");
     o->max_skips = 10;
     o->save_total_limit = 3;
     o->max_new_tokens = 64;
@@ -269,7 +279,34 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
         .gpus = o->gpus, .ep = o->ep, .zero = o->zero, .offload_optimizer = o->offload_optimizer,
         .adam_8bit = o->adam_8bit, .master_weights = o->master_weights, .gpu_mem_bytes = o->gpu_mem_bytes,
         .workspace_bytes = o->workspace_bytes, .lr = o->lr, .clip = o->clip, .plan_case = o->plan_case,
+        .lora_dropout = o->lora_dropout, .cuda = strcmp(o->backend, "cuda") == 0,
     };
+}
+
+int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n) {
+    if (o->checkpointing != MT_CKPT_AUTO) {
+        snprintf(note, n, "%s (as set)", mt_ckpt_name(o->checkpointing));
+        return 0;
+    }
+    int cuda = gpu;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double limit = cuda ? o->gpu_mem_bytes : o->mem_bytes > 0 ? o->mem_bytes : phys;
+    double scale = cuda ? 1.0 : 2.0, reserve = cuda ? 1e9 : 0.0;
+    mt_plan_opts po = mt_run_opts_plan(o);
+    mt_model_spec spec = mt_run_opts_model_spec(o);
+    mt_plan_recompute_choice c;
+    if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
+    o->checkpointing = c.mode;
+    const char *by = c.measured ? "the measured step" : "the plan";
+    const char *where = cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
+    double need = (double)c.total * scale + reserve;
+    if (c.fits)
+        snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.3g GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
+                 by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", the GPU step's bytes twice for f32");
+    else
+        snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
+                 limit / 1e9, where, need / 1e9, by);
+    return 0;
 }
 
 mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
@@ -277,7 +314,11 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
         .mode = o->mode, .lora_r = o->lora_r, .lora_alpha = o->lora_alpha, .lora_dropout = o->lora_dropout,
         .use_rslora = o->use_rslora, .targets = o->targets, .layers = o->layers, .experts = o->experts,
         .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
-        .quant_targets = o->quant_targets, .checkpointing = o->checkpointing, .seed = o->seed,
+        .quant_targets = o->quant_targets, .seed = o->seed,
+        // auto is resolved by the trainer (mt_plan_resolve_recompute) before it builds the model;
+        // a model built from unresolved options (eval, generate, tests) recomputes every layer,
+        // the least memory, as every run did before auto existed.
+        .checkpointing = o->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : o->checkpointing,
     };
 }
 
@@ -302,10 +343,10 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         o->quant = (mt_quant)v;
         return 0;
     }
-    if (strcmp(key, "checkpointing") == 0 || strcmp(key, "ckpt") == 0) {
-        static const char *n[] = {"full", "none"};
+    if (strcmp(key, "recompute") == 0 || strcmp(key, "checkpointing") == 0 || strcmp(key, "ckpt") == 0) {
+        static const char *n[] = {"full", "none", "attention", "experts", "auto"};  // mt_ckpt's order
         int v;
-        if (set_from_list(value, n, 2, &v)) return -1;
+        if (set_from_list(value, n, 5, &v)) return -1;
         o->checkpointing = (mt_ckpt)v;
         return 0;
     }
@@ -346,10 +387,16 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     double f;
     int rc = 0;
     switch (d->type) {
-    case OPT_STR:
+    case OPT_STR: {
+        // Settings with a fixed set of values are checked here, so a typo is a usage error (exit 2).
+        static const char *const report[] = {"none", "tensorboard"}, *const inst[] = {"alpaca", "none", "chat"};
+        int v;
         if (strlen(value) >= d->size) { mt_error_set("value too long (%zu bytes max)", d->size - 1); rc = -1; }
+        else if (strcmp(key, "report-to") == 0 && set_from_list(value, report, 2, &v)) rc = -1;
+        else if (strcmp(key, "instruction-template") == 0 && set_from_list(value, inst, 3, &v)) rc = -1;
         else strcpy(field, value);
         break;
+    }
     case OPT_INT:
         rc = parse_int64(value, 0, 1 << 30, &i64);
         if (!rc) *(int *)field = (int)i64;
@@ -431,7 +478,8 @@ int mt_opt_changes_run(const char *key) {
     static const char *const how[] = {
         "config", "out", "backend", "device", "workspace", "gpu-mem", "mem", "save-every", "save-total-limit",
         "eval-every", "resume", "resume-override", "overwrite", "max-line-bytes", "max-skips", "verbose",
-        "allow-unknown-config", "peft-format", "offload-optimizer", "early-stop-patience",
+        "allow-unknown-config", "peft-format", "offload-optimizer", "early-stop-patience", "report-to",
+        "recompute", "checkpointing", "ckpt",  // recomputation gives the same bits (tests/test_checkpointing.c)
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(how); i++)
         if (strcmp(how[i], key) == 0) return 0;
@@ -448,6 +496,7 @@ static size_t field_size(const opt_def *d) {
     }
     static const struct { const char *key; size_t size; } special[] = {
         {"mode", sizeof(mt_mode)}, {"quant", sizeof(mt_quant)}, {"checkpointing", sizeof(mt_ckpt)},
+        {"recompute", sizeof(mt_ckpt)},
         {"ckpt", sizeof(mt_ckpt)}, {"targets", sizeof(unsigned)}, {"quant-targets", sizeof(unsigned)},
         {"blocksize", sizeof(int)}, {"layers", sizeof(mt_index_set)}, {"experts", sizeof(mt_index_set)},
         {"peft-format", 8}, {"case", 1},
@@ -488,6 +537,7 @@ static const struct { const char *key, *cmds; } scope[] = {
     {"batch", "train eval"},
     {"packing", "train eval"},
     {"overlong", "train eval"},
+    {"instruction-template", "train eval"},
     {"max-line-bytes", "train eval"},
     {"chat-template", "train eval generate"},
     {"seed", "train eval generate"},
@@ -699,7 +749,7 @@ static void default_text(const mt_run_opts *def, const opt_def *d, char *buf, si
     case OPT_SPECIAL: {
         static const struct { const char *key, *text; } special[] = {
             {"mode", "lora"}, {"targets", "experts"}, {"layers", "all"}, {"experts", "all"}, {"quant", "nf4"},
-            {"checkpointing", "full"}, {"ckpt", "full"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
+            {"recompute", "auto"}, {"checkpointing", "auto"}, {"ckpt", "auto"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
             if (strcmp(special[i].key, d->key) == 0) snprintf(buf, n, "%s", special[i].text);

@@ -66,6 +66,8 @@ typedef struct mt_run_opts {
     int packing;
     char overlong[16];        // truncate | drop | refuse
     char chat_template[16];   // auto (tokenizer_config.json's) | mixtral | chatml | qwen | qwen2 | tulu
+    char instruction_template[16];  // alpaca | none | chat: how instruction rows become prompts
+    char report_to[16];       // none | tensorboard: also write TensorBoard event files in OUT/runs
     int64_t save_every;       // steps between checkpoints (0: only at the end)
     int64_t save_total_limit; // checkpoints kept in --out (0: all); newest and best always
     char eval_data[1024];
@@ -157,6 +159,14 @@ int mt_plan_case_apply(mt_run_opts *o, char which);
 mt_plan_opts mt_run_opts_plan(const mt_run_opts *o);
 // The model the run builds (model/spec.h): the fields of `o` the model reads.
 mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
+// --recompute auto resolved for this run (plan/plan.h mt_plan_choose_recompute): for a GPU
+// (`gpu`: a cuda run, and `moetrain plan`, which plans a card) against --gpu-mem less 1 GB that
+// the ledger cannot see (the CUDA context, library workspaces); on the cpu against --mem, else
+// the host's physical memory, with the measured GPU step's total doubled (the cpu keeps f32
+// where it keeps bf16). Sets o->checkpointing to the choice and writes what the one-line plan
+// says of it into `note` ("none (auto: fits 80 GB of --gpu-mem by the measured step: 63.4
+// GB ...)"); a mode set by a flag or a case is kept ("experts (as set)"). 0, or -1 with an error.
+int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n);
 // Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:
 // a compound literal, alive until the end of the enclosing block.
 #define MT_MODEL_SPEC_OF(o) ((mt_model_spec[1]){mt_run_opts_model_spec(o)})

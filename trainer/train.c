@@ -68,13 +68,14 @@ static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
 
 // The one-line plan (the full table with --verbose), then whether it fits: --gpu-mem on a cuda run
 // (and on the cpu when given), --mem on the cpu. 0, 1 when it does not fit (exit 3), -1 on error.
-static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, int gpu_mem_given, int say) {
+static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, const char *recompute, int gpu_mem_given,
+                      int say) {
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(o);
     int cpu = strcmp(o->backend, "cpu") == 0;
     po.cpu = cpu;  // no CUDA context or library workspace counted on the cpu
     if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
-    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan};
+    mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan, .recompute = recompute};
     if (!say) {  // another rank: the same verdict, printed once by rank 0
     } else if (o->verbose) {
         mt_plan_print(stdout, &rep);
@@ -97,7 +98,7 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, int gpu_
                    plan.percent, plan.fits ? "fits" : "DOES NOT FIT");
         for (int k = 0; k < 3; k++)
             if (plan.bytes[top[k]]) printf("%s %s %.3g GB", k ? "," : "", mt_mem_cat_name((mt_mem_cat)top[k]), plan.bytes[top[k]] / 1e9);
-        printf(" (full table: --verbose or `moetrain plan`)\n");
+        printf("; recompute: %s (full table: --verbose or `moetrain plan`)\n", recompute);
     }
     if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
         mt_error_set("the plan needs %.3g GB but --mem allows %.3g GB; see `moetrain plan` for what would fit",
@@ -188,13 +189,17 @@ static int write_outputs(trainer *t) {
     if (rec.chat) snprintf(rec.chat_template, sizeof rec.chat_template, "%s", mt_chat_style_name(t->data.opts.chat.style));
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_TRAIN_TEMPLATE_FILE};
+        // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to;
+        // training_template.json: how the rows were rendered, which `generate` follows
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD,
+                                            MT_TRAIN_TEMPLATE_FILE};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
-        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 || mt_train_template_write(path, &rec) != 0 ||
-            mt_sha256sums_write(list, path, files, 3) != 0)
+        if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 ||
+            mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_train_template_write(path, &rec) != 0 ||
+            mt_sha256sums_write(list, path, files, 4) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
@@ -202,7 +207,7 @@ static int write_outputs(trainer *t) {
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
         snprintf(list, sizeof list, "%s.sha256", path);
         if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0 ||
-            mt_train_template_write(t->o->out, &rec) != 0)
+            mt_base_record_write(t->o->out, &t->m.cfg, t->o) != 0 || mt_train_template_write(t->o->out, &rec) != 0)
             return -1;
     }
     mt_info("wrote %s", path);
@@ -285,7 +290,8 @@ static int check_adapter_rank(const mt_run_opts *o) {
 // What a run writes into --out (and the debris of killed ones): what --overwrite may remove.
 static int is_run_output(const char *name) {
     static const char *const exact[] = {"metrics.jsonl", "latest", "adapter", "trained.safetensors",
-                                        "trained.safetensors.sha256", MT_TRAIN_TEMPLATE_FILE};
+                                        "trained.safetensors.sha256", MT_TRAIN_TEMPLATE_FILE, MT_BASE_RECORD,
+                                        "runs"};
     for (size_t i = 0; i < MT_ARRAY_LEN(exact); i++)
         if (strcmp(name, exact[i]) == 0) return 1;
     return strncmp(name, "checkpoint-", 11) == 0 || strncmp(name, ".checkpoint-", 12) == 0 ||
@@ -417,8 +423,13 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
+    // --recompute auto: the least recomputation that fits this device, the same on every rank.
+    char recompute[256];
+    if (mt_run_opts_resolve_recompute(o, &cfg, strcmp(o->backend, "cpu") != 0, recompute, sizeof recompute) != 0)
+        return -1;
+    if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
     // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
-    int fit = print_plan(&cfg, o, t->given && mt_opt_pairs_get(t->given, "gpu-mem"), t->rank == 0);
+    int fit = print_plan(&cfg, o, recompute, t->given && mt_opt_pairs_get(t->given, "gpu-mem"), t->rank == 0);
     if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
     if (fit) return -1;
     mt_backend *be = t->be;
@@ -451,11 +462,14 @@ static int setup(trainer *t) {
     dopts.packing = o->packing;
     dopts.seed = o->seed;
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
+    if (mt_prompt_style_parse(o->instruction_template, &dopts.prompt) != 0)
+        return mt_error_prefix("--instruction-template"), -1;
     if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0) return -1;
     if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
-    char stats[512];
+    char stats[512], notes[1024];
     mt_data_stats_format(&t->data.stats, stats, sizeof stats);
-    mt_info("data: %s", stats);
+    mt_data_notes_format(&t->data.stats, &dopts, notes, sizeof notes);
+    mt_info("data: %s%s%s", stats, notes[0] ? "; " : "", notes);
     if (o->eval_data[0]) {
         dopts.shuffle = 0, dopts.whole_epochs = 1;
         if (mt_dataset_load(&t->eval, o->eval_data, &t->tok, &dopts) != 0) return -1;
@@ -502,6 +516,9 @@ static int setup(trainer *t) {
         mt_metrics_event(&t->metrics, "resume_override", f);
         mt_warn("--resume-override: --%s %s", t->overrides->kv[2 * i], t->overrides->kv[2 * i + 1]);
     }
+    snprintf(path, sizeof path, "%.1023s/runs", o->out);  // --report-to tensorboard: OUT/runs, as HF's Trainer
+    if (t->rank == 0 && strcmp(o->report_to, "tensorboard") == 0 && mt_metrics_tensorboard(&t->metrics, path) != 0)
+        return -1;
     // Off a terminal, about 20 progress lines a run (the JSONL has every step).
     int64_t planned = total_steps(t);
     t->metrics.every = (int)MT_MAX(1, planned / 20);

@@ -55,7 +55,7 @@ static void render_direct(const mt_chat_template *t, int need_assistant, const u
         if (s >= end) break;
         char *content = s;
         s += strlen(s) + 1;
-        msgs[k++] = (mt_chat_msg){role, content};
+        msgs[k++] = (mt_chat_msg){role, content, 0};
     }
     if (k > 0) {
         render_out o = {0};

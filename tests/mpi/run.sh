@@ -169,14 +169,14 @@ same "ep3 (uneven) == one process" lora-1-b3 lora-ep3 1e-5 1e-3
 # (whole-projection q/k norm, clip_qkv, biases, top-k weights not renormalised) and Qwen2-MoE
 # (q/k/v biases, a shared expert with its gate in each MoE layer, a dense MLP layer: replicated
 # on every rank like attention, each rank running them on its own tokens) under EP. Their tiny
-# configs with a vocabulary for the byte tokenizer; Qwen2 with MoE layers 0 and 1 and the last
+# configs (a byte-level vocabulary as shipped); Qwen2 with MoE layers 0 and 1 and the last
 # layer dense (mlp_only_layers). --targets all puts LoRA on the shared experts and dense MLPs too.
-sed -e 's/"vocab_size": 253/"vocab_size": 300/' -e '/"mlp_only_layers"/,/\]/c\  "mlp_only_layers": [],' \
+sed -e '/"mlp_only_layers"/,/\]/c\  "mlp_only_layers": [],' \
   configs/tiny-qwen3-moe.json >"$work/qwen3.json"
-sed -e 's/"vocab_size": 253/"vocab_size": 300/' -e 's/"bos_token_id": null/"bos_token_id": 1/' \
+sed -e 's/"bos_token_id": null/"bos_token_id": 256/' \
   -e 's/"attention_bias": false/"attention_bias": true/' -e 's/"clip_qkv": 8.0/"clip_qkv": 0.5/' \
   configs/tiny-olmoe.json >"$work/olmoe.json"
-sed -e 's/"vocab_size": 253/"vocab_size": 300/' -e 's/"decoder_sparse_step": 2/"decoder_sparse_step": 1/' \
+sed -e 's/"decoder_sparse_step": 2/"decoder_sparse_step": 1/' \
   -e 's/"mlp_only_layers": \[\]/"mlp_only_layers": [2]/' configs/tiny-qwen2-moe.json >"$work/qwen2.json"
 for fam in qwen3 olmoe qwen2; do
   "$moetrain" init --config "$work/$fam.json" --out "$work/$fam" --seed 3 >/dev/null

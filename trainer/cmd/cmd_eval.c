@@ -342,11 +342,19 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
         memset(&d, 0, sizeof d);
         goto done;
     }
+    if (mt_prompt_style_parse(o->instruction_template, &dopts.prompt) != 0) {
+        mt_error_prefix("--instruction-template");
+        memset(&d, 0, sizeof d);
+        goto done;
+    }
     if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, tok.kind) != 0) {
         memset(&d, 0, sizeof d);
         goto done;
     }
     if (mt_dataset_load(&d, o->data, &tok, &dopts) != 0) goto done;
+    char notes[1024];
+    mt_data_notes_format(&d.stats, &dopts, notes, sizeof notes);
+    if (notes[0]) fprintf(stderr, "eval: data: %s\n", notes);
     if (o->save_tokens[0]) {  // the rows as eval reads them, for check_peft.py and the like
         if (mt_dataset_save_tokens(&d, o->save_tokens) != 0) {
             mt_error_prefix("--save-tokens %s", o->save_tokens);

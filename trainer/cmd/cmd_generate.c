@@ -191,7 +191,7 @@ int cmd_generate(int argc, char **argv) {
     gen_prompt gp = {&tok, &prompt};
     if (chat) {
         mt_chat_template ct;
-        mt_chat_msg msg = {"user", o.prompt};
+        mt_chat_msg msg = {.role = "user", .content = o.prompt};
         if (mt_chat_template_load(&ct, o.model, chat, tok.kind) != 0 ||
             mt_chat_render_template(&ct, &msg, 1, 0, gen_emit, &gp) != 0)
             goto done;

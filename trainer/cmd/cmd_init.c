@@ -108,7 +108,7 @@ int cmd_init(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/config.json", out);
     int rc = MT_EXIT_OK;
     if (mt_mkdir_p(out) != 0 || mt_st_write_sharded(out, entries, n, (uint64_t)shard_size, fill_weight, &ctx) != 0 ||
-        mt_model_config_write(&cfg, path) != 0) {
+        mt_model_config_write(&cfg, path) != 0 || mt_model_sums_write(out) != 0) {
         fprintf(stderr, "moetrain init: %s\n", mt_error_get());
         rc = MT_EXIT_ERROR;
     } else {

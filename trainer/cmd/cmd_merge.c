@@ -35,9 +35,11 @@ static void merge_usage(FILE *out) {
             "Writes DIR (--out): config.json (without quantization_config) and the weights with\n"
             "W + scale·B·A folded into every adapted Linear (model.safetensors, or shards with an index\n"
             "above --shard-size, default 5GB), plus the base's tokenizer files. The base is never\n"
-            "modified: a bnb-4bit base is dequantized, then the delta added. --quant (default none)\n"
-            "quantizes a dense base's --quant-targets (default attention and experts) first, as training\n"
-            "on a 4-bit base did, so that the merge reproduces the model the adapter was trained against.\n"
+            "modified: a bnb-4bit base is dequantized, then the delta added. --quant quantizes a dense base's\n"
+            "--quant-targets first, as training on a 4-bit base did, so that the merge reproduces the model\n"
+            "the adapter was trained against. Default: what the training run recorded beside the adapter\n"
+            "(moetrain_base.json: --quant, --blocksize, --double-quant, --quant-targets), else none.\n"
+            "Writes SHA256SUMS last (moetrain verify DIR checks it).\n"
             "--dtype: the output's dtype (default: the base's own, config.json's torch_dtype; bf16 for a\n"
             "4-bit base stored without one).\n");
 }
@@ -308,7 +310,9 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
     cfg.torch_dtype = out_dtype;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", o->out);
-    if (mt_model_config_write(&cfg, path) != 0 || copy_side_files(o->model, o->out) != 0) goto done;
+    if (mt_model_config_write(&cfg, path) != 0 || copy_side_files(o->model, o->out) != 0 ||
+        mt_model_sums_write(o->out) != 0)
+        goto done;
     mt_info("merge: wrote %s: %zu tensors, %s, %zu adapted Linears%s%s", o->out, c.n, mt_dtype_name(out_dtype),
             c.n_pairs, c.have_trained ? ", trained tensors from " : "", c.have_trained ? o->adapter : "");
     rc = 0;
@@ -322,6 +326,35 @@ done:
     if (c.have_trained) mt_st_file_close(&c.trained);
     mt_st_model_close(&c.st);
     return rc;
+}
+
+#define QUANT_UNSET ((mt_quant)99)
+
+// No --quant: the base the adapter was trained against, as the training run recorded it
+// (moetrain_base.json), so that the merged model is the one that was trained; the base as stored
+// when nothing is recorded. Says which on stderr.
+static int default_quant(mt_run_opts *o) {
+    if (o->quant != QUANT_UNSET) return 0;
+    mt_base_record r;
+    int got = mt_base_record_read(o->adapter, &r);
+    if (got < 0) return -1;
+    o->quant = MT_QUANT_NONE;
+    if (got == 0) {
+        fprintf(stderr, "merge: %s records no base quantization (not written by moetrain train): merging into the base "
+                "as stored; pass --quant nf4|fp4|int4 if it was trained on a base quantized on load\n", o->adapter);
+        return 0;
+    }
+    if (r.quant == MT_QUANT_NONE) {
+        fprintf(stderr, "merge: the adapter was trained on the base as stored (%s): merging into it as stored\n", r.path);
+        return 0;
+    }
+    o->quant = r.quant, o->quant_blocksize = r.blocksize, o->double_quant = r.double_quant;
+    o->quant_targets = r.quant_targets;
+    fprintf(stderr, "merge: the adapter was trained on a base quantized to %s on load (blocksize %d%s, --quant-targets %s; "
+            "%s): merging into the same 4-bit base, dequantized, so the merged model is the trained one; --quant none "
+            "merges into the stored weights instead\n", mt_quant_name(r.quant), r.blocksize,
+            r.double_quant ? ", double quant" : "", r.targets, r.path);
+    return 0;
 }
 
 int cmd_merge(int argc, char **argv) {
@@ -362,7 +395,7 @@ int cmd_merge(int argc, char **argv) {
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
-    o.quant = MT_QUANT_NONE;  // merge's default: the base as stored
+    o.quant = QUANT_UNSET;  // merge's default: the training run's base (below)
     if (mt_run_opts_parse_cmd(&o, nrest, rest, "merge", NULL) != 0) {
         fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
         goto out;
@@ -370,6 +403,11 @@ int cmd_merge(int argc, char **argv) {
     if (!o.model[0] || !o.adapter[0] || !o.out[0]) {
         fprintf(stderr, "moetrain merge: --model, --adapter and --out are required\n");
         merge_usage(stderr);
+        goto out;
+    }
+    if (default_quant(&o) != 0) {
+        fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
+        rc = MT_EXIT_ERROR;
         goto out;
     }
     if (run_merge(&o, dtype_name ? (int)out_dtype : -1, shard_size) != 0) {

@@ -107,6 +107,12 @@ int cmd_plan(int argc, char **argv) {
         else
             o.seq = cfg.max_positions;
     }
+    // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step.
+    char recompute[256] = "";
+    if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute) != 0) {
+        fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
     mt_plan_opts po = mt_run_opts_plan(&o);
     po.cpu = cpu;
     if (o.max_seq) return max_seq(&o, &cfg, &po);
@@ -133,7 +139,7 @@ int cmd_plan(int argc, char **argv) {
         return MT_EXIT_USAGE;
     }
     mt_plan_report report = {name, &cfg, &po, &plan, suggestions, n, have_case ? &case_plan : NULL,
-                             o.measure ? &measured : NULL};
+                             o.measure ? &measured : NULL, recompute};
     if (o.json) {
         char *text = mt_plan_json(&report);
         puts(text);

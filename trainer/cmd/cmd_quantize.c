@@ -192,7 +192,7 @@ static int copy_other_files(const char *from, const char *to) {
     while (rc == 0 && (de = readdir(d))) {
         const char *n = de->d_name;
         size_t len = strlen(n);
-        if (n[0] == '.' || strcmp(n, "config.json") == 0 || strcmp(n, "model.safetensors.index.json") == 0 ||
+        if (n[0] == '.' || strcmp(n, "config.json") == 0 || strcmp(n, "SHA256SUMS") == 0 || strcmp(n, "model.safetensors.index.json") == 0 ||
             (len > 12 && strcmp(n + len - 12, ".safetensors") == 0))
             continue;
         char src[PATH_MAX], dst[PATH_MAX];
@@ -400,6 +400,7 @@ int cmd_quantize(int argc, char **argv) {
     char cfg_path[PATH_MAX];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", a.out);
     if (rc == 0) rc = write_config(&cfg, &a, cfg_path);  // last: its presence marks a whole folder
+    if (rc == 0) rc = mt_model_sums_write(a.out);         // then the checksums of what is there
     if (rc != 0) fprintf(stderr, "moetrain quantize: %s\n", mt_error_get());
     else
         printf("moetrain quantize: out=%s quant=%s double_quant=%d blocksize=%d quantized_tensors=%lld "

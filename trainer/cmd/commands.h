@@ -73,3 +73,27 @@ int mt_train_template_write(const char *dir, const mt_train_template *t);
 // From an --adapter (a folder, or a .safetensors file: its folder). 0 with *t zeroed when there is
 // none (an adapter from elsewhere), -1 with an error when it is unreadable.
 int mt_train_template_read(const char *adapter, mt_train_template *t);
+
+// ---------------------------------------------------------------------------------------------
+// What written models and adapters carry beside their tensors (trainer/cmd/model_record.c)
+
+// DIR/SHA256SUMS (sha256sum -c format) over a model folder as a reader finds it: config.json, the
+// tokenizer and generation files present, model.safetensors or the index and every shard it
+// names. init, merge and quantize write it last; `moetrain verify DIR` checks it.
+int mt_model_sums_write(const char *dir);
+
+// The frozen base a training run used, recorded as DIR/moetrain_base.json beside its adapter (in
+// its SHA256SUMS) or its trained.safetensors: the quantization applied on load (quant "none" when
+// the base was used as stored: dense with --quant none, or a bnb-4bit checkpoint).
+#define MT_BASE_RECORD "moetrain_base.json"
+typedef struct mt_base_record {
+    mt_quant quant;
+    int blocksize, double_quant;
+    unsigned quant_targets;
+    char targets[64];   // as written: "experts,attn"
+    char path[4400];    // the record's path (also when absent)
+} mt_base_record;
+int mt_base_record_write(const char *dir, const mt_model_config *cfg, const mt_run_opts *o);
+// The record for --adapter (a folder, or a trained-tensor file: the folder holding it): 1 read,
+// 0 none there, -1 with an error (unreadable or not ours).
+int mt_base_record_read(const char *adapter, mt_base_record *r);
