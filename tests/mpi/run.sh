@@ -178,27 +178,29 @@ sed -e 's/"bos_token_id": null/"bos_token_id": 256/' \
   configs/tiny-olmoe.json >"$work/olmoe.json"
 sed -e 's/"decoder_sparse_step": 2/"decoder_sparse_step": 1/' \
   -e 's/"mlp_only_layers": \[\]/"mlp_only_layers": [2]/' configs/tiny-qwen2-moe.json >"$work/qwen2.json"
+# --seq 128 (their max_position_embeddings): the families' own chat templates (Qwen's default
+# system message) take more than 64 byte tokens before the answer.
 for fam in qwen3 olmoe qwen2; do
   "$moetrain" init --config "$work/$fam.json" --out "$work/$fam" --seed 3 >/dev/null
-  train "$fam-1" 1 "${lora[@]}" --batch 4 --model "$work/$fam"
-  train "$fam-ep2" 2 "${lora[@]}" --batch 2 --ep 2 --model "$work/$fam"
+  train "$fam-1" 1 "${lora[@]}" --batch 4 --seq 128 --model "$work/$fam"
+  train "$fam-ep2" 2 "${lora[@]}" --batch 2 --ep 2 --seq 128 --model "$work/$fam"
   same "$fam ep2 == one process" "$fam-1" "$fam-ep2" 1e-5 1e-3
 done
 # Qwen2-MoE: the shared experts' and dense MLPs' LoRA reduced over DP and sharded by ZeRO-1 as
 # attention's, saved once (the adapters hold the same tensors), resumed bit for bit; unfrozen
 # experts beside the replicated shared experts. (--mode full refuses --ep.)
-train qwen2-ep2-dp2-zero 4 "${lora[@]}" --batch 1 --ep 2 --zero 1 --model "$work/qwen2"
+train qwen2-ep2-dp2-zero 4 "${lora[@]}" --batch 1 --ep 2 --zero 1 --seq 128 --model "$work/qwen2"
 same "qwen2 ep2 dp2 ZeRO-1 == one process" qwen2-1 qwen2-ep2-dp2-zero 1e-5 1e-3
 check "resume qwen2 ep2 dp2 ZeRO-1 at step 3" 4 ok 30 "resumed from" MT_COMM_TIMEOUT=20 -- \
-  "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 --model "$work/qwen2" \
+  "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 --seq 128 --model "$work/qwen2" \
   --resume "$work/qwen2-ep2-dp2-zero/checkpoint-3" --out "$work/qwen2-resumed"
 same "qwen2 resumed == uninterrupted" qwen2-ep2-dp2-zero qwen2-resumed 0
 # An NF4 base: the shared experts' and dense MLP's projections 4-bit on every rank.
-train qwen2-nf4-1 1 "${lora[@]}" --quant nf4 --batch 4 --model "$work/qwen2"
-train qwen2-nf4-ep2 2 "${lora[@]}" --quant nf4 --batch 2 --ep 2 --model "$work/qwen2"
+train qwen2-nf4-1 1 "${lora[@]}" --quant nf4 --batch 4 --seq 128 --model "$work/qwen2"
+train qwen2-nf4-ep2 2 "${lora[@]}" --quant nf4 --batch 2 --ep 2 --seq 128 --model "$work/qwen2"
 same "qwen2 nf4 ep2 == one process" qwen2-nf4-1 qwen2-nf4-ep2 1e-5 1e-3
-train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --model "$work/qwen2"
-train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --model "$work/qwen2"
+train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --seq 128 --model "$work/qwen2"
+train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --seq 128 --model "$work/qwen2"
 same "qwen2 unfreeze ep2 == one process" qwen2-unfreeze-1 qwen2-unfreeze-ep2 1e-5 1e-3
 
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
