@@ -82,7 +82,7 @@ NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 NVCCFLAGS := -O2 -g -std=c++20 -I. -DMT_CUDA -MMD -MP $(NVCC_ARCH) -Xcompiler -Wall,-Wextra
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
-          -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcudart -lnccl -lstdc++
+          -Wl,-rpath,$(CUDA_HOME)/lib -lcublasLt -lcublas -lcudart -lnccl -lstdc++
 endif
 
 # MPI (Open MPI): core/comm_mpi.c and the NCCL bootstrap. Without mpicc (config.mk's MPI_LIBS is
@@ -259,12 +259,12 @@ $(BUILD)/cuda_parity: $(BUILD)/scripts/cuda_parity.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 -include $(BUILD)/scripts/gpu_probe.d $(BUILD)/scripts/cuda_parity.d
 bench-gpu: $(BUILD)/moetrain_roofline $(BUILD)/moetrain_bench_gpu
-	$(BUILD)/moetrain_roofline
+	@n=$$(bash scripts/sass_count.sh --both) || n=; $(BUILD)/moetrain_roofline $${n:+--dequant-instr $$n}
 	$(BUILD)/moetrain_bench_gpu $(BENCH_GPU_ARGS)
 -include $(BUILD)/scripts/bench_gpu.d
 else
 bench-gpu: $(BUILD)/moetrain_roofline
-	$(BUILD)/moetrain_roofline
+	@n=$$(bash scripts/sass_count.sh --both) || n=; $(BUILD)/moetrain_roofline $${n:+--dequant-instr $$n}
 	@echo "bench-gpu: the measured step needs a CUDA build and a GPU: make CUDA=1 bench-gpu"
 endif
 

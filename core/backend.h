@@ -91,6 +91,31 @@ uint64_t mt_cuda_matmul_plans_built(mt_backend *be);
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).
 void *mt_cuda_backend_enter(mt_backend *be);
+// A second stream of the backend's device (made on first use, destroyed with the backend), for
+// work that overlaps the main stream's; the caller orders the two with events. Device current.
+void *mt_cuda_backend_side_stream(mt_backend *be);
+// A grouped GEMM on the cuda backend (cuBLAS's cublasGemmGroupedBatchedEx: one call for many
+// small products, the experts' LoRA and weight gradients). Problem i, row-major:
+//   c[i] [m[i], n] = alpha · op(a[i]) · op(b[i]) + beta · c[i]
+// op(a[i]) is [m[i], k[i]] (a[i] stored [k[i], m[i]] when trans_a), op(b[i]) [k[i], n]; every
+// problem shares n, the transposes, the row strides and the dtypes (a, b bf16; c bf16 or f32).
+// Pointers are device memory of be; m, k host arrays; `ptrs` device memory of
+// MT_GEMM_GROUP_PTR_BYTES for the problems' pointer arrays (the caller's scratch: the null backend
+// counts it too). 0, or -1 with an error (not cuda, a count above MT_GEMM_GROUP_MAX, bad sizes).
+#define MT_GEMM_GROUP_MAX 256
+#define MT_GEMM_GROUP_PTR_BYTES (3 * MT_GEMM_GROUP_MAX * sizeof(void *))
+typedef struct mt_gemm_group {
+    int count;
+    const int64_t *m, *k;
+    int64_t n, lda, ldb, ldc;
+    int trans_a, trans_b;
+    mt_dtype tc;
+    float alpha, beta;
+    const void *const *a, *const *b;
+    void *const *c;
+    void *ptrs;
+} mt_gemm_group;
+int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g);
 // Waits for the backend's stream and counts the wait in be->host_syncs: every host wait of a
 // cuda op goes through it (or through download / synchronize, which count theirs).
 void mt_cuda_backend_sync(mt_backend *be);

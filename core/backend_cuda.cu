@@ -15,6 +15,7 @@
 // back to a fresh heuristic for that call on a refusal.
 // One workspace is allocated at creation through the ledger under `work`.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -92,6 +93,8 @@ typedef struct {
     // (NCCL's) is ordered by the comm's events.
     int async_alloc;
     cudaMemPool_t pool;  // the device's default pool, when async_alloc
+    cudaStream_t side;   // a second stream, made on first use (mt_cuda_backend_side_stream)
+    cublasHandle_t blas; // cuBLAS (its grouped GEMM), made on first use, sharing `workspace`
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -483,6 +486,81 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
 }
 
 // ---------------------------------------------------------------------------------------------
+// Grouped GEMM (cuBLAS's cublasGemmGroupedBatchedEx): many small products in one call
+
+// The problems' device pointers, written on the stream by a kernel that gets them as its
+// parameter (6 KiB at most; kernel parameters may take 32 KiB since CUDA 12.1): no host buffer to
+// keep alive, no pinned staging, no wait.
+struct group_ptrs {
+    const void *a[MT_GEMM_GROUP_MAX], *b[MT_GEMM_GROUP_MAX];
+    void *c[MT_GEMM_GROUP_MAX];
+};
+
+static __global__ void group_ptrs_kernel(const __grid_constant__ group_ptrs P, int n, const void **out) {
+    int i = threadIdx.x;
+    if (i < n) out[i] = P.a[i], out[MT_GEMM_GROUP_MAX + i] = P.b[i], out[2 * MT_GEMM_GROUP_MAX + i] = P.c[i];
+}
+
+static int group_fail(const char *fmt, int i, long long x) {
+    mt_error_set(fmt, i, x);
+    return -1;
+}
+
+extern "C" int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g) {
+    if (be->ops->kind != MT_BACKEND_CUDA) return mt_error_set("mt_cuda_gemm_grouped: backend %s", be->ops->name), -1;
+    if (g->count < 0 || g->count > MT_GEMM_GROUP_MAX)
+        return mt_error_set("mt_cuda_gemm_grouped: %d problems, at most %d", g->count, MT_GEMM_GROUP_MAX), -1;
+    if (!matmul_dtypes_ok(MT_BF16, MT_BF16, g->tc) || g->tc == MT_F16)
+        return mt_error_set("mt_cuda_gemm_grouped: c is %s, must be bf16 or f32", mt_dtype_name(g->tc)), -1;
+    if (g->n > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX || g->ldc > INT32_MAX)
+        return mt_error_set("mt_cuda_gemm_grouped: n or a row stride beyond cuBLAS's int"), -1;
+    cuda_ctx *cx = cuda_enter(be);
+    if (g->count == 0 || g->n == 0) return 0;
+    // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ (as cuda_matmul): cuBLAS's A is
+    // our b, its B our a; m' = n, n' = m_i, k' = k_i.
+    int n = g->count, mm[MT_GEMM_GROUP_MAX], nn[MT_GEMM_GROUP_MAX], kk[MT_GEMM_GROUP_MAX];
+    int lda[MT_GEMM_GROUP_MAX], ldb[MT_GEMM_GROUP_MAX], ldc[MT_GEMM_GROUP_MAX], size[MT_GEMM_GROUP_MAX];
+    float alpha[MT_GEMM_GROUP_MAX], beta[MT_GEMM_GROUP_MAX];
+    cublasOperation_t ta[MT_GEMM_GROUP_MAX], tb[MT_GEMM_GROUP_MAX];
+    group_ptrs P;
+    memset(&P, 0, sizeof P);
+    double flops = 0, bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (g->m[i] < 0 || g->m[i] > INT32_MAX) return group_fail("mt_cuda_gemm_grouped: m[%d] = %lld", i, (long long)g->m[i]);
+        if (g->k[i] < 0 || g->k[i] > INT32_MAX) return group_fail("mt_cuda_gemm_grouped: k[%d] = %lld", i, (long long)g->k[i]);
+        int64_t arow = g->trans_a ? g->m[i] : g->k[i], brow = g->trans_b ? g->k[i] : g->n;  // row lengths as stored
+        if (g->lda < arow || g->ldb < brow || g->ldc < g->n)
+            return group_fail("mt_cuda_gemm_grouped: problem %d: a row stride is shorter than its row (%lld)", i,
+                              (long long)MT_MAX(arow, MT_MAX(brow, g->n)));
+        mm[i] = (int)g->n, nn[i] = (int)g->m[i], kk[i] = (int)g->k[i];
+        lda[i] = (int)g->ldb, ldb[i] = (int)g->lda, ldc[i] = (int)g->ldc, size[i] = 1;
+        alpha[i] = g->alpha, beta[i] = g->beta;
+        ta[i] = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb[i] = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+        P.a[i] = g->b[i], P.b[i] = g->a[i], P.c[i] = g->c[i];
+        flops += 2.0 * (double)g->m[i] * (double)g->n * (double)g->k[i];
+        bytes += 2.0 * (double)(g->m[i] * g->k[i] + g->k[i] * g->n) +
+                 (double)mt_dtype_bytes(g->tc, (size_t)(g->m[i] * g->n)) * (g->beta != 0.0f ? 2 : 1);
+    }
+    if (!cx->blas) {
+        MT_CHECK_CUBLAS(cublasCreate(&cx->blas));
+        MT_CHECK_CUBLAS(cublasSetStream(cx->blas, cx->stream));
+        MT_CHECK_CUBLAS(cublasSetWorkspace(cx->blas, cx->workspace, cx->workspace_bytes));
+    }
+    be->device_ops++;
+    if (mt_prof_active) mt_prof_count(flops, bytes);
+    const void **dev = (const void **)g->ptrs;
+    if (!dev) return mt_error_set("mt_cuda_gemm_grouped: no pointer scratch"), -1;
+    group_ptrs_kernel<<<1, MT_GEMM_GROUP_MAX, 0, cx->stream>>>(P, n, dev);
+    MT_CHECK_CUDA(cudaGetLastError());
+    cudaDataType_t ct = g->tc == MT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    MT_CHECK_CUBLAS(cublasGemmGroupedBatchedEx(cx->blas, ta, tb, mm, nn, kk, alpha, dev, CUDA_R_16BF, lda,
+                                               dev + MT_GEMM_GROUP_MAX, CUDA_R_16BF, ldb, beta,
+                                               (void *const *)(dev + 2 * MT_GEMM_GROUP_MAX), ct, ldc, n, size,
+                                               CUBLAS_COMPUTE_32F));
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Creation and teardown
 
 static void cuda_destroy(mt_backend *be) {
@@ -493,6 +571,11 @@ static void cuda_destroy(mt_backend *be) {
     for (int i = 0; i < CUDA_PLAN_SLOTS; i++) plan_destroy(&cx->plans[i]);
     if (cx->workspace) mt_backend_release(be, MT_MEM_WORK, cx->workspace_bytes, cx->workspace);
     MT_CHECK_CUBLAS(cublasLtDestroy(cx->lt));
+    if (cx->blas) MT_CHECK_CUBLAS(cublasDestroy(cx->blas));
+    if (cx->side) {
+        MT_CHECK_CUDA(cudaStreamSynchronize(cx->side));
+        MT_CHECK_CUDA(cudaStreamDestroy(cx->side));
+    }
     MT_CHECK_CUDA(cudaStreamDestroy(cx->stream));
     free(cx);
     free(be);
@@ -514,6 +597,11 @@ static const mt_backend_ops cuda_ops = {
 };
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
+extern "C" void *mt_cuda_backend_side_stream(mt_backend *be) {
+    cuda_ctx *cx = cuda_enter(be);
+    if (!cx->side) MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
+    return cx->side;
+}
 extern "C" void *mt_cuda_backend_enter(mt_backend *be) {
     be->device_ops++;
     return cuda_enter(be)->stream;

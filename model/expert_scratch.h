@@ -2,21 +2,37 @@
 // once so that the step (model/grouped_cuda.cu allocates them) and the planner (plan/, its
 // `work` category) count the same bytes.
 //
-// Experts run through cuBLASLt on bf16 weights: a 4-bit expert's W is dequantized into a slot of
+// Experts run through cuBLAS on bf16 weights: a 4-bit expert's W is dequantized into a slot of
 // the dequantization scratch just before its GEMM, the next expert's into the other slot
-// meanwhile (two slots: double-buffered). A slot holds one expert's w1‖w3 stacked, [2f, d] bf16,
-// the largest matrix one call dequantizes (w2 is [d, f]). A LoRA's dropout needs one buffer of
+// meanwhile (two slots: double-buffered). A slot holds one expert's W (w1‖w3 stacked is [2f, d]
+// bf16, w2 [d, f]), or as many small experts' as fit in MT_EXPERT_SLOT_ELEMS elements (64 MiB),
+// and at most the call's experts: those then run as one grouped GEMM (128 experts of Qwen3-MoE
+// would otherwise cost a cuBLASLt call each). A LoRA's dropout needs one buffer of
 // [rows, width] f32 for the call's rows: the masked copy of an operand (bf16, half of it), or
-// the product that dx += drop(dxa·A) masks before adding (f32: one rounding, into dx).
+// the product that dx += drop(dxa·A) masks before adding (f32: one rounding, into dx). Every call
+// also holds a grouped cuBLAS call's pointer table, MT_GEMM_GROUP_PTR_BYTES (core/backend.h, 6 KiB).
 #pragma once
 #include <stdint.h>
 
 #define MT_EXPERT_SCRATCH_SLOTS 2
+#define MT_EXPERT_SLOT_ELEMS ((int64_t)32 << 20)  // bf16 elements a slot of small experts may take
+#define MT_GROUPED_MAX 256                        // experts in one grouped call (model/grouped.h)
 
-// Bytes of the dequantization scratch for experts of hidden d and intermediate f (the call that
-// runs 4-bit experts holds it for its duration; dense experts need none).
-static inline int64_t mt_expert_dequant_scratch_bytes(int64_t d, int64_t f) {
-    return MT_EXPERT_SCRATCH_SLOTS * 2 * f * d * 2;
+// Elements of one slot for a call of `experts` experts (at most MT_GROUPED_MAX: larger layers are
+// split into calls of that many) whose W has w_elems elements each.
+static inline int64_t mt_expert_slot_elems(int64_t w_elems, int64_t experts) {
+    int64_t fit = MT_EXPERT_SLOT_ELEMS / (w_elems > 0 ? w_elems : 1);
+    if (experts > MT_GROUPED_MAX) experts = MT_GROUPED_MAX;
+    if (fit > experts) fit = experts;
+    return (fit < 1 ? 1 : fit) * w_elems;
+}
+
+// Bytes of the dequantization scratch for a layer of E experts of hidden d and intermediate f:
+// the larger of the w1‖w3 call's and the w2 call's (the call that runs 4-bit experts with rows
+// holds it for its duration; dense experts need none).
+static inline int64_t mt_expert_dequant_scratch_bytes(int64_t d, int64_t f, int64_t experts) {
+    int64_t a = mt_expert_slot_elems(2 * f * d, experts), b = mt_expert_slot_elems(f * d, experts);
+    return MT_EXPERT_SCRATCH_SLOTS * (a > b ? a : b) * 2;
 }
 
 // Bytes of the dropout buffer of a call over `rows` rows of `width` columns (LoRA dropout > 0).

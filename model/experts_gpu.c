@@ -1,16 +1,16 @@
 // model/experts_gpu.c — the GPU step's experts (cuda; the null backend counts the same
-// allocations): a layer's experts as ONE grouped launch per GEMM kind (model/grouped.h), not a
-// launch per expert. With top-8 of 128 small experts a loop over experts is mostly launch
-// overhead; grouped, a layer costs the same ~10 launches forward and ~25 backward for any E.
+// allocations): a layer's experts as one grouped call per GEMM kind (model/grouped.h), each a
+// cuBLASLt GEMM per expert on its W dequantized to a bf16 scratch slot.
 //
-// Forward, on the rows of every expert at once (expert order, rows [off[e], off[e+1])):
-//   gu[:, :f] = xs·W1ᵀ, gu[:, f:] = xs·W3ᵀ   (4-bit W dequantized inside the kernel)
+// Forward, on the rows of every expert (expert order, rows [off[e], off[e+1])):
+//   gu = xs·[W1;W3]ᵀ   (4-bit w1 and w3 stacked: one GEMM of N = 2f; gu's halves are g and u)
 //   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped)
 //   a = SwiGLU(gu); ys = a·W2ᵀ (+ w2's LoRA)
-// Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dg·W1 + du·W3 (+ LoRAs), a trainable
-// (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB as ragged reductions over its rows.
-// No dequantized expert weight exists in device memory, and the backward writes da and dgu over
-// the activations a and gu (docs/memory.md's k·s·b·6f transient takes no memory of its own).
+// Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
+// + LoRAs), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB over its rows.
+// A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
+// backward writes da and dgu over the activations a and gu (docs/memory.md's k·s·b·6f transient
+// takes no memory of its own). Unfrozen (dense) experts run w1 and w3 as two GEMMs.
 #include <stdlib.h>
 
 #include "core/common.h"
@@ -71,7 +71,8 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
     for (int e0 = 0; e0 < gr->E; e0 += MT_GROUPED_MAX) {
         mt_grouped part = g;
         part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
-        part.q = g.q ? g.q + e0 : NULL, part.w = g.w ? g.w + e0 : NULL, part.seed = g.seed ? g.seed + e0 : NULL;
+        part.q = g.q ? g.q + e0 : NULL, part.q2 = g.q2 ? g.q2 + e0 : NULL, part.w = g.w ? g.w + e0 : NULL;
+        part.seed = g.seed ? g.seed + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
             mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped GEMM: %s", gr->L, mt_error_get());
@@ -92,11 +93,11 @@ static void gemm_tn(const group *gr, mt_grouped g, mt_tensor **grads, const mt_t
 // EP rank holds has neither, and no rows).
 // The profile's rows (scripts/step_model.h's names): trans is the forward's a·Wᵀ, else dx = dy·W.
 static const char *base_row(int which, int trans) {
-    if (which == W2) return trans ? "expert GEMM w2 (grouped)" : "expert GEMM w2 (dx, grouped)";
-    return trans ? "expert GEMMs w1, w3 (grouped)" : "expert GEMMs w1, w3 (dx, grouped)";
+    if (which == W2) return trans ? "expert GEMM w2 (cuBLAS)" : "expert GEMM w2 (dx, cuBLAS)";
+    return trans ? "expert GEMM w1+w3 (cuBLAS)" : "expert GEMM w1+w3 (dx, cuBLAS)";
 }
 
-static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (grouped)";
+static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLAS)";
 
 static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
@@ -104,6 +105,43 @@ static void base(group *gr, int which, int trans, float beta, const mt_tensor *c
     mt_prof_push(base_row(which, trans));
     gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
     mt_prof_pop();
+}
+
+// gu's column block of w1 (0) or w3 (1), [rows, f] with row stride 2f.
+static mt_tensor half(const mt_tensor *gu, int64_t f, int which) {
+    return mt_view2(gu->be, gu->data ? (char *)gu->data + mt_dtype_bytes(gu->dtype, (size_t)(which * f)) : NULL,
+                    gu->dtype, gu->shape[0], f, 2 * f);
+}
+
+// Whether every expert holding w1 and w3 holds both 4-bit: then [W1;W3] is one stacked W.
+static int stackable(const group *gr) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    for (int e = 0; e < gr->E; e++) {
+        const mt_linear *a = &ly->w1[e], *b = &ly->w3[e];
+        if ((a->q || a->w || b->q || b->w) && !(a->q && b->q)) return 0;
+    }
+    return 1;
+}
+
+// gu = xs·[W1;W3]ᵀ (trans) or dxs += dgu·[W1;W3]: one GEMM per expert on the stacked 4-bit
+// weights, else two on each half of gu.
+static void base13(group *gr, int trans, float beta, const mt_tensor *gu, const mt_tensor *x) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    int64_t f = gr->m->cfg.intermediate;
+    if (!stackable(gr)) {
+        mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
+        if (trans) base(gr, W1, 1, beta, &g, x), base(gr, W3, 1, beta, &u, x);
+        else base(gr, W1, 0, beta, x, &g), base(gr, W3, 0, 1.0f, x, &u);
+        return;
+    }
+    const mt_qweight **q2 = mt_xcalloc((size_t)gr->E, sizeof *q2);
+    for (int e = 0; e < gr->E; e++) gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL;
+    mt_prof_push(base_row(W1, trans));
+    mt_grouped g = {.q = gr->q, .q2 = q2, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta};
+    if (trans) gemm(gr, g, gu, x);
+    else gemm(gr, g, x, gu);
+    mt_prof_pop();
+    free(q2);
 }
 
 // The experts' LoRAs of Linear `which`: the first one (all share r, scale and dropout: one run's
@@ -178,12 +216,6 @@ static void weight_grads(group *gr, int which, const mt_tensor *dy, const mt_ten
     mt_prof_pop();
 }
 
-// gu's column block of w1 (0) or w3 (1), [rows, f] with row stride 2f.
-static mt_tensor half(const mt_tensor *gu, int64_t f, int which) {
-    return mt_view2(gu->be, gu->data ? (char *)gu->data + mt_dtype_bytes(gu->dtype, (size_t)(which * f)) : NULL,
-                    gu->dtype, gu->shape[0], f, 2 * f);
-}
-
 // The group's rows of a layer buffer (NULL stays NULL).
 #define GROUP_ROWS(gr, t) ROWS((t), (gr)->row0, group_rows(gr))
 
@@ -193,8 +225,7 @@ static void forward_group(group *gr, const mt_tensor *ys) {
     int64_t f = m->cfg.intermediate, n = group_rows(gr);
     mt_tensor *xs = GROUP_ROWS(gr, a->xs), *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
     mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
-    base(gr, W1, 1, 0.0f, &g, xs);
-    base(gr, W3, 1, 0.0f, &u, xs);
+    base13(gr, 1, 0.0f, gu, xs);
     lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1));
     lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3));
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
@@ -244,7 +275,7 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         if (w2_lora) lora_dx(&gr, W2, da, &dxa);
         if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
         mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu
-        if (dxs) base(&gr, W1, 0, 1.0f, dxs, &dg), base(&gr, W3, 0, 1.0f, dxs, &du);
+        if (dxs) base13(&gr, 0, 1.0f, gu, dxs);
         weight_grads(&gr, W1, &dg, xs);
         weight_grads(&gr, W3, &du, xs);
         if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa);

@@ -238,6 +238,11 @@ static int forward(mt_model *m, const mt_batch *b, mt_loss *out, int train) {
         m->targets[t] = s + 1 < b->S && m->row_mask[t] ? b->labels[t + 1] : -100;
         m->has_mask |= !m->row_mask[t];
     }
+    m->pad_right = 1;
+    for (int t = 0; t < T; t++) {
+        int s = t % b->S;
+        if (s == 0 ? !m->row_mask[t] : m->row_mask[t] && !m->row_mask[t - 1]) m->pad_right = 0;
+    }
     if (m->batch_dev) {  // one upload of the batch: tokens, targets, positions, mask
         size_t n = (size_t)T * sizeof(int32_t);
         m->be->ops->upload(m->be, m->step_tokens, m->tokens, n);

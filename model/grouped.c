@@ -1,50 +1,13 @@
 // model/grouped.c — model/grouped.h's two calls on every backend: the arguments checked (each
-// refusal names the tensor or field), then the null backend does nothing (a counted step), the
-// cpu refuses (the grouped GEMM is the GPU step's; the cpu step runs its experts one by one), and
-// the cuda backend launches model/grouped_cuda.cu's kernel.
-#include <math.h>
-
+// refusal names the tensor or field), the call's scratch reserved through the ledger (the null
+// backend counts it and does nothing else: a counted step), the cpu refuses (the grouped GEMM is
+// the GPU step's; the cpu step runs its experts one by one), and the cuda backend runs
+// model/grouped_cuda.cu. The profile's FLOPs and bytes are counted by each cuBLASLt call and
+// each dequantization where they run.
 #include "core/common.h"
-#include "core/profile.h"
+#include "model/expert_scratch.h"
 #include "model/grouped.h"
 #include "model/grouped_cuda.h"
-
-#ifdef MT_CUDA  // only a cuda launch is profiled
-// MT_PROFILE: the launch's work from the real rows of each expert. C = A·op(W): 2·n_e·K·N per
-// expert with a W; bytes: A's rows, C's (read too when accumulated), W (4-bit as stored, or
-// bf16). A 4-bit W is dequantized inside the kernel once per 64-row tile of its expert
-// (model/grouped_cuda.cu's BM): 4 ALU FLOPs per element and tile (scripts/step_model.h),
-// counted on a row of its own without time (it is inside this launch's).
-static void profile_gemm(const mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
-    int64_t K = a->shape[1], N = c->shape[1];
-    double flops = 0, bytes = 0, alu = 0, cb = (double)mt_dtype_bytes(c->dtype, 1) * (g->beta != 0.0f ? 2 : 1);
-    for (int e = 0; e < g->experts; e++) {
-        const mt_qweight *q = g->q ? g->q[e] : NULL;
-        const mt_tensor *w = g->w ? g->w[e] : NULL;
-        double n = (double)(g->off[e + 1] - g->off[e]);
-        if ((!q && !w) || n == 0) continue;
-        flops += 2.0 * n * (double)K * (double)N;
-        bytes += n * (2.0 * (double)K + cb * (double)N) + (q ? (double)mt_qweight_bytes(q) : 2.0 * (double)K * (double)N);
-        if (q) alu += 4.0 * (double)K * (double)N * ceil(n / 64.0);
-    }
-    mt_prof_count(flops, bytes);
-    if (alu > 0) mt_prof_count_untimed("dequant in grouped GEMMs (ALU)", alu, 0);
-}
-
-// G_e = X[rows e]ᵀ·Y[rows e]: 2·n_e·M·N per expert with a G; bytes: the rows of X and Y, G read
-// and written.
-static void profile_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, const mt_grouped *gr) {
-    int64_t M = x->shape[1], N = y->shape[1];
-    double flops = 0, bytes = 0;
-    for (int e = 0; e < gr->experts; e++) {
-        double n = (double)(gr->off[e + 1] - gr->off[e]);
-        if (!g[e]) continue;
-        flops += 2.0 * n * (double)M * (double)N;
-        bytes += 2.0 * n * (double)(M + N) + 2.0 * (double)g[e]->nbytes;
-    }
-    mt_prof_count(flops, bytes);
-}
-#endif
 
 // Backend kind of a call, refusing the cpu.
 static int kind_ok(const mt_tensor *t, const char *fn) {
@@ -110,15 +73,23 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
         mt_error_set("%s: expert %d has both q[%d] and w[%d]; exactly one W per expert", fn, e, e, e);
         return 0;
     }
+    const mt_qweight *q2 = g->q2 ? g->q2[e] : NULL;
+    if (!q != !q2 && g->q2) {
+        mt_error_set("%s: expert %d has %s but not %s: a stacked W needs both", fn, e, q ? "q" : "q2", q ? "q2" : "q");
+        return 0;
+    }
     if (q) {
-        if (q->type != MT_QUANT_NF4 && q->type != MT_QUANT_FP4 && q->type != MT_QUANT_INT4) {
-            mt_error_set("%s: q[%d] is not a 4-bit weight (type %d)", fn, e, (int)q->type);
-            return 0;
-        }
-        if (q->be != be || q->out != rows || q->in != cols) {
-            mt_error_set("%s: q[%d] is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
-                         (long long)q->out, (long long)q->in, q->be->ops->name, (long long)rows, (long long)cols,
-                         g->trans, be->ops->name);
+        const mt_qweight *part[2] = {q, q2};
+        int64_t out = q->out + (q2 ? q2->out : 0);
+        for (int i = 0; i < (q2 ? 2 : 1); i++)
+            if (part[i]->type != MT_QUANT_NF4 && part[i]->type != MT_QUANT_FP4 && part[i]->type != MT_QUANT_INT4) {
+                mt_error_set("%s: %s[%d] is not a 4-bit weight (type %d)", fn, i ? "q2" : "q", e, (int)part[i]->type);
+                return 0;
+            }
+        if (q->be != be || (q2 && (q2->be != be || q2->in != q->in)) || out != rows || q->in != cols) {
+            mt_error_set("%s: q[%d]%s is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
+                         q2 ? " over q2" : "", (long long)out, (long long)q->in, q->be->ops->name, (long long)rows,
+                         (long long)cols, g->trans, be->ops->name);
             return 0;
         }
     }
@@ -134,6 +105,23 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
     return 1;
 }
 
+// The call's scratch (model/expert_scratch.h): bf16 elements of one dequantization slot (sized by
+// the largest 4-bit W of an expert with rows and the call's experts; 0: no such expert) and the
+// dropout buffer's bytes.
+static size_t slot_elems(const mt_grouped *g) {
+    int64_t most = 0;
+    for (int e = 0; g->q && e < g->experts; e++) {
+        const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
+        if (!q || g->off[e + 1] == g->off[e]) continue;
+        most = MT_MAX(most, (q->out + (q2 ? q2->out : 0)) * q->in);
+    }
+    return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
+}
+
+static size_t drop_bytes(const mt_grouped *g, int64_t width) {
+    return g->seed ? (size_t)mt_expert_dropout_scratch_bytes(g->off[g->experts] - g->off[0], width) : 0;
+}
+
 int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
     const char *fn = "mt_grouped_gemm";
     if (!is_2d(c, fn, "c") || !is_2d(a, fn, "a") || !kind_ok(c, fn) || !group_ok(g, fn)) return -1;
@@ -145,14 +133,17 @@ int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
     if (!rows_ok(a, end, fn, "a") || !rows_ok(c, end, fn, "c")) return -1;
     for (int e = 0; e < g->experts; e++)
         if (!weight_ok(g, e, c->be, K, N)) return -1;
-    if (c->be->ops->kind == MT_BACKEND_NULL) return 0;
+    mt_backend *be = c->be;
+    size_t slot = slot_elems(g), deq = MT_EXPERT_SCRATCH_SLOTS * slot * 2, drop = drop_bytes(g, g->drop_a ? K : N);
+    mt_grouped_scratch s = {deq ? mt_work_alloc(be, deq) : NULL, drop ? mt_work_alloc(be, drop) : NULL,
+                            mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), slot};
 #ifdef MT_CUDA
-    if (mt_prof_active) profile_gemm(c, a, g);
-    mt_grouped_gemm_cuda(c->be, c, a, g);
-    return 0;
-#else
-    return mt_error_set("%s: backend %s", fn, c->be->ops->name), -1;
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_cuda(be, c, a, g, &s);
 #endif
+    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    if (drop) mt_work_free(be, s.drop, drop);
+    if (deq) mt_work_free(be, s.deq, deq);
+    return 0;
 }
 
 int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, const mt_grouped *gr) {
@@ -181,12 +172,13 @@ int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor 
                                 x->be->ops->name),
                    -1;
     }
-    if (x->be->ops->kind == MT_BACKEND_NULL) return 0;
+    mt_backend *be = x->be;
+    size_t drop = first ? drop_bytes(gr, N) : 0;
+    mt_grouped_scratch s = {NULL, drop ? mt_work_alloc(be, drop) : NULL, mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), 0};
 #ifdef MT_CUDA
-    if (mt_prof_active) profile_gemm_tn(g, x, y, gr);
-    mt_grouped_gemm_tn_cuda(x->be, g, x, y, gr);
-    return 0;
-#else
-    return mt_error_set("%s: backend %s", fn, x->be->ops->name), -1;
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_tn_cuda(be, g, x, y, gr, &s);
 #endif
+    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    if (drop) mt_work_free(be, s.drop, drop);
+    return 0;
 }

@@ -1,9 +1,9 @@
-// model/grouped.h — a layer's experts' GEMMs, each kind as ONE launch for every expert (CUDA:
+// model/grouped.h — a layer's experts' GEMMs, each kind as ONE call for every expert (CUDA:
 // model/grouped_cuda.cu). The rows of expert e are [off[e], off[e+1]) of the layer's permuted
-// buffers (expert order); W_e is that expert's weight: 4-bit (NF4/FP4/INT4, dequantized inside
-// the kernel, tile by tile: no dequantized W in device memory) or a dense bf16 matrix (a LoRA's
-// A or B). Many small experts (top-8 of 128) make a launch per expert cost more than its work;
-// one grouped launch per GEMM kind keeps the GPU busy and the launch count independent of E.
+// buffers (expert order); W_e is that expert's weight: 4-bit (NF4/FP4/INT4: dequantized to a
+// bf16 scratch slot just before its cuBLASLt GEMM, two slots double-buffered; optionally a second
+// 4-bit weight stacked under it, w1‖w3 as one GEMM of N = 2f) or a dense bf16 matrix (an unfrozen
+// expert, a LoRA's A or B).
 //
 //   C[rows e] = alpha · drop(A[rows e]) · op(W_e) + beta · C[rows e]    mt_grouped_gemm, drop_a
 //   C[rows e] = alpha · drop(A[rows e] · op(W_e)) + beta · C[rows e]    mt_grouped_gemm
@@ -19,19 +19,21 @@
 // row stride (core/backend.h: mt_view2), as the column blocks of gu [R, 2f] are.
 //
 // Only the cuda backend computes; the null backend (a counted step) returns 0 having done
-// nothing: these calls hold no device memory (everything travels in the launch's parameters).
+// nothing but count the call's scratch in the ledger (`work`, model/expert_scratch.h's sizes:
+// the dequantization slots when an expert with rows is 4-bit, the dropout buffer when seed is
+// set), which both backends hold for the call's duration.
 // A refusal (wrong dtype, shape, more than MT_GROUPED_MAX experts) is -1 with mt_error set.
 #pragma once
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "model/expert_scratch.h"  // MT_GROUPED_MAX: experts in one call; callers split a larger group
 #include "quant/qweight.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MT_GROUPED_MAX 256  // experts in one launch; callers split a larger group
 
 typedef struct mt_grouped {
     int experts;                  // E, 1..MT_GROUPED_MAX
@@ -42,6 +44,8 @@ typedef struct mt_grouped {
     // dense ones); both NULL: expert e is skipped (its rows of A and C are neither read nor
     // written), as an expert without a LoRA in a layer whose others have one.
     const mt_qweight *const *q;
+    const mt_qweight *const *q2;  // or NULL; set: W_e is q[e] [out1, in] stacked over q2[e]
+                                  // [out2, in] (both 4-bit, same in): [out1 + out2, in]
     const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1

@@ -1,356 +1,349 @@
-// model/grouped_cuda.cu — model/grouped.h's grouped GEMMs as one kernel launch each: every expert
-// of a layer in the same grid, its W dequantized tile by tile inside the kernel (no dequantized W
-// in device memory), tensor cores through nvcuda::wmma (16×16×16 bf16 fragments, fp32
-// accumulators, as model/ops_cuda.cu's attention). Launchers: model/grouped_cuda.h; the checks
-// of the arguments: model/grouped.c.
+// model/grouped_cuda.cu — model/grouped.h's GEMMs on the cuda backend: the heavy math in cuBLASLt
+// (core/backend_cuda.cu's matmul), this file only the orchestration and two memory-bound kernels.
+// Launchers: model/grouped_cuda.h; the checks of the arguments and the scratch: model/grouped.c.
 //
-// DESIGN (not measured: no GPU timing has been taken of these kernels).
-//   * Block tile 64 × 64 of the output, 4 warps, each 32 × 32 = 2 × 2 fragments kept in
-//     registers across the K loop; K steps of 32.
-//   * mt_grouped_gemm: grid (row tiles of all experts, column tiles of N). The host knows the
-//     offsets, so it passes each expert's first row tile (a prefix sum over ceil(n_e / 64)) with
-//     the offsets and every expert's W pointers in the launch's parameters (~24 KiB: sm_80+ with
-//     CUDA >= 12.1 take up to 32 KiB); a block finds its expert by a binary search over them. An
-//     expert without rows (or without a W) has no tile, hence no block.
-//     The parameters are __grid_constant__: read in place from the constant bank (without it,
-//     indexing them by expert made nvcc copy all 24 KiB into every thread's local memory).
-//   * Per K step the block stages A's 64 × 32 tile and op(W)'s 32 × 64 tile in shared memory as
-//     bf16, zero-padded past n_e, K and N. A 4-bit W is dequantized there (quant/dequant_cuda.cuh,
-//     the same device definition as quant/quant.cu's), once per block and K step: a weight byte
-//     is read once per row tile of its expert, never written back dequantized. trans (W [N, K])
-//     keeps W's rows as the tile's rows (a col_major matrix_b), so the threads of a warp read
-//     consecutive codes in both layouts.
-//   * The epilogue goes through shared memory (the fragment layout is opaque): dropout on C,
-//     alpha, + beta·C, one rounding to C's dtype. Dropout on A (drop_a) is applied while staging
-//     A, rounded to bf16 as mt_lora_dropout_cuda rounds it.
-//   * mt_grouped_gemm_tn: grid (tiles of the [M, N] gradient, experts); each block loops over its
-//     expert's rows 32 at a time (X's rows staged as a col_major matrix_a, drop(Y)'s as matrix_b).
-//   * Not done yet: 16-byte vector loads, double-buffered (cp.async) staging, a per-run scale in
-//     the dequantization instead of one per element, and larger tiles for large n_e.
+// Why not one hand-written grouped kernel (this file's earlier WMMA version): a static review
+// put its in-kernel 4-bit dequantization at ~75 SASS instructions per weight element, redone for
+// every 64-row tile, and its 2-byte staging near 15–20% of the tensor cores' peak; nobody here
+// can time a kernel to tune it. cuBLASLt's GEMMs are tuned and verified by NVIDIA.
+//
+//   * A 4-bit expert's W (and, with q2, a second W stacked under it: w1‖w3) is dequantized to
+//     bf16 into one of two scratch slots (quant/quant.cu's dequantize: 16-byte loads and stores,
+//     the block scale once per 32 elements), then C[rows e] = alpha·A[rows e]·op(W) + beta·C is
+//     one cuBLASLt call. The dequantization runs on the backend's second stream: expert e+1's
+//     fills the other slot while expert e's GEMM runs. Events order the two streams: a slot is
+//     refilled only after the GEMM that read it (slot_free), a GEMM starts only after its slot is
+//     filled (slot_ready). With MT_PROFILE on, everything runs on the main stream so that each
+//     profile row times its own work.
+//   * LoRA's dropout (lora/lora_dropout.h's mask, element (r − off[e], j) of expert e's rows):
+//     on A, a masked bf16 copy of the expert's rows feeds the GEMM; on C, the GEMM writes an f32
+//     product that a kernel masks, scales and adds into C (one rounding); on Y (the weight
+//     gradient's operand), a masked bf16 copy.
+//   * Dense weights (LoRA's A and B, unfrozen experts) and the weight gradients of every expert
+//     go as ONE cublasGemmGroupedBatchedEx call (core/backend_cuda.cu's mt_cuda_gemm_grouped):
+//     with 128 small experts a call per expert would be mostly launch overhead. So do the 4-bit
+//     base GEMMs of small experts: a slot holds as many dequantized W as fit in 64 MiB
+//     (model/expert_scratch.h), one grouped call runs them while the other slot fills. A large
+//     expert (Mixtral's w1‖w3 is 235 MB in bf16) fills a slot alone: one cuBLASLt call each.
+//   * The host knows each expert's rows (the routing's counts, downloaded once per layer in the
+//     forward and kept for the backward); cuBLAS and cuBLASLt take their shapes from the host.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
+#include "core/profile.h"
 #include "lora/lora_dropout.h"
 #include "model/grouped_cuda.h"
-#include "quant/dequant_cuda.cuh"
+#include "quant/quant.h"
 
-namespace wmma = nvcuda::wmma;
 typedef __nv_bfloat16 bf16;
 
-enum {
-    BM = 64, BN = 64, BK = 32, WARPS = 4, THREADS = 32 * WARPS,
-    LDK = BK + 8,   // pitch of a tile stored k-fastest ([64][32]): 80 bytes, off the bank period
-    LDN = BN + 8,   // pitch of a tile stored n- or m-fastest ([32][64])
-    LDC = BN + 4,   // pitch of the fp32 output tile
-};
+enum { THREADS = 256 };
 
-static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ bf16 rn(float x) { return __float2bfloat16_rn(x); }
-static __device__ __forceinline__ float load_out(const float *p) { return *p; }
-static __device__ __forceinline__ float load_out(const bf16 *p) { return bf(*p); }
-static __device__ __forceinline__ void store_out(float *p, float v) { *p = v; }
-static __device__ __forceinline__ void store_out(bf16 *p, float v) { *p = rn(v); }
+// ---------------------------------------------------------------------------------------------
+// Kernels (rows over blocks, columns over threads: no division per element)
 
-// Expert e's W: 4-bit (q.packed set) or dense bf16 (w, row stride ldw).
-struct gg_weight {
-    mt_deq_args q;
-    const bf16 *w;
-    int64_t ldw;
-};
-
-struct gg_params {                        // mt_grouped_gemm, by value in the launch
-    const bf16 *a;
-    void *c;
-    int64_t lda, ldc;
-    int experts, K, N, drop;              // drop: 0 none, 1 on A, 2 on C
-    float alpha, beta, p;
-    int64_t off[MT_GROUPED_MAX + 1];
-    int tile0[MT_GROUPED_MAX + 1];        // expert e's first row tile; tile0[E]: all of them
-    gg_weight w[MT_GROUPED_MAX];
-    uint64_t seed[MT_GROUPED_MAX];
-};
-
-struct gt_params {                        // mt_grouped_gemm_tn
-    const bf16 *x, *y;
-    int64_t ldx, ldy;
-    int experts, M, N, drop;
-    float alpha, beta, p;
-    int64_t off[MT_GROUPED_MAX + 1];
-    void *g[MT_GROUPED_MAX];
-    uint64_t seed[MT_GROUPED_MAX];
-};
-
-// Two adjacent bf16 of a shared tile as one 4-byte store: threads never share a 32-bit word
-// (nor a bank word) of what they stage.
-static __device__ __forceinline__ void store2(bf16 *p, bf16 lo, bf16 hi) {
-    __nv_bfloat162 v;
-    v.x = lo;
-    v.y = hi;
-    *(__nv_bfloat162 *)p = v;
+// out [n, w] (row stride ldo) = in [n, w] (ldi) · mask, bf16, rounded once as
+// mt_lora_dropout_cuda rounds.
+static __global__ void drop_copy_kernel(bf16 *__restrict__ out, int64_t ldo, const bf16 *__restrict__ in, int64_t ldi,
+                                        int64_t n, int64_t w, uint64_t seed, float p) {
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
+        for (int64_t j = threadIdx.x; j < w; j += blockDim.x)
+            out[r * ldo + j] =
+                __float2bfloat16_rn(__bfloat162float(in[r * ldi + j]) * mt_lora_dropout_factor(seed, p, (uint64_t)(r * w + j)));
 }
 
-// op(W_e) element (k, n) as the tile stages it (0 past K or N): W[n][k] (TRANS) or W[k][n].
-template <bool TRANS>
-static __device__ __forceinline__ bf16 w_at(const gg_weight &W, const float *lut, int K, int N, int k, int n) {
-    if (k >= K || n >= N) return rn(0.0f);
-    const int64_t wr = TRANS ? n : k, wc = TRANS ? k : n;  // W's row and column
-    if (!W.q.packed) return W.w[wr * W.ldw + wc];
-    const int64_t i = wr * (TRANS ? K : N) + wc;
-    float m = 0.0f, sc = mt_deq_block_scale(W.q, i / W.q.bs, &m);
-    return rn(mt_deq_value(W.q, lut, mt_deq_code(W.q.packed, i), sc, m));
-}
+static __device__ __forceinline__ float load(const float *p) { return *p; }
+static __device__ __forceinline__ float load(const bf16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void put(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
-static_assert(sizeof(gg_params) <= 32764 && sizeof(gt_params) <= 32764, "kernel parameters are at most 32764 bytes");
-
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
-
-// The warp's 32 × 32 part of the block tile += A_s · B_s over one K step of 32. A_s element
-// (m, k) at a[m·sam + k·sak], B_s element (k, n) at b[k·sbk + n·sbn]; LA / LB the matching
-// fragment layouts (row_major: the second index is the fast one).
-template <typename LA, typename LB>
-static __device__ __forceinline__ void warp_mma(frag_c (&acc)[2][2], const bf16 *a, int sam, int sak, int lda,
-                                                const bf16 *b, int sbk, int sbn, int ldb) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> fa[2];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> fb[2];
-    for (int kk = 0; kk < BK; kk += 16) {
-        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], a + 16 * i * sam + kk * sak, (unsigned)lda);
-        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], b + kk * sbk + 16 * j * sbn, (unsigned)ldb);
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
-}
-
-// The warp's accumulators into the block's fp32 output tile (a warp whose rows are all past the
-// tile's holds nothing to keep), then the whole block waits for the tile.
-static __device__ __forceinline__ void store_acc(float *cs, frag_c (&acc)[2][2], int wm, int wn, int rows) {
-    if (32 * wm < rows)
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++)
-                wmma::store_matrix_sync(cs + (32 * wm + 16 * i) * LDC + 32 * wn + 16 * j, acc[i][j], LDC,
-                                        wmma::mem_row_major);
-    __syncthreads();
-}
-
-// out[r·ldo + n] for r < rows, n < cols = alpha · drop(cs[r][n]) + beta · out; dropout (seed
-// set) on the element (row0 + r, n0 + n) of a row-major matrix `width` wide.
-template <typename OUT>
-static __device__ void epilogue(OUT *out, int64_t ldo, const float *cs, int rows, int cols, float alpha, float beta,
-                                const uint64_t *seed, float p, int64_t row0, int64_t width, int n0) {
-    for (int idx = threadIdx.x; idx < BM * BN; idx += blockDim.x) {
-        const int r = idx / BN, n = idx % BN;
-        if (r >= rows || n >= cols) continue;
-        float v = cs[r * LDC + n];
-        if (seed) v *= mt_lora_dropout_factor(*seed, p, (uint64_t)((row0 + r) * width + n0 + n));
-        v *= alpha;
-        OUT *o = out + r * ldo + n;
-        if (beta != 0.0f) v += beta * load_out(o);
-        store_out(o, v);
-    }
-}
-
-// The last expert whose first tile is <= t (an expert without tiles never is the answer: the
-// next one starts at the same tile).
-static __device__ __forceinline__ int find_expert(const int *tile0, int experts, int t) {
-    int lo = 0, hi = experts - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tile0[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-// C [R, N] (rows of expert e) = alpha · drop(A · op(W_e)) + beta · C. Grid (row tiles, N tiles).
-// TRANS: W [N, K], staged as ws[n][k]; else W [K, N], staged as ws[k][n].
-template <typename OUT, bool TRANS>
-static __global__ void __launch_bounds__(THREADS) grouped_gemm_kernel(const __grid_constant__ gg_params P) {
-    __shared__ __align__(128) bf16 as[BM * LDK];
-    __shared__ __align__(128) bf16 ws[TRANS ? BN * LDK : BK * LDN];
-    __shared__ __align__(128) float cs[BM * LDC];
-    __shared__ float lut[16];
-    const int e = find_expert(P.tile0, P.experts, (int)blockIdx.x);
-    const int64_t r0 = (int64_t)(blockIdx.x - P.tile0[e]) * BM;  // first row of the tile, within the expert
-    const int rows = (int)MT_MIN((int64_t)BM, P.off[e + 1] - P.off[e] - r0), n0 = (int)blockIdx.y * BN;
-    const int cols = MT_MIN(BN, P.N - n0), K = P.K, warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
-    const gg_weight &W = P.w[e];
-    const uint64_t *seed = P.drop ? &P.seed[e] : NULL;
-    const bf16 *a = P.a + (P.off[e] + r0) * P.lda;
-    if (W.q.packed && threadIdx.x < 16) lut[threadIdx.x] = mt_deq_lut(W.q.type, threadIdx.x);
-
-    frag_c acc[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        __syncthreads();  // the previous step's tiles are consumed (and lut written, the first time)
-        for (int idx = threadIdx.x; idx < BM * BK / 2; idx += blockDim.x) {  // pairs along k
-            const int r = idx / (BK / 2), kk = 2 * (idx % (BK / 2));
-            bf16 v[2];
-            for (int h = 0; h < 2; h++) {
-                const int k = k0 + kk + h;
-                v[h] = rn(0.0f);
-                if (r < rows && k < K) {
-                    v[h] = a[r * P.lda + k];
-                    if (P.drop == 1)
-                        v[h] = rn(bf(v[h]) * mt_lora_dropout_factor(*seed, P.p, (uint64_t)((r0 + r) * K + k)));
-                }
-            }
-            store2(as + r * LDK + kk, v[0], v[1]);
+// c [n, w] (ldc) = alpha · mask · t [n, w] (dense f32) + beta · c, beta 0 or 1: one rounding.
+template <typename C>
+static __global__ void drop_add_kernel(C *__restrict__ c, int64_t ldc, const float *__restrict__ t, int64_t n, int64_t w,
+                                       uint64_t seed, float p, float alpha, float beta) {
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
+        for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+            float v = alpha * (t[r * w + j] * mt_lora_dropout_factor(seed, p, (uint64_t)(r * w + j)));
+            C *o = c + r * ldc + j;
+            put(o, beta != 0.0f ? load(o) + v : v);
         }
-        // Pairs along W's rows (its contiguous index): ws[n][k] (TRANS) or ws[k][n].
-        for (int idx = threadIdx.x; idx < BK * BN / 2; idx += blockDim.x) {
-            const int fast = TRANS ? BK : BN, f = 2 * (idx % (fast / 2)), sl = idx / (fast / 2);
-            if (TRANS)
-                store2(ws + sl * LDK + f, w_at<true>(W, lut, K, P.N, k0 + f, n0 + sl),
-                       w_at<true>(W, lut, K, P.N, k0 + f + 1, n0 + sl));
-            else
-                store2(ws + sl * LDN + f, w_at<false>(W, lut, K, P.N, k0 + sl, n0 + f),
-                       w_at<false>(W, lut, K, P.N, k0 + sl, n0 + f + 1));
-        }
-        __syncthreads();
-        if (32 * wm >= rows) continue;  // this warp's rows are all past the expert's (uniform per warp)
-        if (TRANS)
-            warp_mma<wmma::row_major, wmma::col_major>(acc, as + 32 * wm * LDK, LDK, 1, LDK, ws + 32 * wn * LDK, 1, LDK,
-                                                       LDK);
-        else
-            warp_mma<wmma::row_major, wmma::row_major>(acc, as + 32 * wm * LDK, LDK, 1, LDK, ws + 32 * wn, LDN, 1, LDN);
-    }
-    store_acc(cs, acc, wm, wn, rows);
-    OUT *c = (OUT *)P.c + (P.off[e] + r0) * P.ldc + n0;
-    epilogue<OUT>(c, P.ldc, cs, rows, cols, P.alpha, P.beta, P.drop == 2 ? seed : NULL, P.p, r0, P.N, n0);
 }
 
-// G_e [M, N] = alpha · X_eᵀ · drop(Y_e) + beta · G_e. Grid (tiles of G, experts).
-static_assert(BM == BN, "the tn kernel stages X's and Y's rows of a K step in one loop");
-template <typename OUT>
-static __global__ void __launch_bounds__(THREADS) grouped_gemm_tn_kernel(const __grid_constant__ gt_params P) {
-    __shared__ __align__(128) bf16 xs[BK * LDN];  // xs[k][m]: X_eᵀ as a col_major matrix_a
-    __shared__ __align__(128) bf16 ys[BK * LDN];  // ys[k][n]
-    __shared__ __align__(128) float cs[BM * LDC];
-    const int e = (int)blockIdx.y;
-    const int64_t n_e = P.off[e + 1] - P.off[e];
-    if (!P.g[e] || (n_e == 0 && P.beta != 0.0f)) return;  // not wanted, or beta·G_e = G_e
-    const int tiles_n = (P.N + BN - 1) / BN, m0 = (int)blockIdx.x / tiles_n * BM, n0 = (int)blockIdx.x % tiles_n * BN;
-    const int rows = MT_MIN(BM, P.M - m0), cols = MT_MIN(BN, P.N - n0), warp = threadIdx.x >> 5;
-    const int wm = warp >> 1, wn = warp & 1;
-    const bf16 *x = P.x + P.off[e] * P.ldx, *y = P.y + P.off[e] * P.ldy;
+static unsigned row_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > 65535 ? 65535 : n); }
 
-    frag_c acc[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int64_t k0 = 0; k0 < n_e; k0 += BK) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < BK * BM / 2; idx += blockDim.x) {  // pairs along m and n
-            const int kk = idx / (BM / 2), f = 2 * (idx % (BM / 2));
-            const int64_t k = k0 + kk;
-            bf16 xv[2], yv[2];
-            for (int h = 0; h < 2; h++) {
-                xv[h] = k < n_e && f + h < rows ? x[k * P.ldx + m0 + f + h] : rn(0.0f);
-                yv[h] = rn(0.0f);
-                if (k < n_e && f + h < cols) {
-                    yv[h] = y[k * P.ldy + n0 + f + h];
-                    if (P.drop)
-                        yv[h] = rn(bf(yv[h]) *
-                                   mt_lora_dropout_factor(P.seed[e], P.p, (uint64_t)(k * P.N + n0 + f + h)));
-                }
-            }
-            store2(xs + kk * LDN + f, xv[0], xv[1]);
-            store2(ys + kk * LDN + f, yv[0], yv[1]);
-        }
-        __syncthreads();
-        if (32 * wm >= rows) continue;
-        warp_mma<wmma::col_major, wmma::row_major>(acc, xs + 32 * wm, 1, LDN, LDN, ys + 32 * wn, LDN, 1, LDN);
-    }
-    store_acc(cs, acc, wm, wn, rows);
-    OUT *g = (OUT *)P.g[e] + (int64_t)m0 * P.N + n0;
-    epilogue<OUT>(g, P.N, cs, rows, cols, P.alpha, P.beta, NULL, 0.0f, 0, 0, 0);
+static void drop_add(cudaStream_t s, mt_tensor *c, const float *t, int64_t n, int64_t w, uint64_t seed, float p,
+                     float alpha, float beta) {
+    if (c->dtype == MT_F32)
+        drop_add_kernel<float><<<row_blocks(n), THREADS, 0, s>>>((float *)c->data, mt_tensor_ld(c), t, n, w, seed, p, alpha, beta);
+    else
+        drop_add_kernel<bf16><<<row_blocks(n), THREADS, 0, s>>>((bf16 *)c->data, mt_tensor_ld(c), t, n, w, seed, p, alpha, beta);
+    MT_CHECK_LAUNCH();
+}
+
+static void drop_copy(cudaStream_t s, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
+    int64_t n = in->shape[0];
+    drop_copy_kernel<<<row_blocks(n), THREADS, 0, s>>>(out, ldo, (const bf16 *)in->data, mt_tensor_ld(in), n, w, seed, p);
+    MT_CHECK_LAUNCH();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launchers (arguments checked by model/grouped.c)
+// Orchestration
 
-extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
-    gg_params P;  // ~24 KiB, copied by the launch
-    memset(&P, 0, sizeof P);
-    const int E = g->experts;
-    P.a = (const bf16 *)a->data;
-    P.c = c->data;
-    P.lda = mt_tensor_ld(a);
-    P.ldc = mt_tensor_ld(c);
-    P.experts = E;
-    P.K = (int)a->shape[1];
-    P.N = (int)c->shape[1];
-    P.drop = g->seed ? (g->drop_a ? 1 : 2) : 0;
-    P.alpha = g->alpha;
-    P.beta = g->beta;
-    P.p = g->p;
-    int64_t tiles = 0;
-    for (int e = 0; e < E; e++) {
-        const mt_qweight *q = g->q ? g->q[e] : NULL;
-        const mt_tensor *w = g->w ? g->w[e] : NULL;
-        P.off[e] = g->off[e];
-        P.tile0[e] = (int)tiles;
-        if (q) P.w[e].q = mt_deq_args_of(q);
-        if (w) {
-            P.w[e].w = (const bf16 *)w->data;
-            P.w[e].ldw = mt_tensor_ld(w);
-        }
-        if (g->seed) P.seed[e] = g->seed[e];
-        if (q || w) tiles += (g->off[e + 1] - g->off[e] + BM - 1) / BM;  // neither: skipped, no tile
-    }
-    P.off[E] = g->off[E];
-    P.tile0[E] = (int)tiles;
-    if (tiles > 0x7fffffff) mt_fatal(MT_EXIT_ERROR, "mt_grouped_gemm: %lld row tiles", (long long)tiles);
-    if (tiles == 0 || P.N == 0) return;
-    cudaStream_t s = mt_cuda_begin(be);
-    dim3 grid((unsigned)tiles, (unsigned)((P.N + BN - 1) / BN));
-    const bool f32 = c->dtype == MT_F32;
-    if (g->trans) {
-        if (f32) grouped_gemm_kernel<float, true><<<grid, THREADS, 0, s>>>(P);
-        else grouped_gemm_kernel<bf16, true><<<grid, THREADS, 0, s>>>(P);
-    } else {
-        if (f32) grouped_gemm_kernel<float, false><<<grid, THREADS, 0, s>>>(P);
-        else grouped_gemm_kernel<bf16, false><<<grid, THREADS, 0, s>>>(P);
-    }
-    MT_CHECK_LAUNCH();
+static void matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int ta, int tb, float alpha, float beta) {
+    if (mt_matmul(c, a, b, ta, tb, alpha, beta) != 0)
+        mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
 }
 
-extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y,
-                                        const mt_grouped *gr) {
-    gt_params P;
-    memset(&P, 0, sizeof P);
-    const int E = gr->experts;
-    P.x = (const bf16 *)x->data;
-    P.y = (const bf16 *)y->data;
-    P.ldx = mt_tensor_ld(x);
-    P.ldy = mt_tensor_ld(y);
-    P.experts = E;
-    P.M = (int)x->shape[1];
-    P.N = (int)y->shape[1];
-    P.drop = gr->seed != NULL;
-    P.alpha = gr->alpha;
-    P.beta = gr->beta;
-    P.p = gr->p;
-    mt_dtype dt = MT_F32;
-    bool any = false;
-    for (int e = 0; e < E; e++) {
-        P.off[e] = gr->off[e];
-        P.g[e] = g[e] ? g[e]->data : NULL;
-        if (gr->seed) P.seed[e] = gr->seed[e];
-        if (g[e]) {  // one dtype for all (model/grouped.c checked)
-            dt = g[e]->dtype;
-            any = true;
-        }
+// The two scratch slots and the events that hand them between the streams.
+typedef struct {
+    mt_backend *be;
+    cudaStream_t main, deq;  // deq == main when profiling (or no 4-bit expert)
+    bf16 *slot[2];
+    cudaEvent_t ready[2], freed[2];
+    int used[2], next;
+} slots;
+
+static void slots_open(slots *S, mt_backend *be, cudaStream_t main, void *scratch, size_t slot_elems) {
+    S->be = be, S->main = main, S->deq = main, S->next = 0;
+    S->used[0] = S->used[1] = 0;
+    S->slot[0] = (bf16 *)scratch, S->slot[1] = scratch ? (bf16 *)scratch + slot_elems : NULL;
+    if (!scratch) return;
+    if (!mt_prof_active) S->deq = (cudaStream_t)mt_cuda_backend_side_stream(be);
+    for (int i = 0; i < 2; i++) {
+        MT_CHECK_CUDA(cudaEventCreateWithFlags(&S->ready[i], cudaEventDisableTiming));
+        MT_CHECK_CUDA(cudaEventCreateWithFlags(&S->freed[i], cudaEventDisableTiming));
     }
-    P.off[E] = gr->off[E];
-    if (!any || P.M == 0 || P.N == 0) return;
-    cudaStream_t s = mt_cuda_begin(be);
-    dim3 grid((unsigned)(((P.M + BM - 1) / BM) * ((P.N + BN - 1) / BN)), (unsigned)E);
-    if (dt == MT_F32) grouped_gemm_tn_kernel<float><<<grid, THREADS, 0, s>>>(P);
-    else grouped_gemm_tn_kernel<bf16><<<grid, THREADS, 0, s>>>(P);
-    MT_CHECK_LAUNCH();
+    if (S->deq != main) {  // the scratch was allocated on the main stream: the side waits for that
+        MT_CHECK_CUDA(cudaEventRecord(S->freed[1], main));
+        MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[1], 0));
+    }
+}
+
+// The next slot, once the GEMM that last read it is past (its refill waits for that).
+static bf16 *slot_begin(slots *S) {
+    int i = S->next;
+    if (S->used[i] && S->deq != S->main) MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[i], 0));
+    return S->slot[i];
+}
+
+// W_e (q stacked over q2 when set) dequantized to dst on the dequantization stream: the bf16
+// [q->out + q2->out, in] matrix.
+static mt_tensor slot_put(slots *S, bf16 *dst, const mt_qweight *q, const mt_qweight *q2) {
+    int64_t n1 = q->out * q->in, rows = q->out + (q2 ? q2->out : 0);
+    mt_prof_push("expert dequant 4-bit->bf16");
+    if (mt_prof_active) {
+        double el = (double)rows * (double)q->in;
+        mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0));
+    }
+    mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
+    if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
+    mt_prof_pop();
+    return mt_view2(S->be, dst, MT_BF16, rows, q->in, 0);
+}
+
+// The slot filled: the main stream waits for its dequantization.
+static void slot_ready(slots *S) {
+    int i = S->next;
+    if (S->deq != S->main) {
+        MT_CHECK_CUDA(cudaEventRecord(S->ready[i], S->deq));
+        MT_CHECK_CUDA(cudaStreamWaitEvent(S->main, S->ready[i], 0));
+    }
+}
+
+// One expert's W into the next slot, ready for the main stream.
+static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2) {
+    mt_tensor W = slot_put(S, slot_begin(S), q, q2);
+    slot_ready(S);
+    return W;
+}
+
+// After the GEMM that read the slot: it may be refilled once the main stream is past here.
+static void slot_done(slots *S) {
+    int i = S->next;
+    if (S->deq != S->main) MT_CHECK_CUDA(cudaEventRecord(S->freed[i], S->main));
+    S->used[i] = 1, S->next ^= 1;
+}
+
+static void slots_close(slots *S) {
+    if (!S->slot[0]) return;
+    for (int i = 0; i < 2; i++) {  // destroying a recorded event is fine: it is freed once complete
+        MT_CHECK_CUDA(cudaEventDestroy(S->ready[i]));
+        MT_CHECK_CUDA(cudaEventDestroy(S->freed[i]));
+    }
+}
+
+// Dense W (a LoRA's A or B, an unfrozen expert) for every expert with rows: the products as one
+// cublasGemmGroupedBatchedEx call. Dropout as in the per-expert path: A's masked copies first, or
+// the f32 products masked into C after. Returns 0 (nothing done) when the call does not qualify:
+// a 4-bit expert, fewer than two products, weights of different row strides.
+static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                              const mt_grouped_scratch *sc) {
+    void *drop_scratch = sc->drop;
+    const int64_t K = a->shape[1], N = c->shape[1], row0 = g->off[0];
+    int n = 0;
+    int64_t ldw = -1, m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+    const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+    void *pc[MT_GROUPED_MAX];
+    int ex[MT_GROUPED_MAX];
+    for (int e = 0; e < g->experts; e++) {
+        if (g->q && g->q[e]) return 0;
+        const mt_tensor *w = g->w ? g->w[e] : NULL;
+        if (!w || g->off[e + 1] == g->off[e]) continue;
+        if (ldw >= 0 && mt_tensor_ld(w) != ldw) return 0;
+        ldw = mt_tensor_ld(w), ex[n++] = e;
+    }
+    if (n < 2) return 0;
+    const bool copy_a = g->seed && g->drop_a, drop_c = g->seed && !g->drop_a;
+    for (int i = 0; i < n; i++) {
+        int e = ex[i];
+        int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
+        mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
+        m[i] = rows, k[i] = K, pb[i] = g->w[e]->data;
+        if (copy_a) {
+            bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * K;
+            drop_copy(st, D, K, &A, K, g->seed[e], g->p);
+            pa[i] = D;
+        } else {
+            pa[i] = A.data;
+        }
+        pc[i] = drop_c ? (void *)((float *)drop_scratch + (r0 - row0) * N) : C.data;
+    }
+    mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = copy_a ? K : mt_tensor_ld(a), .ldb = ldw,
+                        .ldc = drop_c ? N : mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans,
+                        .tc = drop_c ? MT_F32 : c->dtype, .alpha = drop_c ? 1.0f : g->alpha,
+                        .beta = drop_c ? 0.0f : g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
+    if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
+    for (int i = 0; drop_c && i < n; i++) {
+        int e = ex[i];
+        int64_t r0 = g->off[e], rows = m[i];
+        mt_tensor C = mt_view_rows(c, r0, rows);
+        drop_add(st, &C, (const float *)pc[i], rows, N, g->seed[e], g->p, g->alpha, g->beta);
+    }
+    return 1;
+}
+
+// Small 4-bit experts, every one with rows 4-bit and no dropout (the base GEMMs): as many W as a
+// slot holds dequantized into it, then one grouped call for them, the next slot filling
+// meanwhile. Returns 0 (nothing done) when the call does not qualify: a slot holds one W only,
+// a dense expert, dropout.
+static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                             const mt_grouped_scratch *sc) {
+    void *deq_scratch = sc->deq;
+    const size_t slot_elems = sc->slot_elems;
+    if (g->seed || !g->q || !deq_scratch) return 0;
+    const int64_t K = a->shape[1], N = c->shape[1];
+    int n = 0, ex[MT_GROUPED_MAX];
+    int64_t welems = 0;
+    for (int e = 0; e < g->experts; e++) {
+        if (g->off[e + 1] == g->off[e] || (!g->q[e] && !(g->w && g->w[e]))) continue;
+        if (!g->q[e]) return 0;
+        const mt_qweight *q2 = g->q2 ? g->q2[e] : NULL;
+        int64_t we = (g->q[e]->out + (q2 ? q2->out : 0)) * g->q[e]->in;
+        if (welems && we != welems) return 0;
+        welems = we, ex[n++] = e;
+    }
+    const int per = (int)((int64_t)slot_elems / (welems ? welems : 1));
+    if (n < 2 || per < 2) return 0;
+    slots S;
+    slots_open(&S, be, st, deq_scratch, slot_elems);
+    for (int c0 = 0; c0 < n; c0 += per) {
+        int cn = MT_MIN(per, n - c0);
+        int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+        const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+        void *pc[MT_GROUPED_MAX];
+        bf16 *dst = slot_begin(&S);
+        int64_t ldw = 0;
+        for (int i = 0; i < cn; i++) {
+            int e = ex[c0 + i];
+            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g->q[e], g->q2 ? g->q2[e] : NULL);
+            int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
+            mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
+            m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
+        }
+        slot_ready(&S);
+        mt_gemm_group gg = {.count = cn, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(a), .ldb = ldw,
+                            .ldc = mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans, .tc = c->dtype,
+                            .alpha = g->alpha, .beta = g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
+        if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
+        slot_done(&S);
+    }
+    slots_close(&S);
+    return 1;
+}
+
+extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                                     const mt_grouped_scratch *sc) {
+    cudaStream_t st = mt_cuda_begin(be);
+    if (gemm_dense_grouped(be, st, c, a, g, sc)) return;
+    if (gemm_4bit_grouped(be, st, c, a, g, sc)) return;
+    void *deq_scratch = sc->deq, *drop_scratch = sc->drop;
+    const size_t slot_elems = sc->slot_elems;
+    const int64_t K = a->shape[1], N = c->shape[1];
+    slots S;
+    slots_open(&S, be, st, deq_scratch, slot_elems);
+    for (int e = 0; e < g->experts; e++) {
+        const mt_qweight *q = g->q ? g->q[e] : NULL;
+        const mt_tensor *w = g->w ? g->w[e] : NULL;
+        int64_t r0 = g->off[e], n = g->off[e + 1] - r0;
+        if ((!q && !w) || n == 0) continue;
+        mt_tensor W = q ? slot_fill(&S, q, g->q2 ? g->q2[e] : NULL) : *w;
+        mt_tensor A = mt_view_rows(a, r0, n), C = mt_view_rows(c, r0, n);
+        if (g->seed && g->drop_a) {  // C = alpha·drop(A)·op(W) + beta·C
+            mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, K, 0);
+            drop_copy(st, (bf16 *)D.data, K, &A, K, g->seed[e], g->p);
+            matmul(&C, &D, &W, 0, g->trans, g->alpha, g->beta);
+        } else if (g->seed) {  // C = alpha·drop(A·op(W)) + beta·C
+            mt_tensor T = mt_view2(be, drop_scratch, MT_F32, n, N, 0);
+            matmul(&T, &A, &W, 0, g->trans, 1.0f, 0.0f);
+            drop_add(st, &C, (const float *)T.data, n, N, g->seed[e], g->p, g->alpha, g->beta);
+        } else {
+            matmul(&C, &A, &W, 0, g->trans, g->alpha, g->beta);
+        }
+        if (q) slot_done(&S);
+    }
+    slots_close(&S);
+}
+
+// G_e = alpha·X[rows e]ᵀ·drop(Y[rows e]) + beta·G_e for every expert with a G: the experts with
+// rows as one grouped call (one cuBLASLt call when only one has rows), the others beta·G_e.
+extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y,
+                                        const mt_grouped *gr, const mt_grouped_scratch *sc) {
+    void *drop_scratch = sc->drop;
+    cudaStream_t st = mt_cuda_begin(be);
+    const int64_t M = x->shape[1], N = y->shape[1], row0 = gr->off[0];
+    int n = 0;
+    int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
+    const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+    void *pc[MT_GROUPED_MAX];
+    mt_tensor X1, Y1;
+    mt_tensor *G1 = NULL;
+    for (int e = 0; e < gr->experts; e++) {
+        mt_tensor *G = g[e];
+        if (!G) continue;
+        int64_t r0 = gr->off[e], rows = gr->off[e + 1] - r0;
+        if (rows == 0) {  // an empty sum: beta·G
+            if (gr->beta == 0.0f) MT_CHECK_CUDA(cudaMemsetAsync(G->data, 0, G->nbytes, st));
+            continue;
+        }
+        mt_tensor X = mt_view_rows(x, r0, rows), Y = mt_view_rows(y, r0, rows);
+        if (gr->seed) {
+            bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * N;
+            drop_copy(st, D, N, &Y, N, gr->seed[e], gr->p);
+            Y = mt_view2(be, D, MT_BF16, rows, N, 0);
+        }
+        m[n] = M, k[n] = rows, pa[n] = X.data, pb[n] = Y.data, pc[n] = G->data;
+        X1 = X, Y1 = Y, G1 = G, n++;
+    }
+    if (n == 1) {
+        matmul(G1, &X1, &Y1, 1, 0, gr->alpha, gr->beta);
+        return;
+    }
+    if (n == 0) return;
+    mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(x), .ldb = gr->seed ? N : mt_tensor_ld(y),
+                        .ldc = N, .trans_a = 1, .trans_b = 0, .tc = G1->dtype, .alpha = gr->alpha, .beta = gr->beta,
+                        .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
+    if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped weight gradient (cuda): %s", mt_error_get());
 }

@@ -140,6 +140,8 @@ typedef struct mt_model {
     uint8_t *step_mask;
     mt_tensor *batch_dev, *aux_dev;
     int has_mask;                              // 0: no padding in this batch (row_mask unused)
+    int pad_right;                             // 1: each sequence's padding is at its end, after
+                                               // ≥ 1 real token (its mask as lengths: cuDNN's form)
     moe_aux_stats aux;
     double z_sum;
     int64_t z_rows, ce_count;

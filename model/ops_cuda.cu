@@ -16,6 +16,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "model/ops_cuda.h"
+#include "model/attention_cudnn.h"
 
 enum { THREADS = 256 };
 
@@ -620,9 +621,26 @@ template <typename K> static void att_smem(K kernel, size_t bytes) {
         MT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+static __global__ void attention_kv_len_kernel(int32_t *kv_len, const uint8_t *mask, int B, int S) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    int32_t n = 0;
+    for (int j = 0; j < S; j++) n += mask[(int64_t)b * S + j] != 0;
+    kv_len[b] = n;
+}
+
+extern "C" void attention_kv_len_cuda(mt_backend *be, int32_t *kv_len, const uint8_t *key_mask, int B, int S) {
+    if (B <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    attention_kv_len_kernel<<<(unsigned)((B + 63) / 64), 64, 0, s>>>(kv_len, key_mask, B, S);
+    MT_CHECK_LAUNCH();
+}
+
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
-                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask, int B, int S,
-                                       int nh, int nkv, int hd, int window) {
+                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask,
+                                       const int32_t *kv_len, int B, int S, int nh, int nkv, int hd, int window) {
+    // cuDNN's SDPA where it is loaded and takes the shape (model/attention_cudnn.h), else the kernel.
+    if (attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, kv_len, B, S, nh, nkv, hd, window)) return;
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
@@ -640,7 +658,11 @@ extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse
 extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *dk_, mt_bf16 *dv_,
                                         const mt_bf16 *dout_, const mt_bf16 *q_, const mt_bf16 *k_,
                                         const mt_bf16 *v_, const mt_bf16 *out_, const float *lse,
-                                        const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
+                                        const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
+                                        int nkv, int hd, int window) {
+    if (attention_cudnn_backward(be, dq_, dk_, dv_, dout_, q_, k_, v_, out_, lse, key_mask, kv_len, B, S, nh, nkv, hd,
+                                 window))
+        return;
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_)) return;
     cudaStream_t s = mt_cuda_begin(be);

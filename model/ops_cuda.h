@@ -62,13 +62,19 @@ void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, 
 // it. q, k, v, out and the gradients bf16, as are the shared-memory tiles and P, dS before their
 // GEMMs. Backward recomputes the probabilities from lse, one pass for dq (over query tiles) and
 // one for dk, dv (over key tiles), so each output row has one writer. hd ≤ 256.
+// Where cuDNN is loaded and takes the shape, both run cuDNN's SDPA instead (model/attention_cudnn.h,
+// same results and lse); kv_len [B] int32 (device) or NULL: the key mask as sequence lengths when
+// it is right padding (attention_kv_len_cuda makes them), the form cuDNN takes a key mask in.
 void attention_forward_cuda(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
-                            const mt_bf16 *v, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
-                            int window);
+                            const mt_bf16 *v, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
+                            int nkv, int hd, int window);
 void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
                              const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
-                             const float *lse, const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd,
-                             int window);
+                             const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
+                             int nkv, int hd, int window);
+// kv_len [B] = the number of visible keys of each sequence of key_mask [B, S]: its length when
+// the mask is right padding (the caller knows: the host copy of the mask).
+void attention_kv_len_cuda(mt_backend *be, int32_t *kv_len, const uint8_t *key_mask, int B, int S);
 
 // fp32 (the logits and their gradient stay fp32 by the dtype rule). One block per row: max,
 // log-sum-exp and the gradient in one kernel. dlogits may be logits itself: then each counted

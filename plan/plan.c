@@ -480,14 +480,15 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
 }
 
 // The GPU step's expert scratch (model/expert_scratch.h), held while one grouped call runs: two
-// slots of a 4-bit expert's w1‖w3 when this GPU holds a frozen 4-bit expert, and with expert LoRA
+// slots of 4-bit experts' W (one large expert's w1‖w3, or as many small ones as fit 64 MiB) when
+// this GPU holds a frozen 4-bit expert, and with expert LoRA
 // dropout the buffer of the call's routed rows (this rank's T·k, balanced as the plan assumes) at
 // the widest operand a call masks (h for w1, w3; f for w2). The cpu step has neither.
 static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, const trainables *t, mt_plan *p) {
     static const unsigned expert_bits = MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3;
     int64_t h = cfg->hidden, f = cfg->intermediate, rows = o->seq * o->batch * cfg->top_k;
     int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
-    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0 ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f) : 0;
+    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0 ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts) : 0;
     int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
     p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }

@@ -1,6 +1,6 @@
 // quant/dequant_cuda.cuh — the device side of one 4-bit element's value (.cu files only), shared
-// by quant/quant.cu's dequantize kernels and model/grouped_cuda.cu's in-kernel tile dequantization,
-// so that a format has one device definition. The formats themselves: quant/formats.h.
+// by quant/quant.cu's dequantize kernels, so that a format has one device definition. The formats
+// themselves: quant/formats.h.
 //
 // The codebooks are `static` __constant__ / __device__ copies made from formats.h's lists: every
 // .cu including this gets its own (no relocatable device code), all from the same text.

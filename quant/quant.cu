@@ -7,8 +7,8 @@
 //
 // Dequantize (bandwidth-bound): one thread per 32 elements reads its 16 packed bytes with one
 // 16-byte load and its block's constants (the double-quant absmax rebuilt right there from the
-// 8-bit code, the nested absmax and the offset), looks the codes up in a 16-entry table in shared
-// memory, and writes 32 bf16 (4 × 16-byte stores) or f32 (8 ×). Ranges that do not start on a
+// 8-bit code, the nested absmax and the offset), looks each byte up in a 256-entry table of
+// value pairs in shared memory, and writes 32 bf16 (4 × 16-byte stores) or f32 (8 ×). Ranges that do not start on a
 // 32-element boundary, and the tail, go through a one-element-per-thread kernel.
 //
 // Streams: work goes on the backend's own stream (mt_cuda_backend_stream), so it is ordered with
@@ -21,7 +21,7 @@
 #include "core/cuda_check.h"  // first: it makes core/common.h digestible for nvcc
 #include "core/backend.h"
 #include "core/common.h"
-#include "quant/dequant_cuda.cuh"  // the codebooks and one element's value, shared with model/grouped_cuda.cu
+#include "quant/dequant_cuda.cuh"  // the codebooks and one element's value
 #include "quant/quant.h"
 
 enum { WARPS_PER_CTA = 8, DEQ_THREADS = 256 };
@@ -138,37 +138,57 @@ static __device__ __forceinline__ void load_lut(const mt_deq_args &a, float *lut
     __syncthreads();
 }
 
-// 32 elements per thread, from element i0 (a multiple of 32) to i0 + 32·groups.
-template <typename OUT>
-static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, OUT *__restrict__ dst) {
-    __shared__ float lut[16];
-    load_lut(a, lut);
-    int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (gi >= groups) return;
-    int64_t e = i0 + 32 * gi;
-    uint4 raw = *(const uint4 *)(a.packed + (e >> 1));  // 16 bytes = 32 codes, 16-byte aligned
-    float m = 0.0f, s = mt_deq_block_scale(a, e / a.bs, &m);   // blocksize >= 32: one block per thread
-    const uint8_t *bytes = (const uint8_t *)&raw;
-    OUT *out = dst + (e - i0);
-    if (sizeof(OUT) == 2) {
-        __align__(16) __nv_bfloat16 v[32];
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            v[2 * k] = __float2bfloat16_rn(mt_deq_value(a, lut, bytes[k] >> 4, s, m));
-            v[2 * k + 1] = __float2bfloat16_rn(mt_deq_value(a, lut, bytes[k] & 15, s, m));
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
-    } else {
-        __align__(16) float v[32];
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            v[2 * k] = mt_deq_value(a, lut, bytes[k] >> 4, s, m);
-            v[2 * k + 1] = mt_deq_value(a, lut, bytes[k] & 15, s, m);
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
+// 32 elements per thread, from element i0 (a multiple of 32) to i0 + 32·groups: the path every
+// whole weight takes (the experts' scratch, q/k/v/o per use), so it is written to cost memory
+// bandwidth, not instructions (issue 27: ≤ 8 SASS instructions per element; `make bench-gpu`
+// counts them). Specialised on the format and double quant (no branch per element); the block
+// index is a shift (blocksize a power of two ≥ 32, so one block per thread: checked by the
+// launcher); the block's scale, double quant resolved, is computed once per thread. The codes go
+// through a 256-entry table of byte → (value of the high code, value of the low code): one
+// shared load per byte. INT4's table holds the codes themselves as floats.
+// Values are those of mt_deq_value: lut·s (NF4/FP4) or c·d + m (INT4), each rounded as the CPU does.
+static __device__ __forceinline__ void store_pair(__nv_bfloat16 *v, int k, float x0, float x1) {
+    ((__nv_bfloat162 *)v)[k] = __floats2bfloat162_rn(x0, x1);  // .x (element 2k) at the lower address
+}
+static __device__ __forceinline__ void store_pair(float *v, int k, float x0, float x1) {
+    ((float2 *)v)[k] = make_float2(x0, x1);
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift,
+                                        OUT *__restrict__ dst) {
+    __shared__ float2 pair[256];
+    for (int t = threadIdx.x; t < 256; t += blockDim.x) {
+        const unsigned hi = (unsigned)t >> 4, lo = (unsigned)t & 15u;
+        pair[t] = TYPE == MT_QUANT_INT4 ? make_float2((float)hi, (float)lo)
+                                        : make_float2(mt_deq_lut(TYPE, hi), mt_deq_lut(TYPE, lo));
     }
+    __syncthreads();
+    const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= groups) return;
+    const int64_t e = i0 + 32 * gi, b = e >> bs_shift;
+    const uint4 raw = __ldg((const uint4 *)(a.packed + (e >> 1)));  // 16 bytes = 32 codes, 16-byte aligned
+    float s, m = 0.0f;
+    if (TYPE == MT_QUANT_INT4) {
+        m = __half2float(a.zero[b]);
+        s = __half2float(((const __half *)a.absmax)[b]);
+    } else if (DQ) {
+        const uint8_t c = ((const uint8_t *)a.absmax)[b];
+        s = __fadd_rn(__fmul_rn(a.nested_map[c], a.nested_absmax[b / MT_Q4_NESTED_BLOCKSIZE]), a.offset);
+    } else {
+        s = ((const float *)a.absmax)[b];
+    }
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    __align__(16) OUT v[32];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        const float2 c = pair[(w[k >> 2] >> (8 * (k & 3))) & 255u];  // byte k: element 2k high nibble
+        if (TYPE == MT_QUANT_INT4) store_pair(v, k, __fadd_rn(__fmul_rn(c.x, s), m), __fadd_rn(__fmul_rn(c.y, s), m));
+        else store_pair(v, k, __fmul_rn(c.x, s), __fmul_rn(c.y, s));
+    }
+    OUT *out = dst + (e - i0);
+#pragma unroll
+    for (int k = 0; k < (int)(32 * sizeof(OUT) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
 }
 
 // One element per thread: [i0, i1) into dst (dst[0] = element i0).
@@ -235,12 +255,32 @@ extern "C" void mt_int4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt
     q_end(st);
 }
 
+// log2(bs) when bs is a power of two ≥ 32 (a 32-element group then lies in one block), else -1.
+static int block_shift(int bs) {
+    if (bs < 32 || (bs & (bs - 1))) return -1;
+    int sh = 0;
+    while ((1 << sh) < bs) sh++;
+    return sh;
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static void dequant32_launch(const mt_deq_args &a, int64_t i0, int64_t groups, int sh, OUT *dst, cudaStream_t st) {
+    dequant32_kernel<TYPE, DQ, OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, sh, dst);
+}
+
 template <typename OUT>
 static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, OUT *dst, cudaStream_t st) {
     int64_t vec_end = i0;
-    if (i0 % 32 == 0 && ((uintptr_t)dst & 15) == 0) {
+    const int sh = block_shift(a.bs);
+    if (i0 % 32 == 0 && ((uintptr_t)dst & 15) == 0 && sh >= 0) {
         int64_t groups = (i1 - i0) / 32;
-        if (groups > 0) dequant32_kernel<OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, dst);
+        if (groups > 0) {
+            if (a.type == MT_QUANT_INT4) dequant32_launch<MT_QUANT_INT4, false>(a, i0, groups, sh, dst, st);
+            else if (a.type == MT_QUANT_FP4 && a.dq) dequant32_launch<MT_QUANT_FP4, true>(a, i0, groups, sh, dst, st);
+            else if (a.type == MT_QUANT_FP4) dequant32_launch<MT_QUANT_FP4, false>(a, i0, groups, sh, dst, st);
+            else if (a.dq) dequant32_launch<MT_QUANT_NF4, true>(a, i0, groups, sh, dst, st);
+            else dequant32_launch<MT_QUANT_NF4, false>(a, i0, groups, sh, dst, st);
+        }
         vec_end = i0 + 32 * groups;
     }
     if (vec_end < i1)
@@ -249,12 +289,18 @@ static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, OUT *ds
 
 // Elements [i0, i1) of W into dst. The bytes a whole weight moves here: mt_qweight_dequant_bytes
 // (quant/qweight.h), which must follow any change to what this reads or writes.
-extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {
+extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1,
+                                              void *stream) {
     if (i1 <= i0) return;
     cudaStream_t st = q_begin(q->be, q->packed->data);
+    if (stream) st = (cudaStream_t)stream;
     mt_deq_args a = mt_deq_args_of(q);
     if (dt == MT_BF16) dequant_launch(a, i0, i1, (__nv_bfloat16 *)dst, st);
     else if (dt == MT_F32) dequant_launch(a, i0, i1, (float *)dst, st);
     else mt_fatal(MT_EXIT_ERROR, "dequantize (cuda): target dtype %s", mt_dtype_name(dt));
     q_end(st);
+}
+
+extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {
+    mt_qweight_dequantize_cuda_on(q, dst, dt, i0, i1, NULL);
 }

@@ -181,6 +181,10 @@ void mt_int4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt, int64_t n
                            uint8_t *packed, uint16_t *scale, uint16_t *minimum);
 // Flat elements [i0, i1) of q into dst (F32 or BF16, device memory, element 0 = i0).
 void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1);
+// The same on `stream` (a cudaStream_t of q's device; NULL: the backend's), returning at once: the
+// caller orders it (the experts' scratch is filled on a second stream while the GEMM runs).
+void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1,
+                                   void *stream);
 #endif
 
 #ifdef __cplusplus

@@ -34,12 +34,15 @@ system_lib() {
   case "$1" in
     linux-vdso.so.*|ld-linux-x86-64.so.*|libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*) return 0;;
     libresolv.so.*|libutil.so.*|libstdc++.so.*|libgcc_s.so.*) return 0;;
-    libcuda.so.*|libcublasLt.so.*|libcublas.so.*|libnccl.so.*) return 0;;
+    libcuda.so.*|libcublasLt.so.*|libcublas.so.*|libnccl.so.*|libcudnn*.so.*) return 0;;
   esac
   return 1
 }
 # What the machine must provide from CUDA (gpu_check.sh looks for each).
-needs="libcublasLt.so.13 libnccl.so.2"
+needs="libcublasLt.so.13 libcublas.so.13 libnccl.so.2"
+# What the machine may provide: cuDNN (attention's SDPA, dlopened; ~1 GB with its engines, never
+# bundled). Without it attention runs on the WMMA kernel, and the probe says so.
+optional="libcudnn.so.9"
 
 programs=(moetrain moetrain_tests moetrain_bench_gpu moetrain_gpu_probe cuda_parity moetrain_roofline
           tests/mpi/compare_runs)
@@ -82,6 +85,7 @@ mkdir -p "$out"
   echo "sources $src_hash"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(nvcc --version | tail -n 1), sm_90a"
   echo "needs $needs"
+  echo "optional $optional"
   (cd "$stage" && find bin lib -type f | sort | xargs sha256sum | sed 's/^/file /')
 } >"$out/manifest.txt.tmp"
 # PEFT for the baseline: the version it was checked with (a failed download only warns: the

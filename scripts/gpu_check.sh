@@ -137,6 +137,18 @@ gpu_result() {
 }
 
 # --- steps ------------------------------------------------------------------------------------
+# find_lib NAME: a CUDA library of this machine: the toolkit, the dynamic linker's cache, then
+# /opt, /usr and /root (PyTorch's nvidia-* wheels under site-packages); nothing when absent.
+find_lib() {
+  local dir found="" cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  for dir in "$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib"; do
+    [ -e "$dir/$1" ] && found="$dir/$1" && break
+  done
+  [ -n "$found" ] || found=$(ldconfig -p 2>/dev/null | awk -v l="$1" '$1 == l {print $NF; exit}')
+  [ -n "$found" ] || found=$(find /opt /usr/local/lib /usr/lib /root -name "$1" \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)
+  echo "$found"
+}
+
 step_bundle() {
   local lim=$1
   if [ -n "$BUILD_DIR" ]; then  # a build folder of this machine: its programs, its test list
@@ -160,17 +172,18 @@ step_bundle() {
   (cd "$PREFIX" && awk '$1 == "file" {print $2 "  " $3}' "$OLDPWD/$BUNDLE/manifest.txt" | sha256sum --quiet -c -) ||
     { echo "gpu_check: the bundle's files differ from its manifest"; return 1; }
   # CUDA's own libraries, found on this machine: the toolkit, the linker's cache, PyTorch's wheels.
-  local lib dir found cuda_home
-  cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  local lib found
   LIBPATH="$PREFIX/lib"
   for lib in $(awk '$1 == "needs" {$1 = ""; print}' "$BUNDLE/manifest.txt"); do
-    found=""
-    for dir in "$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib"; do
-      [ -e "$dir/$lib" ] && found="$dir/$lib" && break
-    done
-    [ -n "$found" ] || found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
-    [ -n "$found" ] || found=$(find /opt /usr/local/lib /usr/lib /root -name "$lib" \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)
+    found=$(find_lib "$lib")
     if [ -z "$found" ]; then echo "gpu_check: $lib not found on this machine (toolkit, ldconfig, /opt, /usr)"; return 1; fi
+    echo "gpu_check: $lib: $found"
+    LIBPATH="$LIBPATH:$(dirname "$found")"
+  done
+  # Optional (dlopened): cuDNN for attention; without it the WMMA kernel runs, said once.
+  for lib in $(awk '$1 == "optional" {$1 = ""; print}' "$BUNDLE/manifest.txt"); do
+    found=$(find_lib "$lib")
+    if [ -z "$found" ]; then echo "gpu_check: $lib not found on this machine (optional: attention on the WMMA kernel)"; continue; fi
     echo "gpu_check: $lib: $found"
     LIBPATH="$LIBPATH:$(dirname "$found")"
   done
@@ -266,7 +279,7 @@ step_baseline() {
 
 step_tests() {
   local lim=$1 filter
-  filter="@($(sed 's|::|/|' "$TESTS_LIST" | paste -sd'|'))"
+  filter=$(bash tests/criterion_filter.sh "$TESTS_LIST")  # groups: Criterion's extglob takes ≤ 100 alternatives
   run_limited "$lim" "$(prog moetrain_tests)" --jobs "$(nproc)" --filter "$filter" --tap="$WORK/tests.tap"
   local rc=$?
   [ "$rc" -ge 124 ] && return "$rc"

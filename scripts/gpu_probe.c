@@ -18,6 +18,7 @@
 #include "core/backend.h"
 #include "core/comm.h"
 #include "core/common.h"
+#include "model/attention_cudnn.h"
 #include "scripts/json_line.h"
 
 static double now_s(void) {
@@ -40,6 +41,28 @@ static void versions(void) {
            lt, nccl, NCCL_VERSION_CODE);
     json_line("versions", "\"driver\":%d,\"runtime\":%d,\"runtime_built\":%d,\"cublaslt\":%zu,\"nccl\":%d,"
               "\"nccl_built\":%d", drv, rt, CUDART_VERSION, lt, nccl, NCCL_VERSION_CODE);
+}
+
+// cuDNN, loaded at run time (model/attention_cudnn.h): its version, and which attention Mixtral's
+// shape (32 query heads, 8 KV heads, hd 128) runs on here; the reason is printed when not cuDNN.
+// Run before the device check, so that a machine without a GPU (the rehearsal) still has the
+// library finalize every descriptor of the graphs.
+static void cudnn_probe(void) {
+    const char *path = attention_path(0, 0, 32, 8, 128);
+    size_t v = attention_cudnn_version();
+    if (v)
+        printf("probe: cuDNN %zu.%zu.%zu%s; Mixtral's attention runs on %s\n", v / 10000, v % 10000 / 100, v % 100,
+               attention_cudnn_emulated() ? " (the emulator's stand-in)" : "", path);
+    else
+        printf("probe: cuDNN not loadable; Mixtral's attention runs on %s\n", path);
+    // Whether the library takes the graphs (only a GPU's heuristics can say): case C's shape.
+    int ok[2] = {-1, -1};
+    for (int bwd = 0; v && bwd < 2; bwd++) {
+        char msg[400];
+        ok[bwd] = attention_cudnn_check(bwd, 1, 4096, 32, 8, 128, 0, 0, msg, sizeof msg);
+        printf("probe: cuDNN SDPA %s graph at B 1, S 4096, 32/8 heads, hd 128: %s\n", bwd ? "backward" : "forward", msg);
+    }
+    json_line("cudnn", "\"version\":%zu,\"attention\":\"%s\",\"fwd_plan\":%d,\"bwd_plan\":%d", v, path, ok[0], ok[1]);
 }
 
 static int device(void) {
@@ -103,6 +126,7 @@ static int nccl_check(mt_backend *be) {
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     versions();
+    cudnn_probe();
     mt_backend *be = mt_backend_cuda_new(0);
     if (!be) {
         printf("probe: %s\n", mt_error_get());  // "no CUDA GPU: ..." where there is none

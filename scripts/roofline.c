@@ -147,11 +147,13 @@ static void print_assumptions(const step_shape *sh) {
            EFF_MEM, EFF_MEM * HBM_BW / 1e12);
     if (sh->experts_cublas)
         printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.2f\n"
-               "    of the copy bandwidth (%.2f of HBM): issue 27's goal for the kernel, not measured; or %.0f SASS\n"
-               "    instructions per element at the issue rate, whichever is slower (--dequant-instr)\n",
+               "    of the copy bandwidth (%.2f of HBM): issue 27's goal for the kernel, not measured; or %.2f SASS\n"
+               "    instructions per element at the issue rate, whichever is slower (%s)\n",
                (double)mt_qweight_dequant_bytes_of(sh->quant, 1 << 20, 1024, sh->blocksize, sh->double_quant, MT_BF16) /
                        (1024.0 * 1024 * 1024) - 2.0,
-               EFF_DEQUANT, EFF_COPY, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT);
+               EFF_DEQUANT, EFF_COPY, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT,
+               sh->dequant_instr > 0 ? "--dequant-instr: `make bench-gpu` passes scripts/sass_count.sh's count of the kernel"
+                                     : "not counted: the default, issue 27's ceiling");
     else
         printf("  grouped WMMA expert kernel: %.3f of peak, its dequantization %.0f SASS instructions per element and\n"
                "    64-row tile at the issue rate, not overlapped: issue 27's static review of model/grouped_cuda.cu\n",

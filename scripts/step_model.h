@@ -236,9 +236,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // Dequantization. Attention's 4-bit q, k, v, o to bf16 once per use (forward, recompute,
     // backward). The experts: the WMMA kernel reads the 4-bit W and dequantizes a tile of it per
     // 64-row tile of its expert's rows (4 FLOPs an element, STEP_GROUPED_DEQUANT_INSTR issue slots);
-    // the cuBLAS path dequantizes each expert's w1‖w3 and w2 whole into bf16 scratch, once in the
-    // forward and once in the backward, which serves its recompute and dx (1 FLOP an element, the
-    // scale; bytes: 4-bit in with its constants, bf16 out).
+    // the cuBLAS path (model/grouped_cuda.cu) dequantizes each expert's w1‖w3 and w2 whole into a
+    // bf16 scratch slot per use: the forward, the recompute when the experts are recomputed, the
+    // backward's dx (1 FLOP an element, the scale; bytes: 4-bit in with its constants, bf16 out).
     const char phases[3] = {'F', 'R', 'B'};
     double w_elems = 3 * h * f * E * L;  // every expert's w1, w2, w3
     for (int p = 0; p < 3; p++) {
@@ -249,7 +249,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
                                   STEP_ALU);
             o->instr = STEP_GROUPED_DEQUANT_INSTR * w_elems * tiles;
         }
-        if (sh->quant_experts && cub && phases[p] != 'R') {
+        if (sh->quant_experts && cub && mlp_r) {
             double in = (double)mt_qweight_dequant_bytes_of(sh->quant, c->intermediate, c->hidden, sh->blocksize,
                                                             sh->double_quant, MT_BF16);  // one [f, h] matrix
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
@@ -286,9 +286,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GROUPED);
     } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
         e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + Tk * h);
-        step_gemm(s, "expert GEMM w1+w3 (cuBLASLt)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        if (RM) step_gemm(s, "expert GEMM w1+w3 (cuBLASLt)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        step_gemm(s, "expert GEMM w1+w3 (dx, cuBLASLt)", 'B', E * L, e13_f * L, e13_bb * L, Me, h, 2 * f);
+        step_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        if (RM) step_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        step_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * L, e13_f * L, e13_bb * L, Me, h, 2 * f);
     }
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
@@ -298,9 +298,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (RM) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
         step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GROUPED);
     } else {
-        step_gemm(s, "expert GEMM w2 (cuBLASLt)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        if (RM) step_gemm(s, "expert GEMM w2 (cuBLASLt)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        step_gemm(s, "expert GEMM w2 (dx, cuBLASLt)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
+        step_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        if (RM) step_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        step_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
     }
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
@@ -308,9 +308,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (sh->targets & MT_TARGET_W1) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
         if (sh->targets & MT_TARGET_W3) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
         if (sh->targets & MT_TARGET_W2) step_lora(&tmp, "x", E * L, Me, f, h, r, RM);
-        // The grouped kernel runs one launch for all E experts; cuBLASLt one call per expert.
-        step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLASLt)" : "LoRA experts w1,w3,w2 (grouped)",
-                       cub ? 1 : E, Me);
+        // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
+        step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLAS)" : "LoRA experts w1,w3,w2 (grouped)", E, Me);
         // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for
         // w1, w3, f for w2) in every forward, and the f32 product it masks in the backward.
         double drop_in = 0;

@@ -19,6 +19,7 @@
 #include "core/common.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
+#include "model/attention_cudnn.h"
 #include "optim/optim_cuda.h"
 #include "moe/moe.h"
 #ifndef CUDA_OPS_NO_HOST_LIBS
@@ -317,9 +318,28 @@ static co_result co_rope(mt_backend *g) {
 // out (bf16) and lse, so that they differ by the backward alone; the gradients start non-zero
 // (accumulation), at the scale of the gradient itself (so that a wrong gradient is not hidden
 // under a large starting value), and end with one rounding each.
+// via: the path. 0: attention_*_cuda as the model calls them (cuDNN where MT_ATTENTION and the
+// shape allow, else WMMA), 1: the WMMA kernel forced, 2: cuDNN forced, the key mask (kinds 0 and 1
+// only: right padding) given as sequence lengths; a refusal is a failure there, not a fallback.
+static int co_attention_fwd(mt_backend *g, int via, void *O, void *L, void *Q, void *K, void *V, void *M, void *LEN,
+                            int B, int S, int nh, int nkv, int hd, int window) {
+    if (via == 2) return attention_cudnn_forward(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
+    attention_forward_cuda(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
+    return 1;
+}
+static int co_attention_bwd(mt_backend *g, int via, void *DQ, void *DK, void *DV, void *DO, void *Q, void *K, void *V,
+                            void *O, void *L, void *M, void *LEN, int B, int S, int nh, int nkv, int hd, int window) {
+    if (via == 2) return attention_cudnn_backward(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
+    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
+    return 1;
+}
+
 static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
-                              uint64_t seed) {
+                              uint64_t seed, int via) {
     co_result r = cb_begin(seed);
+    const mt_attention_mode mode0 = attention_get_mode();
+    if (via == 1) attention_set_mode(MT_ATTENTION_WMMA);
+    if (via == 2) attention_set_mode(MT_ATTENTION_CUDNN);
     const int T = B * S;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd, nl = (size_t)T * nh;
     float *q = cb_rand(nq, -1, 1), *k = cb_rand(nk, -1, 1), *v = cb_rand(nk, -1, 1), *dout = cb_rand(nq, -1, 1);
@@ -335,8 +355,12 @@ static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int 
     }
     void *Q = cb_up(g, q, nq), *K = cb_up(g, k, nk), *Vd = cb_up(g, v, nk), *DO = cb_up(g, dout, nq);
     void *O = co_up(g, NULL, nq * 2), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
+    int32_t lens[64];  // via 2: right padding as lengths (mask kind 1: key j of b visible iff j < S − 3b − 2)
+    for (int b = 0; b < B && b < 64; b++) lens[b] = mask_kind == 1 ? S - 3 * b - 2 : S;
+    void *LEN = via == 2 && mask ? co_up(g, lens, (size_t)B * 4) : NULL;
     attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window);
-    attention_forward_cuda(g, O, L, Q, K, Vd, M, B, S, nh, nkv, hd, window);
+    if (!co_attention_fwd(g, via, O, L, Q, K, Vd, M, LEN, B, S, nh, nkv, hd, window))
+        r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_forward declined");
     cb_cmp(&r, g, "out", O, out, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "lse", L, lse, nl, 0, CB_FP32);
     float *gout = cb_down(g, O, nq, 1), *glse = cb_down(g, L, nl, 0);
@@ -346,13 +370,16 @@ static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int 
     for (size_t i = 0; i < nq; i++) dq[i] = cb_r(dq[i] * sq);
     for (size_t i = 0; i < nk; i++) dk[i] = cb_r(dk[i] * sk), dv[i] = cb_r(dv[i] * sv);
     void *DQ = cb_up(g, dq, nq), *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nk);
-    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, Vd, O, L, M, B, S, nh, nkv, hd, window);
-    attention_backward_cuda(g, NULL, NULL, NULL, DO, Q, K, Vd, O, L, M, B, S, nh, nkv, hd, window);  // nothing
+    int ran = co_attention_bwd(g, via, DQ, DK, DV, DO, Q, K, Vd, O, L, M, LEN, B, S, nh, nkv, hd, window);
+    ran &= co_attention_bwd(g, via, NULL, NULL, NULL, DO, Q, K, Vd, O, L, M, LEN, B, S, nh, nkv, hd, window);  // nothing
     for (size_t i = 0; i < nq; i++) dq[i] += gq[i];  // the CPU twin's accumulation, in fp32
     for (size_t i = 0; i < nk; i++) dk[i] += gk[i], dv[i] += gv[i];
     cb_cmp(&r, g, "dq", DQ, dq, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dk", DK, dk, nk, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dv", DV, dv, nk, 1, CB_ATTN_TC);
+    if (!ran) r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_backward declined");
+    if (LEN) co_free(g, LEN, (size_t)B * 4);
+    attention_set_mode(mode0);
     co_free(g, Q, nq * 2), co_free(g, K, nk * 2), co_free(g, Vd, nk * 2), co_free(g, DO, nq * 2);
     co_free(g, O, nq * 2), co_free(g, L, nl * 4), co_free(g, DQ, nq * 2), co_free(g, DK, nk * 2), co_free(g, DV, nk * 2);
     if (M) co_free(g, M, (size_t)T);
@@ -1022,23 +1049,33 @@ static co_result co_embedding_h100(mt_backend *g) { return co_embedding(g, 37, 1
 static co_result co_embedding_h128(mt_backend *g) { return co_embedding(g, 700, 128, 300, 11); }
 static co_result co_rmsnorm_h257(mt_backend *g) { return co_rmsnorm(g, 300, 257, 2); }
 static co_result co_rmsnorm_h256(mt_backend *g) { return co_rmsnorm(g, 600, 256, 12); }
-static co_result co_attention_causal(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21); }
-static co_result co_attention_window_mask(mt_backend *g) { return co_attention(g, 2, 70, 2, 1, 32, 5, 2, 22); }
-static co_result co_attention_hd128_padding(mt_backend *g) { return co_attention(g, 1, 45, 2, 2, 128, 0, 1, 23); }
-static co_result co_attention_hd40_window1(mt_backend *g) { return co_attention(g, 3, 20, 3, 1, 40, 1, 1, 24); }
-static co_result co_attention_hd128_gqa_window(mt_backend *g) { return co_attention(g, 2, 24, 4, 1, 128, 9, 2, 25); }
-static co_result co_attention_hd36_padding(mt_backend *g) { return co_attention(g, 2, 19, 2, 2, 36, 0, 1, 26); }
+static co_result co_attention_causal(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21, 0); }
+static co_result co_attention_window_mask(mt_backend *g) { return co_attention(g, 2, 70, 2, 1, 32, 5, 2, 22, 0); }
+static co_result co_attention_hd128_padding(mt_backend *g) { return co_attention(g, 1, 45, 2, 2, 128, 0, 1, 23, 0); }
+static co_result co_attention_hd40_window1(mt_backend *g) { return co_attention(g, 3, 20, 3, 1, 40, 1, 1, 24, 0); }
+static co_result co_attention_hd128_gqa_window(mt_backend *g) { return co_attention(g, 2, 24, 4, 1, 128, 9, 2, 25, 0); }
+static co_result co_attention_hd36_padding(mt_backend *g) { return co_attention(g, 2, 19, 2, 2, 36, 0, 1, 26, 0); }
 // Tensor-core tiles: 16 rows per warp, 32 keys per tile, 64 (hd ≤ 128) or 32 (hd > 128) queries
 // per block; S below is not a multiple of any of them.
-static co_result co_attention_gqa4_hd64_left_pad(mt_backend *g) { return co_attention(g, 2, 75, 8, 2, 64, 0, 3, 27); }
-static co_result co_attention_gqa8_hd128(mt_backend *g) { return co_attention(g, 1, 130, 8, 1, 128, 0, 1, 28); }
-static co_result co_attention_mqa_window_left_pad(mt_backend *g) { return co_attention(g, 2, 100, 3, 1, 64, 40, 3, 29); }
-static co_result co_attention_hd256_left_pad(mt_backend *g) { return co_attention(g, 1, 50, 2, 1, 256, 0, 3, 30); }
+static co_result co_attention_gqa4_hd64_left_pad(mt_backend *g) { return co_attention(g, 2, 75, 8, 2, 64, 0, 3, 27, 0); }
+static co_result co_attention_gqa8_hd128(mt_backend *g) { return co_attention(g, 1, 130, 8, 1, 128, 0, 1, 28, 0); }
+static co_result co_attention_mqa_window_left_pad(mt_backend *g) { return co_attention(g, 2, 100, 3, 1, 64, 40, 3, 29, 0); }
+static co_result co_attention_hd256_left_pad(mt_backend *g) { return co_attention(g, 1, 50, 2, 1, 256, 0, 3, 30, 0); }
 // The configurations of the CPU twin's finite-difference tests (tests/test_model_ops.c,
 // attention_backward_fd_*: B 2, S 9, hd 8): the CUDA op matches the twin there, which FD checks.
-static co_result co_attention_fd_gqa_window(mt_backend *g) { return co_attention(g, 2, 9, 4, 2, 8, 4, 3, 31); }
-static co_result co_attention_fd_mqa_window(mt_backend *g) { return co_attention(g, 2, 9, 4, 1, 8, 3, 3, 32); }
-static co_result co_attention_fd_mha(mt_backend *g) { return co_attention(g, 2, 9, 4, 4, 8, 0, 0, 33); }
+static co_result co_attention_fd_gqa_window(mt_backend *g) { return co_attention(g, 2, 9, 4, 2, 8, 4, 3, 31, 0); }
+static co_result co_attention_fd_mqa_window(mt_backend *g) { return co_attention(g, 2, 9, 4, 1, 8, 3, 3, 32, 0); }
+static co_result co_attention_fd_mha(mt_backend *g) { return co_attention(g, 2, 9, 4, 4, 8, 0, 0, 33, 0); }
+// Each path forced on the shapes both take: causal, GQA, sliding window, right padding (cuDNN
+// takes it as sequence lengths).
+static co_result co_attention_wmma_gqa(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21, 1); }
+static co_result co_attention_cudnn_gqa(mt_backend *g) { return co_attention(g, 2, 37, 4, 2, 64, 0, 0, 21, 2); }
+static co_result co_attention_auto_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 0); }
+static co_result co_attention_wmma_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 1); }
+static co_result co_attention_cudnn_window(mt_backend *g) { return co_attention(g, 2, 40, 6, 2, 32, 7, 0, 34, 2); }
+static co_result co_attention_cudnn_padding_lens(mt_backend *g) { return co_attention(g, 3, 33, 4, 1, 64, 0, 1, 35, 2); }
+static co_result co_attention_cudnn_window_lens(mt_backend *g) { return co_attention(g, 2, 45, 2, 2, 128, 9, 1, 36, 2); }
+static co_result co_attention_cudnn_mqa_hd256(mt_backend *g) { return co_attention(g, 1, 50, 2, 1, 256, 0, 0, 37, 2); }
 static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
 static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
@@ -1082,6 +1119,14 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"attention fd config gqa window", co_attention_fd_gqa_window},
     {"attention fd config mqa window", co_attention_fd_mqa_window},
     {"attention fd config mha", co_attention_fd_mha},
+    {"attention wmma forced, gqa", co_attention_wmma_gqa},
+    {"attention cudnn forced, gqa", co_attention_cudnn_gqa},
+    {"attention auto, gqa window", co_attention_auto_window},
+    {"attention wmma forced, gqa window", co_attention_wmma_window},
+    {"attention cudnn forced, gqa window", co_attention_cudnn_window},
+    {"attention cudnn, padding as lengths, mqa", co_attention_cudnn_padding_lens},
+    {"attention cudnn, window + padding as lengths, hd128", co_attention_cudnn_window_lens},
+    {"attention cudnn, mqa hd256", co_attention_cudnn_mqa_hd256},
     {"cross_entropy", co_ce_accumulate},
     {"cross_entropy in place", co_ce_in_place},
     {"add (bf16)", co_add},

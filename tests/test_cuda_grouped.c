@@ -16,6 +16,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "lora/lora_dropout.h"
+#include "model/expert_scratch.h"
 #include "model/grouped.h"
 #include "quant/qweight.h"
 
@@ -383,4 +384,125 @@ Test(cuda_grouped, refusals_name_the_tensor) {
     mt_tensor_free(gt), mt_tensor_free(g16), mt_tensor_free(y);
     mt_tensor_free(a), mt_tensor_free(a32), mt_tensor_free(c), mt_tensor_free(c16), mt_tensor_free(w);
     mt_backend_free(nb), mt_backend_free(cpu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// w1‖w3 stacked (q2): one GEMM of N = 2f forward, K = 2f for dx, equal to two GEMMs on the halves
+
+static mt_tensor *zeros(mt_backend *be, mt_dtype dt, int64_t rows, int64_t cols) {
+    int64_t sh[2] = {rows, cols};
+    mt_tensor *t = mt_tensor_new(be, MT_MEM_ACT, dt, 2, sh);
+    cr_assert_not_null(t, "%s", mt_error_get());
+    be->ops->fill_zero(be, t->data, t->nbytes);
+    return t;
+}
+
+static float *down(const mt_tensor *t) {
+    float *h = mt_xmalloc((size_t)mt_tensor_numel(t) * sizeof(float));
+    mt_tensor_download_f32(t, h);
+    return h;
+}
+
+Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
+    mt_backend *gpu = gpu_or_skip();
+    enum { E = 3, D = 40, F = 24 };
+    const int rows[E] = {7, 0, 12};
+    int64_t off[E + 1] = {2};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t R = off[E] + 1;
+    mt_qweight q1[E], q3[E];
+    const mt_qweight *p1[E], *p3[E];
+    for (int e = 0; e < E; e++) {
+        float *w1 = randn(F * D, 50 + (uint64_t)e, 0.5f), *w3 = randn(F * D, 70 + (uint64_t)e, 0.5f);
+        cr_assert_eq(mt_qweight_quantize(&q1[e], gpu, "w1", w1, F, D, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_qweight_quantize(&q3[e], gpu, "w3", w3, F, D, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        p1[e] = &q1[e], p3[e] = &q3[e];
+        free(w1), free(w3);
+    }
+    float *x = randn(R * D, 3, 1.0f), *dgu = randn(R * 2 * F, 4, 1.0f);
+    mt_tensor *tx = upload(gpu, MT_BF16, x, R, D), *tdgu = upload(gpu, MT_BF16, dgu, R, 2 * F);
+
+    // Forward: gu = x·[W1;W3]ᵀ in one call, against g = x·W1ᵀ and u = x·W3ᵀ into gu's halves.
+    mt_tensor *one = zeros(gpu, MT_F32, R, 2 * F), *two = zeros(gpu, MT_F32, R, 2 * F);
+    mt_grouped g = {.experts = E, .off = off, .q = p1, .q2 = p3, .trans = 1, .alpha = 1, .beta = 0};
+    size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
+    mt_ledger_reset_peak(&gpu->ledger);
+    cr_assert_eq(mt_grouped_gemm(one, tx, &g), 0, "%s", mt_error_get());
+    cr_expect_eq(gpu->ledger.cur[MT_MEM_WORK], work0, "the scratch is released");
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E),
+                  "two slots of E [2f, d] bf16 held during the call (small experts: a slot holds them all)");
+    mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F);
+    mt_tensor uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
+    mt_grouped h = {.experts = E, .off = off, .q = p1, .trans = 1, .alpha = 1, .beta = 0};
+    cr_assert_eq(mt_grouped_gemm(&gh, tx, &h), 0, "%s", mt_error_get());
+    h.q = p3;
+    cr_assert_eq(mt_grouped_gemm(&uh, tx, &h), 0, "%s", mt_error_get());
+    float *a = down(one), *b = down(two);
+    for (int64_t i = 0; i < R * 2 * F; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "gu[%lld]: stacked %g, halves %g", (long long)i,
+                      (double)a[i], (double)b[i]);
+    free(a), free(b);
+
+    // dx += dgu·[W1;W3] (K = 2f) in one call, against dg·W1 + du·W3.
+    mt_tensor *dx1 = zeros(gpu, MT_F32, R, D), *dx2 = zeros(gpu, MT_F32, R, D);
+    g.trans = 0, g.beta = 1;
+    cr_assert_eq(mt_grouped_gemm(dx1, tdgu, &g), 0, "%s", mt_error_get());
+    mt_tensor dg = mt_view2(gpu, tdgu->data, MT_BF16, R, F, 2 * F);
+    mt_tensor du = mt_view2(gpu, (mt_bf16 *)tdgu->data + F, MT_BF16, R, F, 2 * F);
+    h.trans = 0, h.beta = 1, h.q = p1;
+    cr_assert_eq(mt_grouped_gemm(dx2, &dg, &h), 0, "%s", mt_error_get());
+    h.q = p3;
+    cr_assert_eq(mt_grouped_gemm(dx2, &du, &h), 0, "%s", mt_error_get());
+    a = down(dx1), b = down(dx2);
+    double norm = 0;
+    for (int64_t i = 0; i < R * D; i++) norm += fabs(b[i]);
+    cr_assert_gt(norm, 0, "dx was computed");
+    for (int64_t i = 0; i < R * D; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "dx[%lld]: stacked %g, halves %g", (long long)i,
+                      (double)a[i], (double)b[i]);
+    free(a), free(b);
+
+    // A stacked W needs both halves, of one `in`.
+    p3[2] = NULL;
+    cr_assert_eq(mt_grouped_gemm(dx1, tdgu, &g), -1);
+    cr_assert(strstr(mt_error_get(), "q2"), "%s", mt_error_get());
+    p3[2] = &q3[2];
+    for (int e = 0; e < E; e++) mt_qweight_free(&q1[e]), mt_qweight_free(&q3[e]);
+    mt_tensor_free(tx), mt_tensor_free(tdgu), mt_tensor_free(one), mt_tensor_free(two);
+    mt_tensor_free(dx1), mt_tensor_free(dx2);
+    free(x), free(dgu);
+    mt_backend_free(gpu);
+}
+
+// The null backend (plan --measure) reserves the same scratch as the cuda backend: two slots for
+// a call with a 4-bit expert with rows, none for dense weights, the f32 dropout buffer with a seed,
+// the grouped call's pointer table always.
+Test(cuda_grouped, null_backend_counts_the_scratch) {
+    mt_backend *nb = mt_backend_null_new();
+    enum { D = 64, F = 32 };
+    int64_t off[3] = {0, 5, 9};
+    mt_qweight q[2];
+    const mt_qweight *qp[2] = {&q[0], &q[1]};
+    for (int e = 0; e < 2; e++)
+        cr_assert_eq(mt_qweight_quantize(&q[e], nb, "w2", NULL, D, F, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+    int64_t sa[2] = {9, F}, sc[2] = {9, D};
+    mt_tensor *a = mt_tensor_new(nb, MT_MEM_ACT, MT_BF16, 2, sa), *c = mt_tensor_new(nb, MT_MEM_ACT, MT_BF16, 2, sc);
+    mt_grouped g = {.experts = 2, .off = off, .q = qp, .trans = 1, .alpha = 1, .beta = 0};
+    mt_ledger_reset_peak(&nb->ledger);
+    size_t w0 = nb->ledger.cur[MT_MEM_WORK];
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
+    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0, (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2) + MT_GEMM_GROUP_PTR_BYTES,
+                 "w2's two slots, each of both experts, and the pointer table");
+    cr_expect_eq(nb->ledger.cur[MT_MEM_WORK], w0, "released");
+    uint64_t seeds[2] = {1, 2};
+    g.seed = seeds, g.p = 0.1f, g.drop_a = 1;
+    mt_ledger_reset_peak(&nb->ledger);
+    cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
+    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0,
+                 (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2 + mt_expert_dropout_scratch_bytes(9, F)) +
+                     MT_GEMM_GROUP_PTR_BYTES,
+                 "the slots and the dropout buffer of A's width");
+    for (int e = 0; e < 2; e++) mt_qweight_free(&q[e]);
+    mt_tensor_free(a), mt_tensor_free(c);
+    mt_backend_free(nb);
 }

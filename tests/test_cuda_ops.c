@@ -57,6 +57,14 @@ OP_TEST(op_attention_hd256_left_padding, co_attention_hd256_left_pad)
 OP_TEST(op_attention_fd_config_gqa_window, co_attention_fd_gqa_window)
 OP_TEST(op_attention_fd_config_mqa_window, co_attention_fd_mqa_window)
 OP_TEST(op_attention_fd_config_mha, co_attention_fd_mha)
+OP_TEST(op_attention_wmma_forced_gqa, co_attention_wmma_gqa)
+OP_TEST(op_attention_cudnn_forced_gqa, co_attention_cudnn_gqa)
+OP_TEST(op_attention_auto_gqa_window, co_attention_auto_window)
+OP_TEST(op_attention_wmma_forced_gqa_window, co_attention_wmma_window)
+OP_TEST(op_attention_cudnn_forced_gqa_window, co_attention_cudnn_window)
+OP_TEST(op_attention_cudnn_padding_as_lengths_mqa, co_attention_cudnn_padding_lens)
+OP_TEST(op_attention_cudnn_window_padding_as_lengths_hd128, co_attention_cudnn_window_lens)
+OP_TEST(op_attention_cudnn_mqa_hd256, co_attention_cudnn_mqa_hd256)
 OP_TEST(op_cross_entropy, co_ce_accumulate)
 OP_TEST(op_cross_entropy_in_place, co_ce_in_place)
 OP_TEST(op_add, co_add)
@@ -87,3 +95,59 @@ OP_TEST(op_lora_dropout, co_lora_dropout)
 OP_TEST(op_lora_f32_out, co_lora_f32_out)
 OP_TEST(op_adamw_master, co_adamw_master)
 OP_TEST(op_adamw_bf16_direct, co_adamw_direct)
+
+// A graph the library has no engine for (the stand-in told to answer so): auto mode falls back to
+// the WMMA kernel, which computes the same results; emulated builds only.
+Test(cuda, attention_cudnn_refused_graph_falls_back) {
+    mt_backend *be = gpu_or_skip();
+#ifdef MT_CUDA
+    if (!attention_cudnn_emulated()) {
+        mt_backend_free(be);
+        cr_skip_test("the stand-in's refusal is emulated");
+    }
+    mt_backend_free(be);
+    setenv("CUDASIM_CUDNN_NO_ENGINE", "1", 1);
+    attention_set_mode(MT_ATTENTION_AUTO);
+    check_case("attention fallback gqa window", co_attention_auto_window);
+    check_case("attention fallback causal", co_attention_causal);
+    unsetenv("CUDASIM_CUDNN_NO_ENGINE");
+#else
+    (void)be;
+#endif
+}
+
+// cuDNN's forward graph with a planted bug: the emulator's stand-in (tests/cudasim/cudnn.cc) must
+// refuse each, naming the call, where the unplanted graph runs. Emulated builds only: a real
+// cuDNN need not refuse an overlapping stride (it computes garbage), so on a GPU this skips.
+Test(cuda, attention_cudnn_refuses_planted_bugs) {
+    mt_backend *be = gpu_or_skip();
+#ifdef MT_CUDA
+    if (!attention_cudnn_emulated()) {
+        mt_backend_free(be);
+        cr_skip_test("the planted-bug refusals are the emulator's cuDNN stand-in's");
+    }
+    const int B = 1, S = 16, nh = 4, nkv = 2, hd = 32;
+    const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd, nl = (size_t)B * S * nh;
+    void *Q = co_up(be, NULL, nq * 2), *K = co_up(be, NULL, nk * 2), *V = co_up(be, NULL, nk * 2);
+    void *O = co_up(be, NULL, nq * 2), *L = co_up(be, NULL, nl * 4);
+    static const struct {
+        int bug;
+        const char *call;  // the failing call the message must name
+    } cases[] = {{1, "Finalize(operation graph)"}, {2, "Execute"}, {3, "Finalize(matmul operation)"},
+                 {4, "Execute"}, {5, "Execute"}};
+    char msg[256];
+    int st = attention_cudnn_planted(be, 0, O, L, Q, K, V, B, S, nh, nkv, hd, msg, sizeof msg);
+    cr_assert_eq(st, 0, "the unplanted graph: %s", msg);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        st = attention_cudnn_planted(be, cases[i].bug, O, L, Q, K, V, B, S, nh, nkv, hd, msg, sizeof msg);
+        cr_expect_neq(st, 0, "planted bug %d accepted", cases[i].bug);
+        cr_expect(strstr(msg, cases[i].call) != NULL, "planted bug %d: \"%s\" does not name %s", cases[i].bug, msg,
+                  cases[i].call);
+    }
+    be->ops->synchronize(be);
+    co_free(be, Q, nq * 2), co_free(be, K, nk * 2), co_free(be, V, nk * 2), co_free(be, O, nq * 2), co_free(be, L, nl * 4);
+    mt_backend_free(be);
+#else
+    (void)be;
+#endif
+}

@@ -14,6 +14,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/profile.h"
+#include "model/attention_cudnn.h"
 #include "model/mixtral.h"
 #include "optim/optim.h"
 #include "optim/params.h"
@@ -87,8 +88,14 @@ static double delta(const char *name, char ph, const mt_model *m) {
             double t = ceil(m->kept[l].counts[e] / (double)STEP_GROUPED_TILE_M);
             tiles += t, tiles0 += l == 0 ? t : 0;
         }
+    double idle = 0, rows0 = 0;  // (layer, expert) pairs without rows; layer 0's experts with rows
+    for (int l = 0; l < c->layers; l++)
+        for (int e = 0; e < c->experts; e++) idle += m->kept[l].counts[e] == 0, rows0 += l == 0 && m->kept[l].counts[e];
     int B_ = ph == 'B', F_ = ph == 'F';
 #define IS(s) (!strcmp(name, s))
+    // The cuBLAS path dequantizes an expert's W only when it has rows, and layer 0's backward
+    // skips w1‖w3's dx (nothing below wants it).
+    if (IS("expert dequant 4-bit->bf16")) return -3 * h * f * idle - (B_ ? 2 * h * f * rows0 : 0);
     if (IS("dequant in grouped GEMMs (ALU)"))
         return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
     if (IS("residual adds") && F_) return -T * h * L;
@@ -99,12 +106,13 @@ static double delta(const char *name, char ph, const mt_model *m) {
     if (IS("o GEMM (dx)")) return -2 * T * dq * h;
     if (IS("rope (q, k)")) return -3 * T * (dq + dkv);
     if (IS("attention bwd (wmma bf16)")) return -7 * T * S * dq;
+    if (IS("attention bwd (cuDNN SDPA)")) return -5 * T * S * dq;
     if (IS("dequant NF4->bf16 q,k,v,o")) return -(h * (dq + 2 * dkv) + dq * h);
     if (IS("router GEMM (dx)")) return -2 * T * h * E;
     if (IS("LoRA gate")) return -2 * T * r * h;
     if (IS("permute/gather + combine")) return -Tk * h;
-    if (IS("expert GEMMs w1, w3 (dx, grouped)")) return -4 * Tk * h * f;
-    if (IS("LoRA experts w1,w3,w2 (grouped)")) return -2 * 2 * Tk * r * h;
+    if (IS("expert GEMMs w1, w3 (dx, grouped)") || IS("expert GEMM w1+w3 (dx, cuBLAS)")) return -4 * Tk * h * f;
+    if (IS("LoRA experts w1,w3,w2 (grouped)") || IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h;
 #undef IS
     return 0;
 }
@@ -159,6 +167,10 @@ Test(cuda, profile_table_case_c) {
     sh.cfg = prof.m.cfg, sh.batch = B, sh.seq = S, sh.lora_r = R, sh.targets = o.targets;
     sh.quant = o.quant, sh.quant_experts = sh.quant_attn = 1, sh.blocksize = o.quant_blocksize;
     sh.double_quant = o.double_quant, sh.recompute = 1, sh.dequants_per_use = 1;
+    sh.recompute_attn = sh.recompute_mlp = 1, sh.experts_cublas = 1, sh.lora_dropout = o.lora_dropout;
+#ifdef MT_CUDA  // the attention rows: cuDNN's where it loads (the emulator's stand-in does) and takes the shape
+    sh.attn_cudnn = !strcmp(attention_path(0, 0, (int)sh.cfg.heads, (int)sh.cfg.kv_heads, (int)sh.cfg.head_dim), "cudnn");
+#endif
     step_ops model;
     step_build(&sh, &model);
     profile_table_print(stdout, t, &model);

@@ -253,14 +253,14 @@ Test(plan, workspace_flag_overrides_the_guess) {
 }
 
 // The GPU step's expert scratch (model/expert_scratch.h) in work, on cuda only: two slots of one
-// expert's w1‖w3 in bf16 while a call runs frozen 4-bit experts (Mixtral: 2·2·14336·4096·2 =
+// large expert's w1‖w3 in bf16 while a call runs frozen 4-bit experts (Mixtral: 2·2·14336·4096·2 =
 // 469,762,048 B), and with expert LoRA dropout the f32 buffer of a call's T·k rows at f columns.
 Test(plan, expert_scratch_in_work_on_cuda) {
     mt_plan cpu, gpu, drop, dense;
     cr_assert_eq(plan_of('C', "--seq 4096", &cpu), 0);
     cr_assert_eq(plan_of('C', "--seq 4096 --device cuda", &gpu), 0);
     cr_expect_eq(gpu.expert_dequant_bytes, 469762048ull);
-    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336));
+    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336, 8));
     cr_expect_eq(gpu.expert_dropout_bytes, 0, "no dropout: no buffer");
     cr_expect_eq(gpu.bytes[MT_MEM_WORK] - cpu.bytes[MT_MEM_WORK], gpu.expert_dequant_bytes, "only cuda counts it");
     cr_expect_eq(cpu.bytes[MT_MEM_WORK], 1500000000ull);

@@ -36,6 +36,8 @@
 #undef __noinline__
 #define __noinline__
 #define __launch_bounds__(...)
+// Lets a .cu bind a library stand-in (tests/cudasim/cudnn.cc) where CUDA builds dlopen the library.
+#define MT_CUDASIM 1
 
 namespace cudasim {
 

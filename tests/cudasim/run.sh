@@ -54,7 +54,7 @@ cli_pid=$!
 bash tests/cuda_tests.sh "$build/moetrain_tests" | sort -u >"$work/cuda_tests"
 ncuda=$(wc -l <"$work/cuda_tests")
 cuda_runs=0
-only_cuda="@($(sed 's|::|/|' "$work/cuda_tests" | paste -sd'|'))"  # a Criterion filter: these tests
+only_cuda=$(bash tests/criterion_filter.sh "$work/cuda_tests")  # a Criterion filter: these tests
 first=1
 for order in $orders; do
   t0=$(date +%s)

@@ -1,0 +1,79 @@
+// model/attention_cudnn.h — attention through cuDNN's fused SDPA (forward and backward), the
+// alternative to the WMMA kernels of model/ops_cuda.h with the same arguments and results.
+//
+// cuDNN is loaded at run time (dlopen "libcudnn.so.9"; in SIM builds the emulator's stand-in,
+// tests/cudasim/cudnn.cc, is bound instead): a build runs without it, on the WMMA kernels. The
+// graph is cuDNN's backend API (cudnn_graph.h): Q·Kᵀ, the scale, the causal mask (with the sliding
+// window and the key lengths as further masks), the softmax with its fp32 statistics, P·V; the
+// backward recomputes P from the statistics. K and V keep their nkv heads (GQA by the matmul's
+// head broadcast, never repeated). Layouts are the model's: q, out [B, S, nh, hd], k, v [B, S,
+// nkv, hd] (cuDNN's dims [B, h, S, hd] with the strides of that layout), lse [B, S, nh] fp32: the
+// natural log-sum-exp of the scaled scores, which is cuDNN's "Stats" (max + log Σ exp) read
+// through strides, so the WMMA and cuDNN passes can share it. Plans are cached per shape;
+// the workspace goes through mt_work_alloc. The backward ACCUMULATES like its twin: cuDNN writes
+// the gradients into work scratch, added after.
+//
+// The choice (attention_path): MT_ATTENTION=auto (default) takes cuDNN when it loads and the shape
+// is one it takes (hd ≤ 256 and a multiple of 8, nh a multiple of nkv, 16-byte aligned rows, no
+// key mask unless given as lengths), else the WMMA kernel, printing the reason once ("attention:
+// cuDNN not found (libcudnn.so.9): using the WMMA kernel"); wmma forces the kernel; cudnn makes a
+// refusal fatal (the GPU check's way of knowing cuDNN ran). Every cuDNN call is checked, its
+// failure named with cudnnGetErrorString: a graph the library refuses while building its plan
+// (per shape, remembered) is a refusal like the others; a failing execution is fatal.
+//
+// Plain C, CUDA builds only (MT_CUDA), like model/ops_cuda.h.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MT_ATTENTION_AUTO = 0, MT_ATTENTION_WMMA, MT_ATTENTION_CUDNN } mt_attention_mode;
+// The mode: MT_ATTENTION read at the first call unless set; tests set it.
+void attention_set_mode(mt_attention_mode mode);
+mt_attention_mode attention_get_mode(void);
+
+// "cudnn" or "wmma": the path attention_forward_cuda / attention_backward_cuda take for these
+// arguments (loads cuDNN at the first call; prints a refusal's reason once; fatal in mode cudnn).
+const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd);
+
+// cuDNN SDPA. kv_len [B] int32 (device) or NULL: sequence b's keys are [0, kv_len[b]) (right
+// padding, 1 ≤ kv_len[b] ≤ S; every query sees key 0), the key mask as cuDNN takes it. Returns 1
+// when cuDNN computed the result, 0 when the caller must run the WMMA kernel (attention_path's
+// answer "wmma"). The backward's NULL gradients are skipped, as in the twin.
+int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
+                            const mt_bf16 *v, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
+                            int nkv, int hd, int window);
+int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
+                             const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
+                             const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
+                             int nkv, int hd, int window);
+
+// The cuDNN version loaded (cudnnGetVersion; also where it loads but cudnnCreate fails: no GPU),
+// 0 when none.
+size_t attention_cudnn_version(void);
+// 1 in emulated builds (make SIM=1), where "cuDNN" is the emulator's stand-in.
+int attention_cudnn_emulated(void);
+
+// The graphs of one shape built as far as this machine allows (the probe; a refusal is reported,
+// never fatal): 1: the plan finalized (a device: cached for the step), 2: no device, but every
+// tensor and operation descriptor finalized by the library, 0: refused (why in msg), -1: cuDNN
+// not loadable.
+int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int window, int lens, char *msg,
+                          size_t msg_len);
+
+// Tests: the forward graph built with one planted bug, run (never cached, never fatal). Returns the
+// first failing cuDNN status (0: all accepted) and its call in msg. bug 1: Q's head stride wrong
+// (overlapping heads), 2: execute without the workspace the plan reported, 3: K with a head count
+// that does not divide Q's (GQA mismatch), 4: a variant pack missing the statistics' UID,
+// 5: execute before the plan is finalized, 0: none.
+int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
+                            const mt_bf16 *v, int B, int S, int nh, int nkv, int hd, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
