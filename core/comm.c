@@ -296,7 +296,7 @@ mt_comm *mt_comm_init(mt_comm_kind kind, mt_backend *be) {
     default: mt_error_set("unknown communicator kind %d", (int)kind); break;
     }
     if (!c) return NULL;
-    mt_log_set_rank(c->world_rank);
+    mt_log_set_world(c->world_rank, c->size);
     return c;
 }
 

@@ -8,7 +8,7 @@
 
 static _Thread_local char error_buf[2048];
 static mt_log_level log_level = MT_LOG_INFO;
-static int log_rank = 0;
+static int log_rank = 0, log_ranks = 1;
 
 void mt_error_set(const char *fmt, ...) {
     va_list ap;
@@ -41,12 +41,14 @@ void mt_error_clear(void) { error_buf[0] = 0; }
 
 void mt_log_set_level(mt_log_level level) { log_level = level; }
 void mt_log_set_rank(int rank) { log_rank = rank; }
+void mt_log_set_world(int rank, int size) { log_rank = rank, log_ranks = size; }
 
 void mt_log(mt_log_level level, const char *fmt, ...) {
     if (level < log_level) return;
     if (log_rank != 0 && level < MT_LOG_WARN) return;
     static const char *tag[] = {"debug: ", "", "warning: ", "error: "};
     FILE *out = level >= MT_LOG_WARN ? stderr : stdout;
+    if (log_ranks > 1 && level >= MT_LOG_WARN) fprintf(out, "[rank %d/%d] ", log_rank, log_ranks);
     fprintf(out, "%s", tag[level]);
     va_list ap;
     va_start(ap, fmt);

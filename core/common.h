@@ -39,6 +39,9 @@ void mt_error_clear(void);
 typedef enum { MT_LOG_DEBUG, MT_LOG_INFO, MT_LOG_WARN, MT_LOG_ERROR } mt_log_level;
 void mt_log_set_level(mt_log_level level);
 void mt_log_set_rank(int rank);
+// Several ranks: warnings and errors (which may differ between ranks) carry "[rank R/N] "; the
+// info lines rank 0 alone prints do not.
+void mt_log_set_world(int rank, int size);
 void mt_log(mt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define mt_info(...) mt_log(MT_LOG_INFO, __VA_ARGS__)
 #define mt_warn(...) mt_log(MT_LOG_WARN, __VA_ARGS__)

@@ -678,10 +678,27 @@ int mt_model_config_load(const char *path, mt_model_config *cfg) {
     char file[4200];
     if (mt_is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
     else snprintf(file, sizeof file, "%s", path);
+    memset(cfg, 0, sizeof *cfg);
+    // A weights file named in place of its folder: say so instead of parsing its bytes as JSON.
+    size_t plen = strlen(path);
+    const char *slash = strrchr(path, '/');
+    if (!mt_is_dir(path) && ((plen > 12 && strcmp(path + plen - 12, ".safetensors") == 0) ||
+                             (plen > 4 && (strcmp(path + plen - 4, ".bin") == 0 || strcmp(path + plen - 4, ".pth") == 0)))) {
+        mt_error_set("%s is a weights file: --model takes the checkpoint folder (%.*s) or its config.json", path,
+                     slash ? (int)(slash - path) : 1, slash ? path : ".");
+        return -1;
+    }
     char *buf;
     size_t len;
-    memset(cfg, 0, sizeof *cfg);
     if (mt_read_file(file, CONFIG_MAX_BYTES, &buf, &len) != 0) return -1;
+    size_t lead = 0;
+    while (lead < len && (buf[lead] == ' ' || buf[lead] == '\n' || buf[lead] == '\r' || buf[lead] == '\t')) lead++;
+    if (lead == len || buf[lead] != '{') {
+        free(buf);
+        mt_error_set("%s is not a config.json (it does not start with '{'): --model takes a checkpoint folder or its "
+                     "config.json", file);
+        return -1;
+    }
     int rc = mt_model_config_parse(buf, len, file, cfg);
     free(buf);
     return rc;

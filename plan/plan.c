@@ -515,8 +515,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     p->bytes[MT_MEM_ACT] = mt_plan_act_bytes(cfg, o);
     p->act_model = mt_plan_act_model_bytes(cfg, o);
     p->workspace_guessed = o->workspace_bytes < 0;
-    p->bytes[MT_MEM_WORK] = (uint64_t)(p->workspace_guessed ? (o->gpus > 1 ? 2.0e9 : 1.5e9)
-                                                            : o->workspace_bytes);
+    // The guess is the CUDA context, cuBLAS/NCCL workspaces and allocator slack: none on the cpu.
+    p->bytes[MT_MEM_WORK] = (uint64_t)(!p->workspace_guessed ? o->workspace_bytes
+                                       : o->cpu ? 0 : o->gpus > 1 ? 2.0e9 : 1.5e9);
     expert_scratch(cfg, o, &t, p);
     if (o->cuda) p->bytes[MT_MEM_WORK] += p->expert_dequant_bytes + p->expert_dropout_bytes;
     // NCCL's own buffers are inside the workspace guess; `comm` holds ZeRO-1's flat grads.

@@ -45,6 +45,7 @@ typedef struct mt_plan_opts {
     int master_weights;
     double gpu_mem_bytes;
     double workspace_bytes;   // < 0: the planner's default guess
+    int cpu;                  // 1: the run is on the cpu backend: no CUDA context or library workspace
     double lr, clip;          // --measure's AdamW step
     char plan_case;           // 0, 'A', 'B' or 'C'
     // The data loader's host memory per rank (data.h mt_data_work_bytes, filled by the trainer,

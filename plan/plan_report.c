@@ -122,8 +122,10 @@ static const char *category_label(mt_mem_cat c, const mt_plan_opts *o, const mt_
         }
     case MT_MEM_WORK:
         if (o->cuda && (p->expert_dequant_bytes || p->expert_dropout_bytes))
-            return p->workspace_guessed ? "workspace (a guess + experts' scratch)" : "workspace (--workspace + experts')";
-        return p->workspace_guessed ? "workspace (a guess until measured)" : "workspace (--workspace)";
+            return p->workspace_guessed ? "CUDA ctx + libs (guess) + experts'" : "workspace (--workspace + experts')";
+        return !p->workspace_guessed ? "workspace (--workspace)"
+               : o->cpu              ? "workspace (cpu: no CUDA context)"
+                                     : "CUDA ctx + cuBLAS/NCCL ws (a guess)";
     case MT_MEM_COMM: return "ZeRO-1's flat copy of the grads";
     default: return "?";
     }
@@ -258,8 +260,9 @@ static void print_table(FILE *out, const mt_plan_report *r) {
     if (r->opts->data_host_bytes)
         fprintf(out, "  %-44s %8.3f GB (up to %.2f GB for a line of --max-line-bytes; not in the total)\n",
                 "host memory (data loading, per rank)", gb(r->opts->data_host_bytes), gb(r->opts->data_host_bound));
-    if (p->workspace_guessed)
-        fprintf(out, "  (work is a guess, 1.5 GB on one GPU and 2.0 GB on more, until measured; --workspace sets it)\n");
+    if (p->workspace_guessed && !r->opts->cpu)
+        fprintf(out, "  (work is a guess of the CUDA context, cuBLAS and NCCL workspaces and allocator slack,\n"
+                     "   1.5 GB on one GPU and 2.0 GB on more, until measured; --workspace sets it)\n");
     if (p->expert_dequant_bytes)
         fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' dequantization scratch (2 × w1‖w3)", gb(p->expert_dequant_bytes),
                 r->opts->cuda ? "in work: --device cuda" : "the GPU step's; not in this cpu run's work");

@@ -91,7 +91,7 @@ Test(checkpoint_integrity, resume_falls_back_or_stops, .init = setup, .fini = te
     s[8] = '9';
     cr_assert_eq(mt_write_file_atomic(path, text, len), 0);
     free(text);
-    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 5 --resume %s --out %s", model_dir, data,
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 5 --resume-override --resume %s --out %s", model_dir, data,
                              flags, out_dir, out_dir), 0, "%s", out);
     cr_assert(strstr(out, "checkpoint-4/state.json: checksum mismatch"), "%s", out);
     cr_assert(strstr(out, "falling back to") && strstr(out, "resumed from") && strstr(out, "checkpoint-2 at step 2"),
@@ -103,12 +103,12 @@ Test(checkpoint_integrity, resume_falls_back_or_stops, .init = setup, .fini = te
     xor_byte(path, file_size(path) - 1, 0x01);
     snprintf(path, sizeof path, "%s/checkpoint-5/optimizer.safetensors", out_dir);
     xor_byte(path, 100, 0x80);
-    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume %s --out %s", model_dir, data,
-                             flags, out_dir, out_dir), 1, "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume-override --resume %s --out %s", model_dir,
+                             data, flags, out_dir, out_dir), 1, "%s", out);
     cr_assert(strstr(out, "no checkpoint verifies"), "%s", out);
     cr_assert(!strstr(out, "resumed from"), "%s", out);
     // a checkpoint named itself must verify: no fallback
-    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume %s/checkpoint-2 --out %s",
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume-override --resume %s/checkpoint-2 --out %s",
                              model_dir, data, flags, out_dir, out_dir), 1, "%s", out);
     cr_assert(strstr(out, "trainables.safetensors: SHA-256 mismatch"), "%s", out);
 }
@@ -195,14 +195,22 @@ Test(checkpoint_integrity, any_object_seals_and_reads_back) {
 // docs/design.md "Reliability": a resume with another configuration (or other data) is refused, saying why.
 Test(checkpoint_integrity, resume_with_other_options_or_data_is_refused, .init = setup, .fini = teardown) {
     char out[16384], other[200];
+    // a flag that changes the run is refused naming it (exit 2) before anything is loaded ...
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --r 8 --steps 6 --resume %s --out %s", model_dir,
-                             data, flags, out_dir, out_dir), 1, "%s", out);
+                             data, flags, out_dir, out_dir), 2, "%s", out);
+    cr_assert(strstr(out, "--r 8 changes the run") && strstr(out, "--resume-override"), "%s", out);
+    // ... and with --resume-override it is taken, then refused by the checkpoint itself
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --r 8 --steps 6 --resume %s --out %s "
+                             "--resume-override", model_dir, data, flags, out_dir, out_dir), 1, "%s", out);
     cr_assert(strstr(out, "different run") && strstr(out, "r=4") && strstr(out, "r=8"), "%s", out);
     snprintf(other, sizeof other, "%s/other.jsonl", tmp);
     FILE *f = fopen(other, "w");
     fprintf(f, "{\"text\":\"something else entirely\"}\n");
     fclose(f);
     cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume %s --out %s", model_dir,
-                             other, flags, out_dir, out_dir), 1, "%s", out);
+                             other, flags, out_dir, out_dir), 2, "%s", out);
+    cr_assert(strstr(out, "--data") && strstr(out, "changes the run"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--model %s --data %s %s --steps 6 --resume %s --out %s --resume-override",
+                             model_dir, other, flags, out_dir, out_dir), 1, "%s", out);
     cr_assert(strstr(out, "different data"), "%s", out);
 }

@@ -137,7 +137,7 @@ Test(checkpoint_retention, sigkills_at_random_moments_leave_no_debris_and_at_mos
         snprintf(cmd, sizeof cmd,
                  "exec %s --model %s --data %s --mode lora --r 64 --quant none --seq 24 --batch 2 --steps %d --save-every 1 "
                  "--save-total-limit 2 --schedule constant --out %s %s%s > %s/run%d.log 2>&1",
-                 MT_TEST_BIN, model, data, k < kills ? 100000 : 0, out, resume ? "--resume " : "", resume ? out : "",
+                 MT_TEST_BIN, model, data, k < kills ? 100000 : 0, out, resume ? "--resume " : "--overwrite", resume ? out : "",
                  tmp, k);
         if (k == kills) {  // the last run finishes: one more step after the checkpoint it resumes
             char *l;
@@ -147,7 +147,8 @@ Test(checkpoint_retention, sigkills_at_random_moments_leave_no_debris_and_at_mos
             free(l);
             snprintf(cmd, sizeof cmd,
                      "%s --model %s --data %s --mode lora --r 64 --quant none --seq 24 --batch 2 --steps %lld "
-                     "--save-every 1 --save-total-limit 2 --schedule constant --out %s --resume %s > %s/final.log 2>&1",
+                     "--save-every 1 --save-total-limit 2 --schedule constant --out %s --resume %s --resume-override "
+                     "> %s/final.log 2>&1",
                      MT_TEST_BIN, model, data, step + 1, out, out, tmp);
             int rc = system(cmd);
             snprintf(log, sizeof log, "%s/final.log", tmp);

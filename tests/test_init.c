@@ -88,7 +88,7 @@ Test(cli, help_default_subcommand_and_unbuilt_commands) {
     cr_assert_eq(mt_test_run(out, sizeof out, "frobnicate"), 2);
     cr_assert(strstr(out, "frobnicate"), "%s", out);
     // train is the default sub-command: bad flags are named, a missing model is an error
-    cr_assert_eq(mt_test_run(out, sizeof out, "--mode lora --r 16 --experts all"), 1);
+    cr_assert_eq(mt_test_run(out, sizeof out, "--mode lora --r 16 --experts all"), 2);
     cr_assert(strstr(out, "--model"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "--mode lorax"), 2);
     cr_assert(strstr(out, "--mode"), "%s", out);

@@ -88,6 +88,11 @@ Test(option_ranges, batch_times_seq_is_checked_against_memory_before_allocating)
     snprintf(model, sizeof model, "%s/tiny", tmp);
     snprintf(data, sizeof data, "%s/d.jsonl", tmp);
     cr_assert_eq(mt_test_run(out, sizeof out, "init --config %s/configs/tiny.json --out %s", MT_REPO_ROOT, model), 0);
+    // positions up to 2^20, so that --seq 1048576 is one the model takes (train refuses a --seq past them)
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"max_position_embeddings\": 512/\"max_position_embeddings\": 1048576/' %s/config.json",
+             model);
+    cr_assert_eq(system(cmd), 0);
     FILE *f = fopen(data, "w");
     fprintf(f, "{\"text\":\"a\"}\n");
     fclose(f);

@@ -71,6 +71,13 @@ static int write_state(const char *path, const mt_train_state *st, const char *r
     if (st->eval_loss == st->eval_loss) cJSON_AddNumberToObject(j, "eval_loss", st->eval_loss);
     cJSON_AddStringToObject(j, "data_fingerprint", fp);
     cJSON_AddStringToObject(j, "run", run_id);
+    if (st->options) {  // [[key, value], ...] in the order given: --resume OUT replays them
+        cJSON *opts = cJSON_AddArrayToObject(j, "options");
+        for (int i = 0; i < st->options->n; i++) {
+            const char *kv[2] = {st->options->kv[2 * i], st->options->kv[2 * i + 1]};
+            cJSON_AddItemToArray(opts, cJSON_CreateStringArray(kv, 2));
+        }
+    }
     int rc = mt_ckpt_manifest_add(j, dir);
     char *text = rc ? NULL : mt_ckpt_state_seal(j);
     cJSON_Delete(j);
@@ -101,6 +108,26 @@ int mt_ckpt_state_parse(const char *path, mt_train_state *st, char *run_id, size
         st->data_fingerprint = strtoull(fp->valuestring, NULL, 16);
         snprintf(run_id, cap, "%s", run->valuestring);
         rc = 0;
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int mt_ckpt_state_options(const char *dir, mt_opt_pairs *out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    cJSON *j;
+    if (mt_ckpt_state_read(path, &j) != 0) return -1;
+    const cJSON *opts = cJSON_GetObjectItem(j, "options"), *kv;
+    int rc = cJSON_IsArray(opts) ? 0 : 1;
+    cJSON_ArrayForEach(kv, opts) {
+        const cJSON *k = cJSON_GetArrayItem(kv, 0), *v = cJSON_GetArrayItem(kv, 1);
+        if (cJSON_GetArraySize(kv) != 2 || !cJSON_IsString(k) || !cJSON_IsString(v)) {
+            mt_error_set("%s: \"options\" holds something other than [key, value] pairs", path);
+            rc = -1;
+            break;
+        }
+        mt_opt_pairs_add(out, k->valuestring, v->valuestring);
     }
     cJSON_Delete(j);
     return rc;

@@ -7,6 +7,7 @@
 #include "core/comm.h"
 #include "data/data.h"
 #include "optim/optim.h"
+#include "trainer/options.h"  // mt_opt_pairs
 
 typedef struct mt_train_state {
     int64_t step;              // optimizer steps done
@@ -14,6 +15,8 @@ typedef struct mt_train_state {
     uint64_t data_fingerprint; // the dataset it was trained on
     int64_t skips;             // non-finite steps skipped so far
     double eval_loss;          // eval loss at this step, NaN when none ran (retention keeps the best)
+    const mt_opt_pairs *options; // the settings the run was given, kept in state.json for --resume
+                                 // OUT alone (NULL: none; not filled by loading)
 } mt_train_state;
 
 // Writes OUT/checkpoint-<step>/ {trainables.safetensors (the weights w), optimizer.safetensors
@@ -58,6 +61,9 @@ int mt_ckpt_state_read(const char *path, cJSON **out);
 // state.json's training state and run id (cap bytes): the checksum, then the fields' types and
 // ranges. 0, or -1 with an error naming the file.
 int mt_ckpt_state_parse(const char *path, mt_train_state *st, char *run_id, size_t cap);
+// state.json's "options" (the settings its run was given) appended to `out`: 0, 1 when the
+// checkpoint predates them (a run of an earlier moetrain), -1 with an error.
+int mt_ckpt_state_options(const char *dir, mt_opt_pairs *out);
 // What a verified state must also mean for this run before anything trains: its data position
 // inside `d` (epoch >= 0, index in [0, n)) and its step at most `total_steps` (a checkpoint past
 // --steps has nothing left to train). 0, or -1 with an error naming `dir`.

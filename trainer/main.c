@@ -8,6 +8,9 @@
 #include "trainer/cmd/commands.h"
 #include "trainer/options.h"
 
+// The program's version; `moetrain --version` prints it with what this build includes.
+#define MT_VERSION "0.28.0"
+
 typedef struct {
     const char *name;
     const char *summary;
@@ -37,7 +40,26 @@ static void print_usage(FILE *out) {
                  "  moetrain plan --case C\n"
                  "  moetrain init --config configs/tiny.json --out /tmp/tiny\n"
                  "  moetrain plan --model /tmp/tiny --mode lora --r 16 --experts all\n"
-                 "  moetrain --model DIR --data FILE --mode lora --r 16 --experts all\n");
+                 "  moetrain --model DIR --data FILE --mode lora --r 16 --experts all\n"
+                 "  moetrain --resume OUT          (continue a stopped run)\n\n");
+    mt_exit_codes_print(out);
+}
+
+static void print_version(void) {
+    printf("moetrain %s (%s build", MT_VERSION,
+#ifdef MT_CUDA
+           "CUDA"
+#else
+           "CPU"
+#endif
+    );
+#ifdef MT_MPI
+    printf(", MPI");
+#endif
+#ifdef MT_SENTENCEPIECE
+    printf(", SentencePiece");
+#endif
+    printf(")\n");
 }
 
 int cmd_not_built(const char *name, const char *issue) {
@@ -51,6 +73,10 @@ int main(int argc, char **argv) {
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
                       strcmp(argv[1], "help") == 0)) {
         print_usage(stdout);
+        return MT_EXIT_OK;
+    }
+    if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+        print_version();
         return MT_EXIT_OK;
     }
     // The first argument names a sub-command unless it is a flag: then it is `train`.

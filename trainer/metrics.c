@@ -1,6 +1,8 @@
 // trainer/metrics.c — metrics JSONL writer and the progress line (formats in metrics.h).
 #include "trainer/metrics.h"
 
+#include "core/comm.h"  // mt_comm_launched
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -50,7 +52,10 @@ void mt_format_bytes(char *buf, size_t n, uint64_t b) {
 int mt_metrics_open_ex(mt_metrics *m, const char *path, int append) {
     memset(m, 0, sizeof *m);
     m->out = stdout;
-    m->tty = isatty(fileno(stdout));
+    // A launcher (mpirun gives its ranks a pseudo-terminal even when its own output is redirected)
+    // or TERM=dumb: plain lines, no carriage return or escape.
+    const char *term = getenv("TERM");
+    m->tty = isatty(fileno(stdout)) && !mt_comm_launched() && !(term && strcmp(term, "dumb") == 0);
     m->every = 1;
     m->t0 = now_s();
     if (!path) return 0;

@@ -40,6 +40,7 @@ static const opt_range ranges[] = {
     {"mem", 0, 1e15, 0, 0},
     {"max-line-bytes", 4096, 1e15, 0, 0},
     {"max-skips", 0, 1e6, 0, 0},
+    {"early-stop-patience", 0, 1e6, 0, 0},
     {"max-new-tokens", 0, 1 << 20, 0, 0},
     {"temperature", 0, 100, 0, 0},
     {"top-p", 0, 1, 1, 0},
@@ -65,6 +66,13 @@ int mt_opt_range_check(const char *key, double v, const char *text) {
     if (ok) return 0;
     char range[96];
     mt_opt_range_text(key, range, sizeof range);
-    mt_error_set("'%s' is outside its range %s", text, range);
+    // A size given without its unit ("--gpu-mem 24") reads as bytes: say how to write it.
+    static const char *const sizes[] = {"gpu-mem", "mem", "workspace", "shard-size", "max-line-bytes"};
+    int is_size = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(sizes); i++) is_size |= strcmp(key, sizes[i]) == 0;
+    if (is_size && text[0] && strspn(text, "0123456789.") == strlen(text) && v < r->lo)
+        mt_error_set("'%s' is outside its range %s (bytes): add a unit, e.g. %sGB or %sGiB", text, range, text, text);
+    else
+        mt_error_set("'%s' is outside its range %s", text, range);
     return -1;
 }

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "core/common.h"
@@ -88,7 +90,16 @@ static const opt_def opt_table[] = {
      "checkpoints kept in --out, the newest and the best (lowest eval loss) always among them; 0: all (default 3)"},
     {"eval-data", OPT_STR, F(eval_data), S(eval_data), "held-out data for periodic evaluation"},
     {"eval-every", OPT_I64, F(eval_every), 0, "steps between evaluations (0: only at the end)"},
-    {"resume", OPT_STR, F(resume), S(resume), "continue from a checkpoint folder, or an output folder's latest"},
+    {"resume", OPT_STR, F(resume), S(resume),
+     "continue a run from its output folder (its latest checkpoint) or a checkpoint folder, with the paths and "
+     "settings it was started with; flags beside it that change the run are refused"},
+    {"resume-override", OPT_BOOL, F(resume_override), 0,
+     "--resume: take flags that change the run (--steps, --lr, ...) and log each change in metrics.jsonl"},
+    {"overwrite", OPT_BOOL, F(overwrite), 0,
+     "train into a non-empty --out: remove the earlier run's outputs there first (otherwise refused)"},
+    {"early-stop-patience", OPT_I64, F(early_stop_patience), 0,
+     "stop after this many evaluations (--eval-every) without a lower eval loss; the best checkpoint's "
+     "weights are written (0: off)"},
     {"mem", OPT_BYTES, F(mem_bytes), 0, "cpu: refuse a run whose planned memory exceeds this"},
     {"max-line-bytes", OPT_BYTES, F(max_line_bytes), 0,
      "a JSONL line keeping more than this is refused naming the line; its strings are kept only to what --seq can use (the rest is read in bounded pieces and checked); default 64MiB"},
@@ -103,6 +114,8 @@ static const opt_def opt_table[] = {
      "read a config.json with fields moetrain does not know (each warned and ignored; the model may differ "
      "from transformers')"},
     {"prompt", OPT_STR, F(prompt), S(prompt), "generate: the prompt text"},
+    {"raw", OPT_BOOL, F(raw), 0,
+     "generate: the prompt as given (no chat or instruction template, whatever the adapter was trained on)"},
     {"max-new-tokens", OPT_INT, F(max_new_tokens), 0, "generate: tokens to produce"},
     {"temperature", OPT_F64, F(temperature), 0, "generate: sampling temperature (0: greedy)"},
     {"top-p", OPT_F64, F(top_p), 0, "generate: nucleus sampling threshold"},
@@ -364,7 +377,9 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
 int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     const opt_def *d = find_opt(key);
     if (!d) {
-        mt_error_set("unknown option '%s' (see --help)", key);
+        char hint[96];
+        mt_opt_suggest(key, "", hint, sizeof hint);
+        mt_error_set("unknown option '%s'%s (see --help)", key, hint);
         return -1;
     }
     char *field = (char *)o + d->offset;
@@ -413,7 +428,208 @@ int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value) {
     return rc;
 }
 
-typedef struct { mt_run_opts *o; const char *path; } yaml_ctx;
+// ---------------------------------------------------------------------------------------------
+// What a command was given
+
+void mt_opt_pairs_add(mt_opt_pairs *p, const char *key, const char *value) {
+    if (!p) return;
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 32;
+        p->kv = mt_xrealloc(p->kv, (size_t)p->cap * 2 * sizeof(char *));
+    }
+    p->kv[2 * p->n] = mt_xstrdup(key), p->kv[2 * p->n + 1] = mt_xstrdup(value);
+    p->n++;
+}
+
+void mt_opt_pairs_free(mt_opt_pairs *p) {
+    for (int i = 0; i < 2 * p->n; i++) free(p->kv[i]);
+    free(p->kv);
+    memset(p, 0, sizeof *p);
+}
+
+const char *mt_opt_pairs_get(const mt_opt_pairs *p, const char *key) {
+    for (int i = p->n - 1; i >= 0; i--)
+        if (strcmp(p->kv[2 * i], key) == 0) return p->kv[2 * i + 1];
+    return NULL;
+}
+
+// Paths are kept absolute, so that --resume works from any folder.
+static int is_path_key(const char *key) {
+    static const char *const keys[] = {"model", "data", "eval-data", "adapter", "out", "save-tokens"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++)
+        if (strcmp(keys[i], key) == 0) return 1;
+    return 0;
+}
+
+static void add_given(mt_opt_pairs *given, const char *key, const char *value) {
+    if (!given || strcmp(key, "resume") == 0 || strcmp(key, "resume-override") == 0 || strcmp(key, "overwrite") == 0)
+        return;
+    char abs[4200], cwd[4096], real[PATH_MAX];
+    if (is_path_key(key) && value[0] && realpath(value, real)) value = real;  // ./x and x alike
+    else if (is_path_key(key) && value[0] && value[0] != '/' && getcwd(cwd, sizeof cwd)) {
+        snprintf(abs, sizeof abs, "%s/%s", cwd, value);
+        value = abs;
+    }
+    mt_opt_pairs_add(given, key, value);
+}
+
+// The settings that only say how a run is carried out, saved or reported: a resumed run may change them.
+int mt_opt_changes_run(const char *key) {
+    static const char *const how[] = {
+        "config", "out", "backend", "device", "workspace", "gpu-mem", "mem", "save-every", "save-total-limit",
+        "eval-every", "resume", "resume-override", "overwrite", "max-line-bytes", "max-skips", "verbose",
+        "allow-unknown-config", "peft-format", "offload-optimizer", "early-stop-patience", "report-to",
+        "recompute", "checkpointing", "ckpt",  // recomputation gives the same bits (tests/test_checkpointing.c)
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(how); i++)
+        if (strcmp(how[i], key) == 0) return 0;
+    return find_opt(key) != NULL;
+}
+
+// The bytes of the field a key sets (aliases share one).
+static size_t field_size(const opt_def *d) {
+    switch (d->type) {
+    case OPT_STR: return d->size;
+    case OPT_INT: case OPT_BOOL: return sizeof(int);
+    case OPT_I64: case OPT_U64: case OPT_F64: case OPT_BYTES: return 8;
+    case OPT_SPECIAL: break;
+    }
+    static const struct { const char *key; size_t size; } special[] = {
+        {"mode", sizeof(mt_mode)}, {"quant", sizeof(mt_quant)}, {"checkpointing", sizeof(mt_ckpt)},
+        {"recompute", sizeof(mt_ckpt)},
+        {"ckpt", sizeof(mt_ckpt)}, {"targets", sizeof(unsigned)}, {"quant-targets", sizeof(unsigned)},
+        {"blocksize", sizeof(int)}, {"layers", sizeof(mt_index_set)}, {"experts", sizeof(mt_index_set)},
+        {"peft-format", 8}, {"case", 1},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
+        if (strcmp(special[i].key, d->key) == 0) return special[i].size;
+    return 0;
+}
+
+int mt_run_opts_differs(const mt_run_opts *o, const char *key, const char *value) {
+    const opt_def *d = find_opt(key);
+    if (!d || !field_size(d)) return 0;
+    mt_run_opts *copy = mt_xmalloc(sizeof *copy);
+    memcpy(copy, o, sizeof *copy);
+    int rc = mt_run_opts_set(copy, key, value);
+    if (rc == 0) rc = memcmp((const char *)o + d->offset, (const char *)copy + d->offset, field_size(d)) != 0;
+    free(copy);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which sub-commands read a flag. Not listed: train alone. `plan` takes every train flag too (it
+// plans the run they describe).
+static const struct { const char *key, *cmds; } scope[] = {
+    {"config", "*"},
+    {"model", "train plan eval generate merge quantize"},
+    {"allow-unknown-config", "train plan eval generate merge quantize"},
+    {"quant", "train plan eval generate merge quantize"},
+    {"double-quant", "train plan eval generate merge quantize"},
+    {"blocksize", "train plan eval generate merge quantize"},
+    {"quant-targets", "train plan eval generate merge quantize"},
+    {"backend", "train plan eval generate quantize"},
+    {"device", "train plan eval generate quantize"},
+    {"data", "train eval"},
+    {"out", "train merge quantize"},
+    {"adapter", "train eval generate merge"},
+    {"seq", "train eval"},
+    {"batch", "train eval"},
+    {"packing", "train eval"},
+    {"overlong", "train eval"},
+    {"instruction-template", "train eval"},
+    {"max-line-bytes", "train eval"},
+    {"chat-template", "train eval generate"},
+    {"seed", "train eval generate"},
+    {"shard-size", "quantize"},
+    {"save-tokens", "eval"},
+    {"prompt", "generate"},
+    {"max-new-tokens", "generate"},
+    {"temperature", "generate"},
+    {"top-p", "generate"},
+    {"raw", "generate"},
+    {"case", "plan"},
+    {"json", "plan"},
+    {"measure", "plan"},
+    {"max-seq", "plan"},
+};
+
+static const char *scope_of(const char *key) {
+    for (size_t i = 0; i < MT_ARRAY_LEN(scope); i++)
+        if (strcmp(scope[i].key, key) == 0) return scope[i].cmds;
+    return "train";
+}
+
+static int in_list(const char *list, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return 1;
+    return 0;
+}
+
+static int applies(const char *key, const char *cmd) {
+    const char *cmds = scope_of(key);
+    if (!cmd || strcmp(cmds, "*") == 0 || in_list(cmds, cmd)) return 1;
+    return strcmp(cmd, "plan") == 0 && in_list(cmds, "train");
+}
+
+// ---------------------------------------------------------------------------------------------
+// "did you mean"
+
+static int edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63) return 99;
+    int row[64];
+    for (size_t j = 0; j <= m; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int up = row[j], cost = a[i - 1] != b[j - 1];
+            int best = MT_MIN(up + 1, row[j - 1] + 1);
+            row[j] = MT_MIN(best, diag + cost);
+            diag = up;
+        }
+    }
+    return row[m];
+}
+
+void mt_opt_suggest(const char *key, const char *prefix, char *buf, size_t n) {
+    // The names transformers' TrainingArguments, PEFT's LoraConfig and axolotl give the same settings.
+    static const struct { const char *theirs, *ours; } known[] = {
+        {"learning-rate", "lr"}, {"num-train-epochs", "epochs"}, {"num-epochs", "epochs"},
+        {"max-steps", "steps"}, {"lora-r", "r"}, {"rank", "r"}, {"lora-alpha", "alpha"},
+        {"lora-dropout", "dropout"}, {"per-device-train-batch-size", "batch"}, {"micro-batch-size", "batch"},
+        {"batch-size", "batch"}, {"gradient-accumulation-steps", "accum"}, {"warmup-steps", "warmup"},
+        {"lr-scheduler-type", "schedule"}, {"lr-scheduler", "schedule"}, {"max-grad-norm", "clip"},
+        {"sequence-len", "seq"}, {"max-seq-length", "seq"}, {"max-length", "seq"}, {"seq-len", "seq"},
+        {"output-dir", "out"}, {"base-model", "model"}, {"model-name-or-path", "model"}, {"dataset", "data"},
+        {"datasets", "data"}, {"train-file", "data"}, {"target-modules", "targets"},
+        {"lora-target-modules", "targets"}, {"save-steps", "save-every"}, {"eval-steps", "eval-every"},
+        {"gradient-checkpointing", "checkpointing"}, {"load-in-4bit", "quant"}, {"bnb-4bit-quant-type", "quant"},
+        {"use-rslora", "rslora"}, {"resume-from-checkpoint", "resume"}, {"early-stopping-patience", "early-stop-patience"},
+        {"eval-file", "eval-data"}, {"val-set", "eval-data"}, {"adapter-path", "adapter"}, {"lora-model-dir", "adapter"},
+    };
+    char norm[64];
+    size_t len = strlen(key);
+    buf[0] = 0;
+    if (len >= sizeof norm) return;
+    for (size_t i = 0; i <= len; i++) norm[i] = key[i] == '_' ? '-' : (char)tolower((unsigned char)key[i]);
+    const char *best = NULL;
+    for (size_t i = 0; i < MT_ARRAY_LEN(known) && !best; i++)
+        if (strcmp(norm, known[i].theirs) == 0) best = known[i].ours;
+    int best_d = 99;
+    if (!best)
+        for (size_t i = 0; i < MT_ARRAY_LEN(opt_table); i++) {
+            int d = edit_distance(norm, opt_table[i].key);
+            if (d < best_d) best_d = d, best = opt_table[i].key;
+        }
+    // close enough: a third of the name, at least one edit (a swapped pair counts as two)
+    if (best && (best_d == 99 || best_d <= MT_MAX(2, (int)len / 3)))
+        snprintf(buf, n, " (did you mean %s%s?)", prefix, best);
+}
+
+typedef struct { mt_run_opts *o; const char *path; mt_opt_pairs *given; } yaml_ctx;
 
 static int yaml_pair(void *ctx, const char *key, const char *value, int line, int column) {
     yaml_ctx *y = ctx;
@@ -425,17 +641,18 @@ static int yaml_pair(void *ctx, const char *key, const char *value, int line, in
         mt_error_prefix("%s:%d:%d", y->path, line, column);
         return -1;
     }
+    add_given(y->given, key, value);
     return 0;
 }
 
-int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
+int mt_run_opts_parse_cmd(mt_run_opts *o, int argc, char **argv, const char *cmd, mt_opt_pairs *given) {
     // Pass 1: --config first, so that every flag overrides it whatever the order.
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--config", 8) == 0 && (a[8] == 0 || a[8] == '=')) {
             const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
             if (!path) { mt_error_set("--config: needs a file"); return -1; }
-            yaml_ctx y = {o, path};
+            yaml_ctx y = {o, path, given};
             if (mt_yaml_read_flat(path, yaml_pair, &y) != 0) return -1;
         }
     }
@@ -455,7 +672,15 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
         int negated = 0;
         if (!d && strncmp(key, "no-", 3) == 0 && (d = find_opt(key + 3)) && d->type == OPT_BOOL) negated = 1;
         else if (!d || (strncmp(key, "no-", 3) == 0 && !find_opt(key))) {
-            mt_error_set("unknown flag '--%s' (see --help)", key);
+            char hint[96];
+            mt_opt_suggest(key, "--", hint, sizeof hint);
+            mt_error_set("unknown flag '--%s'%s (see --help)", key, hint);
+            return -1;
+        }
+        if (!applies(d->key, cmd)) {
+            const char *cmds = scope_of(d->key);
+            mt_error_set("--%s does not apply to `moetrain %s`: it is a flag of %s%s (see moetrain %s --help)", d->key,
+                         cmd, cmds, in_list(cmds, "train") && !in_list(cmds, "plan") ? " and plan" : "", cmd);
             return -1;
         }
         if (d->type == OPT_BOOL && !eq) value = negated ? "false" : "true";
@@ -465,9 +690,39 @@ int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) {
         else { mt_error_set("--%s: needs a value", key); return -1; }
         if (strcmp(d->key, "config") == 0) continue;  // loaded in pass 1
         if (mt_run_opts_set(o, d->key, value) != 0) return -1;
+        add_given(given, d->key, value);
     }
     mt_config_allow_unknown(o->allow_unknown_config);  // before any command reads a config.json
+    // --model ORG/NAME: the Hugging Face cache's copy (never a download)
+    char dir[4096];
+    int hf = o->model[0] ? mt_hf_cache_resolve(o->model, dir, sizeof dir) : 1;
+    if (hf < 0) return mt_error_prefix("--model"), -1;
+    if (hf == 0) {
+        if (strlen(dir) >= sizeof o->model) { mt_error_set("--model: %s: path too long", dir); return -1; }
+        mt_info("--model %s: the Hugging Face cache's %s", o->model, dir);
+        strcpy(o->model, dir);
+        if (given) add_given(given, "model", dir);
+    }
     return 0;
+}
+
+int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv) { return mt_run_opts_parse_cmd(o, argc, argv, NULL, NULL); }
+
+const mt_exit_code_doc mt_exit_codes[] = {
+    {MT_EXIT_OK, "done"},
+    {MT_EXIT_ERROR, "an error: bad input, a file that cannot be read or written (the message names it)"},
+    {MT_EXIT_USAGE, "a bad flag or value: unknown, out of its range, not for this sub-command or this model, "
+                    "a missing required flag, a non-empty --out"},
+    {MT_EXIT_NOFIT, "the plan does not fit --gpu-mem or --mem (nothing was trained)"},
+    {MT_EXIT_OOM, "out of memory: a host or device allocation failed"},
+    {130, "stopped by SIGINT (Ctrl-C) after saving a checkpoint: --resume OUT continues it"},
+    {143, "stopped by SIGTERM after saving a checkpoint: --resume OUT continues it"},
+};
+const int mt_exit_codes_n = (int)MT_ARRAY_LEN(mt_exit_codes);
+
+void mt_exit_codes_print(FILE *out) {
+    fprintf(out, "exit codes:\n");
+    for (int i = 0; i < mt_exit_codes_n; i++) fprintf(out, "  %3d  %s\n", mt_exit_codes[i].code, mt_exit_codes[i].meaning);
 }
 
 // The default of option d as --help shows it, or "" when it has none (a required path) or its

@@ -73,6 +73,9 @@ typedef struct mt_run_opts {
     char eval_data[1024];
     int64_t eval_every;
     char resume[1024];        // checkpoint folder (or an output folder: its latest checkpoint)
+    int resume_override;      // --resume: flags that change the run are taken (and logged), not refused
+    int overwrite;            // a non-empty --out is cleared of moetrain's outputs first
+    int64_t early_stop_patience; // stop after this many evals without a lower eval loss (0: off)
     double mem_bytes;         // cpu: refuse a run whose plan exceeds this (0: no check)
     double max_line_bytes;    // a JSONL line keeping more than this (besides its long strings' cut text) is refused
     int max_skips;            // stop after this many non-finite steps in a row
@@ -84,6 +87,7 @@ typedef struct mt_run_opts {
     int allow_unknown_config; // config.json fields moetrain does not know: warned and ignored
     char prompt[4096];
     int max_new_tokens;
+    int raw;                  // generate: the prompt as given, no chat or instruction template
     double temperature;       // 0: greedy
     double top_p;
     // plan
@@ -98,6 +102,43 @@ void mt_run_opts_default(mt_run_opts *o);
 // Parses argv (flags only; the sub-command already removed) into `o`, after loading any
 // --config YAML first so that flags override it. 0, or -1 with an error naming the flag.
 int mt_run_opts_parse(mt_run_opts *o, int argc, char **argv);
+// The settings a command was given, in order ("key", "value" pairs: the --config file's, then
+// the flags'); the trainer keeps them in state.json so that --resume OUT alone continues a run.
+typedef struct mt_opt_pairs {
+    int n, cap;
+    char **kv;  // kv[2i] the key, kv[2i+1] the value (owned)
+} mt_opt_pairs;
+void mt_opt_pairs_add(mt_opt_pairs *p, const char *key, const char *value);
+void mt_opt_pairs_free(mt_opt_pairs *p);
+// The value given for `key` (the last one), or NULL.
+const char *mt_opt_pairs_get(const mt_opt_pairs *p, const char *key);
+
+// mt_run_opts_parse for sub-command `cmd` ("train", "eval", ...; NULL: any): a flag that `cmd`
+// does not read is refused naming it (a --config file may hold keys for other commands); what
+// was given is added to `given` (may be NULL), paths made absolute. A --model of the form
+// ORG/NAME that is not a folder here is looked up in the Hugging Face cache (trainer/hf_cache.c).
+int mt_run_opts_parse_cmd(mt_run_opts *o, int argc, char **argv, const char *cmd, mt_opt_pairs *given);
+// Whether a setting changes what a run computes (steps, schedule, model, data, r, ...), so that
+// --resume refuses it unless --resume-override; 0 for how it is run, saved or logged.
+int mt_opt_changes_run(const char *key);
+// 1 when setting key=value on `o` changes it (the value parsed as a flag would be); -1 on a bad value.
+int mt_run_opts_differs(const mt_run_opts *o, const char *key, const char *value);
+// "did you mean --lr?" for an unknown key (edit distance, and the names transformers, PEFT and
+// axolotl use for the same setting): writes "" when nothing is close.
+void mt_opt_suggest(const char *key, const char *prefix, char *buf, size_t n);
+
+// The exit codes, as `--help` and README's table list them.
+typedef struct { int code; const char *meaning; } mt_exit_code_doc;
+extern const mt_exit_code_doc mt_exit_codes[];
+extern const int mt_exit_codes_n;
+void mt_exit_codes_print(FILE *out);
+
+// --model ORG/NAME: the local Hugging Face cache's snapshot folder (trainer/hf_cache.c): $HF_HUB_CACHE,
+// else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub; then
+// models--ORG--NAME/snapshots/<refs/main>. Nothing is downloaded. 0 with dir filled, 1 when `name`
+// is not of that form (or is a path here), -1 with an error naming the folder looked in.
+int mt_hf_cache_resolve(const char *name, char *dir, size_t n);
+
 // Sets one option by key ("r", "mode", ...) from text; used by flags and YAML alike.
 int mt_run_opts_set(mt_run_opts *o, const char *key, const char *value);
 void mt_run_opts_print_help(FILE *out);

@@ -2,6 +2,7 @@
 //
 // plan → load → (resume) → for each step: accumulate micro-batches (forward, backward), clip,
 // AdamW, log; checkpoints every --save-every and at the end; SIGINT/SIGTERM save and stop.
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -65,13 +66,20 @@ static int check_host_memory(const mt_run_opts *o, const mt_plan *plan) {
     return 0;
 }
 
-static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, const char *recompute) {
+// The one-line plan (the full table with --verbose), then whether it fits: --gpu-mem on a cuda run
+// (and on the cpu when given), --mem on the cpu. 0, 1 when it does not fit (exit 3), -1 on error.
+static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, const char *recompute, int gpu_mem_given,
+                      int say) {
     mt_plan plan;
     mt_plan_opts po = mt_run_opts_plan(o);
+    int cpu = strcmp(o->backend, "cpu") == 0;
+    po.cpu = cpu;  // no CUDA context or library workspace counted on the cpu
     if (mt_plan_compute(cfg, &po, &plan) != 0) return -1;
     mt_plan_report rep = {.model_name = o->model, .cfg = cfg, .opts = &po, .plan = &plan, .recompute = recompute};
-    if (o->verbose) mt_plan_print(stdout, &rep);
-    else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
+    if (!say) {  // another rank: the same verdict, printed once by rank 0
+    } else if (o->verbose) {
+        mt_plan_print(stdout, &rep);
+    } else {  // one line: the total, the fit and the three largest categories (--verbose or `plan`: all)
         int top[3] = {-1, -1, -1};
         for (int c = 0; c < MT_MEM_COUNT; c++)
             for (int k = 0; k < 3; k++)
@@ -80,16 +88,27 @@ static int print_plan(const mt_model_config *cfg, const mt_run_opts *o, const ch
                     top[k] = c;
                     break;
                 }
-        printf("plan: %.2f GB per GPU of %.0f GB (%.0f%%), %s; largest:", plan.total / 1e9, plan.gpu_mem / 1e9,
-               plan.percent, plan.fits ? "fits" : "DOES NOT FIT");
+        if (cpu && !gpu_mem_given && o->mem_bytes > 0)
+            printf("plan: %.3g GB on the cpu of --mem %.3g GB, %s; largest:", plan.total / 1e9, o->mem_bytes / 1e9,
+                   (double)plan.total <= o->mem_bytes ? "fits" : "DOES NOT FIT");
+        else if (cpu && !gpu_mem_given)
+            printf("plan: %.3g GB on the cpu (--mem sets a limit); largest:", plan.total / 1e9);
+        else
+            printf("plan: %.2f GB per GPU of %.0f GB (%.0f%%), %s; largest:", plan.total / 1e9, plan.gpu_mem / 1e9,
+                   plan.percent, plan.fits ? "fits" : "DOES NOT FIT");
         for (int k = 0; k < 3; k++)
             if (plan.bytes[top[k]]) printf("%s %s %.3g GB", k ? "," : "", mt_mem_cat_name((mt_mem_cat)top[k]), plan.bytes[top[k]] / 1e9);
         printf("; recompute: %s (full table: --verbose or `moetrain plan`)\n", recompute);
     }
     if (o->mem_bytes > 0 && (double)plan.total > o->mem_bytes) {
-        mt_error_set("the plan needs %.2f GB but --mem allows %.2f GB; see `moetrain plan` for what would fit",
+        mt_error_set("the plan needs %.3g GB but --mem allows %.3g GB; see `moetrain plan` for what would fit",
                      plan.total / 1e9, o->mem_bytes / 1e9);
-        return -1;
+        return 1;
+    }
+    if ((!cpu || gpu_mem_given) && !plan.fits) {
+        mt_error_set("the plan needs %.3g GB per GPU but --gpu-mem is %.3g GB: nothing was trained; `moetrain plan` "
+                     "with the same flags lists what would fit", plan.total / 1e9, plan.gpu_mem / 1e9);
+        return 1;
     }
     return check_host_memory(o, &plan);
 }
@@ -114,6 +133,11 @@ typedef struct {
     int32_t *tokens, *labels, *mask;
     float *load;  // [layers × experts] expert load of the last step
     int exit_code;  // 0, or 128 + the signal that stopped the run after its checkpoint was saved
+    int fail_code;  // the exit code of a failed setup: 2 for a bad flag, 3 for a plan that does not fit
+    const mt_opt_pairs *given;     // the run's settings, kept in each checkpoint's state.json
+    const mt_opt_pairs *overrides; // --resume-override: "key", "was -> now" pairs, logged in metrics.jsonl
+    double best_eval;              // --early-stop-patience: the lowest eval loss so far, its step
+    int64_t best_step, evals_since_best;
 } trainer;
 
 // Mean CE over one pass of the eval data, with LoRA dropout off for the pass.
@@ -159,16 +183,23 @@ static int write_outputs(trainer *t) {
     mt_model_gather_experts(&t->m);  // EP: rank 0 collects the experts the others trained
     if (t->rank != 0) return 0;
     char path[4200];
+    // how the rows were rendered, for `generate` to render its prompt alike
+    mt_train_template rec = {.text = t->data.stats.text, .instruction = t->data.stats.instruction,
+                             .chat = t->data.stats.chat, .pretokenized = t->data.stats.pretokenized};
+    if (rec.chat) snprintf(rec.chat_template, sizeof rec.chat_template, "%s", mt_chat_style_name(t->data.opts.chat.style));
     if (t->o->mode == MT_MODE_LORA) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
-        // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to
-        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD};
+        // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to;
+        // training_template.json: how the rows were rendered, which `generate` follows
+        static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD,
+                                            MT_TRAIN_TEMPLATE_FILE};
         char list[4300];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
         if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 ||
-            mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_sha256sums_write(list, path, files, 3) != 0)
+            mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_train_template_write(path, &rec) != 0 ||
+            mt_sha256sums_write(list, path, files, 4) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
@@ -176,7 +207,7 @@ static int write_outputs(trainer *t) {
         snprintf(path, sizeof path, "%s/trained.safetensors", t->o->out);
         snprintf(list, sizeof list, "%s.sha256", path);
         if (mt_model_save_trained(&t->m, path) != 0 || mt_sha256sums_write(list, t->o->out, files, 1) != 0 ||
-            mt_base_record_write(t->o->out, &t->m.cfg, t->o) != 0)
+            mt_base_record_write(t->o->out, &t->m.cfg, t->o) != 0 || mt_train_template_write(t->o->out, &rec) != 0)
             return -1;
     }
     mt_info("wrote %s", path);
@@ -223,25 +254,128 @@ static int start_ranks(trainer *t) {
     return mt_comm_grid(t->world, o->ep, &t->ep, &t->dp);
 }
 
+// A resumed run with --early-stop-patience: the best so far is the lowest eval loss its checkpoints
+// up to the resumed step record (the count of evaluations since then starts again at 0).
+static void best_so_far(trainer *t) {
+    DIR *d = opendir(t->o->out);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
+        char path[4400], run[8];
+        snprintf(path, sizeof path, "%.1023s/%.255s/state.json", t->o->out, e->d_name);
+        mt_train_state st = {0};
+        if (mt_ckpt_state_parse(path, &st, run, sizeof run) != 0) continue;
+        if (st.eval_loss == st.eval_loss && st.step <= t->st.step && (t->best_step == 0 || st.eval_loss < t->best_eval))
+            t->best_eval = st.eval_loss, t->best_step = st.step;
+    }
+    if (d) closedir(d);
+    mt_error_clear();
+}
+
+// --adapter of another rank than --r: say which --r it needs (before its tensors' shapes disagree).
+static int check_adapter_rank(const mt_run_opts *o) {
+    char path[4200], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%.1023s/adapter_config.json", o->adapter);
+    if (mt_read_file(path, 1 << 20, &text, &len) != 0) return 0;  // the loader names what is missing
+    mt_peft_config pc;
+    int rc = mt_peft_config_parse(text, len, path, &pc);
+    free(text);
+    if (rc == 0 && pc.r != o->lora_r) {
+        mt_error_set("--adapter %s has rank %d but this run's --r is %d: pass --r %d", o->adapter, pc.r, o->lora_r, pc.r);
+        return -1;
+    }
+    return 0;
+}
+
+// What a run writes into --out (and the debris of killed ones): what --overwrite may remove.
+static int is_run_output(const char *name) {
+    static const char *const exact[] = {"metrics.jsonl", "latest", "adapter", "trained.safetensors",
+                                        "trained.safetensors.sha256", MT_TRAIN_TEMPLATE_FILE, MT_BASE_RECORD,
+                                        "runs"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(exact); i++)
+        if (strcmp(name, exact[i]) == 0) return 1;
+    return strncmp(name, "checkpoint-", 11) == 0 || strncmp(name, ".checkpoint-", 12) == 0 ||
+           strncmp(name, "latest.tmp", 10) == 0 || strncmp(name, "events.out.tfevents.", 20) == 0 ||
+           strncmp(name, ".metrics.jsonl", 14) == 0 || (name[0] == '.' && strstr(name, ".tmp"));
+}
+
+// A new run (no --resume) into a folder that holds something: refused naming what is there, or
+// with --overwrite an earlier run's outputs removed first (anything else there is still refused:
+// --overwrite removes only what moetrain wrote). 0, or -1 with an error.
+static int check_out(const mt_run_opts *o) {
+    DIR *d = opendir(o->out);
+    if (!d) return 0;  // absent: made later
+    char seen[512] = "", other[512] = "";
+    int n = 0, n_other = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        n++;
+        char *list = is_run_output(e->d_name) ? seen : other;
+        n_other += list == other;
+        if (strlen(list) + strlen(e->d_name) + 8 < sizeof seen)
+            snprintf(list + strlen(list), sizeof seen - strlen(list), "%s%s", list[0] ? ", " : "", e->d_name);
+    }
+    closedir(d);
+    if (n == 0) return 0;
+    if (!o->overwrite) {
+        mt_error_set("--out %s is not empty (it holds %s%s%s): pass --resume %s to continue the run there, "
+                     "--overwrite to replace its outputs, or another --out", o->out, seen, seen[0] && other[0] ? ", " : "",
+                     other, o->out);
+        return -1;
+    }
+    if (n_other) {
+        mt_error_set("--out %s holds files moetrain did not write (%s): --overwrite removes only a run's outputs; "
+                     "choose another --out", o->out, other);
+        return -1;
+    }
+    if (!(d = opendir(o->out))) return 0;
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        if (!is_run_output(e->d_name) || strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%.1023s/%.255s", o->out, e->d_name);
+        rc = mt_is_dir(path) ? mt_remove_flat_dir(path) : unlink(path) == 0 ? 0 : (mt_error_set("%s: cannot remove", path), -1);
+    }
+    closedir(d);
+    if (rc == 0) mt_info("--overwrite: removed the earlier run's outputs from %s (%s)", o->out, seen);
+    return rc;
+}
+
 static int setup(trainer *t) {
     mt_run_opts *o = t->o;
+    t->fail_code = MT_EXIT_USAGE;  // until the flags are checked against each other and the model
     if (!o->model[0] || !o->data[0]) {
-        mt_error_set("--model and --data are required (see moetrain train --help)");
+        mt_error_set("--model and --data are required, or --resume OUT alone to continue a run (see moetrain train "
+                     "--help)");
         return -1;
     }
     if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
         mt_error_set("--device %s: training runs on cpu or cuda", o->backend);
         return -1;
     }
+    if (o->early_stop_patience > 0 && (!o->eval_data[0] || o->eval_every <= 0)) {
+        mt_error_set("--early-stop-patience %lld watches the eval loss: it needs --eval-data and --eval-every N",
+                     (long long)o->early_stop_patience);
+        return -1;
+    }
     // Before MPI starts: the node-local rank picks the GPU.
     t->be = strcmp(o->backend, "cuda") == 0 ? mt_backend_cuda_new(mt_comm_local_rank()) : mt_backend_cpu_new();
     if (!t->be) return -1;
+    t->fail_code = MT_EXIT_ERROR;
     if (start_ranks(t) != 0) return -1;
+    t->fail_code = MT_EXIT_USAGE;
     if (!o->out[0]) snprintf(o->out, sizeof o->out, "moetrain-out");
     if (o->accum < 1 || o->batch < 1 || o->seq < 2) {
         mt_error_set("--accum and --batch must be at least 1 and --seq at least 2");
         return -1;
     }
+    // Rank 0 looks at --out (and clears it with --overwrite) before any rank writes there.
+    int out_bad = !o->resume[0] && t->rank == 0 && check_out(o) != 0;
+    if (t->world ? mt_comm_any(t->world, out_bad) : out_bad) {
+        if (!out_bad) mt_error_set("rank 0 refused --out %s", o->out);
+        return -1;
+    }
+    t->fail_code = MT_EXIT_ERROR;
     // Debris of killed runs (temporary folders whose process is gone), before anything is written;
     // the checkpoint to resume from verified before anything is loaded.
     if (t->rank == 0) mt_checkpoint_remove_stale(o->out);
@@ -256,6 +390,36 @@ static int setup(trainer *t) {
         return -1;
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    // Flags the model cannot take are bad flags (exit 2), said before anything is built.
+    t->fail_code = MT_EXIT_USAGE;
+    for (int i = 0; !o->layers.all && i < o->layers.count; i++)
+        if (o->layers.items[i] >= cfg.layers) {
+            mt_error_set("--layers names layer %d but the model has %lld (0-%lld)", o->layers.items[i],
+                         (long long)cfg.layers, (long long)cfg.layers - 1);
+            return -1;
+        }
+    for (int i = 0; !o->experts.all && i < o->experts.count; i++)
+        if (o->experts.items[i] >= cfg.experts) {
+            mt_error_set("--experts names expert %d but the model has %lld (0-%lld)", o->experts.items[i],
+                         (long long)cfg.experts, (long long)cfg.experts - 1);
+            return -1;
+        }
+    // As `plan --max-seq` stops at max_position_embeddings, training does not go past it (RoPE
+    // without scaling would train on angles the model never saw): the default --seq is capped
+    // there, as TRL caps max_seq_length at the model's, and a --seq given above it is refused.
+    if (cfg.max_positions > 0 && o->seq > cfg.max_positions) {
+        if (t->given && mt_opt_pairs_get(t->given, "seq")) {
+            mt_error_set("--seq %lld is above the model's max_position_embeddings %lld (%s's config.json): use --seq "
+                         "%lld or less", (long long)o->seq, (long long)cfg.max_positions, o->model,
+                         (long long)cfg.max_positions);
+            return -1;
+        }
+        if (t->rank == 0)
+            mt_info("--seq %lld (the default) capped at the model's max_position_embeddings: %lld", (long long)o->seq,
+                    (long long)cfg.max_positions);
+        o->seq = cfg.max_positions;
+    }
+    t->fail_code = MT_EXIT_ERROR;
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
@@ -264,7 +428,10 @@ static int setup(trainer *t) {
     if (mt_run_opts_resolve_recompute(o, &cfg, strcmp(o->backend, "cpu") != 0, recompute, sizeof recompute) != 0)
         return -1;
     if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
-    if (t->rank == 0 && print_plan(&cfg, o, recompute) != 0) return -1;
+    // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
+    int fit = print_plan(&cfg, o, recompute, t->given && mt_opt_pairs_get(t->given, "gpu-mem"), t->rank == 0);
+    if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
+    if (fit) return -1;
     mt_backend *be = t->be;
     mt_model_par par = {.ep_rank = t->ep ? mt_comm_rank(t->ep) : 0, .ep_size = o->ep,
                         .ep = o->ep > 1 ? t->ep : NULL, .data = t->ranks > 1 ? t->world : NULL};
@@ -284,6 +451,7 @@ static int setup(trainer *t) {
                      mt_mode_name(o->mode));
         return -1;
     }
+    if (o->adapter[0] && check_adapter_rank(o) != 0) return t->fail_code = MT_EXIT_USAGE, -1;
     if (o->adapter[0] && mt_model_load_adapter(&t->m, o->adapter) != 0) return mt_error_prefix("--adapter"), -1;
     if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
         return -1;
@@ -324,6 +492,7 @@ static int setup(trainer *t) {
     if (mt_adamw_init(&t->opt, be, t->dist.opt, t->dist.n_opt, &aopts) != 0) return -1;
     if (aopts.offload) mt_info("optimizer state in host memory: %.3f GB", mt_adamw_host_bytes(&t->opt) / 1e9);
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
+    t->st.options = t->given;
     if (o->resume[0]) {
         if (mt_checkpoint_load(dir, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
                                t->world) != 0)
@@ -334,11 +503,19 @@ static int setup(trainer *t) {
         }
         if (mt_train_state_check(&t->st, &t->data, total_steps(t), dir) != 0) return -1;
         mt_info("resumed from %s at step %lld", dir, (long long)t->st.step);
+        if (o->early_stop_patience > 0) best_so_far(t);
     }
     if (mt_mkdir_p(o->out) != 0) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%.1023s/metrics.jsonl", o->out);
     if (mt_metrics_open_ex(&t->metrics, t->rank == 0 ? path : NULL, o->resume[0] != 0) != 0) return -1;
+    for (int i = 0; t->overrides && t->rank == 0 && i < t->overrides->n; i++) {
+        char f[2400];
+        snprintf(f, sizeof f, "\"step\":%lld,\"key\":\"%s\",\"change\":\"%.2000s\"", (long long)t->st.step,
+                 t->overrides->kv[2 * i], t->overrides->kv[2 * i + 1]);
+        mt_metrics_event(&t->metrics, "resume_override", f);
+        mt_warn("--resume-override: --%s %s", t->overrides->kv[2 * i], t->overrides->kv[2 * i + 1]);
+    }
     snprintf(path, sizeof path, "%.1023s/runs", o->out);  // --report-to tensorboard: OUT/runs, as HF's Trainer
     if (t->rank == 0 && strcmp(o->report_to, "tensorboard") == 0 && mt_metrics_tensorboard(&t->metrics, path) != 0)
         return -1;
@@ -388,6 +565,7 @@ static int run(trainer *t) {
     signal(SIGTERM, on_signal);
     int64_t rows = (int64_t)B * S, mine = (int64_t)t->rank * rows;  // this rank's slice
     int stop = 0;  // a signal on any rank stops every rank at the same step
+    int early = 0;  // --early-stop-patience ran out
     while (t->st.step < total && !(stop = t->world ? mt_comm_any(t->world, stop_requested != 0) : stop_requested != 0)) {
         mt_threads_adapt();  // the cores others leave free (core/threads.h); the same bits at any count
         double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
@@ -446,10 +624,35 @@ static int run(trainer *t) {
             snprintf(f, sizeof f, "\"step\":%lld,\"loss\":%.9g,\"ppl\":%.9g,\"tokens\":%lld", (long long)t->st.step,
                      el, exp(el), (long long)n);
             if (t->rank == 0) mt_metrics_event(&t->metrics, "eval", f);
+            // Early stopping: each new best is saved (retention keeps it); patience counts evals.
+            if (o->early_stop_patience > 0 && el == el) {
+                if (t->best_step == 0 || el < t->best_eval) {
+                    t->best_eval = el, t->best_step = t->st.step, t->evals_since_best = 0;
+                    if (t->st.step < total && save(t) != 0) return -1;
+                } else if (++t->evals_since_best >= o->early_stop_patience) {
+                    early = 1;
+                }
+            }
         }
-        if (o->save_every > 0 && t->st.step % o->save_every == 0 && t->st.step < total && save(t) != 0) return -1;
+        if (o->save_every > 0 && t->st.step % o->save_every == 0 && t->st.step < total &&
+            !(t->best_step == t->st.step && t->st.step > 0) && save(t) != 0)
+            return -1;
+        if (early) break;
     }
     if (save(t) != 0) return -1;
+    if (early) {
+        char best[4200], f[200];
+        snprintf(best, sizeof best, "%s/checkpoint-%lld", o->out, (long long)t->best_step);
+        mt_info("early stop at step %lld: no lower eval loss in %lld evaluations; the best, %.6g at step %lld, is "
+                "what is written (%s)", (long long)t->st.step, (long long)o->early_stop_patience, t->best_eval,
+                (long long)t->best_step, best);
+        snprintf(f, sizeof f, "\"step\":%lld,\"best_step\":%lld,\"best_loss\":%.9g", (long long)t->st.step,
+                 (long long)t->best_step, t->best_eval);
+        if (t->rank == 0) mt_metrics_event(&t->metrics, "early_stop", f);
+        if (mt_checkpoint_load(best, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
+                               t->world) != 0)
+            return -1;
+    }
     if (stop) {
         mt_info("stopped by signal %d at step %lld; checkpoint saved: resume with --resume %s", (int)stop_requested,
                 (long long)t->st.step, o->out);
@@ -469,28 +672,109 @@ static int run(trainer *t) {
     return write_outputs(t);
 }
 
+// --resume OUT: the run's settings from its checkpoint's state.json, then what is given beside
+// --resume: a flag that changes what the run computes is refused naming it (exit 2) unless
+// --resume-override, when each change is listed in `overrides` (logged in metrics.jsonl).
+// `given` becomes the stored settings plus the new ones. A checkpoint of an earlier moetrain
+// (no stored settings) leaves everything as given. Returns an exit code.
+static int resume_settings(mt_run_opts *o, mt_opt_pairs *given, mt_opt_pairs *overrides) {
+    char dir[4096];
+    if (mt_checkpoint_find(o->resume, dir) != 0) {
+        if (o->model[0] && o->data[0]) return MT_EXIT_OK;  // setup says there is none
+        mt_error_set("--resume %s: no checkpoint there to take the run's settings from: start the run with --model "
+                     "and --data (and --overwrite when the folder holds a run stopped before its first save)",
+                     o->resume);
+        return MT_EXIT_ERROR;
+    }
+    mt_opt_pairs stored = {0};
+    int rc = mt_ckpt_state_options(dir, &stored);
+    // A damaged latest: the settings of the checkpoint setup will fall back to (it says which).
+    if (rc < 0 && mt_checkpoint_find_verified(o->resume, dir) == 0) rc = mt_ckpt_state_options(dir, &stored);
+    if (rc != 0) {
+        mt_opt_pairs_free(&stored);
+        return rc > 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
+    }
+    mt_run_opts *was = mt_xmalloc(sizeof *was), *now = mt_xmalloc(sizeof *now);
+    mt_run_opts_default(was);
+    int code = MT_EXIT_OK;
+    for (int i = 0; i < stored.n && code == MT_EXIT_OK; i++)
+        if (mt_run_opts_set(was, stored.kv[2 * i], stored.kv[2 * i + 1]) != 0) {
+            mt_error_prefix("%s/state.json", dir);
+            code = MT_EXIT_ERROR;
+        }
+    memcpy(now, was, sizeof *now);
+    for (int i = 0; i < given->n && code == MT_EXIT_OK; i++) {
+        const char *key = given->kv[2 * i], *value = given->kv[2 * i + 1];
+        int last = 1;  // a key given twice (a --config file's, then a flag): the last one counts
+        for (int j = i + 1; j < given->n && last; j++) last = strcmp(given->kv[2 * j], key) != 0;
+        if (last && mt_opt_changes_run(key) && mt_run_opts_differs(was, key, value) == 1) {
+            const char *before = mt_opt_pairs_get(&stored, key);
+            char change[2100];
+            snprintf(change, sizeof change, "%.1000s -> %.1000s", before ? before : "(default)", value);
+            if (!o->resume_override) {
+                mt_error_set("--%s %s changes the run being resumed (it was %s, %s/state.json): leave it out to "
+                             "continue the run as it was, or add --resume-override to change it (logged in "
+                             "metrics.jsonl)", key, value, before ? before : "the default", dir);
+                code = MT_EXIT_USAGE;
+                break;
+            }
+            mt_opt_pairs_add(overrides, key, change);
+        }
+        if (mt_run_opts_set(now, key, value) != 0) code = MT_EXIT_USAGE;
+    }
+    if (code == MT_EXIT_OK) {
+        // the resume flags themselves stay as given
+        memcpy(now->resume, o->resume, sizeof o->resume);
+        now->resume_override = o->resume_override, now->overwrite = o->overwrite;
+        memcpy(o, now, sizeof *o);
+        for (int i = 0; i < given->n; i++) mt_opt_pairs_add(&stored, given->kv[2 * i], given->kv[2 * i + 1]);
+        mt_opt_pairs_free(given);
+        *given = stored;
+        mt_info("resuming %s with the settings it was started with%s", dir,
+                overrides->n ? " and the overrides below" : "");
+    } else {
+        mt_opt_pairs_free(&stored);
+    }
+    free(was), free(now);
+    return code;
+}
+
 int cmd_train(int argc, char **argv) {
     if (mt_args_want_help(argc, argv)) {
-        printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n\n");
+        printf("usage: moetrain [train] --model DIR --data FILE [--mode lora|router|unfreeze|full] [FLAGS]\n"
+               "       moetrain [train] --resume OUT     (continue a stopped run with its own settings)\n\n");
         mt_run_opts_print_help(stdout);
-        printf("\nexit codes: 0 done; 1 error (message on stderr); 2 bad flag or value; 3 the plan does not fit;\n"
-               "  4 out of memory; 130 stopped by SIGINT, 143 by SIGTERM (after saving a checkpoint: resume\n"
-               "  with --resume OUT)\n");
+        printf("\n");
+        mt_exit_codes_print(stdout);
         return MT_EXIT_OK;
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
-    if (mt_run_opts_parse(&o, argc, argv) != 0) {
+    mt_opt_pairs given = {0}, overrides = {0};
+    if (mt_run_opts_parse_cmd(&o, argc, argv, "train", &given) != 0) {
         fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+        mt_opt_pairs_free(&given);
         return MT_EXIT_USAGE;
+    }
+    int rc = o.resume[0] ? resume_settings(&o, &given, &overrides) : MT_EXIT_OK;
+    if (rc != MT_EXIT_OK) {
+        fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+        mt_opt_pairs_free(&given), mt_opt_pairs_free(&overrides);
+        return rc;
     }
     trainer t;
     memset(&t, 0, sizeof t);
     t.o = &o;
-    int rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : MT_EXIT_ERROR;
-    if (rc != MT_EXIT_OK) fprintf(stderr, "moetrain train: %s\n", mt_error_get());
-    else if (t.exit_code) rc = t.exit_code;
+    t.given = &given, t.overrides = &overrides;
+    rc = setup(&t) == 0 && run(&t) == 0 ? MT_EXIT_OK : t.fail_code ? t.fail_code : MT_EXIT_ERROR;
+    if (rc != MT_EXIT_OK) {
+        if (t.ranks > 1) fprintf(stderr, "moetrain train: [rank %d/%d] %s\n", t.rank, t.ranks, mt_error_get());
+        else fprintf(stderr, "moetrain train: %s\n", mt_error_get());
+    } else if (t.exit_code) {
+        rc = t.exit_code;
+    }
     if (t.m.be) teardown(&t);
     end_ranks(&t);
+    mt_opt_pairs_free(&given), mt_opt_pairs_free(&overrides);
     return rc;
 }

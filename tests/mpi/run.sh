@@ -123,6 +123,17 @@ same() {
 # One process is the reference. (It runs through plain check, which wraps it in mpirun -np 1.)
 train lora-1 1 "${lora[@]}" --batch 4
 train lora-ep2 2 "${lora[@]}" --batch 2 --ep 2
+# Under mpirun the progress is plain lines: Open MPI gives its ranks a pseudo-terminal even when
+# its own output is a file, and a carriage return or an escape there makes the log unreadable.
+if grep -q "step=5/5" "$out" && ! grep -q $'[\r\x1b]' "$out"; then
+  passed=$((passed + 1)); printf 'ok    %-38s\n' "progress under mpirun: plain lines"
+else
+  failed=$((failed + 1)); printf 'FAIL  %-38s carriage returns or escapes in the log\n' "progress under mpirun: plain lines"
+  od -c "$out" | grep -m3 -E '\\r|033' | sed 's/^/      | /'
+fi
+# An error that differs between ranks names the rank; rank 0's run lines carry none.
+check "errors name their rank" 2 fail 10 "^moetrain train: \[rank 1/2\] .*--gpus 3" MT_COMM_TIMEOUT=10 -- \
+  "$moetrain" train "${common[@]}" "${lora[@]}" --gpus 3 --out "$work/gpus3"
 train lora-ep4 4 "${lora[@]}" --batch 1 --ep 4
 train lora-ep2-dp2 4 "${lora[@]}" --batch 1 --ep 2
 train lora-dp2 2 "${lora[@]}" --batch 2
@@ -167,27 +178,29 @@ sed -e 's/"bos_token_id": null/"bos_token_id": 256/' \
   configs/tiny-olmoe.json >"$work/olmoe.json"
 sed -e 's/"decoder_sparse_step": 2/"decoder_sparse_step": 1/' \
   -e 's/"mlp_only_layers": \[\]/"mlp_only_layers": [2]/' configs/tiny-qwen2-moe.json >"$work/qwen2.json"
+# --seq 128 (their max_position_embeddings): the families' own chat templates (Qwen's default
+# system message) take more than 64 byte tokens before the answer.
 for fam in qwen3 olmoe qwen2; do
   "$moetrain" init --config "$work/$fam.json" --out "$work/$fam" --seed 3 >/dev/null
-  train "$fam-1" 1 "${lora[@]}" --batch 4 --model "$work/$fam"
-  train "$fam-ep2" 2 "${lora[@]}" --batch 2 --ep 2 --model "$work/$fam"
+  train "$fam-1" 1 "${lora[@]}" --batch 4 --seq 128 --model "$work/$fam"
+  train "$fam-ep2" 2 "${lora[@]}" --batch 2 --ep 2 --seq 128 --model "$work/$fam"
   same "$fam ep2 == one process" "$fam-1" "$fam-ep2" 1e-5 1e-3
 done
 # Qwen2-MoE: the shared experts' and dense MLPs' LoRA reduced over DP and sharded by ZeRO-1 as
 # attention's, saved once (the adapters hold the same tensors), resumed bit for bit; unfrozen
 # experts beside the replicated shared experts. (--mode full refuses --ep.)
-train qwen2-ep2-dp2-zero 4 "${lora[@]}" --batch 1 --ep 2 --zero 1 --model "$work/qwen2"
+train qwen2-ep2-dp2-zero 4 "${lora[@]}" --batch 1 --ep 2 --zero 1 --seq 128 --model "$work/qwen2"
 same "qwen2 ep2 dp2 ZeRO-1 == one process" qwen2-1 qwen2-ep2-dp2-zero 1e-5 1e-3
 check "resume qwen2 ep2 dp2 ZeRO-1 at step 3" 4 ok 30 "resumed from" MT_COMM_TIMEOUT=20 -- \
-  "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 --model "$work/qwen2" \
+  "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 --seq 128 --model "$work/qwen2" \
   --resume "$work/qwen2-ep2-dp2-zero/checkpoint-3" --out "$work/qwen2-resumed"
 same "qwen2 resumed == uninterrupted" qwen2-ep2-dp2-zero qwen2-resumed 0
 # An NF4 base: the shared experts' and dense MLP's projections 4-bit on every rank.
-train qwen2-nf4-1 1 "${lora[@]}" --quant nf4 --batch 4 --model "$work/qwen2"
-train qwen2-nf4-ep2 2 "${lora[@]}" --quant nf4 --batch 2 --ep 2 --model "$work/qwen2"
+train qwen2-nf4-1 1 "${lora[@]}" --quant nf4 --batch 4 --seq 128 --model "$work/qwen2"
+train qwen2-nf4-ep2 2 "${lora[@]}" --quant nf4 --batch 2 --ep 2 --seq 128 --model "$work/qwen2"
 same "qwen2 nf4 ep2 == one process" qwen2-nf4-1 qwen2-nf4-ep2 1e-5 1e-3
-train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --model "$work/qwen2"
-train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --model "$work/qwen2"
+train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --seq 128 --model "$work/qwen2"
+train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --seq 128 --model "$work/qwen2"
 same "qwen2 unfreeze ep2 == one process" qwen2-unfreeze-1 qwen2-unfreeze-ep2 1e-5 1e-3
 
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
@@ -209,6 +222,23 @@ check "resume lora-ep2-dp2-zero at step 3" 4 ok 30 "resumed from" MT_COMM_TIMEOU
   "$moetrain" train "${common[@]}" "${lora[@]}" --batch 1 --ep 2 --zero 1 \
   --resume "$work/lora-ep2-dp2-zero/checkpoint-3" --out "$work/lora-resumed"
 same "resumed == uninterrupted" lora-ep2-dp2-zero lora-resumed 0
+
+# README's mpirun line, as written (paths aside): 4 ranks on this machine's cores, as root in a
+# container, with the two flags README explains.
+readme=$(grep -m1 '^mpirun -np' README.md)
+readme=${readme//.\/build\/moetrain/$moetrain}
+readme=${readme//\/tmp\/tiny/$work/tiny}
+readme=${readme//my.jsonl/$work/data.jsonl}
+readme=${readme//\/tmp\/run4/$work/readme-run4}
+t0=$(date +%s%N)
+if timeout 90 bash -c "$readme" >"$out" 2>&1 && [ -f "$work/readme-run4/adapter/adapter_model.safetensors" ]; then
+  passed=$((passed + 1))
+  printf 'ok    %-38s %5d ms\n' "README's mpirun line" $(( ($(date +%s%N) - t0) / 1000000 ))
+else
+  failed=$((failed + 1))
+  printf 'FAIL  %-38s %s\n' "README's mpirun line" "$readme"
+  sed 's/^/      | /' "$out" | tail -20
+fi
 
 # check_kill NAME NP SIGNAL MAX_S PATTERN [VAR=VALUE ...]: once training is under way, rank 1
 # gets SIGNAL; every rank must be gone, mpirun exited non-zero, within MAX_S seconds of it.

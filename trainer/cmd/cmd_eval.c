@@ -187,6 +187,20 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
         }
         return 0;
     }
+    // A training run's output folder given for its product: name the file or folder to pass.
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/adapter_config.json", o->adapter);
+    if (!is_file(probe)) {
+        snprintf(probe, sizeof probe, "%s/trained.safetensors", o->adapter);
+        int trained = is_file(probe);
+        snprintf(probe, sizeof probe, "%s/adapter/adapter_config.json", o->adapter);
+        if (trained || is_file(probe)) {
+            mt_error_set("--adapter %s is a training run's output folder: pass %s/%s (what its --mode %s run wrote)",
+                         o->adapter, o->adapter, trained ? "trained.safetensors" : "adapter",
+                         trained ? "router, unfreeze or full" : "lora");
+            return -1;
+        }
+    }
     mt_peft_config pc;
     if (mt_peft_read(o->adapter, &pc, span_pair, &s) != 0) return -1;
     o->mode = MT_MODE_LORA;
@@ -369,7 +383,7 @@ int cmd_eval(int argc, char **argv) {
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
-    if (mt_run_opts_parse(&o, argc, argv) != 0) {
+    if (mt_run_opts_parse_cmd(&o, argc, argv, "eval", NULL) != 0) {
         fprintf(stderr, "moetrain eval: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }

@@ -17,9 +17,13 @@ static void generate_usage(FILE *out) {
     fprintf(out,
             "usage: moetrain generate --model DIR --prompt TEXT [--adapter DIR|FILE.safetensors]\n"
             "                         [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
-            "                         [--quant nf4|fp4|int4|none]\n\n"
-            "Encodes BOS + TEXT, then appends up to N tokens (default 64), stopping at EOS, and prints\n"
-            "the continuation. --temperature 0 (default) is greedy; above 0, tokens are sampled from\n"
+            "                         [--quant nf4|fp4|int4|none] [--chat-template NAME | --raw]\n\n"
+            "Encodes the prompt, then appends up to N tokens (default 64), stopping at EOS, and prints\n"
+            "the continuation and a newline. The prompt is rendered as the adapter was trained: an\n"
+            "adapter trained on \"messages\" rows gets TEXT as a user turn in the chat template it was\n"
+            "trained with (and the template's generation prompt), one trained on instruction rows the\n"
+            "Alpaca prompt; --chat-template NAME renders TEXT through that template whatever the\n"
+            "adapter; --raw (and a model without an adapter) encodes BOS + TEXT as given. --temperature 0 (default) is greedy; above 0, tokens are sampled from\n"
             "softmax(logits / T) restricted to the most likely ones whose probability reaches --top-p\n"
             "(default 1: all), reproducibly for a --seed.\n");
 }
@@ -106,6 +110,26 @@ int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g,
     return rc;
 }
 
+// A rendered prompt's segments as ids: BOS where the tokenizer adds one, EOS, encoded text.
+typedef struct {
+    const mt_tokenizer *tok;
+    mt_ids *ids;
+} gen_prompt;
+
+static int gen_emit(void *ctx, mt_seg_kind kind, const char *text, size_t len, int in_loss) {
+    (void)in_loss;
+    gen_prompt *g = ctx;
+    if (kind == MT_SEG_BOS) {
+        if (g->tok->add_bos) mt_ids_push(g->ids, g->tok->bos);
+        return 0;
+    }
+    if (kind == MT_SEG_EOS) {
+        mt_ids_push(g->ids, g->tok->eos);
+        return 0;
+    }
+    return mt_tokenizer_encode(g->tok, text, len, g->ids);
+}
+
 int cmd_generate(int argc, char **argv) {
     if (mt_args_want_help(argc, argv)) {
         generate_usage(stdout);
@@ -113,8 +137,16 @@ int cmd_generate(int argc, char **argv) {
     }
     mt_run_opts o;
     mt_run_opts_default(&o);
-    if (mt_run_opts_parse(&o, argc, argv) != 0) {
+    mt_opt_pairs given = {0};
+    int bad = mt_run_opts_parse_cmd(&o, argc, argv, "generate", &given);
+    int template_given = mt_opt_pairs_get(&given, "chat-template") != NULL;
+    mt_opt_pairs_free(&given);
+    if (bad) {
         fprintf(stderr, "moetrain generate: %s\n", mt_error_get());
+        return MT_EXIT_USAGE;
+    }
+    if (o.raw && template_given) {
+        fprintf(stderr, "moetrain generate: --raw and --chat-template exclude each other\n");
         return MT_EXIT_USAGE;
     }
     if (!o.model[0]) {
@@ -140,20 +172,46 @@ int cmd_generate(int argc, char **argv) {
     }
     g.eos = tok.eos;
     mt_ids prompt = {0}, out = {0};
-    if (tok.add_bos) mt_ids_push(&prompt, tok.bos);  // BPE models have none unless their config adds it
+    // How the adapter was trained (train writes it): its rows' forms and chat template.
+    mt_train_template rec = {0};
+    if (!o.raw && o.adapter[0] && mt_train_template_read(o.adapter, &rec) != 0) {
+        fprintf(stderr, "moetrain generate: %s\n", mt_error_get());
+        mt_tokenizer_free(&tok);
+        return MT_EXIT_ERROR;
+    }
+    const char *chat = o.raw ? NULL : template_given ? o.chat_template : rec.chat > 0 && rec.chat >= rec.instruction
+                                                                          ? rec.chat_template : NULL;
+    int alpaca = !o.raw && !chat && rec.instruction > 0;
     int rc = MT_EXIT_ERROR, hit_eos = 0;
     mt_backend *be = mt_backend_cpu_new();
     mt_model m;
     int loaded = 0;
     char *text = NULL;
     size_t text_len;
-    if (mt_tokenizer_encode(&tok, o.prompt, strlen(o.prompt), &prompt) != 0) goto done;
+    gen_prompt gp = {&tok, &prompt};
+    if (chat) {
+        mt_chat_template ct;
+        mt_chat_msg msg = {.role = "user", .content = o.prompt};
+        if (mt_chat_template_load(&ct, o.model, chat, tok.kind) != 0 ||
+            mt_chat_render_template(&ct, &msg, 1, 0, gen_emit, &gp) != 0)
+            goto done;
+        fprintf(stderr, "generate: the prompt as a user turn in the %s chat template%s (--raw: as given)\n",
+                chat, template_given ? "" : ", as the adapter was trained");
+    } else if (alpaca) {
+        if (mt_instruction_render(o.prompt, NULL, NULL, MT_PROMPT_ALPACA, gen_emit, &gp) != 0) goto done;
+        fprintf(stderr, "generate: the prompt as the instruction of the Alpaca template, as the adapter was trained "
+                        "(--raw: as given)\n");
+    } else {
+        if (tok.add_bos) mt_ids_push(&prompt, tok.bos);  // BPE models have none unless their config adds it
+        if (mt_tokenizer_encode(&tok, o.prompt, strlen(o.prompt), &prompt) != 0) goto done;
+    }
     if (mt_model_load_for_inference(&m, be, &o) != 0) goto done;
     loaded = 1;
     if (mt_generate(&m, prompt.v, (int)prompt.n, &g, &out, &hit_eos) != 0) goto done;
     if (mt_tokenizer_decode(&tok, out.v, out.n, &text, &text_len) != 0) goto done;
     fwrite(text, 1, text_len, stdout);
-    printf("\n");
+    if (!text_len || text[text_len - 1] != '\n') printf("\n");  // the output ends a line, once
+    fflush(stdout);
     fprintf(stderr, "generate: prompt_tokens=%zu new_tokens=%zu stop=%s mode=%s quant=%s\n", prompt.n, out.n,
             hit_eos ? "eos" : "max_new_tokens", mt_mode_name(o.mode), mt_quant_name(o.quant));
     rc = MT_EXIT_OK;

@@ -396,7 +396,7 @@ int cmd_merge(int argc, char **argv) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.quant = QUANT_UNSET;  // merge's default: the training run's base (below)
-    if (mt_run_opts_parse(&o, nrest, rest) != 0) {
+    if (mt_run_opts_parse_cmd(&o, nrest, rest, "merge", NULL) != 0) {
         fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
         goto out;
     }

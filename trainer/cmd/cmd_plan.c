@@ -24,13 +24,13 @@ static void plan_usage(FILE *out) {
 }
 
 // A case sets the run first; flags and --config given beside it override its settings.
-static int parse_opts(int argc, char **argv, mt_run_opts *o) {
+static int parse_opts(int argc, char **argv, mt_run_opts *o, mt_opt_pairs *given) {
     mt_run_opts_default(o);
-    if (mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    if (mt_run_opts_parse_cmd(o, argc, argv, "plan", given) != 0) return -1;
     if (!o->plan_case) return 0;
     char which = o->plan_case;
     mt_run_opts_default(o);
-    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_parse_cmd(o, argc, argv, "plan", NULL) != 0) return -1;
     o->plan_case = which;
     return 0;
 }
@@ -83,7 +83,14 @@ int cmd_plan(int argc, char **argv) {
         return MT_EXIT_OK;
     }
     mt_run_opts o;
-    if (parse_opts(argc, argv, &o) != 0) {
+    mt_opt_pairs given = {0};
+    int bad = parse_opts(argc, argv, &o, &given);
+    // A plan is per GPU unless the run is named a cpu one (--device cpu): then no CUDA context.
+    const char *dev = mt_opt_pairs_get(&given, "device") ? mt_opt_pairs_get(&given, "device")
+                                                         : mt_opt_pairs_get(&given, "backend");
+    int cpu = dev && strcmp(dev, "cpu") == 0, seq_given = mt_opt_pairs_get(&given, "seq") != NULL;
+    mt_opt_pairs_free(&given);
+    if (bad) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
@@ -92,6 +99,14 @@ int cmd_plan(int argc, char **argv) {
     int rc = load_model(&o, &cfg, name, sizeof name);
     if (rc != MT_EXIT_OK) return rc;
 
+    // --seq past max_position_embeddings, as train takes it: the default capped, a given one warned of
+    if (!o.max_seq && !o.plan_case && cfg.max_positions > 0 && o.seq > cfg.max_positions) {
+        if (seq_given)
+            mt_warn("--seq %lld is above the model's max_position_embeddings %lld: train refuses it (--max-seq stops "
+                    "there)", (long long)o.seq, (long long)cfg.max_positions);
+        else
+            o.seq = cfg.max_positions;
+    }
     // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step.
     char recompute[256] = "";
     if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute) != 0) {
@@ -99,6 +114,7 @@ int cmd_plan(int argc, char **argv) {
         return MT_EXIT_USAGE;
     }
     mt_plan_opts po = mt_run_opts_plan(&o);
+    po.cpu = cpu;
     if (o.max_seq) return max_seq(&o, &cfg, &po);
     mt_plan plan;
     if (mt_plan_compute(&cfg, &po, &plan) != 0) {

@@ -155,7 +155,7 @@ typedef struct {
 static int parse_args(qargs *a, mt_run_opts *o, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     mt_run_opts_default(o);
-    if (mt_run_opts_parse(o, argc, argv) != 0) return -1;
+    if (mt_run_opts_parse_cmd(o, argc, argv, "quantize", NULL) != 0) return -1;
     if (o->quant == MT_QUANT_NONE) {
         mt_error_set("--quant: 'none' writes nothing 4-bit (nf4, fp4 or int4)");
         return -1;

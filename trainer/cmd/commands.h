@@ -61,6 +61,19 @@ typedef struct mt_gen_opts {
 // whether EOS ended it. 0, or -1 with an error (bad options, a token outside the vocabulary).
 int mt_generate(mt_model *m, const int32_t *prompt, int n, const mt_gen_opts *g, mt_ids *out, int *hit_eos);
 
+// What an adapter was trained on, for `generate` to render its prompt alike: the rows' forms and
+// the chat template ("messages" rows). train writes it as training_template.json beside the
+// adapter's files (OUT/adapter/) or beside trained.safetensors (OUT/); trainer/train_template.c.
+typedef struct mt_train_template {
+    char chat_template[32];  // mt_chat_style_name of the template used ("" when none)
+    int64_t text, instruction, chat, pretokenized;
+} mt_train_template;
+#define MT_TRAIN_TEMPLATE_FILE "training_template.json"
+int mt_train_template_write(const char *dir, const mt_train_template *t);
+// From an --adapter (a folder, or a .safetensors file: its folder). 0 with *t zeroed when there is
+// none (an adapter from elsewhere), -1 with an error when it is unreadable.
+int mt_train_template_read(const char *adapter, mt_train_template *t);
+
 // ---------------------------------------------------------------------------------------------
 // What written models and adapters carry beside their tensors (trainer/cmd/model_record.c)
 

@@ -185,8 +185,9 @@ int cmd_demo(int argc, char **argv) {
     if (cmd_init(6, init_argv) != 0) goto fail;
     mt_info("demo 2/4: full-mode pretraining to copy words (%d steps)", pre_steps);
     char *pre_argv[] = {"--model", p[1], "--data", p[2], "--out", p[5], "--mode", "full", "--quant", "none",
-                        "--seq", "32", "--batch", "16", "--steps", steps_pre, "--lr", "5e-3", "--warmup", "20"};
-    if (run(20, pre_argv) != 0) goto fail;
+                        "--seq", "32", "--batch", "16", "--steps", steps_pre, "--lr", "5e-3", "--warmup", "20",
+                        "--overwrite"};  // a demo run again replaces its own outputs
+    if (run(21, pre_argv) != 0) goto fail;
     // The pretrained weights become a checkpoint of their own: full mode saved every tensor.
     snprintf(from, sizeof from, "%s/trained.safetensors", p[5]);
     snprintf(to, sizeof to, "%s/model.safetensors", p[6]);
@@ -199,8 +200,8 @@ int cmd_demo(int argc, char **argv) {
     mt_info("demo 3/4: LoRA r=16 on every expert, NF4 base, %d steps", lora_steps);
     char *lora_argv[] = {"--model", p[6], "--data", p[3], "--out", p[7], "--mode", "lora", "--r", "16",
                          "--experts", "all", "--quant", "nf4", "--seq", "32", "--batch", "16",
-                         "--steps", steps_lora, "--lr", "5e-3", "--warmup", "10"};
-    if (run(24, lora_argv) != 0) goto fail;
+                         "--steps", steps_lora, "--lr", "5e-3", "--warmup", "10", "--overwrite"};
+    if (run(25, lora_argv) != 0) goto fail;
     snprintf(adapter, sizeof adapter, "%s/adapter", p[7]);
     if (score(p[6], adapter, p[4], &acc1, &loss1) != 0) goto fail;
     mt_info("demo 4/4: after fine-tuning:  vowel-capitalising exact match %.0f%%, loss %.3f", 100 * acc1, loss1);
