@@ -61,7 +61,7 @@ static const opt_def opt_table[] = {
     {"offload-optimizer", OPT_BOOL, F(offload_optimizer), 0, "Adam state and master weights in host memory"},
     {"adam-8bit", OPT_BOOL, F(adam_8bit), 0, "8-bit Adam state"},
     {"master-weights", OPT_BOOL, F(master_weights), 0, "fp32 master copy of bf16 trainables (default on)"},
-    {"gpu-mem", OPT_BYTES, F(gpu_mem_bytes), 0, "memory per GPU, e.g. 44GB or 40GiB"},
+    {"gpu-mem", OPT_BYTES, F(gpu_mem_bytes), 0, "memory per GPU, e.g. 44GB or 40GiB (default: a cuda run the card's, plan 44GB)"},
     {"workspace", OPT_BYTES, F(workspace_bytes), 0, "workspace per GPU (default: the planner's guess)"},
     {"device", OPT_STR, F(backend), S(backend), "cpu | cuda (same as --backend)"},
     {"steps", OPT_I64, F(steps), 0, "optimizer steps (0: from --epochs)"},
@@ -298,7 +298,7 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
     o->checkpointing = c.mode;
     const char *by = c.measured ? "the measured step" : "the plan";
-    const char *where = cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
+    const char *where = gpu == MT_GPU_MEM_OF_CARD ? "the card" : cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
     double need = (double)c.total * scale + reserve;
     if (c.fits)
         snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.3g GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,

@@ -423,13 +423,19 @@ static int setup(trainer *t) {
     run_id(o, &cfg, t->run_id, sizeof t->run_id);
     if (t->world && mt_comm_check_same(t->world, "run options", mt_hash_string(t->run_id)) != 0) return -1;
     if (t->rank == 0) mt_note_quant_on_load(&cfg, o, "train");
+    // Without --gpu-mem a cuda run plans for the card it has (the default 44 GB is for `plan`): an
+    // 80 GB H100 keeps what a 44 GB card would recompute.
+    size_t dev_free, dev_total;
+    int gpu_mem_given = t->given && mt_opt_pairs_get(t->given, "gpu-mem"), gpu = strcmp(o->backend, "cpu") != 0;
+    if (!gpu_mem_given && t->be->ops->kind == MT_BACKEND_CUDA && mt_cuda_mem_info(t->be, &dev_free, &dev_total) == 0)
+        o->gpu_mem_bytes = (double)dev_total, gpu = MT_GPU_MEM_OF_CARD;
     // --recompute auto: the least recomputation that fits this device, the same on every rank.
     char recompute[256];
-    if (mt_run_opts_resolve_recompute(o, &cfg, strcmp(o->backend, "cpu") != 0, recompute, sizeof recompute) != 0)
+    if (mt_run_opts_resolve_recompute(o, &cfg, gpu, recompute, sizeof recompute) != 0)
         return -1;
     if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
     // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
-    int fit = print_plan(&cfg, o, recompute, t->given && mt_opt_pairs_get(t->given, "gpu-mem"), t->rank == 0);
+    int fit = print_plan(&cfg, o, recompute, gpu_mem_given, t->rank == 0);
     if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
     if (fit) return -1;
     mt_backend *be = t->be;
