@@ -126,3 +126,9 @@ char *mt_xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     return memcpy(mt_xmalloc(n), s, n);
 }
+
+int mt_str_in(const char *const *list, size_t n, const char *s) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], s) == 0) return 1;
+    return 0;
+}

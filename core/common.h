@@ -80,6 +80,9 @@ static inline int mt_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 
+// Whether s is one of the n strings of list (the parsers' field policies).
+int mt_str_in(const char *const *list, size_t n, const char *s);
+
 #define MT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MT_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -96,12 +96,6 @@ static const char *const PEFT_IGNORED[] = {
 // adapter_model.safetensors): exclude_modules, layers_to_transform, layers_pattern. How the weights
 // were initialised (init_lora_weights, loftq/eva/corda configs) does not change what they compute.
 
-static int in_list(const char *const *list, size_t n, const char *key) {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(list[i], key) == 0) return 1;
-    return 0;
-}
-
 // Off: null, false, 0, "" or an empty list/object (the value PEFT writes when a feature is unused).
 static int value_off(const cJSON *v) {
     return cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
@@ -110,8 +104,8 @@ static int value_off(const cJSON *v) {
 
 static int check_fields(const cJSON *root, const char *path) {
     for (const cJSON *c = root->child; c; c = c->next) {
-        if (!c->string || in_list(PEFT_READ, MT_ARRAY_LEN(PEFT_READ), c->string) ||
-            in_list(PEFT_IGNORED, MT_ARRAY_LEN(PEFT_IGNORED), c->string) || value_off(c))
+        if (!c->string || mt_str_in(PEFT_READ, MT_ARRAY_LEN(PEFT_READ), c->string) ||
+            mt_str_in(PEFT_IGNORED, MT_ARRAY_LEN(PEFT_IGNORED), c->string) || value_off(c))
             continue;
         // fan_in_fan_out, lora_bias, modules_to_save, use_qalora, layer_replication,
         // trainable_token_indices, megatron_config, alora_invocation_tokens, and whatever PEFT

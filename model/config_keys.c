@@ -5,6 +5,7 @@
 // included), and fields found in published checkpoints of them.
 #include <string.h>
 
+#include "core/common.h"
 #include "model/config.h"
 
 // Read by model/config.c for every family (values checked there).
@@ -38,12 +39,6 @@ static const char *const IGNORED[] = {
     "max_window_layers",
 };
 
-static int in(const char *const *list, size_t n, const char *key) {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(list[i], key) == 0) return 1;
-    return 0;
-}
-
 // Fields of the family's optional parts (model/family.h), read by model/config.c.
 static int family_reads(const mt_family *f, const char *key) {
     const char *own[] = {
@@ -66,9 +61,9 @@ static int family_reads(const mt_family *f, const char *key) {
 }
 
 mt_config_key_class mt_config_key_classify(const mt_family *f, const char *key) {
-    if (in(READ_ALWAYS, sizeof READ_ALWAYS / sizeof *READ_ALWAYS, key) || family_reads(f, key))
+    if (mt_str_in(READ_ALWAYS, sizeof READ_ALWAYS / sizeof *READ_ALWAYS, key) || family_reads(f, key))
         return MT_CONFIG_KEY_READ;
-    if (in(IGNORED, sizeof IGNORED / sizeof *IGNORED, key)) return MT_CONFIG_KEY_IGNORED;
+    if (mt_str_in(IGNORED, sizeof IGNORED / sizeof *IGNORED, key)) return MT_CONFIG_KEY_IGNORED;
     // Another family's field (OLMoE's clip_qkv in a Mixtral config, Qwen's mlp_only_layers in an
     // OLMoE one): this family's modeling code, in transformers 4.57 and 5.x, does not read it.
     for (int i = 0; i < MT_FAMILY_COUNT; i++)
