@@ -10,10 +10,11 @@
 extern "C" {
 #endif
 
-// out [n] = x [n] · factor(i) (accumulate 0) or out [n] += x [n] · factor(i) (1), bf16 contiguous;
-// factor from lora/lora_dropout.h's hash of (seed, i): the CPU's mask, element for element.
-void mt_lora_dropout_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *x, int64_t n, uint64_t seed, float p,
-                          int accumulate);
+// out [rows, width] = x [rows, width] · factor (accumulate 0) or out += x · factor (1), bf16, rows
+// ldo and ldx elements apart; factor of element (r, j) from lora/lora_dropout.h's hash of
+// (seed, r·width + j): the CPU's mask of the contiguous matrix, element for element.
+void mt_lora_dropout_cuda(mt_backend *be, mt_bf16 *out, int64_t ldo, const mt_bf16 *x, int64_t ldx, int64_t rows,
+                          int64_t width, uint64_t seed, float p, int accumulate);
 
 #ifdef __cplusplus
 }

@@ -12,14 +12,14 @@ static void gemm(mt_tensor c, mt_tensor a, mt_tensor b, int ta, int tb, float al
     if (mt_matmul(&c, &a, &b, ta, tb, alpha, beta) != 0) mt_fatal(MT_EXIT_ERROR, "lora: matmul: %s", mt_error_get());
 }
 
-// out [n, in] = dropout(x) (accumulate 0) or out += dropout(x) (1), x and out contiguous.
-static void dropout(const mt_lora *l, void *out, const void *x, int64_t n, int accumulate) {
+// out [rows, in] = dropout(x) (accumulate 0) or out += dropout(x) (1), x and out contiguous.
+static void dropout(const mt_lora *l, void *out, const void *x, int64_t rows, int accumulate) {
     mt_backend *be = l->a->be;
     if (be->ops->kind != MT_BACKEND_CUDA) return;  // null: nothing runs
 #ifdef MT_CUDA
-    mt_lora_dropout_cuda(be, out, x, n, l->dropout_seed, l->dropout, accumulate);
+    mt_lora_dropout_cuda(be, out, l->in, x, l->in, rows, l->in, l->dropout_seed, l->dropout, accumulate);
 #else
-    (void)out, (void)x, (void)n, (void)accumulate;
+    (void)out, (void)x, (void)rows, (void)accumulate;
 #endif
 }
 
@@ -57,7 +57,7 @@ void mt_lora_forward_dev(const mt_lora *l, const mt_tensor *y, const mt_tensor *
     mt_backend *be = l->a->be;
     size_t xbytes = mt_dtype_bytes(x->dtype, (size_t)(n * l->in)), at = 0;
     void *xd = l->dropout > 0.0f ? take(l, sc, &at, xbytes) : NULL;
-    if (l->dropout > 0.0f) dropout(l, xd, x->data, n * l->in, 0);
+    if (l->dropout > 0.0f) dropout(l, xd, x->data, n, 0);
     mt_tensor xin = l->dropout > 0.0f ? mt_view2(be, xd, x->dtype, n, l->in, 0) : *x;
     gemm(*xa, xin, weight(l->a), 0, 1, 1.0f, 0.0f);         // xa = dropout(x) · Aᵀ
     gemm(*y, *xa, weight(l->b), 0, 1, l->scale, 1.0f);      // y += scale · xa · Bᵀ
@@ -77,12 +77,12 @@ void mt_lora_backward_dev(const mt_lora *l, const mt_tensor *dx, const mt_tensor
     size_t xbytes = mt_dtype_bytes(x->dtype, (size_t)(n * l->in));
     int drop = l->dropout > 0.0f;
     mt_tensor buf = drop ? mt_view2(be, take(l, sc, &at, xbytes), x->dtype, n, l->in, 0) : *x;
-    if (drop) dropout(l, buf.data, x->data, n * l->in, 0);
+    if (drop) dropout(l, buf.data, x->data, n, 0);
     gemm(weight(l->da), dxa, buf, 1, 0, 1.0f, 1.0f);        // dA += dxaᵀ · dropout(x)
     if (dx && !drop) gemm(*dx, dxa, weight(l->a), 0, 0, 1.0f, 1.0f);  // dx += dxa · A
     if (dx && drop) {  // the same stream: the dA GEMM has read buf before this one overwrites it
         gemm(buf, dxa, weight(l->a), 0, 0, 1.0f, 0.0f);
-        dropout(l, dx->data, buf.data, n * l->in, 1);      // dx += dropout'(dxa · A)
+        dropout(l, dx->data, buf.data, n, 1);      // dx += dropout'(dxa · A)
     }
     if (drop) give(l, sc, buf.data, xbytes);
     give(l, sc, dxa.data, dbytes);

@@ -34,6 +34,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "core/profile.h"
+#include "lora/lora_cuda.h"
 #include "lora/lora_dropout.h"
 #include "model/grouped_cuda.h"
 #include "quant/quant.h"
@@ -43,17 +44,7 @@ typedef __nv_bfloat16 bf16;
 enum { THREADS = 256 };
 
 // ---------------------------------------------------------------------------------------------
-// Kernels (rows over blocks, columns over threads: no division per element)
-
-// out [n, w] (row stride ldo) = in [n, w] (ldi) · mask, bf16, rounded once as
-// mt_lora_dropout_cuda rounds.
-static __global__ void drop_copy_kernel(bf16 *__restrict__ out, int64_t ldo, const bf16 *__restrict__ in, int64_t ldi,
-                                        int64_t n, int64_t w, uint64_t seed, float p) {
-    for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
-        for (int64_t j = threadIdx.x; j < w; j += blockDim.x)
-            out[r * ldo + j] =
-                __float2bfloat16_rn(__bfloat162float(in[r * ldi + j]) * mt_lora_dropout_factor(seed, p, (uint64_t)(r * w + j)));
-}
+// Kernel (rows over blocks, columns over threads: no division per element)
 
 static __device__ __forceinline__ float load(const float *p) { return *p; }
 static __device__ __forceinline__ float load(const bf16 *p) { return __bfloat162float(*p); }
@@ -83,10 +74,9 @@ static void drop_add(cudaStream_t s, mt_tensor *c, const float *t, int64_t n, in
     MT_CHECK_LAUNCH();
 }
 
-static void drop_copy(cudaStream_t s, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
-    int64_t n = in->shape[0];
-    drop_copy_kernel<<<row_blocks(n), THREADS, 0, s>>>(out, ldo, (const bf16 *)in->data, mt_tensor_ld(in), n, w, seed, p);
-    MT_CHECK_LAUNCH();
+// out [rows of in, w] (row stride ldo) = drop(in): lora/lora_cuda.h's masked copy, on be's stream.
+static void drop_copy(mt_backend *be, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
+    mt_lora_dropout_cuda(be, (mt_bf16 *)out, ldo, (const mt_bf16 *)in->data, mt_tensor_ld(in), in->shape[0], w, seed, p, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -100,26 +90,38 @@ static void matmul(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, int ta,
 // The two scratch slots and the events that hand them between the streams.
 typedef struct {
     mt_backend *be;
-    cudaStream_t main, deq;  // deq == main when profiling (or no 4-bit expert)
+    cudaStream_t main, deq;  // deq == main when profiling (or no 4-bit expert): no events then
     bf16 *slot[2];
     cudaEvent_t ready[2], freed[2];
     int used[2], next;
 } slots;
 
+// The four events that hand the slots between the streams: made once per device and reused by
+// every call (a wait takes the event's latest record when it is issued), not made and destroyed
+// per call on the step's path.
+static cudaEvent_t *slot_events(void) {
+    enum { MAX_DEVICES = 64 };
+    static cudaEvent_t ev[MAX_DEVICES][4];
+    static int made[MAX_DEVICES];
+    int d;
+    MT_CHECK_CUDA(cudaGetDevice(&d));
+    if (d < 0 || d >= MAX_DEVICES) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): device %d beyond %d", d, MAX_DEVICES);
+    for (int i = 0; !made[d] && i < 4; i++) MT_CHECK_CUDA(cudaEventCreateWithFlags(&ev[d][i], cudaEventDisableTiming));
+    made[d] = 1;
+    return ev[d];
+}
+
 static void slots_open(slots *S, mt_backend *be, cudaStream_t main, void *scratch, size_t slot_elems) {
     S->be = be, S->main = main, S->deq = main, S->next = 0;
     S->used[0] = S->used[1] = 0;
     S->slot[0] = (bf16 *)scratch, S->slot[1] = scratch ? (bf16 *)scratch + slot_elems : NULL;
-    if (!scratch) return;
-    if (!mt_prof_active) S->deq = (cudaStream_t)mt_cuda_backend_side_stream(be);
-    for (int i = 0; i < 2; i++) {
-        MT_CHECK_CUDA(cudaEventCreateWithFlags(&S->ready[i], cudaEventDisableTiming));
-        MT_CHECK_CUDA(cudaEventCreateWithFlags(&S->freed[i], cudaEventDisableTiming));
-    }
-    if (S->deq != main) {  // the scratch was allocated on the main stream: the side waits for that
-        MT_CHECK_CUDA(cudaEventRecord(S->freed[1], main));
-        MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[1], 0));
-    }
+    if (!scratch || mt_prof_active) return;
+    S->deq = (cudaStream_t)mt_cuda_backend_side_stream(be);
+    cudaEvent_t *ev = slot_events();  // the backend's device is current (mt_cuda_begin)
+    S->ready[0] = ev[0], S->ready[1] = ev[1], S->freed[0] = ev[2], S->freed[1] = ev[3];
+    // the scratch was allocated on the main stream: the side waits for that
+    MT_CHECK_CUDA(cudaEventRecord(S->freed[1], main));
+    MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[1], 0));
 }
 
 // The next slot, once the GEMM that last read it is past (its refill waits for that).
@@ -167,14 +169,6 @@ static void slot_done(slots *S) {
     S->used[i] = 1, S->next ^= 1;
 }
 
-static void slots_close(slots *S) {
-    if (!S->slot[0]) return;
-    for (int i = 0; i < 2; i++) {  // destroying a recorded event is fine: it is freed once complete
-        MT_CHECK_CUDA(cudaEventDestroy(S->ready[i]));
-        MT_CHECK_CUDA(cudaEventDestroy(S->freed[i]));
-    }
-}
-
 // Dense W (a LoRA's A or B, an unfrozen expert) for every expert with rows: the products as one
 // cublasGemmGroupedBatchedEx call. Dropout as in the per-expert path: A's masked copies first, or
 // the f32 products masked into C after. Returns 0 (nothing done) when the call does not qualify:
@@ -204,7 +198,7 @@ static int gemm_dense_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, con
         m[i] = rows, k[i] = K, pb[i] = g->w[e]->data;
         if (copy_a) {
             bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * K;
-            drop_copy(st, D, K, &A, K, g->seed[e], g->p);
+            drop_copy(be, D, K, &A, K, g->seed[e], g->p);
             pa[i] = D;
         } else {
             pa[i] = A.data;
@@ -270,7 +264,6 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
         if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
         slot_done(&S);
     }
-    slots_close(&S);
     return 1;
 }
 
@@ -293,7 +286,7 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         mt_tensor A = mt_view_rows(a, r0, n), C = mt_view_rows(c, r0, n);
         if (g->seed && g->drop_a) {  // C = alpha·drop(A)·op(W) + beta·C
             mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, K, 0);
-            drop_copy(st, (bf16 *)D.data, K, &A, K, g->seed[e], g->p);
+            drop_copy(be, (bf16 *)D.data, K, &A, K, g->seed[e], g->p);
             matmul(&C, &D, &W, 0, g->trans, g->alpha, g->beta);
         } else if (g->seed) {  // C = alpha·drop(A·op(W)) + beta·C
             mt_tensor T = mt_view2(be, drop_scratch, MT_F32, n, N, 0);
@@ -304,7 +297,6 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         }
         if (q) slot_done(&S);
     }
-    slots_close(&S);
 }
 
 // G_e = alpha·X[rows e]ᵀ·drop(Y[rows e]) + beta·G_e for every expert with a G: the experts with
@@ -331,7 +323,7 @@ extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, con
         mt_tensor X = mt_view_rows(x, r0, rows), Y = mt_view_rows(y, r0, rows);
         if (gr->seed) {
             bf16 *D = (bf16 *)drop_scratch + (r0 - row0) * N;
-            drop_copy(st, D, N, &Y, N, gr->seed[e], gr->p);
+            drop_copy(be, D, N, &Y, N, gr->seed[e], gr->p);
             Y = mt_view2(be, D, MT_BF16, rows, N, 0);
         }
         m[n] = M, k[n] = rows, pa[n] = X.data, pb[n] = Y.data, pc[n] = G->data;
