@@ -501,6 +501,18 @@ static __global__ void group_ptrs_kernel(const __grid_constant__ group_ptrs P, i
     if (i < n) out[i] = P.a[i], out[MT_GEMM_GROUP_MAX + i] = P.b[i], out[2 * MT_GEMM_GROUP_MAX + i] = P.c[i];
 }
 
+// Whether cublasGemmGroupedBatchedEx takes the problems (else one cublasGemmEx each). Seen on the
+// H100 (cuBLAS 13.1, 2026-11-27, docs/gpu-results.md): an f32 C is CUBLAS_STATUS_NOT_SUPPORTED
+// (its type table: A = B = C), and the call faults ('misaligned address') on pointers that are
+// not 16-byte aligned: it reads them on the device and cannot choose a kernel by them, as
+// cublasGemmEx does. Row strides that keep every row 16-byte aligned, for the same reason.
+static bool grouped_call_ok(const mt_gemm_group *g, const group_ptrs *P, int n) {
+    if (g->tc != MT_BF16 || (g->lda | g->ldb | g->ldc) % 8) return false;
+    for (int i = 0; i < n; i++)
+        if (((uintptr_t)P->a[i] | (uintptr_t)P->b[i] | (uintptr_t)P->c[i]) % 16) return false;
+    return true;
+}
+
 static int group_fail(const char *fmt, int i, long long x) {
     mt_error_set(fmt, i, x);
     return -1;
@@ -550,9 +562,16 @@ extern "C" int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g) {
     if (mt_prof_active) mt_prof_count(flops, bytes);
     const void **dev = (const void **)g->ptrs;
     if (!dev) return mt_error_set("mt_cuda_gemm_grouped: no pointer scratch"), -1;
+    cudaDataType_t ct = g->tc == MT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    if (!grouped_call_ok(g, &P, n)) {  // one cublasGemmEx per problem: it sees each pointer
+        for (int i = 0; i < n; i++)
+            MT_CHECK_CUBLAS(cublasGemmEx(cx->blas, ta[i], tb[i], mm[i], nn[i], kk[i], &alpha[i], P.a[i], CUDA_R_16BF,
+                                         lda[i], P.b[i], CUDA_R_16BF, ldb[i], &beta[i], P.c[i], ct, ldc[i],
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return 0;
+    }
     group_ptrs_kernel<<<1, MT_GEMM_GROUP_MAX, 0, cx->stream>>>(P, n, dev);
     MT_CHECK_CUDA(cudaGetLastError());
-    cudaDataType_t ct = g->tc == MT_F32 ? CUDA_R_32F : CUDA_R_16BF;
     MT_CHECK_CUBLAS(cublasGemmGroupedBatchedEx(cx->blas, ta, tb, mm, nn, kk, alpha, dev, CUDA_R_16BF, lda,
                                                dev + MT_GEMM_GROUP_MAX, CUDA_R_16BF, ldb, beta,
                                                (void *const *)(dev + 2 * MT_GEMM_GROUP_MAX), ct, ldc, n, size,

@@ -148,7 +148,9 @@ static void run_gemm(mt_backend *gpu, const gcase *t) {
             }
             v = v * t->alpha + t->beta * old;
             double tol = 1e-5 * mag * fabs(t->alpha) + 1e-6 * fabs(t->beta * old) + 1e-30;
-            if (t->cdt == MT_BF16) tol += fabs(v) / 250.0;  // bf16 rounding: at most 2^-8·|v| (8 significant bits)
+            // bf16 output: one unit in the last place, 2^-7·|v| (8 significant bits). Half of that is one
+            // correct rounding; cuBLAS on the H100 came 0.75 ulp off (2026-11-27: its epilogue may round twice).
+            if (t->cdt == MT_BF16) tol += fabs(v) / 128.0;
             double err = fabs((double)have - v) / tol;
             checked++;
             if (!(err <= worst)) worst = err, worst_at = r * ldc + j;  // NaN counts as worst
@@ -297,7 +299,7 @@ static void run_tn(mt_backend *gpu, const gtcase *t) {
                 }
                 float v = (float)acc * t->alpha + t->beta * old;
                 double tol = 1e-5 * mag * fabs(t->alpha) + 1e-6 * fabs(t->beta * old) + 1e-30;
-                if (t->gdt == MT_BF16) tol += fabs(v) / 250.0;
+                if (t->gdt == MT_BF16) tol += fabs(v) / 128.0;  // one ulp, as run_gemm
                 double err = fabs((double)have - v) / tol;
                 cr_assert(err <= 1.0, "expert %d: G[%d][%d] = %g, reference %g (%.2f of the tolerance)", e, m, n,
                           (double)have, (double)v, err);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "runtime.h"
@@ -64,6 +65,47 @@ struct Group {
     int m, n, k, lda, ldb, ldc, size;
     float alpha, beta;
 };
+
+// C = alpha·op(A)·op(B) + beta·C of one problem (column-major), its operands checked as device memory.
+void gemm(const Group &g, const void *A, cudaDataType_t Atype, const void *B, cudaDataType_t Btype, void *C,
+          cudaDataType_t Ctype, const char *who) {
+    std::string w(who);
+    if (g.m == 0 || g.n == 0) return;
+    const uint64_t ar = g.ta == CUBLAS_OP_N ? g.m : g.k, ac = g.ta == CUBLAS_OP_N ? g.k : g.m;
+    const uint64_t br = g.tb == CUBLAS_OP_N ? g.k : g.n, bc = g.tb == CUBLAS_OP_N ? g.n : g.k;
+    if (g.k) {
+        cudasim::lib_check_device(A, span(ar, ac, g.lda, Atype), (w + " A").c_str());
+        cudasim::lib_check_device(B, span(br, bc, g.ldb, Btype), (w + " B").c_str());
+    }
+    cudasim::lib_check_device(C, span((uint64_t)g.m, (uint64_t)g.n, g.ldc, Ctype), (w + " C").c_str());
+    for (int c = 0; c < g.n; c++)
+        for (int r = 0; r < g.m; r++) {
+            double s = 0;
+            for (int q = 0; q < g.k; q++) {
+                double a = load(A, Atype, g.ta == CUBLAS_OP_N ? (size_t)q * g.lda + r : (size_t)r * g.lda + q);
+                double b = load(B, Btype, g.tb == CUBLAS_OP_N ? (size_t)c * g.ldb + q : (size_t)q * g.ldb + c);
+                s += a * b;
+            }
+            const size_t ci = (size_t)c * g.ldc + r;
+            float v = g.alpha * (float)s;  // C is not read when beta == 0 (BLAS's promise)
+            if (g.beta != 0) v += g.beta * (float)load(C, Ctype, ci);
+            store(C, Ctype, ci, v);
+        }
+}
+
+// The checks both routines make of one group's shape: NULL, or what is wrong.
+std::string shape_error(const Group &g) {
+    char msg[256];
+    if (g.m < 0 || g.n < 0 || g.k < 0 || g.size < 0)
+        return snprintf(msg, sizeof msg, "m %d, n %d, k %d, group_size %d: none may be negative", g.m, g.n, g.k, g.size), msg;
+    const int arows = g.ta == CUBLAS_OP_N ? g.m : g.k, brows = g.tb == CUBLAS_OP_N ? g.k : g.n;
+    if (g.lda < (arows > 1 ? arows : 1) || g.ldb < (brows > 1 ? brows : 1) || g.ldc < (g.m > 1 ? g.m : 1))
+        return snprintf(msg, sizeof msg, "lda %d, ldb %d, ldc %d below the rows of A (%d), B (%d), C (%d) as stored",
+                        g.lda, g.ldb, g.ldc, arows, brows, g.m), msg;
+    if ((g.ta != CUBLAS_OP_N && g.ta != CUBLAS_OP_T) || (g.tb != CUBLAS_OP_N && g.tb != CUBLAS_OP_T))
+        return snprintf(msg, sizeof msg, "transa %d, transb %d: N or T for real types", (int)g.ta, (int)g.tb), msg;
+    return "";
+}
 
 }  // namespace
 
@@ -112,11 +154,14 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (group_count < 0) return refuse("cublasGemmGroupedBatchedEx: group_count %d < 0", group_count);
     if (group_count == 0) return CUBLAS_STATUS_SUCCESS;
-    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || (Ctype != CUDA_R_16BF && Ctype != CUDA_R_32F) ||
-        computeType != CUBLAS_COMPUTE_32F)
-        return refuse("cublasGemmGroupedBatchedEx: types A %d, B %d, C %d, compute %d: not a combination this "
-                      "stand-in accepts (bf16 x bf16 -> bf16|f32, CUBLAS_COMPUTE_32F)",
-                      (int)Atype, (int)Btype, (int)Ctype, (int)computeType);
+    // The routine's type table has A = B = C; cuBLAS 13.1 on the H100 answered an f32 C with
+    // CUBLAS_STATUS_NOT_SUPPORTED (2026-11-27).
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_16BF || computeType != CUBLAS_COMPUTE_32F) {
+        refuse("cublasGemmGroupedBatchedEx: types A %d, B %d, C %d, compute %d: not a combination this "
+               "stand-in accepts (bf16 x bf16 -> bf16, CUBLAS_COMPUTE_32F)",
+               (int)Atype, (int)Btype, (int)Ctype, (int)computeType);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     if (!transa_array || !transb_array || !m_array || !n_array || !k_array || !alpha_array || !beta_array ||
         !lda_array || !ldb_array || !ldc_array || !group_size || !Aarray || !Barray || !Carray)
         return refuse("cublasGemmGroupedBatchedEx: NULL array argument");
@@ -128,14 +173,8 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
         g.m = m_array[i], g.n = n_array[i], g.k = k_array[i];
         g.lda = lda_array[i], g.ldb = ldb_array[i], g.ldc = ldc_array[i], g.size = group_size[i];
         g.alpha = ((const float *)alpha_array)[i], g.beta = ((const float *)beta_array)[i];
-        if (g.m < 0 || g.n < 0 || g.k < 0 || g.size < 0)
-            return refuse("group %d: m %d, n %d, k %d, group_size %d: none may be negative", i, g.m, g.n, g.k, g.size);
-        const int arows = g.ta == CUBLAS_OP_N ? g.m : g.k, brows = g.tb == CUBLAS_OP_N ? g.k : g.n;
-        if (g.lda < (arows > 1 ? arows : 1) || g.ldb < (brows > 1 ? brows : 1) || g.ldc < (g.m > 1 ? g.m : 1))
-            return refuse("group %d: lda %d, ldb %d, ldc %d below the rows of A (%d), B (%d), C (%d) as stored", i,
-                          g.lda, g.ldb, g.ldc, arows, brows, g.m);
-        if ((g.ta != CUBLAS_OP_N && g.ta != CUBLAS_OP_T) || (g.tb != CUBLAS_OP_N && g.tb != CUBLAS_OP_T))
-            return refuse("group %d: transa %d, transb %d: N or T for real types", i, (int)g.ta, (int)g.tb);
+        const std::string why = shape_error(g);
+        if (!why.empty()) return refuse("cublasGemmGroupedBatchedEx: group %d: %s", i, why.c_str());
         problems += g.size;
     }
     // The pointer arrays live in device memory: a host array here is the caller's bug.
@@ -150,28 +189,39 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
                 const void *A = Aarray[p], *B = Barray[p];
                 void *C = Carray[p];
                 if (g.m == 0 || g.n == 0) continue;
-                const uint64_t ar = g.ta == CUBLAS_OP_N ? g.m : g.k, ac = g.ta == CUBLAS_OP_N ? g.k : g.m;
-                const uint64_t br = g.tb == CUBLAS_OP_N ? g.k : g.n, bc = g.tb == CUBLAS_OP_N ? g.n : g.k;
-                if (g.k) {
-                    cudasim::lib_check_device(A, span(ar, ac, g.lda, Atype), "cublasGemmGroupedBatchedEx A");
-                    cudasim::lib_check_device(B, span(br, bc, g.ldb, Btype), "cublasGemmGroupedBatchedEx B");
-                }
-                cudasim::lib_check_device(C, span((uint64_t)g.m, (uint64_t)g.n, g.ldc, Ctype), "cublasGemmGroupedBatchedEx C");
-                for (int c = 0; c < g.n; c++)
-                    for (int r = 0; r < g.m; r++) {
-                        double s = 0;
-                        for (int q = 0; q < g.k; q++) {
-                            double a = load(A, Atype, g.ta == CUBLAS_OP_N ? (size_t)q * g.lda + r : (size_t)r * g.lda + q);
-                            double b = load(B, Btype, g.tb == CUBLAS_OP_N ? (size_t)c * g.ldb + q : (size_t)q * g.ldb + c);
-                            s += a * b;
-                        }
-                        const size_t ci = (size_t)c * g.ldc + r;
-                        float v = g.alpha * (float)s;  // C is not read when beta == 0 (BLAS's promise)
-                        if (g.beta != 0) v += g.beta * (float)load(C, Ctype, ci);
-                        store(C, Ctype, ci, v);
-                    }
+                // The pointers are read on the device, where no kernel can be chosen by them: on the
+                // H100 one not 16-byte aligned faulted ('misaligned address', 2026-11-27).
+                if (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) % 16)
+                    cudasim::fail("cublasGemmGroupedBatchedEx: problem %lld: A %p, B %p or C %p not 16-byte aligned",
+                                       (long long)p, A, B, C);
+                gemm(g, A, Atype, B, Btype, C, Ctype, "cublasGemmGroupedBatchedEx");
             }
     }, false);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// "cublasGemmEx()": one problem, pointers and scalars from the host; bf16 x bf16 -> bf16 or f32
+// with CUBLAS_COMPUTE_32F (rows of its type table); the algorithm a hint.
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    (void)algo;
+    cudasim::LibCall lock;
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || (Ctype != CUDA_R_16BF && Ctype != CUDA_R_32F) ||
+        computeType != CUBLAS_COMPUTE_32F) {
+        refuse("cublasGemmEx: types A %d, B %d, C %d, compute %d: not a combination this stand-in accepts "
+               "(bf16 x bf16 -> bf16|f32, CUBLAS_COMPUTE_32F)", (int)Atype, (int)Btype, (int)Ctype, (int)computeType);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!alpha || !beta) return refuse("cublasGemmEx: NULL alpha or beta");
+    Group g;
+    g.ta = transa, g.tb = transb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc, g.size = 1;
+    g.alpha = *(const float *)alpha, g.beta = *(const float *)beta;
+    const std::string why = shape_error(g);
+    if (!why.empty()) return refuse("cublasGemmEx: %s", why.c_str());
+    cudasim::lib_enqueue(((Handle *)h)->stream, "cublasGemmEx", [=] { gemm(g, A, Atype, B, Btype, C, Ctype, "cublasGemmEx"); }, false);
     return CUBLAS_STATUS_SUCCESS;
 }
 
