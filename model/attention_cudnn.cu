@@ -370,10 +370,12 @@ void graph_backward(Build *b, const Shape &s) {
     const int64_t hd = s.hd;
     const bool gqa = s.nkv != s.nh;
     cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
-    // K serves as Kᵀ (the scores) and as K (dQ): one tensor, and Kᵀ a reshape of it.
-    cudnnBackendDescriptor_t tk = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
-    cudnnBackendDescriptor_t tkt = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, true));
-    reshape(b, tk, tkt);
+    // K serves as Kᵀ (the scores) and as K (dQ): one tensor bound as Kᵀ, K a reshape of it. The
+    // other way round cuDNN 9.14 refuses the graph: its flash backward wants exactly two matmuls
+    // whose inputs nothing produces, Q·Kᵀ and dO·Vᵀ (its log, on the H100, 2026-11-27).
+    cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, true));
+    cudnnBackendDescriptor_t tk = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
+    reshape(b, tkt, tk);
     cudnnBackendDescriptor_t tvt = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, true));
     cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
     cudnnBackendDescriptor_t tdo = tensor(b, U_DO, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
@@ -627,6 +629,12 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
     const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
     Plan *p = get_plan(s);
     if (!p) return 0;
+    // Both directions on one kernel or neither: the backward reads this forward's statistics and
+    // output, and on the H100 (2026-11-27) cuDNN's forward beside the WMMA backward trained the
+    // tiny Mixtral wrong (logits rel. L2 0.7) while either kernel alone matched the CPU.
+    Shape sb = s;
+    sb.bwd = 1;
+    if (!get_plan(sb)) return 0;
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t w = window;
     Binding bind = {};

@@ -430,6 +430,28 @@ cudnnStatus_t finalize_graph(Desc *d) {
     return CUDNN_STATUS_SUCCESS;
 }
 
+// The flash attention engine's recognizer, as far as it was seen (cuDNN 9.14 on the H100,
+// 2026-11-27, its log refusing a backward graph): a backward (more than two matmuls) must have
+// exactly two matmuls whose operands no operation produces, Q·Kᵀ and dO·Vᵀ
+// ("matmulEntranceNodes.size() != 2"). False: no engine is offered.
+bool flash_pattern(DescP g) {
+    if (!g) return false;
+    std::set<DescP> produced;
+    int matmuls = 0, entrances = 0;
+    for (DescP o : g->ops) produced.insert(o->op.out);
+    for (DescP o : g->ops) {
+        if (o->op.kind != CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR) continue;
+        matmuls++;
+        if (!produced.count(o->op.in[0]) && !produced.count(o->op.in[1])) entrances++;
+    }
+    if (matmuls > 2 && entrances != 2) {
+        if (!getenv("CUDASIM_QUIET_CUDNN"))
+            fprintf(stderr, "cudasim cuDNN: flash backward not recognized: %d matmuls without producers, not 2\n", entrances);
+        return false;
+    }
+    return true;
+}
+
 // The plan's workspace: the engine keeps its per-row statistics there (fp32 per reduction row).
 int64_t workspace_of(const Desc *g) {
     int64_t ws = 0;
@@ -723,7 +745,7 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
         if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR) return refuse(CUDNN_STATUS_BAD_PARAM, "heuristics' results: wrong type");
         // one engine: the fused flash attention (this stand-in); none under CUDASIM_CUDNN_NO_ENGINE,
         // as a real library answers a graph no engine of it supports (tests of the fallback)
-        *count = getenv("CUDASIM_CUDNN_NO_ENGINE") ? 0 : 1;
+        *count = getenv("CUDASIM_CUDNN_NO_ENGINE") || !flash_pattern(p->graph) ? 0 : 1;
         if (*count == 0) return CUDNN_STATUS_SUCCESS;
         if (requested >= 1) {
             DescP cfg = as_desc(((cudnnBackendDescriptor_t *)out)[0]);
