@@ -577,7 +577,7 @@ cudnnStatus_t execute(mt_backend *be, const Plan *p, const Binding &bind, int bu
 // Whether cuDNN takes these arguments; the reason when not (NULL: it does).
 const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd) {
     read_mode();
-    if (mode == MT_ATTENTION_WMMA) return "";
+    if (mode != MT_ATTENTION_CUDNN) return "";  // auto: the WMMA kernels (model/attention_cudnn.h says why)
     if (!load()) return api_why;
     if (hd > 256 || hd % 8) return "head dim not a multiple of 8 up to 256 (cuDNN SDPA's bf16 limits)";
     if (nkv <= 0 || nh % nkv) return "query heads not a multiple of key heads";

@@ -13,13 +13,16 @@
 // the workspace goes through mt_work_alloc. The backward ACCUMULATES like its twin: cuDNN writes
 // the gradients into work scratch, added after.
 //
-// The choice (attention_path): MT_ATTENTION=auto (default) takes cuDNN when it loads and the shape
-// is one it takes (hd ≤ 256 and a multiple of 8, nh a multiple of nkv, 16-byte aligned rows, no
-// key mask unless given as lengths), else the WMMA kernel, printing the reason once ("attention:
-// cuDNN not found (libcudnn.so.9): using the WMMA kernel"); wmma forces the kernel; cudnn makes a
-// refusal fatal (the GPU check's way of knowing cuDNN ran). Every cuDNN call is checked, its
-// failure named with cudnnGetErrorString: a graph the library refuses while building its plan
-// (per shape, remembered) is a refusal like the others; a failing execution is fatal.
+// The choice (attention_path): MT_ATTENTION=auto (default) runs the WMMA kernels: the only path a
+// GPU has verified. On the H100 (cuDNN 9.14, 2026-11-27, docs/gpu-results.md) cuDNN's forward
+// matched the CPU without a key mask, but beside the WMMA backward it trained the tiny Mixtral
+// (right padding as lengths) wrong, and its backward graph, once accepted, faulted with an
+// illegal address at every shape tried. MT_ATTENTION=cudnn takes cuDNN where the shape suits it
+// (hd ≤ 256 and a multiple of 8, nh a multiple of nkv, 16-byte aligned rows, no key mask unless
+// given as lengths) and both directions' graphs are accepted, and makes any refusal fatal (how the
+// GPU check knows cuDNN ran); wmma forces the kernel. Every cuDNN call is checked, its failure
+// named with cudnnGetErrorString: a graph the library refuses while building its plan (per
+// shape, remembered) is a refusal like the others; a failing execution is fatal.
 //
 // Plain C, CUDA builds only (MT_CUDA), like model/ops_cuda.h.
 #pragma once

@@ -51,7 +51,7 @@ static totals project(const step_shape *sh, int print) {
         t.step_s += s;
         by_phase[o->phase == 'F' ? 0 : o->phase == 'R' ? 1 : o->phase == 'B' ? 2 : 3] += s;
         // eff: of the resource that bounds the op (its compute rate, HBM, or the issue slots).
-        double eff = !cb ? (o->cls == STEP_DEQUANT ? op_eff(o) : EFF_MEM) : o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
+        double eff = !cb ? mem_eff(o) : o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
         if (print)
             printf("%-36s %2c %6.0f %9.1f %8.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
                    o->bytes / 1e9, o->bytes > 0 ? o->flops / o->bytes : 0.0, bound_name(o, cb), 100 * eff, s * 1e3);
@@ -127,27 +127,28 @@ static void print_assumptions(const step_shape *sh) {
            "    (assumed): the same core rate (%.3f of peak) x tile use of the better of 128x256 / 128x128 tiles over\n"
            "    %d SMs x K/(K+%.0f) (pipeline fill and epilogue); e.g. M=1024 rows per expert: w1+w3 %.0f%%, w2 %.0f%%,\n"
            "    dx %.0f%% / %.0f%%; q,k,v at T=4096 %.0f%%; skinny GEMMs (N or K <= %.0f: LoRA, the router) %.0f%%\n"
-           "    (assumed: narrow or split-K tiles at half the core rate; memory-bound at it)\n",
+           "    (assumed: narrow or split-K tiles at half the core rate; memory-bound at it, their bytes at %.2f of HBM:\n"
+           "    measured, the expert LoRA products on the H100, 2026-11-27)\n",
            CUBLAS_8192_FLOPS / 1e12, cublas_core(), H100_SMS, GEMM_K_OVERHEAD,
            100 * cublas_eff(1024, 2.0 * (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
            100 * cublas_eff(1024, (double)sh->cfg.hidden, (double)sh->cfg.intermediate),
            100 * cublas_eff(1024, (double)sh->cfg.hidden, 2.0 * (double)sh->cfg.intermediate),
            100 * cublas_eff(1024, (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
-           100 * cublas_eff(4096, 4096, 4096), GEMM_SKINNY, 100 * cublas_eff(1024, 16, 4096));
+           100 * cublas_eff(4096, 4096, 4096), GEMM_SKINNY, 100 * cublas_eff(1024, 16, 4096), EFF_SKINNY_MEM);
     if (sh->attn_cudnn)
         printf("  cuDNN SDPA bf16, head dim 128, seq 4k: %.0f TFLOP/s forward, %.0f backward: cuDNN's bars in the\n"
                "    FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, Figs. 5-6, no causal mask); causal x %.2f\n"
                "    (assumed: diagonal tiles half masked); backward FLOPs 2.5x forward (FlashAttention-2's 5 GEMMs)\n",
                SDPA_FWD_FLOPS / 1e12, SDPA_BWD_FLOPS / 1e12, SDPA_CAUSAL);
     else
-        printf("  WMMA flash attention: %.2f forward, %.2f backward of peak: assumed below FlashAttention-2's ~35%%\n"
-               "    (FlashAttention-3 paper); issue 27's review says 15-20%% / 8-12%%: an upper bound\n",
-               EFF_ATTN_FWD, EFF_ATTN_BWD);
+        printf("  WMMA flash attention: %.3f backward of peak: measured on the H100 (2026-11-27, seq 4096, hd 128);\n"
+               "    %.2f forward: assumed, not measured (issue 27's review says 15-20%%: likely optimistic)\n",
+               EFF_ATTN_BWD, EFF_ATTN_FWD);
     printf("  memory-bound kernels: %.2f of HBM (%.2f TB/s): assumed; docs/design.md expects ~3 TB/s for a plain copy\n",
            EFF_MEM, EFF_MEM * HBM_BW / 1e12);
     if (sh->experts_cublas)
         printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.2f\n"
-               "    of the copy bandwidth (%.2f of HBM): issue 27's goal for the kernel, not measured; or %.2f SASS\n"
+               "    of the copy bandwidth (%.2f of HBM): measured on the H100 (2026-11-27; the goal was 0.85); or %.2f SASS\n"
                "    instructions per element at the issue rate, whichever is slower (%s)\n",
                (double)mt_qweight_dequant_bytes_of(sh->quant, 1 << 20, 1024, sh->blocksize, sh->double_quant, MT_BF16) /
                        (1024.0 * 1024 * 1024) - 2.0,
@@ -171,7 +172,7 @@ int main(int argc, char **argv) {
     int n_seqs = 0;
     mt_ckpt mode = MT_CKPT_AUTO;
     double gpu_mem = 80e9;
-    sh.experts_cublas = sh.attn_cudnn = 1;
+    sh.experts_cublas = 1, sh.attn_cudnn = 0;  // attention: MT_ATTENTION=auto's WMMA kernels
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;

@@ -28,10 +28,13 @@
 //   Skinny GEMMs (N or K at most 64: LoRA's r = 16 products, the router's N = E), assumed at half
 //     the core rate: cuBLASLt runs them with narrow or split-K tiles, not the wide tiles above,
 //     and at that rate they are bound by their bytes (a few FLOPs a byte) whatever the factor.
+//     Their bytes move at 0.44 of HBM, measured on the H100 (2026-11-27: the expert LoRA products
+//     through grouped cuBLAS at 1462-1488 GB/s), not EFF_MEM's 0.80.
 #define CUBLAS_8192_FLOPS 798e12
 #define GEMM_K_OVERHEAD 128.0
 #define GEMM_SKINNY 64.0
 #define EFF_SKINNY 0.5
+#define EFF_SKINNY_MEM 0.44
 //   The grouped WMMA expert kernel (STEP_GROUPED, model/grouped_cuda.cu): 0.175 of the bf16 peak,
 //     issue 27's static review (64×64×32 tiles, 4 warps, HMMA only, 2-byte staging loads: "near
 //     15-20% of peak" even with free dequantization). Its dequantization is an ALU row of
@@ -40,17 +43,20 @@
 //   Memory-bound kernels (STEP_MEM) 0.80 of 3.35 TB/s: docs/design.md expects ~3 TB/s (0.9) for
 //     plain copies; gathers, reductions and small kernels reach less. Assumed.
 #define EFF_MEM 0.80
-//   The dequantization kernel (STEP_DEQUANT): 0.85 of the copy bandwidth (0.9 of HBM, the plain
-//     copy docs/design.md expects), issue 27's goal for it (16-byte loads and stores, the block
-//     scale hoisted), not a measurement; or its instructions at the issue rate, whichever is slower.
+//   The dequantization kernel (STEP_DEQUANT): 0.61 of the copy bandwidth (0.9 of HBM, the plain
+//     copy docs/design.md expects): measured on the H100 (docs/gpu-results.md, 2026-11-27: NF4
+//     double quant to bf16 at 1819 GB/s alone, 1831-1836 GB/s in the step, where the copy ran at
+//     3006); issue 27's goal was 0.85. Or its instructions at the issue rate, whichever is slower.
 #define EFF_COPY 0.90
-#define EFF_DEQUANT 0.85
+#define EFF_DEQUANT 0.61
 //   Attention on tensor cores (STEP_ATTN, model/ops_cuda.cu: WMMA 16×16×16 bf16, fp32
-//     accumulate, flash-style) 0.30 of the bf16 peak forward and 0.20 backward, assumed below
-//     FlashAttention-2's ~35% on an H100 (the FlashAttention-3 paper, Shah et al. 2024); issue 27's
-//     static review puts them at 15-20% forward and 8-12% for dK/dV, so these are upper bounds.
+//     accumulate, flash-style). Backward: 0.028 of the bf16 peak, measured on the H100
+//     (2026-11-27: 17.2 ms a layer at seq 4096, 32/8 heads, hd 128, counting the 7 units of
+//     step_model.h); the assumption had been 0.20. Forward: 0.30 assumed, NOT measured (the step
+//     measured ran cuDNN's forward) and likely as optimistic as the backward's was: issue 27's
+//     static review put it at 15-20%.
 #define EFF_ATTN_FWD 0.30
-#define EFF_ATTN_BWD 0.20
+#define EFF_ATTN_BWD 0.028
 //   cuDNN SDPA (STEP_SDPA), bf16, head dim 128, 4k sequence, H100 SXM5: 609 TFLOP/s forward and
 //     499 backward, cuDNN's bars in the FlashAttention-3 paper's Figures 5 and 6 (Shah et al.,
 //     2024, arXiv 2407.08608; without a causal mask). Causal, assumed: 0.85 of that (the
@@ -102,14 +108,20 @@ static inline double op_eff(const step_op *o) {
     }
 }
 
+// The fraction of HBM a memory-bound op's bytes move at.
+static inline double mem_eff(const step_op *o) {
+    if (o->cls == STEP_DEQUANT) return op_eff(o);
+    return o->cls == STEP_GEMM && o->n > 0 && fmin(o->n, o->k) <= GEMM_SKINNY ? EFF_SKINNY_MEM : EFF_MEM;
+}
+
 // Seconds, and whether compute (1: tensor cores, or issue slots) or memory (0) bounds it.
 static inline double op_time(const step_op *o, int *compute_bound) {
     double tc, tm;
     switch (o->cls) {
     case STEP_MEM: tc = 0, tm = o->bytes / (HBM_BW * EFF_MEM); break;
     case STEP_ALU: tc = o->instr / ISSUE_RATE, tm = 0; break;
-    case STEP_DEQUANT: tc = o->instr / ISSUE_RATE, tm = o->bytes / (HBM_BW * op_eff(o)); break;
-    default: tc = o->flops / (PEAK_BF16 * op_eff(o)), tm = o->bytes / (HBM_BW * EFF_MEM); break;
+    case STEP_DEQUANT: tc = o->instr / ISSUE_RATE, tm = o->bytes / (HBM_BW * mem_eff(o)); break;
+    default: tc = o->flops / (PEAK_BF16 * op_eff(o)), tm = o->bytes / (HBM_BW * mem_eff(o)); break;
     }
     *compute_bound = tc > tm;
     return fmax(tc, tm) + (o->cls == STEP_ALU ? 0 : o->count * LAUNCH_GAP_S);
