@@ -239,10 +239,11 @@ step_cli() {
   rc=$?
   if [ "$REHEARSAL" = 1 ]; then gpu_result $rc; return; fi
   [ $rc = 0 ] || return $rc
-  # The CUDA step is bf16, the CPU's fp32: losses to 1e-2; the adapters to 15% relative L2 (Adam's
+  # The CUDA step is bf16, the CPU's fp32: losses to 1e-2; the adapters to 25% relative L2 (Adam's
   # first steps normalise each gradient element, so the bf16 roundings of the tiny ones show in
-  # full: 7% seen CPU-emulated, where the kernels' arithmetic is the GPU's).
-  "$(prog compare_runs)" "$d/cpu" "$d/cuda" 1e-2 0.15
+  # full: 7% seen CPU-emulated with cuDNN's attention stand-in, 15.3% with the WMMA kernels'
+  # bf16 P, the default since 2026-11-27; the H100's broken run 1 was 138%).
+  "$(prog compare_runs)" "$d/cpu" "$d/cuda" 1e-2 0.25
 }
 
 step_bench() {
