@@ -574,6 +574,17 @@ cudnnStatus_t execute(mt_backend *be, const Plan *p, const Binding &bind, int bu
     return st;
 }
 
+// The plan of `s` when cuDNN takes both directions of its shape, else NULL (declined). One kernel
+// for both or neither: the backward reads the forward's statistics and output, and on the H100
+// (2026-11-27) cuDNN's forward beside the WMMA backward trained the tiny Mixtral wrong (logits
+// rel. L2 0.7) while the WMMA kernels alone matched the CPU.
+Plan *get_pair_plan(const Shape &s) {
+    Shape other = s;
+    other.bwd = !s.bwd;
+    if (!get_plan(other)) return NULL;
+    return get_plan(s);  // after: a plan evicted from the cache by the other's build is rebuilt
+}
+
 // Whether cuDNN takes these arguments; the reason when not (NULL: it does).
 const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd) {
     read_mode();
@@ -627,14 +638,8 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
     if (B <= 0 || S <= 0) return 1;
     mt_cuda_begin(be);  // the backend's device current: its handle and plans
     const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
-    Plan *p = get_plan(s);
+    Plan *p = get_pair_plan(s);
     if (!p) return 0;
-    // Both directions on one kernel or neither: the backward reads this forward's statistics and
-    // output, and on the H100 (2026-11-27) cuDNN's forward beside the WMMA backward trained the
-    // tiny Mixtral wrong (logits rel. L2 0.7) while either kernel alone matched the CPU.
-    Shape sb = s;
-    sb.bwd = 1;
-    if (!get_plan(sb)) return 0;
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t w = window;
     Binding bind = {};
@@ -660,7 +665,7 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return 1;
     mt_cuda_begin(be);
     const Shape s = {1, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
-    Plan *p = get_plan(s);
+    Plan *p = get_pair_plan(s);
     if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
     const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd;

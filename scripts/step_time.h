@@ -91,8 +91,9 @@ static inline double cublas_tiles(double m, double n) {
 static inline double cublas_core(void) {
     return CUBLAS_8192_FLOPS / PEAK_BF16 / (cublas_tiles(8192, 8192) * 8192 / (8192 + GEMM_K_OVERHEAD));
 }
+static inline int gemm_skinny(double n, double k) { return fmin(n, k) <= GEMM_SKINNY; }
 static inline double cublas_eff(double m, double n, double k) {
-    if (fmin(n, k) <= GEMM_SKINNY) return cublas_core() * EFF_SKINNY;
+    if (gemm_skinny(n, k)) return cublas_core() * EFF_SKINNY;
     return cublas_core() * cublas_tiles(m, n) * k / (k + GEMM_K_OVERHEAD);
 }
 
@@ -111,14 +112,14 @@ static inline double op_eff(const step_op *o) {
 // The fraction of HBM a memory-bound op's bytes move at.
 static inline double mem_eff(const step_op *o) {
     if (o->cls == STEP_DEQUANT) return op_eff(o);
-    return o->cls == STEP_GEMM && o->n > 0 && fmin(o->n, o->k) <= GEMM_SKINNY ? EFF_SKINNY_MEM : EFF_MEM;
+    return o->cls == STEP_GEMM && o->n > 0 && gemm_skinny(o->n, o->k) ? EFF_SKINNY_MEM : EFF_MEM;
 }
 
 // Seconds, and whether compute (1: tensor cores, or issue slots) or memory (0) bounds it.
 static inline double op_time(const step_op *o, int *compute_bound) {
     double tc, tm;
     switch (o->cls) {
-    case STEP_MEM: tc = 0, tm = o->bytes / (HBM_BW * EFF_MEM); break;
+    case STEP_MEM: tc = 0, tm = o->bytes / (HBM_BW * mem_eff(o)); break;
     case STEP_ALU: tc = o->instr / ISSUE_RATE, tm = 0; break;
     case STEP_DEQUANT: tc = o->instr / ISSUE_RATE, tm = o->bytes / (HBM_BW * mem_eff(o)); break;
     default: tc = o->flops / (PEAK_BF16 * op_eff(o)), tm = o->bytes / (HBM_BW * mem_eff(o)); break;

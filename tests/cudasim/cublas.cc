@@ -69,8 +69,8 @@ struct Group {
 // C = alpha·op(A)·op(B) + beta·C of one problem (column-major), its operands checked as device memory.
 void gemm(const Group &g, const void *A, cudaDataType_t Atype, const void *B, cudaDataType_t Btype, void *C,
           cudaDataType_t Ctype, const char *who) {
-    std::string w(who);
     if (g.m == 0 || g.n == 0) return;
+    const std::string w(who);
     const uint64_t ar = g.ta == CUBLAS_OP_N ? g.m : g.k, ac = g.ta == CUBLAS_OP_N ? g.k : g.m;
     const uint64_t br = g.tb == CUBLAS_OP_N ? g.k : g.n, bc = g.tb == CUBLAS_OP_N ? g.n : g.k;
     if (g.k) {
@@ -93,7 +93,7 @@ void gemm(const Group &g, const void *A, cudaDataType_t Atype, const void *B, cu
         }
 }
 
-// The checks both routines make of one group's shape: NULL, or what is wrong.
+// The checks both routines make of one group's shape: "", or what is wrong.
 std::string shape_error(const Group &g) {
     char msg[256];
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.size < 0)
