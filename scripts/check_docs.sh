@@ -60,7 +60,7 @@ while IFS=: read -r src line text; do
         title=${title:1:${#title}-2}
         if [[ ! -f $doc ]]; then
             fail "$src:$line: cites $doc, which is not in the repository"
-        elif ! titles "$doc" | grep -qxF -- "$title"; then
+        elif ! grep -qxF -- "$title" <(titles "$doc"); then
             fail "$src:$line: cites $doc \"$title\", which has no such heading"
         fi
     done < <(grep -oP "$cite" <<<"$text")

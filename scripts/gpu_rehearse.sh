@@ -74,7 +74,7 @@ mkdir -p "$root/src/main/.gpubundle"
 cp -r "$bundle"/. "$root/src/main/.gpubundle/"
 
 cuda=$(readlink -f "${CUDA_HOME:-/usr/local/cuda}")
-nccl=$(find "$cuda/" -name 'libnccl.so.2' | head -n 1)
+nccl=$(find "$cuda/" -name 'libnccl.so.2' | sed -n 1p)
 [ -n "$nccl" ] || { echo "gpu_rehearse: no libnccl.so.2 in $cuda to play PyTorch's wheel" >&2; exit 1; }
 wheel_dir=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 
