@@ -290,8 +290,12 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
         get_int(root, "num_experts_per_tok", 1, 0, 1, M, &cfg->top_k) != 0 ||
         get_int(root, "vocab_size", 1, 0, 1, M, &cfg->vocab) != 0 ||
         get_int(root, "max_position_embeddings", 0, fam->default_max_positions, 1, M, &cfg->max_positions) != 0 ||
-        (fam->has_sliding_window && get_int(root, "sliding_window", 0, 0, 0, M, &cfg->sliding_window) != 0))
+        (fam->has_sliding_window &&
+         get_int(root, "sliding_window", 0, fam->default_sliding_window, 0, M, &cfg->sliding_window) != 0))
         return -1;
+    const cJSON *sw;  // null is "no window", whatever the class default (gpt-oss: 128)
+    if (get_field(root, "sliding_window", &sw) != 0) return -1;
+    if (sw && cJSON_IsNull(sw)) cfg->sliding_window = 0;
     // Qwen: sliding_window applies only with use_sliding_window (and then only above
     // max_window_layers, which the attention does not implement).
     if (fam->has_sliding_flag) {
@@ -342,22 +346,6 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
-// A RoPE description's type: absent or "default" is the one moetrain implements; any other
-// (linear, dynamic, yarn, longrope, llama3, ...) changes the frequencies and is refused.
-static int rope_type_default(const cJSON *obj, const char *where) {
-    const char *type = NULL, *key = "rope_type";
-    if (get_string(obj, key, &type) != 0) return -1;
-    if (!type) {  // transformers 4 also wrote the older "type"
-        key = "type";
-        if (get_string(obj, key, &type) != 0) return -1;
-    }
-    if (type && strcmp(type, "default") != 0) {
-        mt_error_set("%s.%s: '%.40s' is not supported (moetrain implements the default RoPE only)", where, key, type);
-        return -1;
-    }
-    return 0;
-}
-
 // partial_rotary_factor: RoPE on a fraction of each head, which moetrain does not implement.
 static int rope_partial_whole(const cJSON *obj, const char *where) {
     double f;
@@ -370,78 +358,147 @@ static int rope_partial_whole(const cJSON *obj, const char *where) {
     return 0;
 }
 
+// The YaRN fields (transformers' _compute_yarn_parameters), with its defaults where a field is
+// absent: beta_fast 32, beta_slow 1, truncate true, original_max_position_embeddings =
+// max_position_embeddings, attention_factor derived from factor.
+static int read_yarn(const cJSON *o, const char *where, mt_model_config *cfg) {
+    const cJSON *f;
+    if (get_field(o, "factor", &f) != 0) return -1;
+    if (get_double(o, "factor", 0.0, &cfg->rope_factor) != 0 ||
+        get_double(o, "beta_fast", 32.0, &cfg->rope_beta_fast) != 0 ||
+        get_double(o, "beta_slow", 1.0, &cfg->rope_beta_slow) != 0 ||
+        get_double(o, "attention_factor", 0.0, &cfg->rope_attention_factor) != 0 ||
+        get_bool(o, "truncate", 1, &cfg->rope_truncate) != 0 ||
+        get_int(o, "original_max_position_embeddings", 0, 0, 1, SIZE_MAX_VALUE, &cfg->rope_original_max) != 0)
+        return mt_error_prefix("%s", where), -1;
+    if (!cfg->rope_original_max) cfg->rope_original_max = cfg->max_positions;
+    if (!f || cJSON_IsNull(f)) cfg->rope_factor = (double)cfg->max_positions / (double)cfg->rope_original_max;
+    if (!(cfg->rope_factor > 0) || cfg->rope_attention_factor < 0) {
+        mt_error_set("%s: factor (%g) must be positive and attention_factor (%g) not negative", where,
+                     cfg->rope_factor, cfg->rope_attention_factor);
+        return -1;
+    }
+    return 0;
+}
+
+// One RoPE description: rope_scaling (transformers 4) or rope_parameters (5, with rope_theta in
+// it). Types: "default" (or absent) and "yarn"; the others (linear, dynamic, longrope, llama3)
+// change the frequencies in ways moetrain does not implement, and are refused, as is any key the
+// type does not read.
+static int read_rope_object(const cJSON *o, const char *where, mt_model_config *cfg) {
+    if (!cJSON_IsObject(o)) {
+        mt_error_set("%s: expected an object or null, got %s", where, json_type_name(o));
+        return -1;
+    }
+    const char *type = NULL, *key = "rope_type";
+    if (get_string(o, key, &type) != 0) return -1;
+    if (!type) {  // transformers 4 also wrote the older "type"
+        key = "type";
+        if (get_string(o, key, &type) != 0) return -1;
+    }
+    int yarn = type && strcmp(type, "yarn") == 0;
+    if (type && !yarn && strcmp(type, "default") != 0) {
+        mt_error_set("%s.%s: '%.40s' is not supported (moetrain implements the default RoPE and yarn)", where, key,
+                     type);
+        return -1;
+    }
+    static const char *const yarn_keys[] = {"factor", "beta_fast", "beta_slow", "truncate",
+                                            "original_max_position_embeddings", "attention_factor"};
+    for (const cJSON *c = o->child; c; c = c->next) {
+        int known = strcmp(c->string, "rope_type") == 0 || strcmp(c->string, "type") == 0 ||
+                    strcmp(c->string, "rope_theta") == 0 || strcmp(c->string, "partial_rotary_factor") == 0;
+        for (size_t i = 0; yarn && i < MT_ARRAY_LEN(yarn_keys); i++) known |= strcmp(c->string, yarn_keys[i]) == 0;
+        if (!known) {
+            mt_error_set("%s.%.40s: not understood with rope_type '%s' (moetrain reads rope_type, rope_theta, "
+                         "partial_rotary_factor 1%s; per-layer-type parameters are not supported)",
+                         where, c->string, yarn ? "yarn" : "default",
+                         yarn ? ", factor, beta_fast, beta_slow, truncate, original_max_position_embeddings, "
+                                "attention_factor" : "");
+            return -1;
+        }
+    }
+    if (rope_partial_whole(o, where) != 0) return -1;
+    cfg->rope_yarn = yarn;
+    return yarn ? read_yarn(o, where, cfg) : 0;
+}
+
 // RoPE as transformers 4 writes it (rope_theta; rope_scaling, null for plain RoPE) and as 5 does
-// (rope_parameters: {"rope_type": "default", "rope_theta": ...}, no top-level rope_theta). Missing
-// from both: the family's default.
-static int read_rope(const cJSON *root, const mt_family *fam, double *theta) {
+// (rope_parameters: {"rope_type": ..., "rope_theta": ...}, no top-level rope_theta). Missing
+// from both: the family's default (gpt-oss's is YaRN).
+static int read_rope(const cJSON *root, const mt_family *fam, mt_model_config *cfg) {
     const cJSON *top, *params, *scaling;
     if (get_field(root, "rope_theta", &top) != 0 || get_field(root, "rope_parameters", &params) != 0 ||
         get_field(root, "rope_scaling", &scaling) != 0 || rope_partial_whole(root, "") != 0)
         return -1;
-    if (get_double(root, "rope_theta", fam->default_rope_theta, theta) != 0) return -1;
-    if (scaling && !cJSON_IsNull(scaling)) {
-        if (!cJSON_IsObject(scaling)) {
-            mt_error_set("rope_scaling: expected an object or null, got %s", json_type_name(scaling));
+    if (get_double(root, "rope_theta", fam->default_rope_theta, &cfg->rope_theta) != 0) return -1;
+    int has_scaling = scaling && !cJSON_IsNull(scaling), has_params = params && !cJSON_IsNull(params);
+    if (has_scaling && read_rope_object(scaling, "rope_scaling", cfg) != 0) return -1;
+    if (has_params) {
+        if (has_scaling) {  // two descriptions of one thing: which one transformers takes depends on its version
+            mt_error_set("rope_scaling and rope_parameters are both given: keep one (transformers 4 reads "
+                         "rope_scaling, 5 rope_parameters)");
             return -1;
         }
-        if (rope_type_default(scaling, "rope_scaling") != 0) return -1;
-        for (const cJSON *c = scaling->child; c; c = c->next)
-            if (strcmp(c->string, "rope_type") != 0 && strcmp(c->string, "type") != 0) {
-                mt_error_set("rope_scaling.%.40s: not supported with the default RoPE", c->string);
+        if (read_rope_object(params, "rope_parameters", cfg) != 0) return -1;
+        const cJSON *t;
+        if (get_field(params, "rope_theta", &t) != 0) return -1;
+        if (t && !cJSON_IsNull(t)) {
+            double inner;
+            if (get_double(params, "rope_theta", 0, &inner) != 0) return mt_error_prefix("rope_parameters"), -1;
+            if (top && !cJSON_IsNull(top) && inner != cfg->rope_theta) {
+                mt_error_set("rope_theta (%g) and rope_parameters.rope_theta (%g) disagree", cfg->rope_theta, inner);
                 return -1;
             }
-    }
-    if (!params || cJSON_IsNull(params)) return 0;
-    if (!cJSON_IsObject(params)) {
-        mt_error_set("rope_parameters: expected an object, got %s", json_type_name(params));
-        return -1;
-    }
-    if (rope_type_default(params, "rope_parameters") != 0 || rope_partial_whole(params, "rope_parameters") != 0)
-        return -1;
-    for (const cJSON *c = params->child; c; c = c->next)
-        if (strcmp(c->string, "rope_type") != 0 && strcmp(c->string, "rope_theta") != 0 &&
-            strcmp(c->string, "partial_rotary_factor") != 0) {
-            mt_error_set("rope_parameters.%.40s: not understood (moetrain reads rope_type 'default', rope_theta "
-                         "and partial_rotary_factor 1; per-layer-type parameters are not supported)", c->string);
-            return -1;
+            cfg->rope_theta = inner;
         }
-    const cJSON *t;
-    if (get_field(params, "rope_theta", &t) != 0) return -1;
-    if (!t || cJSON_IsNull(t)) return 0;
-    double inner;
-    if (get_double(params, "rope_theta", 0, &inner) != 0) return mt_error_prefix("rope_parameters"), -1;
-    if (top && !cJSON_IsNull(top) && inner != *theta) {
-        mt_error_set("rope_theta (%g) and rope_parameters.rope_theta (%g) disagree", *theta, inner);
-        return -1;
     }
-    *theta = inner;
+    if (!has_scaling && !has_params && fam->default_rope_yarn) {  // GptOssConfig's class default
+        cfg->rope_yarn = 1, cfg->rope_factor = 32.0, cfg->rope_beta_fast = 32.0, cfg->rope_beta_slow = 1.0;
+        cfg->rope_truncate = 0, cfg->rope_original_max = 4096, cfg->rope_attention_factor = 0.0;
+    }
     return 0;
 }
 
-// layer_types (transformers 5): the attention of each layer; moetrain runs every layer with the
-// same attention, so only a list of "full_attention" (or none) is accepted.
-static int read_layer_types(const cJSON *root, const mt_model_config *cfg) {
+// layer_types (transformers 5; gpt-oss in 4 too): the attention of each layer. Families with
+// per-layer attention (has_layer_types) take sliding_attention and full_attention (absent: the
+// class default, sliding on even layers); the others run every layer alike, so only a list of
+// "full_attention" is accepted.
+static int read_layer_types(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
     const cJSON *v;
     if (get_field(root, "layer_types", &v) != 0) return -1;
+    if (fam->has_layer_types) {
+        if (cfg->layers > MT_CONFIG_MAX_LAYERS) {
+            mt_error_set("num_hidden_layers: %lld layers, more than the %d moetrain reads layer_types for",
+                         (long long)cfg->layers, MT_CONFIG_MAX_LAYERS);
+            return -1;
+        }
+        cfg->has_layer_types = 1;
+        for (int64_t L = 0; L < cfg->layers; L++) cfg->layer_sliding[L] = L % 2 == 0;
+    }
     if (!v || cJSON_IsNull(v)) return 0;
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != cfg->layers) {
         mt_error_set("layer_types: expected a list of %lld names (one per layer)", (long long)cfg->layers);
         return -1;
     }
     int i = 0;
-    for (const cJSON *c = v->child; c; c = c->next, i++)
-        if (!cJSON_IsString(c) || strcmp(c->valuestring, "full_attention") != 0) {
-            mt_error_set("layer_types[%d]: %s%.40s%s is not supported (every layer full_attention)", i,
-                         cJSON_IsString(c) ? "'" : "", cJSON_IsString(c) ? c->valuestring : json_type_name(c),
-                         cJSON_IsString(c) ? "'" : "");
+    for (const cJSON *c = v->child; c; c = c->next, i++) {
+        int full = cJSON_IsString(c) && strcmp(c->valuestring, "full_attention") == 0;
+        int sliding = fam->has_layer_types && cJSON_IsString(c) && strcmp(c->valuestring, "sliding_attention") == 0;
+        if (!full && !sliding) {
+            mt_error_set("layer_types[%d]: %s%.40s%s is not supported (%s)", i, cJSON_IsString(c) ? "'" : "",
+                         cJSON_IsString(c) ? c->valuestring : json_type_name(c), cJSON_IsString(c) ? "'" : "",
+                         fam->has_layer_types ? "full_attention or sliding_attention" : "every layer full_attention");
             return -1;
         }
+        if (fam->has_layer_types) cfg->layer_sliding[i] = (uint8_t)sliding;
+    }
     return 0;
 }
 
 static int read_floats(const cJSON *root, mt_model_config *cfg) {
     const mt_family *fam = mt_config_family(cfg);
-    if (read_rope(root, fam, &cfg->rope_theta) != 0 || read_layer_types(root, cfg) != 0 ||
+    if (read_rope(root, fam, cfg) != 0 || read_layer_types(root, cfg) != 0 ||
         get_double(root, "rms_norm_eps", fam->default_rms_eps, &cfg->rms_norm_eps) != 0 ||
         get_double(root, "router_aux_loss_coef", fam->default_aux_coef, &cfg->router_aux_loss_coef) != 0 ||
         (fam->has_jitter && get_double(root, "router_jitter_noise", 0.0, &cfg->router_jitter_noise) != 0) ||
@@ -519,9 +576,19 @@ static int read_family(const cJSON *root, mt_model_config *cfg) {
         return -1;
     if (fam->attn_bias_key) {
         int b = 0;
-        if (get_bool(root, fam->attn_bias_key, 0, &b) != 0) return -1;
+        if (get_bool(root, fam->attn_bias_key, fam->attn_bias_default, &b) != 0) return -1;
         cfg->qkv_bias = cfg->qkv_bias || b;
         cfg->o_bias = b;
+    }
+    if (fam->clamped_swiglu) {
+        if (get_double(root, "swiglu_alpha", 1.702, &cfg->swiglu_alpha) != 0 ||
+            get_double(root, "swiglu_limit", 7.0, &cfg->swiglu_limit) != 0)
+            return -1;
+        if (!(cfg->swiglu_limit > 0) || !(cfg->swiglu_alpha > 0)) {
+            mt_error_set("swiglu_limit (%g) and swiglu_alpha (%g) must be positive", cfg->swiglu_limit,
+                         cfg->swiglu_alpha);
+            return -1;
+        }
     }
     if (fam->has_clip_qkv) {
         if (get_double(root, "clip_qkv", 0.0, &cfg->clip_qkv) != 0) return -1;
@@ -721,6 +788,11 @@ static int64_t cadd(int64_t a, int64_t b, int *ovf) {
     return r;
 }
 
+int64_t mt_config_layer_window(const mt_model_config *c, int64_t L) {
+    if (!c->has_layer_types) return c->sliding_window;
+    return L >= 0 && L < MT_CONFIG_MAX_LAYERS && c->layer_sliding[L] ? c->sliding_window : 0;
+}
+
 int mt_config_layer_is_moe(const mt_model_config *c, int64_t L) {
     for (int i = 0; i < c->n_mlp_only; i++)
         if (c->mlp_only_layers[i] == L) return 0;
@@ -744,8 +816,10 @@ static int count_params(const mt_model_config *c, param_counts *p) {
     if (c->o_bias) p->attn = cadd(p->attn, c->hidden, &o);
     if (fam->qk_norm == MT_QK_NORM_HEAD) p->attn = cadd(p->attn, cmul(2, c->head_dim, &o), &o);
     if (fam->qk_norm == MT_QK_NORM_PROJ) p->attn = cadd(p->attn, cadd(q, kv, &o), &o);
+    if (fam->attn_sinks) p->attn = cadd(p->attn, c->heads, &o);
     p->expert = cmul(cmul(3, c->hidden, &o), c->intermediate, &o);
-    p->router = cmul(c->hidden, c->experts, &o);
+    if (fam->fused_experts) p->expert = cadd(p->expert, cadd(cmul(2, c->intermediate, &o), c->hidden, &o), &o);  // biases
+    p->router = cmul(fam->router_bias ? c->hidden + 1 : c->hidden, c->experts, &o);
     p->shared = c->shared_intermediate ? cadd(cmul(cmul(3, c->hidden, &o), c->shared_intermediate, &o), c->hidden, &o)
                                        : 0;  // the shared expert and its [1, H] gate
     p->dense = cmul(cmul(3, c->hidden, &o), c->dense_intermediate, &o);
@@ -879,6 +953,21 @@ static int check_family(const mt_model_config *c) {
     }
     if (c->router_jitter_noise != 0 && !fam->has_jitter) {
         mt_error_set("router_jitter_noise: %s has no router jitter", fam->model_type);
+        return -1;
+    }
+    if (fam->clamped_swiglu ? !(c->swiglu_limit > 0 && c->swiglu_alpha > 0) : c->swiglu_limit || c->swiglu_alpha) {
+        mt_error_set("swiglu_limit, swiglu_alpha (%g, %g): positive for %s, absent otherwise", c->swiglu_limit,
+                     c->swiglu_alpha, fam->model_type);
+        return -1;
+    }
+    if (c->has_layer_types && (!fam->has_layer_types || c->layers > MT_CONFIG_MAX_LAYERS)) {
+        mt_error_set("layer_types: %s has no per-layer attention types (or more than %d layers)", fam->model_type,
+                     MT_CONFIG_MAX_LAYERS);
+        return -1;
+    }
+    if (c->rope_yarn && !(c->rope_factor > 0 && c->rope_original_max > 0 && c->rope_attention_factor >= 0)) {
+        mt_error_set("rope_scaling (yarn): factor %g and original_max_position_embeddings %lld must be positive",
+                     c->rope_factor, (long long)c->rope_original_max);
         return -1;
     }
     return 0;
@@ -1090,6 +1179,13 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     emit_int(b, 2, &f, "hidden_size", c->hidden);
     emit_float(b, 2, &f, "initializer_range", c->initializer_range);
     emit_int(b, 2, &f, "intermediate_size", qwen_sizes ? c->dense_intermediate : c->intermediate);
+    if (c->has_layer_types) {
+        emit_key(b, 2, &f, "layer_types");
+        sb_printf(b, "[");
+        for (int64_t L = 0; L < c->layers; L++)
+            sb_printf(b, "%s\n    \"%s\"", L ? "," : "", c->layer_sliding[L] ? "sliding_attention" : "full_attention");
+        sb_printf(b, "\n  ]");
+    }
     emit_int(b, 2, &f, "max_position_embeddings", c->max_positions);
     if (fam->has_dense_layers) {
         emit_key(b, 2, &f, "mlp_only_layers");
@@ -1113,12 +1209,29 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     if (fam->qkv_bias_key) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     if (c->quantized) emit_quant(b, &f, c);
     emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
+    if (c->rope_yarn) {  // transformers 4's rope_scaling, every field written
+        emit_key(b, 2, &f, "rope_scaling");
+        int g = 1;
+        sb_printf(b, "{");
+        if (c->rope_attention_factor > 0) emit_float(b, 4, &g, "attention_factor", c->rope_attention_factor);
+        emit_float(b, 4, &g, "beta_fast", c->rope_beta_fast);
+        emit_float(b, 4, &g, "beta_slow", c->rope_beta_slow);
+        emit_float(b, 4, &g, "factor", c->rope_factor);
+        emit_int(b, 4, &g, "original_max_position_embeddings", c->rope_original_max);
+        emit_str(b, 4, &g, "rope_type", "yarn");
+        emit_raw(b, 4, &g, "truncate", c->rope_truncate ? "true" : "false");
+        sb_printf(b, "\n  }");
+    }
     emit_float(b, 2, &f, "rope_theta", c->rope_theta);
     emit_float(b, 2, &f, "router_aux_loss_coef", c->router_aux_loss_coef);
     if (fam->has_jitter) emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
     if (fam->shared_expert) emit_int(b, 2, &f, "shared_expert_intermediate_size", c->shared_intermediate);
     if (c->sliding_window > 0) emit_int(b, 2, &f, "sliding_window", c->sliding_window);
     else emit_raw(b, 2, &f, "sliding_window", "null");
+    if (fam->clamped_swiglu) {
+        emit_float(b, 2, &f, "swiglu_alpha", c->swiglu_alpha);
+        emit_float(b, 2, &f, "swiglu_limit", c->swiglu_limit);
+    }
     emit_raw(b, 2, &f, "tie_word_embeddings", c->tie_word_embeddings ? "true" : "false");
     emit_str(b, 2, &f, "torch_dtype", torch_dtype_name(c->torch_dtype));
     if (fam->has_sliding_flag) emit_bool(b, &f, "use_sliding_window", 0);

@@ -11,6 +11,7 @@ extern "C" {
 #endif
 
 #define MT_CONFIG_MAX_MLP_ONLY 256
+#define MT_CONFIG_MAX_LAYERS 1024  // layer_types entries
 
 typedef struct mt_model_config {
     char architecture[64];   // "MixtralForCausalLM"
@@ -42,6 +43,15 @@ typedef struct mt_model_config {
     int64_t decoder_sparse_step;  // layer L is MoE when (L+1) % step == 0 and not mlp_only
     int n_mlp_only;
     int32_t mlp_only_layers[MT_CONFIG_MAX_MLP_ONLY];  // dense layers, ascending
+    // gpt-oss (docs/families.md "gpt-oss")
+    int rope_yarn;                // rope_type "yarn": the frequencies and cos/sin scale of _compute_yarn_parameters
+    double rope_factor, rope_beta_fast, rope_beta_slow;
+    double rope_attention_factor; // 0: derived from factor (0.1·ln(factor) + 1)
+    int64_t rope_original_max;    // original_max_position_embeddings (0: max_position_embeddings)
+    int rope_truncate;            // truncate (transformers' default true): floor/ceil the correction range
+    int has_layer_types;          // layer_sliding says which layers use sliding_window
+    uint8_t layer_sliding[MT_CONFIG_MAX_LAYERS];  // 1: sliding_attention, 0: full_attention
+    double swiglu_alpha, swiglu_limit;  // the clamped SwiGLU (families with clamped_swiglu), else 0
     int output_router_logits;     // recorded; moetrain applies the aux loss either way (docs/design.md, "The step's arithmetic")
     mt_dtype torch_dtype;    // the checkpoint's stored dtype
 
@@ -72,6 +82,8 @@ int mt_config_allows_unknown(void);
 static inline const mt_family *mt_config_family(const mt_model_config *c) { return mt_family_get(c->family); }
 // 1 when layer L has routed experts (router, experts, shared expert), 0 when it is a dense MLP.
 int mt_config_layer_is_moe(const mt_model_config *c, int64_t L);
+// The attention window of layer L: 0 (none), or sliding_window where that layer slides.
+int64_t mt_config_layer_window(const mt_model_config *c, int64_t L);
 // Number of MoE layers.
 int64_t mt_config_moe_layers(const mt_model_config *c);
 

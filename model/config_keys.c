@@ -54,6 +54,8 @@ static int family_reads(const mt_family *f, const char *key) {
         f->has_sliding_flag ? "use_sliding_window" : NULL,
         f->has_jitter ? "router_jitter_noise" : NULL,
         f->has_sliding_window ? "sliding_window" : NULL,
+        f->clamped_swiglu ? "swiglu_alpha" : NULL,
+        f->clamped_swiglu ? "swiglu_limit" : NULL,
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i] && strcmp(own[i], key) == 0) return 1;

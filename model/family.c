@@ -47,6 +47,18 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .default_kv_heads = 0, .default_max_positions = 4096, .default_bos = -1, .default_eos = 50279,
         .default_rope_theta = 10000.0, .default_rms_eps = 1e-5, .default_aux_coef = 0.01,
     },
+    [MT_FAMILY_GPT_OSS] = {
+        .model_type = "gpt_oss", .architecture = "GptOssForCausalLM",
+        .moe_module = "mlp", .router = "router",
+        .expert = {"gate_proj", "down_proj", "up_proj"}, .mlp = {"gate_proj", "down_proj", "up_proj"},
+        .experts_key = "num_local_experts", .expert_size_key = "intermediate_size",
+        .norm_topk_fixed = 1, .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_EXPLICIT,
+        .attn_bias_key = "attention_bias", .attn_bias_default = 1, .has_sliding_window = 1,
+        .router_bias = 1, .attn_sinks = 1, .fused_experts = 1, .clamped_swiglu = 1, .has_layer_types = 1,
+        .default_rope_yarn = 1, .default_sliding_window = 128,
+        .default_kv_heads = 0, .default_max_positions = 131072, .default_bos = -1, .default_eos = -1,
+        .default_rope_theta = 150000.0, .default_rms_eps = 1e-5, .default_aux_coef = 0.001,
+    },
 };
 
 const mt_family *mt_family_find(const char *model_type) {
@@ -59,7 +71,7 @@ const mt_family *mt_family_get(mt_family_id id) {
     return (unsigned)id < MT_FAMILY_COUNT ? &FAMILIES[id] : &FAMILIES[MT_FAMILY_MIXTRAL];
 }
 
-const char *mt_family_list(void) { return "mixtral, qwen2_moe, qwen3_moe, olmoe"; }
+const char *mt_family_list(void) { return "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss"; }
 
 const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n) {
     const char *mx = ".block_sparse_moe.", *at = strstr(module, mx);

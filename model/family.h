@@ -10,7 +10,9 @@
 extern "C" {
 #endif
 
-typedef enum { MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_COUNT } mt_family_id;
+typedef enum {
+    MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_GPT_OSS, MT_FAMILY_COUNT
+} mt_family_id;
 
 // Where the q/k RMSNorm applies: none, each head's head_dim values (Qwen3-MoE, before RoPE), or
 // the whole q_proj / k_proj output (OLMoE: [heads·head_dim] and [kv_heads·head_dim]).
@@ -41,14 +43,25 @@ typedef struct mt_family {
     const char *qkv_bias_key;   // "qkv_bias" (q, k, v biases) or NULL
     int qkv_bias_default;
     const char *attn_bias_key;  // "attention_bias" (q, k, v and o biases) or NULL
+    int attn_bias_default;      // its class default (gpt-oss: true)
     int has_clip_qkv;           // clip_qkv: q, k, v clamped to ±clip after the q/k norm (OLMoE)
     int has_sliding_window;     // the attention reads sliding_window (not OLMoE's)
     int has_sliding_flag;       // use_sliding_window gates sliding_window (Qwen)
     int has_jitter;             // router_jitter_noise (Mixtral)
+    // gpt-oss's parts (docs/families.md "gpt-oss").
+    int router_bias;            // the router has a bias [E] (`<router>.bias`)
+    int attn_sinks;             // self_attn.sinks [heads]: a learned logit per head in the softmax's denominator
+    int fused_experts;          // experts stored fused: experts.gate_up_proj [E, H, 2f] (gate, up interleaved
+                                // by column) with gate_up_proj_bias [E, 2f]; down_proj [E, f, H], down_proj_bias [E, H]
+    int clamped_swiglu;         // swiglu_limit / swiglu_alpha: (clamp(u, ±l) + 1) · g·σ(α·g), g = min(g, l)
+    int has_layer_types;        // layer_types: sliding_attention (sliding_window) or full_attention, per layer
+    int default_rope_yarn;      // rope_parameters absent: YaRN (factor 32, beta_fast 32, beta_slow 1, no
+                                // truncation, original 4096), the class default
     int64_t default_kv_heads;   // 0: num_attention_heads
     int64_t default_dense_intermediate, default_shared_intermediate;  // intermediate_size (dense
                                 // layers), shared_expert_intermediate_size: class defaults
     int64_t default_max_positions, default_bos, default_eos;  // -1: None
+    int64_t default_sliding_window;  // 0: None
     double default_rope_theta, default_rms_eps, default_aux_coef;
 } mt_family;
 

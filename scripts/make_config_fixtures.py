@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 import transformers
-from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 V5 = int(transformers.__version__.split(".")[0]) >= 5
 THETA = 31337.0
@@ -33,16 +33,26 @@ FAMILIES = {
                                        attention_bias=True, head_dim=12, bos_token_id=5, eos_token_id=7)),
     "olmoe": (OlmoeConfig, dict(intermediate_size=40, num_experts=6, clip_qkv=4.5, norm_topk_prob=True,
                                 attention_bias=True, bos_token_id=5, eos_token_id=7, pad_token_id=1)),
+    "gpt_oss": (GptOssConfig, dict(intermediate_size=40, num_local_experts=6, head_dim=12, sliding_window=5,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                   swiglu_alpha=1.5, swiglu_limit=6.5, attention_bias=True, bos_token_id=5,
+                                   eos_token_id=7)),
 }
+# gpt-oss's YaRN, with non-default values (its rope_scaling / rope_parameters).
+YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": True,
+        "original_max_position_embeddings": 160}
 
 
 def text(family):
     cls, extra = FAMILIES[family]
     kw = dict(COMMON, **extra)
+    yarn = YARN if family == "gpt_oss" else {}
     if V5:
-        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": THETA}
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": THETA, **yarn}
     else:
         kw["rope_theta"] = THETA
+        if yarn:
+            kw["rope_scaling"] = dict(yarn)
     cfg = cls(**kw)
     cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
     with tempfile.TemporaryDirectory() as d:

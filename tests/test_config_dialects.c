@@ -15,6 +15,8 @@
 #define FIXTURES MT_REPO_ROOT "/tests/data/hf_configs/"
 
 static const char *const FAMILIES[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+// Families whose config fixtures exist (gpt-oss's checkpoint goldens live in test_gpt_oss.c).
+static const char *const CONFIG_FAMILIES[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"};
 
 static void load(const char *version, const char *family, mt_model_config *c) {
     char path[512];
@@ -24,14 +26,14 @@ static void load(const char *version, const char *family, mt_model_config *c) {
 
 // What scripts/make_config_fixtures.py put in every fixture, and per family.
 Test(config_dialects, both_versions_read_every_value) {
-    for (size_t f = 0; f < MT_ARRAY_LEN(FAMILIES); f++) {
+    for (size_t f = 0; f < MT_ARRAY_LEN(CONFIG_FAMILIES); f++) {
         mt_model_config c4, c5;
-        load("v4", FAMILIES[f], &c4);
-        load("v5", FAMILIES[f], &c5);
+        load("v4", CONFIG_FAMILIES[f], &c4);
+        load("v5", CONFIG_FAMILIES[f], &c5);
         const mt_model_config *cs[2] = {&c4, &c5};
         for (int v = 0; v < 2; v++) {
             const mt_model_config *c = cs[v];
-            const char *fam = FAMILIES[f];
+            const char *fam = CONFIG_FAMILIES[f];
             cr_assert_str_eq(c->model_type, fam);
             cr_assert_eq(c->experts, 6, "%s v%d: experts %lld", fam, 4 + v, (long long)c->experts);
             cr_assert_float_eq(c->rope_theta, 31337.0, 0, "%s v%d: rope_theta %g", fam, 4 + v, c->rope_theta);
@@ -41,10 +43,21 @@ Test(config_dialects, both_versions_read_every_value) {
             cr_assert_float_eq(c->router_aux_loss_coef, 0.03, 1e-15);
             int mixtral = strcmp(fam, "mixtral") == 0, olmoe = strcmp(fam, "olmoe") == 0;
             int qwen2 = strcmp(fam, "qwen2_moe") == 0, qwen3 = strcmp(fam, "qwen3_moe") == 0;
-            cr_assert_eq(c->head_dim, mixtral || qwen3 ? 12 : 8, "%s v%d: head_dim %lld", fam, 4 + v,
+            int oss = strcmp(fam, "gpt_oss") == 0;
+            cr_assert_eq(c->head_dim, mixtral || qwen3 || oss ? 12 : 8, "%s v%d: head_dim %lld", fam, 4 + v,
                          (long long)c->head_dim);
-            cr_assert_eq(c->intermediate, mixtral || olmoe ? 40 : 20);
-            cr_assert_eq(c->sliding_window, mixtral ? 5 : 0, "%s v%d", fam, 4 + v);
+            cr_assert_eq(c->intermediate, mixtral || olmoe || oss ? 40 : 20);
+            cr_assert_eq(c->sliding_window, mixtral || oss ? 5 : 0, "%s v%d", fam, 4 + v);
+            cr_assert_eq(c->rope_yarn, oss, "%s v%d", fam, 4 + v);
+            if (oss) {  // per-layer windows, YaRN, the clamped SwiGLU, every attention bias
+                cr_assert(c->has_layer_types && mt_config_layer_window(c, 0) == 5 && mt_config_layer_window(c, 1) == 0 &&
+                          mt_config_layer_window(c, 2) == 5);
+                cr_assert(c->rope_factor == 4.0 && c->rope_beta_fast == 16.0 && c->rope_beta_slow == 2.0 &&
+                          c->rope_truncate == 1 && c->rope_original_max == 160 && c->rope_attention_factor == 0);
+                cr_assert(c->swiglu_alpha == 1.5 && c->swiglu_limit == 6.5 && c->qkv_bias && c->o_bias);
+            } else {
+                cr_assert(!c->has_layer_types && mt_config_layer_window(c, 1) == c->sliding_window);
+            }
             cr_assert_eq(c->norm_topk_prob, 1);
             if (qwen2) cr_assert(c->shared_intermediate == 36 && c->dense_intermediate == 56 && c->qkv_bias && !c->o_bias);
             if (qwen2) cr_assert(c->decoder_sparse_step == 2 && c->n_mlp_only == 1 && c->mlp_only_layers[0] == 0);
@@ -78,19 +91,22 @@ static void refused(const char *version, const char *family, const char *field, 
 }
 
 Test(config_dialects, what_changes_the_math_is_refused_by_name) {
-    for (size_t f = 0; f < MT_ARRAY_LEN(FAMILIES); f++) {
-        const char *fam = FAMILIES[f];
+    for (size_t f = 0; f < MT_ARRAY_LEN(CONFIG_FAMILIES); f++) {
+        const char *fam = CONFIG_FAMILIES[f];
+        int oss = strcmp(fam, "gpt_oss") == 0;
         // transformers 4's rope_scaling (added to the v5 fixture, which has none; a v4 one has
         // "rope_scaling": null for some families, and a second copy is refused as such).
         refused("v5", fam, "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}", "rope_scaling.rope_type: 'longrope'");
-        refused("v5", fam, "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}", "rope_scaling.type: 'yarn'");
+        refused("v5", fam, "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}", "rope_scaling and rope_parameters are both given");
         refused("v4", fam, "\"partial_rotary_factor\": 0.5", "partial_rotary_factor: 0.5");
-        refused("v4", fam, "\"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]",
-                "layer_types[1]: 'sliding_attention'");
+        if (!oss)
+            refused("v4", fam, "\"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]",
+                    "layer_types[1]: 'sliding_attention'");
+
         refused("v4", fam, "\"rope_theta\": 10000.0", "appears twice");
         refused("v5", fam, "\"rope_theta\": 10000.0", "rope_theta (10000) and rope_parameters.rope_theta (31337) disagree");
         // The other name of the experts' count (the fixture has one), with another value.
-        refused("v4", fam, f == 0 ? "\"num_experts\": 7" : "\"num_local_experts\": 7", "disagree");
+        refused("v4", fam, f == 0 || oss ? "\"num_experts\": 7" : "\"num_local_experts\": 7", "disagree");
         refused("v4", fam, "\"hidden_act\": \"gelu\"", "hidden_act");
         refused("v4", fam, "\"attention_dropout\": 0.1", "attention_dropout");
         // A field moetrain has never heard of: refused, naming it and the way out.
@@ -111,7 +127,9 @@ Test(config_dialects, what_changes_the_math_is_refused_by_name) {
                        "\"num_hidden_layers\": 1, \"num_attention_heads\": 6, \"num_local_experts\": 2, "
                        "\"num_experts_per_tok\": 1, \"vocab_size\": 300, \"rope_parameters\": %s}";
     const char *bad[][2] = {
-        {"{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"factor\": 2.0}", "rope_parameters.rope_type: 'yarn'"},
+        {"{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"mscale\": 1.0}", "rope_parameters.mscale: not understood"},
+        {"{\"rope_type\": \"yarn\", \"factor\": -2.0}", "factor (-2) must be positive"},
+        {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "rope_parameters.rope_type: 'dynamic'"},
         {"{\"rope_type\": \"default\", \"rope_theta\": 1e6, \"factor\": 2.0}", "rope_parameters.factor: not understood"},
         {"{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}", "rope_parameters.partial_rotary_factor: 0.25"},
         {"{\"full_attention\": {\"rope_type\": \"default\"}}", "rope_parameters.full_attention: not understood"},
@@ -128,6 +146,40 @@ Test(config_dialects, what_changes_the_math_is_refused_by_name) {
     snprintf(buf, sizeof buf, yarn, "{\"rope_type\": \"default\"}");
     cr_assert_eq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0, "%s", mt_error_get());
     cr_assert_float_eq(c.rope_theta, 1e6, 0, "Mixtral's default theta");
+    // YaRN on any family, with transformers' defaults for what is absent; original_max_position_embeddings
+    // absent is max_position_embeddings (Mixtral's class default, 131072).
+    snprintf(buf, sizeof buf, yarn, "{\"rope_type\": \"yarn\", \"factor\": 2.0}");
+    cr_assert_eq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0, "%s", mt_error_get());
+    cr_assert(c.rope_yarn && c.rope_factor == 2.0 && c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0 &&
+              c.rope_truncate == 1 && c.rope_original_max == 131072);
+}
+
+// gpt-oss without rope_parameters, layer_types and sliding_window: GptOssConfig's class defaults
+// (YaRN factor 32 over 4096 positions, sliding on even layers, window 128); sliding_window null is
+// no window.
+Test(config_dialects, gpt_oss_class_defaults) {
+    const char *text = "{\"model_type\": \"gpt_oss\", \"hidden_size\": 48, \"intermediate_size\": 8, "
+                       "\"num_hidden_layers\": 4, \"num_attention_heads\": 6, \"num_local_experts\": 2, "
+                       "\"num_experts_per_tok\": 1, \"vocab_size\": 300%s}";
+    char buf[1024];
+    mt_model_config c;
+    snprintf(buf, sizeof buf, text, "");
+    cr_assert_eq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0, "%s", mt_error_get());
+    cr_assert(c.rope_yarn && c.rope_factor == 32.0 && c.rope_truncate == 0 && c.rope_original_max == 4096);
+    cr_assert(c.rope_theta == 150000.0 && c.sliding_window == 128 && c.qkv_bias && c.o_bias);
+    cr_assert(c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0 && c.head_dim == 8);
+    cr_assert(mt_config_layer_window(&c, 0) == 128 && mt_config_layer_window(&c, 1) == 0 &&
+              mt_config_layer_window(&c, 2) == 128 && mt_config_layer_window(&c, 3) == 0);
+    snprintf(buf, sizeof buf, text, ", \"sliding_window\": null");
+    cr_assert_eq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_config_layer_window(&c, 0), 0);
+    snprintf(buf, sizeof buf, text, ", \"layer_types\": [\"full_attention\", \"chunked_attention\", \"full_attention\", "
+                                    "\"full_attention\"]");
+    cr_assert_neq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0);
+    cr_assert(strstr(mt_error_get(), "layer_types[1]: 'chunked_attention'"), "%s", mt_error_get());
+    snprintf(buf, sizeof buf, text, ", \"swiglu_limit\": 0");
+    cr_assert_neq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0);
+    cr_assert(strstr(mt_error_get(), "swiglu_limit"), "%s", mt_error_get());
 }
 
 // Fields transformers' modeling code of this family does not read: accepted whatever their value.
