@@ -31,7 +31,7 @@ static layer_needs needs_of(const mt_model *m, int L) {
     int attn = ly->dln1 || qkv_trains(ly) || linear_trains(&ly->o) || ly->dbias[3];
     n.dh = n.dx_in || attn;
     n.dln2 = n.dh || ly->dln2;
-    n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate));  // a dense layer has no router
+    n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate) || ly->dgate_bias);  // a dense layer has no router
     return n;
 }
 
@@ -91,6 +91,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
         if (run && m->z_coef != 0.0f && m->z_rows)
             mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
+        if (ly->dgate_bias) mt_op_logit_bias_backward(m, A(ly->dgate_bias), F(&dlogits), T, E);
         mt_prof_push2("router GEMM (dx)", "LoRA gate");
         mt_linear_backward(&ly->gate, need->dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);
         mt_prof_pop();
@@ -141,7 +142,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
-                                 F(a->lse), mask, B, S, nh, nkv, hd, (int)c->sliding_window);
+                                 F(a->lse), mask, B, S, nh, nkv, hd, (int)mt_config_layer_window(c, L));
     step_unwork(m, &datt);
     if (run) {
         mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);

@@ -323,15 +323,31 @@ void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_
 }
 
 // The CPU's SwiGLU of split g, u [n] (its experts run w1 and w3 apart).
+// The cpu's experts (model/experts.c): the family's SwiGLU, plain or clamped (gpt-oss).
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n) {
-    (void)m;
-    swiglu_forward_cpu(a, g, u, n);
+    const mt_model_config *c = &m->cfg;
+    if (c->swiglu_limit > 0) swiglu_clamped_forward_cpu(a, g, u, n, (float)c->swiglu_alpha, (float)c->swiglu_limit);
+    else swiglu_forward_cpu(a, g, u, n);
 }
 
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n) {
-    (void)m;
-    swiglu_backward_cpu(dg, du, da, g, u, n);
+    const mt_model_config *c = &m->cfg;
+    if (c->swiglu_limit > 0)
+        swiglu_clamped_backward_cpu(dg, du, da, g, u, n, (float)c->swiglu_alpha, (float)c->swiglu_limit);
+    else swiglu_backward_cpu(dg, du, da, g, u, n);
+}
+
+// The router's bias (gpt-oss) on its f32 logits [T, E], and its gradient. The cpu step's only:
+// the GPU step refuses the family until its twins exist (model/mixtral.c, missing_part).
+void mt_op_logit_bias_forward(mt_model *m, float *logits, const mt_act *b, int T, int E) {
+    if (m->counting) return;
+    DISPATCH(m, bias_forward_cpu(logits, b, T, E), mt_fatal(MT_EXIT_ERROR, "router bias: no CUDA kernel"));
+}
+
+void mt_op_logit_bias_backward(mt_model *m, mt_act *db, const float *dlogits, int T, int E) {
+    if (m->counting || !db) return;
+    DISPATCH(m, bias_backward_cpu(db, dlogits, T, E), mt_fatal(MT_EXIT_ERROR, "router bias: no CUDA kernel"));
 }
 
 // The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM).

@@ -8,6 +8,7 @@
 #include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model_internal.h"
+#include "model/ops.h"
 #include "quant/qweight.h"
 
 #define XA(t) ROWS((t), o0, n)
@@ -21,15 +22,28 @@ static void check_rows(const mt_expert_scratch *sc, int L, int e, int64_t n) {
 // w1 and w3 apart into g and u. The Linears are given (an expert's own, or
 // copies holding its W dequantized once for the backward's recompute). ys NULL: the output is
 // not wanted (the recomputing backward), only what w2's backward reads: a, and its LoRA's xa.
-static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, const mt_linear *w3, mt_layer_acts *a,
-                        int64_t o0, int64_t n, const mt_tensor *ys) {
+// Expert e's rows of the layer's expert biases (gpt-oss): b[i] for w1, w2, w3, or NULL.
+static void expert_biases(const mt_model *m, const mt_layer *ly, int e, const float *b[3]) {
+    int64_t width[3] = {m->cfg.intermediate, m->cfg.hidden, m->cfg.intermediate};
+    for (int i = 0; i < 3; i++) b[i] = ly->ebias[i] ? F(ly->ebias[i]) + e * width[i] : NULL;
+}
+
+static void forward_cpu(mt_model *m, const mt_linear *w1, const mt_linear *w2, const mt_linear *w3, const float *b[3],
+                        mt_layer_acts *a, int64_t o0, int64_t n, const mt_tensor *ys) {
     int64_t f = m->cfg.intermediate;
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
     mt_linear_forward(w1, g, xs, XA(a->xa_w1), NULL);
     mt_linear_forward(w3, u, xs, XA(a->xa_w3), NULL);
+    if (b[0]) bias_forward_cpu(g->data, b[0], n, f);
+    if (b[2]) bias_forward_cpu(u->data, b[2], n, f);
     mt_op_swiglu_forward(m, act->data, g->data, u->data, n * f);
-    if (ys) mt_linear_forward(w2, ROWS(ys, o0, n), act, XA(a->xa_w2), NULL);
-    else if (w2->lora) mt_lora_project_cpu(w2->lora, XA(a->xa_w2)->data, act->data, n);
+    if (ys) {
+        mt_tensor *y = ROWS(ys, o0, n);
+        mt_linear_forward(w2, y, act, XA(a->xa_w2), NULL);
+        if (b[1]) bias_forward_cpu(y->data, b[1], n, m->cfg.hidden);
+    } else if (w2->lora) {
+        mt_lora_project_cpu(w2->lora, XA(a->xa_w2)->data, act->data, n);
+    }
 }
 
 int mt_experts_recompute_in_backward(const mt_model *m) { return m->recompute_mlp && m->par.ep_size == 1; }
@@ -39,17 +53,21 @@ int mt_experts_give_dweights(const mt_model *m) {
 }
 
 // Rows [o0, o0 + n) of the router's top-k weight gradient, dweight = dy·ys, from w2's backward:
-// da = w · (W2ᵀ·dy + LoRA's share) is linear in dy, so da·a = w · (dy·ys), LoRA (and its dropout)
-// included. A weight that is exactly 0 (a probability that underflowed) gets 0: the router's
-// backward multiplies its dweight by that probability anyway.
+// da = w · (W2ᵀ·dy + LoRA's share) is linear in dy, so da·a = w · (dy·(ys − b2)), LoRA (and its
+// dropout) included; w2's bias b2 (gpt-oss) adds dys·b2 = w · (dy·b2). A weight that is exactly 0
+// (a probability that underflowed) gets 0: the router's backward multiplies its dweight by that
+// probability anyway.
 static void dweights_from_da(const mt_model *m, const mt_layer_acts *a, const int32_t *order, float *dweights,
-                             const float *da, const float *act, int64_t o0, int64_t n) {
-    int64_t f = m->cfg.intermediate;
+                             const float *da, const float *act, const float *dys, const float *b2, int64_t o0,
+                             int64_t n) {
+    int64_t f = m->cfg.intermediate, H = m->cfg.hidden;
     const float *w = F(a->weights);
     for (int64_t r = 0; r < n; r++) {
         const float *dr = da + r * f, *ar = act + r * f;
         float dot = 0.0f;
         for (int64_t j = 0; j < f; j++) dot += dr[j] * ar[j];
+        if (b2)
+            for (int64_t j = 0; j < H; j++) dot += dys[r * H + j] * b2[j];
         int32_t slot = order[o0 + r];
         dweights[slot] += w[slot] != 0.0f ? dot / w[slot] : 0.0f;
     }
@@ -59,7 +77,9 @@ static void expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, con
                            const mt_expert_scratch *sc) {
     mt_layer_acts *a = layer_acts(m, L);
     check_rows(sc, L, e, n);
-    forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], a, o0, n, ys_own);
+    const float *b[3];
+    expert_biases(m, &m->layers[L], e, b);
+    forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], b, a, o0, n, ys_own);
 }
 
 // Rows [r0, r0 + n) of an expert scratch, zeroed (the backward accumulates into them).
@@ -92,18 +112,20 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     int64_t f = m->cfg.intermediate, H = m->cfg.hidden, s0 = sc->every_row ? o0 : 0;
     mt_linear w1 = ly->w1[e], w2 = ly->w2[e], w3 = ly->w3[e];
     mt_tensor t1, t2, t3;
+    const float *b[3];
+    expert_biases(m, ly, e, b);
     if (recompute) {
         float *ws = sc->w.data ? (float *)sc->w.data + (size_t)mt_thread_index() * (size_t)(3 * f * H) : NULL;
         w1 = cpu_with_weight(&ly->w1[e], &t1, ws), w3 = cpu_with_weight(&ly->w3[e], &t3, ws ? ws + f * H : NULL);
         w2 = cpu_with_weight(&ly->w2[e], &t2, ws ? ws + 2 * f * H : NULL);
-        forward_cpu(m, &w1, &w2, &w3, a, o0, n, mt_experts_give_dweights(m) ? NULL : a->ys);
+        forward_cpu(m, &w1, &w2, &w3, b, a, o0, n, mt_experts_give_dweights(m) ? NULL : a->ys);
     }
     mt_tensor *xs = ROWS(a->xs, o0, n), *g = ROWS(a->g, o0, n), *u = ROWS(a->u, o0, n), *act = ROWS(a->a, o0, n);
     mt_tensor da = zeroed_rows(m, &sc->da, s0, n), dgu = zeroed_rows(m, &sc->dgu, s0, n);  // [n, 2f]: dg | du
     mt_tensor dg = mt_view2(m->be, dgu.data, MT_F32, n, f, 0);
     mt_tensor du = mt_view2(m->be, dgu.data ? (float *)dgu.data + n * f : NULL, MT_F32, n, f, 0);
     mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), NULL);
-    if (dweights) dweights_from_da(m, a, order, dweights, F(&da), F(act), o0, n);
+    if (dweights) dweights_from_da(m, a, order, dweights, F(&da), F(act), F(ROWS(dys, o0, n)), b[1], o0, n);
     mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
     mt_tensor *dx = ROWS(dxs, o0, n);
     mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), NULL);

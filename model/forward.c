@@ -103,7 +103,7 @@ static void attention_forward(mt_model *m, int L) {
         mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
         mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);
         mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), mask, B, S, nh, nkv, hd,
-                                (int)c->sliding_window);
+                                (int)mt_config_layer_window(c, L));
     }
     mt_tensor o = step_work(m, adt, T, H, 0);
     mt_prof_push2("o GEMM", "LoRA q,k,v,o");
@@ -142,6 +142,7 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     }
     mt_prof_push2("router GEMM + top-k", "LoRA gate");
     mt_linear_forward(&ly->gate, a->logits, a->ln2, a->xa_gate, NULL);
+    if (ly->gate_bias) mt_op_logit_bias_forward(m, F(a->logits), A(ly->gate_bias), T, (int)c->experts);
     mt_prof_pop();
     route(m, L, replay);
     // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.

@@ -108,6 +108,10 @@ static void layer_slots(loader *ld, int L) {
             snprintf(n, sizeof n, "%s.self_attn.%s.bias", p, attn[i].name);
             dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, attn[i].out, 0, &ly->bias[i], &ly->dbias[i]);
         }
+    if (fam->attn_sinks) {  // a logit per head: trains with the other dense tensors, in --mode full
+        snprintf(n, sizeof n, "%s.self_attn.sinks", p);
+        dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, c->heads, 0, &ly->sinks, &ly->dsinks);
+    }
     if (fam->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
         int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
         snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
@@ -140,6 +144,17 @@ static void layer_slots(loader *ld, int L) {
     snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->router);
     linear_slot(ld, n, &ly->gate, c->experts, h, gate_trains ? TRAINABLE : frozen_role(o, MT_QTARGET_ROUTER),
                 lora && (o->targets & MT_TARGET_GATE), 0);
+    if (fam->router_bias) {  // dense; trains where the router's weight does
+        snprintf(n, sizeof n, "%s.%s.%s.bias", p, fam->moe_module, fam->router);
+        dense_slot(ld, n, gate_trains ? TRAINABLE : FROZEN_DENSE, 1, c->experts, 0, &ly->gate_bias, &ly->dgate_bias);
+    }
+    if (fam->fused_experts) {  // the fused biases, split per projection (fused_sink); full mode trains them
+        int64_t bd[3] = {c->intermediate, h, c->intermediate};
+        for (int i = 0; i < 3; i++) {
+            snprintf(n, sizeof n, "%s.%s.experts.%s_bias", p, fam->moe_module, fam->expert[i]);
+            dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 2, c->experts, bd[i], &ly->ebias[i], &ly->debias[i]);
+        }
+    }
     for (int e = 0; e < c->experts; e++) {
         int chosen = expert_chosen(o, L, e);
         weight_role role = full || (o->mode == MT_MODE_UNFREEZE && chosen) ? TRAINABLE
@@ -274,8 +289,107 @@ static int place(loader *ld, slot *s, mt_quant_item *it) {
 // ---------------------------------------------------------------------------------------------
 // Sources: a checkpoint streamed through quant/, or the config alone on the null backend
 
+// ---------------------------------------------------------------------------------------------
+// gpt-oss's fused experts (docs/families.md "gpt-oss"): gate_up_proj [E, H, 2f] holds expert e's
+// gate (w1) in its even columns and up (w3) in its odd ones, down_proj [E, f, H] is w2ᵀ; the
+// biases [E, 2f] interleave alike. Each expert's slices become the per-expert slots (their
+// names as Qwen's: experts.e.gate_proj.weight), quantized on load when the run asks.
+
+static const char *name_ends(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0 ? s + n - k : NULL;
+}
+
+// One expert's Linear from its f32 values [out, in], as a dense or 4-bit item.
+static int place_expert(loader *ld, slot *s, const float *w) {
+    const mt_model_spec *o = &ld->m->spec;
+    mt_quant_item it = {.name = s->name, .ndim = 2, .shape = {s->shape[0], s->shape[1]}, .data = w, .dtype = MT_F32};
+    mt_qweight q;
+    memset(&q, 0, sizeof q);
+    if (s->role == FROZEN_QUANT) {
+        if (mt_qweight_quantize(&q, ld->m->be, s->name, w, s->shape[0], s->shape[1], o->quant, o->quant_blocksize,
+                                o->double_quant) != 0)
+            return -1;
+        it.q = &q, it.data = NULL;
+    }
+    int rc = place(ld, s, &it);
+    mt_qweight_free(&q);  // a no-op once placed
+    return rc;
+}
+
+// A fused tensor of `prefix` (".../mlp.experts"): 1 when it was one (placed or failed: *rc), 0 when not.
+static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
+    const mt_model_config *c = &ld->m->cfg;
+    const mt_family *fam = mt_config_family(c);
+    const char *leaf = NULL;
+    int which = -1;  // 0 gate_up_proj, 1 down_proj, 2 gate_up_proj_bias, 3 down_proj_bias
+    static const char *const suffix[] = {".experts.gate_up_proj", ".experts.down_proj", ".experts.gate_up_proj_bias",
+                                         ".experts.down_proj_bias"};
+    for (int i = 0; i < 4 && which < 0; i++)
+        if ((leaf = name_ends(it->name, suffix[i]))) which = i;
+    if (!fam->fused_experts || which < 0) return 0;
+    int64_t E = c->experts, H = c->hidden, f = c->intermediate;
+    int64_t want[4][3] = {{E, H, 2 * f}, {E, f, H}, {E, 2 * f, 0}, {E, H, 0}};
+    int nd = which < 2 ? 3 : 2;
+    if (it->data == NULL || it->ndim != nd || it->shape[0] != want[which][0] || it->shape[1] != want[which][1] ||
+        (nd == 3 && it->shape[2] != want[which][2])) {
+        mt_error_set("tensor '%s': expected a dense [%lld, %lld%s%.0lld] (E, ...), got %d dimensions", it->name,
+                     (long long)want[which][0], (long long)want[which][1], nd == 3 ? ", " : "",
+                     (long long)want[which][2], it->ndim);
+        return *rc = -1, 1;
+    }
+    char n[200];
+    int pre = (int)(leaf - it->name);
+    size_t numel = (size_t)(E * want[which][1] * (nd == 3 ? want[which][2] : 1));
+    float *all = mt_xmalloc(numel * sizeof(float));
+    mt_quant_item_to_f32(it, all);
+    *rc = 0;
+    if (which >= 2) {  // biases: [E, 2f] split into w1's and w3's [E, f]; [E, H] as it is
+        if (which == 3) {
+            snprintf(n, sizeof n, "%.*s.experts.%s_bias", pre, it->name, fam->expert[1]);
+            slot *s = find_slot(ld, n);
+            mt_quant_item b = {.name = n, .ndim = 2, .shape = {E, H}, .data = all, .dtype = MT_F32};
+            *rc = s ? place(ld, s, &b) : 0;
+        } else {
+            float *half = mt_xmalloc((size_t)(E * f) * sizeof(float));
+            for (int k = 0; k < 2 && *rc == 0; k++) {  // k 0: gate (even columns), 1: up (odd)
+                for (int64_t e = 0; e < E; e++)
+                    for (int64_t i = 0; i < f; i++) half[e * f + i] = all[e * 2 * f + 2 * i + k];
+                snprintf(n, sizeof n, "%.*s.experts.%s_bias", pre, it->name, fam->expert[k ? 2 : 0]);
+                slot *s = find_slot(ld, n);
+                mt_quant_item b = {.name = n, .ndim = 2, .shape = {E, f}, .data = half, .dtype = MT_F32};
+                *rc = s ? place(ld, s, &b) : 0;
+            }
+            free(half);
+        }
+        free(all);
+        return 1;
+    }
+    float *w = mt_xmalloc((size_t)(f * H) * sizeof(float));
+    for (int64_t e = 0; e < E && *rc == 0; e++) {
+        for (int k = 0; k < (which == 0 ? 2 : 1) && *rc == 0; k++) {
+            const float *src = all + e * H * f * (which == 0 ? 2 : 1);
+            if (which == 0)  // w1 / w3 [f, H]: element (i, h) = gate_up[e, h, 2i + k]
+                for (int64_t i = 0; i < f; i++)
+                    for (int64_t hh = 0; hh < H; hh++) w[i * H + hh] = src[hh * 2 * f + 2 * i + k];
+            else  // w2 [H, f]: element (h, i) = down[e, i, h]
+                for (int64_t hh = 0; hh < H; hh++)
+                    for (int64_t i = 0; i < f; i++) w[hh * f + i] = src[i * H + hh];
+            snprintf(n, sizeof n, "%.*s.experts.%lld.%s.weight", pre, it->name, (long long)e,
+                     fam->expert[which == 1 ? 1 : k ? 2 : 0]);
+            slot *s = find_slot(ld, n);
+            if (s && !s->remote) *rc = place_expert(ld, s, w);
+        }
+    }
+    free(w);
+    free(all);
+    return 1;
+}
+
 static int sink(void *ctx, mt_quant_item *it) {
     loader *ld = ctx;
+    int rc;
+    if (fused_sink(ld, it, &rc)) return rc;
     slot *s = find_slot(ld, it->name);
     return s && !s->remote ? place(ld, s, it) : 0;  // not a weight of this model (or rank): ignored
 }
@@ -395,7 +509,21 @@ static int finish(loader *ld) {
 // with a part silently left out.
 static const char *missing_part(const mt_model_config *c) {
     if (c->clip_qkv > 0 && mt_config_family(c)->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
+    if (mt_config_family(c)->attn_sinks) return "attention sinks";
+    if (c->rope_yarn) return "YaRN RoPE";
     return NULL;
+}
+
+// gpt-oss's parts run on the cpu step (and are counted on null); the GPU step has no kernels for
+// the router and expert biases and the clamped SwiGLU yet (docs/families.md "gpt-oss").
+static int backend_runs(const mt_model_config *c, const mt_backend *be) {
+    const mt_family *fam = mt_config_family(c);
+    if (be->ops->kind == MT_BACKEND_CUDA && (fam->router_bias || fam->fused_experts || fam->clamped_swiglu)) {
+        mt_error_set("model_type %s: the CUDA step does not run its router and expert biases and clamped SwiGLU "
+                     "yet; use --device cpu (docs/families.md \"gpt-oss\")", c->model_type);
+        return -1;
+    }
+    return 0;
 }
 
 static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
@@ -415,6 +543,12 @@ static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
             mt_error_set("--experts names expert %d but the model has %lld", o->experts.items[i], (long long)c->experts);
             return -1;
         }
+    if (mt_config_family(c)->fused_experts && (o->mode == MT_MODE_FULL || o->mode == MT_MODE_UNFREEZE)) {
+        mt_error_set("--mode %s: %s's experts are stored fused ([E, H, 2f]); training them whole is not written "
+                     "yet: use --mode lora or router (docs/families.md \"gpt-oss\")", mt_mode_name(o->mode),
+                     c->model_type);
+        return -1;
+    }
     if (o->mode == MT_MODE_FULL && o->quant != MT_QUANT_NONE) {
         mt_error_set("--mode full trains every weight, so the base cannot be 4-bit: add --quant none");
         return -1;
@@ -510,7 +644,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->par = par ? *par : (mt_model_par){.ep_rank = 0, .ep_size = 1};
-    if (check_opts(&m->cfg, spec) != 0) return -1;
+    if (check_opts(&m->cfg, spec) != 0 || backend_runs(&m->cfg, be) != 0) return -1;
     if (m->par.ep_size < 1 || m->par.ep_rank < 0 || m->par.ep_rank >= m->par.ep_size ||
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",

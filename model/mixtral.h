@@ -26,7 +26,11 @@ typedef struct mt_layer {
     mt_tensor *bias[4], *dbias[4];  // q/k/v/o_proj biases where the family has them (NULL: none),
                                     // their gradients (full mode)
     mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
+    mt_tensor *sinks, *dsinks;   // self_attn.sinks [heads] (gpt-oss), or NULL; gradient in full mode
     mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
+    mt_tensor *gate_bias, *dgate_bias;  // the router's bias [E] (gpt-oss), or NULL; trains with the router
+    mt_tensor *ebias[3], *debias[3];    // the experts' biases (gpt-oss): w1 [E, f], w2 [E, H], w3 [E, f]
+                                        // (gate_up_proj_bias de-interleaved), or NULL
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
     // A dense layer (Qwen's mlp_only_layers, decoder_sparse_step): no router and no experts (their
     // Linears stay empty), its MLP in mlp[]. An MoE layer with a shared expert (Qwen2-MoE): the

@@ -161,6 +161,8 @@ int64_t mt_mlp_size(const mt_model *m, int L);
 // clamped to [-c, c]; dy zeroed where the value before clamping (x, or RMSNorm's output
 // w · (x_raw · rstd) over rows of `width`) was outside [-c, c]. Counting: nothing runs.
 void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n);
+void mt_op_logit_bias_forward(mt_model *m, float *logits, const mt_act *b, int T, int E);
+void mt_op_logit_bias_backward(mt_model *m, mt_act *db, const float *dlogits, int T, int E);
 void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n);
 void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c);
 void mt_clip_backward(mt_model *m, mt_act *dy, const mt_act *x, int64_t n, float c);

@@ -159,6 +159,12 @@ static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
             if (strstr(w->name, proj[i])) return ly->dbias[i] ? ly->bias[i] : NULL;
         return NULL;
     }
+    if (w->kind == MT_WEIGHT_PARAM) {  // gpt-oss's sinks and router bias
+        mt_layer *ly = &m->layers[w->layer];
+        if (strstr(w->name, ".self_attn.sinks")) return ly->dsinks ? ly->sinks : NULL;
+        return ly->dgate_bias ? ly->gate_bias : NULL;
+    }
+    if (w->kind == MT_WEIGHT_EXPERTS) return NULL;  // fused experts never train whole (check_opts)
     if (w->kind == MT_WEIGHT_NORM) {
         if (w->layer < 0) return m->dnorm ? m->norm : NULL;
         mt_layer *ly = &m->layers[w->layer];

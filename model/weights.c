@@ -10,6 +10,12 @@ static mt_weight_desc *add(mt_weight_desc *list, size_t *n, mt_weight_kind kind,
                            int expert, int64_t d0, int64_t d1, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 
+int64_t mt_weight_numel(const mt_weight_desc *w) {
+    int64_t n = 1;
+    for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
+    return n;
+}
+
 #include <stdarg.h>
 static mt_weight_desc *add(mt_weight_desc *list, size_t *n, mt_weight_kind kind, int layer,
                            int expert, int64_t d0, int64_t d1, const char *fmt, ...) {
@@ -40,6 +46,7 @@ static void attn_weights(const mt_model_config *c, mt_weight_desc *l, size_t *n,
         add(l, n, MT_WEIGHT_LINEAR, L, -1, proj[i].out, proj[i].in, "%s.%d.self_attn.%s.weight", p, L, proj[i].name);
         if (proj[i].bias) add(l, n, MT_WEIGHT_BIAS, L, -1, proj[i].out, 0, "%s.%d.self_attn.%s.bias", p, L, proj[i].name);
     }
+    if (fam->attn_sinks) add(l, n, MT_WEIGHT_PARAM, L, -1, c->heads, 0, "%s.%d.self_attn.sinks", p, L);
     if (fam->qk_norm != MT_QK_NORM_NONE) {
         int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
         add(l, n, MT_WEIGHT_NORM, L, -1, per_head ? c->head_dim : q, 0, "%s.%d.self_attn.q_norm.weight", p, L);
@@ -75,6 +82,19 @@ size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
             continue;
         }
         add(l, &n, MT_WEIGHT_LINEAR, L, -1, c->experts, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->router);
+        if (fam->router_bias)
+            add(l, &n, MT_WEIGHT_PARAM, L, -1, c->experts, 0, "%s.%d.%s.%s.bias", p, L, fam->moe_module, fam->router);
+        if (fam->fused_experts) {  // gpt-oss: [E, H, 2f] with gate and up interleaved, [E, f, H]; biases
+            int64_t E = c->experts, f = c->intermediate;
+            snprintf(mod, sizeof mod, "%s.%d.%s.experts", p, L, fam->moe_module);
+            add(l, &n, MT_WEIGHT_EXPERTS, L, -1, E, h, "%s.gate_up_proj", mod)->shape[2] = 2 * f;
+            l[n - 1].ndim = 3;
+            add(l, &n, MT_WEIGHT_BIAS, L, -1, E, 2 * f, "%s.gate_up_proj_bias", mod);
+            add(l, &n, MT_WEIGHT_EXPERTS, L, -1, E, f, "%s.down_proj", mod)->shape[2] = h;
+            l[n - 1].ndim = 3;
+            add(l, &n, MT_WEIGHT_BIAS, L, -1, E, h, "%s.down_proj_bias", mod);
+            continue;
+        }
         for (int e = 0; e < c->experts; e++) {
             snprintf(mod, sizeof mod, "%s.%d.%s.experts.%d", p, L, fam->moe_module, e);
             mlp_weights(l, &n, L, e, h, c->intermediate, fam->expert, mod);
@@ -93,7 +113,7 @@ size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
 
 void mt_weights_init_fill(const mt_model_config *cfg, const mt_weight_desc *w, uint64_t seed,
                           mt_dtype dtype, void *dst) {
-    size_t numel = (size_t)w->shape[0] * (size_t)(w->ndim == 2 ? w->shape[1] : 1);
+    size_t numel = (size_t)mt_weight_numel(w);
     mt_rng rng;
     mt_rng_seed(&rng, seed, mt_hash_string(w->name));
     float std = (float)cfg->initializer_range;

@@ -11,18 +11,24 @@
 extern "C" {
 #endif
 
-// BIAS: a Linear's bias [out] (Qwen2-MoE's q/k/v); NORM also covers the q/k RMSNorm weights.
-typedef enum { MT_WEIGHT_EMBED, MT_WEIGHT_NORM, MT_WEIGHT_LINEAR, MT_WEIGHT_BIAS } mt_weight_kind;
+// BIAS: a Linear's bias [out] (Qwen2-MoE's q/k/v), or gpt-oss's experts' [E, n], zero at init;
+// NORM also covers the q/k RMSNorm weights; PARAM: a vector drawn like a Linear's weight (gpt-oss's
+// router bias, attention sinks); EXPERTS: gpt-oss's fused experts, [E, in, out] (x · W).
+typedef enum { MT_WEIGHT_EMBED, MT_WEIGHT_NORM, MT_WEIGHT_LINEAR, MT_WEIGHT_BIAS, MT_WEIGHT_PARAM,
+               MT_WEIGHT_EXPERTS } mt_weight_kind;
 
 typedef struct mt_weight_desc {
     char name[128];
     mt_weight_kind kind;
     int ndim;
-    int64_t shape[2];  // [out, in] for linears, [vocab, hidden] for embeddings, [n] for norms, biases
+    int64_t shape[3];  // [out, in] for linears, [vocab, hidden] for embeddings, [n] for norms, biases,
+                       // [E, in, out] for fused experts
     int layer;         // -1 outside the decoder layers
     int expert;        // -1 outside the experts
 } mt_weight_desc;
 
+// Elements of a described tensor.
+int64_t mt_weight_numel(const mt_weight_desc *w);
 // Every tensor of the checkpoint in Hugging Face order; the caller frees *out.
 size_t mt_weights_list(const mt_model_config *cfg, mt_weight_desc **out);
 

@@ -68,6 +68,12 @@ void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, co
 void swiglu_forward_cpu(float *a, const float *g, const float *u, int64_t n);
 // dg, du [n] +=
 void swiglu_backward_cpu(float *dg, float *du, const float *da, const float *g, const float *u, int64_t n);
+// gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate): g' = min(g, limit),
+// u' = clamp(u, ±limit), a = (u' + 1) · g'·σ(alpha·g'). The clamps pass the gradient where the
+// value was inside (bounds included, as torch.clamp's backward), 0 elsewhere.
+void swiglu_clamped_forward_cpu(float *a, const float *g, const float *u, int64_t n, float alpha, float limit);
+void swiglu_clamped_backward_cpu(float *dg, float *du, const float *da, const float *g, const float *u, int64_t n,
+                                 float alpha, float limit);
 // The same over the fused w1‖w3 output (the GPU step's one GEMM): row r of gu [rows, 2f] is
 // [g_r (f values) | u_r (f values)]. Element for element the split kernels' arithmetic, so the
 // results are equal bit for bit (tests/test_moe_ops.c); the fp32 twins of swiglu_fused_*_cuda.

@@ -31,6 +31,27 @@ MT_HOT void swiglu_backward_cpu(float *restrict dg, float *restrict du, const fl
     }
 }
 
+MT_HOT void swiglu_clamped_forward_cpu(float *restrict a, const float *restrict g, const float *restrict u, int64_t n,
+                                       float alpha, float limit) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < n; i++) {
+        const float gc = fminf(g[i], limit), uc = fminf(fmaxf(u[i], -limit), limit);
+        a[i] = (uc + 1.0f) * (gc * sigmoidf(gc * alpha));
+    }
+}
+
+// d/du' = g'·σ(αg'); d/dg' = (u' + 1)·s·(1 + αg'(1 − s)), s = σ(αg'); then the clamps' masks.
+MT_HOT void swiglu_clamped_backward_cpu(float *restrict dg, float *restrict du, const float *restrict da,
+                                        const float *restrict g, const float *restrict u, int64_t n, float alpha,
+                                        float limit) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < n; i++) {
+        const float gc = fminf(g[i], limit), uc = fminf(fmaxf(u[i], -limit), limit), s = sigmoidf(gc * alpha);
+        if (dg && g[i] <= limit) dg[i] += da[i] * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s));
+        if (du && u[i] >= -limit && u[i] <= limit) du[i] += da[i] * gc * s;
+    }
+}
+
 // The fused layout: row r of gu [rows, 2f] = [g_r | u_r]. Same expressions as above, so the same
 // bits; a row per iteration of the parallel loop, the row's columns vectorized.
 MT_HOT void swiglu_fused_forward_cpu(float *restrict a, const float *restrict gu, int64_t rows, int64_t f) {

@@ -41,8 +41,9 @@ static void expect_error(const char *json, const char *frag) {
 }
 
 Test(family, table_names_each_model_type) {
-    const char *types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
-    for (int i = 0; i < 4; i++) {
+    const char *types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"};
+    cr_assert_eq(MT_ARRAY_LEN(types), MT_FAMILY_COUNT);
+    for (int i = 0; i < MT_FAMILY_COUNT; i++) {
         const mt_family *f = mt_family_find(types[i]);
         cr_assert_not_null(f, "%s", types[i]);
         cr_assert_eq(f, mt_family_get((mt_family_id)i));
@@ -52,6 +53,42 @@ Test(family, table_names_each_model_type) {
     cr_assert_null(mt_family_find(NULL));
     cr_assert_str_eq(mt_family_get(MT_FAMILY_MIXTRAL)->moe_module, "block_sparse_moe");
     cr_assert_str_eq(mt_family_get(MT_FAMILY_QWEN3_MOE)->expert[1], "down_proj");
+    cr_assert_str_eq(mt_family_get(MT_FAMILY_GPT_OSS)->router, "router");
+}
+
+// gpt-oss's checkpoint (the names and shapes transformers' GptOssForCausalLM has: its fused
+// experts [E, H, 2f] and [E, f, H], their biases, the router's bias, the attention sinks); the
+// sum of the list is the parameter count; `moetrain init` of it loads in transformers 4.57 and
+// 5.24 with no missing or unexpected key (scripts/check_family_init.py, run by hand).
+Test(family, gpt_oss_weight_list) {
+    mt_model_config c;
+    load(MT_REPO_ROOT "/tests/data/hf_configs/v5/gpt_oss.json", &c);
+    mt_weight_desc *w;
+    size_t n = mt_weights_list(&c, &w);
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; i++) sum += mt_weight_numel(&w[i]);
+    cr_assert_eq(sum, mt_config_total_params(&c), "list %lld, count %lld", (long long)sum,
+                 (long long)mt_config_total_params(&c));
+    struct { const char *name; int ndim; int64_t d[3]; } want[] = {
+        {"model.layers.1.self_attn.sinks", 1, {6}},
+        {"model.layers.1.self_attn.o_proj.bias", 1, {48}},
+        {"model.layers.1.mlp.router.weight", 2, {6, 48}},
+        {"model.layers.1.mlp.router.bias", 1, {6}},
+        {"model.layers.1.mlp.experts.gate_up_proj", 3, {6, 48, 80}},
+        {"model.layers.1.mlp.experts.gate_up_proj_bias", 2, {6, 80}},
+        {"model.layers.1.mlp.experts.down_proj", 3, {6, 40, 48}},
+        {"model.layers.1.mlp.experts.down_proj_bias", 2, {6, 48}},
+    };
+    for (size_t k = 0; k < MT_ARRAY_LEN(want); k++) {
+        const mt_weight_desc *x = NULL;
+        for (size_t i = 0; i < n && !x; i++)
+            if (strcmp(w[i].name, want[k].name) == 0) x = &w[i];
+        cr_assert_not_null(x, "%s missing", want[k].name);
+        cr_assert_eq(x->ndim, want[k].ndim, "%s", want[k].name);
+        for (int d = 0; d < x->ndim; d++) cr_assert_eq(x->shape[d], want[k].d[d], "%s dim %d", want[k].name, d);
+    }
+    for (size_t i = 0; i < n; i++) cr_assert_null(strstr(w[i].name, "experts.0."), "%s: per-expert name", w[i].name);
+    free(w);
 }
 
 Test(family, tiny_configs_read_with_their_parts) {
@@ -147,7 +184,7 @@ Test(family, each_check_names_its_field) {
     expect_error("{" Q2 ", \"decoder_sparse_step\": 0}", "decoder_sparse_step");
     expect_error("{" Q2 ", \"use_sliding_window\": true}", "use_sliding_window");
     expect_error("{" Q2 ", \"head_dim\": 8}", "head_dim");
-    expect_error("{" Q2 ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}", "rope_scaling");
+    expect_error("{" Q2 ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 4.0}}", "rope_scaling");
     expect_error("{" Q2 ", \"norm_topk_prob\": 1}", "norm_topk_prob");
     expect_error("{" OL ", \"clip_qkv\": 0}", "clip_qkv");
     expect_error("{" OL ", \"clip_qkv\": -1.5}", "clip_qkv");

@@ -100,8 +100,7 @@ int cmd_init(int argc, char **argv) {
         entries[i].name = weights[i].name;
         entries[i].dtype = mt_st_dtype_of(cfg.torch_dtype);
         entries[i].ndim = weights[i].ndim;
-        entries[i].shape[0] = weights[i].shape[0];
-        entries[i].shape[1] = weights[i].shape[1];
+        for (int d = 0; d < weights[i].ndim; d++) entries[i].shape[d] = weights[i].shape[d];
     }
     init_ctx ctx = {&cfg, weights, seed, cfg.torch_dtype};
     char path[4200];

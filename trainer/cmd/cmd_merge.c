@@ -107,9 +107,7 @@ static lora_pair *find_pair(merge_ctx *c, const char *weight_name) {
     return NULL;
 }
 
-static size_t numel_of(const mt_weight_desc *d) {
-    return (size_t)d->shape[0] * (size_t)(d->ndim == 2 ? d->shape[1] : 1);
-}
+static size_t numel_of(const mt_weight_desc *d) { return (size_t)mt_weight_numel(d); }
 
 // Tensor `index` of the output: the base's values in f32 (dequantized when 4-bit), replaced by
 // a trained tensor or plus the adapter's delta, in the output dtype.
@@ -246,6 +244,11 @@ static int same_dir(const char *a, const char *b) {
 static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_size) {
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
+    if (mt_config_family(&cfg)->fused_experts) {  // LoRA deltas into [E, H, 2f] interleaved: not written yet
+        mt_error_set("%s: merge does not handle %s's fused experts yet (docs/families.md \"gpt-oss\")", o->model,
+                     cfg.model_type);
+        return -1;
+    }
     mt_dtype out_dtype = out_dtype_or_base >= 0 ? (mt_dtype)out_dtype_or_base : cfg.torch_dtype;
     if (out_dtype != MT_BF16 && out_dtype != MT_F32 && out_dtype != MT_F16) out_dtype = MT_BF16;
     if (mt_is_dir(o->out) && same_dir(o->out, o->model)) {
@@ -295,8 +298,7 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         e[i].name = desc[i].name;
         e[i].dtype = mt_st_dtype_of(out_dtype);
         e[i].ndim = desc[i].ndim;
-        e[i].shape[0] = desc[i].shape[0];
-        e[i].shape[1] = desc[i].shape[1];
+        for (int d = 0; d < desc[i].ndim; d++) e[i].shape[d] = desc[i].shape[d];
     }
     if (mt_mkdir_p(o->out) != 0 ||
         mt_st_write_sharded(o->out, e, c.n, (uint64_t)shard_size, fill_tensor, &c) != 0)
