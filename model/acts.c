@@ -236,6 +236,8 @@ static void layer_free(mt_layer *ly, int E) {
     mt_tensor_free(ly->ln1), mt_tensor_free(ly->ln2), mt_tensor_free(ly->dln1), mt_tensor_free(ly->dln2);
     mt_tensor_free(ly->qn), mt_tensor_free(ly->kn), mt_tensor_free(ly->dqn), mt_tensor_free(ly->dkn);
     for (int i = 0; i < 4; i++) mt_tensor_free(ly->bias[i]), mt_tensor_free(ly->dbias[i]);
+    for (int i = 0; i < 3; i++) mt_tensor_free(ly->ebias[i]), mt_tensor_free(ly->debias[i]);
+    mt_tensor_free(ly->sinks), mt_tensor_free(ly->dsinks), mt_tensor_free(ly->gate_bias), mt_tensor_free(ly->dgate_bias);
     mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate};
     for (int i = 0; i < 9; i++) mt_linear_free(ls[i]);
     for (int e = 0; ly->w1 && e < E; e++) mt_linear_free(&ly->w1[e]), mt_linear_free(&ly->w2[e]), mt_linear_free(&ly->w3[e]);

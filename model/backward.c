@@ -230,6 +230,8 @@ void mt_model_zero_grad(mt_model *m) {
         mt_layer *ly = &m->layers[L];
         zero(m->be, ly->dln1), zero(m->be, ly->dln2), zero(m->be, ly->dqn), zero(m->be, ly->dkn);
         for (int i = 0; i < 4; i++) zero(m->be, ly->dbias[i]);
+        for (int i = 0; i < 3; i++) zero(m->be, ly->debias[i]);
+        zero(m->be, ly->dsinks), zero(m->be, ly->dgate_bias);
         mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
                            &ly->shared_gate};
         for (int i = 0; i < 9; i++) zero_linear(m->be, ls[i]);

@@ -52,6 +52,10 @@ int mt_model_params(mt_model *m, mt_param **out) {
                 snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.bias", L, attn[i]);
                 add(&l, module, ly->bias[i], ly->dbias[i]);
             }
+        if (ly->dsinks) {
+            snprintf(module, sizeof module, "model.layers.%d.self_attn.sinks", L);
+            add(&l, module, ly->sinks, ly->dsinks);
+        }
         mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
         for (int i = 0; i < 4; i++) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", L, attn[i]);
@@ -70,6 +74,10 @@ int mt_model_params(mt_model *m, mt_param **out) {
         if (ly->dense) continue;
         snprintf(module, sizeof module, "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
         add_linear(&l, module, &ly->gate);
+        if (ly->dgate_bias) {  // gpt-oss: trains with the router's weight
+            snprintf(module, sizeof module, "model.layers.%d.%s.%s.bias", L, fam->moe_module, fam->router);
+            add(&l, module, ly->gate_bias, ly->dgate_bias);
+        }
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {
