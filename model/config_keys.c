@@ -37,6 +37,9 @@ static const char *const IGNORED[] = {
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     // Qwen: the layers a sliding window would apply to; moetrain refuses use_sliding_window: true.
     "max_window_layers",
+    // gpt-oss's published config.json: OpenAI's own names, which GptOssConfig stores and its
+    // modeling never reads (num_experts_per_tok and rope_scaling are what it uses).
+    "experts_per_token", "initial_context_length",
 };
 
 // Fields of the family's optional parts (model/family.h), read by model/config.c.
