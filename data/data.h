@@ -11,6 +11,8 @@
 //                                                     only the output and its EOS in the loss
 //   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
 //                                                     only the assistant turns and their EOS
+//                                                     (harmony, gpt-oss: also "developer" first,
+//                                                     an assistant's "thinking", empty contents)
 //   {"prompt": "...", "completion": "..."}            TRL's prompt-completion rows, as TRL's
 //                                                     SFTTrainer reads them by default
 //                                                     (completion_only_loss): <s> prompt completion
