@@ -53,6 +53,7 @@
 //   olmo    AI2's OLMo template: tulu's, opened with eos_token instead of bos_token (as public
 //           OLMo and OLMoE code quotes it; OLMoE's tokenizer has bos = eos = <|endoftext|>, where
 //           the two render alike).
+//   harmony gpt-oss's (OpenAI's harmony format), in chat_harmony.c; recognised by HARMONY_SHA256.
 //   Loss: the assistant's content and its end marker (<|im_end|>, eos_token), never the "\n"
 //   after it nor the role headers. Special tokens are emitted as text (the BPE encoder matches
 //   them as added tokens, as transformers does); each run is encoded separately, which equals
@@ -124,6 +125,10 @@ static int check_conversation(const mt_chat_msg *msgs, int n, int need_assistant
         }
         if (!content[0]) {
             mt_error_set("message %d (%s): empty \"content\"", i, role);
+            return -1;
+        }
+        if (msgs[i].thinking) {
+            mt_error_set("message %d: \"thinking\" is rendered only by the harmony template (gpt-oss)", i);
             return -1;
         }
         if (i < *first) continue;
@@ -328,6 +333,7 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
         return -1;
     }
     if (t->style == MT_CHAT_MIXTRAL) return mt_chat_render(msgs, n, need_assistant, emit, ctx);
+    if (t->style == MT_CHAT_HARMONY) return mt_chat_render_harmony(t, msgs, n, need_assistant, emit, ctx);
     int first;
     if (check_conversation(msgs, n, need_assistant, &first)) return -1;
     if (t->style == MT_CHAT_TULU || t->style == MT_CHAT_OLMO) {
@@ -342,10 +348,13 @@ int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, 
 
 // --- selection -----------------------------------------------------------------------------
 
-static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2", "qwen3", "olmo"};
+static const char *const style_names[] = {"mixtral", "chatml", "qwen", "tulu", "qwen2", "qwen3", "olmo", "harmony"};
 
 // Qwen3's template (Qwen3-30B-A3B's tokenizer_config.json, 4.1 kB), canonical form's SHA-256.
 #define QWEN3_SHA256 "3c8fb44cf96664e5bdf28e72399771f0d8100f4d37b52f278d941d79c9850ec7"
+// gpt-oss-120b's (16.7 kB; llama.cpp's models/templates/openai-gpt-oss-120b.jinja, kept in
+// tests/data/harmony/chat_template.jinja), canonical form's SHA-256.
+#define HARMONY_SHA256 "b97142d8130e4b4b9cc84b4ce4e1343fd5331131af7602c669e5b588f9525704"
 
 // Tulu's template after its opening token (bos_token for tulu, eos_token for AI2's olmo).
 #define TULU_BODY                                                                                  \
@@ -386,7 +395,7 @@ int mt_chat_style_parse(const char *name, mt_chat_style *out) {
             *out = (mt_chat_style)i;
             return 0;
         }
-    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2, qwen3, tulu or olmo)", name);
+    mt_error_set("unknown chat template \"%s\" (auto, mixtral, chatml, qwen, qwen2, qwen3, tulu, olmo or harmony)", name);
     return -1;
 }
 
@@ -446,6 +455,7 @@ static char *jinja_canonical(const char *s) {
 // Templates too long to keep here, known by the SHA-256 of their canonical form.
 static const struct { mt_chat_style style; const char *sha256; } hashed_templates[] = {
     {MT_CHAT_QWEN3, QWEN3_SHA256},
+    {MT_CHAT_HARMONY, HARMONY_SHA256},
 };
 
 int mt_chat_template_recognise(const char *jinja, mt_chat_style *out) {
@@ -480,6 +490,7 @@ static void token_string(const cJSON *v, char *buf, size_t n) {
 static mt_chat_style family_template(const char *config, char *type, size_t n) {
     static const struct { const char *model_type; mt_chat_style style; } fams[] = {
         {"mixtral", MT_CHAT_MIXTRAL}, {"qwen2_moe", MT_CHAT_QWEN}, {"qwen3_moe", MT_CHAT_QWEN3}, {"olmoe", MT_CHAT_TULU},
+        {"gpt_oss", MT_CHAT_HARMONY},
     };
     char *text = NULL;
     size_t len;
@@ -547,7 +558,7 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
     int spm_like = kind != MT_TOKENIZER_BPE;
     if (!cJSON_IsString(ct)) {
         snprintf(t->why, sizeof t->why, "%.400s has no chat_template: pass --chat-template chatml, qwen, "
-                 "qwen2, qwen3, tulu or olmo to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
+                 "qwen2, qwen3, tulu, olmo or harmony to use chat samples", root ? path : "the model folder (no tokenizer_config.json)");
         if (spm_like) {  // a tiny byte-level model or Mixtral's tokenizer.model: the family's own
             char type[64];
             t->style = family_template(config, type, sizeof type);
@@ -562,8 +573,8 @@ int mt_chat_template_load(mt_chat_template *t, const char *model_dir, const char
         snprintf(t->source, sizeof t->source, "tokenizer_config.json");
     } else {
         snprintf(t->why, sizeof t->why, "%.400s: chat_template is not one moetrain knows (Mixtral, ChatML, "
-                 "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu, OLMo): pass --chat-template mixtral, chatml, qwen, qwen2, "
-                 "qwen3, tulu or olmo for the closest", path);
+                 "Qwen1.5, Qwen2, Qwen3, OLMoE/Tulu, OLMo, gpt-oss harmony): pass --chat-template mixtral, chatml, "
+                 "qwen, qwen2, qwen3, tulu, olmo or harmony for the closest", path);
         if (spm_like) {
             mt_warn("%s; using mixtral", t->why);
             t->style = MT_CHAT_MIXTRAL;
@@ -610,7 +621,7 @@ int mt_instruction_render_chat(const char *instruction, const char *input, const
             sb_add(&b, "\n\n");
             sb_add(&b, input);
         }
-        mt_chat_msg m[2] = {{"user", b.p, 0}, {"assistant", output, 0}};
+        mt_chat_msg m[2] = {{"user", b.p, 0, NULL}, {"assistant", output, 0, NULL}};
         int rc = mt_chat_render_template(chat, m, output ? 2 : 1, output != NULL, emit, ctx);
         free(b.p);
         return rc;

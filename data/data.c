@@ -256,11 +256,26 @@ static const char *const sharegpt_roles[3] = {"system", "human", "gpt"};
 static const msg_dialect plain_msgs = {"role", "content", plain_roles};
 static const msg_dialect sharegpt_msgs = {"from", "value", sharegpt_roles};
 
+// A message's reasoning, under the names transformers aliases to the "thinking" gpt-oss's template
+// reads ("thinking" first, then "reasoning_content", "reasoning"; null counts as absent). 0 with
+// *out (NULL when none) or -1 with an error.
+static int read_thinking(const loader *L, const cJSON *msg, const char *ctx, const char **out) {
+    static const char *const keys[] = {"thinking", "reasoning_content", "reasoning"};
+    *out = NULL;
+    for (size_t k = 0; k < MT_ARRAY_LEN(keys) && !*out; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(msg, keys[k]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (get_string(L, msg, keys[k], 1, ctx, out) < 0) return -1;
+    }
+    return 0;
+}
+
 // Appends the messages of array `key` to m[*n..] (m has room for them), roles mapped to
-// system/user/assistant; no_loss marks assistant turns kept out of the loss. 0 or -1 with an error.
+// system/user/assistant (and developer, for harmony); no_loss marks assistant turns kept out of
+// the loss. 0 or -1 with an error.
 static int read_messages(const loader *L, const cJSON *arr, const char *key, const msg_dialect *dl, int no_loss,
                          mt_chat_msg *m, int *n) {
-    int i = 0;
+    int i = 0, harmony = L->d->opts.chat.style == MT_CHAT_HARMONY;
     const cJSON *it;
     cJSON_ArrayForEach(it, arr) {
         char ctx[64];
@@ -269,17 +284,31 @@ static int read_messages(const loader *L, const cJSON *arr, const char *key, con
             mt_error_set("%s: %s[%d] is not an object", L->where, key, i);
             return -1;
         }
-        const char *role, *content;
-        if (required_string(L, it, dl->role_key, ctx, &role) || required_string(L, it, dl->content_key, ctx, &content))
-            return -1;
-        int k = 0;
-        while (k < 3 && strcmp(role, dl->names[k]) != 0) k++;
-        if (k == 3) {
-            mt_error_set("%s: %sunknown %s \"%s\" (%s, %s or %s)", L->where, ctx, dl->role_key, role, dl->names[0],
-                         dl->names[1], dl->names[2]);
+        // Tools need their definitions too, which no row form carries: refused rather than dropped.
+        if (cJSON_GetObjectItemCaseSensitive(it, "tool_calls")) {
+            mt_error_set("%s: %s\"tool_calls\": tool calls are not supported in training data", L->where, ctx);
             return -1;
         }
-        m[*n] = (mt_chat_msg){plain_roles[k], content, no_loss};
+        const char *role, *content, *thinking;
+        // Harmony renders empty contents (and so transformers does): only there are they kept.
+        if (required_string(L, it, dl->role_key, ctx, &role)) return -1;
+        int rc = get_string(L, it, dl->content_key, harmony, ctx, &content);
+        if (rc == 1) mt_error_set("%s: %smissing \"%s\"", L->where, ctx, dl->content_key);
+        if (rc || read_thinking(L, it, ctx, &thinking)) return -1;
+        int k = 0;
+        while (k < 3 && strcmp(role, dl->names[k]) != 0) k++;
+        const char *mapped = k < 3 ? plain_roles[k] : NULL;
+        if (!mapped && dl == &plain_msgs && strcmp(role, "developer") == 0) mapped = "developer";
+        if (!mapped && strcmp(role, "tool") == 0) {
+            mt_error_set("%s: %srole \"tool\": tool messages are not supported in training data", L->where, ctx);
+            return -1;
+        }
+        if (!mapped) {
+            mt_error_set("%s: %sunknown %s \"%s\" (%s, %s or %s%s)", L->where, ctx, dl->role_key, role, dl->names[0],
+                         dl->names[1], dl->names[2], dl == &plain_msgs ? "; developer with harmony" : "");
+            return -1;
+        }
+        m[*n] = (mt_chat_msg){mapped, content, no_loss, thinking};
         ++*n, i++;
     }
     return 0;

@@ -11,6 +11,8 @@
 //                                                     only the output and its EOS in the loss
 //   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
 //                                                     only the assistant turns and their EOS
+//                                                     (harmony, gpt-oss: also "developer" first,
+//                                                     an assistant's "thinking", empty contents)
 //   {"prompt": "...", "completion": "..."}            TRL's prompt-completion rows, as TRL's
 //                                                     SFTTrainer reads them by default
 //                                                     (completion_only_loss): <s> prompt completion
@@ -109,12 +111,15 @@ typedef enum { MT_PROMPT_ALPACA, MT_PROMPT_ALPACA_SHORT, MT_PROMPT_NONE, MT_PROM
 // tokenizer_config.json has none, or one we do not recognise): a chat sample is then an error
 // carrying `why`, which suggests --chat-template.
 typedef enum {
-    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_QWEN3, MT_CHAT_OLMO, MT_CHAT_NONE
+    MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_TULU, MT_CHAT_QWEN2, MT_CHAT_QWEN3, MT_CHAT_OLMO,
+    MT_CHAT_HARMONY, MT_CHAT_NONE
 } mt_chat_style;
 typedef struct mt_chat_template {
     mt_chat_style style;
     char bos_token[128], eos_token[128];  // tokenizer_config.json's strings, for the templates that
                                           // print them (tulu); "" when it has none
+    char date[16];                         // harmony's "Current date: " (YYYY-MM-DD; mt_chat_date_set);
+                                           // "" renders today's local date, as transformers does
     char why[1024];                        // style NONE: the message a chat sample fails with
     char source[256];                      // where the style came from, for the data line:
                                            // "tokenizer_config.json", "--chat-template", "built-in
@@ -237,9 +242,10 @@ typedef enum { MT_SEG_TEXT, MT_SEG_BOS, MT_SEG_EOS } mt_seg_kind;
 typedef int (*mt_seg_fn)(void *ctx, mt_seg_kind kind, const char *text, size_t len, int in_loss);
 
 typedef struct mt_chat_msg {
-    const char *role;     // "system" (first only), "user", "assistant"
-    const char *content;  // non-empty
+    const char *role;     // "system" (first only), "user", "assistant"; harmony: "developer" (first only)
+    const char *content;  // non-empty (harmony: may be empty)
     int no_loss;          // an assistant turn kept out of the loss (a TRL prompt's own replies)
+    const char *thinking; // an assistant's reasoning (harmony's analysis channel); NULL: none
 } mt_chat_msg;
 
 // Mixtral-8x7B-Instruct's template. Roles must be [system] user assistant user assistant ...;
@@ -252,7 +258,12 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
 // apply_chat_template on the template strings listed in chat_template.c.
 int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, int n,
                             int need_assistant, mt_seg_fn emit, void *ctx);
-// "mixtral" | "chatml" | "qwen" | "qwen2" | "tulu" → style; -1 with an error listing them.
+// gpt-oss's harmony template (chat_harmony.c), called by mt_chat_render_template.
+int mt_chat_render_harmony(const mt_chat_template *t, const mt_chat_msg *msgs, int n, int need_assistant,
+                           mt_seg_fn emit, void *ctx);
+// --chat-date: "" → today's local date, else YYYY-MM-DD, into t->date. -1 with an error naming the flag.
+int mt_chat_date_set(mt_chat_template *t, const char *flag);
+// "mixtral" | "chatml" | "qwen" | "qwen2" | "tulu" | "harmony" … → style; -1 with an error listing them.
 int mt_chat_style_parse(const char *name, mt_chat_style *out);
 const char *mt_chat_style_name(mt_chat_style s);
 // Which known template a tokenizer_config.json chat_template string is (compared with Jinja's

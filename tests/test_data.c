@@ -185,7 +185,7 @@ static int collect(void *ctx, mt_seg_kind kind, const char *text, size_t len, in
 
 Test(data, chat_render_for_generation) {
     char out[512] = "";
-    mt_chat_msg m[] = {{"user", "Hi", 0}};
+    mt_chat_msg m[] = {{"user", "Hi", 0, NULL}};
     cr_assert_eq(mt_chat_render(m, 1, 0, collect, out), 0, "%s", mt_error_get());
     cr_assert_str_eq(out, "<s>[INST] Hi [/INST]");
     cr_assert_neq(mt_chat_render(m, 1, 1, collect, out), 0, "training needs an assistant turn");

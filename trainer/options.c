@@ -79,7 +79,9 @@ static const opt_def opt_table[] = {
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},
     {"overlong", OPT_STR, F(overlong), S(overlong), "a sample longer than --seq: truncate | drop | refuse"},
     {"chat-template", OPT_STR, F(chat_template), S(chat_template),
-     "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu | olmo"},
+     "template of \"messages\" samples: auto (tokenizer_config.json's chat_template) | mixtral | chatml | qwen | qwen2 | qwen3 | tulu | olmo | harmony"},
+    {"chat-date", OPT_STR, F(chat_date), S(chat_date),
+     "the date the harmony template (gpt-oss) prints, YYYY-MM-DD (default: today's local date, as transformers)"},
     {"instruction-template", OPT_STR, F(instruction_template), S(instruction_template),
      "prompt of \"instruction\" rows: alpaca (Stanford Alpaca's preamble and ### headers) | none (the instruction "
      "and input alone) | chat (a user turn through the chat template)"},
@@ -540,6 +542,7 @@ static const struct { const char *key, *cmds; } scope[] = {
     {"instruction-template", "train eval"},
     {"max-line-bytes", "train eval"},
     {"chat-template", "train eval generate"},
+    {"chat-date", "train eval generate"},
     {"seed", "train eval generate"},
     {"shard-size", "quantize"},
     {"save-tokens", "eval"},

@@ -65,7 +65,8 @@ typedef struct mt_run_opts {
     uint64_t seed;
     int packing;
     char overlong[16];        // truncate | drop | refuse
-    char chat_template[16];   // auto (tokenizer_config.json's) | mixtral | chatml | qwen | qwen2 | tulu
+    char chat_template[16];   // auto (tokenizer_config.json's) | mixtral | chatml | qwen | qwen2 | tulu | harmony
+    char chat_date[16];       // harmony's "Current date" (YYYY-MM-DD); "": today's local date
     char instruction_template[16];  // alpaca | none | chat: how instruction rows become prompts
     char report_to[16];       // none | tensorboard: also write TensorBoard event files in OUT/runs
     int64_t save_every;       // steps between checkpoints (0: only at the end)

@@ -470,7 +470,9 @@ static int setup(trainer *t) {
     if (mt_overlong_parse(o->overlong, &dopts.overlong) != 0) return mt_error_prefix("--overlong"), -1;
     if (mt_prompt_style_parse(o->instruction_template, &dopts.prompt) != 0)
         return mt_error_prefix("--instruction-template"), -1;
-    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0) return -1;
+    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, t->tok.kind) != 0 ||
+        mt_chat_date_set(&dopts.chat, o->chat_date) != 0)
+        return -1;
     if (mt_dataset_load(&t->data, o->data, &t->tok, &dopts) != 0) return -1;
     char stats[512], notes[1024];
     mt_data_stats_format(&t->data.stats, stats, sizeof stats);

@@ -17,7 +17,7 @@
 #include "tests/fuzz/fuzz_data.h"
 
 static const mt_chat_style STYLES[] = {MT_CHAT_MIXTRAL, MT_CHAT_CHATML, MT_CHAT_QWEN, MT_CHAT_QWEN2,
-                                       MT_CHAT_QWEN3, MT_CHAT_TULU, MT_CHAT_OLMO};
+                                       MT_CHAT_QWEN3, MT_CHAT_TULU, MT_CHAT_OLMO, MT_CHAT_HARMONY};
 
 typedef struct {
     char *text;
@@ -55,7 +55,10 @@ static void render_direct(const mt_chat_template *t, int need_assistant, const u
         if (s >= end) break;
         char *content = s;
         s += strlen(s) + 1;
-        msgs[k++] = (mt_chat_msg){role, content, 0};
+        // An assistant's content after a 0x1F is its thinking (harmony's analysis channel).
+        char *sep = strchr(content, 0x1F);
+        if (sep) *sep = 0;
+        msgs[k++] = (mt_chat_msg){role, content, 0, sep ? sep + 1 : NULL};
     }
     if (k > 0) {
         render_out o = {0};
@@ -77,6 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mt_chat_template t = {.style = STYLES[data[0] % MT_ARRAY_LEN(STYLES)]};
     strcpy(t.bos_token, "<s>");
     strcpy(t.eos_token, "</s>");
+    strcpy(t.date, "2025-08-05");  // harmony's date: today's would make runs differ
     if (data[1] & 1) {
         render_direct(&t, (data[1] >> 1) & 1, data + 2, size - 2);
         return 0;

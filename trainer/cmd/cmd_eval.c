@@ -347,7 +347,8 @@ int mt_eval_run(mt_run_opts *o, mt_eval_result *r) {
         memset(&d, 0, sizeof d);
         goto done;
     }
-    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, tok.kind) != 0) {
+    if (mt_chat_template_load(&dopts.chat, o->model, o->chat_template, tok.kind) != 0 ||
+        mt_chat_date_set(&dopts.chat, o->chat_date) != 0) {
         memset(&d, 0, sizeof d);
         goto done;
     }

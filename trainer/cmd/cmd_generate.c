@@ -192,7 +192,7 @@ int cmd_generate(int argc, char **argv) {
     if (chat) {
         mt_chat_template ct;
         mt_chat_msg msg = {.role = "user", .content = o.prompt};
-        if (mt_chat_template_load(&ct, o.model, chat, tok.kind) != 0 ||
+        if (mt_chat_template_load(&ct, o.model, chat, tok.kind) != 0 || mt_chat_date_set(&ct, o.chat_date) != 0 ||
             mt_chat_render_template(&ct, &msg, 1, 0, gen_emit, &gp) != 0)
             goto done;
         fprintf(stderr, "generate: the prompt as a user turn in the %s chat template%s (--raw: as given)\n",
