@@ -82,7 +82,8 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
         const mt_qweight *part[2] = {q, q2};
         int64_t out = q->out + (q2 ? q2->out : 0);
         for (int i = 0; i < (q2 ? 2 : 1); i++)
-            if (part[i]->type != MT_QUANT_NF4 && part[i]->type != MT_QUANT_FP4 && part[i]->type != MT_QUANT_INT4) {
+            if (part[i]->type != MT_QUANT_NF4 && part[i]->type != MT_QUANT_FP4 && part[i]->type != MT_QUANT_INT4 &&
+                part[i]->type != MT_QUANT_MXFP4) {
                 mt_error_set("%s: %s[%d] is not a 4-bit weight (type %d)", fn, i ? "q2" : "q", e, (int)part[i]->type);
                 return 0;
             }

@@ -250,7 +250,8 @@ static int shape_matches(const slot *s, const mt_quant_item *it) {
 static void note_format(loader *ld, const slot *s, const mt_qweight *q) {
     const mt_model_spec *o = &ld->m->spec;
     int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
-    if (q->type != o->quant || q->blocksize != bs || q->double_quant != (o->double_quant && q->type != MT_QUANT_INT4))
+    int dq = o->double_quant && q->type != MT_QUANT_INT4 && q->type != MT_QUANT_MXFP4;
+    if (q->type != o->quant || q->blocksize != bs || q->double_quant != dq)
         if (ld->other_format++ == 0) ld->other_name = s->name;
 }
 

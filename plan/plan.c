@@ -149,7 +149,8 @@ static int64_t model_params(const mt_model_config *cfg) { return mt_config_total
 uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
     if (o->quant == MT_QUANT_NONE) return 2 * (uint64_t)n;  // bf16, whatever the checkpoint's dtype
     // quant/'s own count (packed nibbles + per-block constants), so plan and ledger agree for
-    // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25 (docs/memory.md "Bytes per parameter").
+    // every format and blocksize: NF4-DQ 4.127 bits, NF4 4.5, INT4 group 128 4.25, MXFP4 4.25 (one e8m0 byte
+    // per 32; docs/memory.md "Bytes per parameter").
     int bs = mt_q4_blocksize_or_default(o->quant, o->quant_blocksize);
     return mt_q4_weight_bytes(o->quant, n, bs, o->double_quant);
 }
@@ -323,6 +324,11 @@ static int plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
     if (o->mode == MT_MODE_LORA && o->lora_r < 1) { mt_error_set("--r must be at least 1"); return -1; }
     if (o->quant_blocksize != 0 && !mt_q4_blocksize_ok(o->quant_blocksize)) {
         mt_error_set("--blocksize must be 0 (the format's default) or a power of two in 32..4096");
+        return -1;
+    }
+    if (o->quant == MT_QUANT_MXFP4 && o->quant_blocksize != 0 && o->quant_blocksize != MT_MXFP4_BLOCK) {
+        mt_error_set("--blocksize %d: mxfp4's blocks are always %d (leave --blocksize at 0)", o->quant_blocksize,
+                     MT_MXFP4_BLOCK);
         return -1;
     }
     if (!(o->gpu_mem_bytes > 0)) { mt_error_set("--gpu-mem must be positive"); return -1; }
@@ -555,7 +561,7 @@ int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_s
         c.quant = MT_QUANT_NF4;
         c.double_quant = 1;
         try_change(&x, &c, "--quant nf4");
-    } else if (o->quant != MT_QUANT_INT4 && !o->double_quant) {
+    } else if (o->quant != MT_QUANT_INT4 && o->quant != MT_QUANT_MXFP4 && !o->double_quant) {
         c = *o;
         c.double_quant = 1;
         try_change(&x, &c, "--double-quant");

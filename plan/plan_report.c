@@ -78,6 +78,7 @@ static const char *quant_targets_text(unsigned t, char *buf, size_t n) {
 static const char *base_format_text(const mt_plan_opts *o, const mt_plan *p, char *buf, size_t n) {
     switch (o->quant) {
     case MT_QUANT_NONE: snprintf(buf, n, "bf16"); break;
+    case MT_QUANT_MXFP4: snprintf(buf, n, "MXFP4, block 32, e8m0 scales (%.3f bits/weight)", p->quant_bits); break;
     case MT_QUANT_INT4:
         snprintf(buf, n, "INT4, group %d (%.3f bits/weight)", mt_q4_blocksize_or_default(o->quant, o->quant_blocksize),
                  p->quant_bits);

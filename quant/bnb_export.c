@@ -1,6 +1,7 @@
 // quant/bnb_export.c — a frozen weight as bitsandbytes serialises it (docs/formats.md "Serialized quant_state"): the
 // tensors of Linear4bit._save_to_state_dict, in its order, and the quant_state JSON exactly as
-// Python's json.dumps writes QuantState.as_dict(packed=True)'s non-tensor items.
+// Python's json.dumps writes QuantState.as_dict(packed=True)'s non-tensor items. MXFP4 is no
+// bitsandbytes format: it goes out as gpt-oss checkpoints carry it (mxfp4_export, below).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,8 +116,34 @@ static void add(mt_bnb_entries *ex, const char *name, const char *suffix, const 
     e->data = data;
 }
 
+// MXFP4 as transformers names it for gpt-oss: weight "P.weight" -> "P_blocks" U8 [out, in/32, 16]
+// and "P_scales" U8 [out, in/32] (the ".weight" suffix replaced), the stored bytes unchanged. No
+// quant_state: the suffixes and the dtype say it all.
+static int mxfp4_export(mt_bnb_entries *ex, const char *name, const mt_qweight *q) {
+    size_t len = strlen(name);
+    if (len > 7 && strcmp(name + len - 7, ".weight") == 0) len -= 7;
+    const char *suffix[2] = {"_blocks", "_scales"};
+    const mt_tensor *t[2] = {q->packed, q->absmax};
+    for (int k = 0; k < 2; k++) {
+        size_t n = len + strlen(suffix[k]) + 1;
+        char *full = keep(ex, mt_xmalloc(n));
+        snprintf(full, n, "%.*s%s", (int)len, name, suffix[k]);
+        mt_st_entry *e = &ex->entries[ex->n++];
+        memset(e, 0, sizeof *e);
+        e->name = full;
+        e->dtype = "U8";
+        e->ndim = k ? 2 : 3;
+        e->shape[0] = q->out;
+        e->shape[1] = q->in / MT_MXFP4_BLOCK;
+        e->shape[2] = MT_MXFP4_BLOCK / 2;
+        e->data = host_of(ex, t[k]);
+    }
+    return 0;
+}
+
 int mt_bnb_export(mt_bnb_entries *ex, const char *name, const mt_qweight *q) {
     memset(ex, 0, sizeof *ex);
+    if (q->type == MT_QUANT_MXFP4) return mxfp4_export(ex, name, q);
     int64_t n = q->out * q->in, nb = q->nblocks;
     add(ex, name, "", "U8", 2, mt_q4_packed_bytes(n), 1, host_of(ex, q->packed));
     if (q->type == MT_QUANT_INT4) {

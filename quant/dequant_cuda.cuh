@@ -14,12 +14,13 @@
 
 static __constant__ float mt_c_nf4_map[16] = {MT_NF4_MAP_VALUES};
 static __constant__ float mt_c_fp4_map[16] = {MT_FP4_MAP_VALUES};
+static __constant__ float mt_c_e2m1_map[16] = {MT_E2M1_VALUES};
 static __device__ float mt_d_dynamic_map[256] = {MT_DYNAMIC_MAP_VALUES};  // read as a plain pointer
 
 // What a kernel needs of a weight, by value.
 struct mt_deq_args {
     const uint8_t *packed;
-    const void *absmax;          // F32 absmax, U8 codes (double quant) or F16 scales (int4)
+    const void *absmax;          // F32 absmax, U8 codes (double quant), F16 scales (int4) or U8 e8m0 (mxfp4)
     const __half *zero;          // int4 minimums
     const float *nested_absmax;  // double quant
     const float *nested_map;
@@ -48,14 +49,15 @@ static inline mt_deq_args mt_deq_args_of(const mt_qweight *q) {
     return a;
 }
 
-// The 16-entry table of q's format (NF4 or FP4; INT4 uses none), from constant memory.
+// The 16-entry table of q's format (NF4, FP4 or MXFP4's e2m1; INT4 uses none), from constant memory.
 static __device__ __forceinline__ float mt_deq_lut(int type, unsigned c) {
-    return type == MT_QUANT_FP4 ? mt_c_fp4_map[c] : mt_c_nf4_map[c];
+    return type == MT_QUANT_FP4 ? mt_c_fp4_map[c] : type == MT_QUANT_MXFP4 ? mt_c_e2m1_map[c] : mt_c_nf4_map[c];
 }
 
-// Code of element i: element 2j in the high nibble of byte j.
-static __device__ __forceinline__ unsigned mt_deq_code(const uint8_t *packed, int64_t i) {
-    return (packed[i >> 1] >> ((~i & 1) << 2)) & 15u;
+// Code of element i: element 2j in the high nibble of byte j (MXFP4: in the low one).
+static __device__ __forceinline__ unsigned mt_deq_code(int type, const uint8_t *packed, int64_t i) {
+    int shift = type == MT_QUANT_MXFP4 ? (int)(i & 1) << 2 : (int)(~i & 1) << 2;
+    return (packed[i >> 1] >> shift) & 15u;
 }
 
 // The scale of block b (and, for int4, its minimum).
@@ -64,6 +66,7 @@ static __device__ __forceinline__ float mt_deq_block_scale(const mt_deq_args &a,
         *m = __half2float(a.zero[b]);
         return __half2float(((const __half *)a.absmax)[b]);
     }
+    if (a.type == MT_QUANT_MXFP4) return mt_e8m0_half(((const uint8_t *)a.absmax)[b]);  // times 2·e2m1
     if (!a.dq) return ((const float *)a.absmax)[b];
     uint8_t c = ((const uint8_t *)a.absmax)[b];
     return __fadd_rn(__fmul_rn(a.nested_map[c], a.nested_absmax[b / MT_Q4_NESTED_BLOCKSIZE]), a.offset);
@@ -72,5 +75,6 @@ static __device__ __forceinline__ float mt_deq_block_scale(const mt_deq_args &a,
 // Code c's value in a block of scale s (int4: and minimum m); lut: the format's 16-entry table.
 static __device__ __forceinline__ float mt_deq_value(const mt_deq_args &a, const float *lut, unsigned c, float s,
                                                      float m) {
+    if (a.type == MT_QUANT_MXFP4) return __fmul_rn(__fmul_rn(lut[c], 2.0f), s);  // s = 2^(e−128): mt_mxfp4_value
     return a.type == MT_QUANT_INT4 ? mt_int4_value(c, s, m) : __fmul_rn(lut[c], s);
 }

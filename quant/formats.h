@@ -1,8 +1,9 @@
 // quant/formats.h — the frozen-weight formats, defined once for C and nvcc (docs/design.md, "Layers and folders").
 //
-// Three formats (mt_quant, below), all 4-bit codes packed two per byte, element 2j
+// Four formats (mt_quant, below), all 4-bit codes packed two per byte. NF4, FP4, INT4: element 2j
 // in the HIGH nibble of byte j and 2j+1 in the low one; an odd count pads the last low nibble
-// with the code of 0.0. Blocks are runs of `blocksize` consecutive elements of the row-major
+// with the code of 0.0. MXFP4: the other way round (element 2j in the LOW nibble), as the
+// checkpoints that carry it store it. Blocks are runs of `blocksize` consecutive elements of the row-major
 // [out, in] weight (a block may span rows; the last may be partial).
 //
 //   NF4, FP4  bitsandbytes' 4-bit formats, bit for bit (docs/formats.md "bitsandbytes 4-bit"). Per block an fp32
@@ -17,6 +18,16 @@
 //                 q = clamp(rint((x − m) · (1/d)), 0, 15)  (q = 0 when d = 0), x̂ = q · d + m
 //             with d and m used as their fp16 values. Bits per weight: 4 + 32/128 = 4.25, the
 //             planner's figure (plan/plan.c). No double quantization.
+//   MXFP4     OCP Microscaling FP4, as gpt-oss checkpoints store it (docs/formats.md "MXFP4"): blocks of
+//             32 elements of one row (in % 32 == 0), e2m1 codes (sign, 2 exponent bits, 1 mantissa
+//             bit: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}) and one e8m0 byte e per block:
+//                 x̂ = e2m1[code] · 2^(e − 127), the exact product rounded once to fp32
+//             as transformers' torch.ldexp gives it: exact, a subnormal for small e (e = 0:
+//             2^-127 · {0.5 .. 6}), ±inf past FLT_MAX. e = 255 is no NaN (the OCP spec's reading):
+//             ±0 stays ±0, ±0.5 is ±2^127, the rest ±inf. Computed as (2·e2m1) · 2^(e − 128), two
+//             factors exact in fp32 for every e (2^128 is not), one rounding. Quantization is triton_kernels' downcast_to_mxfp_torch, the
+//             rule transformers' quantize_to_mxfp4 calls (mt_mxfp4_scale_of, mt_e2m1_code below).
+//             Bits per weight: 4 + 8/32 = 4.25. No double quantization.
 //
 // Everything numeric here is fp32 with one rounding per operation: the CUDA side uses __fmul_rn
 // / __fadd_rn (nvcc would otherwise fuse a·b + c into an FMA), the C side relies on ISO C mode
@@ -26,9 +37,9 @@
 
 
 // The frozen base's format (--quant); MT_QUANT_NONE: bf16, nothing quantized.
-typedef enum { MT_QUANT_NF4, MT_QUANT_FP4, MT_QUANT_INT4, MT_QUANT_NONE } mt_quant;
+typedef enum { MT_QUANT_NF4, MT_QUANT_FP4, MT_QUANT_INT4, MT_QUANT_MXFP4, MT_QUANT_NONE } mt_quant;
 static inline const char *mt_quant_name(mt_quant q) {
-    static const char *const n[] = {"nf4", "fp4", "int4", "none"};
+    static const char *const n[] = {"nf4", "fp4", "int4", "mxfp4", "none"};
     return q <= MT_QUANT_NONE ? n[q] : "?";
 }
 
@@ -136,6 +147,11 @@ extern "C" {
     0x1.d13334p-1f, 0x1.d86666p-1f, 0x1.df999ap-1f, 0x1.e6ccccp-1f, \
     0x1.eep-1f, 0x1.f53334p-1f, 0x1.fc6666p-1f, 0x1p+0f
 
+// MXFP4's e2m1 values in code order (bit 3 the sign; code 8 is -0.0): transformers' FP4_VALUES.
+#define MT_E2M1_VALUES                                                                          \
+    0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f
+#define MT_MXFP4_BLOCK 32            // fixed by the format: one e8m0 scale per 32 elements of a row
+
 #define MT_Q4_NESTED_BLOCKSIZE 256   // bitsandbytes' quantize_4bit always nests in 256-blocks
 #define MT_Q4_CHUNK 4096             // a multiple of every blocksize: the unit of parallel work
 
@@ -228,30 +244,80 @@ MT_QF_FN float mt_int4_value(unsigned q, float d, float m) {
     return mt_qf_add(mt_qf_mul((float)q, d), m);
 }
 
+// MXFP4. Bit patterns through a union: the same text compiles for the host and the device.
+MT_QF_FN uint32_t mt_f32_bits(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return v.u;
+}
+MT_QF_FN float mt_f32_of_bits(uint32_t u) {
+    union { float f; uint32_t u; } v;
+    v.u = u;
+    return v.f;
+}
+
+// e8m0 byte e → 2^(e − 128), half the scale, exact in fp32 for every byte: exponent field e − 1,
+// or the subnormals 2^-128 (e = 0, 0x00200000) and 2^-127 (e = 1, 0x00400000).
+MT_QF_FN float mt_e8m0_half(unsigned e) { return mt_f32_of_bits(e >= 2u ? (e - 1u) << 23 : 0x00200000u << e); }
+// An e2m1 value v (or 2v already doubled: the tables) under e8m0 byte e: ldexp(v, e − 127).
+MT_QF_FN float mt_mxfp4_value2(float v2, unsigned e) { return mt_qf_mul(v2, mt_e8m0_half(e)); }
+MT_QF_FN float mt_mxfp4_value(float v, unsigned e) { return mt_mxfp4_value2(mt_qf_mul(v, 2.0f), e); }
+
+// The e8m0 byte of a block with max |x| = amax (finite): amax / 6 rounded UP to a power of two
+// (its exponent field, the mantissa carried in), downcast_to_mxfp_torch's ROUND_UP. amax = 0
+// gives 0, whose reciprocal scale is taken as 0 (mt_mxfp4_inv_scale). amax / 6 < 2^126, so the
+// carry never reaches 255.
+MT_QF_FN unsigned mt_mxfp4_scale_of(float amax) {
+    float d = amax / 6.0f;  // one correctly rounded division on both sides
+    return ((mt_f32_bits(d) + 0x007fffffu) & 0x7f800000u) >> 23;
+}
+// The factor the block's values are multiplied by: 1 / 2^(e − 127) for the scale the rule
+// chose (exact: a power of two), 0 for e = 0.
+MT_QF_FN float mt_mxfp4_inv_scale(unsigned e) { return e ? mt_f32_of_bits((254u - e) << 23) : 0.0f; }
+
+// e2m1 code of q = x · inv_scale, from q's bits: the exponent and the top two mantissa bits
+// (subnormal e2m1 values shifted in below 1.0), plus one and halved: round to nearest with
+// ties AWAY from zero, lower bits ignored; saturated at code 7 (6.0); the sign bit kept, so a
+// negative value that rounds to zero gives code 8 (-0). Exactly downcast_to_mxfp_torch's bit
+// manipulation (not the OCP spec's round-half-even).
+MT_QF_FN unsigned mt_e2m1_code(float q) {
+    uint32_t b = mt_f32_bits(q), ex = (b >> 23) & 0xffu, m = b & 0x7fffffu;
+    if (ex < 127u) {  // |q| < 1: the implicit bit at 22, shifted to e2m1's exponent 0
+        uint32_t sh = 126u - ex;
+        m = sh > 23u ? 0u : (0x400000u | (m >> 1)) >> sh;
+    }
+    ex = (ex > 126u ? ex : 126u) - 126u;
+    uint32_t c = (((ex << 2) | (m >> 21)) + 1u) >> 1;
+    return (c < 7u ? c : 7u) | ((b >> 28) & 8u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Geometry and sizes
 
 MT_QF_FN int64_t mt_q4_blocks(int64_t n, int blocksize) { return (n + blocksize - 1) / blocksize; }
 MT_QF_FN int64_t mt_q4_packed_bytes(int64_t n) { return (n + 1) / 2; }
 
-// The traits table, indexed by mt_quant (NF4, FP4, INT4).
+// The traits table, indexed by mt_quant (NF4, FP4, INT4, MXFP4).
 typedef struct mt_qformat {
-    const char *name;        // "nf4", "fp4", "int4"
-    int default_blocksize;   // 64, 64, 128
+    const char *name;        // "nf4", "fp4", "int4", "mxfp4"
+    int default_blocksize;   // 64, 64, 128, 32 (MXFP4: the only one)
     int bnb;                 // 1: serialised as bitsandbytes' QuantState (docs/formats.md "Serialized quant_state")
     int double_quant;        // 1: double quantization of absmax is available
-    int block_bytes;         // constants per block without double quant (fp32 absmax; fp16 d + m)
+    int block_bytes;         // constants per block without double quant (fp32 absmax; fp16 d + m; e8m0)
     int block_bytes_dq;      // per block with double quant (the 8-bit code), 0 when unavailable
 } mt_qformat;
 
-static const mt_qformat mt_qformats[3] = {
+static const mt_qformat mt_qformats[4] = {
     {"nf4", 64, 1, 1, 4, 1},
     {"fp4", 64, 1, 1, 4, 1},
     {"int4", 128, 0, 0, 4, 0},
+    {"mxfp4", MT_MXFP4_BLOCK, 0, 0, 1, 0},
 };
 
 // The blocksize a run uses: `blocksize`, or the format's default when it is <= 0 (--blocksize 0).
+// MXFP4's is always 32 (the planner refuses another --blocksize with it).
 static inline int mt_q4_blocksize_or_default(mt_quant type, int blocksize) {
+    if (type == MT_QUANT_MXFP4) return MT_MXFP4_BLOCK;
     if (blocksize > 0 || type > MT_QUANT_INT4) return blocksize;
     return mt_qformats[type].default_blocksize;
 }
@@ -269,6 +335,7 @@ MT_QF_FN int mt_q4_blocksize_ok(int bs) {
 MT_QF_FN uint64_t mt_q4_weight_bytes(mt_quant type, int64_t n, int blocksize, int double_quant) {
     int64_t blocks = mt_q4_blocks(n, blocksize);
     uint64_t b = (uint64_t)mt_q4_packed_bytes(n);
+    if (type == MT_QUANT_MXFP4) return b + (uint64_t)blocks;  // one e8m0 byte a block: 4.25 bits
     if (type == MT_QUANT_INT4 || !double_quant) return b + 4 * (uint64_t)blocks;
     return b + (uint64_t)blocks + 4 * (uint64_t)mt_q4_blocks(blocks, MT_Q4_NESTED_BLOCKSIZE);
 }
@@ -281,12 +348,14 @@ static const float mt_nf4_map[] = {MT_NF4_MAP_VALUES};
 static const float mt_fp4_map[] = {MT_FP4_MAP_VALUES};
 static const float mt_fp4_quant_map[] = {MT_FP4_QUANT_MAP_VALUES};
 static const float mt_dynamic_map[] = {MT_DYNAMIC_MAP_VALUES};
+static const float mt_e2m1_map[] = {MT_E2M1_VALUES};
 static_assert(sizeof(float) == 4 && sizeof(uint16_t) == 2, "fp32 and fp16 storage");
 static_assert(sizeof mt_nf4_map == 16 * sizeof(float), "NF4 codebook: 16 entries");
 static_assert(sizeof mt_fp4_map == 16 * sizeof(float), "FP4 codebook: 16 entries");
 static_assert(sizeof mt_fp4_quant_map == sizeof mt_fp4_map, "FP4 stored map: 16 entries");
 static_assert(sizeof mt_dynamic_map == 256 * sizeof(float), "dynamic map: 256 entries");
-static_assert(MT_QUANT_NF4 == 0 && MT_QUANT_FP4 == 1 && MT_QUANT_INT4 == 2,
+static_assert(sizeof mt_e2m1_map == 16 * sizeof(float), "e2m1 table: 16 entries");
+static_assert(MT_QUANT_NF4 == 0 && MT_QUANT_FP4 == 1 && MT_QUANT_INT4 == 2 && MT_QUANT_MXFP4 == 3,
               "mt_qformats[] is indexed by mt_quant");
 static_assert(MT_Q4_CHUNK % 4096 == 0, "a chunk holds whole blocks of every blocksize");
 

@@ -1,4 +1,4 @@
-// quant/quant.cu — CUDA twins of quant/nf4.c and quant/int4.c: the quantize kernels (load-time
+// quant/quant.cu — CUDA twins of quant/nf4.c, quant/int4.c and quant/mxfp4.c: the quantize kernels (load-time
 // quantization on the GPU) and the dequantize kernel that feeds cuBLASLt.
 //
 // Same rules as the CPU reference, bit for bit (quant/formats.h): reciprocal absmax multiplied
@@ -79,6 +79,22 @@ static __global__ void q4_quantize_kernel(const T *__restrict__ x, int64_t n, in
     }
 }
 
+// MXFP4: x [n] (n a multiple of 32) -> packed [n/2] (element 2j in the low nibble), e8m0
+// scales [n/32]; one warp per block, a lane per element, the odd lane's code shuffled down.
+template <typename T>
+static __global__ void mxfp4_quantize_kernel(const T *__restrict__ x, int64_t n, uint8_t *__restrict__ packed,
+                                             uint8_t *__restrict__ scales) {
+    int lane = threadIdx.x & 31;
+    int64_t b = (int64_t)blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5);
+    if (b >= n / MT_MXFP4_BLOCK) return;  // whole warps: the shuffle below has all 32 lanes
+    float v = load_f32(x, b * MT_MXFP4_BLOCK + lane);
+    unsigned e = mt_mxfp4_scale_of(warp_max(fabsf(v)));
+    unsigned c = mt_e2m1_code(__fmul_rn(v, mt_mxfp4_inv_scale(e)));
+    unsigned odd = __shfl_down_sync(0xffffffffu, c, 1);
+    if (!(lane & 1)) packed[b * (MT_MXFP4_BLOCK / 2) + lane / 2] = (uint8_t)(c | odd << 4);
+    if (lane == 0) scales[b] = (uint8_t)e;
+}
+
 // absmax [nb] − offset -> codes [nb], nested_absmax [ceil(nb/256)]; one CTA of 256 per block.
 static __global__ void q8_quantize_kernel(const float *__restrict__ map, const float *__restrict__ absmax,
                                           int64_t nb, float offset, uint8_t *__restrict__ codes,
@@ -146,7 +162,9 @@ static __device__ __forceinline__ void load_lut(const mt_deq_args &a, float *lut
 // launcher); the block's scale, double quant resolved, is computed once per thread. The codes go
 // through a 256-entry table of byte → (value of the high code, value of the low code): one
 // shared load per byte. INT4's table holds the codes themselves as floats.
-// Values are those of mt_deq_value: lut·s (NF4/FP4) or c·d + m (INT4), each rounded as the CPU does.
+// Values are those of mt_deq_value: lut·s (NF4/FP4/MXFP4) or c·d + m (INT4), each rounded as the CPU
+// does. MXFP4's table is of byte → (2 × low code's value, 2 × high code's): its element 2k is the low
+// nibble, and 2v · 2^(e−128) is ldexp(v, e − 127) for every e (mt_mxfp4_value).
 static __device__ __forceinline__ void store_pair(__nv_bfloat16 *v, int k, float x0, float x1) {
     ((__nv_bfloat162 *)v)[k] = __floats2bfloat162_rn(x0, x1);  // .x (element 2k) at the lower address
 }
@@ -160,8 +178,9 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
     __shared__ float2 pair[256];
     for (int t = threadIdx.x; t < 256; t += blockDim.x) {
         const unsigned hi = (unsigned)t >> 4, lo = (unsigned)t & 15u;
-        pair[t] = TYPE == MT_QUANT_INT4 ? make_float2((float)hi, (float)lo)
-                                        : make_float2(mt_deq_lut(TYPE, hi), mt_deq_lut(TYPE, lo));
+        pair[t] = TYPE == MT_QUANT_INT4    ? make_float2((float)hi, (float)lo)
+                  : TYPE == MT_QUANT_MXFP4 ? make_float2(2.0f * mt_deq_lut(TYPE, lo), 2.0f * mt_deq_lut(TYPE, hi))
+                                           : make_float2(mt_deq_lut(TYPE, hi), mt_deq_lut(TYPE, lo));
     }
     __syncthreads();
     const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -172,6 +191,8 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
     if (TYPE == MT_QUANT_INT4) {
         m = __half2float(a.zero[b]);
         s = __half2float(((const __half *)a.absmax)[b]);
+    } else if (TYPE == MT_QUANT_MXFP4) {
+        s = mt_e8m0_half(((const uint8_t *)a.absmax)[b]);  // the table holds 2·e2m1: (2v)·2^(e−128)
     } else if (DQ) {
         const uint8_t c = ((const uint8_t *)a.absmax)[b];
         s = __fadd_rn(__fmul_rn(a.nested_map[c], a.nested_absmax[b / MT_Q4_NESTED_BLOCKSIZE]), a.offset);
@@ -182,7 +203,7 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
     __align__(16) OUT v[32];
 #pragma unroll
     for (int k = 0; k < 16; k++) {
-        const float2 c = pair[(w[k >> 2] >> (8 * (k & 3))) & 255u];  // byte k: element 2k high nibble
+        const float2 c = pair[(w[k >> 2] >> (8 * (k & 3))) & 255u];  // byte k: elements 2k, 2k + 1
         if (TYPE == MT_QUANT_INT4) store_pair(v, k, __fadd_rn(__fmul_rn(c.x, s), m), __fadd_rn(__fmul_rn(c.y, s), m));
         else store_pair(v, k, __fmul_rn(c.x, s), __fmul_rn(c.y, s));
     }
@@ -199,7 +220,7 @@ static __global__ void dequant1_kernel(mt_deq_args a, int64_t i0, int64_t i1, OU
     int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= i1) return;
     float m = 0.0f, s = mt_deq_block_scale(a, i / a.bs, &m);
-    unsigned c = mt_deq_code(a.packed, i);
+    unsigned c = mt_deq_code(a.type, a.packed, i);
     store(dst, i - i0, mt_deq_value(a, lut, c, s, m));
 }
 
@@ -225,6 +246,22 @@ extern "C" void mt_q4_quantize_cuda(mt_backend *be, mt_quant type, const void *x
     default: mt_fatal(MT_EXIT_ERROR, "quantize (cuda): source dtype %s", mt_dtype_name(xt));
     }
 #undef Q4_LAUNCH
+    q_end(st);
+}
+
+extern "C" void mt_mxfp4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt, int64_t n, uint8_t *packed,
+                                       uint8_t *scales) {
+    if (n <= 0) return;
+    cudaStream_t st = q_begin(be, packed);
+    unsigned grid = ctas(n / MT_MXFP4_BLOCK, WARPS_PER_CTA), block = 32 * WARPS_PER_CTA;
+    switch (xt) {
+    case MT_F32: mxfp4_quantize_kernel<float><<<grid, block, 0, st>>>((const float *)x, n, packed, scales); break;
+    case MT_BF16:
+        mxfp4_quantize_kernel<__nv_bfloat16><<<grid, block, 0, st>>>((const __nv_bfloat16 *)x, n, packed, scales);
+        break;
+    case MT_F16: mxfp4_quantize_kernel<__half><<<grid, block, 0, st>>>((const __half *)x, n, packed, scales); break;
+    default: mt_fatal(MT_EXIT_ERROR, "quantize (cuda): source dtype %s", mt_dtype_name(xt));
+    }
     q_end(st);
 }
 
@@ -276,6 +313,7 @@ static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, OUT *ds
         int64_t groups = (i1 - i0) / 32;
         if (groups > 0) {
             if (a.type == MT_QUANT_INT4) dequant32_launch<MT_QUANT_INT4, false>(a, i0, groups, sh, dst, st);
+            else if (a.type == MT_QUANT_MXFP4) dequant32_launch<MT_QUANT_MXFP4, false>(a, i0, groups, sh, dst, st);
             else if (a.type == MT_QUANT_FP4 && a.dq) dequant32_launch<MT_QUANT_FP4, true>(a, i0, groups, sh, dst, st);
             else if (a.type == MT_QUANT_FP4) dequant32_launch<MT_QUANT_FP4, false>(a, i0, groups, sh, dst, st);
             else if (a.dq) dequant32_launch<MT_QUANT_NF4, true>(a, i0, groups, sh, dst, st);

@@ -48,6 +48,11 @@ void mt_int4_quantize_ref(const float *x, int64_t n, int group, uint8_t *packed,
                           uint16_t *minimum);
 void mt_int4_dequantize_ref(const uint8_t *packed, const uint16_t *scale, const uint16_t *minimum,
                             int group, int64_t i0, int64_t i1, float *y);
+// MXFP4 (quant/mxfp4.c): packed [n/2] (element 2j in the low nibble) and e8m0 scales [n/32] of
+// x [n], n a multiple of 32, by downcast_to_mxfp_torch's rule; y [i1 - i0] = e2m1[code_i] ·
+// 2^(scales[i/32] − 127) for i in [i0, i1).
+void mt_mxfp4_quantize_ref(const float *x, int64_t n, uint8_t *packed, uint8_t *scales);
+void mt_mxfp4_dequantize_ref(const uint8_t *packed, const uint8_t *scales, int64_t i0, int64_t i1, float *y);
 
 // ---------------------------------------------------------------------------------------------
 // bitsandbytes checkpoints (docs/formats.md "Serialized quant_state"). For a weight "P.weight": P.weight (U8 [n/2, 1]),
@@ -72,7 +77,8 @@ int mt_bnb_is_part_name(const char *name);
 // mistyped or misshapen part, a 4-bit map that is not the format's codebook.
 int mt_qweight_import(mt_qweight *q, mt_backend *be, const char *name, const mt_bnb_parts *parts);
 
-// The entries that serialise q as weight `name` ("P.weight"), in bitsandbytes' order. The
+// The entries that serialise q as weight `name` ("P.weight"), in bitsandbytes' order (MXFP4: "P_blocks"
+// U8 [out, in/32, 16] and "P_scales" U8 [out, in/32], gpt-oss's layout, no quant_state). The
 // quant_state JSON is what bitsandbytes' json.dumps writes, byte for byte. Entries point into
 // host memory owned by `ex` (q is downloaded when it is not on the cpu backend), valid until
 // mt_bnb_export_free(ex). Names are allocated too. For q on the null backend the entries are
@@ -179,6 +185,8 @@ void mt_q8_quantize_cuda(mt_backend *be, const float *map256, const float *absma
                          float offset, uint8_t *codes, float *nested_absmax);
 void mt_int4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt, int64_t n, int group,
                            uint8_t *packed, uint16_t *scale, uint16_t *minimum);
+void mt_mxfp4_quantize_cuda(mt_backend *be, const void *x, mt_dtype xt, int64_t n, uint8_t *packed,
+                            uint8_t *scales);
 // Flat elements [i0, i1) of q into dst (F32 or BF16, device memory, element 0 = i0).
 void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1);
 // The same on `stream` (a cudaStream_t of q's device; NULL: the backend's), returning at once: the

@@ -60,11 +60,20 @@ uint64_t mt_qweight_bytes(const mt_qweight *q) {
 static int qweight_describe(mt_qweight *q, mt_backend *be, const char *name, int64_t out, int64_t in,
                             mt_quant type, int blocksize, int double_quant) {
     memset(q, 0, sizeof *q);
-    if (type != MT_QUANT_NF4 && type != MT_QUANT_FP4 && type != MT_QUANT_INT4) {
-        mt_error_set("'%s': quant type %d is not nf4, fp4 or int4", name, (int)type);
+    if (type != MT_QUANT_NF4 && type != MT_QUANT_FP4 && type != MT_QUANT_INT4 && type != MT_QUANT_MXFP4) {
+        mt_error_set("'%s': quant type %d is not nf4, fp4, int4 or mxfp4", name, (int)type);
         return -1;
     }
     if (blocksize <= 0) blocksize = mt_qformats[type].default_blocksize;
+    if (type == MT_QUANT_MXFP4 && blocksize != MT_MXFP4_BLOCK) {
+        mt_error_set("'%s': mxfp4's blocks are %d elements, not %d", name, MT_MXFP4_BLOCK, blocksize);
+        return -1;
+    }
+    if (type == MT_QUANT_MXFP4 && in % MT_MXFP4_BLOCK != 0) {  // a block is part of one row
+        mt_error_set("'%s': mxfp4 needs the input dimension a multiple of %d; [%lld, %lld] is not", name,
+                     MT_MXFP4_BLOCK, (long long)out, (long long)in);
+        return -1;
+    }
     if (!mt_q4_blocksize_ok(blocksize)) {
         mt_error_set("'%s': blocksize %d is not a power of two in 32..4096", name, blocksize);
         return -1;
@@ -98,6 +107,8 @@ static int qweight_alloc(mt_qweight *q, const char *name, int own_map) {
         q->absmax = mt_tensor_new(be, MT_MEM_BASE, MT_F16, 1, s_blocks);
         q->zero = q->absmax ? mt_tensor_new(be, MT_MEM_BASE, MT_F16, 1, s_blocks) : NULL;
         if (!q->zero) goto fail;
+    } else if (q->type == MT_QUANT_MXFP4) {
+        if (!(q->absmax = mt_tensor_new(be, MT_MEM_BASE, MT_U8, 1, s_blocks))) goto fail;  // e8m0 bytes
     } else if (q->double_quant) {
         q->absmax = mt_tensor_new(be, MT_MEM_BASE, MT_U8, 1, s_blocks);
         q->nested_absmax = q->absmax ? mt_tensor_new(be, MT_MEM_BASE, MT_F32, 1, s_nested) : NULL;
@@ -161,7 +172,7 @@ static int quantize_cpu(mt_qweight *q, const char *name, const void *w, mt_dtype
                         mt_quant_consumed_fn consumed) {
     int64_t n = q->out * q->in, bs = q->blocksize;
     float *absmax = NULL;  // fp32 absmax: q's own, or a work buffer before double quantization
-    if (q->type != MT_QUANT_INT4) {
+    if (q->type != MT_QUANT_INT4 && q->type != MT_QUANT_MXFP4) {
         if (!q->double_quant) absmax = q->absmax->data;
         else if (mt_backend_alloc(q->be, MT_MEM_WORK, (size_t)q->nblocks * sizeof(float), (void **)&absmax) != 0)
             return -1;
@@ -183,6 +194,8 @@ static int quantize_cpu(mt_qweight *q, const char *name, const void *w, mt_dtype
             if (q->type == MT_QUANT_INT4)
                 mt_int4_quantize_ref(buf, len, (int)bs, packed + c / 2, (uint16_t *)q->absmax->data + c / bs,
                                      (uint16_t *)q->zero->data + c / bs);
+            else if (q->type == MT_QUANT_MXFP4)
+                mt_mxfp4_quantize_ref(buf, len, packed + c / 2, (uint8_t *)q->absmax->data + c / bs);
             else
                 mt_q4_quantize_ref(q->type, buf, len, (int)bs, packed + c / 2, absmax + c / bs);
         }
@@ -211,7 +224,7 @@ static int quantize_cuda(mt_qweight *q, const char *name, const void *w, mt_dtyp
     void *dx = NULL;
     float *dabs = NULL, *habs = NULL;
     if (mt_backend_alloc(be, MT_MEM_WORK, (size_t)stretch * es, &dx) != 0) return -1;
-    if (q->type != MT_QUANT_INT4) {
+    if (q->type != MT_QUANT_INT4 && q->type != MT_QUANT_MXFP4) {
         if (!q->double_quant) dabs = q->absmax->data;
         else if (mt_backend_alloc(be, MT_MEM_WORK, absmax_bytes, (void **)&dabs) != 0) {
             mt_backend_release(be, MT_MEM_WORK, (size_t)stretch * es, dx);
@@ -232,6 +245,9 @@ static int quantize_cuda(mt_qweight *q, const char *name, const void *w, mt_dtyp
         if (q->type == MT_QUANT_INT4)
             mt_int4_quantize_cuda(be, dx, wt, len, (int)bs, (uint8_t *)q->packed->data + s0 / 2,
                                   (uint16_t *)q->absmax->data + s0 / bs, (uint16_t *)q->zero->data + s0 / bs);
+        else if (q->type == MT_QUANT_MXFP4)
+            mt_mxfp4_quantize_cuda(be, dx, wt, len, (uint8_t *)q->packed->data + s0 / 2,
+                                   (uint8_t *)q->absmax->data + s0 / bs);
         else
             mt_q4_quantize_cuda(be, q->type, dx, wt, len, (int)bs, (uint8_t *)q->packed->data + s0 / 2,
                                 dabs + s0 / bs);
@@ -327,6 +343,8 @@ static void dequant_chunk(const mt_qweight *q, int64_t i0, int64_t i1, float *y)
     const uint8_t *packed = q->packed->data;
     if (q->type == MT_QUANT_INT4) {
         mt_int4_dequantize_ref(packed, q->absmax->data, q->zero->data, bs, i0, i1, y);
+    } else if (q->type == MT_QUANT_MXFP4) {
+        mt_mxfp4_dequantize_ref(packed, q->absmax->data, i0, i1, y);
     } else if (!q->double_quant) {
         mt_q4_dequantize_ref(mt_q4_map(q->type), packed, q->absmax->data, bs, i0, i1, y);
     } else {

@@ -1,4 +1,4 @@
-// quant/qweight.h — the frozen 4-bit weight (NF4, FP4, INT4): quantize, dequantize, and the two
+// quant/qweight.h — the frozen 4-bit weight (NF4, FP4, INT4, MXFP4): quantize, dequantize, and the two
 // matmuls training needs through it. Formats: quant/formats.h; checkpoints and loading:
 // quant/quant.h. Memory: every byte on the weight's backend through the ledger.
 //
@@ -22,15 +22,18 @@ extern "C" {
 // The frozen weight
 
 typedef struct mt_qweight {   // a frozen 4-bit weight [out, in] on a backend, ledger category base
-    mt_quant type;            // MT_QUANT_NF4 / FP4 / INT4
-    int blocksize, double_quant;
+    mt_quant type;            // MT_QUANT_NF4 / FP4 / INT4 / MXFP4
+    int blocksize, double_quant;  // MXFP4: 32 and 0, always
     int64_t out, in;
     int64_t nblocks;          // ceil(out·in / blocksize)
     mt_backend *be;
     mt_dtype dtype;           // the unquantized weight's dtype (quant_state "dtype"); f32 unless set
     mt_tensor *packed;        // U8 [ceil(out·in/2)]: codes, element 2j in the high nibble of byte j
+                              // MXFP4: U8 [out·in/2], element 2j in the LOW nibble: the bytes of a
+                              // checkpoint's `P_blocks` [out, in/32, 16] as stored
     mt_tensor *absmax;        // NF4/FP4: F32 [nblocks]; double quant: U8 [nblocks] (8-bit codes)
                               // INT4: F16 [nblocks], the scales d
+                              // MXFP4: U8 [nblocks] = [out, in/32], the e8m0 scales (`P_scales`)
     mt_tensor *zero;          // INT4: F16 [nblocks], the minimums m; NULL otherwise
     mt_tensor *nested_absmax; // double quant: F32 [ceil(nblocks/256)]
     mt_tensor *nested_map;    // double quant: NULL for the canonical dynamic map (a shared
@@ -41,7 +44,7 @@ typedef struct mt_qweight {   // a frozen 4-bit weight [out, in] on a backend, l
 
 // Quantize w [out, in] (f32 host memory) onto backend `be`; 0 or -1 with an error naming `name`.
 // blocksize <= 0 takes the format's default (64 NF4/FP4, 128 INT4); double_quant is ignored for
-// INT4, which has none. Refuses NaN/Inf and, for INT4, values beyond fp16's range. On the null
+// INT4 and MXFP4, which have none. MXFP4 takes blocksize 32 (or <= 0) and in % 32 == 0 only. Refuses NaN/Inf and, for INT4, values beyond fp16's range. On the null
 // backend the bytes are counted in the ledger and nothing is computed (w may be NULL). On the
 // cuda backend w is uploaded in chunks and quantized by the CUDA kernels (quant/quant.cu).
 int mt_qweight_quantize(mt_qweight *q, mt_backend *be, const char *name, const float *w, int64_t out,
@@ -53,6 +56,12 @@ int mt_qweight_quantize_from(mt_qweight *q, mt_backend *be, const char *name, co
                              mt_dtype wt, int64_t out, int64_t in, mt_quant type, int blocksize,
                              int double_quant, mt_quant_consumed_fn consumed);
 void mt_qweight_free(mt_qweight *q);  // releases every tensor; the struct is zeroed
+// MXFP4 from a checkpoint's bytes, kept as they are (no re-quantization): blocks [out, in/32, 16]
+// (blocks_bytes = out·in/2) and scales [out, in/32] (e8m0) onto `be`, ledger category base. 0, or
+// -1 with an error naming `name` for in % 32 != 0 or sizes that do not match [out, in]. On the
+// null backend only the bytes are counted (the pointers may be NULL).
+int mt_qweight_from_mxfp4(mt_qweight *q, mt_backend *be, const char *name, const uint8_t *blocks,
+                          size_t blocks_bytes, const uint8_t *scales, size_t scales_bytes, int64_t out, int64_t in);
 // An allocated, unfilled q (the importer fills it); own_map: room for a non-canonical nested map.
 int mt_qweight_alloc(mt_qweight *q, mt_backend *be, const char *name, int64_t out, int64_t in,
                      mt_quant type, int blocksize, int double_quant, int own_map);
@@ -65,13 +74,13 @@ uint64_t mt_qweight_bytes(const mt_qweight *q);
 // Bytes one whole dequantization (mt_qweight_dequantize on cuda: quant/quant.cu) moves through
 // device memory: it reads every packed code and every block constant (NF4/FP4 fp32 absmax;
 // double quant: the 8-bit codes, the fp32 nested absmax and the 256-entry nested map, 1 KiB;
-// INT4: fp16 scale and minimum) once, and writes out·in elements of `dst` (bf16 or f32). The
+// INT4: fp16 scale and minimum; MXFP4: the e8m0 byte) once, and writes out·in elements of `dst` (bf16 or f32). The
 // 16-entry codebook sits in shared memory and is not counted. For GB/s against the card's copy
 // bandwidth (scripts/bench_gpu.c) and the roofline (scripts/roofline.c), which has no weight.
 static inline uint64_t mt_qweight_dequant_bytes_of(mt_quant type, int64_t out, int64_t in, int blocksize,
                                                    int double_quant, mt_dtype dst) {
     int64_t n = out * in;
-    int dq = type != MT_QUANT_INT4 && double_quant;
+    int dq = type != MT_QUANT_INT4 && type != MT_QUANT_MXFP4 && double_quant;
     return mt_q4_weight_bytes(type, n, mt_q4_blocksize_or_default(type, blocksize), dq) + (dq ? 256u * 4u : 0u) +
            (uint64_t)mt_dtype_bytes(dst, (size_t)n);
 }

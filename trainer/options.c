@@ -42,7 +42,7 @@ static const opt_def opt_table[] = {
     {"targets", OPT_SPECIAL, F(targets), 0, "LoRA targets: w1,w2,w3,gate,q,k,v,o, experts, attn, all"},
     {"layers", OPT_SPECIAL, F(layers), 0, "layers to train: all, or e.g. 0-5,7"},
     {"experts", OPT_SPECIAL, F(experts), 0, "experts to train: all, or e.g. 0,1"},
-    {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | none (the checkpoint's own dtype); a dense checkpoint is quantized on load"},
+    {"quant", OPT_SPECIAL, F(quant), 0, "frozen base format: nf4 | fp4 | int4 | mxfp4 | none (the checkpoint's own dtype); a dense checkpoint is quantized on load"},
     {"double-quant", OPT_BOOL, F(double_quant), 0, "double-quantize NF4/FP4 absmax (default on)"},
     {"blocksize", OPT_SPECIAL, F(quant_blocksize), 0,
      "4-bit block size: 32..4096, a power of two; 0 = the format's (64 nf4/fp4, 128 int4)"},
@@ -339,9 +339,9 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         return 0;
     }
     if (strcmp(key, "quant") == 0) {
-        static const char *n[] = {"nf4", "fp4", "int4", "none"};
+        static const char *n[] = {"nf4", "fp4", "int4", "mxfp4", "none"};  // mt_quant's order
         int v;
-        if (set_from_list(value, n, 4, &v)) return -1;
+        if (set_from_list(value, n, 5, &v)) return -1;
         o->quant = (mt_quant)v;
         return 0;
     }

@@ -24,7 +24,7 @@
 
 static void quantize_usage(FILE *out) {
     fprintf(out,
-            "usage: moetrain quantize --model DIR --out DIR [--quant nf4|fp4|int4]\n"
+            "usage: moetrain quantize --model DIR --out DIR [--quant nf4|fp4|int4|mxfp4]\n"
             "                         [--double-quant | --no-double-quant] [--blocksize N]\n"
             "                         [--quant-targets LIST] [--shard-size SIZE] [--backend cpu|cuda]\n\n"
             "Writes DIR (--out) with the targets quantized once, in bitsandbytes' bnb-4bit layout:\n"
@@ -32,8 +32,10 @@ static void quantize_usage(FILE *out) {
             ".quant_state.bitsandbytes__nf4|fp4, plus config.json's quantization_config, so that\n"
             "`moetrain --model DIR` (or transformers) starts without re-quantizing. int4 is\n"
             "moetrain's own format (.absmax = fp16 scales, .zero = fp16 minimums,\n"
-            ".quant_state.moetrain__int4); only moetrain reads it.\n\n"
-            "  --quant           nf4 (default), fp4 or int4\n"
+            ".quant_state.moetrain__int4); only moetrain reads it. mxfp4 is written as gpt-oss\n"
+            "checkpoints store it: P_blocks U8 [out, in/32, 16] and P_scales U8 [out, in/32] (e8m0)\n"
+            "in place of P.weight; moetrain does not load such a folder yet.\n\n"
+            "  --quant           nf4 (default), fp4, int4 or mxfp4 (blocks of 32, in %% 32 == 0)\n"
             "  --double-quant    8-bit absmax, nested in 256-blocks (default on; nf4/fp4)\n"
             "  --blocksize       32..4096, a power of two (default 64 for nf4/fp4, 128 for int4)\n"
             "  --quant-targets   experts,attn,router | all | default (default: experts,attn; the\n"
@@ -119,7 +121,8 @@ static int fill(void *ctx, size_t index, void *dst, size_t nbytes) {
             c->cur_group = e->group;
             mt_bnb_export(&c->cur_ex, t->name, &c->cur);
             const mt_st_entry *a = &c->cur_ex.entries[c->cur_ex.n - 1], *b = &g->layout.entries[g->layout.n - 1];
-            if (a->shape[0] != b->shape[0] || memcmp(a->data, b->data, (size_t)a->shape[0]) != 0) {
+            if (c->type != MT_QUANT_MXFP4 &&  // mxfp4 has no quant_state: nothing layout-dependent on the data
+                (a->shape[0] != b->shape[0] || memcmp(a->data, b->data, (size_t)a->shape[0]) != 0)) {
                 mt_error_set("'%s': quant_state changed between the two passes (%.*s vs %.*s)", t->name,
                              (int)a->shape[0], (const char *)a->data, (int)b->shape[0], (const char *)b->data);
                 return -1;
@@ -157,7 +160,7 @@ static int parse_args(qargs *a, mt_run_opts *o, int argc, char **argv) {
     mt_run_opts_default(o);
     if (mt_run_opts_parse_cmd(o, argc, argv, "quantize", NULL) != 0) return -1;
     if (o->quant == MT_QUANT_NONE) {
-        mt_error_set("--quant: 'none' writes nothing 4-bit (nf4, fp4 or int4)");
+        mt_error_set("--quant: 'none' writes nothing 4-bit (nf4, fp4, int4 or mxfp4)");
         return -1;
     }
     if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
@@ -175,7 +178,7 @@ static int parse_args(qargs *a, mt_run_opts *o, int argc, char **argv) {
     a->model = o->model, a->out = o->out, a->backend = o->backend;
     a->type = o->quant;
     a->blocksize = o->quant_blocksize;
-    a->double_quant = o->quant == MT_QUANT_INT4 ? 0 : o->double_quant;
+    a->double_quant = o->quant == MT_QUANT_INT4 || o->quant == MT_QUANT_MXFP4 ? 0 : o->double_quant;
     a->targets = o->quant_targets;
     a->shard_size = o->shard_bytes;
     return 0;
@@ -220,7 +223,8 @@ static int copy_other_files(const char *from, const char *to) {
 // Qwen checkpoint with dense layers gets them quantized by transformers but stored dense here.)
 static int write_config(const mt_model_config *in, const qargs *a, const char *path) {
     mt_model_config cfg = *in;
-    cfg.quantized = a->type != MT_QUANT_INT4;  // int4 is moetrain's own: no bitsandbytes config
+    // int4 is moetrain's own, mxfp4 not bitsandbytes': neither gets a bitsandbytes config
+    cfg.quantized = a->type != MT_QUANT_INT4 && a->type != MT_QUANT_MXFP4;
     if (cfg.quantized) {
         snprintf(cfg.quant_type, sizeof cfg.quant_type, "%s", mt_qformats[a->type].name);
         cfg.double_quant = a->double_quant;
