@@ -646,8 +646,17 @@ static int read_quant(const cJSON *q, mt_model_config *cfg) {
         get_bool(q, "bnb_4bit_use_double_quant", 0, &cfg->double_quant) != 0 ||
         get_string(q, "bnb_4bit_quant_storage", &storage) != 0)
         return -1;
+    if (method && strcmp(method, "mxfp4") == 0) {  // gpt-oss's release: the experts in MXFP4, the rest dense
+        for (const cJSON *c = q->child; c; c = c->next)
+            if (strcmp(c->string, "quant_method") != 0 && strcmp(c->string, "modules_to_not_convert") != 0) {
+                mt_error_set("%.40s: not understood with quant_method mxfp4", c->string);
+                return -1;
+            }
+        cfg->mxfp4 = 1;
+        return 0;
+    }
     if (method && strcmp(method, "bitsandbytes") != 0) {
-        mt_error_set("quant_method: unsupported method '%.40s' (only bitsandbytes 4-bit)", method);
+        mt_error_set("quant_method: unsupported method '%.40s' (bitsandbytes 4-bit, or mxfp4)", method);
         return -1;
     }
     if (in8 || in8_private) {
@@ -965,6 +974,11 @@ static int check_family(const mt_model_config *c) {
                      MT_CONFIG_MAX_LAYERS);
         return -1;
     }
+    if (c->mxfp4 && (!fam->fused_experts || c->quantized)) {
+        mt_error_set("quantization_config: mxfp4 is gpt-oss's format for its fused experts (%s), and not with "
+                     "bitsandbytes", fam->model_type);
+        return -1;
+    }
     if (c->rope_yarn && !(c->rope_factor > 0 && c->rope_original_max > 0 && c->rope_attention_factor >= 0)) {
         mt_error_set("rope_scaling (yarn): factor %g and original_max_position_embeddings %lld must be positive",
                      c->rope_factor, (long long)c->rope_original_max);
@@ -1208,6 +1222,12 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     emit_bool(b, &f, "output_router_logits", c->output_router_logits);
     if (fam->qkv_bias_key) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     if (c->quantized) emit_quant(b, &f, c);
+    if (c->mxfp4) {  // gpt-oss's own quantization_config: everything but the experts stays dense
+        emit_key(b, 2, &f, "quantization_config");
+        sb_printf(b, "{\n    \"modules_to_not_convert\": [\n      \"model.layers.*.self_attn\",\n      "
+                     "\"model.layers.*.mlp.router\",\n      \"model.embed_tokens\",\n      \"lm_head\"\n    ],\n"
+                     "    \"quant_method\": \"mxfp4\"\n  }");
+    }
     emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
     if (c->rope_yarn) {  // transformers 4's rope_scaling, every field written
         emit_key(b, 2, &f, "rope_scaling");

@@ -59,6 +59,7 @@ typedef struct mt_model_config {
     int quantized;           // 1 when quantization_config.load_in_4bit is true
     char quant_type[8];      // "nf4" / "fp4"
     int double_quant;        // bnb_4bit_use_double_quant
+    int mxfp4;               // quant_method "mxfp4" (gpt-oss): the experts stored as *_blocks / *_scales
 } mt_model_config;
 
 // Reads `path` (a config.json, or a folder holding one). 0, or -1 with an error that names the

@@ -39,6 +39,7 @@ typedef struct {
     const char *other_name;
     int layer;            // the layer whose slots are being added (0 for the embedding)
     int lowest;           // the lowest layer with a trainable, counting every rank's experts
+    mt_backend *cpu;      // MXFP4 experts wanted dense are dequantized on it (made when needed)
 } loader;
 
 static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1) {
@@ -202,6 +203,7 @@ static void loader_init(loader *ld, mt_model *m) {
 }
 
 static void loader_free(loader *ld) {
+    mt_backend_free(ld->cpu);
     free(ld->slots);
     free(ld->by_name);
 }
@@ -318,6 +320,69 @@ static int place_expert(loader *ld, slot *s, const float *w) {
     return rc;
 }
 
+// One expert's Linear [out, in] from its MXFP4 rows (blocks out·in/2 bytes, scales out·in/32):
+// kept as stored where the slot is 4-bit, else dequantized (a dense frozen copy; a trainable one
+// is refused by place(), as for any 4-bit tensor).
+static int place_expert_mxfp4(loader *ld, slot *s, const uint8_t *blocks, const uint8_t *scales) {
+    int64_t out = s->shape[0], in = s->shape[1];
+    size_t nb = (size_t)(out * in / 2), ns = (size_t)(out * in / 32);
+    mt_qweight q;
+    memset(&q, 0, sizeof q);
+    mt_quant_item it = {.name = s->name, .ndim = 2, .shape = {out, in}};
+    if (s->role == FROZEN_QUANT) {
+        if (mt_qweight_from_mxfp4(&q, ld->m->be, s->name, blocks, nb, scales, ns, out, in) != 0) return -1;
+        it.q = &q;
+        int rc = place(ld, s, &it);
+        mt_qweight_free(&q);
+        return rc;
+    }
+    if (!ld->cpu) ld->cpu = mt_backend_cpu_new();
+    if (mt_qweight_from_mxfp4(&q, ld->cpu, s->name, blocks, nb, scales, ns, out, in) != 0) return -1;
+    float *w = mt_xmalloc((size_t)(out * in) * sizeof(float));
+    mt_qweight_dequantize_rows_cpu(&q, w, 0, out);
+    mt_qweight_free(&q);
+    it.data = w, it.dtype = MT_F32, it.dequantized = 1;
+    int rc = place(ld, s, &it);
+    free(w);
+    return rc;
+}
+
+// gpt-oss's MXFP4 experts as stored: gate_up_proj_blocks [E, 2f, H/32, 16] (row 2i expert e's
+// gate row i, row 2i + 1 its up row i) and down_proj_blocks [E, H, f/32, 16] (w2's rows), with
+// their scales. Rows move whole (a row's blocks run along its input), so nothing is re-quantized.
+static int fused_mxfp4(loader *ld, mt_quant_item *it, int down, int pre) {
+    const mt_model_config *c = &ld->m->cfg;
+    const mt_family *fam = mt_config_family(c);
+    int64_t E = c->experts, H = c->hidden, f = c->intermediate;
+    int64_t rows = down ? H : 2 * f, in = down ? f : H;
+    if (it->ndim != 4 || it->shape[0] != E || it->shape[1] != rows || in % 32 || it->shape[2] != in / 32) {
+        mt_error_set("tensor '%s': expected MXFP4 blocks [%lld, %lld, %lld, 16] for this config", it->name,
+                     (long long)E, (long long)rows, (long long)(in / 32));
+        return -1;
+    }
+    size_t rb = (size_t)in / 2, rs = (size_t)in / 32;  // bytes of one row's blocks, scales
+    uint8_t *b = down ? NULL : mt_xmalloc((size_t)f * rb), *sc = down ? NULL : mt_xmalloc((size_t)f * rs);
+    char n[200];
+    int rc = 0;
+    for (int64_t e = 0; e < E && rc == 0; e++) {
+        const uint8_t *eb = it->mx_blocks + (size_t)e * rows * rb, *es = it->mx_scales + (size_t)e * rows * rs;
+        for (int k = 0; k < (down ? 1 : 2) && rc == 0; k++) {
+            snprintf(n, sizeof n, "%.*s.experts.%lld.%s.weight", pre, it->name, (long long)e,
+                     fam->expert[down ? 1 : k ? 2 : 0]);
+            slot *s = find_slot(ld, n);
+            if (!s || s->remote) continue;
+            if (!down)
+                for (int64_t i = 0; i < f; i++) {
+                    memcpy(b + i * rb, eb + (size_t)(2 * i + k) * rb, rb);
+                    memcpy(sc + i * rs, es + (size_t)(2 * i + k) * rs, rs);
+                }
+            rc = place_expert_mxfp4(ld, s, down ? eb : b, down ? es : sc);
+        }
+    }
+    free(b), free(sc);
+    return rc;
+}
+
 // A fused tensor of `prefix` (".../mlp.experts"): 1 when it was one (placed or failed: *rc), 0 when not.
 static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
     const mt_model_config *c = &ld->m->cfg;
@@ -328,6 +393,15 @@ static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
                                          ".experts.down_proj_bias"};
     for (int i = 0; i < 4 && which < 0; i++)
         if ((leaf = name_ends(it->name, suffix[i]))) which = i;
+    if (fam->fused_experts && which < 0 && it->mx_blocks) {
+        const char *mx[] = {".experts.gate_up_proj_blocks", ".experts.down_proj_blocks"};
+        for (int i = 0; i < 2; i++)
+            if ((leaf = name_ends(it->name, mx[i]))) return *rc = fused_mxfp4(ld, it, i, (int)(leaf - it->name)), 1;
+    }
+    if (it->mx_blocks) {  // MXFP4 anywhere else: not a tensor this family stores so
+        mt_error_set("tensor '%s': MXFP4 blocks where %s stores none", it->name, c->model_type);
+        return *rc = -1, 1;
+    }
     if (!fam->fused_experts || which < 0) return 0;
     int64_t E = c->experts, H = c->hidden, f = c->intermediate;
     int64_t want[4][3] = {{E, H, 2 * f}, {E, f, H}, {E, 2 * f, 0}, {E, H, 0}};

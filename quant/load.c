@@ -428,6 +428,35 @@ static int load_one(const mt_st_model *m, const mt_st_tensor *t, mt_backend *be,
     return rc;
 }
 
+// "P_blocks" with its "P_scales": handed over as stored (U8, the shapes checked against each
+// other); the sink knows which fused tensor it is.
+static int load_mxfp4(const mt_st_model *m, const mt_st_tensor *t, mt_quant_sink_fn sink, void *ctx) {
+    char sname[600];
+    snprintf(sname, sizeof sname, "%.*s_scales", (int)(strlen(t->name) - strlen("_blocks")), t->name);
+    const mt_st_tensor *sc = mt_st_model_find(m, sname);
+    if (!sc) {
+        mt_error_set("'%s': MXFP4 blocks without their scales '%s'", t->name, sname);
+        return -1;
+    }
+    int ok = strcmp(t->dtype, "U8") == 0 && strcmp(sc->dtype, "U8") == 0 && t->ndim >= 2 && t->ndim == sc->ndim + 1 &&
+             t->shape[t->ndim - 1] == 16;
+    for (int d = 0; ok && d < sc->ndim; d++) ok = t->shape[d] == sc->shape[d];
+    if (!ok) {
+        mt_error_set("'%s' / '%s': MXFP4 wants U8 blocks [..., rows, n/32, 16] and U8 scales [..., rows, n/32]",
+                     t->name, sname);
+        return -1;
+    }
+    mt_quant_item it;
+    memset(&it, 0, sizeof it);
+    it.name = t->name;
+    it.ndim = t->ndim;
+    memcpy(it.shape, t->shape, sizeof t->shape);
+    it.mx_blocks = t->data, it.mx_scales = sc->data;
+    int rc = sink(ctx, &it);
+    drop_tensor(t), drop_tensor(sc);
+    return rc;
+}
+
 int mt_quant_load(const char *dir, mt_backend *be, const mt_quant_load_opts *opts,
                   mt_quant_sink_fn sink, void *ctx) {
     mt_st_model m;
@@ -445,7 +474,12 @@ int mt_quant_load(const char *dir, mt_backend *be, const mt_quant_load_opts *opt
                 rc = -1;
                 break;
             }
-            rc = load_one(&m, t, be, &cpu, opts, sink, ctx);
+            size_t len = strlen(t->name);
+            if (ends_with(t->name, "_scales") && len < sizeof base) {  // MXFP4: read with its blocks
+                snprintf(base, sizeof base, "%.*s_blocks", (int)(len - 7), t->name);
+                if (mt_st_model_find(&m, base)) continue;
+            }
+            rc = ends_with(t->name, "_blocks") ? load_mxfp4(&m, t, sink, ctx) : load_one(&m, t, be, &cpu, opts, sink, ctx);
         }
     }
     if (rc != 0) mt_error_prefix("%s", dir);

@@ -155,6 +155,10 @@ typedef struct mt_quant_item {
     mt_dtype dtype;              //   into the file's mmap); F32, BF16 or F16
     int dequantized;             // dense, but stored 4-bit in the file (the values are its
                                  //   dequantization, F32)
+    const uint8_t *mx_blocks, *mx_scales;  // "P_blocks" with its "P_scales" (MXFP4 as gpt-oss stores
+                                 //   its fused experts, name = "P_blocks"): U8 [..., rows, n/32, 16]
+                                 //   and [..., rows, n/32], shape = the blocks'; data is NULL. The
+                                 //   sink splits and imports them (mt_qweight_from_mxfp4).
 } mt_quant_item;
 typedef int (*mt_quant_sink_fn)(void *ctx, mt_quant_item *item);
 // Dense values of an item as f32 (numel elements).

@@ -17,6 +17,13 @@ Writes tests/data/golden/gpt_oss/:
     router.grad.<name>             router-only: the loss's gradient of every layer's
                                    mlp.router.weight and mlp.router.bias
 
+And tests/data/golden/gpt_oss_mxfp4/: the same kind of model (hidden 64, expert size 32: MXFP4 wants
+multiples of 32) with its experts stored as gpt-oss ships them, gate_up_proj_blocks / _scales and
+down_proj_blocks / _scales (quantized by scripts/make_mxfp4_fixtures.py's quantize_rule), the config
+carrying quantization_config {quant_method: mxfp4}; its golden.safetensors holds base.* and
+router.grad.* of the model whose experts are transformers' dequantization of those bytes
+(convert_moe_packed_tensors).
+
 No PEFT here: the LoRA is added to the weights directly, so the fixture checks moetrain's
 arithmetic whatever PEFT's layout for fused experts is.
 
@@ -118,7 +125,57 @@ def run(model, tokens, mask, labels):
     return out, ce
 
 
+def mxfp4_case():
+    """The MXFP4 checkpoint and the goldens of its dequantized model."""
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_mxfp4_fixtures import quantize_rule
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    global CFG
+    saved = CFG
+    CFG = dict(CFG, hidden_size=64, intermediate_size=32)
+    out_dir = OUT + "_mxfp4"
+    try:
+        model = build()
+    finally:
+        CFG = saved
+    tokens, mask, labels = batch()
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for L, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            p = f"model.layers.{L}.mlp.experts"
+            for name in ("gate_up_proj", "down_proj"):
+                w = getattr(ex, name)  # [E, in, out]: blocks run along in, rows are out
+                blocks, scales = quantize_rule(w.transpose(1, 2).contiguous())
+                del sd[f"{p}.{name}"]
+                sd[f"{p}.{name}_blocks"], sd[f"{p}.{name}_scales"] = blocks.contiguous(), scales.contiguous()
+                w.copy_(convert_moe_packed_tensors(blocks.clone(), scales.clone(), dtype=torch.float32))
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    model.config.quantization_config = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                   "model.embed_tokens", "lm_head"],
+                                        "quant_method": "mxfp4"}
+    model.config.save_pretrained(out_dir)
+    save_file(sd, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    g = {"tokens": tokens.int(), "attention_mask": mask.int(), "labels": labels.int()}
+    model.zero_grad()
+    out, ce = run(model, tokens, mask, labels)
+    out.loss.backward()
+    g["base.logits"] = out.logits.detach().float()
+    g["base.ce"], g["base.aux"], g["base.loss"] = (torch.tensor(v.item(), dtype=torch.float64)
+                                                   for v in (ce, out.aux_loss, out.loss))
+    for L in range(model.config.num_hidden_layers):
+        r = model.model.layers[L].mlp.router
+        g[f"router.grad.model.layers.{L}.mlp.router.weight"] = r.weight.grad.detach().clone()
+        g[f"router.grad.model.layers.{L}.mlp.router.bias"] = r.bias.grad.detach().clone()
+    save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(out_dir, "golden.safetensors"))
+    print(f"wrote {out_dir}: base loss {g['base.loss'].item():.6f}")
+
+
 def main():
+    mxfp4_case()
     model = build()
     tokens, mask, labels = batch()
     if os.path.isdir(OUT):

@@ -308,7 +308,7 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
             mt_error_set("adapter module '%s' was not merged", c.pairs[i].module);
             goto done;
         }
-    cfg.quantized = 0;  // no quantization_config: the output is dense
+    cfg.quantized = 0, cfg.mxfp4 = 0;  // no quantization_config: the output is dense
     cfg.torch_dtype = out_dtype;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", o->out);
