@@ -113,7 +113,6 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
     int qd = nh * hd, kvd = nkv * hd, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
-    float theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
     layer_needs need = needs_of(m, L);
 
@@ -140,12 +139,12 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     if (!want_datt) return;
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
-        mt_op_attention_backward(m, dq.data, dk.data, dv.data, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
-                                 F(a->lse), mask, B, S, nh, nkv, hd, (int)c->sliding_window);
+        mt_op_attention_backward(m, dq.data, dk.data, dv.data, NULL, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
+                                 F(a->lse), NULL, mask, B, S, nh, nkv, hd, (int)c->sliding_window);
     step_unwork(m, &datt);
     if (run) {
-        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);
-        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
+        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, 1);
+        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, 1);
     }
     int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
     if (c->clip_qkv > 0) {  // through the clamps: no gradient where a value was cut

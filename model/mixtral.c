@@ -10,6 +10,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/model_internal.h"
+#include "model/rope.h"
 #include "quant/quant.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -466,6 +467,19 @@ static int share_dequant_scratch(mt_model *m) {
     return 0;
 }
 
+// RoPE's table from the config, once; the GPU step reads a device copy (model/rope.h).
+static int rope_table_init(mt_model *m) {
+    mt_rope_params p;
+    mt_rope_params_from_config(&m->cfg, &p);
+    int64_t half = m->cfg.head_dim / 2;
+    m->rope_inv_freq = mt_xcalloc((size_t)(half > 0 ? half : 1), sizeof(float));
+    if (mt_rope_table(&p, m->rope_inv_freq, &m->rope_scale) != 0) return -1;
+    if (!gpu_step(m)) return 0;
+    if (!(m->rope_inv_freq_dev = mt_tensor_new(m->be, MT_MEM_BASE, MT_F32, 1, &half))) return -1;
+    if (m->be->ops->kind == MT_BACKEND_CUDA) mt_tensor_upload(m->rope_inv_freq_dev, m->rope_inv_freq);
+    return 0;
+}
+
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_model_spec *spec) {
     return mt_model_build_par(m, be, cfg, dir, spec, NULL);
@@ -537,6 +551,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
     if (rc == 0 && gpu_step(m)) rc = share_dequant_scratch(m);
+    if (rc == 0) rc = rope_table_init(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);
