@@ -475,7 +475,8 @@ static int rope_table_init(mt_model *m) {
     m->rope_inv_freq = mt_xcalloc((size_t)(half > 0 ? half : 1), sizeof(float));
     if (mt_rope_table(&p, m->rope_inv_freq, &m->rope_scale) != 0) return -1;
     if (!gpu_step(m)) return 0;
-    if (!(m->rope_inv_freq_dev = mt_tensor_new(m->be, MT_MEM_BASE, MT_F32, 1, &half))) return -1;
+    // A small device buffer beside batch_dev and aux_dev (ledger: act; plan/plan.c counts it there).
+    if (!(m->rope_inv_freq_dev = mt_tensor_new(m->be, MT_MEM_ACT, MT_F32, 1, &half))) return -1;
     if (m->be->ops->kind == MT_BACKEND_CUDA) mt_tensor_upload(m->rope_inv_freq_dev, m->rope_inv_freq);
     return 0;
 }

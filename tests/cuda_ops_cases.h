@@ -388,16 +388,16 @@ static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv
     int32_t lens[64];  // via 2: right padding as lengths (mask kind 1: key j of b visible iff j < S − 3b − 2)
     for (int b = 0; b < B && b < 64; b++) lens[b] = mask_kind == 1 ? S - 3 * b - 2 : S;
     void *LEN = via == 2 && mask ? co_up(g, lens, (size_t)B * 4) : NULL;
-    float *sk = sinks ? cb_rand((size_t)nh, -1, 3) : NULL, *ds = sinks ? cb_rand((size_t)nh, -1, 1) : NULL;
+    float *snk = sinks ? cb_rand((size_t)nh, -1, 3) : NULL, *ds = sinks ? cb_rand((size_t)nh, -1, 1) : NULL;
     float *gs = sinks ? co_rand((size_t)nh, 0, 0) : NULL;
-    void *SK = sinks ? cb_up(g, sk, (size_t)nh) : NULL;
-    attention_forward_cpu(out, lse, q, k, v, sk, mask, B, S, nh, nkv, hd, window);
+    void *SK = sinks ? cb_up(g, snk, (size_t)nh) : NULL;
+    attention_forward_cpu(out, lse, q, k, v, snk, mask, B, S, nh, nkv, hd, window);
     if (!co_attention_fwd(g, via, O, L, Q, K, Vd, SK, M, LEN, B, S, nh, nkv, hd, window))
         r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_forward declined");
     cb_cmp(&r, g, "out", O, out, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "lse", L, lse, nl, 0, CB_FP32);
     float *gout = cb_down(g, O, nq, 1), *glse = cb_down(g, L, nl, 0);
-    attention_backward_cpu(gq, gk, gv, gs, dout, q, k, v, gout, glse, sk, mask, B, S, nh, nkv, hd, window);
+    attention_backward_cpu(gq, gk, gv, gs, dout, q, k, v, gout, glse, snk, mask, B, S, nh, nkv, hd, window);
     float *dq = cb_rand(nq, -1, 1), *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nk, -1, 1);
     const float sq = cb_scale(gq, nq), sk = cb_scale(gk, nk), sv = cb_scale(gv, nk);
     for (size_t i = 0; i < nq; i++) dq[i] = cb_r(dq[i] * sq);
@@ -417,7 +417,7 @@ static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv
         for (int h = 0; h < nh; h++) ds[h] += gs[h];
         cb_cmp(&r, g, "dsinks", DS, ds, (size_t)nh, 1, CB_ONE_ROUNDING);
         co_free(g, SK, (size_t)nh * 2), co_free(g, DS, (size_t)nh * 2);
-        free(sk), free(ds), free(gs);
+        free(snk), free(ds), free(gs);
     }
     cb_cmp(&r, g, "dq", DQ, dq, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dk", DK, dk, nk, 1, CB_ATTN_TC);
