@@ -93,8 +93,8 @@ MT_HOT static void attn_online_softmax(float *restrict s, int ld, int nq, int nk
     }
 }
 
-// q [T, nh, hd], k, v [T, nkv, hd], key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
-void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
+// q [T, nh, hd], k, v [T, nkv, hd], sinks [nh] or NULL, key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
+void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -126,6 +126,13 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
                     for (int r = 0; r < nq; r++) {
                         int64_t row = ((int64_t)b * S + i0 + r) * nh + h;
                         float *orow = out + row * hd;
+                        if (sinks) {  // the sink joins the denominator: l·e^m + e^z, over their max
+                            const float z = sinks[h], mx = m[r] > z ? m[r] : z, a = expf(m[r] - mx);
+                            const float den = l[r] * a + expf(z - mx), inv = a / den;  // no key: a = 0, out 0
+                            for (int d = 0; d < hd; d++) orow[d] = o[(int64_t)r * hd + d] * inv;
+                            lse[row] = mx + logf(den);
+                            continue;
+                        }
                         if (l[r] == 0.0f) {  // no visible key: out 0, lse −inf, and no 0/0
                             memset(orow, 0, sizeof(float) * hd);
                             lse[row] = -INFINITY;
@@ -161,13 +168,15 @@ MT_HOT static void attn_block_ds(float *restrict s, float *restrict dp, int ld, 
 // With P_ij = exp(s_ij − lse_i), s_ij = scale·q_i·k_j:
 //   dP_ij = dO_i·v_j,  D_i = dO_i·O_i (= Σ_j P_ij dP_ij),  dS_ij = P_ij (dP_ij − D_i)
 //   dq_i += scale Σ_j dS_ij k_j,  dk_j += scale Σ_i dS_ij q_i,  dv_j += Σ_i P_ij dO_i
+// With sinks, lse includes the sink, so P is recomputed as before; the sink's own column has
+// dP = 0 (no value row): dsink_h = Σ_i P_i,sink (0 − D_i) = −Σ_i exp(sink_h − lse_i) D_i.
 // One pass per (sequence, query head), key blocks outer and query blocks inner, each block pair's
 // P recomputed once for all three gradients. A task owns its dq rows; dk and dv rows are shared by
 // the heads of a group, so with group > 1 each head writes its own partial and the partials are
 // summed in head order afterwards: no atomics, the same bits at any thread count.
 // dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
-void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
+void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse, const float *sinks,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -177,6 +186,8 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
     const size_t part_n = (size_t)B * nh * S * hd;
     float *pk = partial && dk ? mt_xcalloc(part_n, sizeof(float)) : NULL;
     float *pv = partial && dv ? mt_xcalloc(part_n, sizeof(float)) : NULL;
+    if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_cpu: dsinks without sinks");
+    float *ps = dsinks ? mt_xcalloc((size_t)B * nh, sizeof(float)) : NULL;  // dsinks per (b, h), summed in b order
 #pragma omp parallel
     {
         float *s = mt_xmalloc(sizeof(float) * ATT_QC * ATT_BK), *dp = mt_xmalloc(sizeof(float) * ATT_QC * ATT_BK);
@@ -193,6 +204,11 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
                     for (int e = 0; e < hd; e++) d += g[e] * o[e];
                     float li = lse[((int64_t)b * S + i) * nh + h];
                     Dh[i] = d, lh[i] = li == -INFINITY ? INFINITY : li;
+                }
+                if (ps) {
+                    float acc = 0.0f;
+                    for (int i = 0; i < S; i++) acc -= expf(sinks[h] - lh[i]) * Dh[i];
+                    ps[(size_t)b * nh + h] = acc;
                 }
                 // Where this head's dk and dv rows go: its partial, or dk / dv themselves.
                 float *gk = NULL, *gv = NULL;
@@ -244,6 +260,10 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, 
                     }
         }
     }
+    if (ps)
+        for (int h = 0; h < nh; h++)
+            for (int b = 0; b < B; b++) dsinks[h] += ps[(size_t)b * nh + h];
     free(pk);
     free(pv);
+    free(ps);
 }

@@ -23,6 +23,10 @@
 // GPU check knows cuDNN ran); wmma forces the kernel. Every cuDNN call is checked, its failure
 // named with cudnnGetErrorString: a graph the library refuses while building its plan (per
 // shape, remembered) is a refusal like the others; a failing execution is fatal.
+// Learned attention sinks (gpt-oss) are not in this graph: with sinks, attention_forward_cuda and
+// attention_backward_cuda never call these and run the WMMA kernels, even under
+// MT_ATTENTION=cudnn (a one-line note, not a refusal). cuDNN's frontend has a sink-token SDPA
+// in its newer releases; expressing it in this backend graph is left undone.
 //
 // Plain C, CUDA builds only (MT_CUDA), like model/ops_cuda.h.
 #pragma once

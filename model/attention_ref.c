@@ -34,8 +34,8 @@ static inline float dot_f(const float *a, const float *b, int n) {
     return s;
 }
 
-// q [T, nh, hd], k, v [T, nkv, hd], key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
-void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+// q [T, nh, hd], k, v [T, nkv, hd], sinks [nh] or NULL, key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
+void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -60,8 +60,8 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
                         if (p[j] > m) m = p[j];
                     }
                     for (int d = 0; d < hd; d++) oi[d] = 0.0f;
-                    if (m == -INFINITY) {  // no visible key: out 0, lse -inf, and no 0/0
-                        lse[ti * nh + h] = -INFINITY;
+                    if (m == -INFINITY) {  // no visible key: out 0, lse -inf (the sink), and no 0/0
+                        lse[ti * nh + h] = sinks ? sinks[h] : -INFINITY;
                         continue;
                     }
                     // out = Σ_j exp(s_j − m) v_j / Σ_j exp(s_j − m)
@@ -73,6 +73,7 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
                         const float *vj = v + (((int64_t)b * S + j) * nkv + kvh) * hd;
                         for (int d = 0; d < hd; d++) oi[d] += e * vj[d];
                     }
+                    if (sinks) sum += exp((double)sinks[h] - m);  // in the denominator only
                     float inv = (float)(1.0 / sum);
                     for (int d = 0; d < hd; d++) oi[d] *= inv;
                     lse[ti * nh + h] = m + (float)log(sum);
@@ -84,12 +85,13 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
 // With P_ij = exp(s_ij − lse_i), s_ij = scale·q_i·k_j:
 //   dP_ij = dO_i·v_j,  D_i = dO_i·O_i (= Σ_j P_ij dP_ij),  dS_ij = P_ij (dP_ij − D_i)
 //   dq_i += scale Σ_j dS_ij k_j,  dk_j += scale Σ_i dS_ij q_i,  dv_j += Σ_i P_ij dO_i
+// With sinks (lse includes them) the sink's column has dP = 0: dsink_h = −Σ_i exp(sink_h − lse_i) D_i.
 // Two passes so that each output row has one writer (no atomics, deterministic at any thread
 // count): pass 1 over queries writes dq, pass 2 over (key, kv head) writes dk and dv, summing
 // the query heads of its group. D [T, nh] is computed once between them.
 // dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
-void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
+void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse, const float *sinks,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
     attn_check_shape(nh, nkv, hd);
     const float scale = 1.0f / sqrtf((float)hd);
@@ -98,6 +100,13 @@ void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, 
     float *D = mt_xmalloc((size_t)T * nh * sizeof(float));
 #pragma omp parallel for
     for (int64_t r = 0; r < T * nh; r++) D[r] = dot_f(dout + r * hd, out + r * hd, hd);
+    if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_ref: dsinks without sinks");
+    if (dsinks)
+        for (int h = 0; h < nh; h++) {
+            double acc = 0.0;
+            for (int64_t t = 0; t < T; t++) acc -= exp((double)sinks[h] - lse[t * nh + h]) * D[t * nh + h];
+            dsinks[h] += (float)acc;
+        }
 
     if (dq) {
 #pragma omp parallel for collapse(3)

@@ -28,7 +28,7 @@ static layer_needs needs_of(const mt_model *m, int L) {
     const mt_layer *ly = &m->layers[L];
     layer_needs n;
     n.dx_in = L > m->lowest_trainable || m->dembed;
-    int attn = ly->dln1 || qkv_trains(ly) || linear_trains(&ly->o) || ly->dbias[3];
+    int attn = ly->dln1 || qkv_trains(ly) || linear_trains(&ly->o) || ly->dbias[3] || ly->dsinks;
     n.dh = n.dx_in || attn;
     n.dln2 = n.dh || ly->dln2;
     n.dlogits = !ly->dense && (n.dln2 || linear_trains(&ly->gate) || ly->dgate_bias);  // a dense layer has no router
@@ -114,7 +114,6 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim;
     int qd = nh * hd, kvd = nkv * hd, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
-    float theta = (float)c->rope_theta;
     mt_dtype adt = act_dtype(m);
     layer_needs need = needs_of(m, L);
 
@@ -132,7 +131,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
 
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     int want_dln1 = need.dx_in || ly->dln1 != NULL;
-    int want_datt = want_dln1 || qkv_trains(ly);
+    int want_datt = want_dln1 || qkv_trains(ly) || ly->dsinks;
     mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
     if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
     mt_prof_push2("o GEMM (dx)", "LoRA q,k,v,o");
@@ -141,12 +140,13 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     if (!want_datt) return;
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
-        mt_op_attention_backward(m, dq.data, dk.data, dv.data, datt.data, A(a->q), A(a->k), A(a->v), A(a->att),
-                                 F(a->lse), mask, B, S, nh, nkv, hd, (int)mt_config_layer_window(c, L));
+        mt_op_attention_backward(m, dq.data, dk.data, dv.data, ly->dsinks ? A(ly->dsinks) : NULL, datt.data, A(a->q),
+                                 A(a->k), A(a->v), A(a->att), F(a->lse), ly->sinks ? A(ly->sinks) : NULL, mask, B, S, nh,
+                                 nkv, hd, (int)mt_config_layer_window(c, L));
     step_unwork(m, &datt);
     if (run) {
-        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, theta, 1);
-        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, theta, 1);
+        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, 1);
+        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, 1);
     }
     int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
     if (c->clip_qkv > 0) {  // through the clamps: no gradient where a value was cut

@@ -74,12 +74,15 @@ void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *d
     });
 }
 
-void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward) {
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, int backward) {
+    const float *inv = m->rope_inv_freq, sc = m->rope_scale;
+    const float *inv_dev = m->rope_inv_freq_dev ? m->rope_inv_freq_dev->data : NULL;
+    (void)inv_dev;
     PROFILED("rope (q, k)", 3.0 * T * nh * hd, 2 * AB(m) * T * nh * hd, {
         if (backward)
-            DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, theta), rope_backward_cuda(m->be, x, pos, T, nh, hd, theta));
+            DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, inv, sc), rope_backward_cuda(m->be, x, pos, T, nh, hd, inv_dev, sc));
         else
-            DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, theta), rope_forward_cuda(m->be, x, pos, T, nh, hd, theta));
+            DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, inv, sc), rope_forward_cuda(m->be, x, pos, T, nh, hd, inv_dev, sc));
     });
 }
 
@@ -96,49 +99,56 @@ static void kv_len_end(mt_model *m, int32_t *kv, int B) {
     if (kv) mt_work_free(m->be, kv, (size_t)B * sizeof(int32_t));
 }
 static void attention_forward_on_cuda(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k,
-                                      const mt_act *v, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                                      int window) {
-    int32_t *kv = kv_len_begin(m, mask, B, S);
-    attention_forward_cuda(m->be, out, lse, q, k, v, mask, kv, B, S, nh, nkv, hd, window);
+                                      const mt_act *v, const mt_act *sinks, const uint8_t *mask, int B, int S, int nh,
+                                      int nkv, int hd, int window) {
+    int32_t *kv = sinks ? NULL : kv_len_begin(m, mask, B, S);  // lengths are for cuDNN, which sinks skip
+    attention_forward_cuda(m->be, out, lse, q, k, v, sinks, mask, kv, B, S, nh, nkv, hd, window);
     kv_len_end(m, kv, B);
 }
-static void attention_backward_on_cuda(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout,
-                                       const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out,
-                                       const float *lse, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                                       int window) {
-    int32_t *kv = kv_len_begin(m, mask, B, S);
-    attention_backward_cuda(m->be, dq, dk, dv, dout, q, k, v, out, lse, mask, kv, B, S, nh, nkv, hd, window);
+static void attention_backward_on_cuda(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks,
+                                       const mt_act *dout, const mt_act *q, const mt_act *k, const mt_act *v,
+                                       const mt_act *out, const float *lse, const mt_act *sinks, const uint8_t *mask,
+                                       int B, int S, int nh, int nkv, int hd, int window) {
+    int32_t *kv = sinks ? NULL : kv_len_begin(m, mask, B, S);
+    attention_backward_cuda(m->be, dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, kv, B, S, nh, nkv, hd,
+                            window);
     kv_len_end(m, kv, B);
 }
 #endif
 
 // The profile's attention rows name the kernel that runs (scripts/step_model.h's names), and count
 // its backward FLOPs: cuDNN's five S² GEMMs (FlashAttention-2's backward), the WMMA kernel's seven.
-static int attention_on_cudnn(const mt_model *m, const uint8_t *mask, int nh, int nkv, int hd) {
+// Sinks always run the WMMA kernels (model/ops_cuda.h).
+static int attention_on_cudnn(const mt_model *m, const mt_act *sinks, const uint8_t *mask, int nh, int nkv, int hd) {
 #ifdef MT_CUDA
-    return mt_prof_active && ON_CUDA(m) && !strcmp(attention_path(mask != NULL, mask && m->pad_right, nh, nkv, hd), "cudnn");
+    return mt_prof_active && ON_CUDA(m) && !sinks &&
+           !strcmp(attention_path(mask != NULL, mask && m->pad_right, nh, nkv, hd), "cudnn");
 #else
-    (void)m, (void)mask, (void)nh, (void)nkv, (void)hd;
+    (void)m, (void)sinks, (void)mask, (void)nh, (void)nkv, (void)hd;
     return 0;
 #endif
 }
 
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
-                             const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
-    const int cudnn = attention_on_cudnn(m, mask, nh, nkv, hd);
+                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                             int window) {
+    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd);
     PROFILED(cudnn ? "attention fwd (cuDNN SDPA)" : "attention fwd (wmma bf16)", 2.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (2 * nh + 2 * nkv) * hd) + 4.0 * B * S * nh, {
-        DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window),
-                 attention_forward_on_cuda(m, out, lse, q, k, v, mask, B, S, nh, nkv, hd, window));
+        DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, window),
+                 attention_forward_on_cuda(m, out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, window));
     });
 }
 
-void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout, const mt_act *q,
-                              const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
-                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window) {
-    const int cudnn = attention_on_cudnn(m, mask, nh, nkv, hd);
+void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks, const mt_act *dout,
+                              const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
+                              const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                              int window) {
+    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd);
     PROFILED(cudnn ? "attention bwd (cuDNN SDPA)" : "attention bwd (wmma bf16)", (cudnn ? 5.0 : 7.0) * B * S * S * nh * hd, AB(m) * ((double)B * S * (4 * nh + 4 * nkv) * hd) + 8.0 * B * S * nh, {
-        DISPATCH(m, attention_backward_cpu(dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window),
-                 attention_backward_on_cuda(m, dq, dk, dv, dout, q, k, v, out, lse, mask, B, S, nh, nkv, hd, window));
+        DISPATCH(m, attention_backward_cpu(dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, B, S, nh, nkv, hd,
+                                           window),
+                 attention_backward_on_cuda(m, dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, B, S, nh, nkv,
+                                            hd, window));
     });
 }
 

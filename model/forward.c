@@ -73,7 +73,7 @@ static void attention_forward(mt_model *m, int L) {
     int B = m->B, S = m->S, T = B * S, H = (int)c->hidden;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
-    float eps = (float)c->rms_norm_eps, theta = (float)c->rope_theta;
+    float eps = (float)c->rms_norm_eps;
     mt_dtype adt = act_dtype(m);
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
@@ -100,10 +100,10 @@ static void attention_forward(mt_model *m, int L) {
         mt_clip_forward(m, A(a->v), (int64_t)T * nkv * hd, cl);
     }
     if (run) {
-        mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, theta, 0);
-        mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, theta, 0);
-        mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), mask, B, S, nh, nkv, hd,
-                                (int)mt_config_layer_window(c, L));
+        mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, 0);
+        mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, 0);
+        mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), ly->sinks ? A(ly->sinks) : NULL,
+                                mask, B, S, nh, nkv, hd, (int)mt_config_layer_window(c, L));
     }
     mt_tensor o = step_work(m, adt, T, H, 0);
     mt_prof_push2("o GEMM", "LoRA q,k,v,o");

@@ -10,6 +10,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/model_internal.h"
+#include "model/rope.h"
 #include "quant/quant.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -584,8 +585,6 @@ static int finish(loader *ld) {
 // with a part silently left out.
 static const char *missing_part(const mt_model_config *c) {
     if (c->clip_qkv > 0 && mt_config_family(c)->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
-    if (mt_config_family(c)->attn_sinks) return "attention sinks";
-    if (c->rope_yarn) return "YaRN RoPE";
     return NULL;
 }
 
@@ -675,6 +674,20 @@ static int share_dequant_scratch(mt_model *m) {
     return 0;
 }
 
+// RoPE's table from the config, once; the GPU step reads a device copy (model/rope.h).
+static int rope_table_init(mt_model *m) {
+    mt_rope_params p;
+    mt_rope_params_from_config(&m->cfg, &p);
+    int64_t half = m->cfg.head_dim / 2;
+    m->rope_inv_freq = mt_xcalloc((size_t)(half > 0 ? half : 1), sizeof(float));
+    if (mt_rope_table(&p, m->rope_inv_freq, &m->rope_scale) != 0) return -1;
+    if (!gpu_step(m)) return 0;
+    // A small device buffer beside batch_dev and aux_dev (ledger: act; plan/plan.c counts it there).
+    if (!(m->rope_inv_freq_dev = mt_tensor_new(m->be, MT_MEM_ACT, MT_F32, 1, &half))) return -1;
+    if (m->be->ops->kind == MT_BACKEND_CUDA) mt_tensor_upload(m->rope_inv_freq_dev, m->rope_inv_freq);
+    return 0;
+}
+
 int mt_model_build(mt_model *m, mt_backend *be, const mt_model_config *cfg, const char *dir,
                    const mt_model_spec *spec) {
     return mt_model_build_par(m, be, cfg, dir, spec, NULL);
@@ -746,6 +759,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
     if (rc == 0 && gpu_step(m)) rc = share_dequant_scratch(m);
+    if (rc == 0) rc = rope_table_init(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);
         mt_model_free(m);

@@ -157,6 +157,12 @@ typedef struct mt_model {
                                 // (whose grouped kernels dequantize tile by tile), shared by those
                                 // Linears (ledger: work; the dequantization buffer of docs/memory.md "Workspace")
     uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
+    // RoPE's frequency table (model/rope.h, from the config at build): inv_freq [head_dim/2] on the
+    // host, its copy on the device for cuda (ledger: act; made but not written on the null
+    // backend), and the factor on cos and sin (1 but for YaRN).
+    float *rope_inv_freq;
+    mt_tensor *rope_inv_freq_dev;
+    float rope_scale;
 } mt_model;
 
 // The EP rank that holds expert e of layer L, and whether it is this one.

@@ -73,12 +73,16 @@ void mt_op_rmsnorm_forward(mt_model *m, mt_act *y, float *rstd, const mt_act *x,
                            float eps);
 void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *dy, const mt_act *x, const mt_act *w,
                             const float *rstd, int T, int H);
-void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, float theta, int backward);
+// RoPE by the model's table (m->rope_inv_freq, its device copy on cuda, m->rope_scale).
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, int backward);
+// sinks [nh] (a weight in the model's dtype) or NULL; dsinks [nh] += or NULL (model/ops.h).
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
-                             const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window);
-void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, const mt_act *dout, const mt_act *q,
-                              const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
-                              const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int window);
+                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                             int window);
+void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks, const mt_act *dout,
+                              const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
+                              const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                              int window);
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V);
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n);

@@ -24,30 +24,38 @@ void rmsnorm_backward_cpu(float *dx, float *dw, const float *dy, const float *x,
                           const float *rstd, int T, int H);
 
 // Rotary embedding, in place, Hugging Face's non-interleaved form (docs/design.md "The step's arithmetic"):
-// x [T, n_heads, hd], pos [T]; inv_freq_j = theta^(-2j/hd), x' = x·cos + rotate_half(x)·sin.
-void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
-// The transpose rotation, in place on dx (the gradient of the rotated tensor becomes the
-// gradient of the unrotated one).
-void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
+// x [T, n_heads, hd], pos [T], inv_freq [hd/2] (model/rope.h's table: default RoPE or YaRN);
+// x' = x·cos + rotate_half(x)·sin with cos, sin = cos, sin(pos·inv_freq) · scale (transformers'
+// attention_scaling; 1 for the default RoPE).
+void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, const float *inv_freq, float scale);
+// The transpose rotation (scaled the same), in place on dx: the gradient of the rotated tensor
+// becomes the gradient of the unrotated one.
+void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int hd, const float *inv_freq, float scale);
 
 // Causal grouped-query attention over B sequences of S positions (T = B·S):
 // q [T, nh, hd], k and v [T, nkv, hd] (query head h reads kv head h / (nh/nkv)), scale 1/sqrt(hd).
 // Position i attends to j ≤ i, and only to j > i - window when window > 0 (sliding window),
 // and only to keys whose key_mask[b·S + j] is 1 when key_mask is not NULL (padding).
-// out [T, nh, hd]; lse [T, nh] = log-sum-exp of each query's scaled scores (saved for backward,
-// so no S×S matrix is ever kept). A query with no visible key gets out = 0, lse = -INFINITY.
-void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
+// sinks [nh] or NULL: gpt-oss's learned attention sinks, one logit per query head joining every
+// query's softmax (unscaled, never masked) and then dropped:
+//   p_ij = exp(s_ij) / (Σ_j' exp(s_ij') + exp(sinks[h])),  out_i = Σ_j p_ij v_j.
+// out [T, nh, hd]; lse [T, nh] = log-sum-exp of each query's scaled scores, the sink's logit
+// included (saved for backward, so no S×S matrix is ever kept). A query with no visible key gets
+// out = 0, lse = -INFINITY (sinks[h] with sinks).
+void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
 // dq [T, nh, hd] +=, dk, dv [T, nkv, hd] +=; recomputes the probabilities from q, k and lse.
-void attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
+// dsinks [nh] += −Σ_i exp(sinks[h] − lse_ih) · D_ih, D_ih = dout_ih · out_ih (the sink's column of
+// the softmax backward: its dP is 0, it has no value row); NULL skips it (and it needs sinks).
+void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse, const float *sinks,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
 // The same two as scalar loops over (query, head, key) (model/attention_ref.c): the reference the
 // tiled kernels above are tested against.
-void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
-void attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
+void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse, const float *sinks,
                             const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window);
 
 // Cross-entropy of logits [T, V] against targets [T]; targets equal to ignore_index are skipped.

@@ -318,18 +318,17 @@ extern "C" void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, 
 // RoPE
 
 // x [T, nh, hd] bf16 rotated in place by ±angle; one thread per (t, j), the angle shared by the
-// heads. The fp32 arithmetic of model/rope.c (powf, 1/x, one product, cosf/sinf).
-static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, int hd, float theta,
-                                   float direction) {
+// heads. inv_freq [hd/2] f32 (device; model/rope.h's table). The fp32 arithmetic of model/rope.c
+// (one product, cosf/sinf, times scale).
+static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, int hd, const float *inv_freq,
+                                   float scale, float direction) {
     int half = hd / 2;
     int64_t n = (int64_t)T * half;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = idx / half;
         int j = (int)(idx % half);
-        float e = (float)(2 * j) / (float)hd;
-        float inv_freq = 1.0f / powf(theta, e);
-        float angle = (float)pos[t] * inv_freq;
-        float c = cosf(angle), s = sinf(angle) * direction;
+        float angle = __fmul_rn((float)pos[t], inv_freq[j]);
+        float c = __fmul_rn(cosf(angle), scale), s = __fmul_rn(sinf(angle), scale) * direction;
         for (int h = 0; h < nh; h++) {
             bf16 *xh = x + (t * nh + h) * hd;
             float a = bf(xh[j]), b = bf(xh[j + half]);
@@ -339,23 +338,23 @@ static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, i
     }
 }
 
-static void rope_launch(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int nh, int hd, float theta,
-                        float dir) {
+static void rope_launch(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int nh, int hd, const float *inv_freq,
+                        float scale, float dir) {
     if (T <= 0 || nh <= 0 || hd < 2) return;
     cudaStream_t s = mt_cuda_begin(be);
-    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>((bf16 *)x, pos, T, nh, hd, theta,
-                                                                                   dir);
+    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>((bf16 *)x, pos, T, nh, hd, inv_freq,
+                                                                                   scale, dir);
     MT_CHECK_LAUNCH();
 }
 
 extern "C" void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd,
-                                  float theta) {
-    rope_launch(be, x, pos, T, n_heads, hd, theta, 1.0f);
+                                  const float *inv_freq, float scale) {
+    rope_launch(be, x, pos, T, n_heads, hd, inv_freq, scale, 1.0f);
 }
 
 extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd,
-                                   float theta) {
-    rope_launch(be, dx, pos, T, n_heads, hd, theta, -1.0f);
+                                   const float *inv_freq, float scale) {
+    rope_launch(be, dx, pos, T, n_heads, hd, inv_freq, scale, -1.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,8 +433,8 @@ static __host__ __device__ __forceinline__ int att_warps(int hd) { return att_hd
 // Forward: grid (ceil(S / 16·nw), nh, B), 32·nw threads. Online softmax per row in fp32 (m, l held
 // by both lanes of the row); O accumulates in shared memory, rescaled by the lanes per key tile.
 static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                                                const uint8_t *mask, int S, int nh, int nkv, int hd, int window,
-                                                float scale) {
+                                                const bf16 *sinks, const uint8_t *mask, int S, int nh, int nkv, int hd,
+                                                int window, float scale) {
     extern __shared__ __align__(128) unsigned char att_sm[];
     const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
@@ -482,6 +481,13 @@ static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf1
     __syncwarp();
     if (i >= S) return;
     const int64_t row = ((int64_t)b * S + i) * nh + h;
+    if (sinks) {  // the sink joins the denominator: l·e^m + e^z over their max (no key: out 0, lse z)
+        const float z = bf(sinks[h]), mx = fmaxf(m, z), a = expf(m - mx), den = l * a + expf(z - mx);
+        const float inv = a / den;
+        for (int d = d0; d < MT_MIN(d1, hd); d++) out[row * hd + d] = rn(Ow[r * ldo + d] * inv);
+        if (half == 0) lse[row] = mx + logf(den);
+        return;
+    }
     const float inv = m == -INFINITY ? 0.0f : 1.0f / l;  // no visible key: out 0, lse -inf
     for (int d = d0; d < MT_MIN(d1, hd); d++) out[row * hd + d] = rn(Ow[r * ldo + d] * inv);
     if (half == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
@@ -496,6 +502,19 @@ static __global__ void attention_d_kernel(float *D, const bf16 *dout, const bf16
     for (int d = lane; d < hd; d += 32) s += bf(dout[r * hd + d]) * bf(out[r * hd + d]);
     s = mt_warp_sum(s);
     if (lane == 0) D[r] = s;
+}
+
+// dsinks [nh] bf16 += −Σ_t exp(sinks[h] − lse[t, h]) · D[t, h]: one block per head, the rows
+// reduced in fp32 in a fixed order (strided partials, then the block's tree), one rounding.
+static __global__ void attention_dsinks_kernel(bf16 *dsinks, const bf16 *sinks, const float *lse, const float *D,
+                                               int64_t T, int nh) {
+    __shared__ float red[32];
+    const int h = blockIdx.x;
+    const float z = bf(sinks[h]);
+    float acc = 0.0f;
+    for (int64_t t = threadIdx.x; t < T; t += blockDim.x) acc -= expf(z - lse[t * nh + h]) * D[t * nh + h];
+    acc = mt_block_sum(acc, red);
+    if (threadIdx.x == 0) dsinks[h] = rn(bf(dsinks[h]) + acc);
 }
 
 // dq: grid as the forward. P_ij = exp(scale q_i·k_j − lse_i), dS_ij = P_ij (dO_i·v_j − D_i) scale,
@@ -636,11 +655,25 @@ extern "C" void attention_kv_len_cuda(mt_backend *be, int32_t *kv_len, const uin
     MT_CHECK_LAUNCH();
 }
 
+// Sinks are not in the cuDNN graph (model/attention_cudnn.h): the WMMA kernels run them, whatever
+// MT_ATTENTION says (noted once when it asked for cuDNN).
+static bool att_sinks_skip_cudnn(const mt_bf16 *sinks) {
+    static bool noted;
+    if (!sinks) return false;
+    if (!noted && attention_get_mode() == MT_ATTENTION_CUDNN)
+        fprintf(stderr, "attention: sinks are not in the cuDNN graph: using the WMMA kernel\n");
+    noted = true;
+    return true;
+}
+
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
-                                       const mt_bf16 *k_, const mt_bf16 *v_, const uint8_t *key_mask,
-                                       const int32_t *kv_len, int B, int S, int nh, int nkv, int hd, int window) {
+                                       const mt_bf16 *k_, const mt_bf16 *v_, const mt_bf16 *sinks,
+                                       const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh, int nkv,
+                                       int hd, int window) {
     // cuDNN's SDPA where it is loaded and takes the shape (model/attention_cudnn.h), else the kernel.
-    if (attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, kv_len, B, S, nh, nkv, hd, window)) return;
+    if (!att_sinks_skip_cudnn(sinks) &&
+        attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, kv_len, B, S, nh, nkv, hd, window))
+        return;
     att_check(nh, nkv, hd);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
@@ -650,21 +683,22 @@ extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse
     att_smem(attention_forward_kernel, smem);
     dim3 grid((unsigned)((S + nw * 16 - 1) / (nw * 16)), (unsigned)nh, (unsigned)B);
     attention_forward_kernel<<<grid, 32 * nw, smem, s>>>((bf16 *)out_, lse, (const bf16 *)q_, (const bf16 *)k_,
-                                                         (const bf16 *)v_, key_mask, S, nh, nkv, hd, window,
-                                                         1.0f / sqrtf((float)hd));
+                                                         (const bf16 *)v_, (const bf16 *)sinks, key_mask, S, nh,
+                                                         nkv, hd, window, 1.0f / sqrtf((float)hd));
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *dk_, mt_bf16 *dv_,
+extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *dk_, mt_bf16 *dv_, mt_bf16 *dsinks,
                                         const mt_bf16 *dout_, const mt_bf16 *q_, const mt_bf16 *k_,
                                         const mt_bf16 *v_, const mt_bf16 *out_, const float *lse,
-                                        const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
-                                        int nkv, int hd, int window) {
-    if (attention_cudnn_backward(be, dq_, dk_, dv_, dout_, q_, k_, v_, out_, lse, key_mask, kv_len, B, S, nh, nkv, hd,
-                                 window))
+                                        const mt_bf16 *sinks, const uint8_t *key_mask, const int32_t *kv_len, int B,
+                                        int S, int nh, int nkv, int hd, int window) {
+    if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_cuda: dsinks without sinks");
+    if (!att_sinks_skip_cudnn(sinks) && attention_cudnn_backward(be, dq_, dk_, dv_, dout_, q_, k_, v_, out_, lse,
+                                                                 key_mask, kv_len, B, S, nh, nkv, hd, window))
         return;
     att_check(nh, nkv, hd);
-    if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_)) return;
+    if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_ && !dsinks)) return;
     cudaStream_t s = mt_cuda_begin(be);
     bf16 *dq = (bf16 *)dq_, *dk = (bf16 *)dk_, *dv = (bf16 *)dv_;
     const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
@@ -674,6 +708,11 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
     attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, (const bf16 *)out_,
                                                                                           rows, hd);
     MT_CHECK_LAUNCH();
+    if (dsinks) {  // lse includes the sinks, so dq, dk, dv below need nothing more
+        attention_dsinks_kernel<<<(unsigned)nh, THREADS, 0, s>>>((bf16 *)dsinks, (const bf16 *)sinks, lse, D,
+                                                                 (int64_t)B * S, nh);
+        MT_CHECK_LAUNCH();
+    }
     const int nw = att_warps(hd), ldh = att_hdp(hd) + 8, ldo = att_hdp(hd) + 4;
     const float scale = 1.0f / sqrtf((float)hd);
     const unsigned tiles = (unsigned)((S + nw * 16 - 1) / (nw * 16));

@@ -53,9 +53,11 @@ void rmsnorm_forward_cuda(mt_backend *be, mt_bf16 *y, float *rstd, const mt_bf16
 void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, const mt_bf16 *dy, const mt_bf16 *x,
                            const mt_bf16 *w, const float *rstd, int T, int H);
 
-// x [T, n_heads, hd] rotated in place (one rounding per element).
-void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd, float theta);
-void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd, float theta);
+// x [T, n_heads, hd] rotated in place (one rounding per element); inv_freq [hd/2] f32 (device).
+void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd,
+                       const float *inv_freq, float scale);
+void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd,
+                        const float *inv_freq, float scale);
 
 // Fused (flash-style, on tensor cores: WMMA bf16 GEMMs with fp32 accumulation): one block per
 // (sequence, head, tile of queries), online softmax in fp32; lse [T, nh] f32 as the CPU writes
@@ -65,13 +67,16 @@ void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, 
 // Where cuDNN is loaded and takes the shape, both run cuDNN's SDPA instead (model/attention_cudnn.h,
 // same results and lse); kv_len [B] int32 (device) or NULL: the key mask as sequence lengths when
 // it is right padding (attention_kv_len_cuda makes them), the form cuDNN takes a key mask in.
+// sinks [nh] bf16 or NULL (a dense weight), dsinks [nh] bf16 += (its gradient; NULL: skipped),
+// reduced over the rows in fp32 in a fixed order, one rounding. With sinks both run the WMMA
+// kernels, whatever MT_ATTENTION asks (cuDNN's graph here has no sink; noted once).
 void attention_forward_cuda(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
-                            const mt_bf16 *v, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
-                            int nkv, int hd, int window);
-void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
-                             const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
-                             const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
-                             int nkv, int hd, int window);
+                            const mt_bf16 *v, const mt_bf16 *sinks, const uint8_t *key_mask, const int32_t *kv_len,
+                            int B, int S, int nh, int nkv, int hd, int window);
+void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, mt_bf16 *dsinks,
+                             const mt_bf16 *dout, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                             const mt_bf16 *out, const float *lse, const mt_bf16 *sinks, const uint8_t *key_mask,
+                             const int32_t *kv_len, int B, int S, int nh, int nkv, int hd, int window);
 // kv_len [B] = the number of visible keys of each sequence of key_mask [B, S]: its length when
 // the mask is right padding (the caller knows: the host copy of the mask).
 void attention_kv_len_cuda(mt_backend *be, int32_t *kv_len, const uint8_t *key_mask, int B, int S);

@@ -93,9 +93,10 @@ static void bench_attention(int S, double sgemm_gflops, int ref) {
     double t0 = now_s(), t, tf = 0;
     do {  // ref: the scalar kernels (model/attention_ref.c) the tiled ones replaced
         double a = now_s();
-        (ref ? attention_forward_ref : attention_forward_cpu)(o, lse, q, k, v, NULL, 1, S, nh, nkv, hd, 0);
+        (ref ? attention_forward_ref : attention_forward_cpu)(o, lse, q, k, v, NULL, NULL, 1, S, nh, nkv, hd, 0);
         tf += now_s() - a;
-        (ref ? attention_backward_ref : attention_backward_cpu)(dq, dk, dv, g, q, k, v, o, lse, NULL, 1, S, nh, nkv, hd, 0);
+        (ref ? attention_backward_ref : attention_backward_cpu)(dq, dk, dv, NULL, g, q, k, v, o, lse, NULL, NULL, 1, S, nh,
+                                                                nkv, hd, 0);
         reps++;
     } while ((t = now_s() - t0) < 2.0 || reps < 2);
     double mm = 2.0 * S * (double)S / 2 * hd * nh, gf = 7 * mm * reps / t / 1e9;

@@ -19,6 +19,7 @@
 #include "core/common.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
+#include "model/rope.h"
 #include "model/attention_cudnn.h"
 #include "optim/optim_cuda.h"
 #include "moe/moe.h"
@@ -281,25 +282,32 @@ static co_result co_rmsnorm(mt_backend *g, int T, int H, uint64_t seed) {
     return r;
 }
 
-// A rotation: one rounding per element.
-static co_result co_rope(mt_backend *g) {
-    co_result r = cb_begin(3);
+// A rotation: one rounding per element. yarn: gpt-oss's YaRN table (factor 32, scale ≈ 1.35),
+// else the default one of theta 1e6 (model/rope.h).
+static co_result co_rope_table(mt_backend *g, int yarn, uint64_t seed) {
+    co_result r = cb_begin(seed);
     const int T = 19, nh = 3, hd = 64;
     size_t n = (size_t)T * nh * hd;
     int32_t pos[19];
-    for (int t = 0; t < T; t++) pos[t] = co_int(4096);
+    for (int t = 0; t < T; t++) pos[t] = co_int(yarn ? 131072 : 4096);
+    mt_rope_params p = {.yarn = yarn, .hd = hd, .theta = yarn ? 150000.0 : 1e6, .factor = 32, .beta_fast = 32,
+                        .beta_slow = 1, .original_max = 4096, .truncate = 0};
+    float inv[32], scale;
+    if (mt_rope_table(&p, inv, &scale) != 0) mt_fatal(MT_EXIT_ERROR, "%s", mt_error_get());
     float *x = cb_rand(n, -1, 1), *dx = cb_rand(n, -1, 1);
-    void *P = co_up(g, pos, sizeof pos), *X = cb_up(g, x, n), *DX = cb_up(g, dx, n);
-    rope_forward_cpu(x, pos, T, nh, hd, 1e6f);
-    rope_backward_cpu(dx, pos, T, nh, hd, 1e6f);
-    rope_forward_cuda(g, X, P, T, nh, hd, 1e6f);
-    rope_backward_cuda(g, DX, P, T, nh, hd, 1e6f);
+    void *P = co_up(g, pos, sizeof pos), *X = cb_up(g, x, n), *DX = cb_up(g, dx, n), *I = co_up(g, inv, sizeof inv);
+    rope_forward_cpu(x, pos, T, nh, hd, inv, scale);
+    rope_backward_cpu(dx, pos, T, nh, hd, inv, scale);
+    rope_forward_cuda(g, X, P, T, nh, hd, I, scale);
+    rope_backward_cuda(g, DX, P, T, nh, hd, I, scale);
     cb_cmp(&r, g, "x", X, x, n, 1, CB_ONE_ROUNDING);
     cb_cmp(&r, g, "dx", DX, dx, n, 1, CB_ONE_ROUNDING);
-    co_free(g, P, sizeof pos), co_free(g, X, n * 2), co_free(g, DX, n * 2);
+    co_free(g, P, sizeof pos), co_free(g, X, n * 2), co_free(g, DX, n * 2), co_free(g, I, sizeof inv);
     free(x), free(dx);
     return r;
 }
+static co_result co_rope(mt_backend *g) { return co_rope_table(g, 0, 3); }
+static co_result co_rope_yarn(mt_backend *g) { return co_rope_table(g, 1, 4); }
 
 // Attention on tensor cores (model/ops_cuda.cu): S = Q Kᵀ and dP = dO Vᵀ are fp32 sums of exact
 // bf16 products (order only), but P (forward, dV) and dS (dQ, dK) are rounded to bf16 before
@@ -321,21 +329,33 @@ static co_result co_rope(mt_backend *g) {
 // via: the path. 0: attention_*_cuda as the model calls them (cuDNN where MT_ATTENTION and the
 // shape allow, else WMMA), 1: the WMMA kernel forced, 2: cuDNN forced, the key mask (kinds 0 and 1
 // only: right padding) given as sequence lengths; a refusal is a failure there, not a fallback.
-static int co_attention_fwd(mt_backend *g, int via, void *O, void *L, void *Q, void *K, void *V, void *M, void *LEN,
-                            int B, int S, int nh, int nkv, int hd, int window) {
+// With sinks (SK, a bf16 [nh], and DS its gradient) the op itself runs the WMMA kernels whatever
+// the mode (via 3: under MT_ATTENTION=cudnn, which must not refuse).
+static int co_attention_fwd(mt_backend *g, int via, void *O, void *L, void *Q, void *K, void *V, void *SK, void *M,
+                            void *LEN, int B, int S, int nh, int nkv, int hd, int window) {
     if (via == 2) return attention_cudnn_forward(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
-    attention_forward_cuda(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
+    attention_forward_cuda(g, O, L, Q, K, V, SK, M, LEN, B, S, nh, nkv, hd, window);
     return 1;
 }
-static int co_attention_bwd(mt_backend *g, int via, void *DQ, void *DK, void *DV, void *DO, void *Q, void *K, void *V,
-                            void *O, void *L, void *M, void *LEN, int B, int S, int nh, int nkv, int hd, int window) {
+static int co_attention_bwd(mt_backend *g, int via, void *DQ, void *DK, void *DV, void *DS, void *DO, void *Q, void *K,
+                            void *V, void *O, void *L, void *SK, void *M, void *LEN, int B, int S, int nh, int nkv,
+                            int hd, int window) {
     if (via == 2) return attention_cudnn_backward(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
-    attention_backward_cuda(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
+    attention_backward_cuda(g, DQ, DK, DV, DS, DO, Q, K, V, O, L, SK, M, LEN, B, S, nh, nkv, hd, window);
     return 1;
 }
 
+static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
+                                    uint64_t seed, int via, int sinks);
 static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
                               uint64_t seed, int via) {
+    return co_attention_sinks(g, B, S, nh, nkv, hd, window, mask_kind, seed, via, 0);
+}
+// sinks: learned sinks in [-1, 3] (lse includes them; a query with no key gets out 0, lse = its
+// sink) and their gradient dsinks, from a non-zero start like the others (fp32 reduction, one
+// rounding: CB_ONE_ROUNDING).
+static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
+                                    uint64_t seed, int via, int sinks) {
     co_result r = cb_begin(seed);
     // Forced cuDNN: a graph the library refuses is this case's failure, said here; the forced mode
     // would make it fatal and end the run before the other cases.
@@ -349,7 +369,7 @@ static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int 
     }
     const mt_attention_mode mode0 = attention_get_mode();
     if (via == 1) attention_set_mode(MT_ATTENTION_WMMA);
-    if (via == 2) attention_set_mode(MT_ATTENTION_CUDNN);
+    if (via == 2 || via == 3) attention_set_mode(MT_ATTENTION_CUDNN);
     const int T = B * S;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd, nl = (size_t)T * nh;
     float *q = cb_rand(nq, -1, 1), *k = cb_rand(nk, -1, 1), *v = cb_rand(nk, -1, 1), *dout = cb_rand(nq, -1, 1);
@@ -368,22 +388,37 @@ static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int 
     int32_t lens[64];  // via 2: right padding as lengths (mask kind 1: key j of b visible iff j < S − 3b − 2)
     for (int b = 0; b < B && b < 64; b++) lens[b] = mask_kind == 1 ? S - 3 * b - 2 : S;
     void *LEN = via == 2 && mask ? co_up(g, lens, (size_t)B * 4) : NULL;
-    attention_forward_cpu(out, lse, q, k, v, mask, B, S, nh, nkv, hd, window);
-    if (!co_attention_fwd(g, via, O, L, Q, K, Vd, M, LEN, B, S, nh, nkv, hd, window))
+    float *snk = sinks ? cb_rand((size_t)nh, -1, 3) : NULL, *ds = sinks ? cb_rand((size_t)nh, -1, 1) : NULL;
+    float *gs = sinks ? co_rand((size_t)nh, 0, 0) : NULL;
+    void *SK = sinks ? cb_up(g, snk, (size_t)nh) : NULL;
+    attention_forward_cpu(out, lse, q, k, v, snk, mask, B, S, nh, nkv, hd, window);
+    if (!co_attention_fwd(g, via, O, L, Q, K, Vd, SK, M, LEN, B, S, nh, nkv, hd, window))
         r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_forward declined");
     cb_cmp(&r, g, "out", O, out, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "lse", L, lse, nl, 0, CB_FP32);
     float *gout = cb_down(g, O, nq, 1), *glse = cb_down(g, L, nl, 0);
-    attention_backward_cpu(gq, gk, gv, dout, q, k, v, gout, glse, mask, B, S, nh, nkv, hd, window);
+    attention_backward_cpu(gq, gk, gv, gs, dout, q, k, v, gout, glse, snk, mask, B, S, nh, nkv, hd, window);
     float *dq = cb_rand(nq, -1, 1), *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nk, -1, 1);
     const float sq = cb_scale(gq, nq), sk = cb_scale(gk, nk), sv = cb_scale(gv, nk);
     for (size_t i = 0; i < nq; i++) dq[i] = cb_r(dq[i] * sq);
     for (size_t i = 0; i < nk; i++) dk[i] = cb_r(dk[i] * sk), dv[i] = cb_r(dv[i] * sv);
+    if (sinks) {
+        const float ss = cb_scale(gs, (size_t)nh);
+        for (int h = 0; h < nh; h++) ds[h] = cb_r(ds[h] * ss);
+    }
     void *DQ = cb_up(g, dq, nq), *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nk);
-    int ran = co_attention_bwd(g, via, DQ, DK, DV, DO, Q, K, Vd, O, L, M, LEN, B, S, nh, nkv, hd, window);
-    ran &= co_attention_bwd(g, via, NULL, NULL, NULL, DO, Q, K, Vd, O, L, M, LEN, B, S, nh, nkv, hd, window);  // nothing
+    void *DS = sinks ? cb_up(g, ds, (size_t)nh) : NULL;
+    int ran = co_attention_bwd(g, via, DQ, DK, DV, DS, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd, window);
+    ran &= co_attention_bwd(g, via, NULL, NULL, NULL, NULL, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd,
+                            window);  // nothing
     for (size_t i = 0; i < nq; i++) dq[i] += gq[i];  // the CPU twin's accumulation, in fp32
     for (size_t i = 0; i < nk; i++) dk[i] += gk[i], dv[i] += gv[i];
+    if (sinks) {
+        for (int h = 0; h < nh; h++) ds[h] += gs[h];
+        cb_cmp(&r, g, "dsinks", DS, ds, (size_t)nh, 1, CB_ONE_ROUNDING);
+        co_free(g, SK, (size_t)nh * 2), co_free(g, DS, (size_t)nh * 2);
+        free(snk), free(ds), free(gs);
+    }
     cb_cmp(&r, g, "dq", DQ, dq, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dk", DK, dk, nk, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dv", DV, dv, nk, 1, CB_ATTN_TC);
@@ -1086,6 +1121,17 @@ static co_result co_attention_cudnn_window(mt_backend *g) { return co_attention(
 static co_result co_attention_cudnn_padding_lens(mt_backend *g) { return co_attention(g, 3, 33, 4, 1, 64, 0, 1, 35, 2); }
 static co_result co_attention_cudnn_window_lens(mt_backend *g) { return co_attention(g, 2, 45, 2, 2, 128, 9, 1, 36, 2); }
 static co_result co_attention_cudnn_mqa_hd256(mt_backend *g) { return co_attention(g, 1, 50, 2, 1, 256, 0, 0, 37, 2); }
+// Learned sinks (gpt-oss): with a window and left padding (rows with no key: out 0, lse the
+// sink), GQA, a head size of the fixture's (24: element loads), and under MT_ATTENTION=cudnn,
+// which must fall back to the WMMA kernels rather than refuse.
+static co_result co_attention_sinks_gqa(mt_backend *g) { return co_attention_sinks(g, 2, 37, 4, 2, 64, 0, 0, 51, 0, 1); }
+static co_result co_attention_sinks_window_pad(mt_backend *g) {
+    return co_attention_sinks(g, 2, 70, 4, 1, 32, 5, 3, 52, 0, 1);
+}
+static co_result co_attention_sinks_hd24(mt_backend *g) { return co_attention_sinks(g, 2, 7, 4, 2, 24, 5, 2, 53, 0, 1); }
+static co_result co_attention_sinks_cudnn_mode(mt_backend *g) {
+    return co_attention_sinks(g, 2, 40, 6, 2, 64, 7, 1, 54, 3, 1);
+}
 static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
 static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
@@ -1116,6 +1162,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"rmsnorm H=257", co_rmsnorm_h257},
     {"rmsnorm H=256", co_rmsnorm_h256},
     {"rope", co_rope},
+    {"rope yarn table (gpt-oss)", co_rope_yarn},
     {"attention causal gqa", co_attention_causal},
     {"attention window+mask (empty rows)", co_attention_window_mask},
     {"attention hd128 padding", co_attention_hd128_padding},
@@ -1137,6 +1184,10 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"attention cudnn, padding as lengths, mqa", co_attention_cudnn_padding_lens},
     {"attention cudnn, window + padding as lengths, hd128", co_attention_cudnn_window_lens},
     {"attention cudnn, mqa hd256", co_attention_cudnn_mqa_hd256},
+    {"attention sinks, gqa", co_attention_sinks_gqa},
+    {"attention sinks, window 5 + left padding (empty rows)", co_attention_sinks_window_pad},
+    {"attention sinks, hd24 window + mask", co_attention_sinks_hd24},
+    {"attention sinks under MT_ATTENTION=cudnn (WMMA fallback)", co_attention_sinks_cudnn_mode},
     {"cross_entropy", co_ce_accumulate},
     {"cross_entropy in place", co_ce_in_place},
     {"add (bf16)", co_add},

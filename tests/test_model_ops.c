@@ -9,6 +9,7 @@
 #include "core/gemm.h"
 #include "core/rng.h"
 #include "model/ops.h"
+#include "model/rope.h"
 #include "tests/fd.h"
 
 // fp32 forwards: with h = 1e-2 the worst normalised error of a right gradient is < 1e-3 here
@@ -119,6 +120,17 @@ Test(model_ops, rmsnorm_backward_fd_dx_and_dw) {
 // ---------------------------------------------------------------------------------------------
 // rope
 
+// The default table of theta (model/rope.h), in a buffer per call site's lifetime (tests are
+// single-threaded here).
+static const float *rope_tbl(float theta, int hd) {
+    static float inv[256];
+    float scale;
+    mt_rope_params p = {.hd = hd, .theta = theta};
+    cr_assert_eq(mt_rope_table(&p, inv, &scale), 0, "%s", mt_error_get());
+    cr_assert_eq(scale, 1.0f);
+    return inv;
+}
+
 // The HF fp32 angle (see model/rope.c), then cos/sin and the rotation in double.
 static void rope_ref(double *out, const float *x, const int32_t *pos, int T, int nh, int hd,
                      float theta, int fp32_angles) {
@@ -153,7 +165,7 @@ Test(model_ops, rope_forward_matches_cos_sin_formula) {
     float *x = randn(N, 8, 1), *y = mt_xmalloc(N * sizeof(float));
     double ref[N];
     memcpy(y, x, N * sizeof(float));
-    rope_forward_cpu(y, pos, T, NH, HD, 10000.0f);
+    rope_forward_cpu(y, pos, T, NH, HD, rope_tbl(10000.0f, HD), 1.0f);
     rope_ref(ref, x, pos, T, NH, HD, 10000.0f, 1);
     cr_assert(rope_max_err(y, ref, N) < 2e-6, "vs HF fp32 angles: %g", rope_max_err(y, ref, N));
     for (int i = 0; i < NH * HD; i++) cr_assert_eq(y[i], x[i], "position 0 is the identity");
@@ -170,7 +182,7 @@ Test(model_ops, rope_uses_fp32_angles_like_transformers) {
     float *x = randn(N, 9, 1), *y = mt_xmalloc(N * sizeof(float));
     double ref[N];
     memcpy(y, x, N * sizeof(float));
-    rope_forward_cpu(y, pos, T, NH, HD, 1e6f);
+    rope_forward_cpu(y, pos, T, NH, HD, rope_tbl(1e6f, HD), 1.0f);
     rope_ref(ref, x, pos, T, NH, HD, 1e6f, 1);
     cr_assert(rope_max_err(y, ref, N) < 2e-6, "vs HF fp32 angles: %g", rope_max_err(y, ref, N));
     rope_ref(ref, x, pos, T, NH, HD, 1e6f, 0);
@@ -184,7 +196,7 @@ static double rope_loss(void *p) {
     rope_ctx *c = p;
     int64_t n = (int64_t)c->T * c->NH * c->HD;
     memcpy(c->y, c->x, n * sizeof(float));
-    rope_forward_cpu(c->y, c->pos, c->T, c->NH, c->HD, 10000.0f);
+    rope_forward_cpu(c->y, c->pos, c->T, c->NH, c->HD, rope_tbl(10000.0f, c->HD), 1.0f);
     return dot_fd(c->y, c->g, n);
 }
 
@@ -194,11 +206,11 @@ Test(model_ops, rope_backward_is_the_transpose_and_fd) {
     float *x = randn(N, 10, 1), *y = randn(N, 11, 1), *rx = mt_xmalloc(N * 4), *rty = mt_xmalloc(N * 4);
     memcpy(rx, x, N * 4);
     memcpy(rty, y, N * 4);
-    rope_forward_cpu(rx, pos, T, NH, HD, 10000.0f);
-    rope_backward_cpu(rty, pos, T, NH, HD, 10000.0f);
+    rope_forward_cpu(rx, pos, T, NH, HD, rope_tbl(10000.0f, HD), 1.0f);
+    rope_backward_cpu(rty, pos, T, NH, HD, rope_tbl(10000.0f, HD), 1.0f);
     double a = dot_fd(rx, y, N), b = dot_fd(x, rty, N);
     cr_assert(fabs(a - b) < 1e-5 * (fabs(a) + 1), "<Rx,y> %.9g vs <x,R'y> %.9g", a, b);
-    rope_backward_cpu(rx, pos, T, NH, HD, 10000.0f);  // RᵀR = I
+    rope_backward_cpu(rx, pos, T, NH, HD, rope_tbl(10000.0f, HD), 1.0f);  // RᵀR = I
     for (int i = 0; i < N; i++) cr_assert(fabs(rx[i] - x[i]) < 1e-6, "R'R x [%d]", i);
     // FD: the gradient of <y, R x> with respect to x is Rᵀ y.
     float *buf = zeros(N);
@@ -215,6 +227,7 @@ typedef struct {
     const uint8_t *mask;
     float *q, *k, *v, *out, *lse;
     const float *g;
+    float *sinks;  // [nh] or NULL (gpt-oss's learned sinks)
 } attn_ctx;
 
 static attn_ctx attn_make(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask,
@@ -222,7 +235,7 @@ static attn_ctx attn_make(int B, int S, int nh, int nkv, int hd, int window, con
     int64_t T = (int64_t)B * S;
     attn_ctx c = {B, S, nh, nkv, hd, window, mask, randn(T * nh * hd, seed, 1),
                   randn(T * nkv * hd, seed + 1, 1), randn(T * nkv * hd, seed + 2, 1),
-                  zeros(T * nh * hd), zeros(T * nh), randn(T * nh * hd, seed + 3, 1)};
+                  zeros(T * nh * hd), zeros(T * nh), randn(T * nh * hd, seed + 3, 1), NULL};
     return c;
 }
 
@@ -232,7 +245,7 @@ static void attn_free(attn_ctx *c) {
 
 static double attn_loss(void *p) {
     attn_ctx *c = p;
-    attention_forward_cpu(c->out, c->lse, c->q, c->k, c->v, c->mask, c->B, c->S, c->nh, c->nkv,
+    attention_forward_cpu(c->out, c->lse, c->q, c->k, c->v, c->sinks, c->mask, c->B, c->S, c->nh, c->nkv,
                           c->hd, c->window);
     return dot_fd(c->out, c->g, (int64_t)c->B * c->S * c->nh * c->hd);
 }
@@ -330,7 +343,7 @@ Test(model_ops, attention_fully_masked_rows_give_zero_and_no_nan) {
     int64_t T = 18, nq = T * 4 * 8, nk = T * 2 * 8;
     float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     attn_loss(&c);
-    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, c.mask, 2, 9, 4, 2, 8, 0);
+    attention_backward_cpu(dq, dk, dv, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, c.mask, 2, 9, 4, 2, 8, 0);
     for (int t = 9; t < 12; t++)
         for (int h = 0; h < 4; h++) {
             cr_assert(c.lse[t * 4 + h] == -INFINITY);
@@ -349,7 +362,7 @@ Test(model_ops, attention_fully_masked_rows_give_zero_and_no_nan) {
     attn_loss(&c);
     for (int64_t i = 0; i < nq; i++) cr_assert_eq(c.out[i], 0.0f);
     memset(dq, 0, nq * 4);
-    attention_backward_cpu(dq, dk, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, c.mask, 2, 9, 4, 2, 8, 0);
+    attention_backward_cpu(dq, dk, NULL, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, c.mask, 2, 9, 4, 2, 8, 0);
     for (int64_t i = 0; i < nq; i++) cr_assert_eq(dq[i], 0.0f);
     free(dq), free(dk), free(dv);
     attn_free(&c);
@@ -360,7 +373,7 @@ static void attn_check_backward(int nh, int nkv, int window, const uint8_t *mask
     int64_t nq = 18 * nh * 8, nk = 18 * nkv * 8;
     float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     attn_loss(&c);
-    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, mask, 2, 9, nh, nkv, 8, window);
+    attention_backward_cpu(dq, dk, dv, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, mask, 2, 9, nh, nkv, 8, window);
     char what[80];
     snprintf(what, sizeof what, "attention nh=%d nkv=%d window=%d: dq", nh, nkv, window);
     check_grad(attn_loss, &c, c.q, dq, nq, what);
@@ -386,14 +399,22 @@ Test(model_ops, attention_backward_fd_mha_and_single_kv_head) {
 // several chunks; windows inside a block, across blocks and chunks and wider than the sequence;
 // left padding longer than a block or a chunk, and scattered holes.
 // Forward outputs and all three gradients, elementwise, relative to the largest |reference|.
-static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask, uint64_t seed) {
+static void attn_vs_ref_sinks(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask, uint64_t seed,
+                              int sinks) {
     attn_ctx c = attn_make(B, S, nh, nkv, hd, window, mask, seed);
+    float *ds = NULL, *rs = NULL;
+    if (sinks) {  // logits about the scores' size, one large; dsinks from the same non-zero start
+        c.sinks = randn(nh, seed + 5, 1.5f), c.sinks[0] = 4.0f;
+        ds = randn(nh, seed + 6, 0.5f), rs = zeros(nh);
+        memcpy(rs, ds, sizeof(float) * nh);
+    }
     int64_t T = (int64_t)B * S, nq = T * nh * hd, nk = T * nkv * hd;
     float *ro = zeros(nq), *rl = zeros(T * nh);
     attn_loss(&c);
-    attention_forward_ref(ro, rl, c.q, c.k, c.v, mask, B, S, nh, nkv, hd, window);
+    attention_forward_ref(ro, rl, c.q, c.k, c.v, c.sinks, mask, B, S, nh, nkv, hd, window);
     char what[96];
-    snprintf(what, sizeof what, "B=%d S=%d nh=%d nkv=%d hd=%d window=%d mask=%d", B, S, nh, nkv, hd, window, !!mask);
+    snprintf(what, sizeof what, "B=%d S=%d nh=%d nkv=%d hd=%d window=%d mask=%d sinks=%d", B, S, nh, nkv, hd, window,
+             !!mask, sinks);
     for (int64_t i = 0; i < nq; i++)
         cr_assert(fabsf(c.out[i] - ro[i]) < 2e-5f * (1 + fabsf(ro[i])), "%s: out[%lld] %g vs ref %g", what,
                   (long long)i, c.out[i], ro[i]);
@@ -405,8 +426,15 @@ static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const
     float *r[3] = {zeros(nq), zeros(nk), zeros(nk)};
     int64_t n[3] = {nq, nk, nk};
     for (int t = 0; t < 3; t++) memcpy(r[t], g[t], sizeof(float) * n[t]);
-    attention_backward_cpu(g[0], g[1], g[2], c.g, c.q, c.k, c.v, c.out, c.lse, mask, B, S, nh, nkv, hd, window);
-    attention_backward_ref(r[0], r[1], r[2], c.g, c.q, c.k, c.v, ro, rl, mask, B, S, nh, nkv, hd, window);
+    attention_backward_cpu(g[0], g[1], g[2], ds, c.g, c.q, c.k, c.v, c.out, c.lse, c.sinks, mask, B, S, nh, nkv, hd,
+                           window);
+    attention_backward_ref(r[0], r[1], r[2], rs, c.g, c.q, c.k, c.v, ro, rl, c.sinks, mask, B, S, nh, nkv, hd, window);
+    if (sinks) {
+        float big = fd_max_abs(rs, nh);
+        for (int h = 0; h < nh; h++)
+            cr_assert(fabsf(ds[h] - rs[h]) < 1e-4f * (1 + big), "%s: dsinks[%d] %g vs ref %g", what, h, ds[h], rs[h]);
+        free(ds), free(rs), free(c.sinks);
+    }
     static const char *names[3] = {"dq", "dk", "dv"};
     for (int t = 0; t < 3; t++) {
         float big = fd_max_abs(r[t], n[t]);
@@ -417,6 +445,10 @@ static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const
     }
     free(ro), free(rl);
     attn_free(&c);
+}
+
+static void attn_vs_ref(int B, int S, int nh, int nkv, int hd, int window, const uint8_t *mask, uint64_t seed) {
+    attn_vs_ref_sinks(B, S, nh, nkv, hd, window, mask, seed, 0);
 }
 
 Test(model_ops, attention_tiled_matches_scalar_reference) {
@@ -464,13 +496,77 @@ Test(model_ops, attention_tiled_same_bits_at_any_thread_count) {
         out[r] = zeros(nq);
         memcpy(out[r], c.out, sizeof(float) * nq);
         g[r][0] = zeros(nq), g[r][1] = zeros(nk), g[r][2] = zeros(nk);
-        attention_backward_cpu(g[r][0], g[r][1], g[r][2], c.g, c.q, c.k, c.v, c.out, c.lse, NULL, B, S, NH, NKV, HD, 70);
+        attention_backward_cpu(g[r][0], g[r][1], g[r][2], NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, NULL, B, S, NH, NKV, HD, 70);
     }
     omp_set_num_threads(saved);
     cr_assert(memcmp(out[0], out[1], sizeof(float) * nq) == 0, "forward differs between 1 and 3 threads");
     int64_t n[3] = {nq, nk, nk};
     for (int t = 0; t < 3; t++) cr_assert(memcmp(g[0][t], g[1][t], sizeof(float) * n[t]) == 0, "gradient %d differs", t);
     for (int r = 0; r < 2; r++) free(out[r]), free(g[r][0]), free(g[r][1]), free(g[r][2]);
+    attn_free(&c);
+}
+
+// Learned sinks (gpt-oss): the tiled kernels against the scalar reference at block-cutting sizes,
+// with windows and padding longer than a block (rows with no key: out 0, lse = the sink).
+Test(model_ops, attention_sinks_tiled_matches_scalar_reference) {
+    enum { S = 200 };
+    uint8_t pad[2 * S], none[2 * S] = {0};
+    for (int i = 0; i < 2 * S; i++) pad[i] = !(i >= S && i < S + 70) && i % 11 != 3;
+    attn_vs_ref_sinks(2, 7, 4, 2, 24, 5, NULL, 150, 1);
+    attn_vs_ref_sinks(2, 65, 4, 2, 16, 0, NULL, 151, 1);
+    attn_vs_ref_sinks(2, S, 4, 1, 16, 70, pad, 152, 1);
+    attn_vs_ref_sinks(1, S, 2, 2, 40, 0, pad, 153, 1);
+    attn_vs_ref_sinks(2, S, 4, 2, 16, 0, none, 154, 1);  // every key masked: out 0, lse = sink
+}
+
+// Finite differences through the sinks: dq, dk, dv and dsinks (GQA, a window, left padding whose
+// first queries see only the sink).
+static void attn_check_backward_sinks(int nh, int nkv, int window, const uint8_t *mask, uint64_t seed) {
+    attn_ctx c = attn_make(2, 9, nh, nkv, 8, window, mask, seed);
+    c.sinks = randn(nh, seed + 4, 1.0f);
+    int64_t nq = 18 * nh * 8, nk = 18 * nkv * 8;
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk), *ds = zeros(nh);
+    attn_loss(&c);
+    attention_backward_cpu(dq, dk, dv, ds, c.g, c.q, c.k, c.v, c.out, c.lse, c.sinks, mask, 2, 9, nh, nkv, 8, window);
+    check_grad(attn_loss, &c, c.q, dq, nq, "sinks: dq");
+    check_grad(attn_loss, &c, c.k, dk, nk, "sinks: dk");
+    check_grad(attn_loss, &c, c.v, dv, nk, "sinks: dv");
+    check_grad(attn_loss, &c, c.sinks, ds, nh, "sinks: dsinks");
+    float *ds2 = zeros(nh);  // the reference's dsinks, and the fast one's again: accumulated
+    attn_loss(&c);           // out and lse of the unperturbed inputs again (FD left its last ones)
+    attention_backward_ref(NULL, NULL, NULL, ds2, c.g, c.q, c.k, c.v, c.out, c.lse, c.sinks, mask, 2, 9, nh, nkv, 8,
+                           window);
+    attention_backward_cpu(NULL, NULL, NULL, ds, c.g, c.q, c.k, c.v, c.out, c.lse, c.sinks, mask, 2, 9, nh, nkv, 8,
+                           window);
+    for (int h = 0; h < nh; h++)
+        cr_assert(fabsf(ds[h] - 2 * ds2[h]) < 1e-5f * (1 + fabsf(ds2[h])), "dsinks[%d] += : %g vs 2 × ref %g", h, ds[h],
+                  ds2[h]);
+    free(dq), free(dk), free(dv), free(ds), free(ds2), free(c.sinks);
+    attn_free(&c);
+}
+
+Test(model_ops, attention_sinks_backward_fd) {
+    attn_check_backward_sinks(4, 2, 4, PAD_MASK, 160);
+    attn_check_backward_sinks(4, 4, 0, NULL, 161);
+}
+
+// A query with no visible key: out 0, lse = its head's sink, no NaN, no gradient to q.
+Test(model_ops, attention_sinks_empty_rows) {
+    attn_ctx c = attn_make(2, 9, 4, 2, 8, 0, PAD_MASK, 170);
+    float sinks[4] = {0.5f, -2.0f, 3.0f, 0.0f};
+    c.sinks = sinks;
+    attn_loss(&c);
+    for (int t = 9; t < 12; t++)
+        for (int h = 0; h < 4; h++) {
+            cr_assert_eq(c.lse[t * 4 + h], sinks[h]);
+            for (int e = 0; e < 8; e++) cr_assert_eq(c.out[(t * 4 + h) * 8 + e], 0.0f);
+        }
+    float *ro = zeros(18 * 32), *rl = zeros(18 * 4);
+    attention_forward_ref(ro, rl, c.q, c.k, c.v, c.sinks, c.mask, 2, 9, 4, 2, 8, 0);
+    for (int t = 9; t < 12; t++)
+        for (int h = 0; h < 4; h++) cr_assert_eq(rl[t * 4 + h], sinks[h]);
+    free(ro), free(rl);
+    c.sinks = NULL;
     attn_free(&c);
 }
 
@@ -482,7 +578,7 @@ static void attn_fd_tiled(int S, int nh, int nkv, int window, const uint8_t *mas
     int64_t T = (int64_t)B * S, nq = T * nh * hd, nk = T * nkv * hd;
     float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
     attn_loss(&c);
-    attention_backward_cpu(dq, dk, dv, c.g, c.q, c.k, c.v, c.out, c.lse, mask, B, S, nh, nkv, hd, window);
+    attention_backward_cpu(dq, dk, dv, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, mask, B, S, nh, nkv, hd, window);
     static const int rows[] = {62, 65, 127, 128};  // around block edges, then the last ones of batch 1
     char what[96];
     for (size_t r = 0; r < MT_ARRAY_LEN(rows); r++) {
@@ -621,9 +717,9 @@ Test(model_ops, backwards_accumulate) {
     attn_ctx c = attn_make(1, 5, 2, 1, 4, 0, NULL, 103);  // q [5, 2, 4], k and v [5, 1, 4]
     float dq1[40] = {0}, dk1[20] = {0}, dv1[20] = {0}, dq2[40] = {0}, dk2[20] = {0}, dv2[20] = {0};
     attn_loss(&c);
-    attention_backward_cpu(dq1, dk1, dv1, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, 1, 5, 2, 1, 4, 0);
+    attention_backward_cpu(dq1, dk1, dv1, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, NULL, 1, 5, 2, 1, 4, 0);
     for (int r = 0; r < 2; r++)
-        attention_backward_cpu(dq2, dk2, dv2, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, 1, 5, 2, 1, 4, 0);
+        attention_backward_cpu(dq2, dk2, dv2, NULL, c.g, c.q, c.k, c.v, c.out, c.lse, NULL, NULL, 1, 5, 2, 1, 4, 0);
     for (int i = 0; i < 40; i++) cr_assert_float_eq(dq2[i], 2 * dq1[i], 1e-5);
     for (int i = 0; i < 20; i++) {
         cr_assert_float_eq(dk2[i], 2 * dk1[i], 1e-5);
