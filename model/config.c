@@ -309,7 +309,10 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     }
     // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
     // the family's attention reads it.
-    if (get_int(root, "head_dim", 0, 0, 1, M, &cfg->head_dim) != 0) return -1;
+    if (get_int(root, "head_dim", 0, fam->default_head_dim, 1, M, &cfg->head_dim) != 0) return -1;
+    const cJSON *hdv;  // null: hidden / heads (GptOssConfig's __post_init__), absent: the class default
+    if (get_field(root, "head_dim", &hdv) != 0) return -1;
+    if (hdv && cJSON_IsNull(hdv)) cfg->head_dim = 0;
     // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
     if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
         if (cfg->head_dim * cfg->heads != cfg->hidden) {
@@ -1187,7 +1190,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     }
     if (fam->has_dense_layers) emit_int(b, 2, &f, "decoder_sparse_step", c->decoder_sparse_step);
     emit_token(b, &f, "eos_token_id", c->eos_token_id);
-    if (fam->head_dim_rule == MT_HEAD_DIM_EXPLICIT && c->head_dim * c->heads != c->hidden)
+    if (fam->head_dim_rule == MT_HEAD_DIM_EXPLICIT && (c->head_dim * c->heads != c->hidden || fam->default_head_dim))
         emit_int(b, 2, &f, "head_dim", c->head_dim);
     emit_str(b, 2, &f, "hidden_act", "silu");
     emit_int(b, 2, &f, "hidden_size", c->hidden);

@@ -55,7 +55,7 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .norm_topk_fixed = 1, .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_EXPLICIT,
         .attn_bias_key = "attention_bias", .attn_bias_default = 1, .has_sliding_window = 1,
         .router_bias = 1, .attn_sinks = 1, .fused_experts = 1, .clamped_swiglu = 1, .has_layer_types = 1,
-        .default_rope_yarn = 1, .default_sliding_window = 128,
+        .default_rope_yarn = 1, .default_sliding_window = 128, .default_head_dim = 64,
         .default_kv_heads = 0, .default_max_positions = 131072, .default_bos = -1, .default_eos = -1,
         .default_rope_theta = 150000.0, .default_rms_eps = 1e-5, .default_aux_coef = 0.001,
     },

@@ -62,6 +62,8 @@ typedef struct mt_family {
                                 // layers), shared_expert_intermediate_size: class defaults
     int64_t default_max_positions, default_bos, default_eos;  // -1: None
     int64_t default_sliding_window;  // 0: None
+    int64_t default_head_dim;   // 0: hidden / heads; else the class default (gpt-oss: 64), and config.json
+                                // always carries head_dim
     double default_rope_theta, default_rms_eps, default_aux_coef;
 } mt_family;
 

@@ -125,8 +125,19 @@ int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_mode
     if ((float)(cfg.lora_alpha / root) != first->scale)
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
+    const mt_family *fam = mt_config_family(&m->cfg);
+    int moe_lora = 0;
+    for (size_t i = 0; i < n; i++) moe_lora |= strstr(mods[i].module, ".mlp.") != NULL;
+    if (fam->fused_experts && moe_lora) {
+        // gpt-oss: PEFT reaches its fused [E, H, 2f] experts and its router (a parameter, not a
+        // Linear) only through target_parameters, in a layout moetrain does not write yet. The
+        // per-expert names are what moetrain reads back; PEFT refuses them by name, never loads
+        // them wrong. Attention-only adapters are PEFT's own v4 layout and load there as they are.
+        mt_warn("%s: %s's expert and router LoRA are saved under moetrain's per-expert names (eval, generate "
+                "and --resume read them; PEFT does not: docs/families.md \"gpt-oss\")", dir, m->cfg.model_type);
+        peft_format = MT_PEFT_V4;
+    }
     if (peft_format == MT_PEFT_V5) {
-        const mt_family *fam = mt_config_family(&m->cfg);
         mt_peft_v5_model md = {m->cfg.layers, m->cfg.experts, fam->moe_module, fam->router,
                                {fam->expert[0], fam->expert[1], fam->expert[2]}, names, adapted, ll.n};
         rc = mt_peft_write_v5(dir, &cfg, base_model_name, &md, mods, n, fill_lora, loras);

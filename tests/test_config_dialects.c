@@ -167,7 +167,8 @@ Test(config_dialects, gpt_oss_class_defaults) {
     cr_assert_eq(mt_model_config_parse(buf, strlen(buf), "x.json", &c), 0, "%s", mt_error_get());
     cr_assert(c.rope_yarn && c.rope_factor == 32.0 && c.rope_truncate == 0 && c.rope_original_max == 4096);
     cr_assert(c.rope_theta == 150000.0 && c.sliding_window == 128 && c.qkv_bias && c.o_bias);
-    cr_assert(c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0 && c.head_dim == 8);
+    cr_assert(c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0);
+    cr_assert_eq(c.head_dim, 64, "GptOssConfig's head_dim is 64 whatever hidden / heads is");
     cr_assert(mt_config_layer_window(&c, 0) == 128 && mt_config_layer_window(&c, 1) == 0 &&
               mt_config_layer_window(&c, 2) == 128 && mt_config_layer_window(&c, 3) == 0);
     snprintf(buf, sizeof buf, text, ", \"sliding_window\": null");
