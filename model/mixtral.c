@@ -539,8 +539,10 @@ static int build_counted(loader *ld) {
         mt_qweight q;
         memset(&q, 0, sizeof q);
         if (s->role == FROZEN_QUANT) {
-            if (mt_qweight_alloc(&q, ld->m->be, s->name, s->shape[0], s->shape[1], o->quant, o->quant_blocksize,
-                                 o->double_quant, 0) != 0)
+            // gpt-oss's MXFP4 experts are kept as stored whatever --quant says (fused_mxfp4)
+            int stored = ld->m->cfg.mxfp4 && strstr(s->name, ".experts.") != NULL;
+            if (mt_qweight_alloc(&q, ld->m->be, s->name, s->shape[0], s->shape[1], stored ? MT_QUANT_MXFP4 : o->quant,
+                                 stored ? 32 : o->quant_blocksize, stored ? 0 : o->double_quant, 0) != 0)
                 return -1;
             it.q = &q;
         }
