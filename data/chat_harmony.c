@@ -86,26 +86,10 @@ static int check_harmony(const mt_chat_msg *msgs, int n, int need_assistant, int
             return -1;
         }
         if (i < *first) continue;
-        if (!is_user && !is_asst) {
-            mt_error_set("message %d: a %s message may only come first", i, role);
-            return -1;
-        }
-        if (is_user != ((i - *first) % 2 == 0)) {
-            mt_error_set("message %d: roles must alternate user/assistant after an optional system or "
-                         "developer message, but this one is \"%s\"", i, role);
-            return -1;
-        }
+        if (mt_chat_check_turn(&msgs[i], i, *first, is_user, is_asst, "system or developer")) return -1;
         assistants += is_asst;
     }
-    if (n - *first <= 0) {
-        mt_error_set("the conversation has no user message");
-        return -1;
-    }
-    if (need_assistant && assistants == 0) {
-        mt_error_set("the conversation has no assistant turn: nothing to learn");
-        return -1;
-    }
-    return 0;
+    return mt_chat_check_turns_end(n, *first, assistants, need_assistant);
 }
 
 int mt_chat_date_set(mt_chat_template *t, const char *flag) {

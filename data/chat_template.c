@@ -132,19 +132,27 @@ static int check_conversation(const mt_chat_msg *msgs, int n, int need_assistant
             return -1;
         }
         if (i < *first) continue;
-        int want_user = (i - *first) % 2 == 0;
-        if (!is_user && !is_asst) {
-            mt_error_set("message %d: a system message may only come first", i);
-            return -1;
-        }
-        if (is_user != want_user) {
-            mt_error_set("message %d: roles must alternate user/assistant after an optional "
-                         "system message, but this one is \"%s\"", i, role);
-            return -1;
-        }
+        if (mt_chat_check_turn(&msgs[i], i, *first, is_user, is_asst, "system")) return -1;
         assistants += is_asst;
     }
-    if (n - *first <= 0) {
+    return mt_chat_check_turns_end(n, *first, assistants, need_assistant);
+}
+
+int mt_chat_check_turn(const mt_chat_msg *msg, int i, int first, int is_user, int is_asst, const char *lead) {
+    if (!is_user && !is_asst) {
+        mt_error_set("message %d: a %s message may only come first", i, msg->role);
+        return -1;
+    }
+    if (is_user != ((i - first) % 2 == 0)) {
+        mt_error_set("message %d: roles must alternate user/assistant after an optional %s message, but this "
+                     "one is \"%s\"", i, lead, msg->role);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_chat_check_turns_end(int n, int first, int assistants, int need_assistant) {
+    if (n - first <= 0) {
         mt_error_set("the conversation has no user message");
         return -1;
     }

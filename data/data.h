@@ -258,6 +258,12 @@ int mt_chat_render(const mt_chat_msg *msgs, int n, int need_assistant, mt_seg_fn
 // apply_chat_template on the template strings listed in chat_template.c.
 int mt_chat_render_template(const mt_chat_template *t, const mt_chat_msg *msgs, int n,
                             int need_assistant, mt_seg_fn emit, void *ctx);
+// The turn order every template checks (chat_template.c): message i (role known, user or
+// assistant flags given) after the `first` leading ones alternates user/assistant, user first;
+// `lead` names what may lead ("system", "system or developer"). Then, over the whole
+// conversation: a user message, and an assistant turn when need_assistant. 0 or -1 with an error.
+int mt_chat_check_turn(const mt_chat_msg *msg, int i, int first, int is_user, int is_asst, const char *lead);
+int mt_chat_check_turns_end(int n, int first, int assistants, int need_assistant);
 // gpt-oss's harmony template (chat_harmony.c), called by mt_chat_render_template.
 int mt_chat_render_harmony(const mt_chat_template *t, const mt_chat_msg *msgs, int n, int need_assistant,
                            mt_seg_fn emit, void *ctx);

@@ -159,6 +159,15 @@ static int get_int(const cJSON *obj, const char *key, int required, int64_t def,
     return 0;
 }
 
+// An optional size whose null means "none" (0) while its absence means the default `def`, as
+// where a config class's default is not None (gpt-oss's sliding_window 128, head_dim 64).
+static int get_int_null0(const cJSON *obj, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    const cJSON *v;
+    if (get_field(obj, key, &v) != 0) return -1;
+    if (v && cJSON_IsNull(v)) return *out = 0, 0;
+    return get_int(obj, key, 0, def, lo, hi, out);
+}
+
 // A finite number (integers accepted: "rope_theta": 1000000 is common).
 static int get_double(const cJSON *obj, const char *key, double def, double *out) {
     const cJSON *v;
@@ -290,12 +299,9 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
         get_int(root, "num_experts_per_tok", 1, 0, 1, M, &cfg->top_k) != 0 ||
         get_int(root, "vocab_size", 1, 0, 1, M, &cfg->vocab) != 0 ||
         get_int(root, "max_position_embeddings", 0, fam->default_max_positions, 1, M, &cfg->max_positions) != 0 ||
-        (fam->has_sliding_window &&
-         get_int(root, "sliding_window", 0, fam->default_sliding_window, 0, M, &cfg->sliding_window) != 0))
+        (fam->has_sliding_window &&  // null is "no window", whatever the class default (gpt-oss: 128)
+         get_int_null0(root, "sliding_window", fam->default_sliding_window, 0, M, &cfg->sliding_window) != 0))
         return -1;
-    const cJSON *sw;  // null is "no window", whatever the class default (gpt-oss: 128)
-    if (get_field(root, "sliding_window", &sw) != 0) return -1;
-    if (sw && cJSON_IsNull(sw)) cfg->sliding_window = 0;
     // Qwen: sliding_window applies only with use_sliding_window (and then only above
     // max_window_layers, which the attention does not implement).
     if (fam->has_sliding_flag) {
@@ -309,10 +315,8 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     }
     // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
     // the family's attention reads it.
-    if (get_int(root, "head_dim", 0, fam->default_head_dim, 1, M, &cfg->head_dim) != 0) return -1;
-    const cJSON *hdv;  // null: hidden / heads (GptOssConfig's __post_init__), absent: the class default
-    if (get_field(root, "head_dim", &hdv) != 0) return -1;
-    if (hdv && cJSON_IsNull(hdv)) cfg->head_dim = 0;
+    // absent: the class default (gpt-oss: 64); null: hidden / heads (GptOssConfig's __post_init__)
+    if (get_int_null0(root, "head_dim", fam->default_head_dim, 1, M, &cfg->head_dim) != 0) return -1;
     // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
     if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
         if (cfg->head_dim * cfg->heads != cfg->hidden) {

@@ -407,11 +407,13 @@ static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
     int64_t E = c->experts, H = c->hidden, f = c->intermediate;
     int64_t want[4][3] = {{E, H, 2 * f}, {E, f, H}, {E, 2 * f, 0}, {E, H, 0}};
     int nd = which < 2 ? 3 : 2;
-    if (it->data == NULL || it->ndim != nd || it->shape[0] != want[which][0] || it->shape[1] != want[which][1] ||
-        (nd == 3 && it->shape[2] != want[which][2])) {
-        mt_error_set("tensor '%s': expected a dense [%lld, %lld%s%.0lld] (E, ...), got %d dimensions", it->name,
-                     (long long)want[which][0], (long long)want[which][1], nd == 3 ? ", " : "",
-                     (long long)want[which][2], it->ndim);
+    int ok = it->data && it->ndim == nd;
+    for (int d = 0; ok && d < nd; d++) ok = it->shape[d] == want[which][d];
+    if (!ok) {
+        char third[32] = "";
+        if (nd == 3) snprintf(third, sizeof third, ", %lld", (long long)want[which][2]);
+        mt_error_set("tensor '%s': expected a dense [%lld, %lld%s] for this config (%d dimensions given)", it->name,
+                     (long long)want[which][0], (long long)want[which][1], third, it->ndim);
         return *rc = -1, 1;
     }
     char n[200];
@@ -540,7 +542,7 @@ static int build_counted(loader *ld) {
         memset(&q, 0, sizeof q);
         if (s->role == FROZEN_QUANT) {
             // gpt-oss's MXFP4 experts are kept as stored whatever --quant says (fused_mxfp4)
-            int stored = ld->m->cfg.mxfp4 && strstr(s->name, ".experts.") != NULL;
+            int stored = ld->m->cfg.mxfp4 && (mt_quant_target_of(s->name) & MT_QTARGET_EXPERTS);
             if (mt_qweight_alloc(&q, ld->m->be, s->name, s->shape[0], s->shape[1], stored ? MT_QUANT_MXFP4 : o->quant,
                                  stored ? 32 : o->quant_blocksize, stored ? 0 : o->double_quant, 0) != 0)
                 return -1;

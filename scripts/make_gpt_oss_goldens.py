@@ -125,6 +125,28 @@ def run(model, tokens, mask, labels):
     return out, ce
 
 
+def losses(prefix, out, ce):
+    """prefix.ce / .aux / .loss as F64 scalars."""
+    return {f"{prefix}.{k}": torch.tensor(v.item(), dtype=torch.float64)
+            for k, v in (("ce", ce), ("aux", out.aux_loss), ("loss", out.loss))}
+
+
+def base_and_router(model, tokens, mask, labels):
+    """The inputs, the base model's logits and losses, and every router's weight and bias gradient
+    (router-only training)."""
+    g = {"tokens": tokens.int(), "attention_mask": mask.int(), "labels": labels.int()}
+    model.zero_grad()
+    out, ce = run(model, tokens, mask, labels)
+    out.loss.backward()
+    g["base.logits"] = out.logits.detach().float()
+    g.update(losses("base", out, ce))
+    for L in range(model.config.num_hidden_layers):
+        r = model.model.layers[L].mlp.router
+        g[f"router.grad.model.layers.{L}.mlp.router.weight"] = r.weight.grad.detach().clone()
+        g[f"router.grad.model.layers.{L}.mlp.router.bias"] = r.bias.grad.detach().clone()
+    return g
+
+
 def mxfp4_case():
     """The MXFP4 checkpoint and the goldens of its dequantized model."""
     import sys
@@ -159,17 +181,7 @@ def mxfp4_case():
                                         "quant_method": "mxfp4"}
     model.config.save_pretrained(out_dir)
     save_file(sd, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    g = {"tokens": tokens.int(), "attention_mask": mask.int(), "labels": labels.int()}
-    model.zero_grad()
-    out, ce = run(model, tokens, mask, labels)
-    out.loss.backward()
-    g["base.logits"] = out.logits.detach().float()
-    g["base.ce"], g["base.aux"], g["base.loss"] = (torch.tensor(v.item(), dtype=torch.float64)
-                                                   for v in (ce, out.aux_loss, out.loss))
-    for L in range(model.config.num_hidden_layers):
-        r = model.model.layers[L].mlp.router
-        g[f"router.grad.model.layers.{L}.mlp.router.weight"] = r.weight.grad.detach().clone()
-        g[f"router.grad.model.layers.{L}.mlp.router.bias"] = r.bias.grad.detach().clone()
+    g = base_and_router(model, tokens, mask, labels)
     save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(out_dir, "golden.safetensors"))
     print(f"wrote {out_dir}: base loss {g['base.loss'].item():.6f}")
 
@@ -182,19 +194,7 @@ def main():
         shutil.rmtree(OUT)
     os.makedirs(OUT)
     model.save_pretrained(OUT, safe_serialization=True)
-    g = {"tokens": tokens.int(), "attention_mask": mask.int(), "labels": labels.int()}
-
-    # The base model, and router-only gradients.
-    model.zero_grad()
-    out, ce = run(model, tokens, mask, labels)
-    out.loss.backward()
-    g["base.logits"] = out.logits.detach().float()
-    g["base.ce"], g["base.aux"], g["base.loss"] = (torch.tensor(v.item(), dtype=torch.float64)
-                                                   for v in (ce, out.aux_loss, out.loss))
-    for L in range(model.config.num_hidden_layers):
-        r = model.model.layers[L].mlp.router
-        g[f"router.grad.model.layers.{L}.mlp.router.weight"] = r.weight.grad.detach().clone()
-        g[f"router.grad.model.layers.{L}.mlp.router.bias"] = r.bias.grad.detach().clone()
+    g = base_and_router(model, tokens, mask, labels)
     # LoRA: W + s·B·A in every target, gradients through autograd of the effective weights.
     gen = torch.Generator().manual_seed(7)
     factors = {}
@@ -209,8 +209,7 @@ def main():
     out, ce = run(model, tokens, mask, labels)
     out.loss.backward()
     g["lora.logits"] = out.logits.detach().float()
-    g["lora.ce"], g["lora.aux"], g["lora.loss"] = (torch.tensor(v.item(), dtype=torch.float64)
-                                                   for v in (ce, out.aux_loss, out.loss))
+    g.update(losses("lora", out, ce))
     for name, (A, Bm) in factors.items():
         p, view = weight_view(model, name)
         G = view(p.grad).detach()
