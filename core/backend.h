@@ -48,6 +48,10 @@ typedef struct mt_backend_ops {
     void (*fill_zero)(mt_backend *be, void *dst, size_t bytes);
     // dst and src both memory of `be` (device to device on cuda, ordered on its stream).
     void (*copy)(mt_backend *be, void *dst, const void *src, size_t bytes);
+    // `rows` rows of `width` bytes from src (rows `spitch` bytes apart) to dst (`dpitch` apart), both
+    // memory of `be`: a column block of a row-major matrix (MLA's latent and rope key of one GEMM).
+    void (*copy2d)(mt_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                   size_t rows);
     // x [n] *= s, x f32 or bf16 memory of `be` (gradient accumulation's average).
     void (*scale)(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s);
     // c [M, N] = alpha · op(a) · op(b) + beta · c, row-major, fp32 accumulation.

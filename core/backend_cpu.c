@@ -87,6 +87,12 @@ static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+static void cpu_copy2d(mt_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows) {
+    (void)be;
+    for (size_t r = 0; r < rows && width; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
 static void cpu_scale(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s) {
     (void)be;
     if (dtype == MT_F32) {
@@ -166,6 +172,7 @@ static const mt_backend_ops cpu_ops = {
     .download = cpu_copy,
     .fill_zero = cpu_fill_zero,
     .copy = cpu_copy,
+    .copy2d = cpu_copy2d,
     .scale = cpu_scale,
     .matmul = cpu_matmul,
     .synchronize = cpu_synchronize,

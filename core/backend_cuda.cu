@@ -190,6 +190,9 @@ static void cuda_copy(mt_backend *be, void *dst, const void *src, size_t bytes) 
 }
 
 static void scale_cuda(cuda_ctx *cx, void *x, mt_dtype t, size_t n, float s);
+
+static void cuda_copy2d(mt_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t rows);
 static void cuda_scale_op(mt_backend *be, void *x, mt_dtype dtype, size_t n, float s) {
     if (n) scale_cuda(cuda_enter(be), x, dtype, n, s);
 }
@@ -222,6 +225,14 @@ template <typename T> static __global__ void scale_kernel(T *x, size_t n, float 
         x[i] = from_f32<T>(to_f32(x[i]) * s);
 }
 
+// A column block: rows of `width` words (T: the widest word every pitch and address divides into).
+template <typename T>
+static __global__ void copy2d_kernel(T *dst, size_t dpitch, const T *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * width;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i / width * dpitch + i % width] = src[i / width * spitch + i % width];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
@@ -234,6 +245,25 @@ static void scale_cuda(cuda_ctx *cx, void *x, mt_dtype t, size_t n, float s) {
     case MT_F16: scale_kernel<<<grid, block, 0, cx->stream>>>((__half *)x, n, s); break;
     default: mt_fatal(MT_EXIT_ERROR, "cuda scale: dtype %s", mt_dtype_name(t));
     }
+    MT_CHECK_CUDA(cudaGetLastError());
+}
+
+// One kernel, not a cudaMemcpy per row: in words of 4 or 2 bytes where everything aligns.
+static void cuda_copy2d(mt_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t rows) {
+    if (!width || !rows) return;
+    cuda_ctx *cx = cuda_enter(be);
+    size_t all = dpitch | spitch | width | (size_t)(uintptr_t)dst | (size_t)(uintptr_t)src;
+    size_t w = all % 4 == 0 ? 4 : all % 2 == 0 ? 2 : 1, n = rows * (width / w);
+    unsigned block = 256, grid = (unsigned)MT_MIN((n + block - 1) / block, (size_t)4096);
+    if (w == 4)
+        copy2d_kernel<<<grid, block, 0, cx->stream>>>((uint32_t *)dst, dpitch / 4, (const uint32_t *)src, spitch / 4,
+                                                      width / 4, rows);
+    else if (w == 2)
+        copy2d_kernel<<<grid, block, 0, cx->stream>>>((uint16_t *)dst, dpitch / 2, (const uint16_t *)src, spitch / 2,
+                                                      width / 2, rows);
+    else
+        copy2d_kernel<<<grid, block, 0, cx->stream>>>((uint8_t *)dst, dpitch, (const uint8_t *)src, spitch, width, rows);
     MT_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -609,6 +639,7 @@ static const mt_backend_ops cuda_ops = {
     .download = cuda_download,
     .fill_zero = cuda_fill_zero,
     .copy = cuda_copy,
+    .copy2d = cuda_copy2d,
     .scale = cuda_scale_op,
     .matmul = cuda_matmul,
     .synchronize = cuda_synchronize,

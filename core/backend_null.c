@@ -31,6 +31,11 @@ static void null_copy(mt_backend *be, void *dst, const void *src, size_t bytes) 
     (void)be, (void)dst, (void)src, (void)bytes;
 }
 
+static void null_copy2d(mt_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t rows) {
+    (void)be, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width, (void)rows;
+}
+
 static int null_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
                        int trans_a, int trans_b, float alpha, float beta) {
     (void)be, (void)alpha, (void)beta;
@@ -50,6 +55,7 @@ static const mt_backend_ops null_ops = {
     .download = null_download,
     .fill_zero = null_fill_zero,
     .copy = null_copy,
+    .copy2d = null_copy2d,
     .scale = null_scale,
     .matmul = null_matmul,
     .synchronize = null_synchronize,

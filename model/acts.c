@@ -64,13 +64,36 @@ enum { PART_ATTN = 1, PART_MLP = 2, PART_ALL = 3 };
 #define AF(x) offsetof(mt_layer_acts, x)
 static const size_t attn_fields[] = {AF(ln1), AF(rstd1), AF(q), AF(k), AF(v), AF(att), AF(lse), AF(h), AF(v_raw),
                                      AF(q_raw), AF(k_raw), AF(rstd_q), AF(rstd_k), AF(xa_q), AF(xa_k), AF(xa_v),
-                                     AF(xa_o)};
+                                     AF(xa_o), AF(q_a), AF(q_an), AF(rstd_qa), AF(kv_a), AF(kv_an), AF(rstd_kva),
+                                     AF(kvb), AF(xa_qa), AF(xa_kva), AF(xa_kvb)};
 static const size_t mlp_fields[] = {AF(ln2), AF(rstd2), AF(mlp_g), AF(mlp_u), AF(mlp_gu), AF(mlp_a), AF(mlp_y),
                                     AF(mlp_s), AF(xa_mlp[0]), AF(xa_mlp[1]), AF(xa_mlp[2]), AF(xa_sgate),
                                     AF(logits), AF(probs), AF(weights), AF(ys), AF(xa_gate), AF(xs), AF(g), AF(u),
                                     AF(gu), AF(a), AF(xa_w1), AF(xa_w2), AF(xa_w3)};
 #undef AF
 #define FIELD(a, off) (*(mt_tensor **)((char *)(a) + (off)))
+
+// MLA's attention part (model/attention_mla.c): q [T, nh·qk], k [T, nh·qk] (the shared rope key
+// repeated per head, as the attention reads it), v and the attention output [T, nh·vd]; q_a_proj's
+// output and its norm; kv_a's [T, kvr + rope] (its rope part turned in place), the latent's norm
+// and kv_b's output.
+static void mla_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a) {
+    const mt_model_config *c = &m->cfg;
+    int64_t T = (int64_t)m->B * m->S, H = c->hidden, r = m->spec.lora_r, nh = c->heads;
+    int64_t qd = nh * c->head_dim, vd = nh * c->v_head_dim, qr = c->q_lora_rank, kvr = c->kv_lora_rank;
+    a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
+    a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, qd), a->v = act(m, MT_BF16, T, vd);
+    a->att = act(m, MT_BF16, T, vd), a->lse = act(m, MT_F32, T, nh);
+    a->h = act(m, MT_BF16, T, H);
+    if (qr) a->q_a = act(m, MT_BF16, T, qr), a->q_an = act(m, MT_BF16, T, qr), a->rstd_qa = act(m, MT_F32, T, 0);
+    a->kv_a = act(m, MT_BF16, T, kvr + c->qk_rope_dim), a->kv_an = act(m, MT_BF16, T, kvr);
+    a->rstd_kva = act(m, MT_F32, T, 0);
+    a->kvb = act(m, MT_BF16, T, nh * (c->qk_nope_dim + c->v_head_dim));
+    mt_tensor **xa[] = {&a->xa_qa, &a->xa_q, &a->xa_kva, &a->xa_kvb, &a->xa_o};
+    size_t offs[] = {offsetof(mt_layer, q_a), offsetof(mt_layer, q), offsetof(mt_layer, kv_a), offsetof(mt_layer, kv_b),
+                     offsetof(mt_layer, o)};
+    for (int i = 0; i < 5; i++) *xa[i] = any_lora(m, L0, n, offs[i]) ? act(m, MT_BF16, T, r) : NULL;
+}
 
 // Activations for layers L0 .. L0+n-1 (one layer, or all of them sharing one set), the parts
 // `parts` names.
@@ -80,13 +103,14 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a, int p
     int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, r = m->spec.lora_r;
     // fp32 where docs/memory.md "Activations" keeps fp32: rstd, lse, router probs (and the router logits and
     // top-k weights beside them); bf16 for the rest.
-    if (parts & PART_ATTN) {
+    if ((parts & PART_ATTN) && c->mla) mla_acts_alloc(m, L0, n, a);
+    if ((parts & PART_ATTN) && !c->mla) {
         a->ln1 = act(m, MT_BF16, T, H), a->rstd1 = act(m, MT_F32, T, 0);
         a->q = act(m, MT_BF16, T, qd), a->k = act(m, MT_BF16, T, kvd), a->v = act(m, MT_BF16, T, kvd);
         a->att = act(m, MT_BF16, T, qd), a->lse = act(m, MT_F32, T, c->heads);
         a->h = act(m, MT_BF16, T, H);
         a->v_raw = c->clip_qkv > 0 ? act(m, MT_BF16, T, kvd) : NULL;
-        mt_qk_norm qkn = mt_config_family(c)->qk_norm;
+        mt_qk_norm qkn = c->qk_norm;
         if (qkn != MT_QK_NORM_NONE) {  // the projections before the norm, and one rstd per normed row
             int64_t per_q = qkn == MT_QK_NORM_HEAD ? c->heads : 1, per_k = qkn == MT_QK_NORM_HEAD ? c->kv_heads : 1;
             a->q_raw = act(m, MT_BF16, T, qd), a->k_raw = act(m, MT_BF16, T, kvd);
@@ -100,7 +124,7 @@ static void layer_acts_alloc(mt_model *m, int L0, int n, mt_layer_acts *a, int p
     a->ln2 = act(m, MT_BF16, T, H), a->rstd2 = act(m, MT_F32, T, 0);
     int64_t mf = 0;  // the widest MLP (dense layer or shared expert) of these layers
     int shared = 0;
-    for (int L = L0; L < L0 + n; L++) mf = MT_MAX(mf, mt_mlp_size(m, L)), shared |= !m->layers[L].dense && mt_mlp_size(m, L);
+    for (int L = L0; L < L0 + n; L++) mf = MT_MAX(mf, mt_mlp_size(m, L)), shared |= m->layers[L].shared_gate.out != 0;
     if (mf) {
         if (gpu_step(m)) a->mlp_gu = act(m, MT_BF16, T, 2 * mf);  // one buffer for the fused SwiGLU
         else a->mlp_g = act(m, MT_BF16, T, mf), a->mlp_u = act(m, MT_BF16, T, mf);
@@ -238,8 +262,11 @@ static void layer_free(mt_layer *ly, int E) {
     for (int i = 0; i < 4; i++) mt_tensor_free(ly->bias[i]), mt_tensor_free(ly->dbias[i]);
     for (int i = 0; i < 3; i++) mt_tensor_free(ly->ebias[i]), mt_tensor_free(ly->debias[i]);
     mt_tensor_free(ly->sinks), mt_tensor_free(ly->dsinks), mt_tensor_free(ly->gate_bias), mt_tensor_free(ly->dgate_bias);
-    mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate};
-    for (int i = 0; i < 9; i++) mt_linear_free(ls[i]);
+    mt_tensor_free(ly->q_a_norm), mt_tensor_free(ly->kv_a_norm), mt_tensor_free(ly->dq_a_norm);
+    mt_tensor_free(ly->dkv_a_norm), mt_tensor_free(ly->score_bias);
+    mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate,
+                       &ly->q_a, &ly->kv_a, &ly->kv_b};
+    for (size_t i = 0; i < MT_ARRAY_LEN(ls); i++) mt_linear_free(ls[i]);
     for (int e = 0; ly->w1 && e < E; e++) mt_linear_free(&ly->w1[e]), mt_linear_free(&ly->w2[e]), mt_linear_free(&ly->w3[e]);
     free(ly->w1), free(ly->w2), free(ly->w3);
 }

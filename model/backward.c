@@ -13,7 +13,8 @@ static int linear_trains(const mt_linear *l) { return l->dw || l->lora; }
 // biases) or the q/k norms. Then the attention's own backward must run.
 static int qkv_trains(const mt_layer *ly) {
     return linear_trains(&ly->q) || linear_trains(&ly->k) || linear_trains(&ly->v) || ly->dqn || ly->dkn ||
-           ly->dbias[0] || ly->dbias[1] || ly->dbias[2];
+           ly->dbias[0] || ly->dbias[1] || ly->dbias[2] || linear_trains(&ly->q_a) || linear_trains(&ly->kv_a) ||
+           linear_trains(&ly->kv_b) || ly->dq_a_norm || ly->dkv_a_norm;  // MLA's
 }
 
 // What layer L's backward must produce beyond its own experts' gradients. Autograd's rule: a
@@ -87,7 +88,11 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     // Router: through the top-k weights, the aux loss and the z-loss.
     if (need->dlogits) {
         mt_tensor dlogits = step_work(m, MT_F32, T, E, 1);
-        if (run) mt_op_router_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E, k);
+        if (run && grouped_router(m))
+            mt_op_router_grouped_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E,
+                                          k, route_rule(m));
+        else if (run)
+            mt_op_router_backward(m, F(&dlogits), F(&dweights), F(a->probs), I(kp->ids), F(a->weights), T, E, k);
         if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
         if (run && m->z_coef != 0.0f && m->z_rows)
             mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
@@ -132,23 +137,34 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
     // Attention: h = x + o(attention(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)))
     int want_dln1 = need.dx_in || ly->dln1 != NULL;
     int want_datt = want_dln1 || qkv_trains(ly) || ly->dsinks;
-    mt_tensor datt = want_datt ? step_work(m, adt, T, qd, 1) : (mt_tensor){0};
+    int64_t att_width = c->mla ? (int64_t)nh * c->v_head_dim : qd;
+    mt_tensor datt = want_datt ? step_work(m, adt, T, att_width, 1) : (mt_tensor){0};
     if (ly->bias[3]) mt_bias_backward(m, A(ly->dbias[3]), A(dx), T, H);
     mt_prof_push2("o GEMM (dx)", "LoRA q,k,v,o");
     mt_linear_backward(&ly->o, want_datt ? &datt : NULL, dx, a->att, a->xa_o, NULL);
     mt_prof_pop();
     if (!want_datt) return;
+    if (c->mla) {
+        mt_tensor dln1 = want_dln1 ? step_work(m, adt, T, H, 1) : (mt_tensor){0};
+        mt_mla_backward(m, L, &datt, want_dln1 ? &dln1 : NULL);
+        step_unwork(m, &datt);
+        if (!want_dln1) return;
+        if (run) mt_op_rmsnorm_backward(m, A(dx), A(ly->dln1), dln1.data, A(kp->x), A(ly->ln1), F(a->rstd1), T, H);
+        step_unwork(m, &dln1);
+        return;
+    }
     mt_tensor dq = step_work(m, adt, T, qd, 1), dk = step_work(m, adt, T, kvd, 1), dv = step_work(m, adt, T, kvd, 1);
     if (run)
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, ly->dsinks ? A(ly->dsinks) : NULL, datt.data, A(a->q),
                                  A(a->k), A(a->v), A(a->att), F(a->lse), ly->sinks ? A(ly->sinks) : NULL, mask, B, S, nh,
-                                 nkv, hd, (int)mt_config_layer_window(c, L));
+                                 nkv, hd, hd, (float)mt_config_attn_scale(c), (int)mt_config_layer_window(c, L));
     step_unwork(m, &datt);
     if (run) {
-        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, 1);
-        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, 1);
+        int rot = (int)mt_config_rotary_dim(c);
+        mt_op_rope(m, dq.data, m->step_positions, T, nh, hd, 0, rot, 0, 1);
+        mt_op_rope(m, dk.data, m->step_positions, T, nkv, hd, 0, rot, 0, 1);
     }
-    int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+    int ph = c->qk_norm == MT_QK_NORM_HEAD;
     if (c->clip_qkv > 0) {  // through the clamps: no gradient where a value was cut
         float cl = (float)c->clip_qkv;
         mt_clip_backward_normed(m, dq.data, A(a->q_raw), F(a->rstd_q), A(ly->qn), ph ? T * nh : T, ph ? hd : qd, cl);
@@ -232,9 +248,10 @@ void mt_model_zero_grad(mt_model *m) {
         for (int i = 0; i < 4; i++) zero(m->be, ly->dbias[i]);
         for (int i = 0; i < 3; i++) zero(m->be, ly->debias[i]);
         zero(m->be, ly->dsinks), zero(m->be, ly->dgate_bias);
+        zero(m->be, ly->dq_a_norm), zero(m->be, ly->dkv_a_norm);
         mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
-                           &ly->shared_gate};
-        for (int i = 0; i < 9; i++) zero_linear(m->be, ls[i]);
+                           &ly->shared_gate, &ly->q_a, &ly->kv_a, &ly->kv_b};
+        for (size_t i = 0; i < MT_ARRAY_LEN(ls); i++) zero_linear(m->be, ls[i]);
         for (int e = 0; e < m->cfg.experts; e++)
             zero_linear(m->be, &ly->w1[e]), zero_linear(m->be, &ly->w2[e]), zero_linear(m->be, &ly->w3[e]);
     }

@@ -267,20 +267,57 @@ static int read_architecture(const cJSON *root, mt_model_config *cfg) {
 // num_local_experts one field, and which name a config carries depends on the version that wrote
 // it (Qwen3-MoE: num_experts in 4.x, num_local_experts in 5.x): either is read, both must agree.
 static int read_experts(const cJSON *root, const mt_family *fam, int64_t *out) {
-    int64_t a = 0, b = 0;
-    if (get_int(root, "num_experts", 0, 0, 1, SIZE_MAX_VALUE, &a) != 0 ||
-        get_int(root, "num_local_experts", 0, 0, 1, SIZE_MAX_VALUE, &b) != 0)
-        return -1;
-    if (a && b && a != b) {
-        mt_error_set("num_experts (%lld) and num_local_experts (%lld) disagree (transformers reads them as one field)",
-                     (long long)a, (long long)b);
-        return -1;
+    // DeepSeek-style configs name it n_routed_experts, which their attribute map makes num_local_experts.
+    static const char *const keys[] = {"num_experts", "num_local_experts", "n_routed_experts"};
+    *out = 0;
+    for (size_t i = 0; i < MT_ARRAY_LEN(keys); i++) {
+        int64_t v = 0;
+        if (get_int(root, keys[i], 0, 0, 1, SIZE_MAX_VALUE, &v) != 0) return -1;
+        if (v && *out && v != *out) {
+            mt_error_set("%s (%lld) disagrees with another count of experts (%lld): transformers reads them as one "
+                         "field", keys[i], (long long)v, (long long)*out);
+            return -1;
+        }
+        if (v) *out = v;
     }
-    if (!a && !b) {
+    if (!*out) {
         mt_error_set("%s: missing required field", fam->experts_key);
         return -1;
     }
-    *out = a ? a : b;
+    return 0;
+}
+
+// head_dim may break hidden = heads * head_dim only when the config says so explicitly, and the
+// family's attention reads it. Absent: the class default (gpt-oss: 64); null: hidden / heads
+// (GptOssConfig's __post_init__).
+static int read_head_dim(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
+    if (get_int_null0(root, "head_dim", fam->default_head_dim, 1, SIZE_MAX_VALUE, &cfg->head_dim) != 0) return -1;
+    // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
+    if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
+        if (cfg->head_dim * cfg->heads != cfg->hidden) {
+            mt_error_set("head_dim: %lld is not hidden_size / num_attention_heads (%lld / %lld): transformers 4 "
+                         "ignores it for %s and transformers 5 reads it, so this config means two models",
+                         (long long)cfg->head_dim, (long long)cfg->hidden, (long long)cfg->heads, fam->model_type);
+            return -1;
+        }
+        cfg->head_dim = 0;
+    }
+    if (fam->head_dim_rule == MT_HEAD_DIM_MUST_MATCH && cfg->head_dim &&
+        cfg->head_dim * cfg->heads != cfg->hidden) {
+        mt_error_set("head_dim: %lld x num_attention_heads %lld != hidden_size %lld (%s requires it)",
+                     (long long)cfg->head_dim, (long long)cfg->heads, (long long)cfg->hidden, fam->model_type);
+        return -1;
+    }
+    if (cfg->head_dim == 0) {
+        if (cfg->hidden % cfg->heads != 0) {
+            mt_error_set("hidden_size (%lld) is not divisible by num_attention_heads (%lld) "
+                         "and head_dim is not given",
+                         (long long)cfg->hidden, (long long)cfg->heads);
+            return -1;
+        }
+        cfg->head_dim = cfg->hidden / cfg->heads;
+    }
     return 0;
 }
 
@@ -313,55 +350,47 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
         }
         cfg->sliding_window = 0;
     }
-    // head_dim may break hidden = heads * head_dim only when the config says so explicitly, and
-    // the family's attention reads it.
-    // absent: the class default (gpt-oss: 64); null: hidden / heads (GptOssConfig's __post_init__)
-    if (get_int_null0(root, "head_dim", fam->default_head_dim, 1, M, &cfg->head_dim) != 0) return -1;
-    // OLMoE: transformers 4 ignores head_dim and 5 reads it; only a value both agree on is taken.
-    if (fam->head_dim_rule == MT_HEAD_DIM_IGNORED && cfg->head_dim) {
-        if (cfg->head_dim * cfg->heads != cfg->hidden) {
-            mt_error_set("head_dim: %lld is not hidden_size / num_attention_heads (%lld / %lld): transformers 4 "
-                         "ignores it for %s and transformers 5 reads it, so this config means two models",
-                         (long long)cfg->head_dim, (long long)cfg->hidden, (long long)cfg->heads, fam->model_type);
-            return -1;
-        }
-        cfg->head_dim = 0;
-    }
-    if (fam->head_dim_rule == MT_HEAD_DIM_MUST_MATCH && cfg->head_dim &&
-        cfg->head_dim * cfg->heads != cfg->hidden) {
-        mt_error_set("head_dim: %lld x num_attention_heads %lld != hidden_size %lld (%s requires it)",
-                     (long long)cfg->head_dim, (long long)cfg->heads, (long long)cfg->hidden, fam->model_type);
-        return -1;
-    }
-    if (cfg->head_dim == 0) {
-        if (cfg->hidden % cfg->heads != 0) {
-            mt_error_set("hidden_size (%lld) is not divisible by num_attention_heads (%lld) "
-                         "and head_dim is not given",
-                         (long long)cfg->hidden, (long long)cfg->heads);
-            return -1;
-        }
-        cfg->head_dim = cfg->hidden / cfg->heads;
-    }
+    // MLA's configs overwrite head_dim with qk_rope_head_dim (and save that): read_mla sets it.
+    if (!fam->mla && read_head_dim(root, cfg) != 0) return -1;
     // Token ids: null means "none" (-1).
     const cJSON *v;
     if (get_field(root, "bos_token_id", &v) != 0) return -1;
     if (v && cJSON_IsNull(v)) cfg->bos_token_id = -1;
     else if (get_int(root, "bos_token_id", 0, fam->default_bos, 0, M, &cfg->bos_token_id) != 0) return -1;
     if (get_field(root, "eos_token_id", &v) != 0) return -1;
-    if (v && cJSON_IsNull(v)) cfg->eos_token_id = -1;
+    if (v && cJSON_IsArray(v)) {  // GLM-4.5 lists several: the first ends what moetrain appends
+        const cJSON *e0 = v->child;
+        if (!e0 || !cJSON_IsNumber(e0) || e0->valuedouble != floor(e0->valuedouble) || e0->valuedouble < 0) {
+            mt_error_set("eos_token_id: a list must start with a token id");
+            return -1;
+        }
+        cfg->eos_token_id = (int64_t)e0->valuedouble;
+    } else if (v && cJSON_IsNull(v)) cfg->eos_token_id = -1;
     else if (get_int(root, "eos_token_id", 0, fam->default_eos, 0, M, &cfg->eos_token_id) != 0) return -1;
     return 0;
 }
 
-// partial_rotary_factor: RoPE on a fraction of each head, which moetrain does not implement.
-static int rope_partial_whole(const cJSON *obj, const char *where) {
+// partial_rotary_factor: RoPE on the first fraction of each head (GLM-4.5, default 0.5); other
+// families turn the whole head, and a factor other than 1 is refused. Given twice (top level and
+// rope_parameters), both must agree.
+static int read_partial_rotary(const cJSON *obj, const char *where, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
+    const cJSON *v;
     double f;
-    if (get_double(obj, "partial_rotary_factor", 1.0, &f) != 0) return -1;
-    if (f != 1.0) {
-        mt_error_set("%s%spartial_rotary_factor: %g is not supported (RoPE over the whole head only)", where,
+    if (get_field(obj, "partial_rotary_factor", &v) != 0 || get_double(obj, "partial_rotary_factor", 1.0, &f) != 0)
+        return -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!fam->partial_rotary && f != 1.0) {
+        mt_error_set("%s%spartial_rotary_factor: %g is not supported for %s (RoPE over the whole head)", where,
+                     *where ? "." : "", f, fam->model_type);
+        return -1;
+    }
+    if (!(f > 0 && f <= 1) || (cfg->partial_rotary_factor && cfg->partial_rotary_factor != f)) {
+        mt_error_set("%s%spartial_rotary_factor: %g must be in (0, 1] and agree where given twice", where,
                      *where ? "." : "", f);
         return -1;
     }
+    cfg->partial_rotary_factor = f;
     return 0;
 }
 
@@ -375,6 +404,8 @@ static int read_yarn(const cJSON *o, const char *where, mt_model_config *cfg) {
         get_double(o, "beta_fast", 32.0, &cfg->rope_beta_fast) != 0 ||
         get_double(o, "beta_slow", 1.0, &cfg->rope_beta_slow) != 0 ||
         get_double(o, "attention_factor", 0.0, &cfg->rope_attention_factor) != 0 ||
+        get_double(o, "mscale", 0.0, &cfg->rope_mscale) != 0 ||
+        get_double(o, "mscale_all_dim", 0.0, &cfg->rope_mscale_all_dim) != 0 ||
         get_bool(o, "truncate", 1, &cfg->rope_truncate) != 0 ||
         get_int(o, "original_max_position_embeddings", 0, 0, 1, SIZE_MAX_VALUE, &cfg->rope_original_max) != 0)
         return mt_error_prefix("%s", where), -1;
@@ -410,7 +441,8 @@ static int read_rope_object(const cJSON *o, const char *where, mt_model_config *
         return -1;
     }
     static const char *const yarn_keys[] = {"factor", "beta_fast", "beta_slow", "truncate",
-                                            "original_max_position_embeddings", "attention_factor"};
+                                            "original_max_position_embeddings", "attention_factor",
+                                            "mscale", "mscale_all_dim"};
     for (const cJSON *c = o->child; c; c = c->next) {
         int known = strcmp(c->string, "rope_type") == 0 || strcmp(c->string, "type") == 0 ||
                     strcmp(c->string, "rope_theta") == 0 || strcmp(c->string, "partial_rotary_factor") == 0;
@@ -420,11 +452,11 @@ static int read_rope_object(const cJSON *o, const char *where, mt_model_config *
                          "partial_rotary_factor 1%s; per-layer-type parameters are not supported)",
                          where, c->string, yarn ? "yarn" : "default",
                          yarn ? ", factor, beta_fast, beta_slow, truncate, original_max_position_embeddings, "
-                                "attention_factor" : "");
+                                "attention_factor, mscale, mscale_all_dim" : "");
             return -1;
         }
     }
-    if (rope_partial_whole(o, where) != 0) return -1;
+    if (read_partial_rotary(o, where, cfg) != 0) return -1;
     cfg->rope_yarn = yarn;
     return yarn ? read_yarn(o, where, cfg) : 0;
 }
@@ -435,7 +467,7 @@ static int read_rope_object(const cJSON *o, const char *where, mt_model_config *
 static int read_rope(const cJSON *root, const mt_family *fam, mt_model_config *cfg) {
     const cJSON *top, *params, *scaling;
     if (get_field(root, "rope_theta", &top) != 0 || get_field(root, "rope_parameters", &params) != 0 ||
-        get_field(root, "rope_scaling", &scaling) != 0 || rope_partial_whole(root, "") != 0)
+        get_field(root, "rope_scaling", &scaling) != 0 || read_partial_rotary(root, "", cfg) != 0)
         return -1;
     if (get_double(root, "rope_theta", fam->default_rope_theta, &cfg->rope_theta) != 0) return -1;
     int has_scaling = scaling && !cJSON_IsNull(scaling), has_params = params && !cJSON_IsNull(params);
@@ -561,13 +593,105 @@ static int read_mlp_only(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
+// A string field that must be one of `ok` (absent: fine).
+static int want_string(const cJSON *root, const char *key, const char *const *ok, int n, const char **out) {
+    if (get_string(root, key, out) != 0) return -1;
+    if (!*out) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(*out, ok[i]) == 0) return 0;
+    mt_error_set("%s: '%.40s' is not supported here (expected %s%s%s)", key, *out, ok[0], n > 1 ? " or " : "",
+                 n > 1 ? ok[1] : "");
+    return -1;
+}
+
+// MLA's sizes (DeepseekV2/V3Config); head_dim becomes the query/key head, nope + rope.
+static int read_mla(const cJSON *root, mt_model_config *cfg) {
+    const int64_t M = SIZE_MAX_VALUE;
+    cfg->mla = 1;
+    if (get_int(root, "q_lora_rank", 0, 1536, 0, M, &cfg->q_lora_rank) != 0 ||
+        get_int(root, "kv_lora_rank", 0, 512, 1, M, &cfg->kv_lora_rank) != 0 ||
+        get_int(root, "qk_nope_head_dim", 0, 128, 1, M, &cfg->qk_nope_dim) != 0 ||
+        get_int(root, "qk_rope_head_dim", 0, 64, 2, M, &cfg->qk_rope_dim) != 0 ||
+        get_int(root, "v_head_dim", 0, 128, 1, M, &cfg->v_head_dim) != 0)
+        return -1;
+    const cJSON *q;
+    if (get_field(root, "q_lora_rank", &q) != 0) return -1;
+    if (q && cJSON_IsNull(q)) cfg->q_lora_rank = 0;  // null: a plain q_proj (DeepSeek-V2-Lite)
+    if (cfg->qk_rope_dim % 2) {
+        mt_error_set("qk_rope_head_dim: %lld must be even (RoPE turns pairs)", (long long)cfg->qk_rope_dim);
+        return -1;
+    }
+    cfg->head_dim = cfg->qk_nope_dim + cfg->qk_rope_dim;
+    cfg->rotary_dim = cfg->qk_rope_dim;
+    const mt_family *fam = mt_config_family(cfg);
+    cfg->rope_interleave = fam->rope_interleave_default > 0;
+    if (fam->rope_interleave_default < 0 && get_bool(root, "rope_interleave", 1, &cfg->rope_interleave) != 0) return -1;
+    return 0;
+}
+
+// DeepSeek-style routing, shared experts and dense first layers (docs/families.md "DeepSeek-style"),
+// with the published checkpoints' own fields checked where they must agree with transformers'
+// modeling (scoring_func, topk_method, moe_layer_freq).
+static int read_deepseek(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
+    const int64_t M = SIZE_MAX_VALUE;
+    const char *s;
+    int64_t freq;
+    if (get_int_null0(root, "n_group", fam->default_n_group, 1, M, &cfg->n_group) != 0 ||
+        get_int_null0(root, "topk_group", fam->default_topk_group, 1, M, &cfg->topk_group) != 0 ||
+        get_double(root, "routed_scaling_factor", fam->default_routed_scaling, &cfg->routed_scaling) != 0 ||
+        get_int(root, "n_shared_experts", 0, fam->default_shared_intermediate, 1, M, &cfg->n_shared_experts) != 0 ||
+        get_int(root, "first_k_dense_replace", 0, fam->default_first_k_dense, 0, M, &cfg->first_k_dense) != 0 ||
+        get_int(root, "intermediate_size", 0, fam->default_dense_intermediate, 1, M, &cfg->dense_intermediate) != 0 ||
+        get_int(root, "num_nextn_predict_layers", 0, 0, 0, M, &cfg->mtp_layers) != 0 ||
+        get_int(root, "moe_layer_freq", 0, 1, 1, M, &freq) != 0)
+        return -1;
+    if (!cfg->n_group) cfg->n_group = 1;  // null: no groups
+    if (!cfg->topk_group) cfg->topk_group = 1;
+    if (freq != 1) {  // DeepSeek's remote code only; transformers makes every layer past first_k_dense_replace MoE
+        mt_error_set("moe_layer_freq: %lld is not supported (transformers' modeling reads 1)", (long long)freq);
+        return -1;
+    }
+    cfg->shared_intermediate = cfg->n_shared_experts * cfg->intermediate;
+    static const char *const v2_methods[] = {"greedy", "group_limited_greedy"}, *const v3_methods[] = {"noaux_tc"};
+    static const char *const softmax[] = {"softmax"}, *const sigmoid[] = {"sigmoid"};
+    int grouped_sigmoid = fam->route == MT_ROUTE_SIGMOID_GROUPED;
+    if (want_string(root, "topk_method", grouped_sigmoid ? v3_methods : v2_methods, grouped_sigmoid ? 1 : 2, &s) != 0)
+        return -1;
+    cfg->route_grouped = grouped_sigmoid || (s && strcmp(s, "group_limited_greedy") == 0);
+    if (want_string(root, "scoring_func", grouped_sigmoid ? sigmoid : softmax, 1, &s) != 0) return -1;
+    if (fam->mla && read_mla(root, cfg) != 0) return -1;
+    if (fam->qk_norm_flag) {
+        int on = 0;
+        if (get_bool(root, "use_qk_norm", 0, &on) != 0) return -1;
+        cfg->qk_norm = on ? fam->qk_norm : MT_QK_NORM_NONE;
+    }
+    int mlp_bias = 0;
+    if (get_bool(root, "mlp_bias", 0, &mlp_bias) != 0) return -1;
+    if (mlp_bias) {
+        mt_error_set("mlp_bias: true is not supported (the MLPs and experts have no biases here)");
+        return -1;
+    }
+    if (fam->route == MT_ROUTE_SOFTMAX_GROUPED && cfg->norm_topk_prob) {
+        // transformers' DeepseekV2 router never normalises (DeepSeek's own code does): one config, two models
+        mt_error_set("norm_topk_prob: true means two different models for %s (transformers ignores it, DeepSeek's "
+                     "code normalises); refused", fam->model_type);
+        return -1;
+    }
+    return 0;
+}
+
 // The optional parts of the family (model/family.h), with its class defaults.
 static int read_family(const cJSON *root, mt_model_config *cfg) {
     const mt_family *fam = mt_config_family(cfg);
     const int64_t M = SIZE_MAX_VALUE;
     cfg->norm_topk_prob = 1;
     cfg->decoder_sparse_step = 1;
-    if (!fam->norm_topk_fixed && get_bool(root, "norm_topk_prob", 0, &cfg->norm_topk_prob) != 0) return -1;
+    cfg->qk_norm = fam->qk_norm;
+    cfg->n_group = cfg->topk_group = 1;
+    cfg->routed_scaling = 1.0;
+    if (!fam->norm_topk_fixed && get_bool(root, "norm_topk_prob", fam->default_norm_topk, &cfg->norm_topk_prob) != 0)
+        return -1;
     if (get_bool(root, "output_router_logits", 0, &cfg->output_router_logits) != 0) return -1;
     if (fam->has_dense_layers) {
         if (get_int(root, "intermediate_size", 0, fam->default_dense_intermediate, 1, M, &cfg->dense_intermediate) != 0 ||
@@ -575,7 +699,9 @@ static int read_family(const cJSON *root, mt_model_config *cfg) {
             read_mlp_only(root, cfg) != 0)
             return -1;
     }
-    if (fam->shared_expert &&
+    if (fam->route != MT_ROUTE_SOFTMAX || fam->mla) {
+        if (read_deepseek(root, cfg) != 0) return -1;
+    } else if (fam->shared_expert &&
         get_int(root, "shared_expert_intermediate_size", 0, fam->default_shared_intermediate, 1, M,
                 &cfg->shared_intermediate) != 0)
         return -1;
@@ -718,6 +844,11 @@ static int read_config(const cJSON *root, mt_model_config *cfg) {
     if (read_architecture(root, cfg) != 0 || check_fields(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
         read_floats(root, cfg) != 0 || read_family(root, cfg) != 0 || read_dtype(root, cfg) != 0)
         return -1;
+    if (!cfg->mla) {  // transformers: int(head_dim · partial_rotary_factor), GLM-4.5's default 0.5
+        const mt_family *fam = mt_config_family(cfg);
+        if (!cfg->partial_rotary_factor) cfg->partial_rotary_factor = fam->partial_rotary ? 0.5 : 1.0;
+        cfg->rotary_dim = (int64_t)((double)cfg->head_dim * cfg->partial_rotary_factor);
+    }
     const cJSON *q;
     if (get_field(root, "quantization_config", &q) != 0) return -1;
     if (q && !cJSON_IsNull(q) && read_quant(q, cfg) != 0) {
@@ -809,7 +940,22 @@ int64_t mt_config_layer_window(const mt_model_config *c, int64_t L) {
     return L >= 0 && L < MT_CONFIG_MAX_LAYERS && c->layer_sliding[L] ? c->sliding_window : 0;
 }
 
+int64_t mt_config_rotary_dim(const mt_model_config *c) { return c->rotary_dim ? c->rotary_dim : c->head_dim; }
+
+int64_t mt_config_v_head_dim(const mt_model_config *c) { return c->mla ? c->v_head_dim : c->head_dim; }
+
+double mt_config_attn_scale(const mt_model_config *c) {
+    double scale = 1.0 / sqrt((double)c->head_dim);
+    // DeepSeek's attention: the softmax scale times yarn_get_mscale(factor, mscale_all_dim)², in Python doubles
+    if (c->mla && c->rope_yarn && c->rope_mscale_all_dim != 0 && c->rope_factor > 1) {
+        double ms = 0.1 * c->rope_mscale_all_dim * log(c->rope_factor) + 1.0;
+        scale = scale * ms * ms;
+    }
+    return scale;
+}
+
 int mt_config_layer_is_moe(const mt_model_config *c, int64_t L) {
+    if (L < c->first_k_dense) return 0;  // DeepSeek-style: first_k_dense_replace
     for (int i = 0; i < c->n_mlp_only; i++)
         if (c->mlp_only_layers[i] == L) return 0;
     // A step of 0 is a config built in code without the field (plan.c): every layer is MoE.
@@ -822,6 +968,18 @@ int64_t mt_config_moe_layers(const mt_model_config *c) {
     return n;
 }
 
+// MLA's projections of one layer (docs/families.md "DeepSeek-style"), norms and biases included.
+static int64_t mla_params(const mt_model_config *c, int *o) {
+    int64_t h = c->hidden, nh = c->heads, qr = c->q_lora_rank, kvr = c->kv_lora_rank;
+    int64_t qo = cmul(nh, c->head_dim, o), kva = kvr + c->qk_rope_dim;
+    int64_t n = qr ? cadd(cadd(cmul(h, qr, o), qr, o), cmul(qr, qo, o), o) : cmul(h, qo, o);  // q_a, its norm, q_b
+    n = cadd(n, cadd(cmul(h, kva, o), kvr, o), o);                                             // kv_a, its norm
+    n = cadd(n, cmul(kvr, cmul(nh, c->qk_nope_dim + c->v_head_dim, o), o), o);                 // kv_b
+    n = cadd(n, cmul(cmul(nh, c->v_head_dim, o), h, o), o);                                    // o
+    if (c->o_bias) n = cadd(n, cadd(cadd(qr, kva, o), h, o), o);  // attention_bias: q_a, kv_a, o
+    return n;
+}
+
 static int count_params(const mt_model_config *c, param_counts *p) {
     int o = 0;
     const mt_family *fam = mt_config_family(c);
@@ -830,14 +988,16 @@ static int count_params(const mt_model_config *c, param_counts *p) {
     p->attn = cadd(cmul(h2, q, &o), cmul(h2, kv, &o), &o);
     if (c->qkv_bias) p->attn = cadd(p->attn, cadd(q, cmul(2, kv, &o), &o), &o);
     if (c->o_bias) p->attn = cadd(p->attn, c->hidden, &o);
-    if (fam->qk_norm == MT_QK_NORM_HEAD) p->attn = cadd(p->attn, cmul(2, c->head_dim, &o), &o);
-    if (fam->qk_norm == MT_QK_NORM_PROJ) p->attn = cadd(p->attn, cadd(q, kv, &o), &o);
+    if (c->mla) p->attn = mla_params(c, &o);
+    if (c->qk_norm == MT_QK_NORM_HEAD) p->attn = cadd(p->attn, cmul(2, c->head_dim, &o), &o);
+    if (c->qk_norm == MT_QK_NORM_PROJ) p->attn = cadd(p->attn, cadd(q, kv, &o), &o);
     if (fam->attn_sinks) p->attn = cadd(p->attn, c->heads, &o);
     p->expert = cmul(cmul(3, c->hidden, &o), c->intermediate, &o);
     if (fam->fused_experts) p->expert = cadd(p->expert, cadd(cmul(2, c->intermediate, &o), c->hidden, &o), &o);  // biases
     p->router = cmul(fam->router_bias ? c->hidden + 1 : c->hidden, c->experts, &o);
-    p->shared = c->shared_intermediate ? cadd(cmul(cmul(3, c->hidden, &o), c->shared_intermediate, &o), c->hidden, &o)
-                                       : 0;  // the shared expert and its [1, H] gate
+    p->shared = c->shared_intermediate ? cadd(cmul(cmul(3, c->hidden, &o), c->shared_intermediate, &o),
+                                              fam->shared_gate ? c->hidden : 0, &o)
+                                       : 0;  // the shared expert and its [1, H] gate (Qwen2-MoE)
     p->dense = cmul(cmul(3, c->hidden, &o), c->dense_intermediate, &o);
     int64_t common = cadd(p->attn, h2, &o);  // + 2 RMSNorms
     int64_t moe_common = cadd(cadd(common, p->router, &o), p->shared, &o);
@@ -922,6 +1082,53 @@ static int check_floats(const mt_model_config *c) {
     return 0;
 }
 
+// DeepSeek-style routing and MLA: the groups split the experts evenly and leave top_k to choose
+// from; everything absent elsewhere.
+static int check_deepseek(const mt_model_config *c) {
+    const mt_family *fam = mt_config_family(c);
+    int64_t rot = mt_config_rotary_dim(c);
+    if (rot < 2 || rot % 2 || rot > c->head_dim) {
+        mt_error_set("RoPE's dims (%lld: head_dim x partial_rotary_factor) must be even, at least 2 and at most "
+                     "head_dim %lld", (long long)rot, (long long)c->head_dim);
+        return -1;
+    }
+    if (fam->route == MT_ROUTE_SOFTMAX && !fam->mla) {  // a config built in code may leave these 0
+        if (c->n_group > 1 || c->first_k_dense || c->mla || (c->routed_scaling != 0 && c->routed_scaling != 1)) {
+            mt_error_set("n_group, first_k_dense_replace, routed_scaling_factor, MLA: %s has none of them",
+                         fam->model_type);
+            return -1;
+        }
+        return 0;
+    }
+    if (c->n_group < 1 || c->topk_group < 1 || c->experts % c->n_group || c->topk_group > c->n_group ||
+        c->top_k > c->topk_group * (c->experts / c->n_group) ||
+        (fam->route == MT_ROUTE_SIGMOID_GROUPED && c->n_group > 1 && c->experts / c->n_group < 2)) {
+        mt_error_set("n_group %lld, topk_group %lld: the groups must split the %lld experts evenly (at least 2 each "
+                     "for a sigmoid router) and hold num_experts_per_tok %lld",
+                     (long long)c->n_group, (long long)c->topk_group, (long long)c->experts, (long long)c->top_k);
+        return -1;
+    }
+    if (!(c->routed_scaling > 0) || !isfinite(c->routed_scaling)) {
+        mt_error_set("routed_scaling_factor (%g) must be positive", c->routed_scaling);
+        return -1;
+    }
+    if (c->first_k_dense < 0 || c->first_k_dense > c->layers || (c->first_k_dense && !fam->first_k_dense)) {
+        mt_error_set("first_k_dense_replace (%lld) must be between 0 and num_hidden_layers (%lld) where the family "
+                     "has it", (long long)c->first_k_dense, (long long)c->layers);
+        return -1;
+    }
+    if (c->mla != fam->mla || (c->mla && (c->kv_lora_rank < 1 || c->qk_nope_dim < 1 || c->qk_rope_dim < 2 ||
+                                          c->qk_rope_dim % 2 || c->v_head_dim < 1 || c->q_lora_rank < 0 ||
+                                          c->head_dim != c->qk_nope_dim + c->qk_rope_dim))) {
+        mt_error_set("MLA sizes (kv_lora_rank %lld, qk_nope_head_dim %lld, qk_rope_head_dim %lld, v_head_dim %lld): "
+                     "positive, the rope part even, and only for %s", (long long)c->kv_lora_rank,
+                     (long long)c->qk_nope_dim, (long long)c->qk_rope_dim, (long long)c->v_head_dim,
+                     fam->mla ? fam->model_type : "MLA families");
+        return -1;
+    }
+    return 0;
+}
+
 // The family's own fields: present where the family has them, sensible where present.
 static int check_family(const mt_model_config *c) {
     const mt_family *fam = mt_config_family(c);
@@ -940,7 +1147,8 @@ static int check_family(const mt_model_config *c) {
                          c->mlp_only_layers[i], (long long)c->layers);
             return -1;
         }
-    if (fam->has_dense_layers ? c->dense_intermediate <= 0 : c->dense_intermediate != 0) {
+    if (check_deepseek(c) != 0) return -1;
+    if (fam->has_dense_layers || fam->first_k_dense ? c->dense_intermediate <= 0 : c->dense_intermediate != 0) {
         mt_error_set("intermediate_size (dense layers: %lld) must be positive for %s and 0 otherwise",
                      (long long)c->dense_intermediate, fam->model_type);
         return -1;
@@ -1185,7 +1393,9 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     sb_printf(b, "{");
     emit_key(b, 2, &f, "architectures");
     sb_printf(b, "[\n    \"%s\"\n  ]", c->architecture);
+    int ds = fam->route != MT_ROUTE_SOFTMAX || fam->mla, glm_bias = fam->qkv_bias_key && !strcmp(fam->qkv_bias_key, "attention_bias");
     if (fam->attn_bias_key) emit_bool(b, &f, fam->attn_bias_key, c->o_bias);
+    if (glm_bias) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     emit_float(b, 2, &f, "attention_dropout", 0.0);
     emit_token(b, &f, "bos_token_id", c->bos_token_id);
     if (fam->has_clip_qkv) {
@@ -1194,12 +1404,14 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     }
     if (fam->has_dense_layers) emit_int(b, 2, &f, "decoder_sparse_step", c->decoder_sparse_step);
     emit_token(b, &f, "eos_token_id", c->eos_token_id);
+    if (ds) emit_int(b, 2, &f, "first_k_dense_replace", c->first_k_dense);
     if (fam->head_dim_rule == MT_HEAD_DIM_EXPLICIT && (c->head_dim * c->heads != c->hidden || fam->default_head_dim))
         emit_int(b, 2, &f, "head_dim", c->head_dim);
     emit_str(b, 2, &f, "hidden_act", "silu");
     emit_int(b, 2, &f, "hidden_size", c->hidden);
     emit_float(b, 2, &f, "initializer_range", c->initializer_range);
     emit_int(b, 2, &f, "intermediate_size", qwen_sizes ? c->dense_intermediate : c->intermediate);
+    if (c->mla) emit_int(b, 2, &f, "kv_lora_rank", c->kv_lora_rank);
     if (c->has_layer_types) {
         emit_key(b, 2, &f, "layer_types");
         sb_printf(b, "[");
@@ -1219,6 +1431,11 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     }
     emit_str(b, 2, &f, "model_type", c->model_type);
     if (qwen_sizes) emit_int(b, 2, &f, "moe_intermediate_size", c->intermediate);
+    if (ds) {
+        emit_int(b, 2, &f, "n_group", c->n_group);
+        emit_int(b, 2, &f, "n_routed_experts", c->experts);
+        emit_int(b, 2, &f, "n_shared_experts", c->n_shared_experts);
+    }
     if (!fam->norm_topk_fixed) emit_bool(b, &f, "norm_topk_prob", c->norm_topk_prob);
     emit_int(b, 2, &f, "num_attention_heads", c->heads);
     if (strcmp(fam->experts_key, "num_experts") == 0) emit_int(b, 2, &f, "num_experts", c->experts);
@@ -1226,8 +1443,16 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     emit_int(b, 2, &f, "num_hidden_layers", c->layers);
     emit_int(b, 2, &f, "num_key_value_heads", c->kv_heads);
     if (strcmp(fam->experts_key, "num_local_experts") == 0) emit_int(b, 2, &f, "num_local_experts", c->experts);
+    if (ds) emit_int(b, 2, &f, "num_nextn_predict_layers", c->mtp_layers);
     emit_bool(b, &f, "output_router_logits", c->output_router_logits);
-    if (fam->qkv_bias_key) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
+    if (fam->partial_rotary) emit_float(b, 2, &f, "partial_rotary_factor", c->partial_rotary_factor);
+    if (c->mla) {
+        if (c->q_lora_rank) emit_int(b, 2, &f, "q_lora_rank", c->q_lora_rank);
+        else emit_raw(b, 2, &f, "q_lora_rank", "null");
+        emit_int(b, 2, &f, "qk_nope_head_dim", c->qk_nope_dim);
+        emit_int(b, 2, &f, "qk_rope_head_dim", c->qk_rope_dim);
+    }
+    if (fam->qkv_bias_key && !glm_bias) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     if (c->quantized) emit_quant(b, &f, c);
     if (c->mxfp4) {  // gpt-oss's own quantization_config: everything but the experts stays dense
         emit_key(b, 2, &f, "quantization_config");
@@ -1236,6 +1461,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
                      "    \"quant_method\": \"mxfp4\"\n  }");
     }
     emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
+    if (fam->rope_interleave_default < 0) emit_bool(b, &f, "rope_interleave", c->rope_interleave);
     if (c->rope_yarn) {  // transformers 4's rope_scaling, every field written
         emit_key(b, 2, &f, "rope_scaling");
         int g = 1;
@@ -1244,24 +1470,32 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
         emit_float(b, 4, &g, "beta_fast", c->rope_beta_fast);
         emit_float(b, 4, &g, "beta_slow", c->rope_beta_slow);
         emit_float(b, 4, &g, "factor", c->rope_factor);
+        if (c->rope_mscale != 0) emit_float(b, 4, &g, "mscale", c->rope_mscale);
+        if (c->rope_mscale_all_dim != 0) emit_float(b, 4, &g, "mscale_all_dim", c->rope_mscale_all_dim);
         emit_int(b, 4, &g, "original_max_position_embeddings", c->rope_original_max);
         emit_str(b, 4, &g, "rope_type", "yarn");
         emit_raw(b, 4, &g, "truncate", c->rope_truncate ? "true" : "false");
         sb_printf(b, "\n  }");
     }
     emit_float(b, 2, &f, "rope_theta", c->rope_theta);
+    if (ds) emit_float(b, 2, &f, "routed_scaling_factor", c->routed_scaling);
     emit_float(b, 2, &f, "router_aux_loss_coef", c->router_aux_loss_coef);
     if (fam->has_jitter) emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
-    if (fam->shared_expert) emit_int(b, 2, &f, "shared_expert_intermediate_size", c->shared_intermediate);
+    if (fam->shared_expert && !fam->shared_from_count)
+        emit_int(b, 2, &f, "shared_expert_intermediate_size", c->shared_intermediate);
     if (c->sliding_window > 0) emit_int(b, 2, &f, "sliding_window", c->sliding_window);
-    else emit_raw(b, 2, &f, "sliding_window", "null");
+    else if (fam->has_sliding_window) emit_raw(b, 2, &f, "sliding_window", "null");
     if (fam->clamped_swiglu) {
         emit_float(b, 2, &f, "swiglu_alpha", c->swiglu_alpha);
         emit_float(b, 2, &f, "swiglu_limit", c->swiglu_limit);
     }
     emit_raw(b, 2, &f, "tie_word_embeddings", c->tie_word_embeddings ? "true" : "false");
+    if (ds) emit_int(b, 2, &f, "topk_group", c->topk_group);
+    if (fam->route == MT_ROUTE_SOFTMAX_GROUPED) emit_str(b, 2, &f, "topk_method", c->route_grouped ? "group_limited_greedy" : "greedy");
     emit_str(b, 2, &f, "torch_dtype", torch_dtype_name(c->torch_dtype));
+    if (fam->qk_norm_flag) emit_bool(b, &f, "use_qk_norm", c->qk_norm != MT_QK_NORM_NONE);
     if (fam->has_sliding_flag) emit_bool(b, &f, "use_sliding_window", 0);
+    if (c->mla) emit_int(b, 2, &f, "v_head_dim", c->v_head_dim);
     emit_int(b, 2, &f, "vocab_size", c->vocab);
     sb_printf(b, "\n}\n");
 }

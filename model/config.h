@@ -52,6 +52,23 @@ typedef struct mt_model_config {
     int has_layer_types;          // layer_sliding says which layers use sliding_window
     uint8_t layer_sliding[MT_CONFIG_MAX_LAYERS];  // 1: sliding_attention, 0: full_attention
     double swiglu_alpha, swiglu_limit;  // the clamped SwiGLU (families with clamped_swiglu), else 0
+    // DeepSeek-style (docs/families.md "DeepSeek-style"); elsewhere n_group 1, scaling 1, the rest 0.
+    mt_qk_norm qk_norm;           // the family's q/k norm, or none where use_qk_norm is false (GLM-4.5)
+    int64_t n_group, topk_group;  // group-limited routing: the best topk_group of n_group groups
+    int route_grouped;            // DeepSeek-V2: topk_method "group_limited_greedy" (else "greedy")
+    double routed_scaling;        // routed_scaling_factor: the top-k weights' multiplier
+    int64_t n_shared_experts;     // shared_intermediate = n_shared_experts · moe_intermediate_size
+    int64_t first_k_dense;        // first_k_dense_replace: layers below it are dense MLPs
+    int64_t mtp_layers;           // num_nextn_predict_layers: multi-token-prediction layers in the checkpoint, skipped
+    double partial_rotary_factor; // as read (GLM-4.5's default 0.5); 1 elsewhere
+    int64_t rotary_dim;           // dims of each head RoPE turns: head_dim · partial_rotary_factor (GLM-4.5), else head_dim
+    int rope_interleave;          // RoPE on adjacent pairs (2j, 2j+1), DeepSeek's form, not rotate_half's (j, j + d/2)
+    double rope_mscale, rope_mscale_all_dim;  // YaRN's mscale fields (DeepSeek), 0: absent
+    // MLA (DeepSeek-V2/V3): q = q_b(norm(q_a(x))) or q_proj(x) when q_lora_rank is 0; kv_a(x) =
+    // [latent (kv_lora_rank) | shared rope key (qk_rope)]; kv_b(norm(latent)) = per head [k_nope | v].
+    // head_dim is the query/key head (qk_nope + qk_rope), v_head_dim the value head.
+    int mla;
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
     int output_router_logits;     // recorded; moetrain applies the aux loss either way (docs/design.md, "The step's arithmetic")
     mt_dtype torch_dtype;    // the checkpoint's stored dtype
 
@@ -85,6 +102,13 @@ static inline const mt_family *mt_config_family(const mt_model_config *c) { retu
 int mt_config_layer_is_moe(const mt_model_config *c, int64_t L);
 // The attention window of layer L: 0 (none), or sliding_window where that layer slides.
 int64_t mt_config_layer_window(const mt_model_config *c, int64_t L);
+// The softmax scale of layer attention: head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)²
+// for MLA (DeepSeek's attention).
+double mt_config_attn_scale(const mt_model_config *c);
+// The dims of each query/key head RoPE turns (rotary_dim, or head_dim for a config built in code).
+int64_t mt_config_rotary_dim(const mt_model_config *c);
+// The value head dim: v_head_dim (MLA), else head_dim.
+int64_t mt_config_v_head_dim(const mt_model_config *c);
 // Number of MoE layers.
 int64_t mt_config_moe_layers(const mt_model_config *c);
 

@@ -15,7 +15,7 @@ static const char *const READ_ALWAYS[] = {
     "bos_token_id", "eos_token_id", "rope_theta", "rope_parameters", "rope_scaling",
     "partial_rotary_factor", "layer_types", "rms_norm_eps", "router_aux_loss_coef", "initializer_range",
     "tie_word_embeddings", "hidden_act", "attention_dropout", "output_router_logits", "torch_dtype", "dtype",
-    "quantization_config", "num_experts", "num_local_experts",
+    "quantization_config", "num_experts", "num_local_experts", "n_routed_experts",
 };
 
 // Fields that do not change the math of a training step (generation defaults, bookkeeping,
@@ -40,6 +40,9 @@ static const char *const IGNORED[] = {
     // gpt-oss's published config.json: OpenAI's own names, which GptOssConfig stores and its
     // modeling never reads (num_experts_per_tok and rope_scaling are what it uses).
     "experts_per_token", "initial_context_length",
+    // DeepSeek's published config.json (its remote code's fields): the sequence-wise aux loss, which
+    // transformers' DeepseekV2/V3 modeling never applies, and inference sharding.
+    "aux_loss_alpha", "seq_aux", "ep_size", "pretraining_tp",
 };
 
 // Fields of the family's optional parts (model/family.h), read by model/config.c.
@@ -60,6 +63,15 @@ static int family_reads(const mt_family *f, const char *key) {
         f->clamped_swiglu ? "swiglu_alpha" : NULL,
         f->clamped_swiglu ? "swiglu_limit" : NULL,
     };
+    int ds = f->route != MT_ROUTE_SOFTMAX || f->mla;  // model/config.c read_deepseek, read_mla
+    const char *deepseek[] = {"n_group", "topk_group", "routed_scaling_factor", "n_shared_experts",
+                              "first_k_dense_replace", "intermediate_size", "num_nextn_predict_layers",
+                              "moe_layer_freq", "topk_method", "scoring_func", "mlp_bias"};
+    const char *mla[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"};
+    if ((ds && mt_str_in(deepseek, MT_ARRAY_LEN(deepseek), key)) || (f->mla && mt_str_in(mla, MT_ARRAY_LEN(mla), key)) ||
+        (f->rope_interleave_default < 0 && strcmp(key, "rope_interleave") == 0) ||
+        (f->qk_norm_flag && strcmp(key, "use_qk_norm") == 0))
+        return 1;
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (own[i] && strcmp(own[i], key) == 0) return 1;
     return 0;

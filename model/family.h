@@ -11,7 +11,8 @@ extern "C" {
 #endif
 
 typedef enum {
-    MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_GPT_OSS, MT_FAMILY_COUNT
+    MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_GPT_OSS,
+    MT_FAMILY_DEEPSEEK_V2, MT_FAMILY_DEEPSEEK_V3, MT_FAMILY_GLM4_MOE, MT_FAMILY_COUNT
 } mt_family_id;
 
 // Where the q/k RMSNorm applies: none, each head's head_dim values (Qwen3-MoE, before RoPE), or
@@ -22,6 +23,12 @@ typedef enum { MT_QK_NORM_NONE, MT_QK_NORM_HEAD, MT_QK_NORM_PROJ } mt_qk_norm;
 // must equal hidden/heads (Qwen2-MoE's attention raises otherwise); always hidden/heads (OLMoE
 // ignores the field).
 typedef enum { MT_HEAD_DIM_EXPLICIT, MT_HEAD_DIM_MUST_MATCH, MT_HEAD_DIM_IGNORED } mt_head_dim_rule;
+
+// How the router chooses (docs/families.md): top-k of a softmax over all experts (Mixtral to
+// gpt-oss); DeepSeek-V2's softmax with topk_method "greedy" or "group_limited_greedy" (group score:
+// the group's best); DeepSeek-V3's and GLM-4.5's sigmoid, chosen by score + e_score_correction_bias
+// within the best topk_group of n_group groups (group score: the sum of its top two).
+typedef enum { MT_ROUTE_SOFTMAX, MT_ROUTE_SOFTMAX_GROUPED, MT_ROUTE_SIGMOID_GROUPED } mt_route_kind;
 
 typedef struct mt_family {
     const char *model_type;     // config.json model_type
@@ -57,9 +64,25 @@ typedef struct mt_family {
     int has_layer_types;        // layer_types: sliding_attention (sliding_window) or full_attention, per layer
     int default_rope_yarn;      // rope_parameters absent: YaRN (factor 32, beta_fast 32, beta_slow 1, no
                                 // truncation, original 4096), the class default
+    // DeepSeek-style parts (docs/families.md "DeepSeek-style").
+    mt_route_kind route;
+    const char *score_bias;     // "e_score_correction_bias" [E] beside the router's weight (a frozen
+                                // buffer: it moves the choice, not the weight), or NULL
+    int shared_from_count;      // the shared expert is n_shared_experts · moe_intermediate_size wide
+                                // and has no gate (shared_expert names its module)
+    int first_k_dense;          // first_k_dense_replace: layers below it are dense MLPs of intermediate_size
+    int mla;                    // multi-head latent attention (q_lora_rank, kv_lora_rank, ...)
+    int rope_interleave_default;// RoPE on adjacent pairs (DeepSeek's complex form); -1: rope_interleave
+                                // is read (DeepSeek-V3, default true)
+    int qk_norm_flag;           // use_qk_norm switches the per-head q/k norm on (GLM-4.5)
+    int partial_rotary;         // partial_rotary_factor is read: RoPE on the head's first dims (GLM-4.5)
+    int64_t default_n_group, default_topk_group, default_first_k_dense;  // class defaults (V2's None: 1, 1)
+    double default_routed_scaling;
+    int default_norm_topk;      // norm_topk_prob's class default (DeepSeek-V3, GLM-4.5: true)
     int64_t default_kv_heads;   // 0: num_attention_heads
     int64_t default_dense_intermediate, default_shared_intermediate;  // intermediate_size (dense
-                                // layers), shared_expert_intermediate_size: class defaults
+                                // layers), shared_expert_intermediate_size: class defaults (with
+                                // shared_from_count: n_shared_experts's)
     int64_t default_max_positions, default_bos, default_eos;  // -1: None
     int64_t default_sliding_window;  // 0: None
     int64_t default_head_dim;   // 0: hidden / heads; else the class default (gpt-oss: 64), and config.json
@@ -75,7 +98,7 @@ const mt_family *mt_family_get(mt_family_id id);
 // names ("....block_sparse_moe.gate", "....block_sparse_moe.experts.E.w1"): the same module under
 // the family's names, written into buf, or `module` itself when it needs no change.
 const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n);
-// "mixtral, qwen2_moe, qwen3_moe, olmoe" for error messages.
+// "mixtral, qwen2_moe, ..." for error messages.
 const char *mt_family_list(void);
 
 #ifdef __cplusplus

@@ -43,12 +43,17 @@ static void route(mt_model *m, int L, int replay) {
     mt_layer_acts *a = layer_acts(m, L);
     int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
+    const float *score_bias = m->layers[L].score_bias ? F(m->layers[L].score_bias) : NULL;
     if (!replay) {
         if (!run) {
             balanced_counts(m, L);
             return;
         }
-        mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
+        if (grouped_router(m))
+            mt_op_router_grouped_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), score_bias, T, E, k,
+                                         route_rule(m));
+        else mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
+        if (m->bias_load) mt_op_router_load_accumulate(m, m->bias_load + (size_t)L * E, I(kp->ids), mask, T, E, k);
         mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
         if (m->z_coef != 0.0f) mt_op_zloss_accumulate(m, F(a->logits), mask, T, E);
         mt_op_permute(m, L);
@@ -56,27 +61,28 @@ static void route(mt_model *m, int L, int replay) {
     }
     size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
     int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
-    if (run) {
+    if (run && grouped_router(m)) {
+        mt_op_router_grouped_forward(m, fresh, F(a->weights), F(a->probs), F(a->logits), score_bias, T, E, k,
+                                     route_rule(m));
+        mt_op_router_grouped_weights_of_choices(m, F(a->weights), F(a->probs), I(kp->ids), T, E, k, route_rule(m));
+    } else if (run) {
         mt_op_router_forward(m, fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k);
         mt_op_weights_of_choices(m, F(a->weights), F(a->probs), I(kp->ids), T, E, k);
     }
     mt_work_free(m->be, fresh, ids_bytes);
 }
 
-// The attention part of layer L: its input kept[L].x -> h = x + o(attention(...)), keeping
-// ln1, q, k, v, the attention output and lse (and the family's extras) for the backward.
-static void attention_forward(mt_model *m, int L) {
+// q, k, v from ln1, their biases, q/k norms and clamps, RoPE, and the attention into a->att.
+static void attention_core(mt_model *m, int L) {
     const mt_model_config *c = &m->cfg;
     mt_layer *ly = &m->layers[L];
-    mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int B = m->B, S = m->S, T = B * S, H = (int)c->hidden;
+    int B = m->B, S = m->S, T = B * S;
     int nh = (int)c->heads, nkv = (int)c->kv_heads, hd = (int)c->head_dim, run = !m->counting;
     const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
     float eps = (float)c->rms_norm_eps;
     mt_dtype adt = act_dtype(m);
-
-    if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
+    int rot = (int)mt_config_rotary_dim(c);  // GLM-4.5 turns the first rot dims of each head
     mt_tensor *qo = a->q_raw ? a->q_raw : a->q, *ko = a->k_raw ? a->k_raw : a->k, *vo = a->v_raw ? a->v_raw : a->v;
     mt_prof_push2("q,k,v GEMMs", "LoRA q,k,v,o");
     mt_linear_forward(&ly->q, qo, a->ln1, a->xa_q, NULL);
@@ -87,7 +93,7 @@ static void attention_forward(mt_model *m, int L) {
     for (int i = 0; i < 3; i++)
         if (ly->bias[i]) mt_bias_forward(m, A(qkv[i]), A(ly->bias[i]), T, qkv[i]->shape[1]);
     if (run && a->q_raw) {  // q/k RMSNorm before RoPE (docs/families.md): rows of a head or of the projection
-        int ph = mt_config_family(c)->qk_norm == MT_QK_NORM_HEAD;
+        int ph = c->qk_norm == MT_QK_NORM_HEAD;
         mt_op_rmsnorm_forward(m, A(a->q), F(a->rstd_q), A(a->q_raw), A(ly->qn), ph ? T * nh : T, ph ? hd : nh * hd, eps);
         mt_op_rmsnorm_forward(m, A(a->k), F(a->rstd_k), A(a->k_raw), A(ly->kn), ph ? T * nkv : T, ph ? hd : nkv * hd,
                               eps);
@@ -100,11 +106,28 @@ static void attention_forward(mt_model *m, int L) {
         mt_clip_forward(m, A(a->v), (int64_t)T * nkv * hd, cl);
     }
     if (run) {
-        mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, 0);
-        mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, 0);
+        mt_op_rope(m, A(a->q), m->step_positions, T, nh, hd, 0, rot, 0, 0);
+        mt_op_rope(m, A(a->k), m->step_positions, T, nkv, hd, 0, rot, 0, 0);
         mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), ly->sinks ? A(ly->sinks) : NULL,
-                                mask, B, S, nh, nkv, hd, (int)mt_config_layer_window(c, L));
+                                mask, B, S, nh, nkv, hd, hd, (float)mt_config_attn_scale(c),
+                                (int)mt_config_layer_window(c, L));
     }
+}
+
+// The attention part of layer L: its input kept[L].x -> h = x + o(attention(...)), keeping
+// ln1, q, k, v, the attention output and lse (and the family's extras) for the backward.
+static void attention_forward(mt_model *m, int L) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer *ly = &m->layers[L];
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int T = m->B * m->S, H = (int)c->hidden, run = !m->counting;
+    float eps = (float)c->rms_norm_eps;
+    mt_dtype adt = act_dtype(m);
+
+    if (run) mt_op_rmsnorm_forward(m, A(a->ln1), F(a->rstd1), A(kp->x), A(ly->ln1), T, H, eps);
+    if (c->mla) mt_mla_forward(m, L);
+    else attention_core(m, L);
     mt_tensor o = step_work(m, adt, T, H, 0);
     mt_prof_push2("o GEMM", "LoRA q,k,v,o");
     mt_linear_forward(&ly->o, &o, a->att, a->xa_o, NULL);

@@ -28,6 +28,7 @@ typedef struct {
     mt_tensor **w, **g;   // embedding or norm: its tensor, and its gradient when it trains
     int filled;
     int remote;           // an expert another EP rank holds: skipped unread
+    int f32;              // kept fp32 on every backend (a router buffer: model_internal.h's dtype rule)
 } slot;
 
 typedef struct {
@@ -41,6 +42,7 @@ typedef struct {
     int layer;            // the layer whose slots are being added (0 for the embedding)
     int lowest;           // the lowest layer with a trainable, counting every rank's experts
     mt_backend *cpu;      // MXFP4 experts wanted dense are dequantized on it (made when needed)
+    int mtp_skipped;      // tensors of multi-token-prediction layers, skipped unread
 } loader;
 
 static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1) {
@@ -52,11 +54,12 @@ static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, 
     return s;
 }
 
-static void dense_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1,
-                       mt_tensor **w, mt_tensor **g) {
+static slot *dense_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1,
+                        mt_tensor **w, mt_tensor **g) {
     slot *s = add_slot(ld, name, role, ndim, d0, d1);
     s->w = w, s->g = g;
     if (role == TRAINABLE) ld->lowest = MT_MIN(ld->lowest, ld->layer);
+    return s;
 }
 
 // `remote`: an expert another EP rank holds; the Linear records only what it would be there.
@@ -81,6 +84,48 @@ static int expert_chosen(const mt_model_spec *o, int L, int e) {
     return mt_index_set_contains(&o->layers, L) && mt_index_set_contains(&o->experts, e);
 }
 
+// MLA's tensors (model/weights.c mla_weights): the projections are attention Linears for
+// --quant-targets and --mode full; LoRA targets: q covers q_proj / q_a_proj / q_b_proj, k
+// kv_a_proj_with_mqa, v kv_b_proj, o o_proj (trainer/options.c also takes those names).
+static void mla_slots(loader *ld, int L, const char *p, int lora) {
+    mt_model *m = ld->m;
+    const mt_model_config *c = &m->cfg;
+    const mt_model_spec *o = &m->spec;
+    mt_layer *ly = &m->layers[L];
+    int full = o->mode == MT_MODE_FULL;
+    weight_role lin = full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN), vec = full ? TRAINABLE : FROZEN_DENSE;
+    int64_t h = c->hidden, nh = c->heads, qr = c->q_lora_rank, kvr = c->kv_lora_rank, kva = kvr + c->qk_rope_dim;
+    char n[160];
+    if (qr) {
+        snprintf(n, sizeof n, "%s.self_attn.q_a_proj", p);
+        linear_slot(ld, n, &ly->q_a, qr, h, lin, lora && (o->targets & MT_TARGET_Q), 0);
+        if (c->o_bias) {
+            snprintf(n, sizeof n, "%s.self_attn.q_a_proj.bias", p);
+            dense_slot(ld, n, vec, 1, qr, 0, &ly->bias[0], &ly->dbias[0]);
+        }
+        snprintf(n, sizeof n, "%s.self_attn.q_a_layernorm.weight", p);
+        dense_slot(ld, n, vec, 1, qr, 0, &ly->q_a_norm, &ly->dq_a_norm);
+    }
+    snprintf(n, sizeof n, "%s.self_attn.%s", p, qr ? "q_b_proj" : "q_proj");
+    linear_slot(ld, n, &ly->q, nh * c->head_dim, qr ? qr : h, lin, lora && (o->targets & MT_TARGET_Q), 0);
+    snprintf(n, sizeof n, "%s.self_attn.kv_a_proj_with_mqa", p);
+    linear_slot(ld, n, &ly->kv_a, kva, h, lin, lora && (o->targets & MT_TARGET_K), 0);
+    if (c->o_bias) {
+        snprintf(n, sizeof n, "%s.self_attn.kv_a_proj_with_mqa.bias", p);
+        dense_slot(ld, n, vec, 1, kva, 0, &ly->bias[1], &ly->dbias[1]);
+    }
+    snprintf(n, sizeof n, "%s.self_attn.kv_a_layernorm.weight", p);
+    dense_slot(ld, n, vec, 1, kvr, 0, &ly->kv_a_norm, &ly->dkv_a_norm);
+    snprintf(n, sizeof n, "%s.self_attn.kv_b_proj", p);
+    linear_slot(ld, n, &ly->kv_b, nh * (c->qk_nope_dim + c->v_head_dim), kvr, lin, lora && (o->targets & MT_TARGET_V), 0);
+    snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+    linear_slot(ld, n, &ly->o, h, nh * c->v_head_dim, lin, lora && (o->targets & MT_TARGET_O), 0);
+    if (c->o_bias) {
+        snprintf(n, sizeof n, "%s.self_attn.o_proj.bias", p);
+        dense_slot(ld, n, vec, 1, h, 0, &ly->bias[3], &ly->dbias[3]);
+    }
+}
+
 static void layer_slots(loader *ld, int L) {
     mt_model *m = ld->m;
     const mt_model_config *c = &m->cfg;
@@ -99,13 +144,14 @@ static void layer_slots(loader *ld, int L) {
         {&ly->q, "q_proj", qd, h, MT_TARGET_Q}, {&ly->k, "k_proj", kvd, h, MT_TARGET_K},
         {&ly->v, "v_proj", kvd, h, MT_TARGET_V}, {&ly->o, "o_proj", h, qd, MT_TARGET_O},
     };
-    for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++) {
+    const mt_family *fam = mt_config_family(c);
+    if (c->mla) mla_slots(ld, L, p, lora);
+    for (size_t i = 0; i < MT_ARRAY_LEN(attn) && !c->mla; i++) {
         snprintf(n, sizeof n, "%s.self_attn.%s", p, attn[i].name);
         linear_slot(ld, n, attn[i].l, attn[i].out, attn[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_ATTN),
                     lora && (o->targets & attn[i].target), 0);
     }
-    const mt_family *fam = mt_config_family(c);
-    for (size_t i = 0; i < MT_ARRAY_LEN(attn); i++)  // biases: dense, training in --mode full only
+    for (size_t i = 0; i < MT_ARRAY_LEN(attn) && !c->mla; i++)  // biases: dense, training in --mode full only
         if (i < 3 ? c->qkv_bias : c->o_bias) {
             snprintf(n, sizeof n, "%s.self_attn.%s.bias", p, attn[i].name);
             dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, attn[i].out, 0, &ly->bias[i], &ly->dbias[i]);
@@ -114,8 +160,8 @@ static void layer_slots(loader *ld, int L) {
         snprintf(n, sizeof n, "%s.self_attn.sinks", p);
         dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, c->heads, 0, &ly->sinks, &ly->dsinks);
     }
-    if (fam->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
-        int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
+    if (c->qk_norm != MT_QK_NORM_NONE) {  // [head_dim] per head, or the whole projection's width
+        int per_head = c->qk_norm == MT_QK_NORM_HEAD;
         snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
         dense_slot(ld, n, full ? TRAINABLE : FROZEN_DENSE, 1, per_head ? c->head_dim : qd, 0, &ly->qn, &ly->dqn);
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
@@ -135,7 +181,7 @@ static void layer_slots(loader *ld, int L) {
             linear_slot(ld, n, &ly->mlp[i], mp[i].out, mp[i].in, full ? TRAINABLE : frozen_role(o, MT_QTARGET_EXPERTS),
                         lora && (o->targets & mp[i].target), 0);
         }
-        if (!ly->dense) {
+        if (!ly->dense && fam->shared_gate) {
             snprintf(n, sizeof n, "%s.%s.%s", p, fam->moe_module, fam->shared_gate);
             linear_slot(ld, n, &ly->shared_gate, 1, h, full ? TRAINABLE : FROZEN_DENSE, 0, 0);
         }
@@ -149,6 +195,10 @@ static void layer_slots(loader *ld, int L) {
     if (fam->router_bias) {  // dense; trains where the router's weight does
         snprintf(n, sizeof n, "%s.%s.%s.bias", p, fam->moe_module, fam->router);
         dense_slot(ld, n, gate_trains ? TRAINABLE : FROZEN_DENSE, 1, c->experts, 0, &ly->gate_bias, &ly->dgate_bias);
+    }
+    if (fam->score_bias) {  // fp32, frozen: no gradient moves it (--router-bias-update does, by DeepSeek's rule)
+        snprintf(n, sizeof n, "%s.%s.%s.%s", p, fam->moe_module, fam->router, fam->score_bias);
+        dense_slot(ld, n, FROZEN_DENSE, 1, c->experts, 0, &ly->score_bias, NULL)->f32 = 1;
     }
     if (fam->fused_experts) {  // the fused biases, split per projection (fused_sink); full mode trains them
         int64_t bd[3] = {c->intermediate, h, c->intermediate};
@@ -223,7 +273,7 @@ static slot *find_slot(loader *ld, const char *name) {
 // the null backend), and a zeroed gradient when it trains.
 static int place_dense(loader *ld, slot *s, const void *data, mt_dtype dtype) {
     mt_backend *be = ld->m->be;
-    mt_dtype dt = ld->m->wdtype;
+    mt_dtype dt = s->f32 ? MT_F32 : ld->m->wdtype;
     mt_tensor *t = mt_tensor_new(be, s->role == TRAINABLE ? MT_MEM_TRAIN : MT_MEM_BASE, dt, s->ndim, s->shape);
     if (!t) return -1;
     if (data) {
@@ -238,7 +288,10 @@ static int place_dense(loader *ld, slot *s, const void *data, mt_dtype dtype) {
         be->ops->fill_zero(be, g->data, g->nbytes);
     }
     if (s->lin) s->lin->w = t, s->lin->dw = g;
-    else *s->w = t, *s->g = g;
+    else {
+        *s->w = t;
+        if (s->g) *s->g = g;  // NULL: a tensor that never trains (the router's score bias)
+    }
     return 0;
 }
 
@@ -472,9 +525,19 @@ static int sink(void *ctx, mt_quant_item *it) {
     return s && !s->remote ? place(ld, s, it) : 0;  // not a weight of this model (or rank): ignored
 }
 
+// A tensor of DeepSeek's multi-token-prediction layers (model.layers.N.., N = num_hidden_layers,
+// num_nextn_predict_layers of them): transformers' modeling drops them on load, and so does moetrain.
+static int mtp_tensor(const loader *ld, const char *name) {
+    const mt_model_config *c = &ld->m->cfg;
+    int L;
+    return c->mtp_layers > 0 && sscanf(name, "model.layers.%d.", &L) == 1 && L >= c->layers &&
+           L < c->layers + c->mtp_layers;
+}
+
 static int want_4bit(void *ctx, const char *name) {
     slot *s = find_slot(ctx, name);
     if (s && s->remote) return -1;
+    if (!s && mtp_tensor(ctx, name)) return ((loader *)ctx)->mtp_skipped++, -1;  // skipped unread
     return s && s->role == FROZEN_QUANT;  // trainables and dense-kept targets arrive dense
 }
 
@@ -577,6 +640,10 @@ static int finish(loader *ld) {
     if (ld->dequantized)
         mt_info("%d frozen tensors stored 4-bit were dequantized on load (--quant %s and --quant-targets keep "
                 "them dense)", ld->dequantized, mt_quant_name(o->quant));
+    if (ld->mtp_skipped)
+        mt_info("%d tensors of the checkpoint's %lld multi-token-prediction layer(s) (model.layers.%lld on) were "
+                "skipped: transformers' modeling does not use them, and moetrain trains the main model only",
+                ld->mtp_skipped, (long long)ld->m->cfg.mtp_layers, (long long)ld->m->cfg.layers);
     if (ld->other_format)
         mt_info("%d 4-bit tensors (e.g. %s) are stored in another format than --quant %s --blocksize %d asks: "
                 "used as stored (re-quantizing would compound the error)", ld->other_format, ld->other_name,
@@ -588,7 +655,7 @@ static int finish(loader *ld) {
 // or NULL. The model is refused by that part's name, on every backend, so no family ever runs
 // with a part silently left out.
 static const char *missing_part(const mt_model_config *c) {
-    if (c->clip_qkv > 0 && mt_config_family(c)->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
+    if (c->clip_qkv > 0 && c->qk_norm == MT_QK_NORM_NONE) return "clip_qkv without a q/k norm";
     return NULL;
 }
 
@@ -660,8 +727,9 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_s
 static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
-        for (int i = 0; i < 8; i++) if (ls[i]->q) visit(m, ls[i], acc);
+        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2],
+                           &ly->q_a, &ly->kv_a, &ly->kv_b};
+        for (size_t i = 0; i < MT_ARRAY_LEN(ls); i++) if (ls[i]->q) visit(m, ls[i], acc);
     }
 }
 static void largest(mt_model *m, mt_linear *l, int64_t *acc) { (void)m, *acc = MT_MAX(*acc, l->out * l->in); }
@@ -682,7 +750,7 @@ static int share_dequant_scratch(mt_model *m) {
 static int rope_table_init(mt_model *m) {
     mt_rope_params p;
     mt_rope_params_from_config(&m->cfg, &p);
-    int64_t half = m->cfg.head_dim / 2;
+    int64_t half = mt_config_rotary_dim(&m->cfg) / 2;
     m->rope_inv_freq = mt_xcalloc((size_t)(half > 0 ? half : 1), sizeof(float));
     if (mt_rope_table(&p, m->rope_inv_freq, &m->rope_scale) != 0) return -1;
     if (!gpu_step(m)) return 0;
@@ -788,6 +856,24 @@ void mt_model_placement(const mt_model *m, char *buf, size_t n) {
     }
 }
 
+int mt_layer_attn_linears(mt_layer *ly, const mt_model_config *c, mt_linear **ls, const char **names) {
+    static const char *const std[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"};
+    static const char *const mla[] = {"self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+                                      "self_attn.kv_b_proj", "self_attn.o_proj"};
+    int n = 0;
+    if (!c->mla) {
+        mt_linear *l[] = {&ly->q, &ly->k, &ly->v, &ly->o};
+        for (; n < 4; n++) ls[n] = l[n], names ? names[n] = std[n] : 0;
+        return n;
+    }
+    mt_linear *l[] = {&ly->q_a, &ly->q, &ly->kv_a, &ly->kv_b, &ly->o};
+    for (int i = c->q_lora_rank ? 0 : 1; i < 5; i++, n++) {
+        ls[n] = l[i];
+        if (names) names[n] = i == 1 && !c->q_lora_rank ? std[0] : mla[i];
+    }
+    return n;
+}
+
 mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
     if (strcmp(module, "lm_head") == 0) return &m->lm_head;
     const mt_family *fam = mt_config_family(&m->cfg);
@@ -796,9 +882,9 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module) {
     if (sscanf(module, "model.layers.%d.%95s%n", &L, rest, &n) != 2 || L < 0 || L >= m->cfg.layers)
         return NULL;
     mt_layer *ly = &m->layers[L];
-    static const char *attn[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"};
-    mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
-    for (int i = 0; i < 4; i++)
+    const char *attn[MT_ATTN_LINEARS];
+    mt_linear *al[MT_ATTN_LINEARS];
+    for (int i = 0, na = mt_layer_attn_linears(ly, &m->cfg, al, attn); i < na; i++)
         if (strcmp(rest, attn[i]) == 0) return al[i];
     char want[96], which[24];
     for (int i = 0; i < 3; i++) {  // a dense layer's MLP, or the shared expert and its gate

@@ -27,6 +27,14 @@ typedef struct mt_layer {
                                     // their gradients (full mode)
     mt_linear q, k, v, o;        // self_attn.{q,k,v,o}_proj
     mt_tensor *sinks, *dsinks;   // self_attn.sinks [heads] (gpt-oss), or NULL; gradient in full mode
+    // MLA (DeepSeek-V2/V3; docs/families.md "DeepSeek-style"): q is q_b_proj's output (in `q`) of
+    // q_a_layernorm(q_a_proj(x)), or q_proj's (in `q`) without q_lora_rank; kv_a_proj_with_mqa gives the
+    // latent and the shared rope key, kv_b_proj the heads' k_nope | v from the normed latent; o is o_proj.
+    // bias[0]: q_a_proj's, bias[1]: kv_a_proj_with_mqa's, bias[3]: o_proj's (attention_bias).
+    mt_linear q_a, kv_a, kv_b;
+    mt_tensor *q_a_norm, *kv_a_norm, *dq_a_norm, *dkv_a_norm;
+    mt_tensor *score_bias;       // the router's e_score_correction_bias [E], fp32 on every backend:
+                                 // it moves the choice (and --router-bias-update moves it), never the weight
     mt_linear gate;              // block_sparse_moe.gate, the router [E, H]
     mt_tensor *gate_bias, *dgate_bias;  // the router's bias [E] (gpt-oss), or NULL; trains with the router
     mt_tensor *ebias[3], *debias[3];    // the experts' biases (gpt-oss): w1 [E, f], w2 [E, H], w3 [E, f]
@@ -66,6 +74,9 @@ typedef struct mt_layer_acts {
     mt_tensor *v_raw;                                // clip_qkv: v_proj's output before clamping
     mt_tensor *q_raw, *k_raw;                        // q/k norm: q_proj, k_proj outputs before it
     mt_tensor *rstd_q, *rstd_k;                      // and its statistics (NULL without q/k norm)
+    mt_tensor *q_a, *q_an, *rstd_qa, *kv_a, *kv_an, *rstd_kva, *kvb;  // MLA: q_a_proj's output and its norm,
+                                                     // kv_a's [T, kvr + rope] and the latent's norm, kv_b's
+    mt_tensor *xa_qa, *xa_kva, *xa_kvb;              // their LoRA xa (NULL without LoRA)
     mt_tensor *logits, *probs, *weights;
     mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows; g, u
                                                      // on the cpu, gu on the GPU step (below)
@@ -157,6 +168,8 @@ typedef struct mt_model {
                                 // (whose grouped kernels dequantize tile by tile), shared by those
                                 // Linears (ledger: work; the dequantization buffer of docs/memory.md "Workspace")
     uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
+    double *bias_load;          // --router-bias-update: [layers × experts] tokens each expert got since the
+                                // last update (memory of `be`, doubles), or NULL
     // RoPE's frequency table (model/rope.h, from the config at build): inv_freq [head_dim/2] on the
     // host, its copy on the device for cuda (ledger: act; made but not written on the null
     // backend), and the factor on cos and sin (1 but for YaRN).
@@ -164,6 +177,12 @@ typedef struct mt_model {
     mt_tensor *rope_inv_freq_dev;
     float rope_scale;
 } mt_model;
+
+// The attention Linears of a layer and their module names under "model.layers.L.": q, k, v, o, or
+// MLA's q_a_proj (with q_lora_rank), q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_b_proj, o_proj.
+// Returns how many (at most MT_ATTN_LINEARS); names may be NULL.
+#define MT_ATTN_LINEARS 5
+int mt_layer_attn_linears(mt_layer *ly, const mt_model_config *c, mt_linear **ls, const char **names);
 
 // The EP rank that holds expert e of layer L, and whether it is this one.
 static inline int mt_expert_owner(const mt_model *m, int L, int e) { return m->owner[(int64_t)L * m->cfg.experts + e]; }

@@ -1,6 +1,7 @@
 // model/mlp.c — a SwiGLU MLP on every token: the MLP of a dense layer (Qwen's mlp_only_layers and
-// decoder_sparse_step) and the shared expert of an MoE layer (Qwen2-MoE), whose output is scaled
-// by s = sigmoid(shared_expert_gate(x)) (docs/families.md). y = down(silu(gate(x)) ⊙ up(x)).
+// decoder_sparse_step, DeepSeek's first_k_dense_replace) and the shared expert of an MoE layer,
+// whose output Qwen2-MoE scales by s = sigmoid(shared_expert_gate(x)) and DeepSeek-style families
+// add as it is (docs/families.md). y = down(silu(gate(x)) ⊙ up(x)).
 // As an expert's (model/experts.c): the cpu runs gate and up apart into g and u (the f32
 // reference); the GPU step writes them into the column blocks of gu [T, 2f] and runs the fused
 // SwiGLU over it. The counting backend makes the GPU step's allocations and runs nothing.
@@ -43,7 +44,7 @@ void mt_mlp_forward(mt_model *m, int L) {
     if (run && a->mlp_gu) mt_op_swiglu_fused_forward(m, act.data, v.gu.data, T, f);
     else if (run) mt_op_swiglu_forward(m, act.data, v.g.data, v.u.data, T * f);
     mt_linear_forward(&ly->mlp[1], a->mlp_y, &act, a->xa_mlp[1], NULL);
-    if (!ly->dense) {  // the shared expert's gate: one logit per token, then its sigmoid
+    if (ly->shared_gate.out) {  // the shared expert's gate: one logit per token, then its sigmoid
         mt_tensor sl = mt_view2(m->be, a->mlp_s->data, a->mlp_s->dtype, T, 1, 0);
         mt_linear_forward(&ly->shared_gate, &sl, a->ln2, a->xa_sgate, NULL);
         if (run) mt_op_sigmoid(m, sl.data, T);
@@ -54,7 +55,7 @@ void mt_mlp_add_output(mt_model *m, int L, mt_act *x_out) {
     if (m->counting) return;
     mt_layer_acts *a = layer_acts(m, L);
     int64_t T = (int64_t)m->B * m->S, H = m->cfg.hidden;
-    mt_op_scaled_add(m, x_out, a->mlp_y->data, m->layers[L].dense ? NULL : F(a->mlp_s), T, H);
+    mt_op_scaled_add(m, x_out, a->mlp_y->data, m->layers[L].shared_gate.out ? F(a->mlp_s) : NULL, T, H);
 }
 
 void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *dln2) {
@@ -67,7 +68,8 @@ void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *d
     int run = !m->counting;
     mt_dtype adt = act_dtype(m);
     mt_tensor dy = *dx, dsl = {0};
-    if (!ly->dense) {  // y_out = s ⊙ y: dy = s ⊙ dx, ds_logit = s (1 − s) Σ_i dx_i y_i
+    int gated = ly->shared_gate.out != 0;
+    if (gated) {  // y_out = s ⊙ y: dy = s ⊙ dx, ds_logit = s (1 − s) Σ_i dx_i y_i
         dy = step_work(m, adt, T, H, 0), dsl = step_work(m, MT_F32, T, 1, 0);
         if (run) mt_op_gate_backward(m, dy.data, F(&dsl), dx->data, a->mlp_y->data, F(a->mlp_s), T, H);
         mt_linear_backward(&ly->shared_gate, dln2, &dsl, a->ln2, a->xa_sgate, NULL);
@@ -90,5 +92,5 @@ void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *d
     mt_linear_backward(&ly->mlp[0], dln2, &dg, a->ln2, a->xa_mlp[0], NULL);
     mt_linear_backward(&ly->mlp[2], dln2, &du, a->ln2, a->xa_mlp[2], NULL);
     step_unwork(m, &da), step_unwork(m, &dgu);
-    if (!ly->dense) step_unwork(m, &dy), step_unwork(m, &dsl);
+    if (gated) step_unwork(m, &dy), step_unwork(m, &dsl);
 }

@@ -30,6 +30,16 @@ static inline mt_dtype step_dtype(const mt_model *m, mt_dtype gpu) {
 // The dtype of activations and weights: bf16 on the GPU step, f32 on the cpu.
 static inline mt_dtype act_dtype(const mt_model *m) { return step_dtype(m, MT_BF16); }
 
+// DeepSeek-style routing (model/family.h mt_route_kind): the rule of the grouped router's ops.
+static inline int grouped_router(const mt_model *m) { return mt_config_family(&m->cfg)->route != MT_ROUTE_SOFTMAX; }
+static inline moe_route_rule route_rule(const mt_model *m) {
+    const mt_model_config *c = &m->cfg;
+    int sig = mt_config_family(c)->route == MT_ROUTE_SIGMOID_GROUPED;
+    return (moe_route_rule){.sigmoid = sig, .n_group = c->route_grouped ? (int)c->n_group : 1,
+                            .topk_group = c->route_grouped ? (int)c->topk_group : 1, .group_top2 = sig,
+                            .norm_topk = c->norm_topk_prob, .scaling = (float)c->routed_scaling};
+}
+
 // A step-storage buffer as the ops see it (f32 on the cpu, bf16 on cuda): only kernels look in.
 typedef void mt_act;
 static inline mt_act *A(const mt_tensor *t) { return t ? t->data : NULL; }
@@ -149,6 +159,11 @@ void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_
 // storage is the layer's activations'), its one scratch the LoRAs' dxa [R, r] for every row.
 void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
+
+// MLA's attention (model/attention_mla.c): ln1's output -> a->att, and from the attention output's
+// gradient datt back into MLA's weights, LoRAs and dln1 (NULL: not wanted; accumulated).
+void mt_mla_forward(mt_model *m, int L);
+void mt_mla_backward(mt_model *m, int L, const mt_tensor *datt, const mt_tensor *dln1);
 
 // The dense MLP of a dense layer, or the shared expert of an MoE layer (model/mlp.c), on every
 // token of ln2: forward fills a->mlp_* (y, and s for the shared expert); add_output: x_out += y,

@@ -62,9 +62,11 @@ int mt_rope_table(const mt_rope_params *p, float *inv_freq, float *scale) {
 }
 
 void mt_rope_params_from_config(const mt_model_config *c, mt_rope_params *p) {
-    *p = (mt_rope_params){.yarn = c->rope_yarn, .hd = (int)c->head_dim, .theta = c->rope_theta, .truncate = 1};
+    // the dims RoPE turns: GLM-4.5's partial rotary, MLA's rope part (transformers' `dim`)
+    *p = (mt_rope_params){.yarn = c->rope_yarn, .hd = (int)mt_config_rotary_dim(c), .theta = c->rope_theta, .truncate = 1};
     if (c->rope_yarn) {
         p->factor = c->rope_factor, p->beta_fast = c->rope_beta_fast, p->beta_slow = c->rope_beta_slow;
+        p->mscale = c->rope_mscale, p->mscale_all_dim = c->rope_mscale_all_dim;
         p->attention_factor = c->rope_attention_factor, p->truncate = c->rope_truncate;
         p->original_max = c->rope_original_max, p->max_positions = c->max_positions;
     }

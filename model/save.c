@@ -22,17 +22,17 @@ typedef struct {
 
 static void linears_list(mt_model *m, linear_list *out) {
     const mt_model_config *c = &m->cfg;
-    size_t cap = (size_t)(c->layers * (9 + 3 * c->experts) + 1);
+    size_t cap = (size_t)(c->layers * (10 + 3 * c->experts) + 1);
     out->name = mt_xcalloc(cap, sizeof *out->name);
     out->l = mt_xcalloc(cap, sizeof *out->l);
     out->n = 0;
-    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
     const mt_family *fam = mt_config_family(c);  // the family's module names
     for (int L = 0; L < c->layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
-        for (int i = 0; i < 4; i++) {
-            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.self_attn.%s", L, attn[i]);
+        mt_linear *al[MT_ATTN_LINEARS];
+        const char *an[MT_ATTN_LINEARS];
+        for (int i = 0, na = mt_layer_attn_linears(ly, c, al, an); i < na; i++) {
+            snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s", L, an[i]);
             out->l[out->n++] = al[i];
         }
         for (int i = 0; i < 3 && ly->mlp[i].out; i++) {  // a dense layer's MLP or the shared expert
@@ -164,10 +164,11 @@ int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_n
 static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
     if (w->kind == MT_WEIGHT_EMBED) return m->dembed ? m->embed : NULL;
     if (w->kind == MT_WEIGHT_BIAS) {
-        static const char *proj[] = {".q_proj.bias", ".k_proj.bias", ".v_proj.bias", ".o_proj.bias"};
+        static const char *proj[] = {".q_proj.bias", ".k_proj.bias", ".v_proj.bias", ".o_proj.bias"},
+                          *mla[] = {".q_a_proj.bias", ".kv_a_proj_with_mqa.bias"};
         mt_layer *ly = &m->layers[w->layer];
         for (int i = 0; i < 4; i++)
-            if (strstr(w->name, proj[i])) return ly->dbias[i] ? ly->bias[i] : NULL;
+            if (strstr(w->name, proj[i]) || (i < 2 && strstr(w->name, mla[i]))) return ly->dbias[i] ? ly->bias[i] : NULL;
         return NULL;
     }
     if (w->kind == MT_WEIGHT_PARAM) {  // gpt-oss's sinks and router bias
@@ -183,6 +184,8 @@ static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
         if (strstr(w->name, ".post_attention_layernorm.")) return ly->dln2 ? ly->ln2 : NULL;
         if (strstr(w->name, ".self_attn.q_norm.")) return ly->dqn ? ly->qn : NULL;
         if (strstr(w->name, ".self_attn.k_norm.")) return ly->dkn ? ly->kn : NULL;
+        if (strstr(w->name, ".self_attn.q_a_layernorm.")) return ly->dq_a_norm ? ly->q_a_norm : NULL;
+        if (strstr(w->name, ".self_attn.kv_a_layernorm.")) return ly->dkv_a_norm ? ly->kv_a_norm : NULL;
         return NULL;
     }
     char module[128];

@@ -33,9 +33,37 @@ static mt_weight_desc *add(mt_weight_desc *list, size_t *n, mt_weight_kind kind,
     return w;
 }
 
+// MLA's attention (DeepseekV2/V3Attention): q_a_proj, q_a_layernorm, q_b_proj (or q_proj without
+// q_lora_rank), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; attention_bias gives q_a, kv_a
+// and o biases.
+static void mla_weights(const mt_model_config *c, mt_weight_desc *l, size_t *n, int L) {
+    int64_t h = c->hidden, nh = c->heads, qr = c->q_lora_rank, kva = c->kv_lora_rank + c->qk_rope_dim;
+    int b = c->o_bias;
+    const char *p = "model.layers";
+    if (qr) {
+        add(l, n, MT_WEIGHT_LINEAR, L, -1, qr, h, "%s.%d.self_attn.q_a_proj.weight", p, L);
+        if (b) add(l, n, MT_WEIGHT_BIAS, L, -1, qr, 0, "%s.%d.self_attn.q_a_proj.bias", p, L);
+        add(l, n, MT_WEIGHT_NORM, L, -1, qr, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, L);
+        add(l, n, MT_WEIGHT_LINEAR, L, -1, nh * c->head_dim, qr, "%s.%d.self_attn.q_b_proj.weight", p, L);
+    } else {
+        add(l, n, MT_WEIGHT_LINEAR, L, -1, nh * c->head_dim, h, "%s.%d.self_attn.q_proj.weight", p, L);
+    }
+    add(l, n, MT_WEIGHT_LINEAR, L, -1, kva, h, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, L);
+    if (b) add(l, n, MT_WEIGHT_BIAS, L, -1, kva, 0, "%s.%d.self_attn.kv_a_proj_with_mqa.bias", p, L);
+    add(l, n, MT_WEIGHT_NORM, L, -1, c->kv_lora_rank, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, L);
+    add(l, n, MT_WEIGHT_LINEAR, L, -1, nh * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank,
+        "%s.%d.self_attn.kv_b_proj.weight", p, L);
+    add(l, n, MT_WEIGHT_LINEAR, L, -1, h, nh * c->v_head_dim, "%s.%d.self_attn.o_proj.weight", p, L);
+    if (b) add(l, n, MT_WEIGHT_BIAS, L, -1, h, 0, "%s.%d.self_attn.o_proj.bias", p, L);
+}
+
 // The attention of layer L: q/k/v/o, their biases and the q/k norms where the family has them.
 static void attn_weights(const mt_model_config *c, mt_weight_desc *l, size_t *n, int L) {
     const mt_family *fam = mt_config_family(c);
+    if (c->mla) {
+        mla_weights(c, l, n, L);
+        return;
+    }
     int64_t h = c->hidden, q = c->heads * c->head_dim, kv = c->kv_heads * c->head_dim;
     const char *p = "model.layers";
     struct { const char *name; int64_t out, in; int bias; } proj[] = {
@@ -47,8 +75,8 @@ static void attn_weights(const mt_model_config *c, mt_weight_desc *l, size_t *n,
         if (proj[i].bias) add(l, n, MT_WEIGHT_BIAS, L, -1, proj[i].out, 0, "%s.%d.self_attn.%s.bias", p, L, proj[i].name);
     }
     if (fam->attn_sinks) add(l, n, MT_WEIGHT_PARAM, L, -1, c->heads, 0, "%s.%d.self_attn.sinks", p, L);
-    if (fam->qk_norm != MT_QK_NORM_NONE) {
-        int per_head = fam->qk_norm == MT_QK_NORM_HEAD;
+    if (c->qk_norm != MT_QK_NORM_NONE) {
+        int per_head = c->qk_norm == MT_QK_NORM_HEAD;
         add(l, n, MT_WEIGHT_NORM, L, -1, per_head ? c->head_dim : q, 0, "%s.%d.self_attn.q_norm.weight", p, L);
         add(l, n, MT_WEIGHT_NORM, L, -1, per_head ? c->head_dim : kv, 0, "%s.%d.self_attn.k_norm.weight", p, L);
     }
@@ -64,9 +92,10 @@ static void mlp_weights(mt_weight_desc *l, size_t *n, int L, int e, int64_t h, i
 
 size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
     const mt_family *fam = mt_config_family(c);
-    // Per layer at most: 2 norms, 4 Linears + 4 biases + 2 q/k norms, router, shared gate, 3
+    // Per layer at most: 2 norms, 4 Linears + 4 biases + 2 q/k norms (MLA: 10 tensors), router and
+    // its 2 biases, shared gate, 3
     // shared-expert Linears (or 3 dense ones), and 3 per expert.
-    size_t cap = 3 + (size_t)c->layers * (16 + 3 * (size_t)c->experts), n = 0;
+    size_t cap = 3 + (size_t)c->layers * (24 + 3 * (size_t)c->experts), n = 0;
     mt_weight_desc *l = mt_xcalloc(cap, sizeof *l);
     int64_t h = c->hidden;
     char mod[160];
@@ -84,6 +113,9 @@ size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
         add(l, &n, MT_WEIGHT_LINEAR, L, -1, c->experts, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->router);
         if (fam->router_bias)
             add(l, &n, MT_WEIGHT_PARAM, L, -1, c->experts, 0, "%s.%d.%s.%s.bias", p, L, fam->moe_module, fam->router);
+        if (fam->score_bias)  // a buffer, zero at init (transformers' _init_weights)
+            add(l, &n, MT_WEIGHT_BIAS, L, -1, c->experts, 0, "%s.%d.%s.%s.%s", p, L, fam->moe_module, fam->router,
+                fam->score_bias);
         if (fam->fused_experts) {  // gpt-oss: [E, H, 2f] with gate and up interleaved, [E, f, H]; biases
             int64_t E = c->experts, f = c->intermediate;
             snprintf(mod, sizeof mod, "%s.%d.%s.experts", p, L, fam->moe_module);
@@ -102,7 +134,8 @@ size_t mt_weights_list(const mt_model_config *c, mt_weight_desc **out) {
         if (fam->shared_expert) {
             snprintf(mod, sizeof mod, "%s.%d.%s.%s", p, L, fam->moe_module, fam->shared_expert);
             mlp_weights(l, &n, L, -1, h, c->shared_intermediate, fam->mlp, mod);
-            add(l, &n, MT_WEIGHT_LINEAR, L, -1, 1, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->shared_gate);
+            if (fam->shared_gate)
+                add(l, &n, MT_WEIGHT_LINEAR, L, -1, 1, h, "%s.%d.%s.%s.weight", p, L, fam->moe_module, fam->shared_gate);
         }
     }
     add(l, &n, MT_WEIGHT_NORM, -1, -1, h, 0, "model.norm.weight");

@@ -46,19 +46,29 @@ int mt_model_params(mt_model *m, mt_param **out) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.k_norm.weight", L);
             add(&l, module, ly->kn, ly->dkn);
         }
-        static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        // MLA's biases sit on q_a_proj, kv_a_proj_with_mqa and o_proj (model/mixtral.h)
+        static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"}, *mla[] = {"q_a_proj", "kv_a_proj_with_mqa"};
         for (int i = 0; i < 4; i++)
             if (ly->dbias[i]) {
-                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.bias", L, attn[i]);
+                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.bias", L,
+                         m->cfg.mla && i < 2 ? mla[i] : attn[i]);
                 add(&l, module, ly->bias[i], ly->dbias[i]);
+            }
+        mt_tensor *mn[] = {ly->q_a_norm, ly->kv_a_norm}, *dmn[] = {ly->dq_a_norm, ly->dkv_a_norm};
+        static const char *mnn[] = {"q_a_layernorm", "kv_a_layernorm"};
+        for (int i = 0; i < 2; i++)
+            if (dmn[i]) {
+                snprintf(module, sizeof module, "model.layers.%d.self_attn.%s.weight", L, mnn[i]);
+                add(&l, module, mn[i], dmn[i]);
             }
         if (ly->dsinks) {
             snprintf(module, sizeof module, "model.layers.%d.self_attn.sinks", L);
             add(&l, module, ly->sinks, ly->dsinks);
         }
-        mt_linear *al[] = {&ly->q, &ly->k, &ly->v, &ly->o};
-        for (int i = 0; i < 4; i++) {
-            snprintf(module, sizeof module, "model.layers.%d.self_attn.%s", L, attn[i]);
+        mt_linear *al[MT_ATTN_LINEARS];
+        const char *an[MT_ATTN_LINEARS];
+        for (int i = 0, na = mt_layer_attn_linears(ly, &m->cfg, al, an); i < na; i++) {
+            snprintf(module, sizeof module, "model.layers.%d.%s", L, an[i]);
             add_linear(&l, module, al[i]);
         }
         const mt_family *fam = mt_config_family(&m->cfg);  // the family's module names

@@ -183,7 +183,7 @@ static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t 
 static int64_t attn_row_bytes(const mt_model_config *cfg) {
     int64_t h = cfg->hidden, qd = cfg->heads * cfg->head_dim, h_kv = cfg->kv_heads * cfg->head_dim;
     int64_t b = 10 * h + 4 * h_kv + 4 * cfg->heads + 4;
-    mt_qk_norm qkn = mt_config_family(cfg)->qk_norm;
+    mt_qk_norm qkn = cfg->qk_norm;
     if (qkn != MT_QK_NORM_NONE) b += 2 * qd + 2 * h_kv + (qkn == MT_QK_NORM_HEAD ? 4 * (cfg->heads + cfg->kv_heads) : 8);
     if (cfg->clip_qkv > 0) b += 2 * h_kv;
     return b;
