@@ -275,7 +275,7 @@ void mt_model_free(mt_model *m) {
     mt_model_acts_free(m);
     for (int L = 0; m->layers && L < m->cfg.layers; L++) layer_free(&m->layers[L], (int)m->cfg.experts);
     free(m->layers), free(m->owner);
-    mt_tensor_free(m->dequant), mt_tensor_free(m->rope_inv_freq_dev);
+    mt_tensor_free(m->dequant), mt_tensor_free(m->rope_inv_freq_dev), mt_tensor_free(m->bias_load_t);
     free(m->rope_inv_freq);
     mt_tensor_free(m->embed), mt_tensor_free(m->dembed), mt_tensor_free(m->norm), mt_tensor_free(m->dnorm);
     mt_linear_free(&m->lm_head);

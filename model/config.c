@@ -623,6 +623,13 @@ static int read_mla(const cJSON *root, mt_model_config *cfg) {
     }
     cfg->head_dim = cfg->qk_nope_dim + cfg->qk_rope_dim;
     cfg->rotary_dim = cfg->qk_rope_dim;
+    int64_t qk = 0;  // transformers 5 saves its derived qk_head_dim too
+    if (get_int(root, "qk_head_dim", 0, cfg->head_dim, 1, M, &qk) != 0) return -1;
+    if (qk != cfg->head_dim) {
+        mt_error_set("qk_head_dim: %lld is not qk_nope_head_dim + qk_rope_head_dim (%lld)", (long long)qk,
+                     (long long)cfg->head_dim);
+        return -1;
+    }
     const mt_family *fam = mt_config_family(cfg);
     cfg->rope_interleave = fam->rope_interleave_default > 0;
     if (fam->rope_interleave_default < 0 && get_bool(root, "rope_interleave", 1, &cfg->rope_interleave) != 0) return -1;

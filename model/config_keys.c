@@ -67,7 +67,8 @@ static int family_reads(const mt_family *f, const char *key) {
     const char *deepseek[] = {"n_group", "topk_group", "routed_scaling_factor", "n_shared_experts",
                               "first_k_dense_replace", "intermediate_size", "num_nextn_predict_layers",
                               "moe_layer_freq", "topk_method", "scoring_func", "mlp_bias"};
-    const char *mla[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"};
+    const char *mla[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                         "qk_head_dim"};
     if ((ds && mt_str_in(deepseek, MT_ARRAY_LEN(deepseek), key)) || (f->mla && mt_str_in(mla, MT_ARRAY_LEN(mla), key)) ||
         (f->rope_interleave_default < 0 && strcmp(key, "rope_interleave") == 0) ||
         (f->qk_norm_flag && strcmp(key, "use_qk_norm") == 0))

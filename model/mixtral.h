@@ -169,7 +169,8 @@ typedef struct mt_model {
                                 // Linears (ledger: work; the dequantization buffer of docs/memory.md "Workspace")
     uint64_t host_syncs;        // the backend's host waits when the last step began (metrics)
     double *bias_load;          // --router-bias-update: [layers × experts] tokens each expert got since the
-                                // last update (memory of `be`, doubles), or NULL
+                                // last update (memory of `be`, doubles, bias_load_t's), or NULL
+    mt_tensor *bias_load_t;
     // RoPE's frequency table (model/rope.h, from the config at build): inv_freq [head_dim/2] on the
     // host, its copy on the device for cuda (ledger: act; made but not written on the null
     // backend), and the factor on cos and sin (1 but for YaRN).
@@ -222,6 +223,13 @@ void mt_model_free(mt_model *m);
 int mt_model_load_adapter(mt_model *m, const char *dir);
 // The Linear of a module path ("model.layers.0.block_sparse_moe.experts.3.w1"), or NULL.
 mt_linear *mt_model_find_linear(mt_model *m, const char *module);
+
+// DeepSeek-V3's aux-loss-free balancing (model/router_balance.c): start counting each expert's
+// tokens (0, or -1 for a family without e_score_correction_bias); after a step, the counts summed
+// over `ranks` (NULL: this one), every layer's bias += rate · sign(mean − load), counting restarts.
+// max_over_mean [layers] gets each layer's max/mean load of the step (0 for a dense layer).
+int mt_model_bias_balance_start(mt_model *m);
+int mt_model_bias_balance_step(mt_model *m, mt_comm *ranks, float rate, double *max_over_mean);
 
 // Outputs (model/save.c): a PEFT adapter folder of the LoRAs; the trained full-precision tensors
 // under their checkpoint names (router, unfreeze, full modes), and that file read back.

@@ -74,6 +74,9 @@ static const opt_def opt_table[] = {
     {"weight-decay", OPT_F64, F(weight_decay), 0, "AdamW decoupled weight decay"},
     {"aux-coef", OPT_F64, F(aux_coef), 0, "router aux-loss coefficient (default: config.json's)"},
     {"z-coef", OPT_F64, F(z_coef), 0, "router z-loss coefficient"},
+    {"router-bias-update", OPT_F64, F(router_bias_update), 0,
+     "after each step, e_score_correction_bias += RATE x sign(mean load - load) per expert (DeepSeek-V3's "
+     "aux-loss-free balancing; families with that bias; default 0: frozen)"},
     {"ckpt", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute"},
     {"seed", OPT_U64, F(seed), 0, "random seed"},
     {"packing", OPT_BOOL, F(packing), 0, "pack several samples per row (attention may cross them; the loss does not)"},

@@ -167,6 +167,21 @@ static void expert_load(trainer *t) {
     free(all);
 }
 
+// --router-bias-update: the step's load moves every layer's e_score_correction_bias; the worst
+// layer's max/mean load is logged at the first step and every tenth (1: balanced).
+static void balance_router(trainer *t) {
+    const mt_model_config *c = &t->m.cfg;
+    double *mm = mt_xcalloc((size_t)c->layers, sizeof(double)), worst = 0;
+    mt_model_bias_balance_step(&t->m, t->ranks > 1 ? t->world : NULL, (float)t->o->router_bias_update, mm);
+    int wl = 0;
+    for (int L = 0; L < c->layers; L++)
+        if (mm[L] > worst) worst = mm[L], wl = L;
+    if (t->rank == 0 && (t->st.step == 1 || t->st.step % 10 == 0))
+        mt_info("step %lld: router bias update %g; expert load max/mean %.3f (layer %d, the worst)",
+                (long long)t->st.step, t->o->router_bias_update, worst, wl);
+    free(mm);
+}
+
 static int save(trainer *t) {
     if (mt_checkpoint_save(t->o->out, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st,
                            t->run_id, t->world) != 0)
@@ -448,6 +463,7 @@ static int setup(trainer *t) {
         mt_model_placement(&t->m, where, sizeof where);
         mt_info("expert placement over %d EP ranks (%d DP groups): %s", o->ep, t->ranks / o->ep, where);
     }
+    if (o->router_bias_update > 0 && mt_model_bias_balance_start(&t->m) != 0) return t->fail_code = MT_EXIT_USAGE, -1;
     if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
     t->m.z_coef = (float)o->z_coef;
     // --adapter: the LoRAs start from a PEFT adapter (v4 or v5 layout; its alpha replaces --alpha);
@@ -614,6 +630,7 @@ static int run(trainer *t) {
             in_a_row = 0;
         }
         t->st.step++;
+        if (o->router_bias_update > 0) balance_router(t);
         expert_load(t);
         double dt = now_s() - t0, per_step = (now_s() - t_start) / (double)(t->st.step - first);
         mt_step_record r = {.step = t->st.step, .total = total, .loss = loss, .ce = ce, .aux = aux, .z = z,
