@@ -11,6 +11,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "moe/moe_cuda.h"
+#include "moe/router_grouped_row.h"
 
 enum {
     THREADS = 256,
@@ -18,6 +19,7 @@ enum {
     MOE_MAX_K = 16,       // choices per token in the scatters' sort
     PERMUTE_CHUNK = 256,  // assignments per warp in the counting sort
     AUX_ROWS = 256,       // rows per partial sum of the aux statistics
+    LOAD_ROWS = 256,      // rows per partial count of the router's load
     ZLOSS_ROWS = 256,     // rows (threads) per block of the z-loss partial sums
 };
 
@@ -158,6 +160,119 @@ extern "C" void router_backward_cuda(mt_backend *be, float *dlogits, const float
     cudaStream_t s = mt_cuda_begin(be);
     router_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dweights, probs, ids,
                                                                                 weights, T, E, k, norm_topk);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The DeepSeek-style router: one thread per row running moe/router_grouped_row.h, the CPU twin's
+// own code (E, k and the groups are small; ties and NaN need no cross-thread agreement).
+
+static __global__ void router_grouped_forward_kernel(int32_t *ids, float *weights, float *scores,
+                                                     const float *logits, const float *bias, int T, int E, int k,
+                                                     moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_forward(ids + t * k, weights + t * k, scores + t * E, logits + t * E, bias, E, k, r);
+}
+
+static __global__ void router_grouped_backward_kernel(float *dlogits, const float *dweights, const float *scores,
+                                                      const int32_t *ids, const float *weights, int T, int E, int k,
+                                                      moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_backward(dlogits + t * E, dweights + t * k, scores + t * E, ids + t * k, weights + t * k, E, k, r);
+}
+
+static __global__ void router_grouped_weights_kernel(float *weights, const float *scores, const int32_t *ids, int T,
+                                                     int E, int k, moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_weights(weights + t * k, scores + t * E, ids + t * k, k, r);
+}
+
+extern "C" void router_grouped_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *scores,
+                                            const float *logits, const float *bias, int T, int E, int k,
+                                            moe_route_rule rule) {
+    moe_route_rule_check("router_grouped_forward_cuda", rule, E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_forward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(ids, weights, scores, logits,
+                                                                                       bias, T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void router_grouped_backward_cuda(mt_backend *be, float *dlogits, const float *dweights,
+                                             const float *scores, const int32_t *ids, const float *weights, int T,
+                                             int E, int k, moe_route_rule rule) {
+    moe_check("router_grouped_backward_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dweights, scores,
+                                                                                        ids, weights, T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void router_grouped_weights_of_choices_cuda(mt_backend *be, float *weights, const float *scores,
+                                                       const int32_t *ids, int T, int E, int k, moe_route_rule rule) {
+    moe_check("router_grouped_weights_of_choices_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_weights_kernel<<<mt_cuda_blocks(T, THREADS, 0x7fffffffu), THREADS, 0, s>>>(weights, scores, ids,
+                                                                                               T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+// The load for the bias update. part [nchunks, E]: a chunk's LOAD_ROWS rows counted per expert,
+// thread per expert (no atomics: the aux statistics' scheme); then counts [E] += the chunks in order.
+static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, const uint8_t *mask, int T, int E,
+                                           int k) {
+    const int64_t t0 = (int64_t)blockIdx.x * LOAD_ROWS, t1 = MT_MIN((int64_t)T, t0 + LOAD_ROWS);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t n = 0;
+        for (int64_t t = t0; t < t1; t++) {
+            if (mask && !mask[t]) continue;
+            for (int j = 0; j < k; j++) n += ids[t * k + j] == e;
+        }
+        part[(int64_t)blockIdx.x * E + e] = n;
+    }
+}
+
+static __global__ void load_sum_kernel(double *counts, const int32_t *part, int nchunks, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    int64_t n = 0;
+    for (int c = 0; c < nchunks; c++) n += part[(int64_t)c * E + e];
+    counts[e] += (double)n;
+}
+
+// One block: the total load, then each bias moved by ±rate or left (router_bias_update_cpu).
+static __global__ void bias_update_kernel(float *bias, const double *counts, int E, float rate) {
+    __shared__ double red[32];
+    double s = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s += counts[e];
+    const double total = mt_block_sum(s, red);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const double c = E * counts[e];
+        bias[e] += rate * (float)((c < total) - (c > total));
+    }
+}
+
+extern "C" void router_load_accumulate_cuda(mt_backend *be, double *counts, const int32_t *ids,
+                                            const uint8_t *row_mask, int T, int E, int k) {
+    moe_check("router_load_accumulate_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int nchunks = (int)(((int64_t)T + LOAD_ROWS - 1) / LOAD_ROWS);
+    const size_t bytes = (size_t)nchunks * E * sizeof(int32_t);
+    int32_t *part = (int32_t *)mt_work_alloc(be, bytes);
+    load_partial_kernel<<<nchunks, THREADS, 0, s>>>(part, ids, row_mask, T, E, k);
+    MT_CHECK_LAUNCH();
+    load_sum_kernel<<<mt_cuda_blocks(E, THREADS), THREADS, 0, s>>>(counts, part, nchunks, E);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, part, bytes);
+}
+
+extern "C" void router_bias_update_cuda(mt_backend *be, float *bias, const double *counts, int E, float rate) {
+    moe_check("router_bias_update_cuda", E, 1);
+    cudaStream_t s = mt_cuda_begin(be);
+    bias_update_kernel<<<1, THREADS, 0, s>>>(bias, counts, E, rate);
     MT_CHECK_LAUNCH();
 }
 
