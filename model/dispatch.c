@@ -270,6 +270,26 @@ void mt_op_router_bias_update(mt_model *m, float *bias, const double *counts, in
     DISPATCH(m, router_bias_update_cpu(bias, counts, E, rate), router_bias_update_cuda(m->be, bias, counts, E, rate));
 }
 
+// The sequence-wise balance loss: acc [2] doubles of m->be += the sequences' summed losses and
+// their count (on CUDA without a host wait); the loss is α · acc[0] / acc[1].
+void mt_op_router_seq_aux_accumulate(mt_model *m, double *acc, const float *scores, const int32_t *ids,
+                                     const uint8_t *mask, int B, int S, int E, int k) {
+    PROFILED("router GEMM + top-k", 0, 4.0 * B * S * (E + k), {
+        int64_t n = 0;
+        DISPATCH(m, (acc[0] += router_seq_aux_sum_cpu(&n, scores, ids, mask, B, S, E, k), acc[1] += (double)n),
+                 router_seq_aux_accumulate_cuda(m->be, acc, scores, ids, mask, B, S, E, k));
+        (void)n;
+    });
+}
+
+void mt_op_router_seq_aux_backward(mt_model *m, float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                   const uint8_t *mask, int B, int S, int E, int k, int sigmoid) {
+    PROFILED("router GEMM (dx)", 0, 4.0 * B * S * (2 * E + k), {
+        DISPATCH(m, router_seq_aux_backward_cpu(dlogits, dscale, scores, ids, mask, B, S, E, k, sigmoid),
+                 router_seq_aux_backward_cuda(m->be, dlogits, dscale, scores, ids, mask, B, S, E, k, sigmoid));
+    });
+}
+
 // The aux statistics: m->aux on the CPU; on CUDA a device copy (m->aux_dev) that layers add to,
 // brought to m->aux once per forward (mt_op_aux_finish).
 void mt_op_aux_accumulate(mt_model *m, const float *probs, const int32_t *ids, const uint8_t *mask, int T) {

@@ -61,6 +61,19 @@ void router_bias_update_cpu(float *bias, const double *counts, int E, float rate
 // max load / mean load for a log line (1: balanced); 0 when nothing was counted.
 double router_load_max_over_mean(const double *counts, int E);
 
+// DeepSeek's sequence-wise balance loss (V2's seq_aux, V3's complementary L_Bal), one layer of
+// B sequences of S rows; rows with row_mask[t] == 0 (NULL: none) are left out. Per sequence,
+// over its n unmasked rows, with ids the recorded choices and s the router's scores:
+//   f_e = E/(k·n) · Σ_t 1[e chosen at t],  P_e = (1/n) · Σ_t s_te / Σ_e' s_te',  L_b = Σ_e f_e·P_e.
+// Returns Σ_b L_b over the sequences with a row and adds their count to *seqs: the loss is
+// α · sum / seqs (DeepSeek adds the layers' losses). A row whose scores sum to 0 adds nothing to P.
+double router_seq_aux_sum_cpu(int64_t *seqs, const float *scores, const int32_t *ids,
+                              const uint8_t *row_mask, int B, int S, int E, int k);
+// dlogits [B·S, E] += dscale · d(Σ_b L_b)/dlogits (dscale = α / seqs): f is constant; through P,
+// the per-row normalisation and the sigmoid (sigmoid = 1) or softmax, every expert's logit.
+void router_seq_aux_backward_cpu(float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                 const uint8_t *row_mask, int B, int S, int E, int k, int sigmoid);
+
 // Load-balancing aux loss (transformers' load_balancing_loss_func), over the rows of all layers
 // together: f[j,e] = mean over rows of 1[choice j = e], P_e = mean over rows of probs[e],
 // L = E · Σ_j Σ_e f[j,e] · P_e (only Σ_j f[j,e] matters, so counts are kept per expert).

@@ -277,6 +277,139 @@ extern "C" void router_bias_update_cuda(mt_backend *be, float *bias, const doubl
 }
 
 // ---------------------------------------------------------------------------------------------
+// The sequence-wise balance loss (router_seq_aux_*_cpu's sums in their orders): a block per
+// sequence counts its choices (thread per expert, no atomics) and rows; the forward adds each
+// sequence's Σ_e f_e·P_e into part [B], which one block sums into acc; the backward runs a
+// thread per row.
+
+// cnt [B, E], rows [B]
+static __global__ void seq_counts_kernel(int32_t *cnt, int32_t *rows, const int32_t *ids, const uint8_t *mask, int S,
+                                         int E, int k) {
+    const int64_t t0 = (int64_t)blockIdx.x * S;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t c = 0, n = 0;
+        for (int64_t t = t0; t < t0 + S; t++) {
+            if (mask && !mask[t]) continue;
+            n++;
+            for (int j = 0; j < k; j++) c += ids[t * k + j] == e;
+        }
+        cnt[(int64_t)blockIdx.x * E + e] = c;
+        if (e == 0) rows[blockIdx.x] = n;
+    }
+}
+
+// z [T] = Σ_e scores[t, e], in e order
+static __global__ void row_sum_kernel(float *z, const float *scores, int64_t T, int E) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float s = 0.0f;
+    for (int e = 0; e < E; e++) s += scores[t * E + e];
+    z[t] = s;
+}
+
+// part [B] = Σ_e f_e·P_e of sequence b (0 without rows); thread per expert, P over rows in order.
+static __global__ void seq_aux_partial_kernel(double *part, const int32_t *cnt, const int32_t *rows,
+                                              const float *scores, const float *z, const uint8_t *mask, int S, int E,
+                                              int k) {
+    __shared__ double red[32];
+    const int b = blockIdx.x, n = rows[b];
+    const int64_t t0 = (int64_t)b * S;
+    double L = 0.0;
+    for (int e = threadIdx.x; e < E && n > 0; e += blockDim.x) {
+        double P = 0.0;
+        for (int64_t t = t0; t < t0 + S; t++)
+            if ((!mask || mask[t]) && z[t] > 0.0f) P += scores[t * E + e] / z[t];
+        L += (double)E * cnt[(int64_t)b * E + e] / ((double)k * n) * (P / n);
+    }
+    L = mt_block_sum(L, red);
+    if (threadIdx.x == 0) part[b] = L;
+}
+
+// acc[0] += Σ_b part[b], acc[1] += the sequences with a row; one block, a fixed tree.
+static __global__ void seq_aux_sum_kernel(double *acc, const double *part, const int32_t *rows, int B) {
+    __shared__ double red[32];
+    double L = 0.0, c = 0.0;
+    for (int b = threadIdx.x; b < B; b += blockDim.x) L += part[b], c += rows[b] > 0;
+    L = mt_block_sum(L, red);
+    c = mt_block_sum(c, red);
+    if (threadIdx.x == 0) acc[0] += L, acc[1] += c;
+}
+
+// dlogits [T, E] += the row's share (router_seq_aux_backward_cpu's formulas); thread per row.
+static __global__ void seq_aux_backward_kernel(float *dlogits, float dscale, const int32_t *cnt, const int32_t *rows,
+                                               const float *scores, const uint8_t *mask, int64_t T, int S, int E,
+                                               int k, int sigmoid) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T || (mask && !mask[t])) return;
+    const int64_t b = t / S;
+    const int n = rows[b];
+    const int32_t *c = cnt + b * E;
+    const float *s = scores + t * E;
+    float *dl = dlogits + t * E;
+    float z = 0.0f, gs = 0.0f, sds = 0.0f;
+    for (int e = 0; e < E; e++) z += s[e];
+    if (n == 0 || !(z > 0.0f)) return;
+    const double gk = (double)k * n * n;
+    for (int e = 0; e < E; e++) gs += (float)(dscale * (double)E * c[e] / gk) * s[e];
+    gs /= z;
+    if (sigmoid) {
+        for (int e = 0; e < E; e++) {
+            const float g = (float)(dscale * (double)E * c[e] / gk);
+            dl[e] += (g - gs) / z * (s[e] * (1.0f - s[e]));
+        }
+        return;
+    }
+    for (int e = 0; e < E; e++) sds += ((float)(dscale * (double)E * c[e] / gk) - gs) / z * s[e];
+    for (int e = 0; e < E; e++) dl[e] += s[e] * (((float)(dscale * (double)E * c[e] / gk) - gs) / z - sds);
+}
+
+// Scratch for the counts: cnt [B, E] and rows [B], one allocation.
+static int32_t *seq_counts(mt_backend *be, cudaStream_t s, const int32_t *ids, const uint8_t *mask, int B, int S,
+                           int E, int k, size_t *bytes) {
+    *bytes = (size_t)B * (E + 1) * sizeof(int32_t);
+    int32_t *cnt = (int32_t *)mt_work_alloc(be, *bytes);
+    seq_counts_kernel<<<B, THREADS, 0, s>>>(cnt, cnt + (size_t)B * E, ids, mask, S, E, k);
+    MT_CHECK_LAUNCH();
+    return cnt;
+}
+
+extern "C" void router_seq_aux_accumulate_cuda(mt_backend *be, double *acc, const float *scores, const int32_t *ids,
+                                               const uint8_t *row_mask, int B, int S, int E, int k) {
+    moe_check("router_seq_aux_accumulate_cuda", E, k);
+    if (B <= 0 || S <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t T = (int64_t)B * S;
+    size_t cbytes, zbytes = (size_t)T * sizeof(float), pbytes = (size_t)B * sizeof(double);
+    int32_t *cnt = seq_counts(be, s, ids, row_mask, B, S, E, k, &cbytes);
+    float *z = (float *)mt_work_alloc(be, zbytes);
+    double *part = (double *)mt_work_alloc(be, pbytes);
+    row_sum_kernel<<<mt_cuda_blocks(T, THREADS, 0x7fffffffu), THREADS, 0, s>>>(z, scores, T, E);
+    MT_CHECK_LAUNCH();
+    seq_aux_partial_kernel<<<B, THREADS, 0, s>>>(part, cnt, cnt + (size_t)B * E, scores, z, row_mask, S, E, k);
+    MT_CHECK_LAUNCH();
+    seq_aux_sum_kernel<<<1, THREADS, 0, s>>>(acc, part, cnt + (size_t)B * E, B);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, part, pbytes);
+    mt_work_free(be, z, zbytes);
+    mt_work_free(be, cnt, cbytes);
+}
+
+extern "C" void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *scores,
+                                             const int32_t *ids, const uint8_t *row_mask, int B, int S, int E, int k,
+                                             int sigmoid) {
+    moe_check("router_seq_aux_backward_cuda", E, k);
+    if (B <= 0 || S <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t T = (int64_t)B * S;
+    size_t cbytes;
+    int32_t *cnt = seq_counts(be, s, ids, row_mask, B, S, E, k, &cbytes);
+    seq_aux_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(
+        dlogits, dscale, cnt, cnt + (size_t)B * E, scores, row_mask, T, S, E, k, sigmoid);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, cnt, cbytes);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Aux loss statistics on the device: the first 2E+1 of stats [MT_AUX_STATS_LEN(E)] = counts [E],
 // prob_sums [E], rows (the z-loss pair after them is moe_zloss_accumulate_cuda's).
 

@@ -36,6 +36,13 @@ void router_load_accumulate_cuda(mt_backend *be, double *counts, const int32_t *
                                  int E, int k);
 void router_bias_update_cuda(mt_backend *be, float *bias, const double *counts, int E, float rate);
 
+// The sequence-wise balance loss (router_seq_aux_*_cpu): acc [2] device doubles += the sum of
+// the sequences' losses and their count (no host wait; fetch them with the step's statistics).
+void router_seq_aux_accumulate_cuda(mt_backend *be, double *acc, const float *scores, const int32_t *ids,
+                                    const uint8_t *row_mask, int B, int S, int E, int k);
+void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *scores,
+                                  const int32_t *ids, const uint8_t *row_mask, int B, int S, int E, int k, int sigmoid);
+
 // The router's loss statistics live on the device while a step runs, as MT_AUX_STATS_LEN(E)
 // doubles: counts [E], prob_sums [E], rows [1] (the fields of moe_aux_stats), then the z-loss
 // sum [1] and its row count [1]. The caller zeroes them at the start of a step (fill_zero), each

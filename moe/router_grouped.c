@@ -82,3 +82,81 @@ double router_load_max_over_mean(const double *counts, int E) {
     for (int e = 0; e < E; e++) total += counts[e], max = counts[e] > max ? counts[e] : max;
     return total > 0.0 ? max / (total / E) : 0.0;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sequence-wise balance loss (DeepSeek-V3, section 2.1.2, eq. 17-20; DeepSeek-V2's seq_aux). The
+// CUDA twin keeps these sums' orders: row sums over e, P over rows in double.
+
+// cnt [E] = the sequence's choices per expert; returns its unmasked rows.
+static int seq_counts(int32_t *cnt, const int32_t *ids, const uint8_t *mask, int64_t t0, int S, int E, int k) {
+    int n = 0;
+    for (int e = 0; e < E; e++) cnt[e] = 0;
+    for (int64_t t = t0; t < t0 + S; t++) {
+        if (mask && !mask[t]) continue;
+        n++;
+        for (int j = 0; j < k; j++) {
+            const int32_t e = ids[t * k + j];
+            if (e >= 0 && e < E) cnt[e]++;
+        }
+    }
+    return n;
+}
+
+static float row_sum(const float *s, int E) {
+    float z = 0.0f;
+    for (int e = 0; e < E; e++) z += s[e];
+    return z;
+}
+
+double router_seq_aux_sum_cpu(int64_t *seqs, const float *scores, const int32_t *ids,
+                              const uint8_t *row_mask, int B, int S, int E, int k) {
+    int32_t cnt[1024];
+    double P[1024], total = 0.0;
+    for (int b = 0; b < B; b++) {
+        const int64_t t0 = (int64_t)b * S;
+        const int n = seq_counts(cnt, ids, row_mask, t0, S, E, k);
+        if (n == 0) continue;
+        for (int e = 0; e < E; e++) P[e] = 0.0;
+        for (int64_t t = t0; t < t0 + S; t++) {
+            if (row_mask && !row_mask[t]) continue;
+            const float *s = scores + t * E, z = row_sum(s, E);
+            if (z > 0.0f)
+                for (int e = 0; e < E; e++) P[e] += s[e] / z;
+        }
+        double L = 0.0;
+        for (int e = 0; e < E; e++) L += (double)E * cnt[e] / ((double)k * n) * (P[e] / n);
+        total += L;
+        (*seqs)++;
+    }
+    return total;
+}
+
+// With g_e = dscale · f_e / n (the gradient on s'_te) and z = Σ_e s_te:
+// ds_te = (g_e − Σ_i g_i·s_ti / z) / z; then through the sigmoid or the softmax.
+void router_seq_aux_backward_cpu(float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                 const uint8_t *row_mask, int B, int S, int E, int k, int sigmoid) {
+#pragma omp parallel for
+    for (int b = 0; b < B; b++) {
+        int32_t cnt[1024];
+        float g[1024];
+        const int64_t t0 = (int64_t)b * S;
+        const int n = seq_counts(cnt, ids, row_mask, t0, S, E, k);
+        if (n == 0) continue;
+        for (int e = 0; e < E; e++) g[e] = (float)(dscale * (double)E * cnt[e] / ((double)k * n * n));
+        for (int64_t t = t0; t < t0 + S; t++) {
+            if (row_mask && !row_mask[t]) continue;
+            const float *s = scores + t * E, z = row_sum(s, E);
+            float *dl = dlogits + t * E;
+            if (!(z > 0.0f)) continue;
+            float gs = 0.0f, sds = 0.0f;
+            for (int e = 0; e < E; e++) gs += g[e] * s[e];
+            gs /= z;
+            if (sigmoid) {
+                for (int e = 0; e < E; e++) dl[e] += (g[e] - gs) / z * (s[e] * (1.0f - s[e]));
+                continue;
+            }
+            for (int e = 0; e < E; e++) sds += (g[e] - gs) / z * s[e];
+            for (int e = 0; e < E; e++) dl[e] += s[e] * ((g[e] - gs) / z - sds);
+        }
+    }
+}

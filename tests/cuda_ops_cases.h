@@ -863,6 +863,46 @@ static co_result co_router_bias_update(mt_backend *g) {
     return r;
 }
 
+// The sequence-wise balance loss over two "layers" (B 5 sequences of 300 rows: a thread per
+// expert walks a sequence; one sequence all padding, others partly) into a start that is not
+// zero: the sum to 1e-9 (double sums of the same fp32 quotients, orders differ), the count exact;
+// then the backward (fp32) for sigmoid and softmax scores.
+static co_result co_router_seq_aux(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(91);
+    const int B = 5, S = 300, E = 16, k = 4, T = B * S;
+    size_t nl = (size_t)T * E, nk = (size_t)T * k;
+    uint8_t *mask = mt_xmalloc((size_t)T);
+    for (int t = 0; t < T; t++) mask[t] = t / S == 3 ? 0 : t % 7 != 2;
+    float *logits = co_rand(nl, -3, 3), *scores[2] = {co_rand(nl, 0, 0), co_rand(nl, 0, 0)};
+    float *w = co_rand(nk, 0, 0), *dl = co_rand(nl, -1, 1);
+    int32_t *ids[2] = {mt_xmalloc(nk * 4), mt_xmalloc(nk * 4)};
+    const moe_route_rule rules[2] = {{1, 4, 2, 1, 1, 2.5f}, {0, 1, 1, 0, 0, 1.0f}};
+    for (int i = 0; i < 2; i++) router_grouped_forward_cpu(ids[i], w, scores[i], logits, NULL, T, E, k, rules[i]);
+    double acc[2] = {0.25, 3.0}, got[2];
+    void *ACC = co_up(g, acc, sizeof acc), *M = co_up(g, mask, (size_t)T), *DL = co_up(g, dl, nl * 4);
+    void *SC[2] = {co_up(g, scores[0], nl * 4), co_up(g, scores[1], nl * 4)};
+    void *I[2] = {co_up(g, ids[0], nk * 4), co_up(g, ids[1], nk * 4)};
+    for (int i = 0; i < 2; i++) {
+        int64_t n = 0;
+        acc[0] += router_seq_aux_sum_cpu(&n, scores[i], ids[i], mask, B, S, E, k);
+        acc[1] += (double)n;
+        router_seq_aux_accumulate_cuda(g, ACC, SC[i], I[i], M, B, S, E, k);
+    }
+    co_down(g, got, ACC, sizeof got);
+    co_moe_scalar(&r, "seq aux sum (two layers, added to the start)", got[0], acc[0], 1e-9);
+    co_moe_scalar(&r, "sequences", got[1], acc[1], 0.0);
+    for (int i = 0; i < 2; i++) {
+        router_seq_aux_backward_cpu(dl, 0.01f, scores[i], ids[i], mask, B, S, E, k, rules[i].sigmoid);
+        router_seq_aux_backward_cuda(g, DL, 0.01f, SC[i], I[i], M, B, S, E, k, rules[i].sigmoid);
+    }
+    co_moe_cmp_f32(&r, g, "dlogits", DL, dl, nl, CO_MOE_TOL_F32);
+    co_free(g, ACC, sizeof acc), co_free(g, M, (size_t)T), co_free(g, DL, nl * 4);
+    for (int i = 0; i < 2; i++) co_free(g, SC[i], nl * 4), co_free(g, I[i], nk * 4), free(scores[i]), free(ids[i]);
+    free(mask), free(logits), free(w), free(dl);
+    return r;
+}
+
 // gather, gather backward, combine and combine backward on the CPU's permutation, bf16
 // activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). Outputs that
 // accumulate start non-zero; xs starts as garbage. H % 8 == 0 takes the 16-byte path, other H
@@ -1321,6 +1361,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"router grouped DeepSeek-V2 softmax E=16 4 groups max k=6", co_router_grouped_v2},
     {"router grouped sigmoid no norm E=12 6 groups k=3, bias", co_router_grouped_sigmoid_no_norm},
     {"router load and bias update (masked rows)", co_router_bias_update},
+    {"router sequence-wise balance loss (masked rows, an empty sequence)", co_router_seq_aux},
     {"aux loss (masked rows)", co_aux_loss},
     {"z-loss (masked rows)", co_zloss},
     {"permute k=2, an empty expert", co_permute_k2_empty},

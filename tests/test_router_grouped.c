@@ -416,3 +416,78 @@ Test(router_grouped, bias_update_balances_a_skewed_load) {
     cr_assert(memcmp(w, w_nobias, sizeof w) == 0);
     free(l);
 }
+
+// ---- sequence-wise balance loss -------------------------------------------------------------
+
+// B 3 sequences of S 2 rows, E 4, k 2; the scores are given, not computed:
+//   sequence 0: s = .4 .3 .2 .1 (sum 1), ids 0 1;  s = .2 .2 .6 1 (sum 2: s' = .1 .1 .3 .5), ids 3 2.
+//     Each expert chosen once: f_e = 4/(2·2)·1 = 1; P = (.25 .2 .25 .3): L = 1 (balanced).
+//   sequence 1: s = .7 .1 .1 .1, ids 0 1; its second row is padding (NaN scores, ids 0 0).
+//     n = 1: f = 4/(2·1)·(1 1 0 0) = (2 2 0 0), P = s: L = 2·.7 + 2·.1 = 1.6.
+//   sequence 2: both rows padding: not counted.
+// Sum 2.6 over 2 sequences.
+Test(router_grouped, seq_aux_hand_computed) {
+    const float s[6 * 4] = {.4f, .3f, .2f, .1f, .2f, .2f, .6f, 1.0f, .7f, .1f, .1f, .1f,
+                            NAN, NAN, NAN, NAN, .5f, .5f, .5f, .5f, .5f, .5f, .5f, .5f};
+    const int32_t ids[6 * 2] = {0, 1, 3, 2, 0, 1, 0, 0, 0, 1, 2, 3};
+    const uint8_t mask[6] = {1, 1, 1, 0, 0, 0};
+    int64_t seqs = 5;  // adds
+    const double sum = router_seq_aux_sum_cpu(&seqs, s, ids, mask, 3, 2, 4, 2);
+    cr_assert(fabs(sum - 2.6) < 1e-6, "sum %.9g, want 2.6", sum);
+    cr_assert_eq(seqs, 7);
+    float dl[6 * 4] = {0};
+    router_seq_aux_backward_cpu(dl, 1.0f, s, ids, mask, 3, 2, 4, 2, 1);
+    for (int i = 12; i < 24; i++) cr_assert_eq(dl[i], 0.0f, "padding row gradient [%d] = %g", i, dl[i]);
+    for (int i = 0; i < 12; i++) cr_assert(isfinite(dl[i]));
+}
+
+typedef struct {
+    float *l, *s, *w;
+    int32_t *ids, *ids0;
+    const uint8_t *mask;
+    int B, S, E, k;
+    moe_route_rule r;
+    float alpha;
+} seq_ctx;
+
+static double seq_objective(void *vc) {  // α · Σ_b L_b of a fresh forward; the choice must not move
+    seq_ctx *c = vc;
+    const int T = c->B * c->S;
+    router_grouped_forward_cpu(c->ids, c->w, c->s, c->l, NULL, T, c->E, c->k, c->r);
+    for (int i = 0; i < T * c->k; i++) cr_assert_eq(c->ids[i], c->ids0[i], "the perturbation changed the choice");
+    int64_t n = 0;
+    return c->alpha * router_seq_aux_sum_cpu(&n, c->s, c->ids, c->mask, c->B, c->S, c->E, c->k);
+}
+
+static void check_seq_aux_backward(moe_route_rule r, uint64_t seed) {
+    rng_seed(seed);
+    enum { B = 3, S = 4, E = 8, K = 2, T = B * S };
+    float l[T * E], s[T * E], w[T * K], dl[T * E];
+    int32_t ids[T * K], ids0[T * K];
+    const uint8_t mask[T] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0};  // a full, a padded, an empty sequence
+    for (int t = 0; t < T; t++) {  // a shuffled ladder: ±h moves no choice
+        float *row = l + t * E;
+        for (int e = 0; e < E; e++) row[e] = 0.4f * (e - E / 2.0f);
+        for (int e = E - 1; e > 0; e--) {
+            int j = (int)rng_uniform(0.0f, (float)e + 0.999f);
+            float tmp = row[e];
+            row[e] = row[j], row[j] = tmp;
+        }
+        for (int e = 0; e < E; e++) row[e] += rng_uniform(-0.1f, 0.1f);
+    }
+    router_grouped_forward_cpu(ids0, w, s, l, NULL, T, E, K, r);
+    for (int i = 0; i < T * E; i++) dl[i] = 0.25f;
+    router_seq_aux_backward_cpu(dl, 0.7f, s, ids0, mask, B, S, E, K, r.sigmoid);
+    for (int i = 0; i < T * E; i++) dl[i] -= 0.25f;
+    seq_ctx ctx = {l, s, w, ids, ids0, mask, B, S, E, K, r, 0.7f};
+    const double gmax = fd_max_abs(dl, T * E);
+    fd_report rep = fd_check_f32(seq_objective, &ctx, l, dl, T * E, 1e-2f, 0.02 * gmax);
+    cr_assert(gmax > 0.01, "gradients too small to test (%g)", gmax);
+    cr_assert(rep.worst < 2e-3, "sigmoid=%d: " FD_FMT, r.sigmoid, FD_ARGS(rep));
+    for (int i = 5 * E; i < 6 * E; i++) cr_assert_eq(dl[i], 0.0f, "a padding row has a gradient");
+}
+
+Test(router_grouped, seq_aux_backward_finite_differences) {
+    check_seq_aux_backward(v3_rule(2, 1, 2.5f), 51);  // sigmoid: the per-row normalisation matters
+    check_seq_aux_backward(v2_rule(1, 1, 1.0f), 52);  // softmax
+}
