@@ -69,10 +69,12 @@ MT_RG_FN uint64_t rg_kept_groups(const float *s, const float *bias, int E, moe_r
 }
 
 // id [k] = the top-k choice scores among the kept groups' experts, highest first, ties to the
-// lower index. The other experts are out entirely (transformers 5.x and DeepSeek's own code mask
-// them with -inf; transformers 4.57's DeepseekV3 masked with 0.0, which lets a masked expert in
-// when a kept one scores below 0). O(k·E): choice j is the best expert ranked strictly below
-// choice j-1. NaN choice scores order nothing: the lowest kept experts unused fill in.
+// lower index. The other experts are out entirely, as transformers 5.x's V3/GLM and DeepSeek's
+// own code mask them with -inf (transformers 4.57's DeepseekV3 masked with 0.0, which lets a
+// masked expert in when a kept one's biased score is below 0; 5.x's DeepseekV2 still masks its
+// softmax scores with 0.0: the same choice, k being at most the kept experts, unless a kept score
+// underflows to 0). O(k·E): choice j is the best expert ranked strictly below choice j-1. NaN
+// choice scores order nothing: the lowest kept experts unused fill in.
 MT_RG_FN void rg_choose(int32_t *id, const float *s, const float *bias, uint64_t kept, int E, int k, int G) {
     const int n = E / G;
     for (int j = 0; j < k; j++) {
