@@ -230,6 +230,66 @@ void mt_op_weights_of_choices(mt_model *m, float *weights, const float *probs, c
     });
 }
 
+// The DeepSeek-style router (moe/moe.h): the rule is the caller's (from the config), bias its
+// fp32 e_score_correction_bias or NULL. Profiled under the softmax router's names.
+void mt_op_router_grouped_forward(mt_model *m, int32_t *ids, float *weights, float *scores, const float *logits,
+                                  const float *bias, int T, int E, int k, moe_route_rule rule) {
+    PROFILED("router GEMM + top-k", 0, 4.0 * 2 * T * E + 8.0 * T * k, {
+        DISPATCH(m, router_grouped_forward_cpu(ids, weights, scores, logits, bias, T, E, k, rule),
+                 router_grouped_forward_cuda(m->be, ids, weights, scores, logits, bias, T, E, k, rule));
+    });
+}
+
+void mt_op_router_grouped_backward(mt_model *m, float *dlogits, const float *dweights, const float *scores,
+                                   const int32_t *ids, const float *weights, int T, int E, int k, moe_route_rule rule) {
+    PROFILED("router GEMM (dx)", 0, 4.0 * 3 * T * E + 8.0 * T * k, {
+        DISPATCH(m, router_grouped_backward_cpu(dlogits, dweights, scores, ids, weights, T, E, k, rule),
+                 router_grouped_backward_cuda(m->be, dlogits, dweights, scores, ids, weights, T, E, k, rule));
+    });
+}
+
+void mt_op_router_grouped_weights_of_choices(mt_model *m, float *weights, const float *scores, const int32_t *ids,
+                                             int T, int E, int k, moe_route_rule rule) {
+    PROFILED("router GEMM + top-k", 0, 4.0 * T * E + 8.0 * T * k, {
+        DISPATCH(m, router_grouped_weights_of_choices_cpu(weights, scores, ids, T, E, k, rule),
+                 router_grouped_weights_of_choices_cuda(m->be, weights, scores, ids, T, E, k, rule));
+    });
+}
+
+// The bias update's load, counts [E] doubles of m->be (zeroed by the caller at a step's start),
+// and the update itself (after the counts are summed over ranks).
+void mt_op_router_load_accumulate(mt_model *m, double *counts, const int32_t *ids, const uint8_t *mask, int T, int E,
+                                  int k) {
+    PROFILED("router GEMM + top-k", 0, 4.0 * T * k + 8.0 * E, {
+        DISPATCH(m, router_load_accumulate_cpu(counts, ids, mask, T, E, k),
+                 router_load_accumulate_cuda(m->be, counts, ids, mask, T, E, k));
+    });
+}
+
+void mt_op_router_bias_update(mt_model *m, float *bias, const double *counts, int E, float rate) {
+    DISPATCH(m, router_bias_update_cpu(bias, counts, E, rate), router_bias_update_cuda(m->be, bias, counts, E, rate));
+}
+
+// The sequence-wise balance loss: acc [2] doubles of m->be += the sequences' summed losses and
+// their count (on CUDA without a host wait); the loss is α · acc[0] / acc[1].
+void mt_op_router_seq_aux_accumulate(mt_model *m, double *acc, const float *scores, const int32_t *ids,
+                                     const uint8_t *mask, int B, int S, int E, int k) {
+    PROFILED("router GEMM + top-k", 0, 4.0 * B * S * (E + k), {
+        int64_t n = 0;
+        DISPATCH(m, (acc[0] += router_seq_aux_sum_cpu(&n, scores, ids, mask, B, S, E, k), acc[1] += (double)n),
+                 router_seq_aux_accumulate_cuda(m->be, acc, scores, ids, mask, B, S, E, k));
+        (void)n;
+    });
+}
+
+void mt_op_router_seq_aux_backward(mt_model *m, float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                   const uint8_t *mask, int B, int S, int E, int k, int sigmoid) {
+    PROFILED("router GEMM (dx)", 0, 4.0 * B * S * (2 * E + k), {
+        DISPATCH(m, router_seq_aux_backward_cpu(dlogits, dscale, scores, ids, mask, B, S, E, k, sigmoid),
+                 router_seq_aux_backward_cuda(m->be, dlogits, dscale, scores, ids, mask, B, S, E, k, sigmoid));
+    });
+}
+
 // The aux statistics: m->aux on the CPU; on CUDA a device copy (m->aux_dev) that layers add to,
 // brought to m->aux once per forward (mt_op_aux_finish).
 void mt_op_aux_accumulate(mt_model *m, const float *probs, const int32_t *ids, const uint8_t *mask, int T) {

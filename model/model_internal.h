@@ -106,6 +106,23 @@ void mt_op_router_backward(mt_model *m, float *dlogits, const float *dweights, c
                            const int32_t *ids, const float *weights, int T, int E, int k);
 void mt_op_weights_of_choices(mt_model *m, float *weights, const float *probs, const int32_t *ids, int T, int E,
                               int k);
+// The DeepSeek-style router (moe/moe.h, moe_route_rule); bias fp32 [E] or NULL. counts [E]:
+// doubles of m->be, the load of the bias update (zeroed by the caller).
+void mt_op_router_grouped_forward(mt_model *m, int32_t *ids, float *weights, float *scores, const float *logits,
+                                  const float *bias, int T, int E, int k, moe_route_rule rule);
+void mt_op_router_grouped_backward(mt_model *m, float *dlogits, const float *dweights, const float *scores,
+                                   const int32_t *ids, const float *weights, int T, int E, int k, moe_route_rule rule);
+void mt_op_router_grouped_weights_of_choices(mt_model *m, float *weights, const float *scores, const int32_t *ids,
+                                             int T, int E, int k, moe_route_rule rule);
+void mt_op_router_load_accumulate(mt_model *m, double *counts, const int32_t *ids, const uint8_t *mask, int T, int E,
+                                  int k);
+void mt_op_router_bias_update(mt_model *m, float *bias, const double *counts, int E, float rate);
+// The sequence-wise balance loss (moe/moe.h): acc [2] doubles of m->be += Σ of the sequences'
+// losses, their count; the backward's dscale = α / count.
+void mt_op_router_seq_aux_accumulate(mt_model *m, double *acc, const float *scores, const int32_t *ids,
+                                     const uint8_t *mask, int B, int S, int E, int k);
+void mt_op_router_seq_aux_backward(mt_model *m, float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                   const uint8_t *mask, int B, int S, int E, int k, int sigmoid);
 void mt_op_aux_start(mt_model *m);
 void mt_op_aux_accumulate(mt_model *m, const float *probs, const int32_t *ids, const uint8_t *mask, int T);
 void mt_op_aux_finish(mt_model *m);

@@ -21,6 +21,59 @@ void router_forward_cpu(int32_t *ids, float *weights, float *probs, const float 
 void router_backward_cpu(float *dlogits, const float *dweights, const float *probs,
                          const int32_t *ids, const float *weights, int T, int E, int k, int norm_topk);
 
+// DeepSeek-style router (moe/router_grouped.c; transformers' DeepseekV3TopkRouter,
+// Glm4MoeTopkRouter, DeepseekV2TopkRouter): scores = sigmoid(logits) or softmax over E; the
+// choice score = score + bias (e_score_correction_bias, fp32; NULL: none); with groups, only the
+// experts of the best topk_group groups may be chosen; ids = top-k of the choice score, highest
+// first, ties to the lower index (groups likewise); weights = the UNBIASED scores of the chosen
+// experts, divided by (their sum + 1e-20) when norm_topk, times scaling.
+typedef struct moe_route_rule {
+    int sigmoid;              // 1: sigmoid (DeepSeek-V3, GLM-4.5); 0: softmax over E (DeepSeek-V2)
+    int n_group, topk_group;  // group-limited choice; n_group <= 1: none. E % n_group == 0
+    int group_top2;           // group score: sum of the group's top-2 choice scores (V3/GLM); 0: the max (V2)
+    int norm_topk;            // weights /= (sum + 1e-20) (V3/GLM with norm_topk_prob; V2 never)
+    float scaling;            // routed_scaling_factor
+} moe_route_rule;
+enum { MOE_ROUTE_MAX_GROUPS = 64 };
+// Exits with a message unless the rule fits E and k: 1 ≤ k ≤ E ≤ 1024; with groups
+// (n_group > 1): n_group ≤ 64, E % n_group == 0, 1 ≤ topk_group ≤ n_group, k ≤ the experts of
+// topk_group groups, and groups of 2 or more for group_top2.
+void moe_route_rule_check(const char *what, moe_route_rule rule, int E, int k);
+// logits [T, E] → scores [T, E] (unbiased), ids [T, k], weights [T, k]
+void router_grouped_forward_cpu(int32_t *ids, float *weights, float *scores, const float *logits,
+                                const float *bias, int T, int E, int k, moe_route_rule rule);
+// dlogits [T, E] += the gradient through weights (dweights [T, k]); the choice and the bias are
+// constant. Sigmoid: only the chosen experts' logits; softmax: all of them.
+void router_grouped_backward_cpu(float *dlogits, const float *dweights, const float *scores,
+                                 const int32_t *ids, const float *weights, int T, int E, int k,
+                                 moe_route_rule rule);
+// Replay: weights [T, k] of the recorded ids from fresh scores [T, E] (the forward's last step).
+void router_grouped_weights_of_choices_cpu(float *weights, const float *scores, const int32_t *ids,
+                                           int T, int E, int k, moe_route_rule rule);
+
+// DeepSeek-V3's auxiliary-loss-free balancing. counts [E] += the unmasked rows (row_mask[t] != 0;
+// NULL: all) that chose e; ids outside [0, E) are not counted.
+void router_load_accumulate_cpu(double *counts, const int32_t *ids, const uint8_t *row_mask, int T,
+                                int E, int k);
+// After a step: bias[e] += rate · sign(mean load − counts[e]) (sign(0) = 0). counts are the
+// step's, over every rank (sum them first).
+void router_bias_update_cpu(float *bias, const double *counts, int E, float rate);
+// max load / mean load for a log line (1: balanced); 0 when nothing was counted.
+double router_load_max_over_mean(const double *counts, int E);
+
+// DeepSeek's sequence-wise balance loss (V2's seq_aux, V3's complementary L_Bal), one layer of
+// B sequences of S rows; rows with row_mask[t] == 0 (NULL: none) are left out. Per sequence,
+// over its n unmasked rows, with ids the recorded choices and s the router's scores:
+//   f_e = E/(k·n) · Σ_t 1[e chosen at t],  P_e = (1/n) · Σ_t s_te / Σ_e' s_te',  L_b = Σ_e f_e·P_e.
+// Returns Σ_b L_b over the sequences with a row and adds their count to *seqs: the loss is
+// α · sum / seqs (DeepSeek adds the layers' losses). A row whose scores sum to 0 adds nothing to P.
+double router_seq_aux_sum_cpu(int64_t *seqs, const float *scores, const int32_t *ids,
+                              const uint8_t *row_mask, int B, int S, int E, int k);
+// dlogits [B·S, E] += dscale · d(Σ_b L_b)/dlogits (dscale = α / seqs): f is constant; through P,
+// the per-row normalisation and the sigmoid (sigmoid = 1) or softmax, every expert's logit.
+void router_seq_aux_backward_cpu(float *dlogits, float dscale, const float *scores, const int32_t *ids,
+                                 const uint8_t *row_mask, int B, int S, int E, int k, int sigmoid);
+
 // Load-balancing aux loss (transformers' load_balancing_loss_func), over the rows of all layers
 // together: f[j,e] = mean over rows of 1[choice j = e], P_e = mean over rows of probs[e],
 // L = E · Σ_j Σ_e f[j,e] · P_e (only Σ_j f[j,e] matters, so counts are kept per expert).

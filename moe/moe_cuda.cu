@@ -11,6 +11,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "moe/moe_cuda.h"
+#include "moe/router_grouped_row.h"
 
 enum {
     THREADS = 256,
@@ -18,6 +19,7 @@ enum {
     MOE_MAX_K = 16,       // choices per token in the scatters' sort
     PERMUTE_CHUNK = 256,  // assignments per warp in the counting sort
     AUX_ROWS = 256,       // rows per partial sum of the aux statistics
+    LOAD_ROWS = 256,      // rows per partial count of the router's load
     ZLOSS_ROWS = 256,     // rows (threads) per block of the z-loss partial sums
 };
 
@@ -159,6 +161,252 @@ extern "C" void router_backward_cuda(mt_backend *be, float *dlogits, const float
     router_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dweights, probs, ids,
                                                                                 weights, T, E, k, norm_topk);
     MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The DeepSeek-style router: one thread per row running moe/router_grouped_row.h, the CPU twin's
+// own code (E, k and the groups are small; ties and NaN need no cross-thread agreement).
+
+static __global__ void router_grouped_forward_kernel(int32_t *ids, float *weights, float *scores,
+                                                     const float *logits, const float *bias, int T, int E, int k,
+                                                     moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_forward(ids + t * k, weights + t * k, scores + t * E, logits + t * E, bias, E, k, r);
+}
+
+static __global__ void router_grouped_backward_kernel(float *dlogits, const float *dweights, const float *scores,
+                                                      const int32_t *ids, const float *weights, int T, int E, int k,
+                                                      moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_backward(dlogits + t * E, dweights + t * k, scores + t * E, ids + t * k, weights + t * k, E, k, r);
+}
+
+static __global__ void router_grouped_weights_kernel(float *weights, const float *scores, const int32_t *ids, int T,
+                                                     int E, int k, moe_route_rule r) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t < T) rg_weights(weights + t * k, scores + t * E, ids + t * k, k, r);
+}
+
+extern "C" void router_grouped_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *scores,
+                                            const float *logits, const float *bias, int T, int E, int k,
+                                            moe_route_rule rule) {
+    moe_route_rule_check("router_grouped_forward_cuda", rule, E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_forward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(ids, weights, scores, logits,
+                                                                                       bias, T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void router_grouped_backward_cuda(mt_backend *be, float *dlogits, const float *dweights,
+                                             const float *scores, const int32_t *ids, const float *weights, int T,
+                                             int E, int k, moe_route_rule rule) {
+    moe_check("router_grouped_backward_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(dlogits, dweights, scores,
+                                                                                        ids, weights, T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void router_grouped_weights_of_choices_cuda(mt_backend *be, float *weights, const float *scores,
+                                                       const int32_t *ids, int T, int E, int k, moe_route_rule rule) {
+    moe_check("router_grouped_weights_of_choices_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    router_grouped_weights_kernel<<<mt_cuda_blocks(T, THREADS, 0x7fffffffu), THREADS, 0, s>>>(weights, scores, ids,
+                                                                                               T, E, k, rule);
+    MT_CHECK_LAUNCH();
+}
+
+// The load for the bias update. part [nchunks, E]: a chunk's LOAD_ROWS rows counted per expert,
+// thread per expert (no atomics: the aux statistics' scheme); then counts [E] += the chunks in order.
+static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, const uint8_t *mask, int T, int E,
+                                           int k) {
+    const int64_t t0 = (int64_t)blockIdx.x * LOAD_ROWS, t1 = MT_MIN((int64_t)T, t0 + LOAD_ROWS);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t n = 0;
+        for (int64_t t = t0; t < t1; t++) {
+            if (mask && !mask[t]) continue;
+            for (int j = 0; j < k; j++) n += ids[t * k + j] == e;
+        }
+        part[(int64_t)blockIdx.x * E + e] = n;
+    }
+}
+
+static __global__ void load_sum_kernel(double *counts, const int32_t *part, int nchunks, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    int64_t n = 0;
+    for (int c = 0; c < nchunks; c++) n += part[(int64_t)c * E + e];
+    counts[e] += (double)n;
+}
+
+// One block: the total load, then each bias moved by ±rate or left (router_bias_update_cpu).
+static __global__ void bias_update_kernel(float *bias, const double *counts, int E, float rate) {
+    __shared__ double red[32];
+    double s = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s += counts[e];
+    const double total = mt_block_sum(s, red);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const double c = E * counts[e];
+        bias[e] += rate * (float)((c < total) - (c > total));
+    }
+}
+
+extern "C" void router_load_accumulate_cuda(mt_backend *be, double *counts, const int32_t *ids,
+                                            const uint8_t *row_mask, int T, int E, int k) {
+    moe_check("router_load_accumulate_cuda", E, k);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int nchunks = (int)(((int64_t)T + LOAD_ROWS - 1) / LOAD_ROWS);
+    const size_t bytes = (size_t)nchunks * E * sizeof(int32_t);
+    int32_t *part = (int32_t *)mt_work_alloc(be, bytes);
+    load_partial_kernel<<<nchunks, THREADS, 0, s>>>(part, ids, row_mask, T, E, k);
+    MT_CHECK_LAUNCH();
+    load_sum_kernel<<<mt_cuda_blocks(E, THREADS), THREADS, 0, s>>>(counts, part, nchunks, E);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, part, bytes);
+}
+
+extern "C" void router_bias_update_cuda(mt_backend *be, float *bias, const double *counts, int E, float rate) {
+    moe_check("router_bias_update_cuda", E, 1);
+    cudaStream_t s = mt_cuda_begin(be);
+    bias_update_kernel<<<1, THREADS, 0, s>>>(bias, counts, E, rate);
+    MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sequence-wise balance loss (router_seq_aux_*_cpu's sums in their orders): a block per
+// sequence counts its choices (thread per expert, no atomics) and rows; the forward adds each
+// sequence's Σ_e f_e·P_e into part [B], which one block sums into acc; the backward runs a
+// thread per row.
+
+// cnt [B, E], rows [B]
+static __global__ void seq_counts_kernel(int32_t *cnt, int32_t *rows, const int32_t *ids, const uint8_t *mask, int S,
+                                         int E, int k) {
+    const int64_t t0 = (int64_t)blockIdx.x * S;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t c = 0, n = 0;
+        for (int64_t t = t0; t < t0 + S; t++) {
+            if (mask && !mask[t]) continue;
+            n++;
+            for (int j = 0; j < k; j++) c += ids[t * k + j] == e;
+        }
+        cnt[(int64_t)blockIdx.x * E + e] = c;
+        if (e == 0) rows[blockIdx.x] = n;
+    }
+}
+
+// z [T] = Σ_e scores[t, e], in e order
+static __global__ void row_sum_kernel(float *z, const float *scores, int64_t T, int E) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float s = 0.0f;
+    for (int e = 0; e < E; e++) s += scores[t * E + e];
+    z[t] = s;
+}
+
+// part [B] = Σ_e f_e·P_e of sequence b (0 without rows); thread per expert, P over rows in order.
+static __global__ void seq_aux_partial_kernel(double *part, const int32_t *cnt, const int32_t *rows,
+                                              const float *scores, const float *z, const uint8_t *mask, int S, int E,
+                                              int k) {
+    __shared__ double red[32];
+    const int b = blockIdx.x, n = rows[b];
+    const int64_t t0 = (int64_t)b * S;
+    double L = 0.0;
+    for (int e = threadIdx.x; e < E && n > 0; e += blockDim.x) {
+        double P = 0.0;
+        for (int64_t t = t0; t < t0 + S; t++)
+            if ((!mask || mask[t]) && z[t] > 0.0f) P += scores[t * E + e] / z[t];
+        L += (double)E * cnt[(int64_t)b * E + e] / ((double)k * n) * (P / n);
+    }
+    L = mt_block_sum(L, red);
+    if (threadIdx.x == 0) part[b] = L;
+}
+
+// acc[0] += Σ_b part[b], acc[1] += the sequences with a row; one block, a fixed tree.
+static __global__ void seq_aux_sum_kernel(double *acc, const double *part, const int32_t *rows, int B) {
+    __shared__ double red[32];
+    double L = 0.0, c = 0.0;
+    for (int b = threadIdx.x; b < B; b += blockDim.x) L += part[b], c += rows[b] > 0;
+    L = mt_block_sum(L, red);
+    c = mt_block_sum(c, red);
+    if (threadIdx.x == 0) acc[0] += L, acc[1] += c;
+}
+
+// dlogits [T, E] += the row's share (router_seq_aux_backward_cpu's formulas); thread per row.
+static __global__ void seq_aux_backward_kernel(float *dlogits, float dscale, const int32_t *cnt, const int32_t *rows,
+                                               const float *scores, const uint8_t *mask, int64_t T, int S, int E,
+                                               int k, int sigmoid) {
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= T || (mask && !mask[t])) return;
+    const int64_t b = t / S;
+    const int n = rows[b];
+    const int32_t *c = cnt + b * E;
+    const float *s = scores + t * E;
+    float *dl = dlogits + t * E;
+    float z = 0.0f, gs = 0.0f, sds = 0.0f;
+    for (int e = 0; e < E; e++) z += s[e];
+    if (n == 0 || !(z > 0.0f)) return;
+    const double gk = (double)k * n * n;
+    for (int e = 0; e < E; e++) gs += (float)(dscale * (double)E * c[e] / gk) * s[e];
+    gs /= z;
+    if (sigmoid) {
+        for (int e = 0; e < E; e++) {
+            const float g = (float)(dscale * (double)E * c[e] / gk);
+            dl[e] += (g - gs) / z * (s[e] * (1.0f - s[e]));
+        }
+        return;
+    }
+    for (int e = 0; e < E; e++) sds += ((float)(dscale * (double)E * c[e] / gk) - gs) / z * s[e];
+    for (int e = 0; e < E; e++) dl[e] += s[e] * (((float)(dscale * (double)E * c[e] / gk) - gs) / z - sds);
+}
+
+// Scratch for the counts: cnt [B, E] and rows [B], one allocation.
+static int32_t *seq_counts(mt_backend *be, cudaStream_t s, const int32_t *ids, const uint8_t *mask, int B, int S,
+                           int E, int k, size_t *bytes) {
+    *bytes = (size_t)B * (E + 1) * sizeof(int32_t);
+    int32_t *cnt = (int32_t *)mt_work_alloc(be, *bytes);
+    seq_counts_kernel<<<B, THREADS, 0, s>>>(cnt, cnt + (size_t)B * E, ids, mask, S, E, k);
+    MT_CHECK_LAUNCH();
+    return cnt;
+}
+
+extern "C" void router_seq_aux_accumulate_cuda(mt_backend *be, double *acc, const float *scores, const int32_t *ids,
+                                               const uint8_t *row_mask, int B, int S, int E, int k) {
+    moe_check("router_seq_aux_accumulate_cuda", E, k);
+    if (B <= 0 || S <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t T = (int64_t)B * S;
+    size_t cbytes, zbytes = (size_t)T * sizeof(float), pbytes = (size_t)B * sizeof(double);
+    int32_t *cnt = seq_counts(be, s, ids, row_mask, B, S, E, k, &cbytes);
+    float *z = (float *)mt_work_alloc(be, zbytes);
+    double *part = (double *)mt_work_alloc(be, pbytes);
+    row_sum_kernel<<<mt_cuda_blocks(T, THREADS, 0x7fffffffu), THREADS, 0, s>>>(z, scores, T, E);
+    MT_CHECK_LAUNCH();
+    seq_aux_partial_kernel<<<B, THREADS, 0, s>>>(part, cnt, cnt + (size_t)B * E, scores, z, row_mask, S, E, k);
+    MT_CHECK_LAUNCH();
+    seq_aux_sum_kernel<<<1, THREADS, 0, s>>>(acc, part, cnt + (size_t)B * E, B);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, part, pbytes);
+    mt_work_free(be, z, zbytes);
+    mt_work_free(be, cnt, cbytes);
+}
+
+extern "C" void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *scores,
+                                             const int32_t *ids, const uint8_t *row_mask, int B, int S, int E, int k,
+                                             int sigmoid) {
+    moe_check("router_seq_aux_backward_cuda", E, k);
+    if (B <= 0 || S <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t T = (int64_t)B * S;
+    size_t cbytes;
+    int32_t *cnt = seq_counts(be, s, ids, row_mask, B, S, E, k, &cbytes);
+    seq_aux_backward_kernel<<<mt_cuda_blocks(T, 128, 0x7fffffffu), 128, 0, s>>>(
+        dlogits, dscale, cnt, cnt + (size_t)B * E, scores, row_mask, T, S, E, k, sigmoid);
+    MT_CHECK_LAUNCH();
+    mt_work_free(be, cnt, cbytes);
 }
 
 // ---------------------------------------------------------------------------------------------

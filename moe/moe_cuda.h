@@ -21,6 +21,28 @@ void router_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *pr
 void router_backward_cuda(mt_backend *be, float *dlogits, const float *dweights, const float *probs,
                           const int32_t *ids, const float *weights, int T, int E, int k, int norm_topk);
 
+// The DeepSeek-style router (moe/moe.h, moe_route_rule): the CPU twin's per-row code
+// (moe/router_grouped_row.h), a thread per row. bias [E] (fp32, device) or NULL.
+void router_grouped_forward_cuda(mt_backend *be, int32_t *ids, float *weights, float *scores, const float *logits,
+                                 const float *bias, int T, int E, int k, moe_route_rule rule);
+void router_grouped_backward_cuda(mt_backend *be, float *dlogits, const float *dweights, const float *scores,
+                                  const int32_t *ids, const float *weights, int T, int E, int k, moe_route_rule rule);
+void router_grouped_weights_of_choices_cuda(mt_backend *be, float *weights, const float *scores, const int32_t *ids,
+                                            int T, int E, int k, moe_route_rule rule);
+// The bias update's load: counts [E] device doubles += the unmasked rows choosing e (no host
+// wait; zero them at the start of a step); then the update from the device counts. Download the
+// counts (or sum them over ranks) only for a log line.
+void router_load_accumulate_cuda(mt_backend *be, double *counts, const int32_t *ids, const uint8_t *row_mask, int T,
+                                 int E, int k);
+void router_bias_update_cuda(mt_backend *be, float *bias, const double *counts, int E, float rate);
+
+// The sequence-wise balance loss (router_seq_aux_*_cpu): acc [2] device doubles += the sum of
+// the sequences' losses and their count (no host wait; fetch them with the step's statistics).
+void router_seq_aux_accumulate_cuda(mt_backend *be, double *acc, const float *scores, const int32_t *ids,
+                                    const uint8_t *row_mask, int B, int S, int E, int k);
+void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, float dscale, const float *scores,
+                                  const int32_t *ids, const uint8_t *row_mask, int B, int S, int E, int k, int sigmoid);
+
 // The router's loss statistics live on the device while a step runs, as MT_AUX_STATS_LEN(E)
 // doubles: counts [E], prob_sums [E], rows [1] (the fields of moe_aux_stats), then the z-loss
 // sum [1] and its row count [1]. The caller zeroes them at the start of a step (fill_zero), each

@@ -629,6 +629,86 @@ static co_result co_router(mt_backend *g, int T, int E, int k, int norm) {
     return r;
 }
 
+// The DeepSeek-style router (router_grouped_*_cuda) against its CPU twin. The twin's per-row
+// code is the kernel's, so only expf (CUDA's is within 2 ulp of glibc's) and contracted
+// multiply-adds in the backward differ: scores, weights and dlogits to CUDA_OPS_TOL, ids exact.
+// For ids to be exact on a GPU no two choice scores (or group scores) of a random row may be
+// within an expf rounding of each other: rows with any pair closer than 1e-5 relative are drawn
+// again (exactly equal values come from equal inputs and are equal on both sides). Row 0 is all
+// equal (exact ties: the bias's order, or the lower index), row 1 a ladder with two equal maxima
+// (drawn again where the bias brings two choices close). The bias is a shuffled ladder 0.01 apart.
+static int co_grouped_row_apart(const float *l, const float *bias, int E, moe_route_rule r) {
+    double c[1024], gs[64], m = -INFINITY, sum = 0.0;
+    for (int e = 0; e < E; e++) m = fmax(m, l[e]);
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - m);
+    for (int e = 0; e < E; e++)
+        c[e] = (r.sigmoid ? 1.0 / (1.0 + exp(-(double)l[e])) : exp((double)l[e] - m) / sum) + (bias ? bias[e] : 0.0);
+    const int G = r.n_group > 1 ? r.n_group : 1, n = E / G;
+    for (int g = 0; g < G; g++) {
+        double a = -INFINITY, b = -INFINITY;
+        for (int e = g * n; e < (g + 1) * n; e++) {
+            if (c[e] > a) b = a, a = c[e];
+            else if (c[e] > b) b = c[e];
+        }
+        gs[g] = r.group_top2 ? a + b : a;
+    }
+    // equal values come from equal inputs: the same on both sides
+    for (int a = 0; a < E; a++)
+        for (int b = 0; b < a; b++)
+            if (c[a] != c[b] && fabs(c[a] - c[b]) <= 1e-5 * fmax(fabs(c[a]), fabs(c[b]))) return 0;
+    for (int a = 0; a < G; a++)
+        for (int b = 0; b < a; b++)
+            if (gs[a] != gs[b] && fabs(gs[a] - gs[b]) <= 1e-5 * fmax(fabs(gs[a]), fabs(gs[b]))) return 0;
+    return 1;
+}
+
+static co_result co_router_grouped(mt_backend *g, int T, int E, int k, moe_route_rule rule, int with_bias,
+                                   uint64_t seed) {
+    co_result r = co_begin();
+    co_seed(seed);
+    size_t nl = (size_t)T * E, nk = (size_t)T * k;
+    float *bias = NULL;
+    if (with_bias) {
+        bias = co_rand((size_t)E, 0, 0);
+        for (int e = 0; e < E; e++) bias[e] = 0.01f * (float)e - 0.005f * (float)E;
+        for (int e = E - 1; e > 0; e--) {
+            int j = co_int(e + 1);
+            float t = bias[e];
+            bias[e] = bias[j], bias[j] = t;
+        }
+    }
+    float *logits = co_rand(nl, 0, 0);
+    for (int t = 0; t < T; t++) {
+        float *l = logits + (size_t)t * E;
+        for (int e = 0; e < E; e++) l[e] = t == 0 ? 0.5f : -3.0f + 6.0f * (float)e / (float)E;
+        if (t == 1) l[1] = l[2] = 4.0f;
+        for (int fresh = t > 1; fresh || !co_grouped_row_apart(l, bias, E, rule); fresh = 0)
+            for (int e = 0; e < E; e++) l[e] = co_uniform(-3, 3);
+    }
+    float *scores = co_rand(nl, 0, 0), *w = co_rand(nk, 0, 0), *w2 = co_rand(nk, 0, 0);
+    float *dw = co_rand(nk, -1, 1), *dl = co_rand(nl, -1, 1);
+    int32_t *ids = mt_xmalloc(nk * 4);
+    void *LG = co_up(g, logits, nl * 4), *S = co_up(g, NULL, nl * 4), *W = co_up(g, NULL, nk * 4);
+    void *W2 = co_up(g, NULL, nk * 4), *I = co_up(g, NULL, nk * 4), *DW = co_up(g, dw, nk * 4);
+    void *DL = co_up(g, dl, nl * 4), *B = bias ? co_up(g, bias, (size_t)E * 4) : NULL;
+    router_grouped_forward_cpu(ids, w, scores, logits, bias, T, E, k, rule);
+    router_grouped_backward_cpu(dl, dw, scores, ids, w, T, E, k, rule);
+    router_grouped_weights_of_choices_cpu(w2, scores, ids, T, E, k, rule);
+    router_grouped_forward_cuda(g, I, W, S, LG, B, T, E, k, rule);
+    router_grouped_backward_cuda(g, DL, DW, S, I, W, T, E, k, rule);
+    router_grouped_weights_of_choices_cuda(g, W2, S, I, T, E, k, rule);
+    co_cmp_dev(&r, g, "scores", S, scores, nl);
+    co_cmp_dev(&r, g, "weights", W, w, nk);
+    co_cmp_dev(&r, g, "replayed weights", W2, w2, nk);
+    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
+    co_cmp_dev_i32(&r, g, "ids", I, ids, nk);
+    co_free(g, LG, nl * 4), co_free(g, S, nl * 4), co_free(g, W, nk * 4), co_free(g, W2, nk * 4);
+    co_free(g, I, nk * 4), co_free(g, DW, nk * 4), co_free(g, DL, nl * 4);
+    if (B) co_free(g, B, (size_t)E * 4);
+    free(bias), free(logits), free(scores), free(w), free(w2), free(dw), free(dl), free(ids);
+    return r;
+}
+
 // Aux loss over two "layers" with a row mask: statistics, loss and backward.
 static co_result co_aux_loss(mt_backend *g) {
     co_result r = co_begin();
@@ -748,6 +828,78 @@ static co_result co_permute(mt_backend *g, int T, int E, int k, int empty, int o
     co_cmp_dev_i32(&r, g, "counts", C, cnt, (size_t)E);
     co_free(g, I, (size_t)n * 4), co_free(g, O, (size_t)n * 4), co_free(g, OF, (size_t)(E + 1) * 4), co_free(g, C, (size_t)E * 4);
     free(ids), free(order), free(off), free(cnt);
+    return r;
+}
+
+// The bias update's load over two "layers" of ids with a row mask (700 rows: three full chunks
+// and a part) into counts that start non-zero, then the update: counts and bias exact (whole
+// numbers; ±rate or nothing).
+static co_result co_router_bias_update(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(71);
+    const int T = 700, E = 16, k = 4;
+    int32_t *ids[2] = {co_ids(T, E, k, 3, 0), co_ids(T, E, k, -1, 0)};
+    uint8_t mask[700];
+    for (int t = 0; t < T; t++) mask[t] = t % 5 != 2;
+    double counts[16];
+    float *bias = co_rand((size_t)E, -0.1f, 0.1f), *bias_gpu = co_rand((size_t)E, 0, 0);
+    for (int e = 0; e < E; e++) counts[e] = (double)(e % 3);  // a step already under way
+    void *C = co_up(g, counts, sizeof counts), *B = co_up(g, bias, (size_t)E * 4), *M = co_up(g, mask, (size_t)T);
+    void *I[2] = {co_up(g, ids[0], (size_t)T * k * 4), co_up(g, ids[1], (size_t)T * k * 4)};
+    for (int layer = 0; layer < 2; layer++) {
+        router_load_accumulate_cpu(counts, ids[layer], layer ? NULL : mask, T, E, k);
+        router_load_accumulate_cuda(g, C, I[layer], layer ? NULL : M, T, E, k);
+    }
+    double got[16];
+    co_down(g, got, C, sizeof got);
+    for (int e = 0; e < E; e++) co_moe_scalar(&r, "counts", got[e], counts[e], 0.0);
+    router_bias_update_cpu(bias, counts, E, 0.001f);
+    router_bias_update_cuda(g, B, C, E, 0.001f);
+    co_down(g, bias_gpu, B, (size_t)E * 4);
+    for (int e = 0; e < E; e++) co_moe_scalar(&r, "bias", bias_gpu[e], bias[e], 0.0);
+    co_free(g, C, sizeof counts), co_free(g, B, (size_t)E * 4), co_free(g, M, (size_t)T);
+    for (int i = 0; i < 2; i++) co_free(g, I[i], (size_t)T * k * 4), free(ids[i]);
+    free(bias), free(bias_gpu);
+    return r;
+}
+
+// The sequence-wise balance loss over two "layers" (B 5 sequences of 300 rows: a thread per
+// expert walks a sequence; one sequence all padding, others partly) into a start that is not
+// zero: the sum to 1e-9 (double sums of the same fp32 quotients, orders differ), the count exact;
+// then the backward (fp32) for sigmoid and softmax scores.
+static co_result co_router_seq_aux(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(91);
+    const int B = 5, S = 300, E = 16, k = 4, T = B * S;
+    size_t nl = (size_t)T * E, nk = (size_t)T * k;
+    uint8_t *mask = mt_xmalloc((size_t)T);
+    for (int t = 0; t < T; t++) mask[t] = t / S == 3 ? 0 : t % 7 != 2;
+    float *logits = co_rand(nl, -3, 3), *scores[2] = {co_rand(nl, 0, 0), co_rand(nl, 0, 0)};
+    float *w = co_rand(nk, 0, 0), *dl = co_rand(nl, -1, 1);
+    int32_t *ids[2] = {mt_xmalloc(nk * 4), mt_xmalloc(nk * 4)};
+    const moe_route_rule rules[2] = {{1, 4, 2, 1, 1, 2.5f}, {0, 1, 1, 0, 0, 1.0f}};
+    for (int i = 0; i < 2; i++) router_grouped_forward_cpu(ids[i], w, scores[i], logits, NULL, T, E, k, rules[i]);
+    double acc[2] = {0.25, 3.0}, got[2];
+    void *ACC = co_up(g, acc, sizeof acc), *M = co_up(g, mask, (size_t)T), *DL = co_up(g, dl, nl * 4);
+    void *SC[2] = {co_up(g, scores[0], nl * 4), co_up(g, scores[1], nl * 4)};
+    void *I[2] = {co_up(g, ids[0], nk * 4), co_up(g, ids[1], nk * 4)};
+    for (int i = 0; i < 2; i++) {
+        int64_t n = 0;
+        acc[0] += router_seq_aux_sum_cpu(&n, scores[i], ids[i], mask, B, S, E, k);
+        acc[1] += (double)n;
+        router_seq_aux_accumulate_cuda(g, ACC, SC[i], I[i], M, B, S, E, k);
+    }
+    co_down(g, got, ACC, sizeof got);
+    co_moe_scalar(&r, "seq aux sum (two layers, added to the start)", got[0], acc[0], 1e-9);
+    co_moe_scalar(&r, "sequences", got[1], acc[1], 0.0);
+    for (int i = 0; i < 2; i++) {
+        router_seq_aux_backward_cpu(dl, 0.01f, scores[i], ids[i], mask, B, S, E, k, rules[i].sigmoid);
+        router_seq_aux_backward_cuda(g, DL, 0.01f, SC[i], I[i], M, B, S, E, k, rules[i].sigmoid);
+    }
+    co_moe_cmp_f32(&r, g, "dlogits", DL, dl, nl, CO_MOE_TOL_F32);
+    co_free(g, ACC, sizeof acc), co_free(g, M, (size_t)T), co_free(g, DL, nl * 4);
+    for (int i = 0; i < 2; i++) co_free(g, SC[i], nl * 4), co_free(g, I[i], nk * 4), free(scores[i]), free(ids[i]);
+    free(mask), free(logits), free(w), free(dl);
     return r;
 }
 
@@ -1137,6 +1289,15 @@ static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); 
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
 static co_result co_router_k1(mt_backend *g) { return co_router(g, 50, 8, 1, 0); }
 static co_result co_router_e64_k8(mt_backend *g) { return co_router(g, 40, 64, 8, 1); }
+static moe_route_rule co_rule(int sigmoid, int n_group, int topk_group, int top2, int norm, float scaling) {
+    return (moe_route_rule){sigmoid, n_group, topk_group, top2, norm, scaling};
+}
+static co_result co_router_grouped_v3(mt_backend *g) { return co_router_grouped(g, 60, 64, 8, co_rule(1, 8, 4, 1, 1, 2.5f), 1, 81); }
+static co_result co_router_grouped_glm(mt_backend *g) { return co_router_grouped(g, 60, 32, 4, co_rule(1, 1, 1, 1, 1, 1.0f), 1, 82); }
+static co_result co_router_grouped_v2(mt_backend *g) { return co_router_grouped(g, 60, 16, 6, co_rule(0, 4, 2, 0, 0, 16.0f), 0, 83); }
+static co_result co_router_grouped_sigmoid_no_norm(mt_backend *g) {
+    return co_router_grouped(g, 40, 12, 3, co_rule(1, 6, 3, 1, 0, 1.5f), 1, 84);
+}
 static co_result co_permute_k2_empty(mt_backend *g) { return co_permute(g, 300, 8, 2, 5, 0, 31); }
 static co_result co_permute_k1(mt_backend *g) { return co_permute(g, 700, 8, 1, -1, 0, 32); }
 static co_result co_permute_one_expert(mt_backend *g) { return co_permute(g, 200, 8, 1, -1, 1, 33); }
@@ -1195,6 +1356,12 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"router k=2 ties", co_router_k2},
     {"router k=1 no norm", co_router_k1},
     {"router E=64 k=8", co_router_e64_k8},
+    {"router grouped DeepSeek-V3 E=64 8 groups top-4 k=8, bias", co_router_grouped_v3},
+    {"router grouped GLM-4.5 E=32 k=4 no groups, bias", co_router_grouped_glm},
+    {"router grouped DeepSeek-V2 softmax E=16 4 groups max k=6", co_router_grouped_v2},
+    {"router grouped sigmoid no norm E=12 6 groups k=3, bias", co_router_grouped_sigmoid_no_norm},
+    {"router load and bias update (masked rows)", co_router_bias_update},
+    {"router sequence-wise balance loss (masked rows, an empty sequence)", co_router_seq_aux},
     {"aux loss (masked rows)", co_aux_loss},
     {"z-loss (masked rows)", co_zloss},
     {"permute k=2, an empty expert", co_permute_k2_empty},
