@@ -13,6 +13,7 @@ static const struct {
 } dtype_info[MT_DTYPE_COUNT] = {
     [MT_F32] = {"f32", 32}, [MT_BF16] = {"bf16", 16}, [MT_F16] = {"f16", 16}, [MT_U8] = {"u8", 8},
     [MT_I32] = {"i32", 32}, [MT_I64] = {"i64", 64},   [MT_Q4] = {"q4", 4},
+    [MT_F8_E4M3] = {"f8_e4m3", 8}, [MT_F8_E5M2] = {"f8_e5m2", 8},
 };
 
 const char *mt_dtype_name(mt_dtype t) { return t < MT_DTYPE_COUNT ? dtype_info[t].name : "?"; }
@@ -58,6 +59,25 @@ uint16_t mt_f32_to_f16(float f) {
     return sign | (uint16_t)h;
 }
 
+float mt_f8e4m3_to_f32(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80) << 24, exp = (b >> 3) & 15, man = b & 7;
+    union { uint32_t u; float f; } v;
+    if (exp == 0) {  // zero or subnormal: man · 2^-9, exact
+        v.f = (float)man * 0x1p-9f;
+        v.u |= sign;
+    } else {  // S.1111.111 is the only NaN: exponent 255 with the mantissa carried, as torch does
+        v.u = sign | (exp == 15 && man == 7 ? 0x7f800000u : (exp + 120) << 23) | man << 20;
+    }
+    return v.f;
+}
+
+float mt_f8e5m2_to_f32(uint8_t b) {
+    float f = mt_f16_to_f32((uint16_t)(b << 8));
+    union { uint32_t u; float f; } v = {.f = f};
+    if (isnan(f)) v.u |= 0x00400000u;  // quiet, as torch's cast
+    return v.f;
+}
+
 // Element i of src, by memcpy: sources may be mmapped safetensors data, which has no alignment
 // guarantee (a 4-bit checkpoint's U8 parts leave the next tensor at any offset).
 static float load_one(const void *src, mt_dtype t, size_t i) {
@@ -68,6 +88,8 @@ static float load_one(const void *src, mt_dtype t, size_t i) {
     case MT_F32: memcpy(&f, p + 4 * i, 4); return f;
     case MT_BF16: memcpy(&h, p + 2 * i, 2); return mt_bf16_to_f32(h);
     case MT_F16: memcpy(&h, p + 2 * i, 2); return mt_f16_to_f32(h);
+    case MT_F8_E4M3: return mt_f8e4m3_to_f32((uint8_t)p[i]);
+    case MT_F8_E5M2: return mt_f8e5m2_to_f32((uint8_t)p[i]);
     default: mt_fatal(MT_EXIT_ERROR, "mt_convert: unsupported source dtype %s", mt_dtype_name(t));
     }
 }

@@ -15,6 +15,8 @@ typedef enum {
     MT_I32,
     MT_I64,
     MT_Q4,  // packed 4-bit codes, two per byte (even element in the high nibble, as bitsandbytes)
+    MT_F8_E4M3,  // float8 e4m3fn (safetensors F8_E4M3): read only, as block-FP8 checkpoints store weights
+    MT_F8_E5M2,  // float8 e5m2 (safetensors F8_E5M2): read only
     MT_DTYPE_COUNT
 } mt_dtype;
 
@@ -40,8 +42,13 @@ static inline uint16_t mt_f32_to_bf16(float f) {
 }
 float mt_f16_to_f32(uint16_t h);
 uint16_t mt_f32_to_f16(float f);
+// float8 -> f32, exact, the bits torch's .to(torch.float32) gives. e4m3fn: sign, 4 exponent bits
+// (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN (its mantissa kept, 0x7ff00000),
+// largest ±448, subnormals m·2^-9. e5m2: the top byte of an f16 (infinities; NaNs quiet).
+float mt_f8e4m3_to_f32(uint8_t b);
+float mt_f8e5m2_to_f32(uint8_t b);
 
-// Convert n elements between f32/bf16/f16 buffers (src and dst may not overlap).
+// Convert n elements between f32/bf16/f16 buffers (src and dst may not overlap); f8 sources too.
 void mt_convert(void *dst, mt_dtype dst_t, const void *src, mt_dtype src_t, size_t n);
 
 #ifdef __cplusplus

@@ -49,6 +49,8 @@ const char *mt_st_dtype_of(mt_dtype t) {
     case MT_U8: return "U8";
     case MT_I32: return "I32";
     case MT_I64: return "I64";
+    case MT_F8_E4M3: return "F8_E4M3";
+    case MT_F8_E5M2: return "F8_E5M2";
     default: return NULL;  // MT_Q4 has no safetensors dtype: bitsandbytes stores it as U8
     }
 }

@@ -92,7 +92,8 @@ int mt_st_write_sharded(const char *dir, const mt_st_entry *entries, size_t n,
 // dtype string -> bits per element; -1 for an unknown dtype.
 int mt_st_dtype_bits(const char *dtype);
 // MT_F32 -> "F32", MT_BF16 -> "BF16", MT_F16 -> "F16", MT_U8 -> "U8", MT_I32 -> "I32",
-// MT_I64 -> "I64"; NULL for a type with no safetensors name (MT_Q4 is stored as U8).
+// MT_I64 -> "I64", MT_F8_E4M3 -> "F8_E4M3", MT_F8_E5M2 -> "F8_E5M2"; NULL for a type with no
+// safetensors name (MT_Q4 is stored as U8).
 const char *mt_st_dtype_of(mt_dtype t);
 // "F32" / "BF16" / "F16" -> the float dtype moetrain computes with; -1 (no error set) otherwise.
 int mt_st_float_dtype(const char *dtype, mt_dtype *out);

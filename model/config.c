@@ -771,6 +771,40 @@ static int read_dtype(const cJSON *root, mt_model_config *cfg) {
     return 0;
 }
 
+// quant_method "fp8": DeepSeek-V3's and Kimi K2's block FP8 (docs/formats.md "Block FP8").
+// Absent fields take FineGrainedFP8Config's defaults; modules_to_not_convert needs no reading
+// (each weight's stored dtype says whether it is FP8); anything else is refused by name.
+static int read_fp8(const cJSON *q, mt_model_config *cfg) {
+    cfg->fp8_block[0] = cfg->fp8_block[1] = 128;
+    for (const cJSON *c = q->child; c; c = c->next) {
+        const char *k = c->string, *want = NULL;
+        if (strcmp(k, "quant_method") == 0 || strcmp(k, "modules_to_not_convert") == 0) continue;
+        if (strcmp(k, "fmt") == 0) {
+            if (!cJSON_IsString(c) || strcmp(c->valuestring, "e4m3") != 0) want = "\"e4m3\"";
+        } else if (strcmp(k, "activation_scheme") == 0) {
+            if (!cJSON_IsString(c) || strcmp(c->valuestring, "dynamic") != 0) want = "\"dynamic\"";
+        } else if (strcmp(k, "weight_block_size") == 0) {
+            int n = 0;
+            for (const cJSON *d = cJSON_IsArray(c) ? c->child : NULL; d; d = d->next, n++) {
+                double v = cJSON_IsNumber(d) ? d->valuedouble : 0;
+                if (n < 2 && v >= 1 && v <= SIZE_MAX_VALUE && v == floor(v)) cfg->fp8_block[n] = (int)v;
+                else n = 3;
+            }
+            if (n != 2) want = "two positive integers [rows, cols]";
+        } else {
+            mt_error_set("%.40s: not understood with quant_method fp8", k);
+            return -1;
+        }
+        if (want) {
+            char *v = cJSON_PrintUnformatted(c);
+            mt_error_set("%.40s: %.60s is not supported (expected %s)", k, v ? v : "?", want);
+            free(v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 // quantization_config of a pre-quantized bitsandbytes 4-bit checkpoint (docs/formats.md "Serialized quant_state").
 static int read_quant(const cJSON *q, mt_model_config *cfg) {
     const char *method, *type, *storage;
@@ -795,8 +829,9 @@ static int read_quant(const cJSON *q, mt_model_config *cfg) {
         cfg->mxfp4 = 1;
         return 0;
     }
+    if (method && strcmp(method, "fp8") == 0) return read_fp8(q, cfg);
     if (method && strcmp(method, "bitsandbytes") != 0) {
-        mt_error_set("quant_method: unsupported method '%.40s' (bitsandbytes 4-bit, or mxfp4)", method);
+        mt_error_set("quant_method: unsupported method '%.40s' (bitsandbytes 4-bit, mxfp4 or fp8)", method);
         return -1;
     }
     if (in8 || in8_private) {
@@ -1390,6 +1425,18 @@ static void emit_quant(strbuf *b, int *first, const mt_model_config *c) {
     sb_printf(b, "\n  }");
 }
 
+// The block-FP8 quantization_config as DeepSeek-V3's config.json has it.
+static void emit_fp8(strbuf *b, int *first, const mt_model_config *c) {
+    emit_key(b, 2, first, "quantization_config");
+    sb_printf(b, "{");
+    int f = 1;
+    emit_str(b, 4, &f, "activation_scheme", "dynamic");
+    emit_str(b, 4, &f, "fmt", "e4m3");
+    emit_str(b, 4, &f, "quant_method", "fp8");
+    emit_key(b, 4, &f, "weight_block_size");
+    sb_printf(b, "[\n      %d,\n      %d\n    ]\n  }", c->fp8_block[0], c->fp8_block[1]);
+}
+
 static void emit_bool(strbuf *b, int *first, const char *key, int v) { emit_raw(b, 2, first, key, v ? "true" : "false"); }
 
 // Keys in sorted order, each where the family has it (model/family.h); the values round-trip
@@ -1467,6 +1514,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
                      "\"model.layers.*.mlp.router\",\n      \"model.embed_tokens\",\n      \"lm_head\"\n    ],\n"
                      "    \"quant_method\": \"mxfp4\"\n  }");
     }
+    if (c->fp8_block[0]) emit_fp8(b, &f, c);
     emit_float(b, 2, &f, "rms_norm_eps", c->rms_norm_eps);
     if (fam->rope_interleave_default < 0) emit_bool(b, &f, "rope_interleave", c->rope_interleave);
     if (c->rope_yarn) {  // transformers 4's rope_scaling, every field written

@@ -77,6 +77,8 @@ typedef struct mt_model_config {
     char quant_type[8];      // "nf4" / "fp4"
     int double_quant;        // bnb_4bit_use_double_quant
     int mxfp4;               // quant_method "mxfp4" (gpt-oss): the experts stored as *_blocks / *_scales
+    int fp8_block[2];        // quant_method "fp8" (DeepSeek-V3, Kimi K2): weight_block_size [rows, cols]
+                             // of the F8_E4M3 weights' scales; {0, 0}: not a block-FP8 checkpoint
 } mt_model_config;
 
 // Reads `path` (a config.json, or a folder holding one). 0, or -1 with an error that names the

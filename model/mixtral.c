@@ -544,7 +544,8 @@ static int want_4bit(void *ctx, const char *name) {
 static int load_checkpoint(loader *ld, const char *dir) {
     const mt_model_spec *o = &ld->m->spec;
     mt_quant_load_opts q = {.type = o->quant, .blocksize = o->quant_blocksize, .double_quant = o->double_quant,
-                            .targets = o->quant_targets, .want = want_4bit, .want_ctx = ld};
+                            .targets = o->quant_targets, .want = want_4bit, .want_ctx = ld,
+                            .fp8_block = {ld->m->cfg.fp8_block[0], ld->m->cfg.fp8_block[1]}};
     return mt_quant_load(dir, ld->m->be, &q, sink, ld);
 }
 

@@ -1,6 +1,6 @@
 // quant/load.c — bnb-4bit import (docs/formats.md "Serialized quant_state") and quantize-on-load: a checkpoint streamed
 // tensor by tensor, targets quantized one at a time, each tensor's mmapped pages dropped once
-// it is done.
+// it is done. Block-FP8 weights are dequantized to f32 first (quant/fp8.c), then loaded as dense.
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -101,6 +101,7 @@ void mt_quant_load_opts_default(mt_quant_load_opts *o) {
     o->targets = MT_QTARGET_DEFAULT;
     o->want = NULL;
     o->want_ctx = NULL;
+    o->fp8_block[0] = o->fp8_block[1] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,11 +364,22 @@ void mt_quant_item_to_f32(const mt_quant_item *it, float *dst) {
 
 static int st_dtype(const mt_st_tensor *t, mt_dtype *out) {
     if (mt_st_float_dtype(t->dtype, out) != 0) {
-        mt_error_set("'%s': wrong dtype %s (a checkpoint tensor must be F32, BF16 or F16, or a "
-                     "bitsandbytes 4-bit weight with its quant_state)", t->name, t->dtype);
+        mt_error_set("'%s': wrong dtype %s (a checkpoint tensor must be F32, BF16 or F16, a bitsandbytes "
+                     "4-bit weight with its quant_state, or an F8_E4M3 weight with its weight_scale_inv)",
+                     t->name, t->dtype);
         return -1;
     }
     return 0;
+}
+
+// A block-FP8 scale that sits beside a weight not stored FP8: a half-converted checkpoint.
+static int stray_fp8_scale(const mt_st_model *m, const mt_st_tensor *t) {
+    char sname[600];
+    snprintf(sname, sizeof sname, "%.580s_scale_inv", t->name);
+    if (!mt_st_model_find(m, sname)) return 0;
+    mt_error_set("%s: tensor '%s': stored %s, yet '%s' is there as if it were F8_E4M3", m->files[t->file_index].path,
+                 t->name, t->dtype, sname);
+    return -1;
 }
 
 // One tensor (not a part) of the checkpoint, to the sink. *cpu is a lazily made cpu backend for
@@ -407,14 +419,22 @@ static int load_one(const mt_st_model *m, const mt_st_tensor *t, mt_backend *be,
         }
     } else {
         mt_dtype dt;
-        if (st_dtype(t, &dt) != 0) return -1;
+        const void *data = t->data;
+        if (strcmp(t->dtype, "F8_E4M3") == 0) {  // block FP8: from here on an f32 weight like any other
+            if (!(dense = mt_fp8_dequantize_tensor(m, t, o->fp8_block))) return -1;
+            data = dense, dt = MT_F32;
+        } else if (st_dtype(t, &dt) != 0 || stray_fp8_scale(m, t) != 0) {
+            return -1;
+        }
         if (want && t->ndim == 2) {
-            if (mt_qweight_quantize_from(&q, be, t->name, t->data, dt, t->shape[0], t->shape[1], o->type,
-                                         o->blocksize, o->double_quant, mt_quant_drop_pages) != 0)
+            if (mt_qweight_quantize_from(&q, be, t->name, data, dt, t->shape[0], t->shape[1], o->type, o->blocksize,
+                                         o->double_quant, dense ? NULL : mt_quant_drop_pages) != 0) {
+                free(dense);
                 return -1;
+            }
             it.q = &q;
         } else {
-            it.data = t->data;
+            it.data = data;
             it.dtype = dt;
         }
     }
@@ -475,6 +495,13 @@ int mt_quant_load(const char *dir, mt_backend *be, const mt_quant_load_opts *opt
                 break;
             }
             size_t len = strlen(t->name);
+            if (ends_with(t->name, ".weight_scale_inv") && len < sizeof base) {  // block FP8: read with its weight
+                snprintf(base, sizeof base, "%.*s", (int)(len - strlen("_scale_inv")), t->name);
+                if (mt_st_model_find(&m, base)) continue;
+                mt_error_set("%s: tensor '%s': a block-FP8 scale without its weight '%s'", file->path, t->name, base);
+                rc = -1;
+                break;
+            }
             if (ends_with(t->name, "_scales") && len < sizeof base) {  // MXFP4: read with its blocks
                 snprintf(base, sizeof base, "%.*s_blocks", (int)(len - 7), t->name);
                 if (mt_st_model_find(&m, base)) continue;

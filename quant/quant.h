@@ -54,6 +54,17 @@ void mt_int4_dequantize_ref(const uint8_t *packed, const uint16_t *scale, const 
 void mt_mxfp4_quantize_ref(const float *x, int64_t n, uint8_t *packed, uint8_t *scales);
 void mt_mxfp4_dequantize_ref(const uint8_t *packed, const uint8_t *scales, int64_t i0, int64_t i1, float *y);
 
+// Block FP8 (quant/fp8.c; docs/formats.md "Block FP8"), read only: y [out, in] = e4m3(w[i][j]) ·
+// scale_inv[i / br][j / bc], one fp32 rounding (transformers' dequantization); scale_inv is
+// [ceil(out / br), ceil(in / bc)], a ragged edge using its edge block's scale.
+void mt_fp8_dequantize_ref(const uint8_t *w, const float *scale_inv, int64_t out, int64_t in, int br, int bc,
+                           float *y);
+// The f32 values (caller frees) of t, an F8_E4M3 weight "P.weight", with "P.weight_scale_inv" (F32,
+// BF16 or F16) from m, blocks of block[0] × block[1] (config.json's weight_block_size). NULL with
+// an error naming the file and the tensor: no block size declared, not 2-D, the scale missing, of
+// the wrong shape or dtype, or not finite.
+float *mt_fp8_dequantize_tensor(const mt_st_model *m, const mt_st_tensor *t, const int block[2]);
+
 // ---------------------------------------------------------------------------------------------
 // bitsandbytes checkpoints (docs/formats.md "Serialized quant_state"). For a weight "P.weight": P.weight (U8 [n/2, 1]),
 // P.weight.absmax, P.weight.quant_map, [P.weight.nested_absmax, P.weight.nested_quant_map],
@@ -141,6 +152,8 @@ typedef struct mt_quant_load_opts {
     unsigned targets;   // MT_QTARGET_* bits
     mt_quant_want_fn want;  // NULL: every target is wanted; a refused one arrives dense
     void *want_ctx;
+    int fp8_block[2];   // block-FP8 checkpoints: config.json's weight_block_size; {0, 0}: none
+                        // declared, and an F8_E4M3 weight is refused
 } mt_quant_load_opts;
 void mt_quant_load_opts_default(mt_quant_load_opts *o);  // NF4, 64, double quant, default targets
 
@@ -164,7 +177,7 @@ typedef int (*mt_quant_sink_fn)(void *ctx, mt_quant_item *item);
 // Dense values of an item as f32 (numel elements).
 void mt_quant_item_to_f32(const mt_quant_item *item, float *dst);
 
-// Streams a checkpoint folder (f32/bf16/f16 safetensors, or a bnb-4bit one) tensor by tensor
+// Streams a checkpoint folder (f32/bf16/f16 safetensors, a bnb-4bit or block-FP8 one) tensor by tensor
 // into `sink`, in file order, quantizing targets one at a time onto `be` and dropping each
 // tensor's mmapped pages once it is done: peak host memory stays near the largest tensor.
 // A "wanted target" is a target (opts->targets) that opts->want, when set, does not refuse.
@@ -172,6 +185,10 @@ void mt_quant_item_to_f32(const mt_quant_item *item, float *dst);
 //   serialised 4-bit tensor, a wanted target, type != NONE -> imported as stored (its own format)
 //   serialised 4-bit tensor otherwise                    -> dequantized, handed over dense (F32,
 //                                                           item->dequantized = 1)
+//   block-FP8 weight (F8_E4M3 with its weight_scale_inv) -> dequantized to F32 first, then as a
+//                                                           dense tensor (item->dequantized = 0:
+//                                                           these releases have no unquantized
+//                                                           original to train from instead)
 //   anything else                                  -> dense, as stored
 // 0, or -1 with an error naming the tensor (a sink's non-zero return stops the load, its error
 // kept).

@@ -1,9 +1,10 @@
 // Building the model through quant/: a checkpoint written by `moetrain quantize` trains exactly as
 // the dense checkpoint quantized on load; what trains must be stored dense; --quant none
-// dequantizes a 4-bit checkpoint on load.
+// dequantizes a 4-bit checkpoint on load; a block-FP8 checkpoint trains as its f32 dequantization.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "model/mixtral.h"
@@ -86,8 +87,7 @@ static void expect_same_losses(const char *dense, const char *quantized, const c
     train_losses(dense, flags, a);
     train_losses(quantized, flags, b);
     for (int i = 0; i < STEPS; i++)
-        cr_expect(a[i] == b[i], "%s, step %d: quantized on load %.17g, from `moetrain quantize` %.17g", flags, i + 1,
-                  a[i], b[i]);
+        cr_expect(a[i] == b[i], "%s, step %d: %s %.17g, %s %.17g", flags, i + 1, dense, a[i], quantized, b[i]);
     cr_expect(isfinite(a[0]) && a[STEPS - 1] != a[0], "the runs trained (%g -> %g)", a[0], a[STEPS - 1]);
 }
 
@@ -110,6 +110,19 @@ Test(model_load, quantized_checkpoint_trains_as_quantize_on_load) {
     train_losses("bf16", "--quant nf4 --quant-targets all", a);
     train_losses("bf16_nf4_all", "--quant nf4", b);
     for (int i = 0; i < STEPS; i++) cr_expect_leq(fabs(a[i] - b[i]), 1e-5 * fabs(a[i]), "step %d: %g vs %g", i, a[i], b[i]);
+}
+
+// Block FP8 (tests/data/quant/fp8_tiny, scripts/make_fp8_fixtures.py): quantized on load, kept dense,
+// or trained in full, the run is the one on the same weights dequantized by transformers to f32.
+Test(model_load, fp8_checkpoint_trains_as_its_f32_dequantization) {
+    char a[200], b[200];
+    snprintf(a, sizeof a, "%s/fp8", tmp);
+    snprintf(b, sizeof b, "%s/fp8_f32", tmp);
+    cr_assert_eq(symlink(MT_REPO_ROOT "/tests/data/quant/fp8_tiny", a), 0);
+    cr_assert_eq(symlink(MT_REPO_ROOT "/tests/data/quant/fp8_tiny_f32", b), 0);
+    expect_same_losses("fp8_f32", "fp8", "--quant nf4");
+    expect_same_losses("fp8_f32", "fp8", "--quant none");
+    expect_same_losses("fp8_f32", "fp8", "--mode full --quant none");
 }
 
 // INT4 takes its own group 128 by default (4.25 bits), and the ledger says so.

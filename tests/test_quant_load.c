@@ -541,3 +541,110 @@ Test(quant_load, quantize_names_the_dense_shared_expert_gate, .timeout = 60) {
     }
     mt_test_rmrf(tmp);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Block FP8 (DeepSeek-V3, Kimi K2). tests/data/quant/fp8_tiny: configs/tiny.json's attention and
+// expert Linears in F8_E4M3, 32 x 48 blocks (ragged on every shape); fp8_tiny_f32: the same
+// checkpoint with transformers' f32 dequantization of them (scripts/make_fp8_fixtures.py).
+
+#define FP8_TINY MT_REPO_ROOT "/tests/data/quant/fp8_tiny"
+#define FP8_TINY_F32 MT_REPO_ROOT "/tests/data/quant/fp8_tiny_f32"
+
+// Every format, and dense: the FP8 checkpoint hands over what its f32 dequantization does, bit for
+// bit, and its scales are consumed, not handed over.
+Test(quant_load, fp8_checkpoint_loads_as_its_f32_dequantization) {
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(FP8_TINY, &cfg), 0, "%s", mt_error_get());
+    mt_backend *cpu = mt_backend_cpu_new();
+    static const mt_quant types[] = {MT_QUANT_NF4, MT_QUANT_INT4, MT_QUANT_MXFP4, MT_QUANT_NONE};
+    for (size_t k = 0; k < MT_ARRAY_LEN(types); k++) {
+        mt_quant_load_opts o;
+        mt_quant_load_opts_default(&o);
+        o.type = types[k];
+        o.fp8_block[0] = cfg.fp8_block[0], o.fp8_block[1] = cfg.fp8_block[1];
+        collection a, b;
+        load(FP8_TINY, cpu, &o, &a);
+        load(FP8_TINY_F32, cpu, &o, &b);
+        expect_same_load(&a, &b);
+        int quantized = 0, f32 = 0;
+        for (int i = 0; i < a.n; i++) quantized += a.items[i].quantized, f32 += a.items[i].dtype == MT_F32;
+        cr_expect_eq(types[k] == MT_QUANT_NONE ? f32 : quantized, 2 * (4 + 8 * 3), "%s", mt_quant_name(types[k]));
+        cr_expect_null(find(&a, "model.layers.0.self_attn.q_proj.weight_scale_inv"));
+        collection_free(&a);
+        collection_free(&b);
+    }
+    mt_backend_free(cpu);
+}
+
+// One weight [64, 64] and its scale in a one-file checkpoint, loaded with blocks `block`: the
+// error, or NULL when it loaded.
+#define FP8_W "model.layers.0.self_attn.q_proj.weight"
+static const char *fp8_case(const char *tmp, const char *wdtype, int wdims, const char *sdtype, int64_t s0, int64_t s1,
+                            float s00, int with_w, int with_s, int b0, int b1) {
+    static uint8_t w[64 * 64 * 2];
+    static float s[4 * 4];
+    static uint16_t sh[4 * 4];
+    memset(w, 0x38, sizeof w);  // 1.0 in e4m3fn (and a finite bf16)
+    for (int i = 0; i < 16; i++) s[i] = 0.5f, sh[i] = 0x3f00;  // 0.5 in f32, in bf16
+    s[0] = s00;
+    mt_st_entry e[2] = {{.name = FP8_W, .dtype = wdtype, .ndim = wdims, .shape = {64, 64}, .data = w},
+                        {.name = FP8_W "_scale_inv", .dtype = sdtype, .ndim = 2, .shape = {s0, s1},
+                         .data = strcmp(sdtype, "BF16") ? (void *)s : (void *)sh}};
+    if (wdims == 1) e[0].shape[0] = 64 * 64;
+    char path[200];
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    cr_assert_eq(mt_st_write(path, e + !with_w, (size_t)(with_w + with_s), NULL, NULL, NULL), 0, "%s", mt_error_get());
+    mt_backend *cpu = mt_backend_cpu_new();
+    mt_quant_load_opts o;
+    mt_quant_load_opts_default(&o);
+    o.fp8_block[0] = b0, o.fp8_block[1] = b1;
+    collection c;
+    memset(&c, 0, sizeof c);
+    int rc = mt_quant_load(tmp, cpu, &o, collect, &c);
+    if (rc == 0) {  // 1.0 · 0.5 everywhere, through NF4
+        cr_expect_eq(c.n, 1);
+        float got[64 * 64];
+        mt_qweight_dequantize_rows_cpu(&c.items[0].q, got, 0, 64);
+        cr_expect(fabsf(got[100] - 0.5f) < 0.05f, "%g", got[100]);
+    }
+    collection_free(&c);
+    mt_backend_free(cpu);
+    return rc ? mt_error_get() : NULL;
+}
+
+Test(quant_load, fp8_refusals_name_the_file_and_the_tensor) {
+    char tmp[64];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    const char *err = fp8_case(tmp, "F8_E4M3", 2, "F32", 2, 2, 0.5f, 1, 1, 32, 48);
+    cr_expect_null(err, "a good one loads: %s", err);
+    cr_expect_null(fp8_case(tmp, "F8_E4M3", 2, "BF16", 2, 2, 0.5f, 1, 1, 32, 48), "bf16 scales too");
+    static const struct {
+        const char *wdtype, *sdtype;
+        int wdims;
+        int64_t s0, s1;
+        float s00;
+        int with_w, with_s, b0, b1;
+        const char *says[3];
+    } bad[] = {
+        {"F8_E4M3", "F32", 2, 2, 2, 0.5f, 1, 0, 32, 48, {FP8_W "'", "without its scale '" FP8_W "_scale_inv'"}},
+        {"F8_E4M3", "F32", 2, 1, 1, 0.5f, 1, 1, 32, 48, {FP8_W "_scale_inv'", "shape [1, 1]", "needs [2, 2]"}},
+        // blocks other than what quantization_config says: the scale's shape disagrees
+        {"F8_E4M3", "F32", 2, 2, 2, 0.5f, 1, 1, 128, 128, {"_scale_inv'", "weight_block_size", "needs [1, 1]"}},
+        {"F8_E4M3", "F32", 2, 2, 2, 0.5f, 1, 1, 0, 0, {FP8_W "'", "quantization_config", "fp8"}},
+        {"F8_E4M3", "F32", 2, 2, 2, 0.5f, 0, 1, 32, 48, {FP8_W "_scale_inv'", "without its weight"}},
+        {"BF16", "F32", 2, 2, 2, 0.5f, 1, 1, 32, 48, {FP8_W "'", "stored BF16", "_scale_inv"}},
+        {"F8_E4M3", "F32", 2, 2, 2, INFINITY, 1, 1, 32, 48, {FP8_W "_scale_inv'", "[0, 0] is inf"}},
+        {"F8_E4M3", "U8", 2, 2, 2, 0.5f, 1, 1, 32, 48, {FP8_W "_scale_inv'", "dtype U8"}},
+        {"F8_E4M3", "F32", 1, 2, 2, 0.5f, 1, 1, 32, 48, {FP8_W "'", "2-D"}},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
+        err = fp8_case(tmp, bad[i].wdtype, bad[i].wdims, bad[i].sdtype, bad[i].s0, bad[i].s1, bad[i].s00, bad[i].with_w,
+                       bad[i].with_s, bad[i].b0, bad[i].b1);
+        cr_expect_not_null(err, "case %zu loaded", i);
+        if (!err) continue;
+        cr_expect(strstr(err, "/model.safetensors: tensor '"), "case %zu names no file: %s", i, err);
+        for (int k = 0; k < 3 && bad[i].says[k]; k++)
+            cr_expect(strstr(err, bad[i].says[k]), "case %zu: '%s' lacks '%s'", i, err, bad[i].says[k]);
+    }
+    mt_test_rmrf(tmp);
+}

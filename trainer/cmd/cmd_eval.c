@@ -225,6 +225,11 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
 
 void mt_note_quant_on_load(const mt_model_config *cfg, const mt_run_opts *o, const char *cmd) {
     if (o->quant == MT_QUANT_NONE || cfg->quantized || o->quant_targets == 0 || o->mode == MT_MODE_FULL) return;
+    if (cfg->fp8_block[0]) {
+        fprintf(stderr, "%s: the block-FP8 checkpoint is dequantized and quantized to %s on load (--quant-targets); "
+                "--quant none dequantizes it to %s\n", cmd, mt_quant_name(o->quant), mt_dtype_name(cfg->torch_dtype));
+        return;
+    }
     fprintf(stderr, "%s: the dense %s checkpoint is quantized to %s on load (--quant-targets); --quant none keeps it %s\n",
             cmd, mt_dtype_name(cfg->torch_dtype), mt_quant_name(o->quant), mt_dtype_name(cfg->torch_dtype));
 }

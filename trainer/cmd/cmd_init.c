@@ -91,7 +91,8 @@ int cmd_init(int argc, char **argv) {
         }
         cfg.torch_dtype = t;
     }
-    cfg.quantized = 0, cfg.mxfp4 = 0;  // init writes unquantized weights; `moetrain quantize` makes 4-bit ones
+    // init writes unquantized weights; `moetrain quantize` makes 4-bit ones
+    cfg.quantized = 0, cfg.mxfp4 = 0, cfg.fp8_block[0] = cfg.fp8_block[1] = 0;
 
     mt_weight_desc *weights;
     size_t n = mt_weights_list(&cfg, &weights);

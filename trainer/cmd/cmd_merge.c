@@ -309,6 +309,7 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
             goto done;
         }
     cfg.quantized = 0, cfg.mxfp4 = 0;  // no quantization_config: the output is dense
+    cfg.fp8_block[0] = cfg.fp8_block[1] = 0;
     cfg.torch_dtype = out_dtype;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", o->out);

@@ -223,6 +223,7 @@ static int copy_other_files(const char *from, const char *to) {
 // Qwen checkpoint with dense layers gets them quantized by transformers but stored dense here.)
 static int write_config(const mt_model_config *in, const qargs *a, const char *path) {
     mt_model_config cfg = *in;
+    cfg.fp8_block[0] = cfg.fp8_block[1] = 0;  // what is written is 4-bit or dense, never FP8
     // int4 is moetrain's own, mxfp4 not bitsandbytes': neither gets a bitsandbytes config
     cfg.quantized = a->type != MT_QUANT_INT4 && a->type != MT_QUANT_MXFP4;
     if (cfg.quantized) {

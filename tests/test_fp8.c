@@ -1,0 +1,217 @@
+// Block FP8 (DeepSeek-V3, Kimi K2): the e4m3fn / e5m2 tables against torch's casts, ragged-block
+// dequantization bit for bit against transformers' (tests/data/quant/fp8.safetensors, made by
+// scripts/make_fp8_fixtures.py), quantization_config quant_method "fp8" read, refused and written,
+// and a run on a block-FP8 checkpoint: it trains, and a broken one exits 1 naming file and tensor.
+// The loader's side (same base as the f32 dequantization, its refusals) is in test_quant_load.c.
+#include <criterion/criterion.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/fileio.h"
+#include "core/safetensors.h"
+#include "model/config.h"
+#include "quant/quant.h"
+#include "tests/test_util.h"
+
+#define FIXTURES MT_REPO_ROOT "/tests/data/quant/"
+#define FP8_TINY FIXTURES "fp8_tiny"
+
+static const mt_st_tensor *need(const mt_st_file *f, const char *name) {
+    const mt_st_tensor *t = mt_st_file_find(f, name);
+    cr_assert_not_null(t, "%s: no tensor '%s'", f->path, name);
+    return t;
+}
+
+static void *copy_of(const mt_st_tensor *t) {  // the mmap is not aligned
+    void *p = mt_xmalloc(t->nbytes ? t->nbytes : 1);
+    memcpy(p, t->data, t->nbytes);
+    return p;
+}
+
+static uint32_t bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+Test(fp8, tables_are_torchs_for_every_byte) {
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, FIXTURES "fp8.safetensors"), 0, "%s", mt_error_get());
+    float *e4 = copy_of(need(&f, "e4m3_f32")), *e5 = copy_of(need(&f, "e5m2_f32"));
+    const uint8_t *b = need(&f, "bytes")->data;
+    float conv4[256], conv5[256];
+    mt_convert(conv4, MT_F32, b, MT_F8_E4M3, 256);
+    mt_convert(conv5, MT_F32, b, MT_F8_E5M2, 256);
+    for (int i = 0; i < 256; i++) {  // exact bits, NaN payloads included
+        float x4 = mt_f8e4m3_to_f32(b[i]), x5 = mt_f8e5m2_to_f32(b[i]);
+        cr_expect_eq(bits(x4), bits(e4[i]), "e4m3 %#04x: %a, torch %a", b[i], x4, e4[i]);
+        cr_expect_eq(bits(x5), bits(e5[i]), "e5m2 %#04x: %a, torch %a", b[i], x5, e5[i]);
+        cr_expect_eq(bits(conv4[i]), bits(e4[i]), "mt_convert e4m3 %#04x", b[i]);
+        cr_expect_eq(bits(conv5[i]), bits(e5[i]), "mt_convert e5m2 %#04x", b[i]);
+    }
+    // e4m3fn's landmarks: the largest, the smallest subnormal, -0, the only NaNs, no infinity
+    cr_expect(mt_f8e4m3_to_f32(0x7e) == 448.0f && mt_f8e4m3_to_f32(0x01) == 0x1p-9f);
+    cr_expect(mt_f8e4m3_to_f32(0x08) == 0x1p-6f && mt_f8e4m3_to_f32(0xb8) == -1.0f);
+    cr_expect(signbit(mt_f8e4m3_to_f32(0x80)) && isnan(mt_f8e4m3_to_f32(0x7f)) && isnan(mt_f8e4m3_to_f32(0xff)));
+    cr_expect(isinf(mt_f8e5m2_to_f32(0x7c)) && mt_f8e5m2_to_f32(0x7b) == 57344.0f);
+    cr_expect_str_eq(mt_st_dtype_of(MT_F8_E4M3), "F8_E4M3");
+    cr_expect_str_eq(mt_dtype_name(MT_F8_E5M2), "f8_e5m2");
+    cr_expect_eq(mt_dtype_bytes(MT_F8_E4M3, 7), 7u);
+    free(e4), free(e5);
+    mt_st_file_close(&f);
+}
+
+// "w" [200, 130] in 128 x 128 blocks and "w2" [100, 90] in 48 x 40: ragged edges both ways.
+static void expect_transformers_dequant(const mt_st_file *f, const char *w, const char *s, const char *deq, int br,
+                                        int bc) {
+    const mt_st_tensor *tw = need(f, w), *ts = need(f, s), *td = need(f, deq);
+    cr_assert_str_eq(tw->dtype, "F8_E4M3");
+    int64_t out = tw->shape[0], in = tw->shape[1];
+    cr_assert(ts->shape[0] == (out + br - 1) / br && ts->shape[1] == (in + bc - 1) / bc, "%s: scale grid", s);
+    float *scale = copy_of(ts), *want = copy_of(td), *got = mt_xmalloc((size_t)(out * in) * sizeof(float));
+    mt_fp8_dequantize_ref(tw->data, scale, out, in, br, bc, got);
+    int nan = 0, sub = 0;
+    for (int64_t i = 0; i < out * in; i++) {
+        int same = isnan(want[i]) ? isnan(got[i]) : bits(got[i]) == bits(want[i]);
+        nan += isnan(got[i]), sub += got[i] != 0 && fabsf(got[i]) < 0x1p-126f;
+        if (!same) {
+            cr_expect(0, "%s [%lld, %lld]: %a, transformers %a", w, (long long)(i / in), (long long)(i % in), got[i],
+                      want[i]);
+            break;
+        }
+    }
+    cr_expect(nan > 0, "%s: the NaN bytes are covered", w);
+    if (br == 128) cr_expect(sub > 0, "%s: products among the subnormals are covered", w);
+    free(scale), free(want), free(got);
+}
+
+Test(fp8, ragged_blocks_dequantize_as_transformers_bit_for_bit) {
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, FIXTURES "fp8.safetensors"), 0, "%s", mt_error_get());
+    expect_transformers_dequant(&f, "w", "w_scale_inv", "deq", 128, 128);
+    expect_transformers_dequant(&f, "w2", "w2_scale_inv", "deq2", 48, 40);
+    mt_st_file_close(&f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+// The fixture's config.json with quantization_config replaced by `qc` (JSON text; NULL: removed).
+static int parse_with(const char *qc, mt_model_config *cfg) {
+    char *text;
+    size_t len;
+    cr_assert_eq(mt_read_file(FP8_TINY "/config.json", 1 << 20, &text, &len), 0);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    cr_assert_not_null(root);
+    cJSON_DeleteItemFromObject(root, "quantization_config");
+    if (qc) {
+        cJSON *q = cJSON_Parse(qc);
+        cr_assert_not_null(q, "%s", qc);
+        cJSON_AddItemToObject(root, "quantization_config", q);
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    int rc = mt_model_config_parse(s, strlen(s), "config.json", cfg);
+    cJSON_free(s);
+    cJSON_Delete(root);
+    return rc;
+}
+
+Test(fp8, quantization_config_read_refused_and_written) {
+    mt_model_config c;
+    cr_assert_eq(mt_model_config_load(FP8_TINY, &c), 0, "%s", mt_error_get());
+    cr_expect(c.fp8_block[0] == 32 && c.fp8_block[1] == 48 && !c.quantized && !c.mxfp4);
+    // FineGrainedFP8Config's defaults when absent; modules_to_not_convert needs no reading
+    cr_assert_eq(parse_with("{\"quant_method\": \"fp8\", \"modules_to_not_convert\": [\"lm_head\"]}", &c), 0, "%s",
+                 mt_error_get());
+    cr_expect(c.fp8_block[0] == 128 && c.fp8_block[1] == 128);
+    cr_assert_eq(parse_with(NULL, &c), 0, "%s", mt_error_get());
+    cr_expect(c.fp8_block[0] == 0 && c.fp8_block[1] == 0, "not FP8 without it");
+    static const struct { const char *qc, *field; } bad[] = {
+        {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "fmt"},
+        {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\"}", "activation_scheme"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [0, 128]}", "weight_block_size"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", "weight_block_size"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128, 1]}", "weight_block_size"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 1.5]}", "weight_block_size"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": null}", "weight_block_size"},
+        {"{\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\"}", "scale_fmt"},
+        {"{\"quant_method\": \"fp9\"}", "fp9"},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
+        cr_expect_neq(parse_with(bad[i].qc, &c), 0, "%s accepted", bad[i].qc);
+        cr_expect(strstr(mt_error_get(), "quantization_config") && strstr(mt_error_get(), bad[i].field),
+                  "%s: '%s' does not name %s", bad[i].qc, mt_error_get(), bad[i].field);
+    }
+    // written back as read (and what DeepSeek-V3's config.json holds)
+    char tmp[64], path[128];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    cr_assert_eq(mt_model_config_load(FP8_TINY, &c), 0);
+    cr_assert_eq(mt_model_config_write(&c, path), 0, "%s", mt_error_get());
+    mt_model_config back;
+    cr_assert_eq(mt_model_config_load(path, &back), 0, "%s", mt_error_get());
+    cr_expect(back.fp8_block[0] == 32 && back.fp8_block[1] == 48);
+    char *text;
+    size_t len;
+    cr_assert_eq(mt_read_file(path, 1 << 20, &text, &len), 0);
+    cJSON *root = cJSON_Parse(text);
+    char *qc = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "quantization_config"));
+    cr_expect_str_eq(qc, "{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\","
+                         "\"weight_block_size\":[32,48]}");
+    cJSON_free(qc);
+    cJSON_Delete(root);
+    free(text);
+    mt_test_rmrf(tmp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A run
+
+// dir/model.safetensors: the fixture's tensors without `drop`.
+static void write_broken(const char *dir, const char *drop) {
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, FP8_TINY "/model.safetensors"), 0, "%s", mt_error_get());
+    mt_st_entry *e = mt_xcalloc(f.n_tensors, sizeof *e);
+    size_t n = 0;
+    for (size_t i = 0; i < f.n_tensors; i++) {
+        const mt_st_tensor *t = &f.tensors[i];
+        if (strcmp(t->name, drop) == 0) continue;
+        e[n] = (mt_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        memcpy(e[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    cr_assert_eq(n + 1, f.n_tensors, "%s is in the fixture", drop);
+    char path[200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(mt_st_write(path, e, n, "{\"format\":\"pt\"}", NULL, NULL), 0, "%s", mt_error_get());
+    free(e);
+    mt_st_file_close(&f);
+}
+
+Test(fp8, a_run_trains_and_a_broken_checkpoint_exits_1, .timeout = 120) {
+    char tmp[64], model[128], data[128], bad[160];
+    static char log[1 << 16];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 8), 0);
+    const char *run = "--mode lora --r 2 --quant nf4 --seq 16 --steps 2";
+    cr_expect_eq(mt_test_run(log, sizeof log, "--model %s --data %s %s --out %s/ok", FP8_TINY, data, run, tmp), 0, "%s",
+                 log);
+    snprintf(bad, sizeof bad, "%s/bad", tmp);
+    cr_assert_eq(mt_mkdir_p(bad), 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/", FP8_TINY, bad);
+    cr_assert_eq(system(cmd), 0);
+    const char *w = "model.layers.1.block_sparse_moe.experts.5.w2.weight";
+    char scale[160];
+    snprintf(scale, sizeof scale, "%s_scale_inv", w);
+    write_broken(bad, scale);
+    cr_expect_eq(mt_test_run(log, sizeof log, "--model %s --data %s %s --out %s/no", bad, data, run, tmp), 1, "%s",
+                 log);
+    cr_expect(strstr(log, "/bad/model.safetensors") && strstr(log, w) && strstr(log, "weight_scale_inv"),
+              "the error names the file, the tensor and its missing scale: %s", log);
+    mt_test_rmrf(tmp);
+}
