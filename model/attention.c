@@ -31,9 +31,10 @@
 // 64 tiles) ran at half the machine's sgemm rate; these shapes let OpenBLAS amortise its packing.
 enum { ATT_BQ = 64, ATT_KC = 512, ATT_BK = 64, ATT_QC = 512 };
 
-static void attn_check_shape(int nh, int nkv, int hd) {
-    if (nkv <= 0 || nh % nkv != 0 || hd <= 0)
-        mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d > 0", nh, nkv, hd);
+static void attn_check_shape(int nh, int nkv, int hd, int hd_v) {
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd_v <= 0)
+        mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d and hd_v=%d > 0", nh, nkv, hd,
+                 hd_v);
 }
 
 // The first key inside the window of query i (0 without a window).
@@ -93,16 +94,17 @@ MT_HOT static void attn_online_softmax(float *restrict s, int ld, int nq, int nk
     }
 }
 
-// q [T, nh, hd], k, v [T, nkv, hd], sinks [nh] or NULL, key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
+// q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hd_v], sinks [nh] or NULL, key_mask [T] or NULL
+// → out [T, nh, hd_v], lse [T, nh]
 void attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
-                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
-    attn_check_shape(nh, nkv, hd);
-    const float scale = 1.0f / sqrtf((float)hd);
+                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int hd_v, float scale,
+                           int window) {
+    attn_check_shape(nh, nkv, hd, hd_v);
     const int group = nh / nkv, nqb = (S + ATT_BQ - 1) / ATT_BQ;
-    const int ldq = nh * hd, ldk = nkv * hd;
+    const int ldq = nh * hd, ldk = nkv * hd, ldv = nkv * hd_v, ldo = nh * hd_v;
 #pragma omp parallel
     {
-        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_KC), *o = mt_xmalloc(sizeof(float) * ATT_BQ * hd);
+        float *s = mt_xmalloc(sizeof(float) * ATT_BQ * ATT_KC), *o = mt_xmalloc(sizeof(float) * ATT_BQ * hd_v);
         float m[ATT_BQ], l[ATT_BQ];
         // Later query blocks have more keys: dynamic hands them out as threads free up.
 #pragma omp for collapse(3) schedule(dynamic)
@@ -113,33 +115,34 @@ void attention_forward_cpu(float *out, float *lse, const float *q, const float *
                     const uint8_t *km = key_mask ? key_mask + (int64_t)b * S : NULL;
                     const float *qi = q + ((int64_t)b * S + i0) * ldq + (int64_t)h * hd;
                     for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.0f;
-                    memset(o, 0, sizeof(float) * nq * hd);
+                    memset(o, 0, sizeof(float) * nq * hd_v);
                     for (int j0 = attn_first_key(i0, window); j0 < i0 + nq; j0 += ATT_KC) {
                         int nk = MT_MIN(ATT_KC, i0 + nq - j0);
                         if (!attn_keys_any(km, j0, nk)) continue;
                         const int64_t kr = ((int64_t)b * S + j0) * ldk + (int64_t)kvh * hd;
+                        const int64_t vr = ((int64_t)b * S + j0) * ldv + (int64_t)kvh * hd_v;
                         mt_sgemm(0, 1, nq, nk, hd, scale, qi, ldq, k + kr, ldk, 0.0f, s, ATT_KC);
                         attn_mask_block(s, ATT_KC, nq, nk, i0, j0, window, km);
-                        attn_online_softmax(s, ATT_KC, nq, nk, m, l, o, hd);
-                        mt_sgemm(0, 0, nq, hd, nk, 1.0f, s, ATT_KC, v + kr, ldk, 1.0f, o, hd);
+                        attn_online_softmax(s, ATT_KC, nq, nk, m, l, o, hd_v);
+                        mt_sgemm(0, 0, nq, hd_v, nk, 1.0f, s, ATT_KC, v + vr, ldv, 1.0f, o, hd_v);
                     }
                     for (int r = 0; r < nq; r++) {
                         int64_t row = ((int64_t)b * S + i0 + r) * nh + h;
-                        float *orow = out + row * hd;
+                        float *orow = out + ((int64_t)b * S + i0 + r) * ldo + (int64_t)h * hd_v;
                         if (sinks) {  // the sink joins the denominator: l·e^m + e^z, over their max
                             const float z = sinks[h], mx = m[r] > z ? m[r] : z, a = expf(m[r] - mx);
                             const float den = l[r] * a + expf(z - mx), inv = a / den;  // no key: a = 0, out 0
-                            for (int d = 0; d < hd; d++) orow[d] = o[(int64_t)r * hd + d] * inv;
+                            for (int d = 0; d < hd_v; d++) orow[d] = o[(int64_t)r * hd_v + d] * inv;
                             lse[row] = mx + logf(den);
                             continue;
                         }
                         if (l[r] == 0.0f) {  // no visible key: out 0, lse −inf, and no 0/0
-                            memset(orow, 0, sizeof(float) * hd);
+                            memset(orow, 0, sizeof(float) * hd_v);
                             lse[row] = -INFINITY;
                             continue;
                         }
                         float inv = 1.0f / l[r];
-                        for (int d = 0; d < hd; d++) orow[d] = o[(int64_t)r * hd + d] * inv;
+                        for (int d = 0; d < hd_v; d++) orow[d] = o[(int64_t)r * hd_v + d] * inv;
                         lse[row] = m[r] + logf(l[r]);
                     }
                 }
@@ -174,18 +177,18 @@ MT_HOT static void attn_block_ds(float *restrict s, float *restrict dp, int ld, 
 // P recomputed once for all three gradients. A task owns its dq rows; dk and dv rows are shared by
 // the heads of a group, so with group > 1 each head writes its own partial and the partials are
 // summed in head order afterwards: no atomics, the same bits at any thread count.
-// dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
+// q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hd_v], dout, out [T, nh, hd_v], lse [T, nh]
+// → dq +=, dk +=, dv += (NULL skipped)
 void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse, const float *sinks,
-                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
-    attn_check_shape(nh, nkv, hd);
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
-    // Per-head partials of dk and dv [B, nh, S, hd] when heads share a kv head.
+                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int hd_v, float scale,
+                            int window) {
+    attn_check_shape(nh, nkv, hd, hd_v);
+    const int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd, ldo = nh * hd_v, ldv = nkv * hd_v;
+    // Per-head partials of dk [B, nh, S, hd] and dv [B, nh, S, hd_v] when heads share a kv head.
     const int partial = group > 1;
-    const size_t part_n = (size_t)B * nh * S * hd;
-    float *pk = partial && dk ? mt_xcalloc(part_n, sizeof(float)) : NULL;
-    float *pv = partial && dv ? mt_xcalloc(part_n, sizeof(float)) : NULL;
+    float *pk = partial && dk ? mt_xcalloc((size_t)B * nh * S * hd, sizeof(float)) : NULL;
+    float *pv = partial && dv ? mt_xcalloc((size_t)B * nh * S * hd_v, sizeof(float)) : NULL;
     if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_cpu: dsinks without sinks");
     float *ps = dsinks ? mt_xcalloc((size_t)B * nh, sizeof(float)) : NULL;  // dsinks per (b, h), summed in b order
 #pragma omp parallel
@@ -198,10 +201,11 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, cons
                 const int kvh = h / group;
                 const uint8_t *km = key_mask ? key_mask + (int64_t)b * S : NULL;
                 const int64_t q0 = (int64_t)b * S * ldq + (int64_t)h * hd, k0 = (int64_t)b * S * ldk + (int64_t)kvh * hd;
+                const int64_t o0 = (int64_t)b * S * ldo + (int64_t)h * hd_v, v0 = (int64_t)b * S * ldv + (int64_t)kvh * hd_v;
                 for (int i = 0; i < S; i++) {  // D_i and lse_i of this head, contiguous
-                    const float *g = dout + q0 + (int64_t)i * ldq, *o = out + q0 + (int64_t)i * ldq;
+                    const float *g = dout + o0 + (int64_t)i * ldo, *o = out + o0 + (int64_t)i * ldo;
                     float d = 0.0f;
-                    for (int e = 0; e < hd; e++) d += g[e] * o[e];
+                    for (int e = 0; e < hd_v; e++) d += g[e] * o[e];
                     float li = lse[((int64_t)b * S + i) * nh + h];
                     Dh[i] = d, lh[i] = li == -INFINITY ? INFINITY : li;
                 }
@@ -210,14 +214,14 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, cons
                     for (int i = 0; i < S; i++) acc -= expf(sinks[h] - lh[i]) * Dh[i];
                     ps[(size_t)b * nh + h] = acc;
                 }
-                // Where this head's dk and dv rows go: its partial, or dk / dv themselves.
+                // Where this head's dk and dv rows go: its partials, or dk / dv themselves.
                 float *gk = NULL, *gv = NULL;
-                int ldg = partial ? hd : ldk;
+                int ldgk = partial ? hd : ldk, ldgv = partial ? hd_v : ldv;
                 if (partial) {
-                    size_t p0 = ((size_t)b * nh + h) * S * hd;
-                    gk = pk ? pk + p0 : NULL, gv = pv ? pv + p0 : NULL;
+                    size_t p0 = ((size_t)b * nh + h) * S;
+                    gk = pk ? pk + p0 * hd : NULL, gv = pv ? pv + p0 * hd_v : NULL;
                 } else {
-                    gk = dk ? dk + k0 : NULL, gv = dv ? dv + k0 : NULL;
+                    gk = dk ? dk + k0 : NULL, gv = dv ? dv + v0 : NULL;
                 }
                 for (int j0 = 0; j0 < S; j0 += ATT_BK) {
                     int nk = MT_MIN(ATT_BK, S - j0);
@@ -225,18 +229,18 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, cons
                     // The queries that can see a key of this block: from j0 to the last one whose
                     // window reaches the block's last key.
                     int qend = window > 0 ? MT_MIN(S, j0 + nk - 1 + window) : S;
-                    const float *kj = k + k0 + (int64_t)j0 * ldk, *vj = v + k0 + (int64_t)j0 * ldk;
+                    const float *kj = k + k0 + (int64_t)j0 * ldk, *vj = v + v0 + (int64_t)j0 * ldv;
                     for (int i0 = j0; i0 < qend; i0 += ATT_QC) {
                         int nq = MT_MIN(ATT_QC, qend - i0);
-                        const float *qi = q + q0 + (int64_t)i0 * ldq, *gi = dout + q0 + (int64_t)i0 * ldq;
+                        const float *qi = q + q0 + (int64_t)i0 * ldq, *gi = dout + o0 + (int64_t)i0 * ldo;
                         mt_sgemm(0, 1, nq, nk, hd, scale, qi, ldq, kj, ldk, 0.0f, s, ATT_BK);
                         attn_mask_block(s, ATT_BK, nq, nk, i0, j0, window, km);
-                        mt_sgemm(0, 1, nq, nk, hd, 1.0f, gi, ldq, vj, ldk, 0.0f, dp, ATT_BK);
+                        mt_sgemm(0, 1, nq, nk, hd_v, 1.0f, gi, ldo, vj, ldv, 0.0f, dp, ATT_BK);
                         attn_block_ds(s, dp, ATT_BK, nq, nk, lh + i0, Dh + i0);
                         if (gv)  // dV_j += Pᵀ dO_i
-                            mt_sgemm(1, 0, nk, hd, nq, 1.0f, s, ATT_BK, gi, ldq, 1.0f, gv + (int64_t)j0 * ldg, ldg);
+                            mt_sgemm(1, 0, nk, hd_v, nq, 1.0f, s, ATT_BK, gi, ldo, 1.0f, gv + (int64_t)j0 * ldgv, ldgv);
                         if (gk)  // dK_j += scale dSᵀ Q_i
-                            mt_sgemm(1, 0, nk, hd, nq, scale, dp, ATT_BK, qi, ldq, 1.0f, gk + (int64_t)j0 * ldg, ldg);
+                            mt_sgemm(1, 0, nk, hd, nq, scale, dp, ATT_BK, qi, ldq, 1.0f, gk + (int64_t)j0 * ldgk, ldgk);
                         if (dq)  // dQ_i += scale dS K_j
                             mt_sgemm(0, 0, nq, hd, nk, scale, dp, ATT_BK, kj, ldk, 1.0f, dq + q0 + (int64_t)i0 * ldq,
                                      ldq);
@@ -249,13 +253,13 @@ void attention_backward_cpu(float *dq, float *dk, float *dv, float *dsinks, cons
             for (int b = 0; b < B; b++)
                 for (int j = 0; j < S; j++)
                     for (int kvh = 0; kvh < nkv; kvh++) {
-                        int64_t row = (((int64_t)b * S + j) * nkv + kvh) * hd;
+                        int64_t row = ((int64_t)b * S + j) * nkv + kvh;
                         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                            size_t p = (((size_t)b * nh + h) * S + j) * hd;
+                            size_t p = ((size_t)b * nh + h) * S + j;
                             if (pk)
-                                for (int e = 0; e < hd; e++) dk[row + e] += pk[p + e];
+                                for (int e = 0; e < hd; e++) dk[row * hd + e] += pk[p * hd + e];
                             if (pv)
-                                for (int e = 0; e < hd; e++) dv[row + e] += pv[p + e];
+                                for (int e = 0; e < hd_v; e++) dv[row * hd_v + e] += pv[p * hd_v + e];
                         }
                     }
         }

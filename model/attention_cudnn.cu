@@ -291,15 +291,16 @@ void reshape(Build *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
 // The UIDs of the tensors the caller binds (the variant pack's).
 enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_WINDOW, U_KV_LEN, U_DO, U_DQ, U_DK, U_DV, U_COUNT };
 
+// hd: q and k's head dim, hdv: v and out's (MLA's differ).
 struct Shape {
-    int bwd, B, S, nh, nkv, hd, window, lens, bug, dev;
+    int bwd, B, S, nh, nkv, hd, hdv, window, lens, bug, dev;
 };
 
-// [B, h, S, hd] in the model's [B, S, h, hd] memory; transposed: [B, h, hd, S].
-Dims bshd(const Shape &s, int64_t h, int64_t heads_stride, bool transposed = false) {
-    int64_t S = s.S, hd = s.hd;
-    if (transposed) return Dims{{s.B, h, hd, S}, {S * h * hd, heads_stride, 1, h * hd}};
-    return Dims{{s.B, h, S, hd}, {S * h * hd, heads_stride, h * hd, 1}};
+// [B, h, S, d] in the model's [B, S, h, d] memory; transposed: [B, h, d, S].
+Dims bshd(const Shape &s, int64_t h, int64_t d, int64_t heads_stride, bool transposed = false) {
+    int64_t S = s.S;
+    if (transposed) return Dims{{s.B, h, d, S}, {S * h * d, heads_stride, 1, h * d}};
+    return Dims{{s.B, h, S, d}, {S * h * d, heads_stride, h * d, 1}};
 }
 
 // The scaled, masked scores [B, nh, S, S] fp32 from Q and K: the part both graphs share.
@@ -340,13 +341,13 @@ cudnnBackendDescriptor_t scores(Build *b, const Shape &s, cudnnBackendDescriptor
 }
 
 void graph_forward(Build *b, const Shape &s) {
-    const int64_t hd = s.hd;
+    const int64_t hd = s.hd, hdv = s.hdv;
     // Planted bug 1: a head stride of hd / 2 makes the heads of Q overlap.
-    cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, s.bug == 1 ? hd / 2 : hd));
+    cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, s.bug == 1 ? hd / 2 : hd));
     const int64_t nkv = s.bug == 3 ? s.nkv + 1 : s.nkv;  // planted bug 3: nkv + 1 heads of K
-    cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, nkv, hd, true));
-    cudnnBackendDescriptor_t tv = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
-    cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
+    cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, nkv, hd, hd, true));
+    cudnnBackendDescriptor_t tv = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv));
+    cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
     const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = packed(s.B, s.nh, s.S, 1);
     const Dims stats = {{s.B, s.nh, s.S, 1}, {(int64_t)s.S * s.nh, 1, s.nh, 1}};  // lse [B, S, nh]
     const Dims one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
@@ -367,25 +368,25 @@ void graph_forward(Build *b, const Shape &s) {
 }
 
 void graph_backward(Build *b, const Shape &s) {
-    const int64_t hd = s.hd;
+    const int64_t hd = s.hd, hdv = s.hdv;
     const bool gqa = s.nkv != s.nh;
-    cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
+    cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, hd));
     // K serves as Kᵀ (the scores) and as K (dQ): one tensor bound as Kᵀ, K a reshape of it. The
     // other way round cuDNN 9.14 refuses the graph: its flash backward wants exactly two matmuls
     // whose inputs nothing produces, Q·Kᵀ and dO·Vᵀ (its log, on the H100, 2026-11-27).
-    cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, true));
-    cudnnBackendDescriptor_t tk = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
+    cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd, true));
+    cudnnBackendDescriptor_t tk = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd));
     reshape(b, tkt, tk);
-    cudnnBackendDescriptor_t tvt = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, true));
-    cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
-    cudnnBackendDescriptor_t tdo = tensor(b, U_DO, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
+    cudnnBackendDescriptor_t tvt = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv, true));
+    cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
+    cudnnBackendDescriptor_t tdo = tensor(b, U_DO, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
     const Dims stats = {{s.B, s.nh, s.S, 1}, {(int64_t)s.S * s.nh, 1, s.nh, 1}};
     cudnnBackendDescriptor_t st = tensor(b, U_STATS, CUDNN_DATA_FLOAT, stats);
     const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = packed(s.B, s.nh, s.S, 1);
     const Dims scT = {{s.B, s.nh, s.S, s.S}, {(int64_t)s.nh * s.S * s.S, (int64_t)s.S * s.S, 1, s.S}};
     const Dims one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
     // Σ_d dO·O per query row
-    cudnnBackendDescriptor_t prod = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
+    cudnnBackendDescriptor_t prod = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hdv));
     cudnnBackendDescriptor_t dsum = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
     pw(b, CUDNN_POINTWISE_MUL, tdo, to, NULL, prod);
     reduce(b, CUDNN_REDUCE_TENSOR_ADD, prod, dsum);
@@ -401,9 +402,9 @@ void graph_backward(Build *b, const Shape &s) {
     cudnnBackendDescriptor_t pbt = tensor(b, 0, CUDNN_DATA_BFLOAT16, pbt_d);
     reshape(b, pb, pbt);
     // dV = Pᵀ·dO (per query head, summed over the group under GQA)
-    cudnnBackendDescriptor_t tdv = tensor(b, U_DV, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
+    cudnnBackendDescriptor_t tdv = tensor(b, U_DV, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv));
     if (gqa) {
-        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
+        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hdv));
         matmul(b, pbt, tdo, full);
         reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdv);  // summed over each GQA group
     } else {
@@ -417,11 +418,11 @@ void graph_backward(Build *b, const Shape &s) {
     pw(b, CUDNN_POINTWISE_MUL, t1, p, NULL, t2);
     pw(b, CUDNN_POINTWISE_MUL, t2, scale, NULL, ds);
     // dQ = dS·K, dK = dSᵀ·Q
-    cudnnBackendDescriptor_t tdq = tensor(b, U_DQ, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd));
+    cudnnBackendDescriptor_t tdq = tensor(b, U_DQ, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, hd));
     matmul(b, ds, tk, tdq);
     cudnnBackendDescriptor_t dst = tensor(b, 0, CUDNN_DATA_BFLOAT16, pbt_d);
     reshape(b, ds, dst);
-    cudnnBackendDescriptor_t tdk = tensor(b, U_DK, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd));
+    cudnnBackendDescriptor_t tdk = tensor(b, U_DK, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd));
     if (gqa) {
         cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
         matmul(b, dst, tq, full);
@@ -521,8 +522,10 @@ Plan *get_plan(const Shape &s) {
         if (build_plan(s, p, &b) != CUDNN_STATUS_SUCCESS) {
             destroy_all(b.d, b.n);
             p->key = s, p->plan = NULL, p->n = 0;
-            snprintf(p->why, sizeof p->why, "cuDNN refused the %s graph (B=%d S=%d nh=%d nkv=%d hd=%d window=%d): %s: %s",
-                     s.bwd ? "backward" : "forward", s.B, s.S, s.nh, s.nkv, s.hd, s.window, b.what, st_name(b.st));
+            snprintf(p->why, sizeof p->why,
+                     "cuDNN refused the %s graph (B=%d S=%d nh=%d nkv=%d hd=%d hd_v=%d window=%d): %s: %s",
+                     s.bwd ? "backward" : "forward", s.B, s.S, s.nh, s.nkv, s.hd, s.hdv, s.window, b.what,
+                     st_name(b.st));
         }
     }
     if (p->plan) return p;
@@ -586,11 +589,13 @@ Plan *get_pair_plan(const Shape &s) {
 }
 
 // Whether cuDNN takes these arguments; the reason when not (NULL: it does).
-const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd) {
+const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, int hd_v) {
     read_mode();
     if (mode != MT_ATTENTION_CUDNN) return "";  // auto: the WMMA kernels (model/attention_cudnn.h says why)
     if (!load()) return api_why;
-    if (hd > 256 || hd % 8) return "head dim not a multiple of 8 up to 256 (cuDNN SDPA's bf16 limits)";
+    // d_qk ≠ d_v is cuDNN's to take or refuse at plan time (Hopper takes MLA's 192 | 128).
+    if (hd <= 0 || hd > 256 || hd % 8 || hd_v <= 0 || hd_v > 256 || hd_v % 8)
+        return "head dims not multiples of 8 up to 256 (cuDNN SDPA's bf16 limits)";
     if (nkv <= 0 || nh % nkv) return "query heads not a multiple of key heads";
     if (has_key_mask && !has_kv_len) return "a key mask not given as sequence lengths";
     return NULL;
@@ -620,8 +625,8 @@ extern "C" int attention_cudnn_emulated(void) {
 #endif
 }
 
-extern "C" const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd) {
-    const char *why = refusal(has_key_mask, has_kv_len, nh, nkv, hd);
+extern "C" const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, int hd_v) {
+    const char *why = refusal(has_key_mask, has_kv_len, nh, nkv, hd, hd_v);
     if (!why) return "cudnn";
     if (*why) decline(why);
     return "wmma";
@@ -629,18 +634,17 @@ extern "C" const char *attention_path(int has_key_mask, int has_kv_len, int nh, 
 
 extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
                                        const mt_bf16 *v, const uint8_t *key_mask, const int32_t *kv_len, int B, int S,
-                                       int nh, int nkv, int hd, int window) {
-    if (strcmp(attention_path(key_mask != NULL, kv_len != NULL, nh, nkv, hd), "cudnn")) return 0;
+                                       int nh, int nkv, int hd, int hd_v, float scale, int window) {
+    if (strcmp(attention_path(key_mask != NULL, kv_len != NULL, nh, nkv, hd, hd_v), "cudnn")) return 0;
     if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out)) {
         decline("a tensor not 16-byte aligned");
         return 0;
     }
     if (B <= 0 || S <= 0) return 1;
     mt_cuda_begin(be);  // the backend's device current: its handle and plans
-    const Shape s = {0, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
+    const Shape s = {0, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device()};
     Plan *p = get_pair_plan(s);
     if (!p) return 0;
-    const float scale = 1.0f / sqrtf((float)hd);
     const int32_t w = window;
     Binding bind = {};
     bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out), bind.add(U_STATS, lse);
@@ -656,22 +660,21 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
 extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
                                         const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
                                         const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B,
-                                        int S, int nh, int nkv, int hd, int window) {
-    if (strcmp(attention_path(key_mask != NULL, kv_len != NULL, nh, nkv, hd), "cudnn")) return 0;
+                                        int S, int nh, int nkv, int hd, int hd_v, float scale, int window) {
+    if (strcmp(attention_path(key_mask != NULL, kv_len != NULL, nh, nkv, hd, hd_v), "cudnn")) return 0;
     if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out) || !aligned(dout)) {
         decline("a tensor not 16-byte aligned");
         return 0;
     }
     if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return 1;
     mt_cuda_begin(be);
-    const Shape s = {1, B, S, nh, nkv, hd, window, kv_len != NULL, 0, use_device()};
+    const Shape s = {1, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device()};
     Plan *p = get_pair_plan(s);
     if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
-    const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd;
-    const size_t bytes = (nq + 2 * nk) * sizeof(mt_bf16);
+    const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd, nv = (size_t)B * S * nkv * hd_v;
+    const size_t bytes = (nq + nk + nv) * sizeof(mt_bf16);
     mt_bf16 *tq = (mt_bf16 *)mt_work_alloc(be, bytes), *tk = tq + nq, *tv = tk + nk;
-    const float scale = 1.0f / sqrtf((float)hd);
     const int32_t w = window;
     Binding bind = {};
     bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out), bind.add(U_STATS, lse);
@@ -684,20 +687,20 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     if (st) mt_fatal(MT_EXIT_ERROR, "attention_cudnn backward: %s: %s", what, st_name(st));
     if (dq) mt_add_cuda(be, dq, dq, tq, (int64_t)nq);
     if (dk) mt_add_cuda(be, dk, dk, tk, (int64_t)nk);
-    if (dv) mt_add_cuda(be, dv, dv, tv, (int64_t)nk);
+    if (dv) mt_add_cuda(be, dv, dv, tv, (int64_t)nv);
     mt_work_free(be, tq, bytes);
     return 1;
 }
 
-extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int window, int lens, char *msg,
-                                     size_t msg_len) {
+extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int hd_v, int window, int lens,
+                                     char *msg, size_t msg_len) {
     read_mode();
     load();
     if (!api_syms) {
         snprintf(msg, msg_len, "%s", api_why);
         return -1;
     }
-    const Shape s = {bwd, B, S, nh, nkv, hd, window, lens, 0, api_state > 0 ? use_device() : 0};
+    const Shape s = {bwd, B, S, nh, nkv, hd, hd_v, window, lens, 0, api_state > 0 ? use_device() : 0};
     if (api_state > 0) {  // a device: the plan the step would use
         mt_attention_mode m0 = mode;
         mode = MT_ATTENTION_AUTO;  // a refusal is reported here, not fatal
@@ -737,7 +740,7 @@ extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, fl
         return -1;
     }
     mt_cuda_begin(be);
-    const Shape s = {0, B, S, nh, nkv, hd, 0, 0, bug, use_device()};
+    const Shape s = {0, B, S, nh, nkv, hd, hd, 0, 0, bug, use_device()};
     Plan p;
     Build b;
     cudnnStatus_t st = build_plan(s, &p, &b);

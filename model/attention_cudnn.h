@@ -6,8 +6,9 @@
 // graph is cuDNN's backend API (cudnn_graph.h): Q·Kᵀ, the scale, the causal mask (with the sliding
 // window and the key lengths as further masks), the softmax with its fp32 statistics, P·V; the
 // backward recomputes P from the statistics. K and V keep their nkv heads (GQA by the matmul's
-// head broadcast, never repeated). Layouts are the model's: q, out [B, S, nh, hd], k, v [B, S,
-// nkv, hd] (cuDNN's dims [B, h, S, hd] with the strides of that layout), lse [B, S, nh] fp32: the
+// head broadcast, never repeated). Layouts are the model's: q [B, S, nh, hd], k [B, S, nkv, hd],
+// v [B, S, nkv, hd_v], out [B, S, nh, hd_v] (hd_v ≠ hd for MLA; cuDNN's dims [B, h, S, d] with the
+// strides of that layout), the scale the caller's; lse [B, S, nh] fp32: the
 // natural log-sum-exp of the scaled scores, which is cuDNN's "Stats" (max + log Σ exp) read
 // through strides, so the WMMA and cuDNN passes can share it. Plans are cached per shape;
 // the workspace goes through mt_work_alloc. The backward ACCUMULATES like its twin: cuDNN writes
@@ -18,7 +19,7 @@
 // matched the CPU without a key mask, but beside the WMMA backward it trained the tiny Mixtral
 // (right padding as lengths) wrong, and its backward graph, once accepted, faulted with an
 // illegal address at every shape tried. MT_ATTENTION=cudnn takes cuDNN where the shape suits it
-// (hd ≤ 256 and a multiple of 8, nh a multiple of nkv, 16-byte aligned rows, no key mask unless
+// (hd, hd_v ≤ 256 and multiples of 8, nh a multiple of nkv, 16-byte aligned rows, no key mask unless
 // given as lengths) and both directions' graphs are accepted, and makes any refusal fatal (how the
 // GPU check knows cuDNN ran); wmma forces the kernel. Every cuDNN call is checked, its failure
 // named with cudnnGetErrorString: a graph the library refuses while building its plan (per
@@ -46,7 +47,7 @@ mt_attention_mode attention_get_mode(void);
 
 // "cudnn" or "wmma": the path attention_forward_cuda / attention_backward_cuda take for these
 // arguments (loads cuDNN at the first call; prints a refusal's reason once; fatal in mode cudnn).
-const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd);
+const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, int hd_v);
 
 // cuDNN SDPA. kv_len [B] int32 (device) or NULL: sequence b's keys are [0, kv_len[b]) (right
 // padding, 1 ≤ kv_len[b] ≤ S; every query sees key 0), the key mask as cuDNN takes it. Returns 1
@@ -54,11 +55,11 @@ const char *attention_path(int has_key_mask, int has_kv_len, int nh, int nkv, in
 // answer "wmma"). The backward's NULL gradients are skipped, as in the twin.
 int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
                             const mt_bf16 *v, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
-                            int nkv, int hd, int window);
+                            int nkv, int hd, int hd_v, float scale, int window);
 int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, const mt_bf16 *dout,
                              const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v, const mt_bf16 *out,
                              const float *lse, const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh,
-                             int nkv, int hd, int window);
+                             int nkv, int hd, int hd_v, float scale, int window);
 
 // The cuDNN version loaded (cudnnGetVersion; also where it loads but cudnnCreate fails: no GPU),
 // 0 when none.
@@ -70,10 +71,11 @@ int attention_cudnn_emulated(void);
 // never fatal): 1: the plan finalized (a device: cached for the step), 2: no device, but every
 // tensor and operation descriptor finalized by the library, 0: refused (why in msg), -1: cuDNN
 // not loadable.
-int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int window, int lens, char *msg,
+int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int hd_v, int window, int lens, char *msg,
                           size_t msg_len);
 
-// Tests: the forward graph built with one planted bug, run (never cached, never fatal). Returns the
+// Tests: the forward graph built with one planted bug (hd_v = hd, scale 1/sqrt(hd)), run (never
+// cached, never fatal). Returns the
 // first failing cuDNN status (0: all accepted) and its call in msg. bug 1: Q's head stride wrong
 // (overlapping heads), 2: execute without the workspace the plan reported, 3: K with a head count
 // that does not divide Q's (GQA mismatch), 4: a variant pack missing the statistics' UID,

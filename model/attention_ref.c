@@ -23,9 +23,10 @@ static inline int attn_first_key(int i, int window) {
     return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
 }
 
-static void attn_check_shape(int nh, int nkv, int hd) {
-    if (nkv <= 0 || nh % nkv != 0 || hd <= 0)
-        mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d > 0", nh, nkv, hd);
+static void attn_check_shape(int nh, int nkv, int hd, int hd_v) {
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd_v <= 0)
+        mt_fatal(MT_EXIT_ERROR, "attention: nh=%d must be a multiple of nkv=%d, hd=%d and hd_v=%d > 0", nh, nkv, hd,
+                 hd_v);
 }
 
 static inline float dot_f(const float *a, const float *b, int n) {
@@ -34,11 +35,12 @@ static inline float dot_f(const float *a, const float *b, int n) {
     return s;
 }
 
-// q [T, nh, hd], k, v [T, nkv, hd], sinks [nh] or NULL, key_mask [T] or NULL → out [T, nh, hd], lse [T, nh]
+// q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hd_v], sinks [nh] or NULL, key_mask [T] or NULL
+// → out [T, nh, hd_v], lse [T, nh]
 void attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, const float *sinks,
-                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
-    attn_check_shape(nh, nkv, hd);
-    const float scale = 1.0f / sqrtf((float)hd);
+                           const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int hd_v, float scale,
+                           int window) {
+    attn_check_shape(nh, nkv, hd, hd_v);
     const int group = nh / nkv;
 #pragma omp parallel
     {
@@ -49,7 +51,7 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
                 for (int h = 0; h < nh; h++) {
                     int64_t ti = (int64_t)b * S + i;
                     const float *qi = q + (ti * nh + h) * hd;
-                    float *oi = out + (ti * nh + h) * hd;
+                    float *oi = out + (ti * nh + h) * hd_v;
                     int kvh = h / group;
                     // scaled scores of visible keys and their max
                     float m = -INFINITY;
@@ -59,7 +61,7 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
                         p[j] = dot_f(qi, kj, hd) * scale;
                         if (p[j] > m) m = p[j];
                     }
-                    for (int d = 0; d < hd; d++) oi[d] = 0.0f;
+                    for (int d = 0; d < hd_v; d++) oi[d] = 0.0f;
                     if (m == -INFINITY) {  // no visible key: out 0, lse -inf (the sink), and no 0/0
                         lse[ti * nh + h] = sinks ? sinks[h] : -INFINITY;
                         continue;
@@ -70,12 +72,12 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
                         if (!attn_visible(key_mask, b, S, i, j, window)) continue;
                         float e = expf(p[j] - m);
                         sum += e;
-                        const float *vj = v + (((int64_t)b * S + j) * nkv + kvh) * hd;
-                        for (int d = 0; d < hd; d++) oi[d] += e * vj[d];
+                        const float *vj = v + (((int64_t)b * S + j) * nkv + kvh) * hd_v;
+                        for (int d = 0; d < hd_v; d++) oi[d] += e * vj[d];
                     }
                     if (sinks) sum += exp((double)sinks[h] - m);  // in the denominator only
                     float inv = (float)(1.0 / sum);
-                    for (int d = 0; d < hd; d++) oi[d] *= inv;
+                    for (int d = 0; d < hd_v; d++) oi[d] *= inv;
                     lse[ti * nh + h] = m + (float)log(sum);
                 }
         free(p);
@@ -89,17 +91,18 @@ void attention_forward_ref(float *out, float *lse, const float *q, const float *
 // Two passes so that each output row has one writer (no atomics, deterministic at any thread
 // count): pass 1 over queries writes dq, pass 2 over (key, kv head) writes dk and dv, summing
 // the query heads of its group. D [T, nh] is computed once between them.
-// dout, q, out [T, nh, hd], k, v [T, nkv, hd], lse [T, nh] → dq +=, dk +=, dv += (NULL skipped)
+// q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hd_v], dout, out [T, nh, hd_v], lse [T, nh]
+// → dq +=, dk +=, dv += (NULL skipped)
 void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse, const float *sinks,
-                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int window) {
-    attn_check_shape(nh, nkv, hd);
-    const float scale = 1.0f / sqrtf((float)hd);
+                            const uint8_t *key_mask, int B, int S, int nh, int nkv, int hd, int hd_v, float scale,
+                            int window) {
+    attn_check_shape(nh, nkv, hd, hd_v);
     const int group = nh / nkv;
     const int64_t T = (int64_t)B * S;
     float *D = mt_xmalloc((size_t)T * nh * sizeof(float));
 #pragma omp parallel for
-    for (int64_t r = 0; r < T * nh; r++) D[r] = dot_f(dout + r * hd, out + r * hd, hd);
+    for (int64_t r = 0; r < T * nh; r++) D[r] = dot_f(dout + r * hd_v, out + r * hd_v, hd_v);
     if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_ref: dsinks without sinks");
     if (dsinks)
         for (int h = 0; h < nh; h++) {
@@ -115,15 +118,15 @@ void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, cons
                 for (int h = 0; h < nh; h++) {
                     int64_t ti = (int64_t)b * S + i, r = ti * nh + h;
                     if (lse[r] == -INFINITY) continue;  // no visible key: zero gradient
-                    const float *qi = q + r * hd, *gi = dout + r * hd;
+                    const float *qi = q + r * hd, *gi = dout + r * hd_v;
                     float *dqi = dq + r * hd;
                     int kvh = h / group;
                     for (int j = attn_first_key(i, window); j <= i; j++) {
                         if (!attn_visible(key_mask, b, S, i, j, window)) continue;
                         int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
-                        const float *kj = k + kr * hd, *vj = v + kr * hd;
+                        const float *kj = k + kr * hd, *vj = v + kr * hd_v;
                         float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
-                        float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
+                        float ds = pij * (dot_f(gi, vj, hd_v) - D[r]) * scale;
                         for (int d = 0; d < hd; d++) dqi[d] += ds * kj[d];
                     }
                 }
@@ -136,7 +139,7 @@ void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, cons
                 for (int kvh = 0; kvh < nkv; kvh++) {
                     int64_t kr = ((int64_t)b * S + j) * nkv + kvh;
                     if (key_mask && !key_mask[(int64_t)b * S + j]) continue;  // seen by no one
-                    const float *kj = k + kr * hd, *vj = v + kr * hd;
+                    const float *kj = k + kr * hd, *vj = v + kr * hd_v;
                     int64_t reach = window > 0 ? (int64_t)j + window - 1 : S - 1;
                     int last = reach < S - 1 ? (int)reach : S - 1;
                     for (int i = j; i <= last; i++) {  // the queries that can see key j
@@ -144,12 +147,12 @@ void attention_backward_ref(float *dq, float *dk, float *dv, float *dsinks, cons
                         if (!attn_visible(key_mask, b, S, i, j, window)) continue;  // (bounds did)
                         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                             int64_t r = ti * nh + h;
-                            const float *qi = q + r * hd, *gi = dout + r * hd;
+                            const float *qi = q + r * hd, *gi = dout + r * hd_v;
                             float pij = expf(dot_f(qi, kj, hd) * scale - lse[r]);
                             if (dv)
-                                for (int d = 0; d < hd; d++) dv[kr * hd + d] += pij * gi[d];
+                                for (int d = 0; d < hd_v; d++) dv[kr * hd_v + d] += pij * gi[d];
                             if (dk) {
-                                float ds = pij * (dot_f(gi, vj, hd) - D[r]) * scale;
+                                float ds = pij * (dot_f(gi, vj, hd_v) - D[r]) * scale;
                                 for (int d = 0; d < hd; d++) dk[kr * hd + d] += ds * qi[d];
                             }
                         }

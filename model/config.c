@@ -987,6 +987,7 @@ int64_t mt_config_rotary_dim(const mt_model_config *c) { return c->rotary_dim ? 
 int64_t mt_config_v_head_dim(const mt_model_config *c) { return c->mla ? c->v_head_dim : c->head_dim; }
 
 double mt_config_attn_scale(const mt_model_config *c) {
+    if (!c->mla) return 1.0f / sqrtf((float)c->head_dim);  // the kernels' own 1/sqrt(hd), as before MLA
     double scale = 1.0 / sqrt((double)c->head_dim);
     // DeepSeek's attention: the softmax scale times yarn_get_mscale(factor, mscale_all_dim)², in Python doubles
     if (c->mla && c->rope_yarn && c->rope_mscale_all_dim != 0 && c->rope_factor > 1) {
@@ -1212,7 +1213,7 @@ static int check_family(const mt_model_config *c) {
         mt_error_set("clip_qkv (%g): must be positive or none, and only where the family has it", c->clip_qkv);
         return -1;
     }
-    if (fam->head_dim_rule != MT_HEAD_DIM_EXPLICIT && c->head_dim * c->heads != c->hidden) {
+    if (!c->mla && fam->head_dim_rule != MT_HEAD_DIM_EXPLICIT && c->head_dim * c->heads != c->hidden) {
         mt_error_set("head_dim (%lld) x num_attention_heads (%lld) must equal hidden_size (%lld) for %s",
                      (long long)c->head_dim, (long long)c->heads, (long long)c->hidden, fam->model_type);
         return -1;

@@ -2,6 +2,7 @@
 // their CUDA twins (model/ops_cuda.h). The arguments are the CPU kernels'; pointers are memory
 // of m->be, mt_act ones in the step's storage dtype (model/model_internal.h: f32 on the cpu, bf16
 // on cuda). The null backend never calls these (its step runs no kernel).
+#include <math.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -74,15 +75,18 @@ void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *d
     });
 }
 
-void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, int backward) {
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int stride, int off, int rot,
+                int interleave, int backward) {
     const float *inv = m->rope_inv_freq, sc = m->rope_scale;
     const float *inv_dev = m->rope_inv_freq_dev ? m->rope_inv_freq_dev->data : NULL;
     (void)inv_dev;
-    PROFILED("rope (q, k)", 3.0 * T * nh * hd, 2 * AB(m) * T * nh * hd, {
+    PROFILED("rope (q, k)", 3.0 * T * nh * rot, 2 * AB(m) * T * nh * rot, {
         if (backward)
-            DISPATCH(m, rope_backward_cpu(x, pos, T, nh, hd, inv, sc), rope_backward_cuda(m->be, x, pos, T, nh, hd, inv_dev, sc));
+            DISPATCH(m, rope_backward_cpu(x, pos, T, nh, stride, off, rot, interleave, inv, sc),
+                     rope_backward_cuda(m->be, x, pos, T, nh, stride, off, rot, interleave, inv_dev, sc));
         else
-            DISPATCH(m, rope_forward_cpu(x, pos, T, nh, hd, inv, sc), rope_forward_cuda(m->be, x, pos, T, nh, hd, inv_dev, sc));
+            DISPATCH(m, rope_forward_cpu(x, pos, T, nh, stride, off, rot, interleave, inv, sc),
+                     rope_forward_cuda(m->be, x, pos, T, nh, stride, off, rot, interleave, inv_dev, sc));
     });
 }
 
@@ -100,55 +104,83 @@ static void kv_len_end(mt_model *m, int32_t *kv, int B) {
 }
 static void attention_forward_on_cuda(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k,
                                       const mt_act *v, const mt_act *sinks, const uint8_t *mask, int B, int S, int nh,
-                                      int nkv, int hd, int window) {
+                                      int nkv, int hd, int hd_v, float scale, int window) {
     int32_t *kv = sinks ? NULL : kv_len_begin(m, mask, B, S);  // lengths are for cuDNN, which sinks skip
-    attention_forward_cuda(m->be, out, lse, q, k, v, sinks, mask, kv, B, S, nh, nkv, hd, window);
+    attention_forward_cuda(m->be, out, lse, q, k, v, sinks, mask, kv, B, S, nh, nkv, hd, hd_v, scale, window);
     kv_len_end(m, kv, B);
 }
 static void attention_backward_on_cuda(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks,
                                        const mt_act *dout, const mt_act *q, const mt_act *k, const mt_act *v,
                                        const mt_act *out, const float *lse, const mt_act *sinks, const uint8_t *mask,
-                                       int B, int S, int nh, int nkv, int hd, int window) {
+                                       int B, int S, int nh, int nkv, int hd, int hd_v, float scale, int window) {
     int32_t *kv = sinks ? NULL : kv_len_begin(m, mask, B, S);
     attention_backward_cuda(m->be, dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, kv, B, S, nh, nkv, hd,
-                            window);
+                            hd_v, scale, window);
     kv_len_end(m, kv, B);
 }
 #endif
 
 // The profile's attention rows name the kernel that runs (scripts/step_model.h's names), and count
-// its backward FLOPs: cuDNN's five S² GEMMs (FlashAttention-2's backward), the WMMA kernel's seven.
-// Sinks always run the WMMA kernels (model/ops_cuda.h).
-static int attention_on_cudnn(const mt_model *m, const mt_act *sinks, const uint8_t *mask, int nh, int nkv, int hd) {
+// its FLOPs in S²-GEMMs over a head dim: forward Q·Kᵀ (hd) and P·V (hd_v); backward cuDNN's five
+// (FlashAttention-2's: Q·Kᵀ, dO·Vᵀ, Pᵀ·dO, dS·K, dSᵀ·Q = 3 hd + 2 hd_v), the WMMA kernel's seven
+// (Q·Kᵀ twice, dO·Vᵀ twice, dS·K, Pᵀ·dO, dSᵀ·Q = 4 hd + 3 hd_v). Bytes: q, k, dq, dk rows of hd;
+// v, out, dout, dv rows of hd_v. Sinks always run the WMMA kernels (model/ops_cuda.h).
+static int attention_on_cudnn(const mt_model *m, const mt_act *sinks, const uint8_t *mask, int nh, int nkv, int hd,
+                              int hd_v) {
 #ifdef MT_CUDA
     return mt_prof_active && ON_CUDA(m) && !sinks &&
-           !strcmp(attention_path(mask != NULL, mask && m->pad_right, nh, nkv, hd), "cudnn");
+           !strcmp(attention_path(mask != NULL, mask && m->pad_right, nh, nkv, hd, hd_v), "cudnn");
 #else
-    (void)m, (void)sinks, (void)mask, (void)nh, (void)nkv, (void)hd;
+    (void)m, (void)sinks, (void)mask, (void)nh, (void)nkv, (void)hd, (void)hd_v;
     return 0;
 #endif
 }
 
+float mt_attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
+
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
-                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                             int window) {
-    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd);
-    PROFILED(cudnn ? "attention fwd (cuDNN SDPA)" : "attention fwd (wmma bf16)", 2.0 * B * S * S * nh * hd, AB(m) * ((double)B * S * (2 * nh + 2 * nkv) * hd) + 4.0 * B * S * nh, {
-        DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, window),
-                 attention_forward_on_cuda(m, out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, window));
+                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int hd_v,
+                             float scale, int window) {
+    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd, hd_v);
+    const double s2 = (double)B * S * S * nh, rows = (double)B * S;
+    PROFILED(cudnn ? "attention fwd (cuDNN SDPA)" : "attention fwd (wmma bf16)", s2 * (hd + hd_v),
+             AB(m) * rows * (nh + nkv) * (hd + hd_v) + 4.0 * rows * nh, {
+        DISPATCH(m, attention_forward_cpu(out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, hd_v, scale, window),
+                 attention_forward_on_cuda(m, out, lse, q, k, v, sinks, mask, B, S, nh, nkv, hd, hd_v, scale, window));
     });
 }
 
 void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks, const mt_act *dout,
                               const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                              int window) {
-    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd);
-    PROFILED(cudnn ? "attention bwd (cuDNN SDPA)" : "attention bwd (wmma bf16)", (cudnn ? 5.0 : 7.0) * B * S * S * nh * hd, AB(m) * ((double)B * S * (4 * nh + 4 * nkv) * hd) + 8.0 * B * S * nh, {
+                              int hd_v, float scale, int window) {
+    const int cudnn = attention_on_cudnn(m, sinks, mask, nh, nkv, hd, hd_v);
+    const double s2 = (double)B * S * S * nh, rows = (double)B * S;
+    PROFILED(cudnn ? "attention bwd (cuDNN SDPA)" : "attention bwd (wmma bf16)",
+             s2 * (cudnn ? 3.0 * hd + 2.0 * hd_v : 4.0 * hd + 3.0 * hd_v),
+             AB(m) * rows * 2.0 * (nh + nkv) * (hd + hd_v) + 8.0 * rows * nh, {
         DISPATCH(m, attention_backward_cpu(dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, B, S, nh, nkv, hd,
-                                           window),
+                                           hd_v, scale, window),
                  attention_backward_on_cuda(m, dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, B, S, nh, nkv,
-                                            hd, window));
+                                            hd, hd_v, scale, window));
+    });
+}
+
+// MLA's keys and values from kv_b_proj's output and the shared rotated key part (model/ops.h).
+// Copies and adds: bytes only (a row with FLOPs must be one scripts/step_model.h knows).
+void mt_op_mla_kv_forward(mt_model *m, mt_act *k, mt_act *v, const mt_act *kvb, const mt_act *krot,
+                          int64_t krot_stride, int T, int nh, int nope, int rope, int vd) {
+    PROFILED("mla k, v", 0, 2 * AB(m) * T * ((double)nh * (nope + rope + vd)), {
+        DISPATCH(m, mla_kv_forward_cpu(k, v, kvb, krot, krot_stride, T, nh, nope, rope, vd),
+                 mla_kv_forward_cuda(m->be, k, v, kvb, krot, krot_stride, T, nh, nope, rope, vd));
+    });
+}
+
+void mt_op_mla_kv_backward(mt_model *m, mt_act *dkvb, mt_act *dkrot, const mt_act *dk, const mt_act *dv,
+                           int64_t krot_stride, int T, int nh, int nope, int rope, int vd) {
+    PROFILED("mla k, v", 0, AB(m) * T * ((double)nh * (3 * nope + 2 * vd + rope) + 2 * rope), {
+        DISPATCH(m, mla_kv_backward_cpu(dkvb, dkrot, dk, dv, krot_stride, T, nh, nope, rope, vd),
+                 mla_kv_backward_cuda(m->be, dkvb, dkrot, dk, dv, krot_stride, T, nh, nope, rope, vd));
     });
 }
 

@@ -83,16 +83,29 @@ void mt_op_rmsnorm_forward(mt_model *m, mt_act *y, float *rstd, const mt_act *x,
                            float eps);
 void mt_op_rmsnorm_backward(mt_model *m, mt_act *dx, mt_act *dw, const mt_act *dy, const mt_act *x, const mt_act *w,
                             const float *rstd, int T, int H);
-// RoPE by the model's table (m->rope_inv_freq, its device copy on cuda, m->rope_scale).
-void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int hd, int backward);
-// sinks [nh] (a weight in the model's dtype) or NULL; dsinks [nh] += or NULL (model/ops.h).
+// RoPE by the model's table (m->rope_inv_freq [rot/2], its device copy on cuda, m->rope_scale) on
+// dims [off, off + rot) of each head of x [T, nh, stride]; interleave: adjacent pairs (model/ops.h).
+void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int stride, int off, int rot,
+                int interleave, int backward);
+// q, k rows of hd, v, out rows of hd_v, scores times scale (model/ops.h; on cuda the WMMA kernels
+// take any hd, hd_v ≤ 256: model/ops_cuda.h says which path runs). sinks [nh] (a weight in the
+// model's dtype) or NULL; dsinks [nh] += or NULL.
+// 1/sqrt(hd) in fp32: the scale of every family's attention but MLA's.
+float mt_attention_scale(int hd);
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
-                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                             int window);
+                             const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int hd_v,
+                             float scale, int window);
 void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, mt_act *dsinks, const mt_act *dout,
                               const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
-                              int window);
+                              int hd_v, float scale, int window);
+// MLA: k [T, nh, nope + rope] = kvb[:, h, :nope] | krot[t], v [T, nh, vd] = kvb[:, h, nope:] from
+// kvb [T, nh, nope + vd] and krot rows of krot_stride (a slice of kv_a_proj_with_mqa's rows); the
+// backward accumulates dkvb and dkrot (Σ over heads), NULL skipped (model/ops.h mla_kv_*).
+void mt_op_mla_kv_forward(mt_model *m, mt_act *k, mt_act *v, const mt_act *kvb, const mt_act *krot,
+                          int64_t krot_stride, int T, int nh, int nope, int rope, int vd);
+void mt_op_mla_kv_backward(mt_model *m, mt_act *dkvb, mt_act *dkrot, const mt_act *dk, const mt_act *dv,
+                           int64_t krot_stride, int T, int nh, int nope, int rope, int vd);
 double mt_op_cross_entropy(mt_model *m, float *dlogits, float dscale, int64_t *count, const float *logits,
                            const int32_t *targets, int T, int V);
 void mt_op_add(mt_model *m, mt_act *y, const mt_act *a, const mt_act *b, int64_t n);

@@ -317,12 +317,13 @@ extern "C" void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, 
 // ---------------------------------------------------------------------------------------------
 // RoPE
 
-// x [T, nh, hd] bf16 rotated in place by ±angle; one thread per (t, j), the angle shared by the
-// heads. inv_freq [hd/2] f32 (device; model/rope.h's table). The fp32 arithmetic of model/rope.c
-// (one product, cosf/sinf, times scale).
-static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, int hd, const float *inv_freq,
-                                   float scale, float direction) {
-    int half = hd / 2;
+// x [T, nh, stride] bf16: dims [off, off + rot) of each head rotated in place by ±angle, pairs
+// (j, j + rot/2) or, interleaved, (2j, 2j + 1) (model/rope.c says why both); one thread per (t, j),
+// the angle shared by the heads. inv_freq [rot/2] f32 (device; model/rope.h's table). The fp32
+// arithmetic of model/rope.c (one product, cosf/sinf, times scale).
+static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, int stride, int off, int rot,
+                                   int interleave, const float *inv_freq, float scale, float direction) {
+    const int half = rot / 2, step = interleave ? 2 : 1, partner = interleave ? 1 : half;
     int64_t n = (int64_t)T * half;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = idx / half;
@@ -330,31 +331,34 @@ static __global__ void rope_kernel(bf16 *x, const int32_t *pos, int T, int nh, i
         float angle = __fmul_rn((float)pos[t], inv_freq[j]);
         float c = __fmul_rn(cosf(angle), scale), s = __fmul_rn(sinf(angle), scale) * direction;
         for (int h = 0; h < nh; h++) {
-            bf16 *xh = x + (t * nh + h) * hd;
-            float a = bf(xh[j]), b = bf(xh[j + half]);
-            xh[j] = rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));  // two roundings then one add, as HF
-            xh[j + half] = rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+            bf16 *xa = x + (t * nh + h) * stride + off + (int64_t)j * step, *xb = xa + partner;
+            float a = bf(*xa), b = bf(*xb);
+            *xa = rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));  // two roundings then one add, as HF
+            *xb = rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
         }
     }
 }
 
-static void rope_launch(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int nh, int hd, const float *inv_freq,
-                        float scale, float dir) {
-    if (T <= 0 || nh <= 0 || hd < 2) return;
+static void rope_launch(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int nh, int stride, int off, int rot,
+                        int interleave, const float *inv_freq, float scale, float dir) {
+    if (rot < 2 || rot % 2 || off < 0 || off + rot > stride)
+        mt_fatal(MT_EXIT_ERROR, "rope_cuda: dims [%d, %d + %d) must be even in number (at least 2) and inside a head of %d",
+                 off, off, rot, stride);
+    if (T <= 0 || nh <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    rope_kernel<<<mt_cuda_blocks((int64_t)T * (hd / 2), THREADS), THREADS, 0, s>>>((bf16 *)x, pos, T, nh, hd, inv_freq,
-                                                                                   scale, dir);
+    rope_kernel<<<mt_cuda_blocks((int64_t)T * (rot / 2), THREADS), THREADS, 0, s>>>(
+        (bf16 *)x, pos, T, nh, stride, off, rot, interleave, inv_freq, scale, dir);
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd,
-                                  const float *inv_freq, float scale) {
-    rope_launch(be, x, pos, T, n_heads, hd, inv_freq, scale, 1.0f);
+extern "C" void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int stride,
+                                  int off, int rot, int interleave, const float *inv_freq, float scale) {
+    rope_launch(be, x, pos, T, n_heads, stride, off, rot, interleave, inv_freq, scale, 1.0f);
 }
 
-extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd,
-                                   const float *inv_freq, float scale) {
-    rope_launch(be, dx, pos, T, n_heads, hd, inv_freq, scale, -1.0f);
+extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int stride,
+                                   int off, int rot, int interleave, const float *inv_freq, float scale) {
+    rope_launch(be, dx, pos, T, n_heads, stride, off, rot, interleave, inv_freq, scale, -1.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -370,10 +374,14 @@ extern "C" void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *p
 //
 // Each warp owns 16 rows (queries, or keys for dk/dv) and runs its GEMMs with warp_gemm below;
 // the lanes then work on the 16 × 32 score tile in shared memory, two lanes per row (16 columns
-// each). Tiles are bf16 in shared memory with hd zero-padded to hdp (a multiple of 16) and a row
-// pitch of hdp + 8 elements (off the bank period); fp32 accumulators (O, dQ, dK, dV) live in
-// shared memory per warp so that the lanes can rescale rows (the fragment layout is opaque).
-// Blocks of 4 warps (2 when hdp > 128, to fit sm_80's 163 KB of shared memory).
+// each). Tiles are bf16 in shared memory with their head dim zero-padded to a multiple of 16 (hqp
+// for q and k, hvp for v and dout: MLA's differ) and a row pitch of that + 8 elements (off the
+// bank period); fp32 accumulators (O, dQ, dK, dV) live in shared memory per warp so that the lanes
+// can rescale rows (the fragment layout is opaque). So any head dims up to 256 run, multiples of
+// 16 or not, equal or not; the zero padding adds nothing to the dot products.
+// Blocks of 4 warps (2 when the larger padded dim is > 128, to fit sm_80's 163 KB of shared memory).
+// Every shared buffer a fragment loads or stores starts at a multiple of 32 bytes (WMMA's rule):
+// the bf16 buffers hold multiples of 16 rows of a pitch that is a multiple of 8 elements.
 // Roundings beyond the fp32 flash kernels of before: P (forward, and for dV) and dS (for dQ,
 // dK) are rounded to bf16 before their tensor-core GEMM, as FlashAttention-2 does.
 
@@ -428,23 +436,24 @@ static __device__ void att_load(bf16 *dst, int ld, const bf16 *src, int64_t stri
 }
 
 static __host__ __device__ __forceinline__ int att_hdp(int hd) { return (hd + 15) & ~15; }
-static __host__ __device__ __forceinline__ int att_warps(int hd) { return att_hdp(hd) > 128 ? 2 : 4; }
+static __host__ __device__ __forceinline__ int att_warps(int hd, int hv) { return att_hdp(MT_MAX(hd, hv)) > 128 ? 2 : 4; }
 
 // Forward: grid (ceil(S / 16·nw), nh, B), 32·nw threads. Online softmax per row in fp32 (m, l held
 // by both lanes of the row); O accumulates in shared memory, rescaled by the lanes per key tile.
+// q, k rows of hd, v, out rows of hv.
 static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                 const bf16 *sinks, const uint8_t *mask, int S, int nh, int nkv, int hd,
-                                                int window, float scale) {
+                                                int hv, int window, float scale) {
     extern __shared__ __align__(128) unsigned char att_sm[];
-    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int nw = blockDim.x >> 5, hqp = att_hdp(hd), hvp = att_hdp(hv), ldq = hqp + 8, ldv = hvp + 8, ldo = hvp + 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
-    bf16 *Qs = (bf16 *)att_sm, *Ks = Qs + nw * 16 * ldh, *Vs = Ks + ATT_BK * ldh;
-    float *Fs = (float *)(Vs + ATT_BK * ldh), *Sw = Fs + warp * 16 * (ATT_LDF + ldo), *Ow = Sw + 16 * ATT_LDF;
+    bf16 *Qs = (bf16 *)att_sm, *Ks = Qs + nw * 16 * ldq, *Vs = Ks + ATT_BK * ldq;
+    float *Fs = (float *)(Vs + ATT_BK * ldv), *Sw = Fs + warp * 16 * (ATT_LDF + ldo), *Ow = Sw + 16 * ATT_LDF;
     bf16 *Pw = (bf16 *)(Fs + nw * 16 * (ATT_LDF + ldo)) + warp * 16 * ATT_LDP;
     const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * nw * 16, wi0 = i0 + warp * 16, i = wi0 + r;
-    const int kvh = h / (nh / nkv), d0 = half * hdp / 2, d1 = d0 + hdp / 2;
-    att_load(Qs, ldh, q + (((int64_t)b * S + i0) * nh + h) * hd, (int64_t)nh * hd, nw * 16, MT_MIN(nw * 16, S - i0),
-             hd, hdp);
+    const int kvh = h / (nh / nkv), d0 = half * hvp / 2, d1 = d0 + hvp / 2;
+    att_load(Qs, ldq, q + (((int64_t)b * S + i0) * nh + h) * hd, (int64_t)nh * hd, nw * 16, MT_MIN(nw * 16, S - i0),
+             hd, hqp);
     for (int d = d0; d < d1; d++) Ow[r * ldo + d] = 0.0f;
 
     float m = -INFINITY, l = 0.0f;
@@ -452,11 +461,11 @@ static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf1
     for (int j0 = kstart; j0 <= kend; j0 += ATT_BK) {  // key tiles past the block's last query: skipped
         const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
         __syncthreads();  // the previous tile is consumed (and Qs, Ow written, the first time)
-        att_load(Ks, ldh, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
-        att_load(Vs, ldh, v + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
+        att_load(Ks, ldq, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hqp);
+        att_load(Vs, ldv, v + kv0 * hv, (int64_t)nkv * hv, ATT_BK, MT_MIN(ATT_BK, S - j0), hv, hvp);
         __syncthreads();
         if (wi0 >= S || j0 > wi0 + 15 || (window > 0 && j0 + ATT_BK - 1 <= wi0 - window)) continue;  // all masked
-        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldh, ldh, Ks, ldh, hdp, false);  // S = Q Kᵀ
+        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldq, ldq, Ks, ldq, hqp, false);  // S = Q Kᵀ
         __syncwarp();
         float s[16], mx = -INFINITY;
         for (int c = 0; c < 16; c++) {
@@ -476,7 +485,7 @@ static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf1
         m = m_new;
         for (int d = d0; d < d1; d++) Ow[r * ldo + d] *= corr;
         __syncwarp();
-        warp_gemm<false>(Ow, ldo, hdp / 16, Pw, ATT_LDP, Vs, ldh, ATT_BK, true);  // O += P V
+        warp_gemm<false>(Ow, ldo, hvp / 16, Pw, ATT_LDP, Vs, ldv, ATT_BK, true);  // O += P V
     }
     __syncwarp();
     if (i >= S) return;
@@ -484,22 +493,22 @@ static __global__ void attention_forward_kernel(bf16 *out, float *lse, const bf1
     if (sinks) {  // the sink joins the denominator: l·e^m + e^z over their max (no key: out 0, lse z)
         const float z = bf(sinks[h]), mx = fmaxf(m, z), a = expf(m - mx), den = l * a + expf(z - mx);
         const float inv = a / den;
-        for (int d = d0; d < MT_MIN(d1, hd); d++) out[row * hd + d] = rn(Ow[r * ldo + d] * inv);
+        for (int d = d0; d < MT_MIN(d1, hv); d++) out[row * hv + d] = rn(Ow[r * ldo + d] * inv);
         if (half == 0) lse[row] = mx + logf(den);
         return;
     }
     const float inv = m == -INFINITY ? 0.0f : 1.0f / l;  // no visible key: out 0, lse -inf
-    for (int d = d0; d < MT_MIN(d1, hd); d++) out[row * hd + d] = rn(Ow[r * ldo + d] * inv);
+    for (int d = d0; d < MT_MIN(d1, hv); d++) out[row * hv + d] = rn(Ow[r * ldo + d] * inv);
     if (half == 0) lse[row] = m == -INFINITY ? -INFINITY : m + logf(l);
 }
 
-// D [T·nh] f32 = Σ_d dout · out (both bf16); one warp per row.
-static __global__ void attention_d_kernel(float *D, const bf16 *dout, const bf16 *out, int64_t rows, int hd) {
+// D [T·nh] f32 = Σ_d dout · out (both bf16, rows of hv); one warp per row.
+static __global__ void attention_d_kernel(float *D, const bf16 *dout, const bf16 *out, int64_t rows, int hv) {
     int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += bf(dout[r * hd + d]) * bf(out[r * hd + d]);
+    for (int d = lane; d < hv; d += 32) s += bf(dout[r * hv + d]) * bf(out[r * hv + d]);
     s = mt_warp_sum(s);
     if (lane == 0) D[r] = s;
 }
@@ -521,20 +530,20 @@ static __global__ void attention_dsinks_kernel(bf16 *dsinks, const bf16 *sinks, 
 // dq_i += Σ_j dS_ij k_j (dS rounded to bf16 for the tensor cores).
 static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                            const float *lse, const float *D, const uint8_t *mask, int S, int nh,
-                                           int nkv, int hd, int window, float scale) {
+                                           int nkv, int hd, int hv, int window, float scale) {
     extern __shared__ __align__(128) unsigned char att_sm[];
-    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int nw = blockDim.x >> 5, hqp = att_hdp(hd), hvp = att_hdp(hv), ldq = hqp + 8, ldv = hvp + 8, ldo = hqp + 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
-    bf16 *Qs = (bf16 *)att_sm, *Gs = Qs + nw * 16 * ldh, *Ks = Gs + nw * 16 * ldh, *Vs = Ks + ATT_BK * ldh;
-    float *Fs = (float *)(Vs + ATT_BK * ldh), *Sw = Fs + warp * 16 * (2 * ATT_LDF + ldo), *Dw = Sw + 16 * ATT_LDF;
+    bf16 *Qs = (bf16 *)att_sm, *Gs = Qs + nw * 16 * ldq, *Ks = Gs + nw * 16 * ldv, *Vs = Ks + ATT_BK * ldq;
+    float *Fs = (float *)(Vs + ATT_BK * ldv), *Sw = Fs + warp * 16 * (2 * ATT_LDF + ldo), *Dw = Sw + 16 * ATT_LDF;
     float *Aw = Dw + 16 * ATT_LDF;
     bf16 *Pw = (bf16 *)(Fs + nw * 16 * (2 * ATT_LDF + ldo)) + warp * 16 * ATT_LDP;
     const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * nw * 16, wi0 = i0 + warp * 16, i = wi0 + r;
-    const int kvh = h / (nh / nkv), d0 = half * hdp / 2, d1 = d0 + hdp / 2;
+    const int kvh = h / (nh / nkv), d0 = half * hqp / 2, d1 = d0 + hqp / 2;
     const int64_t q0 = ((int64_t)b * S + i0) * nh + h, row = ((int64_t)b * S + i) * nh + h;
     const int nq = MT_MIN(nw * 16, S - i0);
-    att_load(Qs, ldh, q + q0 * hd, (int64_t)nh * hd, nw * 16, nq, hd, hdp);
-    att_load(Gs, ldh, dout + q0 * hd, (int64_t)nh * hd, nw * 16, nq, hd, hdp);
+    att_load(Qs, ldq, q + q0 * hd, (int64_t)nh * hd, nw * 16, nq, hd, hqp);
+    att_load(Gs, ldv, dout + q0 * hv, (int64_t)nh * hv, nw * 16, nq, hv, hvp);
     for (int d = d0; d < d1; d++) Aw[r * ldo + d] = 0.0f;
     const float lse_i = i < S ? lse[row] : -INFINITY, D_i = i < S ? D[row] : 0.0f;
 
@@ -542,12 +551,12 @@ static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf1
     for (int j0 = kstart; j0 <= kend; j0 += ATT_BK) {
         const int64_t kv0 = ((int64_t)b * S + j0) * nkv + kvh;
         __syncthreads();
-        att_load(Ks, ldh, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
-        att_load(Vs, ldh, v + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hdp);
+        att_load(Ks, ldq, k + kv0 * hd, (int64_t)nkv * hd, ATT_BK, MT_MIN(ATT_BK, S - j0), hd, hqp);
+        att_load(Vs, ldv, v + kv0 * hv, (int64_t)nkv * hv, ATT_BK, MT_MIN(ATT_BK, S - j0), hv, hvp);
         __syncthreads();
         if (wi0 >= S || j0 > wi0 + 15 || (window > 0 && j0 + ATT_BK - 1 <= wi0 - window)) continue;
-        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldh, ldh, Ks, ldh, hdp, false);  // Q Kᵀ
-        warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Gs + warp * 16 * ldh, ldh, Vs, ldh, hdp, false);  // dO Vᵀ
+        warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Qs + warp * 16 * ldq, ldq, Ks, ldq, hqp, false);  // Q Kᵀ
+        warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Gs + warp * 16 * ldv, ldv, Vs, ldv, hvp, false);  // dO Vᵀ
         __syncwarp();
         for (int c = 0; c < 16; c++) {
             const int col = half * 16 + c;
@@ -559,7 +568,7 @@ static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf1
             Pw[r * ATT_LDP + col] = rn(ds);
         }
         __syncwarp();
-        warp_gemm<false>(Aw, ldo, hdp / 16, Pw, ATT_LDP, Ks, ldh, ATT_BK, true);  // dQ += dS K
+        warp_gemm<false>(Aw, ldo, hqp / 16, Pw, ATT_LDP, Ks, ldq, ATT_BK, true);  // dQ += dS K
     }
     __syncwarp();
     if (i >= S) return;
@@ -571,21 +580,23 @@ static __global__ void attention_dq_kernel(bf16 *dq, const bf16 *dout, const bf1
 // computed directly as K Qᵀ and V dOᵀ, rounded to bf16 for the tensor cores).
 static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                             const bf16 *v, const float *lse, const float *D, const uint8_t *mask,
-                                            int S, int nh, int nkv, int hd, int window, float scale) {
+                                            int S, int nh, int nkv, int hd, int hv, int window, float scale) {
     extern __shared__ __align__(128) unsigned char att_sm[];
-    const int nw = blockDim.x >> 5, hdp = att_hdp(hd), ldh = hdp + 8, ldo = hdp + 4;
+    const int nw = blockDim.x >> 5, hqp = att_hdp(hd), hvp = att_hdp(hv), ldq = hqp + 8, ldv = hvp + 8;
+    const int ldok = hqp + 4, ldov = hvp + 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 1, half = lane & 1;
-    bf16 *Ks = (bf16 *)att_sm, *Vs = Ks + nw * 16 * ldh, *Qs = Vs + nw * 16 * ldh, *Gs = Qs + ATT_BK * ldh;
-    float *Ls = (float *)(Gs + ATT_BK * ldh), *Ds = Ls + ATT_BK, *Fs = Ds + ATT_BK;
-    float *Sw = Fs + warp * 16 * (2 * ATT_LDF + 2 * ldo), *Dw = Sw + 16 * ATT_LDF, *Kw = Dw + 16 * ATT_LDF;
-    float *Vw = Kw + 16 * ldo;
-    bf16 *Pw = (bf16 *)(Fs + nw * 16 * (2 * ATT_LDF + 2 * ldo)) + warp * 32 * ATT_LDP, *Ew = Pw + 16 * ATT_LDP;
+    bf16 *Ks = (bf16 *)att_sm, *Vs = Ks + nw * 16 * ldq, *Qs = Vs + nw * 16 * ldv, *Gs = Qs + ATT_BK * ldq;
+    float *Ls = (float *)(Gs + ATT_BK * ldv), *Ds = Ls + ATT_BK, *Fs = Ds + ATT_BK;
+    float *Sw = Fs + warp * 16 * (2 * ATT_LDF + ldok + ldov), *Dw = Sw + 16 * ATT_LDF, *Kw = Dw + 16 * ATT_LDF;
+    float *Vw = Kw + 16 * ldok;
+    bf16 *Pw = (bf16 *)(Fs + nw * 16 * (2 * ATT_LDF + ldok + ldov)) + warp * 32 * ATT_LDP, *Ew = Pw + 16 * ATT_LDP;
     const int b = blockIdx.z, kvh = blockIdx.y, j0 = blockIdx.x * nw * 16, wj0 = j0 + warp * 16, j = wj0 + r;
-    const int group = nh / nkv, d0 = half * hdp / 2, d1 = d0 + hdp / 2;
+    const int group = nh / nkv, dk0 = half * hqp / 2, dk1 = dk0 + hqp / 2, dv0 = half * hvp / 2, dv1 = dv0 + hvp / 2;
     const int64_t k0 = ((int64_t)b * S + j0) * nkv + kvh;
-    att_load(Ks, ldh, k + k0 * hd, (int64_t)nkv * hd, nw * 16, MT_MIN(nw * 16, S - j0), hd, hdp);
-    att_load(Vs, ldh, v + k0 * hd, (int64_t)nkv * hd, nw * 16, MT_MIN(nw * 16, S - j0), hd, hdp);
-    for (int d = d0; d < d1; d++) Kw[r * ldo + d] = Vw[r * ldo + d] = 0.0f;
+    att_load(Ks, ldq, k + k0 * hd, (int64_t)nkv * hd, nw * 16, MT_MIN(nw * 16, S - j0), hd, hqp);
+    att_load(Vs, ldv, v + k0 * hv, (int64_t)nkv * hv, nw * 16, MT_MIN(nw * 16, S - j0), hv, hvp);
+    for (int d = dk0; d < dk1; d++) Kw[r * ldok + d] = 0.0f;
+    for (int d = dv0; d < dv1; d++) Vw[r * ldov + d] = 0.0f;
 
     const int last = window > 0 ? MT_MIN(S - 1, j0 + nw * 16 - 1 + window - 1) : S - 1;  // later queries: masked
     for (int h = kvh * group; h < (kvh + 1) * group; h++)
@@ -593,8 +604,8 @@ static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout
             const int64_t q0 = ((int64_t)b * S + i0) * nh + h;
             const int nq = MT_MIN(ATT_BK, S - i0);
             __syncthreads();
-            att_load(Qs, ldh, q + q0 * hd, (int64_t)nh * hd, ATT_BK, nq, hd, hdp);
-            att_load(Gs, ldh, dout + q0 * hd, (int64_t)nh * hd, ATT_BK, nq, hd, hdp);
+            att_load(Qs, ldq, q + q0 * hd, (int64_t)nh * hd, ATT_BK, nq, hd, hqp);
+            att_load(Gs, ldv, dout + q0 * hv, (int64_t)nh * hv, ATT_BK, nq, hv, hvp);
             if (threadIdx.x < ATT_BK) {
                 const int t = threadIdx.x;
                 Ls[t] = t < nq ? lse[q0 + (int64_t)t * nh] : -INFINITY;
@@ -602,8 +613,8 @@ static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout
             }
             __syncthreads();
             if (wj0 >= S || i0 + ATT_BK - 1 < wj0 || (window > 0 && i0 - (wj0 + 15) >= window)) continue;
-            warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Ks + warp * 16 * ldh, ldh, Qs, ldh, hdp, false);  // K Qᵀ
-            warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Vs + warp * 16 * ldh, ldh, Gs, ldh, hdp, false);  // V dOᵀ
+            warp_gemm<true>(Sw, ATT_LDF, ATT_BK / 16, Ks + warp * 16 * ldq, ldq, Qs, ldq, hqp, false);  // K Qᵀ
+            warp_gemm<true>(Dw, ATT_LDF, ATT_BK / 16, Vs + warp * 16 * ldv, ldv, Gs, ldv, hvp, false);  // V dOᵀ
             __syncwarp();
             for (int c = 0; c < 16; c++) {
                 const int col = half * 16 + c;
@@ -616,22 +627,22 @@ static __global__ void attention_dkv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout
                 Ew[r * ATT_LDP + col] = rn(ds);
             }
             __syncwarp();
-            warp_gemm<false>(Vw, ldo, hdp / 16, Pw, ATT_LDP, Gs, ldh, ATT_BK, true);  // dV += Pᵀ dO
-            warp_gemm<false>(Kw, ldo, hdp / 16, Ew, ATT_LDP, Qs, ldh, ATT_BK, true);  // dK += dSᵀ Q
+            warp_gemm<false>(Vw, ldov, hvp / 16, Pw, ATT_LDP, Gs, ldv, ATT_BK, true);  // dV += Pᵀ dO
+            warp_gemm<false>(Kw, ldok, hqp / 16, Ew, ATT_LDP, Qs, ldq, ATT_BK, true);  // dK += dSᵀ Q
         }
     __syncwarp();
     if (j >= S || (mask && !mask[(int64_t)b * S + j])) return;  // a masked key is seen by no one
     const int64_t krow = ((int64_t)b * S + j) * nkv + kvh;
-    for (int d = d0; d < MT_MIN(d1, hd); d++) {
-        if (dv) dv[krow * hd + d] = rn(bf(dv[krow * hd + d]) + Vw[r * ldo + d]);
-        if (dk) dk[krow * hd + d] = rn(bf(dk[krow * hd + d]) + Kw[r * ldo + d]);
-    }
+    if (dv)
+        for (int d = dv0; d < MT_MIN(dv1, hv); d++) dv[krow * hv + d] = rn(bf(dv[krow * hv + d]) + Vw[r * ldov + d]);
+    if (dk)
+        for (int d = dk0; d < MT_MIN(dk1, hd); d++) dk[krow * hd + d] = rn(bf(dk[krow * hd + d]) + Kw[r * ldok + d]);
 }
 
-static void att_check(int nh, int nkv, int hd) {
-    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd > ATT_MAX_HD)
-        mt_fatal(MT_EXIT_ERROR, "attention_cuda: nh=%d must be a multiple of nkv=%d, 0 < hd=%d <= %d", nh, nkv, hd,
-                 ATT_MAX_HD);
+static void att_check(int nh, int nkv, int hd, int hv) {
+    if (nkv <= 0 || nh % nkv != 0 || hd <= 0 || hd > ATT_MAX_HD || hv <= 0 || hv > ATT_MAX_HD)
+        mt_fatal(MT_EXIT_ERROR, "attention_cuda: nh=%d must be a multiple of nkv=%d, 0 < hd=%d, hd_v=%d <= %d", nh, nkv,
+                 hd, hv, ATT_MAX_HD);
 }
 
 // Dynamic shared memory beyond the default 48 KiB must be asked for per kernel.
@@ -666,25 +677,28 @@ static bool att_sinks_skip_cudnn(const mt_bf16 *sinks) {
     return true;
 }
 
+// Which path runs (the WMMA kernels unless cuDNN's SDPA is asked for and takes the shape, and
+// never with sinks): model/ops_cuda.h. The WMMA kernels take every 0 < hd, hd_v ≤ 256, equal or
+// not, multiples of 16 or not (zero-padded in shared memory): no caller pads.
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
                                        const mt_bf16 *k_, const mt_bf16 *v_, const mt_bf16 *sinks,
                                        const uint8_t *key_mask, const int32_t *kv_len, int B, int S, int nh, int nkv,
-                                       int hd, int window) {
+                                       int hd, int hd_v, float scale, int window) {
     // cuDNN's SDPA where it is loaded and takes the shape (model/attention_cudnn.h), else the kernel.
-    if (!att_sinks_skip_cudnn(sinks) &&
-        attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, kv_len, B, S, nh, nkv, hd, window))
+    if (!att_sinks_skip_cudnn(sinks) && attention_cudnn_forward(be, out_, lse, q_, k_, v_, key_mask, kv_len, B, S, nh,
+                                                                nkv, hd, hd_v, scale, window))
         return;
-    att_check(nh, nkv, hd);
+    att_check(nh, nkv, hd, hd_v);
     if (B <= 0 || S <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
-    const int nw = att_warps(hd), ldh = att_hdp(hd) + 8, ldo = att_hdp(hd) + 4;
-    const size_t smem = (size_t)2 * (nw * 16 + 2 * ATT_BK) * ldh + (size_t)4 * nw * 16 * (ATT_LDF + ldo) +
+    const int nw = att_warps(hd, hd_v), ldq = att_hdp(hd) + 8, ldv = att_hdp(hd_v) + 8, ldo = att_hdp(hd_v) + 4;
+    const size_t smem = (size_t)2 * ((nw * 16 + ATT_BK) * ldq + ATT_BK * ldv) + (size_t)4 * nw * 16 * (ATT_LDF + ldo) +
                         (size_t)2 * nw * 16 * ATT_LDP;
     att_smem(attention_forward_kernel, smem);
     dim3 grid((unsigned)((S + nw * 16 - 1) / (nw * 16)), (unsigned)nh, (unsigned)B);
     attention_forward_kernel<<<grid, 32 * nw, smem, s>>>((bf16 *)out_, lse, (const bf16 *)q_, (const bf16 *)k_,
                                                          (const bf16 *)v_, (const bf16 *)sinks, key_mask, S, nh,
-                                                         nkv, hd, window, 1.0f / sqrtf((float)hd));
+                                                         nkv, hd, hd_v, window, scale);
     MT_CHECK_LAUNCH();
 }
 
@@ -692,12 +706,13 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
                                         const mt_bf16 *dout_, const mt_bf16 *q_, const mt_bf16 *k_,
                                         const mt_bf16 *v_, const mt_bf16 *out_, const float *lse,
                                         const mt_bf16 *sinks, const uint8_t *key_mask, const int32_t *kv_len, int B,
-                                        int S, int nh, int nkv, int hd, int window) {
+                                        int S, int nh, int nkv, int hd, int hd_v, float scale, int window) {
     if (dsinks && !sinks) mt_fatal(MT_EXIT_ERROR, "attention_backward_cuda: dsinks without sinks");
     if (!att_sinks_skip_cudnn(sinks) && attention_cudnn_backward(be, dq_, dk_, dv_, dout_, q_, k_, v_, out_, lse,
-                                                                 key_mask, kv_len, B, S, nh, nkv, hd, window))
+                                                                 key_mask, kv_len, B, S, nh, nkv, hd, hd_v, scale,
+                                                                 window))
         return;
-    att_check(nh, nkv, hd);
+    att_check(nh, nkv, hd, hd_v);
     if (B <= 0 || S <= 0 || (!dq_ && !dk_ && !dv_ && !dsinks)) return;
     cudaStream_t s = mt_cuda_begin(be);
     bf16 *dq = (bf16 *)dq_, *dk = (bf16 *)dk_, *dv = (bf16 *)dv_;
@@ -706,30 +721,30 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
     const size_t dbytes = (size_t)rows * sizeof(float);
     float *D = (float *)mt_work_alloc(be, dbytes);
     attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, (const bf16 *)out_,
-                                                                                          rows, hd);
+                                                                                          rows, hd_v);
     MT_CHECK_LAUNCH();
     if (dsinks) {  // lse includes the sinks, so dq, dk, dv below need nothing more
         attention_dsinks_kernel<<<(unsigned)nh, THREADS, 0, s>>>((bf16 *)dsinks, (const bf16 *)sinks, lse, D,
                                                                  (int64_t)B * S, nh);
         MT_CHECK_LAUNCH();
     }
-    const int nw = att_warps(hd), ldh = att_hdp(hd) + 8, ldo = att_hdp(hd) + 4;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int nw = att_warps(hd, hd_v), ldq = att_hdp(hd) + 8, ldv = att_hdp(hd_v) + 8;
+    const int ldok = att_hdp(hd) + 4, ldov = att_hdp(hd_v) + 4;
     const unsigned tiles = (unsigned)((S + nw * 16 - 1) / (nw * 16));
+    const size_t tiles_bf16 = (size_t)2 * (nw * 16 + ATT_BK) * (ldq + ldv);  // q or k, and v or dout, tiles
     if (dq) {
-        const size_t smem = (size_t)2 * (2 * nw * 16 + 2 * ATT_BK) * ldh +
-                            (size_t)4 * nw * 16 * (2 * ATT_LDF + ldo) + (size_t)2 * nw * 16 * ATT_LDP;
+        const size_t smem = tiles_bf16 + (size_t)4 * nw * 16 * (2 * ATT_LDF + ldok) + (size_t)2 * nw * 16 * ATT_LDP;
         att_smem(attention_dq_kernel, smem);
         attention_dq_kernel<<<dim3(tiles, (unsigned)nh, (unsigned)B), 32 * nw, smem, s>>>(
-            dq, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, window, scale);
+            dq, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, hd_v, window, scale);
         MT_CHECK_LAUNCH();
     }
     if (dk || dv) {
-        const size_t smem = (size_t)2 * (2 * nw * 16 + 2 * ATT_BK) * ldh + (size_t)4 * 2 * ATT_BK +
-                            (size_t)4 * nw * 16 * (2 * ATT_LDF + 2 * ldo) + (size_t)2 * nw * 32 * ATT_LDP;
+        const size_t smem = tiles_bf16 + (size_t)4 * 2 * ATT_BK + (size_t)4 * nw * 16 * (2 * ATT_LDF + ldok + ldov) +
+                            (size_t)2 * nw * 32 * ATT_LDP;
         att_smem(attention_dkv_kernel, smem);
         attention_dkv_kernel<<<dim3(tiles, (unsigned)nkv, (unsigned)B), 32 * nw, smem, s>>>(
-            dk, dv, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, window, scale);
+            dk, dv, dout, q, k, v, lse, D, key_mask, S, nh, nkv, hd, hd_v, window, scale);
         MT_CHECK_LAUNCH();
     }
     mt_work_free(be, D, dbytes);

@@ -53,30 +53,41 @@ void rmsnorm_forward_cuda(mt_backend *be, mt_bf16 *y, float *rstd, const mt_bf16
 void rmsnorm_backward_cuda(mt_backend *be, mt_bf16 *dx, mt_bf16 *dw, const mt_bf16 *dy, const mt_bf16 *x,
                            const mt_bf16 *w, const float *rstd, int T, int H);
 
-// x [T, n_heads, hd] rotated in place (one rounding per element); inv_freq [hd/2] f32 (device).
-void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int hd,
-                       const float *inv_freq, float scale);
-void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int hd,
-                        const float *inv_freq, float scale);
+// x [T, n_heads, stride]: dims [off, off + rot) of each head rotated in place (one rounding per
+// element), pairs as model/ops.h's interleave says; inv_freq [rot/2] f32 (device).
+void rope_forward_cuda(mt_backend *be, mt_bf16 *x, const int32_t *pos, int T, int n_heads, int stride, int off,
+                       int rot, int interleave, const float *inv_freq, float scale);
+void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, int n_heads, int stride, int off,
+                        int rot, int interleave, const float *inv_freq, float scale);
 
 // Fused (flash-style, on tensor cores: WMMA bf16 GEMMs with fp32 accumulation): one block per
 // (sequence, head, tile of queries), online softmax in fp32; lse [T, nh] f32 as the CPU writes
 // it. q, k, v, out and the gradients bf16, as are the shared-memory tiles and P, dS before their
 // GEMMs. Backward recomputes the probabilities from lse, one pass for dq (over query tiles) and
-// one for dk, dv (over key tiles), so each output row has one writer. hd ≤ 256.
-// Where cuDNN is loaded and takes the shape, both run cuDNN's SDPA instead (model/attention_cudnn.h,
-// same results and lse); kv_len [B] int32 (device) or NULL: the key mask as sequence lengths when
-// it is right padding (attention_kv_len_cuda makes them), the form cuDNN takes a key mask in.
+// one for dk, dv (over key tiles), so each output row has one writer. q, k rows of hd, v, out
+// rows of hd_v, scores scaled by `scale`, as model/ops.h.
+// Which path runs:
+//   - the WMMA kernels: any 0 < hd, hd_v ≤ 256, equal or not (MLA's 192 | 128), multiples of 16
+//     or not (each tile zero-padded to a multiple of 16 in shared memory, so nobody pads or copies);
+//     the default (MT_ATTENTION=auto or wmma), and always with sinks.
+//   - cuDNN's SDPA (model/attention_cudnn.h, same results and lse) only under MT_ATTENTION=cudnn,
+//     where the shape suits it (hd and hd_v multiples of 8 up to 256 — they may differ: cuDNN 9
+//     takes d_qk ≠ d_v, e.g. 192 | 128 on Hopper —, 16-byte aligned rows, a key mask only as
+//     lengths) and the library builds both graphs; any refusal is fatal in that mode.
+//   - beyond 256: fatal on both.
+// kv_len [B] int32 (device) or NULL: the key mask as sequence lengths when it is right padding
+// (attention_kv_len_cuda makes them), the form cuDNN takes a key mask in.
 // sinks [nh] bf16 or NULL (a dense weight), dsinks [nh] bf16 += (its gradient; NULL: skipped),
 // reduced over the rows in fp32 in a fixed order, one rounding. With sinks both run the WMMA
 // kernels, whatever MT_ATTENTION asks (cuDNN's graph here has no sink; noted once).
 void attention_forward_cuda(mt_backend *be, mt_bf16 *out, float *lse, const mt_bf16 *q, const mt_bf16 *k,
                             const mt_bf16 *v, const mt_bf16 *sinks, const uint8_t *key_mask, const int32_t *kv_len,
-                            int B, int S, int nh, int nkv, int hd, int window);
+                            int B, int S, int nh, int nkv, int hd, int hd_v, float scale, int window);
 void attention_backward_cuda(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk, mt_bf16 *dv, mt_bf16 *dsinks,
                              const mt_bf16 *dout, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
                              const mt_bf16 *out, const float *lse, const mt_bf16 *sinks, const uint8_t *key_mask,
-                             const int32_t *kv_len, int B, int S, int nh, int nkv, int hd, int window);
+                             const int32_t *kv_len, int B, int S, int nh, int nkv, int hd, int hd_v, float scale,
+                             int window);
 // kv_len [B] = the number of visible keys of each sequence of key_mask [B, S]: its length when
 // the mask is right padding (the caller knows: the host copy of the mask).
 void attention_kv_len_cuda(mt_backend *be, int32_t *kv_len, const uint8_t *key_mask, int B, int S);
@@ -127,6 +138,12 @@ void clip_backward_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x, int64_t n
 void clip_backward_normed_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x_raw, const float *rstd,
                                const mt_bf16 *w, int64_t rows, int64_t width, float c);
 void sigmoid_cuda(mt_backend *be, float *x, int64_t n);
+// MLA's key and value assembly (model/mla.c): copies, so bit for bit; the backward's dkrot sums
+// the heads in fp32 in head order and rounds once into dkrot, as dkvb's adds (NULL: skipped).
+void mla_kv_forward_cuda(mt_backend *be, mt_bf16 *k, mt_bf16 *v, const mt_bf16 *kvb, const mt_bf16 *krot,
+                         int64_t krot_stride, int T, int nh, int nope, int rope, int vd);
+void mla_kv_backward_cuda(mt_backend *be, mt_bf16 *dkvb, mt_bf16 *dkrot, const mt_bf16 *dk, const mt_bf16 *dv,
+                          int64_t krot_stride, int T, int nh, int nope, int rope, int vd);
 void scaled_add_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *y, const float *s, int64_t T, int64_t H);
 // dy and ds are written; ds [T] summed per row by a block reduction (fixed order).
 void gate_backward_cuda(mt_backend *be, mt_bf16 *dy, float *ds, const mt_bf16 *dx, const mt_bf16 *y,

@@ -1,6 +1,6 @@
 // model/parts_cuda.cu — CUDA twins of the parts some families add (docs/families.md): attention
-// biases and clip_qkv (model/bias.c), and the shared expert's sigmoid gate and the MLP output's
-// add (model/mlp.c). Contract in model/ops_cuda.h.
+// biases and clip_qkv (model/bias.c), the shared expert's sigmoid gate and the MLP output's add
+// (model/mlp.c), and MLA's key and value assembly (model/mla.c). Contract in model/ops_cuda.h.
 //
 // bf16 storage, fp32 arithmetic, one rounding on store. These are elementwise or one row per
 // block, a small share of a step's time beside the GEMMs: plain element accesses, no 16-byte path.
@@ -164,4 +164,86 @@ extern "C" void gate_backward_cuda(mt_backend *be, mt_bf16 *dy, float *ds, const
     gate_backward_kernel<<<mt_cuda_blocks(T, 1), THREADS, 0, st>>>((bf16 *)dy, ds, (const bf16 *)dx, (const bf16 *)y, s,
                                                                     T, H);
     MT_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// MLA's key and value assembly (model/mla.c)
+
+// k [T, nh, nope + rope] = kvb[:, h, :nope] | krot[t, :rope]; v [T, nh, vd] = kvb[:, h, nope:].
+// One thread per element of k, then of v (the index past k's count).
+static __global__ void mla_kv_forward_kernel(bf16 *k, bf16 *v, const bf16 *kvb, const bf16 *krot, int64_t krot_stride,
+                                             int64_t rows, int nh, int nope, int rope, int vd) {
+    const int64_t dk = nope + rope, dkv = nope + vd, nk = rows * dk;
+    GRID_STRIDE(i, nk + rows * vd) {
+        if (i < nk) {
+            const int64_t row = i / dk;  // (t, h)
+            const int c = (int)(i % dk);
+            k[i] = c < nope ? kvb[row * dkv + c] : krot[(row / nh) * krot_stride + (c - nope)];
+        } else {
+            const int64_t e = i - nk, row = e / vd;
+            v[e] = kvb[row * dkv + nope + e % vd];
+        }
+    }
+}
+
+// dkvb [T, nh, nope + vd] += dk's no-rope columns | dv, one thread per element.
+static __global__ void mla_kv_dkvb_kernel(bf16 *dkvb, const bf16 *dk, const bf16 *dv, int64_t rows, int nope, int rope,
+                                          int vd) {
+    const int64_t dkv = nope + vd;
+    GRID_STRIDE(i, rows * dkv) {
+        const int64_t row = i / dkv;
+        const int c = (int)(i % dkv);
+        const float g = c < nope ? bf(dk[row * (nope + rope) + c]) : bf(dv[row * vd + c - nope]);
+        dkvb[i] = rn(bf(dkvb[i]) + g);
+    }
+}
+
+// dkrot [T, rows of krot_stride] += Σ_h dk[t, h, nope:], heads in order in fp32; one thread per (t, e).
+static __global__ void mla_kv_dkrot_kernel(bf16 *dkrot, const bf16 *dk, int64_t krot_stride, int T, int nh, int nope,
+                                           int rope) {
+    const int64_t dkd = nope + rope;
+    GRID_STRIDE(i, (int64_t)T * rope) {
+        const int64_t t = i / rope;
+        const int e = (int)(i % rope);
+        float s = 0.0f;
+        for (int h = 0; h < nh; h++) s += bf(dk[(t * nh + h) * dkd + nope + e]);
+        bf16 *g = dkrot + t * krot_stride + e;
+        *g = rn(bf(*g) + s);
+    }
+}
+
+static void mla_kv_check(int nh, int nope, int rope, int vd, int64_t krot_stride) {
+    if (nh <= 0 || nope < 0 || rope < 0 || vd <= 0 || krot_stride < rope)
+        mt_fatal(MT_EXIT_ERROR, "mla_kv_cuda: nh=%d nope=%d rope=%d vd=%d krot_stride=%lld", nh, nope, rope, vd,
+                 (long long)krot_stride);
+}
+
+extern "C" void mla_kv_forward_cuda(mt_backend *be, mt_bf16 *k, mt_bf16 *v, const mt_bf16 *kvb, const mt_bf16 *krot,
+                                    int64_t krot_stride, int T, int nh, int nope, int rope, int vd) {
+    mla_kv_check(nh, nope, rope, vd, krot_stride);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t rows = (int64_t)T * nh, n = rows * (nope + rope + vd);
+    mla_kv_forward_kernel<<<mt_cuda_blocks(n, THREADS, 8192), THREADS, 0, s>>>(
+        (bf16 *)k, (bf16 *)v, (const bf16 *)kvb, (const bf16 *)krot, krot_stride, rows, nh, nope, rope, vd);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void mla_kv_backward_cuda(mt_backend *be, mt_bf16 *dkvb, mt_bf16 *dkrot, const mt_bf16 *dk,
+                                     const mt_bf16 *dv, int64_t krot_stride, int T, int nh, int nope, int rope,
+                                     int vd) {
+    mla_kv_check(nh, nope, rope, vd, krot_stride);
+    if (T <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    const int64_t rows = (int64_t)T * nh;
+    if (dkvb) {
+        mla_kv_dkvb_kernel<<<mt_cuda_blocks(rows * (nope + vd), THREADS, 8192), THREADS, 0, s>>>(
+            (bf16 *)dkvb, (const bf16 *)dk, (const bf16 *)dv, rows, nope, rope, vd);
+        MT_CHECK_LAUNCH();
+    }
+    if (dkrot && rope > 0) {
+        mla_kv_dkrot_kernel<<<mt_cuda_blocks((int64_t)T * rope, THREADS, 8192), THREADS, 0, s>>>(
+            (bf16 *)dkrot, (const bf16 *)dk, krot_stride, T, nh, nope, rope);
+        MT_CHECK_LAUNCH();
+    }
 }

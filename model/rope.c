@@ -1,6 +1,8 @@
-// model/rope.c — rotary position embedding, Hugging Face's non-interleaved form (docs/design.md "The step's arithmetic"),
-// CPU reference, fp32. Dimension j pairs with j + hd/2 (rotate_half), not with j + 1. The
-// frequency table (default or YaRN) is mt_rope_table's (model/rope.h), computed once per model.
+// model/rope.c — rotary position embedding (docs/design.md "The step's arithmetic"), CPU
+// reference, fp32: Hugging Face's non-interleaved form (dimension j pairs with j + rot/2,
+// rotate_half) or DeepSeek's interleaved pairs (2j, 2j + 1), on all of a head or a part of it
+// (model/ops.h). The frequency table (default or YaRN) is mt_rope_table's (model/rope.h),
+// computed once per model.
 #include <math.h>
 
 #include "core/common.h"
@@ -72,35 +74,54 @@ void mt_rope_params_from_config(const mt_model_config *c, mt_rope_params *p) {
     }
 }
 
-// x [T, n_heads, hd] rotated in place by +angle (direction 1) or −angle (−1), pos [T]:
-//   x'[j]        = x[j]·cos − x[j + hd/2]·sin        cos, sin = cos, sin(pos · inv_freq[j]) · scale
-//   x'[j + hd/2] = x[j + hd/2]·cos + x[j]·sin
+// x [T, n_heads, stride] rotated in place by +angle (direction 1) or −angle (−1), pos [T]: pair j
+// of each head (dims a = off + j and b = off + j + rot/2, or a = off + 2j and b = off + 2j + 1
+// when interleaved) becomes
+//   x'[a] = x[a]·cos − x[b]·sin,   x'[b] = x[b]·cos + x[a]·sin,   cos, sin = cos, sin(pos · inv_freq[j]) · scale
 // Negating sin is exact, so the −angle rotation is bit for bit the transpose written out (the
 // scale too: the transpose of scale·R is scale·Rᵀ).
-static void rope_rotate(float *x, const int32_t *pos, int T, int n_heads, int hd, const float *inv_freq, float scale,
-                        float direction) {
-    int half = hd / 2;
+//
+// Interleaved pairs: transformers' DeepSeek V3 (apply_rotary_pos_emb_interleave) turns the same
+// pairs (2j, 2j + 1) by the same angles but writes them de-interleaved: pair j's results go to
+// dims j and j + rot/2 (its V2's complex form writes them in place, as here). The two outputs differ
+// by one fixed permutation of the rotated dims, the same for q and for k; attention reads q and k
+// only through dot products q·k, which a shared permutation leaves unchanged (so the scores, the
+// loss and every gradient before the rotation are the same). tests/test_model_ops.c checks the
+// scores against transformers' formula.
+static void rope_rotate(float *x, const int32_t *pos, int T, int n_heads, int stride, int off, int rot, int interleave,
+                        const float *inv_freq, float scale, float direction) {
+    const int half = rot / 2, step = interleave ? 2 : 1, partner = interleave ? 1 : half;
 #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < half; j++) {
             float angle = (float)pos[t] * inv_freq[j];  // freqs = position_ids.float() @ inv_freq: one product
             float c = cosf(angle) * scale, s = sinf(angle) * scale * direction;
             for (int h = 0; h < n_heads; h++) {
-                float *xh = x + ((int64_t)t * n_heads + h) * hd;
-                float a = xh[j], b = xh[j + half];
-                xh[j] = a * c - b * s;  // HF: x·cos + (−x2)·sin, two roundings then one add
-                xh[j + half] = b * c + a * s;
+                float *xa = x + ((int64_t)t * n_heads + h) * stride + off + (int64_t)j * step, *xb = xa + partner;
+                float a = *xa, b = *xb;
+                *xa = a * c - b * s;  // HF: x·cos + (−x2)·sin, two roundings then one add
+                *xb = b * c + a * s;
             }
         }
     }
 }
 
-void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int hd, const float *inv_freq, float scale) {
-    rope_rotate(x, pos, T, n_heads, hd, inv_freq, scale, 1.0f);
+static void rope_check(int stride, int off, int rot) {
+    if (rot < 2 || rot % 2 || off < 0 || off + rot > stride)
+        mt_fatal(MT_EXIT_ERROR, "rope: dims [%d, %d + %d) must be even in number (at least 2) and inside a head of %d",
+                 off, off, rot, stride);
+}
+
+void rope_forward_cpu(float *x, const int32_t *pos, int T, int n_heads, int stride, int off, int rot, int interleave,
+                      const float *inv_freq, float scale) {
+    rope_check(stride, off, rot);
+    rope_rotate(x, pos, T, n_heads, stride, off, rot, interleave, inv_freq, scale, 1.0f);
 }
 
 // The transpose rotation, in place on dx: the gradient of the rotated tensor becomes the
 // gradient of the unrotated one.
-void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int hd, const float *inv_freq, float scale) {
-    rope_rotate(dx, pos, T, n_heads, hd, inv_freq, scale, -1.0f);
+void rope_backward_cpu(float *dx, const int32_t *pos, int T, int n_heads, int stride, int off, int rot, int interleave,
+                       const float *inv_freq, float scale) {
+    rope_check(stride, off, rot);
+    rope_rotate(dx, pos, T, n_heads, stride, off, rot, interleave, inv_freq, scale, -1.0f);
 }

@@ -1,5 +1,6 @@
 // scripts/bench.c — `make bench`: measured throughput of the ops built so far, on every backend
 // this build and machine have. Prints what it measured; no goals are asserted here.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -90,13 +91,15 @@ static void bench_attention(int S, double sgemm_gflops, int ref) {
     for (int64_t i = 0; i < nq; i++) q[i] = mt_rng_normal(&rng), g[i] = mt_rng_normal(&rng);
     for (int64_t i = 0; i < nk; i++) k[i] = mt_rng_normal(&rng), v[i] = mt_rng_normal(&rng);
     int reps = 0;
+    const float scale = 1.0f / sqrtf((float)hd);
     double t0 = now_s(), t, tf = 0;
     do {  // ref: the scalar kernels (model/attention_ref.c) the tiled ones replaced
         double a = now_s();
-        (ref ? attention_forward_ref : attention_forward_cpu)(o, lse, q, k, v, NULL, NULL, 1, S, nh, nkv, hd, 0);
+        (ref ? attention_forward_ref : attention_forward_cpu)(o, lse, q, k, v, NULL, NULL, 1, S, nh, nkv, hd, hd, scale,
+                                                              0);
         tf += now_s() - a;
         (ref ? attention_backward_ref : attention_backward_cpu)(dq, dk, dv, NULL, g, q, k, v, o, lse, NULL, NULL, 1, S, nh,
-                                                                nkv, hd, 0);
+                                                                nkv, hd, hd, scale, 0);
         reps++;
     } while ((t = now_s() - t0) < 2.0 || reps < 2);
     double mm = 2.0 * S * (double)S / 2 * hd * nh, gf = 7 * mm * reps / t / 1e9;

@@ -48,7 +48,7 @@ static void versions(void) {
 // Run before the device check, so that a machine without a GPU (the rehearsal) still has the
 // library finalize every descriptor of the graphs.
 static void cudnn_probe(void) {
-    const char *path = attention_path(0, 0, 32, 8, 128);
+    const char *path = attention_path(0, 0, 32, 8, 128, 128);
     size_t v = attention_cudnn_version();
     if (v)
         printf("probe: cuDNN %zu.%zu.%zu%s; Mixtral's attention runs on %s\n", v / 10000, v % 10000 / 100, v % 100,
@@ -59,7 +59,7 @@ static void cudnn_probe(void) {
     int ok[2] = {-1, -1};
     for (int bwd = 0; v && bwd < 2; bwd++) {
         char msg[400];
-        ok[bwd] = attention_cudnn_check(bwd, 1, 4096, 32, 8, 128, 0, 0, msg, sizeof msg);
+        ok[bwd] = attention_cudnn_check(bwd, 1, 4096, 32, 8, 128, 128, 0, 0, msg, sizeof msg);
         printf("probe: cuDNN SDPA %s graph at B 1, S 4096, 32/8 heads, hd 128: %s\n", bwd ? "backward" : "forward", msg);
     }
     json_line("cudnn", "\"version\":%zu,\"attention\":\"%s\",\"fwd_plan\":%d,\"bwd_plan\":%d", v, path, ok[0], ok[1]);

@@ -283,29 +283,33 @@ static co_result co_rmsnorm(mt_backend *g, int T, int H, uint64_t seed) {
 }
 
 // A rotation: one rounding per element. yarn: gpt-oss's YaRN table (factor 32, scale ≈ 1.35),
-// else the default one of theta 1e6 (model/rope.h).
-static co_result co_rope_table(mt_backend *g, int yarn, uint64_t seed) {
+// else the default one of theta 1e6 (model/rope.h). nh heads of `stride` dims, of which [off, off +
+// rot) turn, pairs (j, j + rot/2) or interleaved (2j, 2j + 1); the rest stay (bit for bit on both).
+static co_result co_rope_part(mt_backend *g, int yarn, int nh, int stride, int off, int rot, int inter,
+                              uint64_t seed) {
     co_result r = cb_begin(seed);
-    const int T = 19, nh = 3, hd = 64;
-    size_t n = (size_t)T * nh * hd;
+    const int T = 19;
+    size_t n = (size_t)T * nh * stride;
     int32_t pos[19];
     for (int t = 0; t < T; t++) pos[t] = co_int(yarn ? 131072 : 4096);
-    mt_rope_params p = {.yarn = yarn, .hd = hd, .theta = yarn ? 150000.0 : 1e6, .factor = 32, .beta_fast = 32,
+    mt_rope_params p = {.yarn = yarn, .hd = rot, .theta = yarn ? 150000.0 : 1e6, .factor = 32, .beta_fast = 32,
                         .beta_slow = 1, .original_max = 4096, .truncate = 0};
-    float inv[32], scale;
-    if (mt_rope_table(&p, inv, &scale) != 0) mt_fatal(MT_EXIT_ERROR, "%s", mt_error_get());
+    float inv[128], scale;
+    if (rot > 256 || mt_rope_table(&p, inv, &scale) != 0) mt_fatal(MT_EXIT_ERROR, "%s", mt_error_get());
+    const size_t ni = (size_t)rot / 2 * sizeof(float);
     float *x = cb_rand(n, -1, 1), *dx = cb_rand(n, -1, 1);
-    void *P = co_up(g, pos, sizeof pos), *X = cb_up(g, x, n), *DX = cb_up(g, dx, n), *I = co_up(g, inv, sizeof inv);
-    rope_forward_cpu(x, pos, T, nh, hd, inv, scale);
-    rope_backward_cpu(dx, pos, T, nh, hd, inv, scale);
-    rope_forward_cuda(g, X, P, T, nh, hd, I, scale);
-    rope_backward_cuda(g, DX, P, T, nh, hd, I, scale);
+    void *P = co_up(g, pos, sizeof pos), *X = cb_up(g, x, n), *DX = cb_up(g, dx, n), *I = co_up(g, inv, ni);
+    rope_forward_cpu(x, pos, T, nh, stride, off, rot, inter, inv, scale);
+    rope_backward_cpu(dx, pos, T, nh, stride, off, rot, inter, inv, scale);
+    rope_forward_cuda(g, X, P, T, nh, stride, off, rot, inter, I, scale);
+    rope_backward_cuda(g, DX, P, T, nh, stride, off, rot, inter, I, scale);
     cb_cmp(&r, g, "x", X, x, n, 1, CB_ONE_ROUNDING);
     cb_cmp(&r, g, "dx", DX, dx, n, 1, CB_ONE_ROUNDING);
-    co_free(g, P, sizeof pos), co_free(g, X, n * 2), co_free(g, DX, n * 2), co_free(g, I, sizeof inv);
+    co_free(g, P, sizeof pos), co_free(g, X, n * 2), co_free(g, DX, n * 2), co_free(g, I, ni);
     free(x), free(dx);
     return r;
 }
+static co_result co_rope_table(mt_backend *g, int yarn, uint64_t seed) { return co_rope_part(g, yarn, 3, 64, 0, 64, 0, seed); }
 static co_result co_rope(mt_backend *g) { return co_rope_table(g, 0, 3); }
 static co_result co_rope_yarn(mt_backend *g) { return co_rope_table(g, 1, 4); }
 
@@ -331,37 +335,44 @@ static co_result co_rope_yarn(mt_backend *g) { return co_rope_table(g, 1, 4); }
 // only: right padding) given as sequence lengths; a refusal is a failure there, not a fallback.
 // With sinks (SK, a bf16 [nh], and DS its gradient) the op itself runs the WMMA kernels whatever
 // the mode (via 3: under MT_ATTENTION=cudnn, which must not refuse).
+// hd: q and k's head dim, hv: v and out's (MLA's differ), scale the scores'.
 static int co_attention_fwd(mt_backend *g, int via, void *O, void *L, void *Q, void *K, void *V, void *SK, void *M,
-                            void *LEN, int B, int S, int nh, int nkv, int hd, int window) {
-    if (via == 2) return attention_cudnn_forward(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, window);
-    attention_forward_cuda(g, O, L, Q, K, V, SK, M, LEN, B, S, nh, nkv, hd, window);
+                            void *LEN, int B, int S, int nh, int nkv, int hd, int hv, float scale, int window) {
+    if (via == 2) return attention_cudnn_forward(g, O, L, Q, K, V, M, LEN, B, S, nh, nkv, hd, hv, scale, window);
+    attention_forward_cuda(g, O, L, Q, K, V, SK, M, LEN, B, S, nh, nkv, hd, hv, scale, window);
     return 1;
 }
 static int co_attention_bwd(mt_backend *g, int via, void *DQ, void *DK, void *DV, void *DS, void *DO, void *Q, void *K,
                             void *V, void *O, void *L, void *SK, void *M, void *LEN, int B, int S, int nh, int nkv,
-                            int hd, int window) {
-    if (via == 2) return attention_cudnn_backward(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, window);
-    attention_backward_cuda(g, DQ, DK, DV, DS, DO, Q, K, V, O, L, SK, M, LEN, B, S, nh, nkv, hd, window);
+                            int hd, int hv, float scale, int window) {
+    if (via == 2)
+        return attention_cudnn_backward(g, DQ, DK, DV, DO, Q, K, V, O, L, M, LEN, B, S, nh, nkv, hd, hv, scale, window);
+    attention_backward_cuda(g, DQ, DK, DV, DS, DO, Q, K, V, O, L, SK, M, LEN, B, S, nh, nkv, hd, hv, scale, window);
     return 1;
 }
 
+static co_result co_attention_mla(mt_backend *g, int B, int S, int nh, int nkv, int hd, int hv, float scale,
+                                  int window, int mask_kind, uint64_t seed, int via, int sinks);
 static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
-                                    uint64_t seed, int via, int sinks);
+                                    uint64_t seed, int via, int sinks) {
+    return co_attention_mla(g, B, S, nh, nkv, hd, hd, 1.0f / sqrtf((float)hd), window, mask_kind, seed, via, sinks);
+}
 static co_result co_attention(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
                               uint64_t seed, int via) {
     return co_attention_sinks(g, B, S, nh, nkv, hd, window, mask_kind, seed, via, 0);
 }
 // sinks: learned sinks in [-1, 3] (lse includes them; a query with no key gets out 0, lse = its
 // sink) and their gradient dsinks, from a non-zero start like the others (fp32 reduction, one
-// rounding: CB_ONE_ROUNDING).
-static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv, int hd, int window, int mask_kind,
-                                    uint64_t seed, int via, int sinks) {
+// rounding: CB_ONE_ROUNDING). hv ≠ hd and any scale: MLA's attention (the same tolerances: the
+// roundings are the same, only the dot products' lengths differ).
+static co_result co_attention_mla(mt_backend *g, int B, int S, int nh, int nkv, int hd, int hv, float scale,
+                                  int window, int mask_kind, uint64_t seed, int via, int sinks) {
     co_result r = cb_begin(seed);
     // Forced cuDNN: a graph the library refuses is this case's failure, said here; the forced mode
     // would make it fatal and end the run before the other cases.
     for (int bwd = 0; via == 2 && bwd < 2; bwd++) {
         char why[256];
-        if (attention_cudnn_check(bwd, B, S, nh, nkv, hd, window, mask_kind != 0, why, sizeof why) == 0) {
+        if (attention_cudnn_check(bwd, B, S, nh, nkv, hd, hv, window, mask_kind != 0, why, sizeof why) == 0) {
             r.err = INFINITY;
             snprintf(r.what, sizeof r.what, "%.150s", why);
             return r;
@@ -372,9 +383,10 @@ static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv
     if (via == 2 || via == 3) attention_set_mode(MT_ATTENTION_CUDNN);
     const int T = B * S;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd, nl = (size_t)T * nh;
-    float *q = cb_rand(nq, -1, 1), *k = cb_rand(nk, -1, 1), *v = cb_rand(nk, -1, 1), *dout = cb_rand(nq, -1, 1);
-    float *out = co_rand(nq, 0, 0), *lse = co_rand(nl, 0, 0);
-    float *gq = co_rand(nq, 0, 0), *gk = co_rand(nk, 0, 0), *gv = co_rand(nk, 0, 0);  // zeros
+    size_t no = (size_t)T * nh * hv, nv = (size_t)T * nkv * hv;  // out and v: rows of hv
+    float *q = cb_rand(nq, -1, 1), *k = cb_rand(nk, -1, 1), *v = cb_rand(nv, -1, 1), *dout = cb_rand(no, -1, 1);
+    float *out = co_rand(no, 0, 0), *lse = co_rand(nl, 0, 0);
+    float *gq = co_rand(nq, 0, 0), *gk = co_rand(nk, 0, 0), *gv = co_rand(nv, 0, 0);  // zeros
     uint8_t *mask = NULL;
     if (mask_kind) {
         mask = mt_xmalloc((size_t)T);
@@ -383,36 +395,39 @@ static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv
         if (mask_kind == 2)
             for (int j = 0; j < 3 && j < S; j++) mask[j] = 0;
     }
-    void *Q = cb_up(g, q, nq), *K = cb_up(g, k, nk), *Vd = cb_up(g, v, nk), *DO = cb_up(g, dout, nq);
-    void *O = co_up(g, NULL, nq * 2), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
+    void *Q = cb_up(g, q, nq), *K = cb_up(g, k, nk), *Vd = cb_up(g, v, nv), *DO = cb_up(g, dout, no);
+    void *O = co_up(g, NULL, no * 2), *L = co_up(g, NULL, nl * 4), *M = mask ? co_up(g, mask, (size_t)T) : NULL;
     int32_t lens[64];  // via 2: right padding as lengths (mask kind 1: key j of b visible iff j < S − 3b − 2)
     for (int b = 0; b < B && b < 64; b++) lens[b] = mask_kind == 1 ? S - 3 * b - 2 : S;
     void *LEN = via == 2 && mask ? co_up(g, lens, (size_t)B * 4) : NULL;
     float *snk = sinks ? cb_rand((size_t)nh, -1, 3) : NULL, *ds = sinks ? cb_rand((size_t)nh, -1, 1) : NULL;
     float *gs = sinks ? co_rand((size_t)nh, 0, 0) : NULL;
     void *SK = sinks ? cb_up(g, snk, (size_t)nh) : NULL;
-    attention_forward_cpu(out, lse, q, k, v, snk, mask, B, S, nh, nkv, hd, window);
-    if (!co_attention_fwd(g, via, O, L, Q, K, Vd, SK, M, LEN, B, S, nh, nkv, hd, window))
+    attention_forward_cpu(out, lse, q, k, v, snk, mask, B, S, nh, nkv, hd, hv, scale, window);
+    if (!co_attention_fwd(g, via, O, L, Q, K, Vd, SK, M, LEN, B, S, nh, nkv, hd, hv, scale, window))
         r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_forward declined");
-    cb_cmp(&r, g, "out", O, out, nq, 1, CB_ATTN_TC);
+    cb_cmp(&r, g, "out", O, out, no, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "lse", L, lse, nl, 0, CB_FP32);
-    float *gout = cb_down(g, O, nq, 1), *glse = cb_down(g, L, nl, 0);
-    attention_backward_cpu(gq, gk, gv, gs, dout, q, k, v, gout, glse, snk, mask, B, S, nh, nkv, hd, window);
-    float *dq = cb_rand(nq, -1, 1), *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nk, -1, 1);
-    const float sq = cb_scale(gq, nq), sk = cb_scale(gk, nk), sv = cb_scale(gv, nk);
+    float *gout = cb_down(g, O, no, 1), *glse = cb_down(g, L, nl, 0);
+    attention_backward_cpu(gq, gk, gv, gs, dout, q, k, v, gout, glse, snk, mask, B, S, nh, nkv, hd, hv, scale, window);
+    float *dq = cb_rand(nq, -1, 1), *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nv, -1, 1);
+    const float sq = cb_scale(gq, nq), sk = cb_scale(gk, nk), sv = cb_scale(gv, nv);
     for (size_t i = 0; i < nq; i++) dq[i] = cb_r(dq[i] * sq);
-    for (size_t i = 0; i < nk; i++) dk[i] = cb_r(dk[i] * sk), dv[i] = cb_r(dv[i] * sv);
+    for (size_t i = 0; i < nk; i++) dk[i] = cb_r(dk[i] * sk);
+    for (size_t i = 0; i < nv; i++) dv[i] = cb_r(dv[i] * sv);
     if (sinks) {
         const float ss = cb_scale(gs, (size_t)nh);
         for (int h = 0; h < nh; h++) ds[h] = cb_r(ds[h] * ss);
     }
-    void *DQ = cb_up(g, dq, nq), *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nk);
+    void *DQ = cb_up(g, dq, nq), *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nv);
     void *DS = sinks ? cb_up(g, ds, (size_t)nh) : NULL;
-    int ran = co_attention_bwd(g, via, DQ, DK, DV, DS, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd, window);
-    ran &= co_attention_bwd(g, via, NULL, NULL, NULL, NULL, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd,
-                            window);  // nothing
+    int ran = co_attention_bwd(g, via, DQ, DK, DV, DS, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd, hv, scale,
+                               window);
+    ran &= co_attention_bwd(g, via, NULL, NULL, NULL, NULL, DO, Q, K, Vd, O, L, SK, M, LEN, B, S, nh, nkv, hd, hv,
+                            scale, window);  // nothing
     for (size_t i = 0; i < nq; i++) dq[i] += gq[i];  // the CPU twin's accumulation, in fp32
-    for (size_t i = 0; i < nk; i++) dk[i] += gk[i], dv[i] += gv[i];
+    for (size_t i = 0; i < nk; i++) dk[i] += gk[i];
+    for (size_t i = 0; i < nv; i++) dv[i] += gv[i];
     if (sinks) {
         for (int h = 0; h < nh; h++) ds[h] += gs[h];
         cb_cmp(&r, g, "dsinks", DS, ds, (size_t)nh, 1, CB_ONE_ROUNDING);
@@ -421,15 +436,45 @@ static co_result co_attention_sinks(mt_backend *g, int B, int S, int nh, int nkv
     }
     cb_cmp(&r, g, "dq", DQ, dq, nq, 1, CB_ATTN_TC);
     cb_cmp(&r, g, "dk", DK, dk, nk, 1, CB_ATTN_TC);
-    cb_cmp(&r, g, "dv", DV, dv, nk, 1, CB_ATTN_TC);
+    cb_cmp(&r, g, "dv", DV, dv, nv, 1, CB_ATTN_TC);
     if (!ran) r.err = INFINITY, snprintf(r.what, sizeof r.what, "attention_cudnn_backward declined");
     if (LEN) co_free(g, LEN, (size_t)B * 4);
     attention_set_mode(mode0);
-    co_free(g, Q, nq * 2), co_free(g, K, nk * 2), co_free(g, Vd, nk * 2), co_free(g, DO, nq * 2);
-    co_free(g, O, nq * 2), co_free(g, L, nl * 4), co_free(g, DQ, nq * 2), co_free(g, DK, nk * 2), co_free(g, DV, nk * 2);
+    co_free(g, Q, nq * 2), co_free(g, K, nk * 2), co_free(g, Vd, nv * 2), co_free(g, DO, no * 2);
+    co_free(g, O, no * 2), co_free(g, L, nl * 4), co_free(g, DQ, nq * 2), co_free(g, DK, nk * 2), co_free(g, DV, nv * 2);
     if (M) co_free(g, M, (size_t)T);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(gq), free(gk), free(gv), free(mask);
     free(gout), free(glse), free(dq), free(dk), free(dv);
+    return r;
+}
+
+// MLA's key and value assembly (model/mla.c): the forward copies (bit for bit); the backward adds
+// the same fp32 values as the twin (dk's no-rope part or dv onto dkvb; the heads' rope parts summed
+// in head order onto dkrot) and rounds once: the twin's result rounded, bit for bit. krot is a
+// slice of wider rows (kv_a_proj_with_mqa's [T, lora + rope]); the rest of dkrot's rows untouched.
+static co_result co_mla_kv(mt_backend *g, int T, int nh, int nope, int rope, int vd, int lora, uint64_t seed) {
+    co_result r = cb_begin(seed);
+    const int ld = lora + rope;
+    const size_t na = (size_t)T * ld, nb = (size_t)T * nh * (nope + vd), nk = (size_t)T * nh * (nope + rope);
+    const size_t nv = (size_t)T * nh * vd;
+    float *kva = cb_rand(na, -1, 1), *kvb = cb_rand(nb, -1, 1), *k = co_rand(nk, 0, 0), *v = co_rand(nv, 0, 0);
+    float *dk = cb_rand(nk, -1, 1), *dv = cb_rand(nv, -1, 1), *dkvb = cb_rand(nb, -1, 1), *dkva = cb_rand(na, -1, 1);
+    void *KA = cb_up(g, kva, na), *KB = cb_up(g, kvb, nb), *K = co_up(g, NULL, nk * 2), *V = co_up(g, NULL, nv * 2);
+    void *DK = cb_up(g, dk, nk), *DV = cb_up(g, dv, nv), *DKB = cb_up(g, dkvb, nb), *DKA = cb_up(g, dkva, na);
+    mla_kv_forward_cpu(k, v, kvb, kva + lora, ld, T, nh, nope, rope, vd);
+    mla_kv_backward_cpu(dkvb, dkva + lora, dk, dv, ld, T, nh, nope, rope, vd);
+    for (size_t i = 0; i < nb; i++) dkvb[i] = cb_r(dkvb[i]);
+    for (size_t i = 0; i < na; i++) dkva[i] = cb_r(dkva[i]);
+    mla_kv_forward_cuda(g, K, V, KB, (const mt_bf16 *)KA + lora, ld, T, nh, nope, rope, vd);
+    mla_kv_backward_cuda(g, NULL, NULL, DK, DV, ld, T, nh, nope, rope, vd);  // nothing wanted
+    mla_kv_backward_cuda(g, DKB, (mt_bf16 *)DKA + lora, DK, DV, ld, T, nh, nope, rope, vd);
+    cb_cmp(&r, g, "k", K, k, nk, 1, CB_EXACT);
+    cb_cmp(&r, g, "v", V, v, nv, 1, CB_EXACT);
+    cb_cmp(&r, g, "dkvb", DKB, dkvb, nb, 1, CB_EXACT);
+    cb_cmp(&r, g, "dkrot (whole rows)", DKA, dkva, na, 1, CB_EXACT);
+    co_free(g, KA, na * 2), co_free(g, KB, nb * 2), co_free(g, K, nk * 2), co_free(g, V, nv * 2);
+    co_free(g, DK, nk * 2), co_free(g, DV, nv * 2), co_free(g, DKB, nb * 2), co_free(g, DKA, na * 2);
+    free(kva), free(kvb), free(k), free(v), free(dk), free(dv), free(dkvb), free(dkva);
     return r;
 }
 
@@ -1284,6 +1329,49 @@ static co_result co_attention_sinks_hd24(mt_backend *g) { return co_attention_si
 static co_result co_attention_sinks_cudnn_mode(mt_backend *g) {
     return co_attention_sinks(g, 2, 40, 6, 2, 64, 7, 1, 54, 3, 1);
 }
+// MLA (DeepSeek V2/V3): q, k of nope + rope dims, v and out of their own, the scale hd^-0.5 · mscale²
+// (mscale = 0.1 · ln 40 + 1, V3's). hd 20 | 10 (neither a multiple of 16: zero-padded tiles) with a
+// scale of neither dim, hd_v > hd, the real 192 | 128 (2 warps) and it scaled down to 48 | 32
+// (one kv head per query head, as MLA expands them); each path forced on 48 | 32 and 24 | 16
+// (cuDNN: d_qk ≠ d_v in its graph); and sinks beside hd ≠ hd_v.
+static float co_mla_scale(int hd) {
+    float m = 0.1f * logf(40.0f) + 1.0f;
+    return 1.0f / sqrtf((float)hd) * m * m;
+}
+static co_result co_attention_mla_hd20_v10(mt_backend *g) {
+    return co_attention_mla(g, 2, 37, 4, 2, 20, 10, 0.37f, 0, 0, 61, 0, 0);
+}
+static co_result co_attention_mla_hd20_v10_window_mask(mt_backend *g) {
+    return co_attention_mla(g, 2, 70, 4, 1, 20, 10, 0.37f, 5, 2, 62, 0, 0);
+}
+static co_result co_attention_mla_hd10_v20(mt_backend *g) {
+    return co_attention_mla(g, 1, 40, 2, 1, 10, 20, 0.37f, 9, 1, 63, 0, 0);
+}
+static co_result co_attention_mla_hd48_v32(mt_backend *g) {
+    return co_attention_mla(g, 2, 45, 4, 4, 48, 32, co_mla_scale(48), 0, 3, 64, 0, 0);
+}
+static co_result co_attention_mla_hd192_v128(mt_backend *g) {
+    return co_attention_mla(g, 1, 40, 2, 2, 192, 128, co_mla_scale(192), 0, 1, 65, 0, 0);
+}
+static co_result co_attention_mla_wmma_hd48_v32(mt_backend *g) {
+    return co_attention_mla(g, 2, 45, 4, 4, 48, 32, co_mla_scale(48), 0, 1, 66, 1, 0);
+}
+static co_result co_attention_mla_cudnn_hd48_v32(mt_backend *g) {
+    return co_attention_mla(g, 2, 45, 4, 4, 48, 32, co_mla_scale(48), 0, 1, 66, 2, 0);
+}
+static co_result co_attention_mla_cudnn_gqa_window_hd24_v16(mt_backend *g) {
+    return co_attention_mla(g, 2, 40, 6, 2, 24, 16, 0.37f, 7, 0, 67, 2, 0);
+}
+static co_result co_attention_mla_sinks_hd20_v10(mt_backend *g) {
+    return co_attention_mla(g, 2, 37, 4, 2, 20, 10, 0.37f, 5, 2, 68, 0, 1);
+}
+// RoPE on part of a head: GLM's partial rotary (off 0, half the head), MLA's interleaved rope part
+// of q (nope 8 | rope 16, YaRN's scale) and of the shared key (one head: a slice of kv_a's rows).
+static co_result co_rope_glm_partial(mt_backend *g) { return co_rope_part(g, 0, 3, 24, 0, 12, 0, 5); }
+static co_result co_rope_mla_interleaved(mt_backend *g) { return co_rope_part(g, 1, 3, 24, 8, 16, 1, 6); }
+static co_result co_rope_mla_key_slice(mt_backend *g) { return co_rope_part(g, 0, 1, 40, 32, 8, 1, 9); }
+static co_result co_mla_kv_small(mt_backend *g) { return co_mla_kv(g, 37, 3, 5, 4, 6, 9, 16); }
+static co_result co_mla_kv_v3_like(mt_backend *g) { return co_mla_kv(g, 9, 4, 128, 64, 128, 512, 17); }
 static co_result co_ce_accumulate(mt_backend *g) { return co_cross_entropy(g, 0); }
 static co_result co_ce_in_place(mt_backend *g) { return co_cross_entropy(g, 1); }
 static co_result co_router_k2(mt_backend *g) { return co_router(g, 50, 8, 2, 1); }
@@ -1349,6 +1437,20 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"attention sinks, window 5 + left padding (empty rows)", co_attention_sinks_window_pad},
     {"attention sinks, hd24 window + mask", co_attention_sinks_hd24},
     {"attention sinks under MT_ATTENTION=cudnn (WMMA fallback)", co_attention_sinks_cudnn_mode},
+    {"attention MLA hd 20 | hd_v 10, scale 0.37", co_attention_mla_hd20_v10},
+    {"attention MLA hd 20 | 10, window + mask (empty rows)", co_attention_mla_hd20_v10_window_mask},
+    {"attention hd 10 | hd_v 20", co_attention_mla_hd10_v20},
+    {"attention MLA 48 | 32 left padding", co_attention_mla_hd48_v32},
+    {"attention MLA 192 | 128 (2 warps)", co_attention_mla_hd192_v128},
+    {"attention MLA 48 | 32, wmma forced", co_attention_mla_wmma_hd48_v32},
+    {"attention MLA 48 | 32, cudnn forced, padding as lengths", co_attention_mla_cudnn_hd48_v32},
+    {"attention 24 | 16, cudnn forced, gqa window", co_attention_mla_cudnn_gqa_window_hd24_v16},
+    {"attention sinks, hd 20 | 10", co_attention_mla_sinks_hd20_v10},
+    {"rope GLM partial (half the head)", co_rope_glm_partial},
+    {"rope MLA interleaved part (yarn)", co_rope_mla_interleaved},
+    {"rope MLA shared key (a row slice)", co_rope_mla_key_slice},
+    {"mla k, v assembly", co_mla_kv_small},
+    {"mla k, v assembly, V3's dims", co_mla_kv_v3_like},
     {"cross_entropy", co_ce_accumulate},
     {"cross_entropy in place", co_ce_in_place},
     {"add (bf16)", co_add},

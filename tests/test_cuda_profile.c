@@ -169,7 +169,8 @@ Test(cuda, profile_table_case_c) {
     sh.double_quant = o.double_quant, sh.recompute = 1, sh.dequants_per_use = 1;
     sh.recompute_attn = sh.recompute_mlp = 1, sh.experts_cublas = 1, sh.lora_dropout = o.lora_dropout;
 #ifdef MT_CUDA  // the attention rows: cuDNN's where it loads (the emulator's stand-in does) and takes the shape
-    sh.attn_cudnn = !strcmp(attention_path(0, 0, (int)sh.cfg.heads, (int)sh.cfg.kv_heads, (int)sh.cfg.head_dim), "cudnn");
+    sh.attn_cudnn = !strcmp(attention_path(0, 0, (int)sh.cfg.heads, (int)sh.cfg.kv_heads, (int)sh.cfg.head_dim,
+                                            (int)sh.cfg.head_dim), "cudnn");
 #endif
     step_ops model;
     step_build(&sh, &model);

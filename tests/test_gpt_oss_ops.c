@@ -82,9 +82,11 @@ static void sinks_case(const mt_st_file *f, int c, int window, int use_mask, int
     float *out = mt_xcalloc(nq, 4), *lse = mt_xcalloc(T * nh, 4);
     float *dq = mt_xcalloc(nq, 4), *dk = mt_xcalloc(nk, 4), *dv = mt_xcalloc(nk, 4), *ds = mt_xcalloc((size_t)nh, 4);
     const uint8_t *km = use_mask ? mask : NULL;
-    (ref ? attention_forward_ref : attention_forward_cpu)(out, lse, q, k, v, sinks, km, B, S, nh, nkv, hd, window);
+    const float scale = 1.0f / sqrtf((float)hd);
+    (ref ? attention_forward_ref : attention_forward_cpu)(out, lse, q, k, v, sinks, km, B, S, nh, nkv, hd, hd, scale,
+                                                          window);
     (ref ? attention_backward_ref : attention_backward_cpu)(dq, dk, dv, ds, g, q, k, v, out, lse, sinks, km, B, S, nh,
-                                                            nkv, hd, window);
+                                                            nkv, hd, hd, scale, window);
     const char *kern = ref ? "ref" : "tiled";
     snprintf(what, sizeof what, "case %d (%s) out", c, kern);
     for (size_t i = 0; i < nq; i++)
@@ -181,10 +183,10 @@ Test(gpt_oss_ops, yarn_table_and_rope_match_transformers) {
         float *y = f32_of(&f, name, (size_t)T * nh * p.hd);
         float *x0 = mt_xmalloc(sizeof(float) * T * nh * p.hd);
         memcpy(x0, x, sizeof(float) * T * nh * p.hd);
-        rope_forward_cpu(x, pos, T, nh, p.hd, want, scale);  // transformers' own table: the rotation alone
+        rope_forward_cpu(x, pos, T, nh, p.hd, 0, p.hd, 0, want, scale);  // transformers' own table: the rotation alone
         close_to(x, y, (int64_t)T * nh * p.hd, 2e-6f, "rope with transformers' table");
         memcpy(x, x0, sizeof(float) * T * nh * p.hd);
-        rope_forward_cpu(x, pos, T, nh, p.hd, inv, scale);  // ours, up to the original context
+        rope_forward_cpu(x, pos, T, nh, p.hd, 0, p.hd, 0, inv, scale);  // ours, up to the original context
         for (int t = 0; t < T; t++)
             if (pos[t] <= 4096) close_to(x + t * nh * p.hd, y + t * nh * p.hd, nh * p.hd, 5e-5f, "rope with mt_rope_table's");
         // The backward is the transpose of the scaled rotation: <R x0, g> = <x0, Rᵀ g>.
@@ -192,7 +194,7 @@ Test(gpt_oss_ops, yarn_table_and_rope_match_transformers) {
         for (int i = 0; i < T * nh * p.hd; i++) gr[i] = y[(i * 7) % (T * nh * p.hd)];
         double lhs = 0, rhs = 0;
         for (int i = 0; i < T * nh * p.hd; i++) lhs += (double)x[i] * gr[i];
-        rope_backward_cpu(gr, pos, T, nh, p.hd, inv, scale);
+        rope_backward_cpu(gr, pos, T, nh, p.hd, 0, p.hd, 0, inv, scale);
         for (int i = 0; i < T * nh * p.hd; i++) rhs += (double)x0[i] * gr[i];
         cr_assert(fabs(lhs - rhs) < 1e-5 * (1 + fabs(lhs)), "set %d: <Rx, g> %.9g vs <x, Rᵀg> %.9g", s, lhs, rhs);
         free(want), free(pos), free(x), free(y), free(x0), free(gr);
