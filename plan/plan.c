@@ -93,6 +93,15 @@ static void linear_sizes_of(const mt_model_config *cfg, linear_sizes *s) {
         s->attn_out[i] = aout[i];
         s->attn[i] = ain[i] * aout[i];
     }
+    if (cfg->mla) {  // MLA's Linears as the targets name them: q (q_a + q_b, or q_proj), k (kv_a), v (kv_b), o.
+        // The q path's LoRA is sized as q_a's alone here (q_b's, r·(qr + nh·qk) a layer, is left out of this
+        // table; the measured step counts it).
+        int64_t nh = cfg->heads, qo = nh * cfg->head_dim, qr = cfg->q_lora_rank, kvr = cfg->kv_lora_rank;
+        int64_t in[4] = {h, h, kvr, nh * cfg->v_head_dim}, out[4] = {qr ? qr : qo, kvr + cfg->qk_rope_dim,
+                                                                    nh * (cfg->qk_nope_dim + cfg->v_head_dim), h};
+        for (int i = 0; i < 4; i++) s->attn_in[i] = in[i], s->attn_out[i] = out[i], s->attn[i] = in[i] * out[i];
+        if (qr) s->attn[0] += qr * qo;
+    }
     for (int i = 0; i < 3; i++) {
         s->expert_in[i] = ein[i];
         s->expert_out[i] = eout[i];

@@ -127,7 +127,7 @@ Test(config_dialects, what_changes_the_math_is_refused_by_name) {
                        "\"num_hidden_layers\": 1, \"num_attention_heads\": 6, \"num_local_experts\": 2, "
                        "\"num_experts_per_tok\": 1, \"vocab_size\": 300, \"rope_parameters\": %s}";
     const char *bad[][2] = {
-        {"{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"mscale\": 1.0}", "rope_parameters.mscale: not understood"},
+        {"{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"low_freq_factor\": 1.0}", "rope_parameters.low_freq_factor: not understood"},
         {"{\"rope_type\": \"yarn\", \"factor\": -2.0}", "factor (-2) must be positive"},
         {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "rope_parameters.rope_type: 'dynamic'"},
         {"{\"rope_type\": \"default\", \"rope_theta\": 1e6, \"factor\": 2.0}", "rope_parameters.factor: not understood"},
