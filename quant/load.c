@@ -53,13 +53,15 @@ unsigned mt_quant_target_of(const char *name) {
     if (ends_with(base, ".weight")) base[len - 7] = 0;
     static const char *const expert_leaf[] = {".w1", ".w2", ".w3", ".gate_proj", ".up_proj", ".down_proj"};
     static const char *const attn_leaf[] = {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj",
-                                            ".self_attn.o_proj"};
+                                            ".self_attn.o_proj", ".self_attn.q_a_proj", ".self_attn.q_b_proj",
+                                            ".self_attn.kv_a_proj_with_mqa", ".self_attn.kv_b_proj"};  // + MLA's
     if (strstr(base, ".experts."))
         for (size_t i = 0; i < MT_ARRAY_LEN(expert_leaf); i++)
             if (ends_with(base, expert_leaf[i])) return MT_QTARGET_EXPERTS;
     static const char *const mlp_leaf[] = {".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj",
                                            ".mlp.shared_expert.gate_proj", ".mlp.shared_expert.up_proj",
-                                           ".mlp.shared_expert.down_proj"};
+                                           ".mlp.shared_expert.down_proj", ".mlp.shared_experts.gate_proj",
+                                           ".mlp.shared_experts.up_proj", ".mlp.shared_experts.down_proj"};
     for (size_t i = 0; i < MT_ARRAY_LEN(mlp_leaf); i++)  // a dense layer's MLP, the shared expert
         if (ends_with(base, mlp_leaf[i])) return MT_QTARGET_EXPERTS;
     for (size_t i = 0; i < MT_ARRAY_LEN(attn_leaf); i++)

@@ -127,7 +127,7 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
     enum { B = 2, S = 13 };
     int32_t tokens[B * S], labels[B * S], mask[B * S];
     for (int i = 0; i < B * S; i++) {
-        tokens[i] = labels[i] = 3 + (i * 29) % 200;
+        tokens[i] = labels[i] = 3 + (i * 29) % (int)MT_MIN(200, mc.cfg.vocab - 3);  // the fixtures' vocab is 97
         mask[i] = !(i >= S && i % S >= 10);  // the second row is padded at its end
     }
     mt_batch b = {B, S, tokens, labels, mask};
@@ -204,19 +204,6 @@ static void family_step_modes(const char *name, void (*edit)(mt_model_config *),
 static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mode mode) {
     family_step_modes(name, edit, mode, 0);
 }
-
-// DeepSeek-style families from their transformers fixtures (tests/data/golden, tests/test_deepseek.c):
-// the grouped sigmoid (softmax for V2) router with its fp32 score bias, the ungated shared expert, the
-// dense first layer, MLA (q_lora_rank or q_proj; the latent's copy2d, the shared rope key, interleaved
-// RoPE, head dims 20 and 10) and GLM-4.5's partial RoPE; kept and recomputed.
-#define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
-static void golden_step(const char *dir) {
-    step_matches_cpu(dir, MT_MODE_LORA, MT_CKPT_NONE);
-    step_matches_cpu(dir, MT_MODE_LORA, MT_CKPT_FULL);
-}
-Test(cuda, glm4_moe_step_matches_cpu) { golden_step(GOLDEN "glm4_moe"); }
-Test(cuda, deepseek_v3_step_matches_cpu) { golden_step(GOLDEN "deepseek_v3"); }
-Test(cuda, deepseek_v2_step_matches_cpu) { golden_step(GOLDEN "deepseek_v2"); }
 
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step_modes("tiny-qwen2-moe.json", NULL, MT_MODE_LORA, 1); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
