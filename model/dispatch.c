@@ -136,7 +136,6 @@ static int attention_on_cudnn(const mt_model *m, const mt_act *sinks, const uint
 #endif
 }
 
-float mt_attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
 
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int hd_v,

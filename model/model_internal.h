@@ -90,8 +90,7 @@ void mt_op_rope(mt_model *m, mt_act *x, const int32_t *pos, int T, int nh, int s
 // q, k rows of hd, v, out rows of hd_v, scores times scale (model/ops.h; on cuda the WMMA kernels
 // take any hd, hd_v ≤ 256: model/ops_cuda.h says which path runs). sinks [nh] (a weight in the
 // model's dtype) or NULL; dsinks [nh] += or NULL.
-// 1/sqrt(hd) in fp32: the scale of every family's attention but MLA's.
-float mt_attention_scale(int hd);
+// The model's scale: mt_config_attn_scale (1/sqrt(hd) in fp32 but for MLA).
 void mt_op_attention_forward(mt_model *m, mt_act *out, float *lse, const mt_act *q, const mt_act *k, const mt_act *v,
                              const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd, int hd_v,
                              float scale, int window);

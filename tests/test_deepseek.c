@@ -16,52 +16,10 @@
 #include "core/safetensors.h"
 #include "lora/lora.h"
 #include "model/mixtral.h"
+#include "tests/golden_fixture.h"
 #include "trainer/options.h"
 
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
-
-typedef struct {
-    mt_st_file g;
-    int B, S;
-    int32_t *tokens, *labels, *mask;
-} fixture;
-
-static const mt_st_tensor *need(const fixture *fx, const char *name) {
-    const mt_st_tensor *t = mt_st_file_find(&fx->g, name);
-    cr_assert_not_null(t, "golden.safetensors lacks %s", name);
-    return t;
-}
-
-static int32_t *ints(const fixture *fx, const char *name) {
-    const mt_st_tensor *t = need(fx, name);
-    int32_t *v = mt_xmalloc(t->nbytes);
-    memcpy(v, t->data, t->nbytes);
-    return v;
-}
-
-static void fixture_open(fixture *fx, const char *dir) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
-    cr_assert_eq(mt_st_file_open(&fx->g, path), 0, "%s", mt_error_get());
-    const mt_st_tensor *t = need(fx, "tokens");
-    fx->B = (int)t->shape[0], fx->S = (int)t->shape[1];
-    fx->tokens = ints(fx, "tokens"), fx->labels = ints(fx, "labels"), fx->mask = ints(fx, "attention_mask");
-}
-
-static void fixture_close(fixture *fx) {
-    mt_st_file_close(&fx->g);
-    free(fx->tokens), free(fx->labels), free(fx->mask);
-}
-
-static void expect_close(const char *what, const mt_tensor *got, const mt_st_tensor *want, double tol) {
-    cr_assert_eq(got->nbytes, want->nbytes, "%s: %zu bytes, golden %zu", what, (size_t)got->nbytes, (size_t)want->nbytes);
-    const float *g = got->data, *w = want->data;
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < want->nbytes / sizeof(float); i++)
-        diff = fmax(diff, fabs((double)g[i] - w[i])), scale = fmax(scale, fabs((double)w[i]));
-    double e = scale > 0 ? diff / scale : diff;
-    cr_expect_leq(e, tol, "%s: relative error %.3g > %.1g", what, e, tol);
-}
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -69,13 +27,13 @@ static int cmp_i32(const void *a, const void *b) {
 }
 
 // The experts every MoE layer chose, as sets per token, against transformers' (routing.ids.L).
-static void expect_routing(const mt_model *m, const fixture *fx) {
+static void expect_routing(const mt_model *m, const golden_fixture *fx) {
     int T = fx->B * fx->S, k = (int)m->cfg.top_k, checked = 0;
     for (int L = 0; L < m->cfg.layers; L++) {
         if (m->layers[L].dense) continue;
         char name[64];
         snprintf(name, sizeof name, "routing.ids.%d", L);
-        const int32_t *want = need(fx, name)->data;
+        const int32_t *want = golden_need(fx, name)->data;
         int32_t got[64];
         for (int t = 0; t < T; t++) {
             if (!fx->mask[t]) continue;  // a padded row's hidden state is nobody's to match
@@ -90,31 +48,6 @@ static void expect_routing(const mt_model *m, const fixture *fx) {
     cr_assert_gt(checked, 0);
 }
 
-// One step; the losses and the real tokens' logits against `prefix`'s.
-static void step(mt_model *m, const fixture *fx, const char *prefix) {
-    mt_batch b = {fx->B, fx->S, fx->tokens, fx->labels, fx->mask};
-    mt_loss l;
-    mt_model_zero_grad(m);
-    cr_assert_eq(mt_model_forward(m, &b, &l), 0, "%s", mt_error_get());
-    int T = fx->B * fx->S, V = (int)m->cfg.vocab;
-    float *got = mt_xmalloc((size_t)T * V * sizeof(float));
-    cr_assert_eq(mt_model_logits(m, 0, T, got), 0, "%s", mt_error_get());
-    mt_model_backward(m);
-    char name[64];
-    snprintf(name, sizeof name, "%s.ce", prefix);
-    double want = *(const double *)need(fx, name)->data;
-    cr_expect_leq(fabs(l.ce - want) / fabs(want), 1e-4, "%s: %.8f vs transformers %.8f", name, l.ce, want);
-    snprintf(name, sizeof name, "%s.logits", prefix);
-    const float *w = need(fx, name)->data;
-    double diff = 0, scale = 0;
-    for (int t = 0; t < T; t++)
-        for (int j = 0; fx->mask[t] && j < V; j++)
-            diff = fmax(diff, fabs((double)got[(size_t)t * V + j] - w[(size_t)t * V + j])),
-            scale = fmax(scale, fabs((double)w[(size_t)t * V + j]));
-    cr_expect_leq(diff / scale, 1e-4, "%s: relative error %.3g", name, diff / scale);
-    free(got);
-}
-
 static void model_open(mt_model *m, mt_backend *be, const char *dir, mt_mode mode) {
     mt_run_opts o;
     mt_run_opts_default(&o);
@@ -123,69 +56,53 @@ static void model_open(mt_model *m, mt_backend *be, const char *dir, mt_mode mod
     cr_assert_eq(mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
 }
 
-static void lora_case(const char *family) {
+// The fixture of `family` and its checkpoint loaded for `mode` on a cpu backend.
+typedef struct {
+    golden_fixture fx;
+    mt_backend *be;
+    mt_model m;
+} family_case;
+
+static void case_open(family_case *fc, const char *family, mt_mode mode) {
     char dir[256];
     snprintf(dir, sizeof dir, GOLDEN "%s", family);
-    fixture fx;
-    fixture_open(&fx, dir);
-    mt_backend *be = mt_backend_cpu_new();
-    mt_model m;
-    model_open(&m, be, dir, MT_MODE_LORA);
-    int set = 0;  // the LoRA factors the fixture used, by module name
-    for (size_t i = 0; i < fx.g.n_tensors; i++) {
-        const mt_st_tensor *t = &fx.g.tensors[i];
-        if (strncmp(t->name, "lora.A.", 7) != 0) continue;
-        mt_linear *l = mt_model_find_linear(&m, t->name + 7);
-        cr_assert(l && l->lora, "no LoRA on %s", t->name + 7);
-        char bname[256];
-        snprintf(bname, sizeof bname, "lora.B.%s", t->name + 7);
-        const mt_st_tensor *tb = need(&fx, bname);
-        cr_assert(l->lora->a->nbytes == t->nbytes && l->lora->b->nbytes == tb->nbytes, "%s: shapes", t->name + 7);
-        memcpy(l->lora->a->data, t->data, t->nbytes);
-        memcpy(l->lora->b->data, tb->data, tb->nbytes);
-        set++;
-    }
+    golden_open(&fc->fx, dir);
+    fc->be = mt_backend_cpu_new();
+    model_open(&fc->m, fc->be, dir, mode);
+}
+
+static void case_close(family_case *fc) {
+    mt_model_free(&fc->m);
+    cr_expect_eq(fc->be->ledger.total_cur, 0, "everything the model took went back to the ledger");
+    mt_backend_free(fc->be);
+    golden_close(&fc->fx);
+}
+
+static void lora_case(const char *family) {
+    family_case fc;
+    case_open(&fc, family, MT_MODE_LORA);
+    int set = golden_set_lora(&fc.m, &fc.fx);
     cr_assert_gt(set, 0);
-    step(&m, &fx, "lora");
-    int checked = 0;
-    for (size_t i = 0; i < fx.g.n_tensors; i++) {
-        const mt_st_tensor *t = &fx.g.tensors[i];
-        int isa = strncmp(t->name, "lora.dA.", 8) == 0;
-        if (!isa && strncmp(t->name, "lora.dB.", 8) != 0) continue;
-        mt_linear *l = mt_model_find_linear(&m, t->name + 8);
-        cr_assert(l && l->lora, "%s", t->name);
-        expect_close(t->name, isa ? l->lora->da : l->lora->db, t, 1e-3);
-        checked++;
-    }
-    cr_assert_eq(checked, 2 * set);
-    mt_model_free(&m);
-    cr_expect_eq(be->ledger.total_cur, 0, "everything the model took went back to the ledger");
-    mt_backend_free(be);
-    fixture_close(&fx);
+    golden_step(&fc.m, &fc.fx, "lora", 0);
+    cr_assert_eq(golden_expect_lora_grads(&fc.m, &fc.fx, 1e-3), 2 * set);
+    case_close(&fc);
 }
 
 static void router_case(const char *family) {
-    char dir[256];
-    snprintf(dir, sizeof dir, GOLDEN "%s", family);
-    fixture fx;
-    fixture_open(&fx, dir);
-    mt_backend *be = mt_backend_cpu_new();
-    mt_model m;
-    model_open(&m, be, dir, MT_MODE_ROUTER);
-    step(&m, &fx, "base");
-    expect_routing(&m, &fx);
-    for (int L = 0; L < m.cfg.layers; L++) {
-        if (m.layers[L].dense) continue;
+    family_case fc;
+    case_open(&fc, family, MT_MODE_ROUTER);
+    golden_step(&fc.m, &fc.fx, "base", 0);
+    expect_routing(&fc.m, &fc.fx);
+    for (int L = 0; L < fc.m.cfg.layers; L++) {
+        if (fc.m.layers[L].dense) continue;
         char name[128], module[96];
         snprintf(module, sizeof module, "model.layers.%d.mlp.gate", L);
-        mt_linear *l = mt_model_find_linear(&m, module);
+        mt_linear *l = mt_model_find_linear(&fc.m, module);
         cr_assert(l && l->dw, "layer %d: the router trains", L);
         snprintf(name, sizeof name, "router.grad.%s.weight", module);
-        expect_close(name, l->dw, need(&fx, name), 1e-3);
+        golden_expect_close(name, l->dw, golden_need(&fc.fx, name), 1e-3);
     }
-    mt_model_free(&m);
-    mt_backend_free(be);
-    fixture_close(&fx);
+    case_close(&fc);
 }
 
 Test(deepseek, glm4_moe_lora) { lora_case("glm4_moe"); }

@@ -19,7 +19,7 @@
 #define FD_TOL 1e-2
 #define FD_FLOOR 3e-2
 
-// Attention's usual scale 1/sqrt(hd), as the model passes it (mt_attention_scale); MLA's scale for
+// Attention's usual scale 1/sqrt(hd), as the model passes it (mt_config_attn_scale); MLA's scale for
 // a q/k head of hd dims, hd^-0.5 · mscale² (mscale = 0.1 · ln(factor 40) + 1, DeepSeek V3's); and
 // a scale unlike either for hd 20 | hd_v 10 (1/sqrt(20) ≈ 0.224, 1/sqrt(10) ≈ 0.316).
 #define SC(hd) (1.0f / sqrtf((float)(hd)))
