@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "core/rng.h"
+#include "model/fused_experts.h"
 #include "model/model_internal.h"
 #include "model/rope.h"
 #include "quant/quant.h"
@@ -499,15 +500,9 @@ static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
     float *w = mt_xmalloc((size_t)(f * H) * sizeof(float));
     for (int64_t e = 0; e < E && *rc == 0; e++) {
         for (int k = 0; k < (which == 0 ? 2 : 1) && *rc == 0; k++) {
-            const float *src = all + e * H * f * (which == 0 ? 2 : 1);
-            if (which == 0)  // w1 / w3 [f, H]: element (i, h) = gate_up[e, h, 2i + k]
-                for (int64_t i = 0; i < f; i++)
-                    for (int64_t hh = 0; hh < H; hh++) w[i * H + hh] = src[hh * 2 * f + 2 * i + k];
-            else  // w2 [H, f]: element (h, i) = down[e, i, h]
-                for (int64_t hh = 0; hh < H; hh++)
-                    for (int64_t i = 0; i < f; i++) w[hh * f + i] = src[i * H + hh];
-            snprintf(n, sizeof n, "%.*s.experts.%lld.%s.weight", pre, it->name, (long long)e,
-                     fam->expert[which == 1 ? 1 : k ? 2 : 0]);
+            int lin = which == 1 ? 1 : k ? 2 : 0;  // w1 / w3 from gate_up, w2 from down
+            mt_fused_get(all + e * H * f * (which == 0 ? 2 : 1), mt_fused_part_of(lin, H, f), w);
+            snprintf(n, sizeof n, "%.*s.experts.%lld.%s.weight", pre, it->name, (long long)e, fam->expert[lin]);
             slot *s = find_slot(ld, n);
             if (s && !s->remote) *rc = place_expert(ld, s, w);
         }

@@ -22,16 +22,18 @@
 #include "core/safetensors.h"
 #include "lora/peft.h"
 #include "model/config.h"
+#include "model/fused_experts.h"
 #include "model/weights.h"
 #include "quant/quant.h"
 #include "trainer/cmd/commands.h"
+#include "trainer/cmd/fused_write.h"
 
 static void merge_usage(FILE *out) {
     fprintf(out,
             "usage: moetrain merge --model DIR --adapter DIR|FILE.safetensors --out DIR\n"
             "                      [--dtype bf16|f32|f16] [--quant none|nf4|fp4|int4]\n"
             "                      [--blocksize N] [--double-quant] [--quant-targets LIST]\n"
-            "                      [--shard-size SIZE]\n\n"
+            "                      [--shard-size SIZE] [--out-quant mxfp4]\n\n"
             "Writes DIR (--out): config.json (without quantization_config) and the weights with\n"
             "W + scale·B·A folded into every adapted Linear (model.safetensors, or shards with an index\n"
             "above --shard-size, default 5GB), plus the base's tokenizer files. The base is never\n"
@@ -41,7 +43,10 @@ static void merge_usage(FILE *out) {
             "(moetrain_base.json: --quant, --blocksize, --double-quant, --quant-targets), else none.\n"
             "Writes SHA256SUMS last (moetrain verify DIR checks it).\n"
             "--dtype: the output's dtype (default: the base's own, config.json's torch_dtype; bf16 for a\n"
-            "4-bit base stored without one).\n");
+            "4-bit base stored without one).\n"
+            "--out-quant mxfp4: gpt-oss's fused experts written as MXFP4 like its release (blocks and scales,\n"
+            "quantization_config mxfp4), the rest in --dtype; the re-quantization's error is reported.\n"
+            "Without it they are written dense: an MXFP4 base is dequantized and the delta kept exactly.\n");
 }
 
 typedef struct {
@@ -71,6 +76,11 @@ typedef struct {
     mt_dtype out_dtype;
     mt_backend *cpu;
     float *w;  // f32 scratch of the largest tensor
+    // gpt-oss's fused experts; the output entries (an MXFP4 tensor is two) and their descriptors
+    mt_fused_write fused;
+    int mxfp4_out;
+    size_t *ent_desc;
+    int *ent_part;
 } merge_ctx;
 
 static int dtype_of(const mt_st_tensor *t, mt_dtype *dt) {
@@ -109,11 +119,32 @@ static lora_pair *find_pair(merge_ctx *c, const char *weight_name) {
 
 static size_t numel_of(const mt_weight_desc *d) { return (size_t)mt_weight_numel(d); }
 
+// The 4-bit base training used for weight `name` [out, in]: the same quantization as
+// mt_model_load's, undone, when --quant and --quant-targets reach it.
+static int requantize(merge_ctx *c, const char *name, float *w, int64_t out, int64_t in) {
+    if (c->quant == MT_QUANT_NONE || !(mt_quant_target_of(name) & c->quant_targets)) return 0;
+    mt_qweight q;
+    if (mt_qweight_quantize(&q, c->cpu, name, w, out, in, c->quant, c->blocksize, c->double_quant) != 0) return -1;
+    mt_qweight_dequantize_rows_cpu(&q, w, 0, q.out);
+    mt_qweight_free(&q);
+    return 0;
+}
+
+// W [out, in] of weight `name` += scale · B [out, r] · A [r, in] when the adapter has its module.
+static void add_delta(merge_ctx *c, const char *name, float *w) {
+    lora_pair *p = find_pair(c, name);
+    if (!p) return;
+    mt_sgemm(0, 0, (int)p->out, (int)p->in, c->r, c->scale, p->b, c->r, p->a, (int)p->in, 1.0f, w, (int)p->in);
+    p->used = 1;
+}
+
 // Tensor `index` of the output: the base's values in f32 (dequantized when 4-bit), replaced by
 // a trained tensor or plus the adapter's delta, in the output dtype.
 static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
     merge_ctx *c = ctx;
-    const mt_weight_desc *d = &c->desc[index];
+    const mt_weight_desc *d = &c->desc[c->ent_desc[index]];
+    if (d->kind == MT_WEIGHT_EXPERTS)
+        return mt_fused_write_fill(&c->fused, d, c->mxfp4_out, c->out_dtype, c->ent_part[index], dst, nbytes);
     size_t n = numel_of(d);
     float *w = c->w;
     (void)nbytes;
@@ -140,28 +171,35 @@ static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
         const mt_st_tensor *t = mt_st_model_find(&c->st, d->name);
         if (dtype_of(t, &dt) != 0) return -1;
         mt_convert(w, MT_F32, t->data, dt, n);
-        // The 4-bit base training used: the same quantization as mt_model_load's, undone.
-        if (c->quant != MT_QUANT_NONE && d->kind == MT_WEIGHT_LINEAR &&
-            (mt_quant_target_of(d->name) & c->quant_targets)) {
-            mt_qweight q;
-            if (mt_qweight_quantize(&q, c->cpu, d->name, w, d->shape[0], d->shape[1], c->quant, c->blocksize,
-                                    c->double_quant) != 0)
-                return -1;
-            mt_qweight_dequantize_rows_cpu(&q, w, 0, q.out);
-            mt_qweight_free(&q);
-        }
+        if (d->kind == MT_WEIGHT_LINEAR && requantize(c, d->name, w, d->shape[0], d->shape[1]) != 0) return -1;
     }
-    lora_pair *p = tt ? NULL : find_pair(c, d->name);
-    if (p) {  // W [out, in] += scale · B [out, r] · A [r, in]
-        mt_sgemm(0, 0, (int)p->out, (int)p->in, c->r, c->scale, p->b, c->r, p->a, (int)p->in, 1.0f, w, (int)p->in);
-        p->used = 1;
-    }
+    if (!tt) add_delta(c, d->name, w);
     mt_convert(dst, c->out_dtype, w, MT_F32, n);
+    return 0;
+}
+
+// Expert Linear `module` of a fused tensor (fused_write.c's callback): replaced by the trained
+// tensor of that name, or re-quantized as training's load did and plus the adapter's delta.
+static int apply_expert(void *ctx, const char *module, float *w, int64_t out, int64_t in, int mxfp4_base) {
+    merge_ctx *c = ctx;
+    char name[220];
+    snprintf(name, sizeof name, "%s.weight", module);
+    const mt_st_tensor *tt = c->have_trained ? mt_st_file_find(&c->trained, name) : NULL;
+    mt_dtype dt;
+    if (tt) {  // its shape was checked against the expert's (check_adapter)
+        if (dtype_of(tt, &dt) != 0) return -1;
+        mt_convert(w, MT_F32, tt->data, dt, (size_t)(out * in));
+        return 0;
+    }
+    // gpt-oss's MXFP4 experts train as stored, whatever --quant said (model/mixtral.c fused_mxfp4)
+    if (!mxfp4_base && requantize(c, name, w, out, in) != 0) return -1;
+    add_delta(c, name, w);
     return 0;
 }
 
 // Shape check of the base's tensor (its unquantized shape for a 4-bit one).
 static int check_base(merge_ctx *c, const mt_weight_desc *d) {
+    if (d->kind == MT_WEIGHT_EXPERTS) return mt_fused_write_check(&c->fused, d);
     const mt_st_tensor *t = mt_st_model_find(&c->st, d->name);
     if (!t) {
         mt_error_set("tensor '%s' is missing from the base checkpoint", d->name);
@@ -181,21 +219,49 @@ static int check_base(merge_ctx *c, const mt_weight_desc *d) {
     return dtype_of(t, &dt);
 }
 
+// The shape [out, in] of Linear `name` ("P.weight"): a Linear of the checkpoint, or one expert's
+// Linear inside gpt-oss's fused tensors ("....experts.E.gate_proj.weight"). 0 when it is neither.
+static int linear_shape(const merge_ctx *c, const char *name, int64_t shape[2]) {
+    for (size_t j = 0; j < c->n; j++)
+        if (strcmp(c->desc[j].name, name) == 0) {
+            if (c->desc[j].kind != MT_WEIGHT_LINEAR) return 0;
+            shape[0] = c->desc[j].shape[0], shape[1] = c->desc[j].shape[1];
+            return 1;
+        }
+    const char *at = strstr(name, ".experts.");
+    int e, len = 0;
+    char leaf[32];
+    if (!c->fam || !c->fam->fused_experts || !at || sscanf(at, ".experts.%d.%31[a-z_].weight%n", &e, leaf, &len) != 2 ||
+        at[len] != 0)
+        return 0;
+    char fused[200];
+    snprintf(fused, sizeof fused, "%.*s.experts.down_proj", (int)(at - name), name);
+    for (size_t j = 0; j < c->n; j++)
+        if (c->desc[j].kind == MT_WEIGHT_EXPERTS && strcmp(c->desc[j].name, fused) == 0 && e >= 0 &&
+            e < c->desc[j].shape[0])
+            for (int which = 0; which < 3; which++)
+                if (strcmp(leaf, c->fam->expert[which]) == 0) {
+                    mt_fused_part p = mt_fused_part_of(which, c->fused.hidden, c->fused.inter);
+                    shape[0] = p.rows / p.stride, shape[1] = p.in;
+                    return 1;
+                }
+    return 0;
+}
+
 static int check_adapter(merge_ctx *c) {
     for (size_t i = 0; i < c->n_pairs; i++) {
         lora_pair *p = &c->pairs[i];
         char name[300];
         snprintf(name, sizeof name, "%s.weight", p->module);
-        size_t j = 0;
-        while (j < c->n && strcmp(c->desc[j].name, name) != 0) j++;
-        if (j == c->n || c->desc[j].kind != MT_WEIGHT_LINEAR) {
+        int64_t shape[2];
+        if (!linear_shape(c, name, shape)) {
             mt_error_set("adapter module '%s' is not a Linear of the base model", p->module);
             return -1;
         }
-        if (c->desc[j].shape[0] != p->out || c->desc[j].shape[1] != p->in) {
+        if (shape[0] != p->out || shape[1] != p->in) {
             mt_error_set("adapter module '%s': A [%d, %lld], B [%lld, %d] do not fit the weight [%lld, %lld]",
-                         p->module, c->r, (long long)p->in, (long long)p->out, c->r, (long long)c->desc[j].shape[0],
-                         (long long)c->desc[j].shape[1]);
+                         p->module, c->r, (long long)p->in, (long long)p->out, c->r, (long long)shape[0],
+                         (long long)shape[1]);
             return -1;
         }
     }
@@ -204,8 +270,11 @@ static int check_adapter(merge_ctx *c) {
             const mt_st_tensor *t = &c->trained.tensors[i];
             size_t j = 0;
             while (j < c->n && strcmp(c->desc[j].name, t->name) != 0) j++;
-            int ok = j < c->n && t->ndim == c->desc[j].ndim;
+            int ok = j < c->n && t->ndim == c->desc[j].ndim && c->desc[j].kind != MT_WEIGHT_EXPERTS;
             for (int k = 0; ok && k < t->ndim; k++) ok = t->shape[k] == c->desc[j].shape[k];
+            int64_t shape[2];
+            if (j == c->n && linear_shape(c, t->name, shape))  // one expert of a fused tensor
+                ok = t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1];
             if (!ok) {
                 mt_error_set("%s: tensor '%s' is not a tensor of the base model with this shape", c->trained.path,
                              t->name);
@@ -240,13 +309,33 @@ static int same_dir(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
+// An MXFP4 base's "_blocks" / "_scales" of a fused tensor (written with it, never warned about).
+static int fused_part_name(const merge_ctx *c, const char *name) {
+    size_t len = strlen(name);
+    for (size_t j = 0; j < c->n; j++)
+        if (c->desc[j].kind == MT_WEIGHT_EXPERTS && len == strlen(c->desc[j].name) + 7 &&
+            strncmp(name, c->desc[j].name, len - 7) == 0 &&
+            (strcmp(name + len - 7, "_blocks") == 0 || strcmp(name + len - 7, "_scales") == 0))
+            return 1;
+    return 0;
+}
+
+static void report_mxfp4(const mt_fused_mxfp4_error *e) {
+    if (!e->n) return;
+    double rms = sqrt(e->err2 / (double)e->n), w = sqrt(e->w2 / (double)e->n), d = sqrt(e->delta2 / (double)e->n);
+    mt_info("merge: the experts re-quantized to MXFP4: error RMS %.4g (%.3g%% of the weights' RMS %.4g), max |error| "
+            "%.4g; the merged delta's RMS is %.4g%s", rms, w > 0 ? 100.0 * rms / w : 0.0, w, e->max_err, d,
+            d > 0 && rms > d ? ": the rounding is larger than what the adapter changed (a dense merge keeps it)" : "");
+}
+
 // out_dtype -1: the base's own dtype (config.json's torch_dtype), so an f32 base merges to f32.
-static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_size) {
+// mxfp4_out: gpt-oss's fused experts written as MXFP4.
+static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_size, int mxfp4_out) {
     mt_model_config cfg;
     if (mt_model_config_load(o->model, &cfg) != 0) return -1;
-    if (mt_config_family(&cfg)->fused_experts) {  // LoRA deltas into [E, H, 2f] interleaved: not written yet
-        mt_error_set("%s: merge does not handle %s's fused experts yet (docs/families.md \"gpt-oss\")", o->model,
-                     cfg.model_type);
+    if (mxfp4_out && !mt_config_family(&cfg)->fused_experts) {
+        mt_error_set("--out-quant mxfp4: only gpt-oss's fused experts are written as MXFP4, and %s (model_type %s) "
+                     "has none", o->model, cfg.model_type);
         return -1;
     }
     mt_dtype out_dtype = out_dtype_or_base >= 0 ? (mt_dtype)out_dtype_or_base : cfg.torch_dtype;
@@ -257,20 +346,25 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
     }
     merge_ctx c;
     memset(&c, 0, sizeof c);
+    c.fam = mt_config_family(&cfg);
+    c.mxfp4_out = mxfp4_out;
+    c.fused = (mt_fused_write){.fam = c.fam, .hidden = cfg.hidden, .inter = cfg.intermediate, .apply = apply_expert,
+                               .ctx = &c};
     c.quant = o->quant, c.blocksize = o->quant_blocksize, c.double_quant = o->double_quant;
     c.quant_targets = o->quant_targets;
     c.out_dtype = out_dtype;
     mt_weight_desc *desc = NULL;
     int rc = -1;
     mt_st_entry *e = NULL;
+    char (*names)[160] = NULL;  // the MXFP4 parts' names
     if (mt_st_model_open(&c.st, o->model) != 0) return -1;
+    c.fused.st = &c.st;
     struct stat st;
     if (stat(o->adapter, &st) == 0 && S_ISREG(st.st_mode)) {
         if (mt_st_file_open(&c.trained, o->adapter) != 0) goto done;
         c.have_trained = 1;
     } else {
         mt_peft_config pc;
-        c.fam = mt_config_family(&cfg);
         if (mt_peft_read(o->adapter, &pc, collect_pair, &c) != 0) goto done;
         c.r = pc.r;
         // the scale the model applies (mt_lora_init's), so merged == base + adapter
@@ -288,27 +382,38 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         const char *name = c.st.tensors[i]->name;
         size_t j = 0;
         while (j < c.n && strcmp(desc[j].name, name) != 0) j++;
-        if (j == c.n && !mt_bnb_is_part_name(name))
+        if (j == c.n && !mt_bnb_is_part_name(name) && !fused_part_name(&c, name))
             mt_warn("merge: base tensor '%s' is not part of a Mixtral checkpoint and is not copied", name);
     }
     c.cpu = mt_backend_cpu_new();
     c.w = mt_xmalloc(largest * sizeof(float));
-    e = mt_xcalloc(c.n, sizeof *e);
+    e = mt_xcalloc(2 * c.n, sizeof *e);  // an MXFP4 tensor is two entries
+    names = mt_xcalloc(2 * c.n, sizeof *names);
+    c.ent_desc = mt_xcalloc(2 * c.n, sizeof *c.ent_desc);
+    c.ent_part = mt_xcalloc(2 * c.n, sizeof *c.ent_part);
+    size_t n_ent = 0;
     for (size_t i = 0; i < c.n; i++) {
-        e[i].name = desc[i].name;
-        e[i].dtype = mt_st_dtype_of(out_dtype);
-        e[i].ndim = desc[i].ndim;
-        for (int d = 0; d < desc[i].ndim; d++) e[i].shape[d] = desc[i].shape[d];
+        int k = 1;
+        if (desc[i].kind == MT_WEIGHT_EXPERTS) {
+            k = mt_fused_write_entries(&desc[i], mxfp4_out, mt_st_dtype_of(out_dtype), &names[2 * i], &e[n_ent]);
+            if (k < 0) goto done;
+        } else {
+            e[n_ent].name = desc[i].name;
+            e[n_ent].dtype = mt_st_dtype_of(out_dtype);
+            e[n_ent].ndim = desc[i].ndim;
+            for (int d = 0; d < desc[i].ndim; d++) e[n_ent].shape[d] = desc[i].shape[d];
+        }
+        for (int p = 0; p < k; p++) c.ent_desc[n_ent] = i, c.ent_part[n_ent++] = p;
     }
     if (mt_mkdir_p(o->out) != 0 ||
-        mt_st_write_sharded(o->out, e, c.n, (uint64_t)shard_size, fill_tensor, &c) != 0)
+        mt_st_write_sharded(o->out, e, n_ent, (uint64_t)shard_size, fill_tensor, &c) != 0)
         goto done;
     for (size_t i = 0; i < c.n_pairs; i++)
         if (!c.pairs[i].used) {  // cannot happen after check_adapter; a guard for the invariant
             mt_error_set("adapter module '%s' was not merged", c.pairs[i].module);
             goto done;
         }
-    cfg.quantized = 0, cfg.mxfp4 = 0;  // no quantization_config: the output is dense
+    cfg.quantized = 0, cfg.mxfp4 = mxfp4_out;  // dense, or gpt-oss's own MXFP4 experts
     cfg.fp8_block[0] = cfg.fp8_block[1] = 0;
     cfg.torch_dtype = out_dtype;
     char path[4200];
@@ -316,14 +421,17 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
     if (mt_model_config_write(&cfg, path) != 0 || copy_side_files(o->model, o->out) != 0 ||
         mt_model_sums_write(o->out) != 0)
         goto done;
-    mt_info("merge: wrote %s: %zu tensors, %s, %zu adapted Linears%s%s", o->out, c.n, mt_dtype_name(out_dtype),
-            c.n_pairs, c.have_trained ? ", trained tensors from " : "", c.have_trained ? o->adapter : "");
+    mt_info("merge: wrote %s: %zu tensors, %s%s, %zu adapted Linears%s%s", o->out, c.n, mt_dtype_name(out_dtype),
+            mxfp4_out ? " (experts MXFP4)" : "", c.n_pairs, c.have_trained ? ", trained tensors from " : "",
+            c.have_trained ? o->adapter : "");
+    if (mxfp4_out) report_mxfp4(&c.fused.err);
     rc = 0;
 done:
     for (size_t i = 0; i < c.n_pairs; i++) free(c.pairs[i].module), free(c.pairs[i].a), free(c.pairs[i].b);
     free(c.pairs);
     free(c.w);
-    free(e);
+    free(e), free(names), free(c.ent_desc), free(c.ent_part);
+    mt_fused_write_free(&c.fused);
     free(desc);
     if (c.cpu) mt_backend_free(c.cpu);
     if (c.have_trained) mt_st_file_close(&c.trained);
@@ -361,8 +469,9 @@ static int default_quant(mt_run_opts *o) {
 }
 
 int cmd_merge(int argc, char **argv) {
-    // --dtype and --shard-size are merge's own; the rest are run options.
+    // --dtype, --shard-size and --out-quant are merge's own; the rest are run options.
     const char *dtype_name = NULL;  // the base's
+    int mxfp4_out = 0;
     double shard_size = 5e9;
     char **rest = mt_xcalloc((size_t)argc + 1, sizeof(char *));
     int nrest = 0, rc = MT_EXIT_USAGE;
@@ -375,7 +484,8 @@ int cmd_merge(int argc, char **argv) {
         }
         int is_dtype = strncmp(a, "--dtype", 7) == 0 && (a[7] == 0 || a[7] == '=');
         int is_shard = strncmp(a, "--shard-size", 12) == 0 && (a[12] == 0 || a[12] == '=');
-        if (!is_dtype && !is_shard) {
+        int is_oq = strncmp(a, "--out-quant", 11) == 0 && (a[11] == 0 || a[11] == '=');
+        if (!is_dtype && !is_shard && !is_oq) {
             rest[nrest++] = argv[i];
             continue;
         }
@@ -385,7 +495,13 @@ int cmd_merge(int argc, char **argv) {
             goto out;
         }
         if (is_dtype) dtype_name = v;
-        else if (mt_parse_bytes(v, &shard_size) != 0 || shard_size < 1) {
+        else if (is_oq) {
+            if (strcmp(v, "mxfp4") != 0 && strcmp(v, "none") != 0) {
+                fprintf(stderr, "moetrain merge: --out-quant '%s' is not mxfp4 or none\n", v);
+                goto out;
+            }
+            mxfp4_out = strcmp(v, "mxfp4") == 0;
+        } else if (mt_parse_bytes(v, &shard_size) != 0 || shard_size < 1) {
             fprintf(stderr, "moetrain merge: --shard-size: %s\n", mt_error_get());
             goto out;
         }
@@ -413,7 +529,7 @@ int cmd_merge(int argc, char **argv) {
         rc = MT_EXIT_ERROR;
         goto out;
     }
-    if (run_merge(&o, dtype_name ? (int)out_dtype : -1, shard_size) != 0) {
+    if (run_merge(&o, dtype_name ? (int)out_dtype : -1, shard_size, mxfp4_out) != 0) {
         fprintf(stderr, "moetrain merge: %s\n", mt_error_get());
         rc = MT_EXIT_ERROR;
         goto out;

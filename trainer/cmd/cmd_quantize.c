@@ -20,6 +20,7 @@
 #include "model/config.h"
 #include "quant/quant.h"
 #include "trainer/cmd/commands.h"
+#include "trainer/cmd/fused_write.h"
 #include "trainer/options.h"
 
 static void quantize_usage(FILE *out) {
@@ -34,7 +35,10 @@ static void quantize_usage(FILE *out) {
             "moetrain's own format (.absmax = fp16 scales, .zero = fp16 minimums,\n"
             ".quant_state.moetrain__int4); only moetrain reads it. mxfp4 is written as gpt-oss\n"
             "checkpoints store it: P_blocks U8 [out, in/32, 16] and P_scales U8 [out, in/32] (e8m0)\n"
-            "in place of P.weight; moetrain does not load such a folder yet.\n\n"
+            "in place of P.weight. For gpt-oss that is its release's layout: the fused experts as\n"
+            "gate_up_proj_blocks [E, 2f, H/32, 16] / _scales and down_proj_blocks / _scales, the rest\n"
+            "dense, quantization_config mxfp4; moetrain and transformers load it. Other families'\n"
+            "MXFP4 Linears are not loaded by moetrain yet.\n\n"
             "  --quant           nf4 (default), fp4, int4 or mxfp4 (blocks of 32, in %% 32 == 0)\n"
             "  --double-quant    8-bit absmax, nested in 256-blocks (default on; nf4/fp4)\n"
             "  --blocksize       32..4096, a power of two (default 64 for nf4/fp4, 128 for int4)\n"
@@ -48,13 +52,13 @@ static void quantize_usage(FILE *out) {
 // ---------------------------------------------------------------------------------------------
 // The output plan
 
-typedef enum { OUT_COPY, OUT_QPART, OUT_DEQUANT } out_role;
+typedef enum { OUT_COPY, OUT_QPART, OUT_DEQUANT, OUT_FUSED } out_role;
 
 typedef struct {
     out_role role;
     const mt_st_tensor *src;  // COPY: the tensor copied; QPART/DEQUANT: the source weight
     int group;                // QPART/DEQUANT: index into groups
-    int part;                 // QPART: index among the weight's exported entries
+    int part;                 // QPART: index among the weight's exported entries; FUSED: blocks 0, scales 1
 } out_entry;
 
 typedef struct {
@@ -62,6 +66,8 @@ typedef struct {
     mt_bnb_entries layout;   // QPART: the entries (names, shapes, pass-1 quant_state)
     mt_bnb_parts parts;      // DEQUANT: the serialised source
     mt_dtype dtype;          // source dtype (dense) or output dtype (DEQUANT)
+    mt_weight_desc fused;    // FUSED: gpt-oss's fused experts, as MXFP4 blocks and scales
+    char fused_names[2][160];
 } out_group;
 
 typedef struct {
@@ -76,6 +82,7 @@ typedef struct {
     int cur_group;
     mt_qweight cur;
     mt_bnb_entries cur_ex;
+    mt_fused_write fused;    // gpt-oss's fused experts to MXFP4
     // totals for the summary
     int64_t quant_params, n_quant, n_dense;
     uint64_t quant_bytes;
@@ -93,6 +100,8 @@ static int fill(void *ctx, size_t index, void *dst, size_t nbytes) {
     const out_entry *e = &c->entries[index];
     out_group *g = e->role == OUT_COPY ? NULL : &c->groups[e->group];
     switch (e->role) {
+    case OUT_FUSED:
+        return mt_fused_write_fill(&c->fused, &g->fused, 1, MT_U8, e->part, dst, nbytes);
     case OUT_COPY:
         memcpy(dst, e->src->data, nbytes);
         mt_quant_drop_pages(e->src->data, nbytes);
@@ -226,6 +235,8 @@ static int write_config(const mt_model_config *in, const qargs *a, const char *p
     cfg.fp8_block[0] = cfg.fp8_block[1] = 0;  // what is written is 4-bit or dense, never FP8
     // int4 is moetrain's own, mxfp4 not bitsandbytes': neither gets a bitsandbytes config
     cfg.quantized = a->type != MT_QUANT_INT4 && a->type != MT_QUANT_MXFP4;
+    // gpt-oss's own quantization_config: its fused experts were written MXFP4 (plan_output)
+    cfg.mxfp4 = mt_config_family(&cfg)->fused_experts && a->type == MT_QUANT_MXFP4 && (a->targets & MT_QTARGET_EXPERTS);
     if (cfg.quantized) {
         snprintf(cfg.quant_type, sizeof cfg.quant_type, "%s", mt_qformats[a->type].name);
         cfg.double_quant = a->double_quant;
@@ -269,6 +280,15 @@ static int same_folder(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
+// gpt-oss's fused expert tensors ("...mlp.experts.gate_up_proj", "...down_proj").
+static int fused_leaf(const char *name) {
+    static const char *const leaf[] = {".experts.gate_up_proj", ".experts.down_proj"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < MT_ARRAY_LEN(leaf); i++)
+        if (n > strlen(leaf[i]) && strcmp(name + n - strlen(leaf[i]), leaf[i]) == 0) return 1;
+    return 0;
+}
+
 // Pass 1: the output entries, in input file order.
 static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_st_entry **out_entries,
                        size_t *n_out) {
@@ -279,6 +299,17 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
     c->groups = mt_xcalloc(m->n_tensors + 1, sizeof *c->groups);
     mt_backend *null_be = mt_backend_null_new();
     int ng = 0, rc = 0;
+    // gpt-oss in MXFP4: transformers' layout, the fused experts only (attention and router dense)
+    int fused_mxfp4 = mt_config_family(cfg)->fused_experts && a->type == MT_QUANT_MXFP4 &&
+                      (a->targets & MT_QTARGET_EXPERTS);
+    unsigned targets = a->targets;
+    if (fused_mxfp4 && (targets & ~MT_QTARGET_EXPERTS)) {
+        mt_info("quantize: %s's MXFP4 checkpoints hold only the experts in MXFP4 (transformers' layout): "
+                "attention and the router are written as they are", cfg->model_type);
+        targets = MT_QTARGET_EXPERTS;
+    }
+    c->fused = (mt_fused_write){.st = m, .fam = mt_config_family(cfg), .hidden = cfg->hidden,
+                                .inter = cfg->intermediate};
     for (size_t f = 0; f < m->n_files && rc == 0; f++) {
         for (size_t i = 0; i < m->files[f].n_tensors && rc == 0; i++) {
             const mt_st_tensor *t = &m->files[f].tensors[i];
@@ -286,7 +317,7 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
             mt_bnb_parts parts;
             int pre = mt_bnb_find_parts(m, t->name, &parts);
             if (pre < 0) { rc = -1; break; }
-            int want = (mt_quant_target_of(t->name) & a->targets) != 0;
+            int want = (mt_quant_target_of(t->name) & targets) != 0;
             out_group *g = &c->groups[ng];
             g->t = t;
             if (pre) {
@@ -324,10 +355,33 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 continue;
             }
             mt_dtype dt;
+            if (cfg->mxfp4 && strcmp(t->dtype, "U8") == 0) {
+                mt_error_set("'%s': the checkpoint's experts are MXFP4 already (quantization_config mxfp4); "
+                             "quantize from a dense checkpoint, or train on this one as it is", t->name);
+                rc = -1;
+                break;
+            }
             if (mt_st_float_dtype(t->dtype, &dt) != 0) {
                 mt_error_set("'%s': wrong dtype %s (a dense checkpoint holds F32, BF16 or F16)", t->name, t->dtype);
                 rc = -1;
                 break;
+            }
+            if (fused_mxfp4 && t->ndim == 3 && fused_leaf(t->name)) {  // [E, in, rows] → blocks, scales
+                g->fused = (mt_weight_desc){.kind = MT_WEIGHT_EXPERTS, .ndim = 3, .layer = -1, .expert = -1,
+                                            .shape = {t->shape[0], t->shape[1], t->shape[2]}};
+                snprintf(g->fused.name, sizeof g->fused.name, "%s", t->name);
+                int k = mt_fused_write_entries(&g->fused, 1, NULL, g->fused_names, &ent[n]);
+                if (k < 0 || mt_fused_write_check(&c->fused, &g->fused) != 0) {
+                    rc = -1;
+                    break;
+                }
+                for (int p = 0; p < k; p++) c->entries[n++] = (out_entry){.role = OUT_FUSED, .group = ng, .part = p};
+                ng++;
+                int64_t numel = t->shape[0] * t->shape[1] * t->shape[2];
+                c->n_quant++;
+                c->quant_params += numel;
+                c->quant_bytes += (uint64_t)(numel / 2 + numel / MT_MXFP4_BLOCK);
+                continue;
             }
             if (!want || t->ndim != 2) {
                 ent[n] = (mt_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
