@@ -376,8 +376,9 @@ static int place_expert(loader *ld, slot *s, const float *w) {
 }
 
 // One expert's Linear [out, in] from its MXFP4 rows (blocks out·in/2 bytes, scales out·in/32):
-// kept as stored where the slot is 4-bit, else dequantized (a dense frozen copy; a trainable one
-// is refused by place(), as for any 4-bit tensor).
+// kept as stored where the slot is 4-bit, else dequantized. Unlike a bitsandbytes checkpoint made
+// from a bf16 one, gpt-oss was released in MXFP4: those values are the model, with no original to
+// prefer, so an expert that trains (unfreeze, full) starts from them.
 static int place_expert_mxfp4(loader *ld, slot *s, const uint8_t *blocks, const uint8_t *scales) {
     int64_t out = s->shape[0], in = s->shape[1];
     size_t nb = (size_t)(out * in / 2), ns = (size_t)(out * in / 32);
@@ -396,7 +397,7 @@ static int place_expert_mxfp4(loader *ld, slot *s, const uint8_t *blocks, const 
     float *w = mt_xmalloc((size_t)(out * in) * sizeof(float));
     mt_qweight_dequantize_rows_cpu(&q, w, 0, out);
     mt_qweight_free(&q);
-    it.data = w, it.dtype = MT_F32, it.dequantized = 1;
+    it.data = w, it.dtype = MT_F32, it.dequantized = s->role != TRAINABLE;
     int rc = place(ld, s, &it);
     free(w);
     return rc;
@@ -692,12 +693,6 @@ static int check_opts(const mt_model_config *c, const mt_model_spec *o) {
             mt_error_set("--experts names expert %d but the model has %lld", o->experts.items[i], (long long)c->experts);
             return -1;
         }
-    if (mt_config_family(c)->fused_experts && (o->mode == MT_MODE_FULL || o->mode == MT_MODE_UNFREEZE)) {
-        mt_error_set("--mode %s: %s's experts are stored fused ([E, H, 2f]); training them whole is not written "
-                     "yet: use --mode lora or router (docs/families.md \"gpt-oss\")", mt_mode_name(o->mode),
-                     c->model_type);
-        return -1;
-    }
     if (o->mode == MT_MODE_FULL && o->quant != MT_QUANT_NONE) {
         mt_error_set("--mode full trains every weight, so the base cannot be 4-bit: add --quant none");
         return -1;
@@ -813,6 +808,12 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
         m->par.ep_size > cfg->experts) {
         mt_error_set("expert parallelism over %d ranks (this one %d) needs 1 to %lld ranks, one expert each at least",
                      m->par.ep_size, m->par.ep_rank, (long long)cfg->experts);
+        return -1;
+    }
+    if (mt_config_family(cfg)->fused_experts && spec->mode == MT_MODE_FULL && m->par.ep_size > 1) {
+        mt_error_set("--mode full with --ep %d: %s's expert biases are one tensor a layer, which expert "
+                     "parallelism would split across ranks; train them on one rank, or use --mode unfreeze "
+                     "(its biases stay frozen)", m->par.ep_size, cfg->model_type);
         return -1;
     }
     const char *name = dir ? dir : "the config";

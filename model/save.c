@@ -176,7 +176,7 @@ static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
         if (strstr(w->name, ".self_attn.sinks")) return ly->dsinks ? ly->sinks : NULL;
         return ly->dgate_bias ? ly->gate_bias : NULL;
     }
-    if (w->kind == MT_WEIGHT_EXPERTS) return NULL;  // fused experts never train whole (check_opts)
+    if (w->kind == MT_WEIGHT_EXPERTS) return NULL;  // split per expert (trained_list_make)
     if (w->kind == MT_WEIGHT_NORM) {
         if (w->layer < 0) return m->dnorm ? m->norm : NULL;
         mt_layer *ly = &m->layers[w->layer];
@@ -196,40 +196,108 @@ static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
     return l && l->dw ? l->w : NULL;
 }
 
+// t2: gpt-oss's gate_up_proj_bias [E, 2f], whose file tensor interleaves w1's bias (t, even
+// columns) with w3's (t2, odd), as the checkpoint does.
 typedef struct {
     size_t n;
     const mt_weight_desc **desc;
-    mt_tensor **t;
-    mt_weight_desc *all;
+    mt_tensor **t, **t2;
+    mt_weight_desc *all, *split;  // split: experts' Linears out of gpt-oss's fused tensors
 } trained_list;
 
+// The trained experts of fused tensor `w` (gpt-oss) as Linears of their own, by the names of the
+// per-expert slots (model/fused_experts.h): the fused tensor holds frozen experts too, which an
+// unfreeze run does not have in full precision.
+static void add_split_experts(mt_model *m, trained_list *tl, const mt_weight_desc *w) {
+    const mt_family *fam = mt_config_family(&m->cfg);
+    int down = strstr(w->name, ".experts.down_proj") != NULL;
+    size_t pre = strlen(w->name) - strlen(down ? ".down_proj" : ".gate_up_proj");
+    for (int64_t e = 0; e < w->shape[0]; e++)
+        for (int k = 0; k < (down ? 1 : 2); k++) {
+            int which = down ? 1 : k ? 2 : 0;
+            char module[sizeof w->name - 8];  // room for ".weight"
+            snprintf(module, sizeof module, "%.*s.%lld.%s", (int)pre, w->name, (long long)e, fam->expert[which]);
+            mt_linear *l = mt_model_find_linear(m, module);
+            if (!l || !l->dw) continue;
+            mt_weight_desc *d = &tl->split[tl->n];
+            *d = (mt_weight_desc){.kind = MT_WEIGHT_LINEAR, .ndim = 2, .shape = {l->out, l->in}, .layer = w->layer,
+                                  .expert = (int)e};
+            snprintf(d->name, sizeof d->name, "%s.weight", module);
+            tl->desc[tl->n] = d;
+            tl->t[tl->n++] = l->w;
+        }
+}
+
 static void trained_list_make(mt_model *m, trained_list *tl) {
-    size_t n = mt_weights_list(&m->cfg, &tl->all);
-    tl->desc = mt_xcalloc(n, sizeof *tl->desc);
-    tl->t = mt_xcalloc(n, sizeof *tl->t);
+    size_t n = mt_weights_list(&m->cfg, &tl->all), cap = n + 3 * (size_t)(m->cfg.layers * m->cfg.experts);
+    tl->desc = mt_xcalloc(cap, sizeof *tl->desc);
+    tl->t = mt_xcalloc(cap, sizeof *tl->t), tl->t2 = mt_xcalloc(cap, sizeof *tl->t2);
+    tl->split = mt_xcalloc(cap, sizeof *tl->split);
     tl->n = 0;
     for (size_t i = 0; i < n; i++) {
-        mt_tensor *t = trained_tensor(m, &tl->all[i]);
+        const mt_weight_desc *w = &tl->all[i];
+        if (w->kind == MT_WEIGHT_EXPERTS) {
+            add_split_experts(m, tl, w);
+            continue;
+        }
+        mt_layer *ly = w->layer >= 0 ? &m->layers[w->layer] : NULL;
+        mt_tensor *t = trained_tensor(m, w), *t2 = NULL;
+        if (ly && w->kind == MT_WEIGHT_BIAS && strstr(w->name, ".experts.gate_up_proj_bias") && ly->debias[0])
+            t = ly->ebias[0], t2 = ly->ebias[2];
+        else if (ly && w->kind == MT_WEIGHT_BIAS && strstr(w->name, ".experts.down_proj_bias") && ly->debias[1])
+            t = ly->ebias[1];
         if (!t) continue;
-        tl->desc[tl->n] = &tl->all[i];
+        tl->desc[tl->n] = w;
+        tl->t2[tl->n] = t2;
         tl->t[tl->n++] = t;
     }
 }
 
 static void trained_list_free(trained_list *tl) {
-    free(tl->desc), free(tl->t), free(tl->all);
+    free(tl->desc), free(tl->t), free(tl->t2), free(tl->all), free(tl->split);
     memset(tl, 0, sizeof *tl);
+}
+
+// Tensor i's f32 values in the file's layout (gate_up_proj_bias interleaved) to or from `x`.
+static void trained_get(const trained_list *tl, size_t i, float *x) {
+    if (!tl->t2[i]) {
+        mt_tensor_download_f32(tl->t[i], x);
+        return;
+    }
+    int64_t E = tl->t[i]->shape[0], f = tl->t[i]->shape[1];
+    float *h = mt_xmalloc((size_t)(2 * E * f) * sizeof(float));
+    mt_tensor_download_f32(tl->t[i], h), mt_tensor_download_f32(tl->t2[i], h + E * f);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < f; j++) x[e * 2 * f + 2 * j] = h[e * f + j], x[e * 2 * f + 2 * j + 1] = h[(E + e) * f + j];
+    free(h);
+}
+
+static void trained_put(const trained_list *tl, size_t i, const float *x) {
+    if (!tl->t2[i]) {
+        mt_tensor_upload_f32(tl->t[i], x);  // into the model's dtype (bf16 on the GPU step)
+        return;
+    }
+    int64_t E = tl->t[i]->shape[0], f = tl->t[i]->shape[1];
+    float *h = mt_xmalloc((size_t)(2 * E * f) * sizeof(float));
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < f; j++) h[e * f + j] = x[e * 2 * f + 2 * j], h[(E + e) * f + j] = x[e * 2 * f + 2 * j + 1];
+    mt_tensor_upload_f32(tl->t[i], h), mt_tensor_upload_f32(tl->t2[i], h + E * f);
+    free(h);
+}
+
+static size_t trained_numel(const trained_list *tl, size_t i) {
+    return (size_t)mt_tensor_numel(tl->t[i]) * (tl->t2[i] ? 2 : 1);
 }
 
 static int fill_trained(void *ctx, size_t index, void *dst, size_t nbytes) {
     const trained_list *tl = ctx;
-    size_t want = (size_t)mt_tensor_numel(tl->t[index]) * sizeof(float);  // written F32 whatever the model keeps
+    size_t want = trained_numel(tl, index) * sizeof(float);  // written F32 whatever the model keeps
     if (nbytes != want) {
         mt_error_set("'%s': %zu bytes as f32 in the model, %zu in the file layout", tl->desc[index]->name, want,
                      nbytes);
         return -1;
     }
-    mt_tensor_download_f32(tl->t[index], dst);
+    trained_get(tl, index, dst);
     return 0;
 }
 
@@ -303,10 +371,10 @@ int mt_model_load_trained(mt_model *m, const char *path) {
             rc = -1;
             break;
         }
-        size_t numel = (size_t)mt_tensor_numel(tl.t[j]);
+        size_t numel = trained_numel(&tl, j);
         host = mt_xrealloc(host, numel * sizeof(float));
         mt_convert(host, MT_F32, t->data, dt, numel);
-        mt_tensor_upload_f32(tl.t[j], host);  // into the model's dtype (bf16 on the GPU step)
+        trained_put(&tl, j, host);
     }
     free(host);
     trained_list_free(&tl);

@@ -88,6 +88,12 @@ int mt_model_params(mt_model *m, mt_param **out) {
             snprintf(module, sizeof module, "model.layers.%d.%s.%s.bias", L, fam->moe_module, fam->router);
             add(&l, module, ly->gate_bias, ly->dgate_bias);
         }
+        for (int i = 0; i < 3; i++)
+            if (ly->debias[i]) {  // gpt-oss, --mode full: the experts' biases (their slots' names)
+                snprintf(module, sizeof module, "model.layers.%d.%s.experts.%s_bias", L, fam->moe_module,
+                         fam->expert[i]);
+                add(&l, module, ly->ebias[i], ly->debias[i]);
+            }
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {

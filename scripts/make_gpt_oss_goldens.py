@@ -16,6 +16,8 @@ Writes tests/data/golden/gpt_oss/:
                                    of the effective weight, dA = s·Bᵀ·G, dB = s·G·Aᵀ
     router.grad.<name>             router-only: the loss's gradient of every layer's
                                    mlp.router.weight and mlp.router.bias
+    full.grad.<name>               --mode full: the base loss's gradient of every parameter, by
+                                   transformers' names (the fused experts and their biases whole)
 
 And tests/data/golden/gpt_oss_mxfp4/: the same kind of model (hidden 64, expert size 32: MXFP4 wants
 multiples of 32) with its experts stored as gpt-oss ships them, gate_up_proj_blocks / _scales and
@@ -131,7 +133,7 @@ def losses(prefix, out, ce):
             for k, v in (("ce", ce), ("aux", out.aux_loss), ("loss", out.loss))}
 
 
-def base_and_router(model, tokens, mask, labels):
+def base_and_router(model, tokens, mask, labels, full=False):
     """The inputs, the base model's logits and losses, and every router's weight and bias gradient
     (router-only training)."""
     g = {"tokens": tokens.int(), "attention_mask": mask.int(), "labels": labels.int()}
@@ -144,6 +146,9 @@ def base_and_router(model, tokens, mask, labels):
         r = model.model.layers[L].mlp.router
         g[f"router.grad.model.layers.{L}.mlp.router.weight"] = r.weight.grad.detach().clone()
         g[f"router.grad.model.layers.{L}.mlp.router.bias"] = r.bias.grad.detach().clone()
+    if full:  # --mode full: every parameter's gradient, the fused experts' as transformers holds them
+        for name, p in model.named_parameters():
+            g[f"full.grad.{name}"] = p.grad.detach().clone()
     return g
 
 
@@ -194,7 +199,7 @@ def main():
         shutil.rmtree(OUT)
     os.makedirs(OUT)
     model.save_pretrained(OUT, safe_serialization=True)
-    g = base_and_router(model, tokens, mask, labels)
+    g = base_and_router(model, tokens, mask, labels, full=True)
     # LoRA: W + s·B·A in every target, gradients through autograd of the effective weights.
     gen = torch.Generator().manual_seed(7)
     factors = {}

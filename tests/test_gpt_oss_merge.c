@@ -186,3 +186,45 @@ Test(gpt_oss_merge, bad_requests_are_refused) {
     cr_expect(strstr(f.log, "only gpt-oss's fused experts are written as MXFP4"), "%s", f.log);
     mt_test_rmrf(f.tmp);
 }
+
+// A trained-tensor file of `mode` on `model` (flags: its span): eval with it equals eval of its merge.
+static void trained_round_trip(fixture *f, const char *model, const char *mode, const char *flags) {
+    char run[160], merged[160], args[400];
+    snprintf(run, sizeof run, "%s/%s", f->tmp, mode), snprintf(merged, sizeof merged, "%s/%s-merged", f->tmp, mode);
+    cr_assert_eq(mt_test_run(f->log, sizeof f->log,
+                             "train --model %s --data %s --out %s --mode %s %s --quant none --steps 3 --seq 32 "
+                             "--lr 0.02 --seed 5", model, f->data, run, mode, flags),
+                 0, "%s", f->log);
+    snprintf(args, sizeof args, "--model %s --adapter %s/trained.safetensors --quant none", model, run);
+    double with_trained = loss_of(f, args);
+    cr_assert(strstr(f->log, mode), "eval reads the file as --mode %s: %s", mode, f->log);
+    cr_assert_eq(mt_test_run(f->log, sizeof f->log, "merge --model %s --adapter %s/trained.safetensors --out %s "
+                             "--dtype f32", model, run, merged), 0, "%s", f->log);
+    snprintf(args, sizeof args, "--model %s --quant none", merged);
+    double folded = loss_of(f, args);
+    cr_expect_float_eq(folded, with_trained, 2e-6, "--mode %s: merged %.6f, with the file %.6f", mode, folded,
+                       with_trained);
+}
+
+// --mode full (every expert and the fused biases) on the dense base; --mode unfreeze (two experts
+// of one layer, the per-expert tensors) on the MXFP4 release layout, whose values the experts
+// start from.
+Test(gpt_oss_merge, full_and_unfreeze_runs_merge_into_the_fused_experts) {
+    fixture f;
+    setup(&f);
+    trained_round_trip(&f, f.base, "full", "");
+    mt_st_file t;
+    char path[200];
+    snprintf(path, sizeof path, "%s/full/trained.safetensors", f.tmp);
+    cr_assert_eq(mt_st_file_open(&t, path), 0);
+    const mt_st_tensor *b = mt_st_file_find(&t, "model.layers.1.mlp.experts.gate_up_proj_bias");
+    cr_expect(b && b->ndim == 2 && b->shape[0] == 4 && b->shape[1] == 64, "the fused bias, whole");
+    cr_expect(mt_st_file_find(&t, "model.layers.1.mlp.experts.3.up_proj.weight"), "each expert's Linear");
+    mt_st_file_close(&t);
+    char q[160];
+    snprintf(q, sizeof q, "%s/mxfp4", f.tmp);
+    cr_assert_eq(mt_test_run(f.log, sizeof f.log, "quantize --model %s --out %s --quant mxfp4", f.base, q), 0, "%s",
+                 f.log);
+    trained_round_trip(&f, q, "unfreeze", "--layers 1 --experts 1,3");
+    mt_test_rmrf(f.tmp);
+}

@@ -115,7 +115,25 @@ static int span_of_trained(const char *path, span *s) {
         char module[256];
         size_t len = strlen(name);
         if (strcmp(name, "model.embed_tokens.weight") == 0 || strcmp(name, "model.norm.weight") == 0 ||
-            strcmp(name, "lm_head.weight") == 0 || strstr(name, "layernorm.weight")) {
+            strcmp(name, "lm_head.weight") == 0 || strstr(name, "layernorm.weight") || strstr(name, "_norm.weight")) {
+            s->full = 1;
+            continue;
+        }
+        // gpt-oss's router bias trains with the router (router, unfreeze modes); any other bias, the
+        // experts' fused biases and the attention sinks only in full mode
+        int router_bias = 0;
+        if (len > 5 && strcmp(name + len - 5, ".bias") == 0 && len - 5 < sizeof module) {
+            memcpy(module, name, len - 5);
+            module[len - 5] = 0;
+            size_t mlen = strlen(module), rlen = strlen(s->fam->router);
+            router_bias = mlen > rlen && module[mlen - rlen - 1] == '.' && strcmp(module + mlen - rlen, s->fam->router) == 0;
+            if (router_bias) {
+                if (span_add(s, module) != 0) rc = -1, mt_error_set("%s: tensor '%s' is not a router's bias", path, name);
+                continue;
+            }
+        }
+        if ((len > 5 && strcmp(name + len - 5, ".bias") == 0) || (len > 5 && strcmp(name + len - 5, "_bias") == 0) ||
+            (len > 6 && strcmp(name + len - 6, ".sinks") == 0)) {
             s->full = 1;
             continue;
         }
