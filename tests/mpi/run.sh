@@ -203,6 +203,30 @@ train qwen2-unfreeze-1 1 "${unfreeze[@]}" --batch 4 --seq 128 --model "$work/qwe
 train qwen2-unfreeze-ep2 2 "${unfreeze[@]}" --batch 2 --ep 2 --seq 128 --model "$work/qwen2"
 same "qwen2 unfreeze ep2 == one process" qwen2-unfreeze-1 qwen2-unfreeze-ep2 1e-5 1e-3
 
+# gpt-oss (docs/families.md "gpt-oss"): fused experts split per rank on load (dense, and the MXFP4
+# release layout from `moetrain quantize`), router and expert biases, sinks, sliding/full layers.
+# Plain-text samples: the harmony template's preamble alone is longer than 64 byte tokens.
+cat >"$work/gpt-oss.json" <<'JSON'
+{"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+ "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300, "sliding_window": 5,
+ "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 256, "swiglu_limit": 1.4,
+ "router_aux_loss_coef": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "float32"}
+JSON
+for i in $(seq 0 63); do printf '{"text":"w%03d answers %03d"}\n' "$i" $(( (i * 7) % 1000 )); done >"$work/text.jsonl"
+"$moetrain" init --config "$work/gpt-oss.json" --out "$work/gpt-oss" --dtype f32 --seed 3 >/dev/null
+"$moetrain" quantize --model "$work/gpt-oss" --out "$work/gpt-oss-mxfp4" --quant mxfp4 >/dev/null 2>&1
+oss=(--data "$work/text.jsonl" --model "$work/gpt-oss")
+train oss-1 1 "${lora[@]}" "${oss[@]}" --batch 4
+train oss-ep2 2 "${lora[@]}" "${oss[@]}" --batch 2 --ep 2
+same "gpt-oss ep2 == one process" oss-1 oss-ep2 1e-5 1e-3
+train oss-unfreeze-1 1 "${unfreeze[@]}" "${oss[@]}" --batch 4
+train oss-unfreeze-ep2 2 "${unfreeze[@]}" "${oss[@]}" --batch 2 --ep 2
+same "gpt-oss unfreeze ep2 == one process" oss-unfreeze-1 oss-unfreeze-ep2 1e-5 1e-3
+train oss-mxfp4-1 1 "${lora[@]}" "${oss[@]}" --model "$work/gpt-oss-mxfp4" --batch 4
+train oss-mxfp4-ep2 2 "${lora[@]}" "${oss[@]}" --model "$work/gpt-oss-mxfp4" --batch 2 --ep 2
+same "gpt-oss MXFP4 ep2 == one process" oss-mxfp4-1 oss-mxfp4-ep2 1e-5 1e-3
+
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
 train unfreeze-ep2-dp2 4 "${unfreeze[@]}" --batch 1 --ep 2
 train unfreeze-zero 4 "${unfreeze[@]}" --batch 1 --ep 2 --zero 1
