@@ -227,6 +227,17 @@ train oss-mxfp4-1 1 "${lora[@]}" "${oss[@]}" --model "$work/gpt-oss-mxfp4" --bat
 train oss-mxfp4-ep2 2 "${lora[@]}" "${oss[@]}" --model "$work/gpt-oss-mxfp4" --batch 2 --ep 2
 same "gpt-oss MXFP4 ep2 == one process" oss-mxfp4-1 oss-mxfp4-ep2 1e-5 1e-3
 
+# DeepSeek-style (docs/families.md "DeepSeek-style"): grouped routing, shared experts replicated,
+# dense first layers, MLA; the golden fixtures' configs with a byte-level vocabulary.
+for fam in deepseek_v2 deepseek_v3 glm4_moe; do
+  sed -e 's/"vocab_size": 97/"vocab_size": 300/' -e 's/"bos_token_id": [a-z0-9]*/"bos_token_id": 1/' \
+    -e 's/"eos_token_id": [a-z0-9]*/"eos_token_id": 2/' tests/data/golden/$fam/config.json >"$work/$fam.json"
+  "$moetrain" init --config "$work/$fam.json" --out "$work/$fam" --dtype f32 --seed 3 >/dev/null
+  train "$fam-1" 1 "${lora[@]}" --data "$work/text.jsonl" --model "$work/$fam" --batch 4
+  train "$fam-ep2" 2 "${lora[@]}" --data "$work/text.jsonl" --model "$work/$fam" --batch 2 --ep 2
+  same "$fam ep2 == one process" "$fam-1" "$fam-ep2" 1e-5 1e-3
+done
+
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
 train unfreeze-ep2-dp2 4 "${unfreeze[@]}" --batch 1 --ep 2
 train unfreeze-zero 4 "${unfreeze[@]}" --batch 1 --ep 2 --zero 1
