@@ -165,13 +165,16 @@ uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
 }
 
 // Frozen Linears of sizes n[0..count) held `copies` times, in bf16 or 4-bit as --quant and
-// --quant-targets (`target`) say; adds to the 4-bit or the bf16 tally of the plan.
+// --quant-targets (`target`) say; adds to the 4-bit or the bf16 tally of the plan. `mxfp4`: the
+// checkpoint stores them MXFP4 (gpt-oss), which the loader keeps whatever 4-bit --quant names.
 static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t *n, int count, int64_t copies,
-                               unsigned target) {
+                               unsigned target, int mxfp4) {
     int quantized = o->quant != MT_QUANT_NONE && (o->quant_targets & target);
+    mt_plan_opts as_stored = *o;
+    if (mxfp4) as_stored.quant = MT_QUANT_MXFP4, as_stored.quant_blocksize = 0, as_stored.double_quant = 0;
     uint64_t b = 0;
     for (int i = 0; i < count; i++) {
-        b += (uint64_t)copies * (quantized ? mt_plan_linear_bytes(n[i], o) : 2 * (uint64_t)n[i]);
+        b += (uint64_t)copies * (quantized ? mt_plan_linear_bytes(n[i], &as_stored) : 2 * (uint64_t)n[i]);
         if (quantized) p->frozen_quant_gpu += copies * n[i];
         else p->frozen_bf16_gpu += copies * n[i];
     }
@@ -317,7 +320,7 @@ static int check_index_set(const mt_index_set *s, int64_t n, const char *flag, c
     return 0;
 }
 
-static int plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
+int mt_plan_check(const mt_model_config *cfg, const mt_plan_opts *o) {
     if (o->gpus < 1) { mt_error_set("--gpus must be at least 1"); return -1; }
     if (o->ep < 1) { mt_error_set("--ep must be at least 1"); return -1; }
     if (o->gpus % o->ep) {
@@ -480,14 +483,14 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     int64_t n_moe = mt_config_moe_layers(cfg), frozen_experts = frozen_experts_gpu(cfg, o, t, p);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
     int64_t router[1] = {cfg->hidden * cfg->experts};
-    uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS) +
-                 frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN) +
-                 frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER);
+    uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS, cfg->mxfp4) +
+                 frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN, 0) +
+                 frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER, 0);
     // The shared experts' and dense MLPs' projections: 4-bit with the experts (quant/quant.h).
     int64_t shared[3], dense[3], mlp_layers = t->dense_trainable ? 0 : 1;
     for (int i = 0; i < 3; i++) shared[i] = cfg->hidden * cfg->shared_intermediate, dense[i] = cfg->hidden * cfg->dense_intermediate;
-    b += frozen_linears(p, o, shared, 3, cfg->shared_intermediate ? mlp_layers * n_moe : 0, MT_QTARGET_EXPERTS) +
-         frozen_linears(p, o, dense, 3, mlp_layers * (cfg->layers - n_moe), MT_QTARGET_EXPERTS);
+    b += frozen_linears(p, o, shared, 3, cfg->shared_intermediate ? mlp_layers * n_moe : 0, MT_QTARGET_EXPERTS, 0) +
+         frozen_linears(p, o, dense, 3, mlp_layers * (cfg->layers - n_moe), MT_QTARGET_EXPERTS, 0);
     int64_t outer = t->dense_trainable ? 0 : outer_params(cfg) + cfg->layers * 2 * cfg->hidden +
                                                  family_extra_params(cfg, s) - family_mlp_params(cfg);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
@@ -511,7 +514,7 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
     memset(p, 0, sizeof *p);
-    if (plan_check(cfg, o)) return -1;
+    if (mt_plan_check(cfg, o)) return -1;
     linear_sizes s;
     linear_sizes_of(cfg, &s);
     trainables t;

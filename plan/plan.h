@@ -127,6 +127,8 @@ typedef struct mt_plan_act_term {
 int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_act_term *terms);
 uint64_t mt_plan_act_model_bytes(const mt_model_config *cfg, const mt_plan_opts *o);
 
+// Checks the options against the model (errors name the flag): 0, or -1 with mt_error_set().
+int mt_plan_check(const mt_model_config *cfg, const mt_plan_opts *o);
 // Checks the options against the model (errors name the flag) and computes the plan.
 // 0, or -1 with mt_error_set().
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p);

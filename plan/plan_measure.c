@@ -62,7 +62,8 @@ static int one_step(mt_model *m, const mt_plan_opts *o) {
 int mt_plan_measure_on(mt_backend *be, const mt_model_config *cfg, const char *checkpoint, const mt_plan_opts *o,
                        const mt_model_spec *spec, mt_plan_measurement *out) {
     memset(out, 0, sizeof *out);
-    if (measurable(o) != 0) return -1;
+    // --ep that does not divide --gpus would leave the step no DP group (and divide by zero)
+    if (mt_plan_check(cfg, o) != 0 || measurable(o) != 0) return -1;
     if (o->seq > INT32_MAX / 2 || o->batch * o->seq > INT32_MAX / 64) {
         mt_error_set("--seq %lld × --batch %lld is beyond what one step indexes", (long long)o->seq,
                      (long long)o->batch);

@@ -221,8 +221,11 @@ static void print_run(FILE *out, const mt_plan_report *r) {
     else if (o->quant == MT_QUANT_NONE)  // the GPU step stores the base bf16 whatever the checkpoint's dtype
         fprintf(out, "  base    every frozen weight as stored (%s in the checkpoint; bf16 on a GPU, as planned here)\n",
                 r->cfg ? mt_dtype_name(r->cfg->torch_dtype) : "?");
-    else fprintf(out, "  base    %s on %s; the rest bf16\n", base_format_text(o, r->plan, fmt, sizeof fmt),
-                 quant_targets_text(o->quant_targets, targets, sizeof targets));
+    else fprintf(out, "  base    %s on %s%s; the rest bf16\n", base_format_text(o, r->plan, fmt, sizeof fmt),
+                 quant_targets_text(o->quant_targets, targets, sizeof targets),
+                 r->cfg && r->cfg->mxfp4 && (o->quant_targets & MT_QTARGET_EXPERTS)
+                     ? " (the experts in the checkpoint's own MXFP4, 4.25 bits, kept as stored; bits/weight: the mix)"
+                     : "");
     fprintf(out, "  GPUs    %d (EP %d, ZeRO %d); Adam %s, master weights %s%s\n", o->gpus, o->ep, o->zero,
             o->adam_8bit ? "8-bit" : "fp32", o->master_weights ? "fp32" : "none",
             o->offload_optimizer ? "; optimizer offloaded to host" : "");

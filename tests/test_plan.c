@@ -500,3 +500,28 @@ Test(plan, cli_model_file_with_run_config) {
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --model %s --config %s", model, run), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "32.26"), "%s", out);
 }
+
+// --ep that does not divide --gpus is the flag's error, whatever runs first: --recompute auto
+// measured a step with no DP group before the options were checked (SIGFPE).
+Test(plan, ep_not_dividing_gpus_is_refused_before_measuring) {
+    char out[4096];
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --model %s/configs/tiny.json --ep 2", MT_REPO_ROOT), MT_EXIT_USAGE,
+                 "%s", out);
+    cr_expect(strstr(out, "--ep 2 does not divide --gpus 1"), "%s", out);
+}
+
+// gpt-oss's experts count at the checkpoint's MXFP4 (4.25 bits), which the loader keeps whatever
+// 4-bit --quant names, and the report says so.
+Test(plan, gpt_oss_experts_count_as_their_mxfp4) {
+    char nf4[8192], mx[8192];
+    const char *run = "plan --model %s/configs/gpt-oss-20b.json --mode lora --r 16 --recompute full --quant %s";
+    cr_assert_eq(mt_test_run(nf4, sizeof nf4, run, MT_REPO_ROOT, "nf4"), MT_EXIT_OK, "%s", nf4);
+    cr_assert_eq(mt_test_run(mx, sizeof mx, run, MT_REPO_ROOT, "mxfp4"), MT_EXIT_OK, "%s", mx);
+    cr_expect(strstr(nf4, "the experts in the checkpoint's own MXFP4"), "%s", nf4);
+    const char *a = strstr(nf4, "frozen weights + quant constants"), *b = strstr(mx, "frozen weights + quant constants");
+    cr_assert(a && b);
+    // experts at 4.25 bits in both; only attention's NF4-DQ (4.127) vs MXFP4 (4.25) differs
+    double base_nf4 = atof(a + strlen("frozen weights + quant constants")),
+           base_mx = atof(b + strlen("frozen weights + quant constants"));
+    cr_expect(base_mx > base_nf4 && base_mx - base_nf4 < 0.05, "base %.3f (nf4) vs %.3f (mxfp4)", base_nf4, base_mx);
+}
