@@ -123,7 +123,7 @@ static void family_case(const char *model_type) {
         if (t.adapted[i]) mods[n++] = (mt_peft_module){t.name[i], t.in[i], t.out[i], t.a[i], t.b[i]};
     }
     mt_peft_v5_model md = {2, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, t.adapted,
-                           (size_t)t.n};
+                           (size_t)t.n, f->fused_experts};
     mt_peft_config cfg = {.r = 1, .lora_alpha = 2};
     char tmp[64], path[256];
     mt_test_tmpdir(tmp, sizeof tmp);
@@ -209,7 +209,7 @@ Test(peft_v5_family, unplaced_expert_is_named) {
         mt_peft_module m = {bad[k], H, I, a, b};
         const char *lin[] = {bad[k]};
         unsigned char on[] = {1};
-        mt_peft_v5_model md = {1, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, on, 1};
+        mt_peft_v5_model md = {1, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, on, 1, 0};
         mt_peft_config cfg = {.r = 1, .lora_alpha = 1};
         char tmp[64];
         mt_test_tmpdir(tmp, sizeof tmp);

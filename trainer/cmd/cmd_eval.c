@@ -202,7 +202,8 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
         }
     }
     mt_peft_config pc;
-    if (mt_peft_read(o->adapter, &pc, span_pair, &s) != 0) return -1;
+    mt_peft_layout lay = {.gate_up_interleaved = s.fam->fused_experts};
+    if (mt_peft_read_as(o->adapter, &lay, &pc, span_pair, &s) != 0) return -1;
     o->mode = MT_MODE_LORA;
     o->lora_r = pc.r;
     o->lora_alpha = pc.lora_alpha;
