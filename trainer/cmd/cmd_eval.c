@@ -52,6 +52,9 @@ static int span_add(span *s, const char *module) {
     const struct { const char *leaf; unsigned bit; } leaves[] = {
         {"self_attn.q_proj", MT_TARGET_Q}, {"self_attn.k_proj", MT_TARGET_K}, {"self_attn.v_proj", MT_TARGET_V},
         {"self_attn.o_proj", MT_TARGET_O}, {router, MT_TARGET_GATE},
+        // MLA (DeepSeek-V2/V3): q covers q_a/q_b, k the latent kv_a, v kv_b (docs/families.md)
+        {"self_attn.q_a_proj", MT_TARGET_Q}, {"self_attn.q_b_proj", MT_TARGET_Q},
+        {"self_attn.kv_a_proj_with_mqa", MT_TARGET_K}, {"self_attn.kv_b_proj", MT_TARGET_V},
     };
     int L, e, n = 0, used = 0;
     char rest[128], experts[96];
