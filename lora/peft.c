@@ -213,7 +213,8 @@ static int lone_experts_kind(const char *dir, const char *module) {
 // One A/B pair of the file: a v4 module as it is, a v5 router under its v4 name, v5 fused experts
 // split per expert.
 static int visit_pair(const char *dir, const char *path, const mt_st_file *f, const mt_peft_config *cfg,
-                      const char *module, const mt_st_tensor *a, const mt_st_tensor *b, mt_peft_pair_fn fn, void *ctx) {
+                      const mt_peft_layout *layout, const char *module, const mt_st_tensor *a, const mt_st_tensor *b,
+                      mt_peft_pair_fn fn, void *ctx) {
     char prefix[512], other[600];
     size_t n = strlen(module);
     if (ends_with(module, ".mlp.gate") && n - 9 < sizeof prefix - 32) {
@@ -236,10 +237,14 @@ static int visit_pair(const char *dir, const char *path, const mt_st_file *f, co
     if (n >= sizeof prefix) n = sizeof prefix - 1;
     memcpy(prefix, module, n);
     prefix[n] = 0;
-    return mt_peft_v5_experts(path, cfg, prefix, gate_up, a, b, fn, ctx);
+    return mt_peft_v5_experts(path, cfg, layout, prefix, gate_up, a, b, fn, ctx);
 }
 
 int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx) {
+    return mt_peft_read_as(dir, NULL, cfg, fn, ctx);
+}
+
+int mt_peft_read_as(const char *dir, const mt_peft_layout *layout, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx) {
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     if (read_config(path, cfg) != 0) return -1;
@@ -264,13 +269,13 @@ int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void 
             rc = -1;
         } else if (ends_with(module, ".mlp.experts") || ends_with(module, ".mlp.experts.base_layer")) {
             // fused: ranks checked per expert
-            rc = visit_pair(dir, path, &f, cfg, module, t, b, fn, ctx);
+            rc = visit_pair(dir, path, &f, cfg, layout, module, t, b, fn, ctx);
         } else if (t->ndim != 2 || b->ndim != 2 || t->shape[0] != cfg->r || b->shape[1] != cfg->r) {
             mt_error_set("%s: module '%s': A [%lld, ...] and B [..., %lld] do not have the rank r=%d of "
                          "adapter_config.json", path, module, (long long)t->shape[0],
                          (long long)(b->ndim == 2 ? b->shape[1] : -1), cfg->r);
             rc = -1;
-        } else if ((rc = visit_pair(dir, path, &f, cfg, module, t, b, fn, ctx)) != 0) {
+        } else if ((rc = visit_pair(dir, path, &f, cfg, layout, module, t, b, fn, ctx)) != 0) {
             mt_error_prefix("%s", path);
         }
     }

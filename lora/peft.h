@@ -34,6 +34,14 @@ typedef int (*mt_peft_pair_fn)(void *ctx, const char *module, const mt_st_tensor
 // "mlp.gate" is reported as "block_sparse_moe.gate"; an expert whose A and B are all zero (not
 // trained) is not reported.
 int mt_peft_read(const char *dir, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx);
+// How a family's fused gate_up_proj orders its output rows (the one thing a fused adapter's tensors
+// do not say): gate rows then up rows (transformers 5's Mixtral, Qwen, OLMoE, DeepSeek-style), or
+// interleaved, gate in the even rows and up in the odd (gpt-oss: gate_up[..., ::2], [..., 1::2]).
+typedef struct mt_peft_layout {
+    int gate_up_interleaved;
+} mt_peft_layout;
+// mt_peft_read for a family's layout (NULL: gate rows then up rows, as mt_peft_read).
+int mt_peft_read_as(const char *dir, const mt_peft_layout *layout, mt_peft_config *cfg, mt_peft_pair_fn fn, void *ctx);
 // adapter_config.json's text (len bytes; `path` names it in errors): r an integer in
 // 1..MT_PEFT_MAX_R, lora_alpha in (0, 1e6], lora_dropout in [0, 1), target_modules not empty.
 #define MT_PEFT_MAX_R 65536
@@ -75,6 +83,14 @@ typedef int (*mt_peft_fill_fn)(void *ctx, size_t i, char which, float *dst);
 int mt_peft_write(const char *dir, const mt_peft_config *cfg, const mt_peft_targets *targets,
                   const char *base_model, const mt_peft_module *mods, size_t n,
                   mt_peft_fill_fn fill, void *ctx);
+// mt_peft_write for the v4 layout of a model whose Linears are all[0..n_all) (module paths, adapted[i]
+// set for those in mods), with target_modules made by mt_peft_targets_make; except that the
+// Linears whose leaf is param_leaf (not NULL) go to target_parameters as "<entry>.weight": a
+// router transformers 4 keeps as a bare parameter (DeepSeek-style, gpt-oss), which PEFT's
+// target_modules refuses ("... is not supported") and its ParamWrapper adapts (keys unchanged).
+int mt_peft_write_v4(const char *dir, const mt_peft_config *cfg, const char *base_model, const char *const *all,
+                     const unsigned char *adapted, size_t n_all, const char *param_leaf, const mt_peft_module *mods,
+                     size_t n, mt_peft_fill_fn fill, void *ctx);
 // The adapter_config.json text alone (malloc'ed, NUL-terminated; the caller frees).
 char *mt_peft_config_json(const mt_peft_config *cfg, const mt_peft_targets *targets,
                           const char *base_model);
@@ -93,19 +109,23 @@ char *mt_peft_json_string(const char *s);
 typedef struct mt_peft_v5_model {
     int layers, experts;
     const char *moe_module;       // "block_sparse_moe" (Mixtral) / "mlp" (Qwen2/3-MoE, OLMoE)
-    const char *router;           // "gate"
+    const char *router;           // "gate" (gpt-oss: "router"); transformers 5 names it mlp.<router>
     const char *expert[3];        // an expert's gate, down, up: "w1","w2","w3" / "gate_proj",...
     const char *const *linears;   // [n_linears] "model.layers.0.self_attn.q_proj", ..., "lm_head"
     const unsigned char *adapted; // [n_linears] 1: has a LoRA (one of mods)
     size_t n_linears;
+    int gate_up_interleaved;      // gate_up_proj's rows: gate in the even, up in the odd (gpt-oss)
 } mt_peft_v5_model;
 
 // The v5 layout (lora/peft_v5.c) of the same v4 modules (names as in mt_peft_module, in the
 // model's v4 names, "model.layers.L.<moe_module>.experts.E.<expert[i]>"), the same for every
-// family (transformers 5 names every MoE block "mlp"): the router as "mlp.gate" through
-// target_parameters "gate.weight"; per layer the experts' gate+up fused into
+// family (transformers 5 names every MoE block "mlp"): the router as "mlp.<router>" through
+// target_parameters "<router>.weight"; per layer the experts' gate+up fused into
 // "mlp.experts.gate_up_proj" (rank 2r: A rows e·2r.., gate's then up's; B block-diagonal,
-// columns k·E+e) and down into "mlp.experts.down_proj" (rank r), experts not adapted as zeros.
+// columns k·E+e, rows gate's then up's or, gate_up_interleaved, 2i and 2i+1) and down into
+// "mlp.experts.down_proj" (rank r), experts not adapted as zeros. gpt-oss's [E, H, 2f] and
+// [E, f, H] (x·W, is_transposed) take the same A [R·E, in] and B [out, R·E] as the others'
+// [E, 2f, H] and [E, H, f] (PEFT swaps in and out for those), so only the row order differs.
 // With both in a layer, down_proj is the outer ParamWrapper ("mlp.experts.lora_A") and
 // gate_up_proj the inner ("mlp.experts.base_layer.lora_A"). Every other Linear keeps its name:
 // in target_modules, except one whose leaf is an expert's or the router's (a shared expert's or
@@ -117,8 +137,8 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
                      mt_peft_fill_fn fill, void *ctx);
 // (peft.c's reader) One fused expert tensor pair of a v5 adapter in `path` — gate_up (1) or
 // down (0) of the layer whose module prefix is "model.layers.L" — split into per-expert pairs.
-int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const char *prefix, int gate_up,
-                       const mt_st_tensor *a, const mt_st_tensor *b, mt_peft_pair_fn fn, void *ctx);
+int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const mt_peft_layout *layout, const char *prefix,
+                       int gate_up, const mt_st_tensor *a, const mt_st_tensor *b, mt_peft_pair_fn fn, void *ctx);
 // "auto" -> the format of the transformers a model folder declares (config.json's
 // "transformers_version": 4.x -> v4, else v5; none declared -> v5). model may be a config.json.
 int mt_peft_format_parse(const char *text, const char *model, mt_peft_format *out);

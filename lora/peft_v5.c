@@ -37,7 +37,8 @@ typedef struct {
     const entry_plan *plan;
     const layer_experts *lx;
     int r, experts;
-    float *tmp;  // one per-expert A or B
+    int interleaved;  // gate_up rows: gate 2i, up 2i + 1 (gpt-oss)
+    float *tmp;       // one per-expert A or B
 } v5_ctx;
 
 static int module_fill(const v5_ctx *c, int mod, char which, float *dst) {
@@ -56,8 +57,9 @@ static int module_fill(const v5_ctx *c, int mod, char which, float *dst) {
 }
 
 // Expert e's A [rk, in] goes to rows e·R + off.. of A [R·E, in]; its B [out, rk] to rows
-// row0.. and columns (off + k)·E + e of B [rows, R·E] (PEFT's interleaved expert columns).
-static int put_expert(const v5_ctx *c, int mod, char which, float *dst, int e, int R, int off, int64_t row0) {
+// row0 + i·step and columns (off + k)·E + e of B [rows, R·E] (PEFT's interleaved expert columns).
+static int put_expert(const v5_ctx *c, int mod, char which, float *dst, int e, int R, int off, int64_t row0,
+                      int64_t step) {
     const mt_peft_module *m = &c->mods[mod];
     if (module_fill(c, mod, which, c->tmp) != 0) return -1;
     int r = c->r, E = c->experts;
@@ -67,7 +69,8 @@ static int put_expert(const v5_ctx *c, int mod, char which, float *dst, int e, i
     }
     size_t cols = (size_t)R * (size_t)E;
     for (int64_t i = 0; i < m->out; i++)
-        for (int k = 0; k < r; k++) dst[(size_t)(row0 + i) * cols + (size_t)(off + k) * E + e] = c->tmp[(size_t)i * r + k];
+        for (int k = 0; k < r; k++)
+            dst[(size_t)(row0 + i * step) * cols + (size_t)(off + k) * E + e] = c->tmp[(size_t)i * r + k];
     return 0;
 }
 
@@ -80,11 +83,12 @@ static int v5_fill(void *ctx, size_t index, void *dst_, size_t nbytes) {
     const layer_experts *lx = &c->lx[p->layer];
     for (int e = 0; e < c->experts; e++) {
         int rc = 0;
-        if (p->kind == KIND_GATE_UP) {  // rank 2r: w1 in block 0, w3 in block 1 (gate rows first)
-            if (lx->w1[e] >= 0) rc = put_expert(c, lx->w1[e], p->which, dst, e, 2 * c->r, 0, 0);
-            if (!rc && lx->w3[e] >= 0) rc = put_expert(c, lx->w3[e], p->which, dst, e, 2 * c->r, c->r, lx->inter);
+        if (p->kind == KIND_GATE_UP) {  // rank 2r: w1 in block 0, w3 in block 1
+            int64_t step = c->interleaved ? 2 : 1, up0 = c->interleaved ? 1 : lx->inter;
+            if (lx->w1[e] >= 0) rc = put_expert(c, lx->w1[e], p->which, dst, e, 2 * c->r, 0, 0, step);
+            if (!rc && lx->w3[e] >= 0) rc = put_expert(c, lx->w3[e], p->which, dst, e, 2 * c->r, c->r, up0, step);
         } else if (lx->w2[e] >= 0) {
-            rc = put_expert(c, lx->w2[e], p->which, dst, e, c->r, 0, 0);
+            rc = put_expert(c, lx->w2[e], p->which, dst, e, c->r, 0, 0, 1);
         }
         if (rc) return -1;
     }
@@ -230,8 +234,11 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
     // before down_proj (the order PEFT nests their ParamWrappers in)
     strlist tm = {0}, tp = {0};
     unsigned char *col = mt_xmalloc((size_t)layers);
-    static const char *const short_name[] = {"gate.weight", "gate_up_proj", "down_proj"};
-    static const char *const path[] = {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+    char router_short[96], router_path[112];  // transformers 5's mlp.<router>.weight
+    snprintf(router_short, sizeof router_short, "%s.weight", md->router);
+    snprintf(router_path, sizeof router_path, "mlp.%s", router_short);
+    const char *const short_name[] = {router_short, "gate_up_proj", "down_proj"};
+    const char *const path[] = {router_path, "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
     for (int k = 0; k < 3; k++) {
         for (int L = 0; L < layers; L++) col[L] = has[L * 3 + k];
         add_targets(&tp, col, layers, short_name[k], path[k]);
@@ -257,7 +264,8 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
             size_t len = strlen(mods[i].module) + 64;
             names[ne] = mt_xmalloc(len);
             if (place == PLACE_ROUTER)
-                snprintf(names[ne], len, "base_model.model.model.layers.%d.mlp.gate.lora_%c.weight", L, k ? 'B' : 'A');
+                snprintf(names[ne], len, "base_model.model.model.layers.%d.mlp.%s.lora_%c.weight", L, md->router,
+                         k ? 'B' : 'A');
             else snprintf(names[ne], len, "base_model.model.%s.lora_%c.weight", mods[i].module, k ? 'B' : 'A');
             ent[ne] = (mt_st_entry){names[ne], "F32", 2, {k ? mods[i].out : cfg->r, k ? cfg->r : mods[i].in}, NULL};
             plan[ne++] = (entry_plan){KIND_DIRECT, (int)i, L, k ? 'B' : 'A'};
@@ -302,7 +310,8 @@ int mt_peft_write_v5(const char *dir, const mt_peft_config *cfg, const char *bas
     free(tm_json), free(tp_json), free(rank), free(alpha);
     strlist_free(&tm), strlist_free(&tp);
 
-    v5_ctx c = {mods, fill, ctx, plan, lx, cfg->r, experts, mt_xmalloc((size_t)max_elems * sizeof(float))};
+    v5_ctx c = {mods, fill, ctx, plan, lx, cfg->r, experts, md->gate_up_interleaved,
+                mt_xmalloc((size_t)max_elems * sizeof(float))};
     char file[4200];
     if (mt_mkdir_p(dir) == 0) {
         snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
@@ -383,13 +392,14 @@ static mt_st_tensor f32_tensor(const char *name, int64_t rows, int64_t cols, con
 }
 
 // One expert's pair out of fused A [R·E, in], B [out, R·E]: A rows e·R + k0 .. + rk, B rows
-// row0 .. row0 + nrows, columns (k0 + k)·E + e. Reported unless both are all zero.
+// row0 + i·step (i < nrows), columns (k0 + k)·E + e. Reported unless both are all zero.
 static int emit(const char *path, const char *prefix, int e, const char *leaf, const float *A, const float *B, int64_t in,
-                int64_t cols, int R, int E, int k0, int rk, int64_t row0, int64_t nrows, mt_peft_pair_fn fn, void *ctx) {
+                int64_t cols, int R, int E, int k0, int rk, int64_t row0, int64_t step, int64_t nrows, mt_peft_pair_fn fn,
+                void *ctx) {
     float *a = mt_xmalloc((size_t)(rk * in) * sizeof(float)), *b = mt_xmalloc((size_t)(nrows * rk) * sizeof(float));
     memcpy(a, A + ((size_t)e * R + k0) * (size_t)in, (size_t)(rk * in) * sizeof(float));
     for (int64_t i = 0; i < nrows; i++)
-        for (int k = 0; k < rk; k++) b[i * rk + k] = B[(size_t)(row0 + i) * (size_t)cols + (size_t)(k0 + k) * E + e];
+        for (int k = 0; k < rk; k++) b[i * rk + k] = B[(size_t)(row0 + i * step) * (size_t)cols + (size_t)(k0 + k) * E + e];
     int rc = 0;
     if (!all_zero(a, (size_t)(rk * in)) || !all_zero(b, (size_t)(nrows * rk))) {
         char module[512], name_a[600], name_b[600];
@@ -403,8 +413,8 @@ static int emit(const char *path, const char *prefix, int e, const char *leaf, c
     return rc;
 }
 
-int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const char *prefix, int gate_up,
-                       const mt_st_tensor *ta, const mt_st_tensor *tb, mt_peft_pair_fn fn, void *ctx) {
+int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const mt_peft_layout *layout, const char *prefix,
+                       int gate_up, const mt_st_tensor *ta, const mt_st_tensor *tb, mt_peft_pair_fn fn, void *ctx) {
     int R = gate_up ? (cfg->r_gate_up ? cfg->r_gate_up : cfg->r) : (cfg->r_down ? cfg->r_down : cfg->r);
     const char *what = gate_up ? "gate_up_proj" : "down_proj";
     if (ta->ndim != 2 || tb->ndim != 2 || ta->shape[0] % R != 0 || tb->shape[1] != ta->shape[0] ||
@@ -418,29 +428,32 @@ int mt_peft_v5_experts(const char *path, const mt_peft_config *cfg, const char *
     int E = (int)(ta->shape[0] / R);
     int64_t in = ta->shape[1], out = tb->shape[0], cols = tb->shape[1];
     float *A = as_f32(ta, path), *B = A ? as_f32(tb, path) : NULL;
-    int rc = B ? 0 : -1, r = cfg->r;
+    int rc = B ? 0 : -1, r = cfg->r, inter = layout && layout->gate_up_interleaved;
+    // gate rows: 0.. (step 1) or the even ones; up rows: I.. or the odd ones
+    int64_t I = out / 2, step = inter ? 2 : 1, up0 = inter ? 1 : I;
     for (int e = 0; e < E && rc == 0; e++) {
         if (!gate_up) {
-            rc = emit(path, prefix, e, "w2", A, B, in, cols, R, E, 0, R, 0, out, fn, ctx);
+            rc = emit(path, prefix, e, "w2", A, B, in, cols, R, E, 0, R, 0, 1, out, fn, ctx);
             continue;
         }
-        int64_t I = out / 2;
         if (R == 2 * r) {  // our own (and PEFT's converter's) layout: w1 and w3 blocks, no cross terms
             int cross = 0;
-            for (int64_t i = 0; i < out && !cross; i++)
+            for (int64_t i = 0; i < out && !cross; i++) {
+                int up = inter ? (int)(i & 1) : i >= I;
                 for (int k = 0; k < R && !cross; k++)
-                    cross = (i < I) != (k < r) && B[(size_t)i * (size_t)cols + (size_t)k * E + e] != 0;
+                    cross = up != (k >= r) && B[(size_t)i * (size_t)cols + (size_t)k * E + e] != 0;
+            }
             if (cross) {
                 mt_error_set("%s: '%s': expert %d's gate_up_proj LoRA (rank %d) mixes its w1 and w3 halves, which "
                              "a rank-%d per-expert w1/w3 LoRA cannot hold", path, tb->name, e, R, r);
                 rc = -1;
                 break;
             }
-            rc = emit(path, prefix, e, "w1", A, B, in, cols, R, E, 0, r, 0, I, fn, ctx);
-            if (!rc) rc = emit(path, prefix, e, "w3", A, B, in, cols, R, E, r, r, I, I, fn, ctx);
+            rc = emit(path, prefix, e, "w1", A, B, in, cols, R, E, 0, r, 0, step, I, fn, ctx);
+            if (!rc) rc = emit(path, prefix, e, "w3", A, B, in, cols, R, E, r, r, up0, step, I, fn, ctx);
         } else {  // one A shared by w1 and w3 (a PEFT-trained v5 adapter at rank r)
-            rc = emit(path, prefix, e, "w1", A, B, in, cols, R, E, 0, R, 0, I, fn, ctx);
-            if (!rc) rc = emit(path, prefix, e, "w3", A, B, in, cols, R, E, 0, R, I, I, fn, ctx);
+            rc = emit(path, prefix, e, "w1", A, B, in, cols, R, E, 0, R, 0, step, I, fn, ctx);
+            if (!rc) rc = emit(path, prefix, e, "w3", A, B, in, cols, R, E, 0, R, up0, step, I, fn, ctx);
         }
     }
     free(A), free(B);

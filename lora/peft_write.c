@@ -263,18 +263,10 @@ static int fill_entry(void *ctx, size_t index, void *dst, size_t nbytes) {
     return w->fill(w->ctx, index / 2, which, dst);
 }
 
-int mt_peft_write(const char *dir, const mt_peft_config *cfg, const mt_peft_targets *targets,
-                  const char *base_model, const mt_peft_module *mods, size_t n, mt_peft_fill_fn fill,
-                  void *ctx) {
-    if (n == 0) {
-        mt_error_set("%s: no adapted module to write", dir);
-        return -1;
-    }
-    if (cfg->r < 1 || !targets || targets->n < 1) {
-        mt_error_set("%s: an adapter needs r >= 1 and target_modules", dir);
-        return -1;
-    }
-    if (mt_mkdir_p(dir) != 0) return -1;
+// adapter_model.safetensors, then adapter_config.json (`json`, freed here).
+static int write_folder(const char *dir, const mt_peft_config *cfg, char *json, const mt_peft_module *mods, size_t n,
+                        mt_peft_fill_fn fill, void *ctx) {
+    if (mt_mkdir_p(dir) != 0) return free(json), -1;
     mt_st_entry *e = mt_xcalloc(2 * n, sizeof *e);
     char **names = mt_xcalloc(2 * n, sizeof *names);
     for (size_t i = 0; i < n; i++)
@@ -295,10 +287,68 @@ int mt_peft_write(const char *dir, const mt_peft_config *cfg, const mt_peft_targ
     int rc = mt_st_write(path, e, 2 * n, "{\"format\":\"pt\"}", fill_entry, &w);
     for (size_t i = 0; i < 2 * n; i++) free(names[i]);
     free(names), free(e);
-    if (rc != 0) return -1;
-    char *json = mt_peft_config_json(cfg, targets, base_model);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc = mt_write_file_atomic(path, json, strlen(json));
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        rc = mt_write_file_atomic(path, json, strlen(json));
+    }
     free(json);
     return rc;
+}
+
+int mt_peft_write(const char *dir, const mt_peft_config *cfg, const mt_peft_targets *targets,
+                  const char *base_model, const mt_peft_module *mods, size_t n, mt_peft_fill_fn fill,
+                  void *ctx) {
+    if (n == 0) {
+        mt_error_set("%s: no adapted module to write", dir);
+        return -1;
+    }
+    if (cfg->r < 1 || !targets || targets->n < 1) {
+        mt_error_set("%s: an adapter needs r >= 1 and target_modules", dir);
+        return -1;
+    }
+    return write_folder(dir, cfg, mt_peft_config_json(cfg, targets, base_model), mods, n, fill, ctx);
+}
+
+// The target list (JSON) of the adapted Linears among all[0..n_all) whose leaf is (params) or is not
+// (!params) param_leaf, entries followed by ".weight" for target_parameters; NULL when none is adapted.
+static char *v4_list(const char *const *all, const unsigned char *adapted, size_t n_all, const char *param_leaf,
+                     int params) {
+    const char **sel = mt_xcalloc(n_all + 1, sizeof *sel);
+    unsigned char *ad = mt_xcalloc(n_all + 1, 1);
+    size_t k = 0, count = 0;
+    for (size_t i = 0; i < n_all; i++) {
+        int is_param = param_leaf && strcmp(leaf_of(all[i]), param_leaf) == 0;
+        if (is_param != params) continue;
+        sel[k] = all[i], ad[k] = adapted[i], count += ad[k++] != 0;
+    }
+    char *json = NULL;
+    mt_peft_targets t;
+    if (count && mt_peft_targets_make(&t, sel, k, ad) == 0) {
+        char **names = mt_xcalloc((size_t)t.n, sizeof *names);
+        for (int i = 0; i < t.n; i++) {
+            size_t len = strlen(t.names[i]) + 8;
+            names[i] = mt_xmalloc(len);
+            snprintf(names[i], len, "%s%s", t.names[i], params ? ".weight" : "");
+        }
+        json = mt_peft_json_list((const char *const *)names, t.n);
+        for (int i = 0; i < t.n; i++) free(names[i]);
+        free(names);
+        mt_peft_targets_free(&t);
+    }
+    free(sel), free(ad);
+    return json;
+}
+
+int mt_peft_write_v4(const char *dir, const mt_peft_config *cfg, const char *base_model, const char *const *all,
+                     const unsigned char *adapted, size_t n_all, const char *param_leaf, const mt_peft_module *mods,
+                     size_t n, mt_peft_fill_fn fill, void *ctx) {
+    if (n == 0 || cfg->r < 1) {
+        mt_error_set("%s: no adapted module to write (or r < 1)", dir);
+        return -1;
+    }
+    char *tm = v4_list(all, adapted, n_all, param_leaf, 0), *tp = v4_list(all, adapted, n_all, param_leaf, 1);
+    // target_modules null beside target_parameters is PEFT's own form when only parameters are targeted
+    char *json = mt_peft_config_json_ex(cfg, tm ? tm : "null", tp, NULL, NULL, base_model);
+    free(tm), free(tp);
+    return write_folder(dir, cfg, json, mods, n, fill, ctx);
 }

@@ -49,14 +49,19 @@ static int set_pair(void *ctx, const char *module, const mt_st_tensor *a, const 
 
 int mt_model_load_adapter(mt_model *m, const char *dir) {
     mt_peft_config cfg;
+    mt_peft_layout lay = {.gate_up_interleaved = mt_config_family(&m->cfg)->fused_experts};
     // A rank that differs from the run's is caught pair by pair (shape check in set_pair).
-    if (mt_peft_read(dir, &cfg, set_pair, m) != 0) return -1;
+    if (mt_peft_read_as(dir, &lay, &cfg, set_pair, m) != 0) return -1;
     // The adapter's own scaling and dropout replace the run's.
     float scale = (float)(cfg.use_rslora ? cfg.lora_alpha / sqrt(cfg.r) : cfg.lora_alpha / cfg.r);
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
-        for (int i = 0; i < 8; i++)
+        // attention's Linears by the layer's own list (MLA has q_a, kv_a, kv_b besides q and o)
+        mt_linear *ls[MT_ATTN_LINEARS + 5];
+        int n = mt_layer_attn_linears(ly, &m->cfg, ls, NULL);
+        mt_linear *rest[] = {&ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate};
+        for (int i = 0; i < 5; i++) ls[n++] = rest[i];
+        for (int i = 0; i < n; i++)
             if (ls[i]->lora) ls[i]->lora->scale = scale, ls[i]->lora->dropout = (float)cfg.lora_dropout;
         for (int e = 0; e < m->cfg.experts; e++) {
             mt_linear *ex[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};

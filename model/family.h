@@ -60,6 +60,8 @@ typedef struct mt_family {
     int attn_sinks;             // self_attn.sinks [heads]: a learned logit per head in the softmax's denominator
     int fused_experts;          // experts stored fused: experts.gate_up_proj [E, H, 2f] (gate, up interleaved
                                 // by column) with gate_up_proj_bias [E, 2f]; down_proj [E, f, H], down_proj_bias [E, H]
+    int router_param;           // transformers 4 keeps the router as a bare weight [E, H], not an nn.Linear:
+                                // PEFT adapts it only through target_parameters (in both adapter layouts)
     int clamped_swiglu;         // swiglu_limit / swiglu_alpha: (clamp(u, ±l) + 1) · g·σ(α·g), g = min(g, l)
     int has_layer_types;        // layer_types: sliding_attention (sliding_window) or full_attention, per layer
     int default_rope_yarn;      // rope_parameters absent: YaRN (factor 32, beta_fast 32, beta_slow 1, no

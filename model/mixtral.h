@@ -236,6 +236,10 @@ int mt_model_bias_balance_step(mt_model *m, mt_comm *ranks, float rate, double *
 int mt_model_save_adapter(mt_model *m, const char *dir, const char *base_model_name);  // v4 layout
 // peft_format: MT_PEFT_V4 or MT_PEFT_V5 (lora/peft.h: per-expert or fused-expert layout).
 int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_model_name, int peft_format);
+// 0 unless a LoRA with dropout would go to PEFT's target_parameters in every adapter layout
+// (gpt-oss's experts and router, DeepSeek-style routers): PEFT refuses lora_dropout there, so the
+// error names --dropout. With warn, a warning where only layout peft_format (v5) puts one there.
+int mt_model_adapter_dropout_check(mt_model *m, int peft_format, int warn);
 int mt_model_save_trained(mt_model *m, const char *path);
 int mt_model_load_trained(mt_model *m, const char *path);
 

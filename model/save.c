@@ -14,10 +14,13 @@
 // ---------------------------------------------------------------------------------------------
 // The Linears, by module path, in Hugging Face's module order
 
+enum { LIN_OTHER, LIN_ROUTER, LIN_EXPERT };
+
 typedef struct {
     size_t n;
     char (*name)[128];  // "model.layers.0.block_sparse_moe.experts.3.w1"
     mt_linear **l;
+    unsigned char *kind;  // LIN_*
 } linear_list;
 
 static void linears_list(mt_model *m, linear_list *out) {
@@ -25,6 +28,7 @@ static void linears_list(mt_model *m, linear_list *out) {
     size_t cap = (size_t)(c->layers * (10 + 3 * c->experts) + 1);
     out->name = mt_xcalloc(cap, sizeof *out->name);
     out->l = mt_xcalloc(cap, sizeof *out->l);
+    out->kind = mt_xcalloc(cap, 1);
     out->n = 0;
     const mt_family *fam = mt_config_family(c);  // the family's module names
     for (int L = 0; L < c->layers; L++) {
@@ -47,12 +51,14 @@ static void linears_list(mt_model *m, linear_list *out) {
         }
         if (ly->dense) continue;
         snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.%s", L, fam->moe_module, fam->router);
+        out->kind[out->n] = LIN_ROUTER;
         out->l[out->n++] = &ly->gate;
         for (int e = 0; e < c->experts; e++) {
             mt_linear *el[] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
             for (int i = 0; i < 3; i++) {
                 snprintf(out->name[out->n], sizeof out->name[0], "model.layers.%d.%s.experts.%d.%s", L,
                          fam->moe_module, e, fam->expert[i]);
+                out->kind[out->n] = LIN_EXPERT;
                 out->l[out->n++] = el[i];
             }
         }
@@ -62,7 +68,7 @@ static void linears_list(mt_model *m, linear_list *out) {
 }
 
 static void linears_free(linear_list *ll) {
-    free(ll->name), free(ll->l);
+    free(ll->name), free(ll->l), free(ll->kind);
     memset(ll, 0, sizeof *ll);
 }
 
@@ -86,7 +92,51 @@ static int fill_lora(void *ctx, size_t i, char which, float *dst) {
     return 0;
 }
 
+// Whether Linear i's LoRA goes to target_parameters (PEFT's ParamWrapper) in layout fmt, and
+// *always: in every layout (gpt-oss's fused experts and its router, a router transformers 4 keeps
+// as a bare parameter). In v5 also every router and expert, and a kept Linear whose leaf PEFT's
+// converter would rewrite (lora/peft.h, mt_peft_write_v5).
+static int param_target(const mt_family *fam, const linear_list *ll, size_t i, int fmt, int *always) {
+    int moe = ll->kind[i] != LIN_OTHER;
+    *always = (fam->fused_experts && moe) || (fam->router_param && ll->kind[i] == LIN_ROUTER);
+    if (*always || moe) return *always || fmt == MT_PEFT_V5;
+    if (fmt != MT_PEFT_V5) return 0;
+    const char *dot = strrchr(ll->name[i], '.'), *leaf = dot ? dot + 1 : ll->name[i];
+    for (int k = 0; k < 3; k++)
+        if (strcmp(leaf, fam->expert[k]) == 0) return 1;
+    return strcmp(leaf, fam->router) == 0;
+}
+
+int mt_model_adapter_dropout_check(mt_model *m, int peft_format, int warn) {
+    const mt_family *fam = mt_config_family(&m->cfg);
+    linear_list ll;
+    linears_list(m, &ll);
+    int rc = 0, warned = !warn;
+    for (size_t i = 0; i < ll.n && rc == 0; i++) {
+        const mt_lora *lo = ll.l[i]->lora;
+        int always;
+        if (!lo || !(lo->dropout > 0) || !param_target(fam, &ll, i, peft_format, &always)) continue;
+        // PEFT's ParamWrapper raises "does not work with lora_dropout != 0": it cannot apply dropout
+        // to the input of a weight it adds B·A to. What PEFT refuses to build, moetrain refuses to train.
+        if (always) {
+            mt_error_set("--dropout %g: PEFT cannot load %s's LoRA with dropout (it reaches '%s' only through "
+                         "target_parameters, whose ParamWrapper refuses lora_dropout != 0, on transformers 4 and 5 "
+                         "alike): use --dropout 0, or leave the %s out of --targets", (double)lo->dropout,
+                         m->cfg.model_type, ll.name[i], ll.kind[i] == LIN_ROUTER ? "router (gate)" : "experts (w1,w2,w3)");
+            rc = -1;
+        } else if (!warned) {
+            mt_warn("--dropout %g with --peft-format v5: PEFT will refuse this adapter ('%s' and the like are "
+                    "target_parameters, whose ParamWrapper refuses lora_dropout != 0); --peft-format v4 loads in "
+                    "PEFT on transformers 4, or train with --dropout 0", (double)lo->dropout, ll.name[i]);
+            warned = 1;
+        }
+    }
+    linears_free(&ll);
+    return rc;
+}
+
 int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_model_name, int peft_format) {
+    if (mt_model_adapter_dropout_check(m, peft_format, 0) != 0) return mt_error_prefix("%s", dir), -1;
     linear_list ll;
     linears_list(m, &ll);
     unsigned char *adapted = mt_xcalloc(ll.n, 1);
@@ -126,27 +176,20 @@ int mt_model_save_adapter_as(mt_model *m, const char *dir, const char *base_mode
         cfg.lora_alpha = shortest_of_float((float)((double)first->scale * root));
     cfg.lora_dropout = (float)o->lora_dropout == first->dropout ? o->lora_dropout : shortest_of_float(first->dropout);
     const mt_family *fam = mt_config_family(&m->cfg);
-    int moe_lora = 0;
-    for (size_t i = 0; i < n; i++) moe_lora |= strstr(mods[i].module, ".mlp.") != NULL;
-    if (fam->fused_experts && moe_lora) {
-        // gpt-oss: PEFT reaches its fused [E, H, 2f] experts and its router (a parameter, not a
-        // Linear) only through target_parameters, in a layout moetrain does not write yet. The
-        // per-expert names are what moetrain reads back; PEFT refuses them by name, never loads
-        // them wrong. Attention-only adapters are PEFT's own v4 layout and load there as they are.
-        mt_warn("%s: %s's expert and router LoRA are saved under moetrain's per-expert names (eval, generate "
-                "and --resume read them; PEFT does not: docs/families.md \"gpt-oss\")", dir, m->cfg.model_type);
-        peft_format = MT_PEFT_V4;
-    }
+    // gpt-oss's experts are fused in transformers 4.57 too, and PEFT 0.17's ParamWrapper reads its
+    // [E, H, 2f] as (experts, in, out) as PEFT 0.21's does (is_transposed): the fused layout is the
+    // only one PEFT has for them, on both stacks (docs/families.md "Adapters").
+    for (size_t i = 0; i < ll.n && fam->fused_experts; i++)
+        if (adapted[i] && ll.kind[i] != LIN_OTHER) peft_format = MT_PEFT_V5;
     if (peft_format == MT_PEFT_V5) {
         mt_peft_v5_model md = {m->cfg.layers, m->cfg.experts, fam->moe_module, fam->router,
-                               {fam->expert[0], fam->expert[1], fam->expert[2]}, names, adapted, ll.n};
+                               {fam->expert[0], fam->expert[1], fam->expert[2]}, names, adapted, ll.n,
+                               fam->fused_experts};
         rc = mt_peft_write_v5(dir, &cfg, base_model_name, &md, mods, n, fill_lora, loras);
         goto done;
     }
-    mt_peft_targets targets;
-    if (mt_peft_targets_make(&targets, names, ll.n, adapted) != 0) goto done;
-    rc = mt_peft_write(dir, &cfg, &targets, base_model_name, mods, n, fill_lora, loras);
-    mt_peft_targets_free(&targets);
+    rc = mt_peft_write_v4(dir, &cfg, base_model_name, names, adapted, ll.n, fam->router_param ? fam->router : NULL,
+                          mods, n, fill_lora, loras);
 done:
     free(adapted), free(names), free(mods), free(loras);
     linears_free(&ll);

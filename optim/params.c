@@ -144,8 +144,11 @@ static void drop_linear(mt_linear *l, float p) {
 void mt_model_set_lora_dropout(mt_model *m, float p) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
-        mt_linear *ls[] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2]};
-        for (int i = 0; i < 8; i++) drop_linear(ls[i], p);
+        mt_linear *ls[MT_ATTN_LINEARS + 5];  // MLA's q_a, kv_a, kv_b too
+        int n = mt_layer_attn_linears(ly, &m->cfg, ls, NULL);
+        mt_linear *rest[] = {&ly->gate, &ly->mlp[0], &ly->mlp[1], &ly->mlp[2], &ly->shared_gate};
+        for (int i = 0; i < 5; i++) ls[n++] = rest[i];
+        for (int i = 0; i < n; i++) drop_linear(ls[i], p);
         for (int e = 0; e < m->cfg.experts; e++)
             drop_linear(&ly->w1[e], p), drop_linear(&ly->w2[e], p), drop_linear(&ly->w3[e], p);
     }

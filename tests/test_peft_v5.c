@@ -65,7 +65,7 @@ static void same_tensors(const char *ours, const char *theirs) {
 static mt_peft_v5_model model_of(const char *const names[5], int layers, int experts, const mt_peft_module *mods,
                                  int n, const char **lin, unsigned char *on) {
     for (int i = 0; i < n; i++) lin[i] = mods[i].module, on[i] = 1;
-    return (mt_peft_v5_model){layers, experts, names[0], names[1], {names[2], names[3], names[4]}, lin, on, (size_t)n};
+    return (mt_peft_v5_model){layers, experts, names[0], names[1], {names[2], names[3], names[4]}, lin, on, (size_t)n, 0};
 }
 
 static const char *const MIXTRAL[5] = {"block_sparse_moe", "gate", "w1", "w2", "w3"};

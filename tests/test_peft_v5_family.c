@@ -15,7 +15,7 @@
 #include "model/family.h"
 #include "test_util.h"
 
-enum { H = 2, I = 3, E = 2, MAXM = 32 };
+enum { H = 2, I = 3, E = 2, MAXM = 40 };
 
 typedef struct {
     int n;                         // Linears of the model
@@ -44,7 +44,7 @@ static void toy_build(toy *t, const mt_family *f) {
     for (int L = 0; L < 2; L++) {
         static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
         for (int k = 0; k < 4; k++) snprintf(s, sizeof s, "model.layers.%d.self_attn.%s", L, attn[k]), add(t, s, H, H, k == 0);
-        int dense = L == 0 && f->has_dense_layers;
+        int dense = L == 0 && (f->has_dense_layers || f->first_k_dense);
         if (dense || (L == 1 && f->shared_expert)) {
             for (int p = 0; p < 3; p++) {
                 snprintf(s, sizeof s, "model.layers.%d.%s.%s%s%s", L, f->moe_module, dense ? "" : f->shared_expert,
@@ -123,7 +123,7 @@ static void family_case(const char *model_type) {
         if (t.adapted[i]) mods[n++] = (mt_peft_module){t.name[i], t.in[i], t.out[i], t.a[i], t.b[i]};
     }
     mt_peft_v5_model md = {2, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, t.adapted,
-                           (size_t)t.n};
+                           (size_t)t.n, f->fused_experts};
     mt_peft_config cfg = {.r = 1, .lora_alpha = 2};
     char tmp[64], path[256];
     mt_test_tmpdir(tmp, sizeof tmp);
@@ -147,7 +147,8 @@ static void family_case(const char *model_type) {
     // the router and the Linears that stay modules: their own names, as written
     tensor(&st, "base_model.model.model.layers.1.mlp.gate.lora_A.weight", 1, H);
     // per MoE layer 2 fused pairs and the router's; a dense layer 0 has its MLP's 3 pairs instead
-    size_t want = f->has_dense_layers ? (4 + 2) + 2 * 3 : 2 * (4 + 2);
+    int has_dense = f->has_dense_layers || f->first_k_dense;
+    size_t want = has_dense ? (4 + 2) + 2 * 3 : 2 * (4 + 2);
     want += 2 * 2 + (f->shared_expert ? 2 * 3 : 0);  // q_proj of both layers, shared expert
     cr_assert_eq(st.n_tensors, want, "%s: %zu tensors, want %zu", model_type, st.n_tensors, want);
     for (size_t i = 0; i < st.n_tensors; i++) {
@@ -155,10 +156,12 @@ static void family_case(const char *model_type) {
         cr_assert(!strstr(k, "experts.0") && !strstr(k, "experts.1") && !strstr(k, "block_sparse_moe"), "v4 key %s", k);
     }
     if (f->shared_expert) {
-        const float *a = tensor(&st, "base_model.model.model.layers.1.mlp.shared_expert.up_proj.lora_A.weight", 1, H);
+        char key2[160];
+        snprintf(key2, sizeof key2, "base_model.model.model.layers.1.mlp.%s.up_proj.lora_A.weight", f->shared_expert);
+        const float *a = tensor(&st, key2, 1, H);
         int idx = 0;
-        while (strcmp(t.name[idx], "model.layers.1.mlp.shared_expert.up_proj") != 0) idx++;
-        same(a, t.a[idx], H, "shared_expert.up_proj A");
+        while (!strstr(t.name[idx], ".up_proj") || !strstr(t.name[idx], f->shared_expert)) idx++;
+        same(a, t.a[idx], H, "the shared expert's up_proj A");
     }
     mt_st_file_close(&st);
 
@@ -172,11 +175,11 @@ static void family_case(const char *model_type) {
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
     cr_assert(cJSON_GetArraySize(tm) == 1 && listed(tm, "q_proj"), "%s: target_modules\n%s", model_type, text);
-    int moe_everywhere = !f->has_dense_layers;
+    int moe_everywhere = !has_dense;
     cr_assert(listed(tp, moe_everywhere ? "gate.weight" : "model.layers.1.mlp.gate.weight"), "%s", text);
     cr_assert(listed(tp, moe_everywhere ? "gate_up_proj" : "model.layers.1.mlp.experts.gate_up_proj"), "%s", text);
     cr_assert(listed(tp, moe_everywhere ? "down_proj" : "model.layers.1.mlp.experts.down_proj"), "%s", text);
-    int mlps = f->has_dense_layers || f->shared_expert;
+    int mlps = has_dense || f->shared_expert;
     for (int p = 0; p < 3; p++) {
         char w[64];
         snprintf(w, sizeof w, "%s.weight", f->mlp[p]);
@@ -198,6 +201,68 @@ static void family_case(const char *model_type) {
 Test(peft_v5_family, qwen2_moe_dense_layer_and_shared_expert) { family_case("qwen2_moe"); }
 Test(peft_v5_family, qwen3_moe_dense_layer) { family_case("qwen3_moe"); }
 Test(peft_v5_family, olmoe) { family_case("olmoe"); }
+// DeepSeek-style: a dense first layer (first_k_dense_replace), the shared experts (no gate)
+Test(peft_v5_family, deepseek_v2) { family_case("deepseek_v2"); }
+Test(peft_v5_family, deepseek_v3) { family_case("deepseek_v3"); }
+Test(peft_v5_family, glm4_moe) { family_case("glm4_moe"); }
+
+// v4 of a family whose transformers-4 router is a bare weight (DeepSeek-style): the router under its
+// own key, targeted as a parameter ("gate.weight" when every MoE layer's is adapted, full paths
+// otherwise); the per-expert Linears, the shared experts and the dense MLP as modules.
+Test(peft_v5_family, deepseek_v4_router_as_parameter) {
+    const mt_family *f = mt_family_find("deepseek_v3");
+    cr_assert(f && f->router_param);
+    toy t;
+    toy_build(&t, f);
+    mt_peft_module mods[MAXM];
+    const char *lin[MAXM];
+    size_t n = 0;
+    for (int i = 0; i < t.n; i++) {
+        lin[i] = t.name[i];
+        if (t.adapted[i]) mods[n++] = (mt_peft_module){t.name[i], t.in[i], t.out[i], t.a[i], t.b[i]};
+    }
+    mt_peft_config cfg = {.r = 1, .lora_alpha = 2};
+    char tmp[64], path[256], *text;
+    size_t len;
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_peft_write_v4(tmp, &cfg, NULL, lin, t.adapted, (size_t)t.n, f->router, mods, n, NULL, NULL), 0, "%s",
+                 mt_error_get());
+    snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+    cr_assert_eq(mt_read_file(path, 1 << 20, &text, &len), 0);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
+    // the toy's layer 0 is dense: the router exists in layer 1 only, and is adapted there: the leaf
+    cr_assert(cJSON_GetArraySize(tp) == 1 && listed(tp, "gate.weight"), "%s", text);
+    cr_assert(listed(tm, "q_proj") && listed(tm, "gate_proj") && listed(tm, "down_proj") && listed(tm, "up_proj") &&
+              !listed(tm, "gate") && cJSON_GetArraySize(tm) == 4, "%s", text);
+    cJSON_Delete(root);
+    free(text);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
+    mt_st_file st;
+    cr_assert_eq(mt_st_file_open(&st, path), 0, "%s", mt_error_get());
+    tensor(&st, "base_model.model.model.layers.1.mlp.gate.lora_B.weight", E, 1);
+    tensor(&st, "base_model.model.model.layers.1.mlp.experts.1.up_proj.lora_A.weight", 1, H);
+    tensor(&st, "base_model.model.model.layers.1.mlp.shared_experts.down_proj.lora_A.weight", 1, 4);
+    cr_assert_eq(st.n_tensors, 2 * n, "%zu tensors for %zu modules", st.n_tensors, n);
+    mt_st_file_close(&st);
+    back_ctx c = {&t, f, {0}};
+    mt_peft_config c2;
+    cr_assert_eq(mt_peft_read(tmp, &c2, check_back, &c), 0, "%s", mt_error_get());
+    for (int i = 0; i < t.n; i++) cr_assert_eq(c.seen[i], t.adapted[i], "%s read back %d times", t.name[i], c.seen[i]);
+    // without the family's router leaf the router is a module, which PEFT refuses for this family
+    mt_test_rmrf(tmp);
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_peft_write_v4(tmp, &cfg, NULL, lin, t.adapted, (size_t)t.n, NULL, mods, n, NULL, NULL), 0);
+    snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+    cr_assert_eq(mt_read_file(path, 1 << 20, &text, &len), 0);
+    root = cJSON_ParseWithLength(text, len);
+    cr_assert(listed(cJSON_GetObjectItemCaseSensitive(root, "target_modules"), "gate"), "%s", text);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(root, "target_parameters"), "%s", text);
+    cJSON_Delete(root);
+    free(text);
+    mt_test_rmrf(tmp);
+}
 
 // A module the family's names do not place (an expert index past the model's, a leaf that is no
 // expert projection) is refused, naming it.
@@ -209,7 +274,7 @@ Test(peft_v5_family, unplaced_expert_is_named) {
         mt_peft_module m = {bad[k], H, I, a, b};
         const char *lin[] = {bad[k]};
         unsigned char on[] = {1};
-        mt_peft_v5_model md = {1, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, on, 1};
+        mt_peft_v5_model md = {1, E, f->moe_module, f->router, {f->expert[0], f->expert[1], f->expert[2]}, lin, on, 1, 0};
         mt_peft_config cfg = {.r = 1, .lora_alpha = 1};
         char tmp[64];
         mt_test_tmpdir(tmp, sizeof tmp);

@@ -475,6 +475,12 @@ static int setup(trainer *t) {
     }
     if (o->adapter[0] && check_adapter_rank(o) != 0) return t->fail_code = MT_EXIT_USAGE, -1;
     if (o->adapter[0] && mt_model_load_adapter(&t->m, o->adapter) != 0) return mt_error_prefix("--adapter"), -1;
+    if (o->mode == MT_MODE_LORA) {  // before training, not at the end: an adapter PEFT would refuse
+        mt_peft_format fmt;
+        if (mt_peft_format_parse(o->peft_format, o->model, &fmt) != 0 ||
+            mt_model_adapter_dropout_check(&t->m, fmt, t->rank == 0) != 0)
+            return t->fail_code = MT_EXIT_USAGE, -1;
+    }
     if (mt_tokenizer_open(&t->tok, o->model, cfg.vocab, (int32_t)cfg.bos_token_id, (int32_t)cfg.eos_token_id) != 0)
         return -1;
     mt_data_opts dopts;

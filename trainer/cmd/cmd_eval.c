@@ -52,6 +52,9 @@ static int span_add(span *s, const char *module) {
     const struct { const char *leaf; unsigned bit; } leaves[] = {
         {"self_attn.q_proj", MT_TARGET_Q}, {"self_attn.k_proj", MT_TARGET_K}, {"self_attn.v_proj", MT_TARGET_V},
         {"self_attn.o_proj", MT_TARGET_O}, {router, MT_TARGET_GATE},
+        // MLA (DeepSeek-V2/V3): q covers q_a/q_b, k the latent kv_a, v kv_b (docs/families.md)
+        {"self_attn.q_a_proj", MT_TARGET_Q}, {"self_attn.q_b_proj", MT_TARGET_Q},
+        {"self_attn.kv_a_proj_with_mqa", MT_TARGET_K}, {"self_attn.kv_b_proj", MT_TARGET_V},
     };
     int L, e, n = 0, used = 0;
     char rest[128], experts[96];
@@ -220,7 +223,8 @@ int mt_model_load_for_inference(mt_model *m, mt_backend *be, mt_run_opts *o) {
         }
     }
     mt_peft_config pc;
-    if (mt_peft_read(o->adapter, &pc, span_pair, &s) != 0) return -1;
+    mt_peft_layout lay = {.gate_up_interleaved = s.fam->fused_experts};
+    if (mt_peft_read_as(o->adapter, &lay, &pc, span_pair, &s) != 0) return -1;
     o->mode = MT_MODE_LORA;
     o->lora_r = pc.r;
     o->lora_alpha = pc.lora_alpha;

@@ -365,7 +365,8 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         c.have_trained = 1;
     } else {
         mt_peft_config pc;
-        if (mt_peft_read(o->adapter, &pc, collect_pair, &c) != 0) goto done;
+        mt_peft_layout lay = {.gate_up_interleaved = c.fam->fused_experts};  // gpt-oss's gate/up rows
+        if (mt_peft_read_as(o->adapter, &lay, &pc, collect_pair, &c) != 0) goto done;
         c.r = pc.r;
         // the scale the model applies (mt_lora_init's), so merged == base + adapter
         c.scale = (float)(pc.use_rslora ? pc.lora_alpha / sqrt((double)pc.r) : pc.lora_alpha / pc.r);

@@ -44,7 +44,14 @@ static int verify_adapter(const char *dir) {
     if (s < 0) return -1;
     mt_peft_config cfg;
     int pairs = 0;
-    if (mt_peft_read(dir, &cfg, count_pair, &pairs) != 0) return -1;
+    // Without the base, the fused gate_up_proj's row order (gpt-oss interleaves gate and up) is
+    // unknown: either order that reads is the adapter's structure.
+    if (mt_peft_read(dir, &cfg, count_pair, &pairs) != 0) {
+        mt_peft_layout gpt_oss = {.gate_up_interleaved = 1};
+        pairs = 0;
+        if (mt_peft_read_as(dir, &gpt_oss, &cfg, count_pair, &pairs) != 0) return -1;
+        mt_error_clear();
+    }
     printf("adapter %s: r=%d alpha=%g, %d adapted modules%s\n", dir, cfg.r, cfg.lora_alpha, pairs,
            s ? ", checksums hold" : "; no SHA256SUMS: structure checked, bytes unverifiable");
     return 0;
