@@ -127,6 +127,10 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), NULL);
     if (dweights) dweights_from_da(m, a, order, dweights, F(&da), F(act), F(ROWS(dys, o0, n)), b[1], o0, n);
     mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
+    // Trainable expert biases (gpt-oss in --mode full): this expert's row of each, its own thread's.
+    if (ly->debias[1]) bias_backward_cpu(F(ly->debias[1]) + e * H, F(ROWS(dys, o0, n)), n, H);
+    if (ly->debias[0]) bias_backward_cpu(F(ly->debias[0]) + e * f, dg.data, n, f);
+    if (ly->debias[2]) bias_backward_cpu(F(ly->debias[2]) + e * f, du.data, n, f);
     mt_tensor *dx = ROWS(dxs, o0, n);
     mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), NULL);
     mt_linear_backward(&w3, dx, &du, xs, XA(a->xa_w3), NULL);
