@@ -1,5 +1,6 @@
 // model/bias.c — the parts of attention some families add around their projections
-// (docs/families.md): biases of q/k/v(/o)_proj, and OLMoE's clip_qkv; and the shared expert's
+// (docs/families.md): biases of q/k/v(/o)_proj (and gpt-oss's router and expert biases), and
+// OLMoE's clip_qkv; and the shared expert's
 // gate around an MLP's output (model/mlp.c). CPU reference kernels (model/ops.h), fp32; their
 // CUDA twins are model/parts_cuda.cu, the step calls them through model/dispatch.c.
 #include <math.h>
@@ -17,6 +18,23 @@ void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n) {
         for (int64_t t = 0; t < T; t++) s += dy[t * n + i];
         db[i] += (float)s;
     }
+}
+
+void expert_bias_forward_cpu(float *y, int64_t ldy, const float *b, int64_t ldb, int64_t n,
+                             const mt_expert_offsets *g) {
+    for (int e = 0; e < g->experts; e++)
+        for (int64_t r = g->off[e] - g->off[0]; r < g->off[e + 1] - g->off[0]; r++)
+            for (int64_t i = 0; i < n; i++) y[r * ldy + i] += b[e * ldb + i];
+}
+
+void expert_bias_backward_cpu(float *db, int64_t lddb, const float *dy, int64_t ldy, int64_t n,
+                              const mt_expert_offsets *g) {
+    for (int e = 0; e < g->experts; e++)
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;  // in order over the expert's rows
+            for (int64_t r = g->off[e] - g->off[0]; r < g->off[e + 1] - g->off[0]; r++) s += dy[r * ldy + i];
+            db[e * lddb + i] += (float)s;
+        }
 }
 
 void clip_forward_cpu(float *x, int64_t n, float c) {

@@ -439,28 +439,56 @@ void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, c
     else swiglu_backward_cpu(dg, du, da, g, u, n);
 }
 
-// The router's bias (gpt-oss) on its f32 logits [T, E], and its gradient. The cpu step's only:
-// the GPU step refuses the family until its twins exist (model/mixtral.c, missing_part).
+// The router's bias (gpt-oss) on its f32 logits [T, E], and its gradient (column sums over T in
+// a fixed order on both backends).
 void mt_op_logit_bias_forward(mt_model *m, float *logits, const mt_act *b, int T, int E) {
     if (m->counting) return;
-    DISPATCH(m, bias_forward_cpu(logits, b, T, E), mt_fatal(MT_EXIT_ERROR, "router bias: no CUDA kernel"));
+    DISPATCH(m, bias_forward_cpu(logits, b, T, E), logit_bias_forward_cuda(m->be, logits, b, T, E));
 }
 
 void mt_op_logit_bias_backward(mt_model *m, mt_act *db, const float *dlogits, int T, int E) {
     if (m->counting || !db) return;
-    DISPATCH(m, bias_backward_cpu(db, dlogits, T, E), mt_fatal(MT_EXIT_ERROR, "router bias: no CUDA kernel"));
+    DISPATCH(m, bias_backward_cpu(db, dlogits, T, E), logit_bias_backward_cuda(m->be, db, dlogits, T, E));
 }
 
-// The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM).
+// The experts' biases (gpt-oss) over the rows of a grouped call (model/ops.h mt_expert_offsets).
+void mt_op_expert_bias_forward(mt_model *m, mt_act *y, int64_t ldy, const mt_act *b, int64_t ldb, int64_t n,
+                               const mt_expert_offsets *g) {
+    if (m->counting) return;
+    DISPATCH(m, expert_bias_forward_cpu(y, ldy, b, ldb, n, g), expert_bias_forward_cuda(m->be, y, ldy, b, ldb, n, g));
+}
+
+void mt_op_expert_bias_backward(mt_model *m, mt_act *db, int64_t lddb, const mt_act *dy, int64_t ldy, int64_t n,
+                                const mt_expert_offsets *g) {
+    if (m->counting || !db) return;
+    DISPATCH(m, expert_bias_backward_cpu(db, lddb, dy, ldy, n, g),
+             expert_bias_backward_cuda(m->be, db, lddb, dy, ldy, n, g));
+}
+
+// The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM): the
+// family's, plain or clamped (gpt-oss).
 void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f) {
+    const mt_model_config *c = &m->cfg;
+    float alpha = (float)c->swiglu_alpha, lim = (float)c->swiglu_limit;
     PROFILED("SwiGLU", 8.0 * rows * f, 3 * AB(m) * rows * f, {
-        DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
+        if (lim > 0)
+            DISPATCH(m, swiglu_clamped_fused_forward_cpu(a, gu, rows, f, alpha, lim),
+                     swiglu_clamped_fused_forward_cuda(m->be, a, gu, rows, f, alpha, lim));
+        else
+            DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
     });
 }
 
 void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows, int64_t f) {
+    const mt_model_config *c = &m->cfg;
+    float alpha = (float)c->swiglu_alpha, lim = (float)c->swiglu_limit;
     PROFILED("SwiGLU", 12.0 * rows * f, 5 * AB(m) * rows * f, {
-        DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f), swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
+        if (lim > 0)
+            DISPATCH(m, swiglu_clamped_fused_backward_cpu(dgu, da, gu, rows, f, alpha, lim),
+                     swiglu_clamped_fused_backward_cuda(m->be, dgu, da, gu, rows, f, alpha, lim));
+        else
+            DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f),
+                     swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
     });
 }
 

@@ -82,12 +82,6 @@ static void expert_forward(mt_model *m, int L, int e, int64_t o0, int64_t n, con
     forward_cpu(m, &m->layers[L].w1[e], &m->layers[L].w2[e], &m->layers[L].w3[e], b, a, o0, n, ys_own);
 }
 
-// acc[j] += Σ_r x[r, j] over x [n, w], rows in order.
-static void column_sums(float *acc, const float *x, int64_t n, int64_t w) {
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < w; j++) acc[j] += x[r * w + j];
-}
-
 // Rows [r0, r0 + n) of an expert scratch, zeroed (the backward accumulates into them).
 static mt_tensor zeroed_rows(mt_model *m, const mt_tensor *s, int64_t r0, int64_t n) {
     mt_tensor v = mt_view_rows(s, r0, n);
@@ -133,11 +127,10 @@ static void backward_cpu(mt_model *m, mt_layer *ly, mt_layer_acts *a, int e, int
     mt_linear_backward(&w2, &da, ROWS(dys, o0, n), act, XA(a->xa_w2), NULL);
     if (dweights) dweights_from_da(m, a, order, dweights, F(&da), F(act), F(ROWS(dys, o0, n)), b[1], o0, n);
     mt_op_swiglu_backward(m, dg.data, du.data, da.data, g->data, u->data, n * f);
-    if (ly->debias[0]) {  // --mode full (gpt-oss): expert e's bias rows, its own (experts run apart)
-        float *db[3] = {F(ly->debias[0]) + e * f, F(ly->debias[1]) + e * H, F(ly->debias[2]) + e * f};
-        column_sums(db[0], F(&dg), n, f), column_sums(db[2], F(&du), n, f);
-        column_sums(db[1], F(ROWS(dys, o0, n)), n, H);
-    }
+    // Trainable expert biases (gpt-oss in --mode full): this expert's row of each, its own thread's.
+    if (ly->debias[1]) bias_backward_cpu(F(ly->debias[1]) + e * H, F(ROWS(dys, o0, n)), n, H);
+    if (ly->debias[0]) bias_backward_cpu(F(ly->debias[0]) + e * f, dg.data, n, f);
+    if (ly->debias[2]) bias_backward_cpu(F(ly->debias[2]) + e * f, du.data, n, f);
     mt_tensor *dx = ROWS(dxs, o0, n);
     mt_linear_backward(&w1, dx, &dg, xs, XA(a->xa_w1), NULL);
     mt_linear_backward(&w3, dx, &du, xs, XA(a->xa_w3), NULL);

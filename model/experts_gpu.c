@@ -5,9 +5,11 @@
 // Forward, on the rows of every expert (expert order, rows [off[e], off[e+1])):
 //   gu = xs·[W1;W3]ᵀ   (4-bit w1 and w3 stacked: one GEMM of N = 2f; gu's halves are g and u)
 //   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped)
-//   a = SwiGLU(gu); ys = a·W2ᵀ (+ w2's LoRA)
+//   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
+//   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
 // Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
-// + LoRAs), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB over its rows.
+// + LoRAs), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB over its rows
+// (and, with trainable expert biases, their column sums of dys, dg, du).
 // A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
 // backward writes da and dgu over the activations a and gu (docs/memory.md's k·s·b·6f transient
 // takes no memory of its own). Unfrozen (dense) experts run w1 and w3 as two GEMMs.
@@ -216,6 +218,26 @@ static void weight_grads(group *gr, int which, const mt_tensor *dy, const mt_ten
     mt_prof_pop();
 }
 
+// The experts' biases of Linear `which` (gpt-oss: ly->ebias[which], [E, n]) on y, a column block
+// [rows, n] of the group's rows: y += the bias of each row's expert, in calls of at most
+// MT_EXPERT_OFFSETS_MAX experts whose row offsets go by value in the launch. grad: their gradient
+// instead, db_e += the column sums of y over expert e's rows (ly->debias: --mode full only).
+static void biases(group *gr, int which, const mt_tensor *y, int grad) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    const mt_tensor *b = grad ? ly->debias[which] : ly->ebias[which];
+    if (!b || !group_rows(gr) || gr->m->counting) return;  // counting: no kernel, no scratch
+    const int64_t n = y->shape[1];
+    for (int e0 = 0; e0 < gr->E; e0 += MT_EXPERT_OFFSETS_MAX) {
+        mt_expert_offsets rows = {.experts = MT_MIN(MT_EXPERT_OFFSETS_MAX, gr->E - e0)};
+        for (int i = 0; i <= rows.experts; i++) rows.off[i] = (int32_t)gr->off[e0 + i];
+        if (rows.off[rows.experts] == rows.off[0]) continue;
+        mt_tensor yv = mt_view_rows(y, gr->off[e0], rows.off[rows.experts] - rows.off[0]);
+        char *be0 = (char *)b->data + mt_dtype_bytes(b->dtype, (size_t)(e0 * n));
+        if (grad) mt_op_expert_bias_backward(gr->m, be0, n, yv.data, mt_tensor_ld(&yv), n, &rows);
+        else mt_op_expert_bias_forward(gr->m, yv.data, mt_tensor_ld(&yv), be0, n, n, &rows);
+    }
+}
+
 // The group's rows of a layer buffer (NULL stays NULL).
 #define GROUP_ROWS(gr, t) ROWS((t), (gr)->row0, group_rows(gr))
 
@@ -228,10 +250,12 @@ static void forward_group(group *gr, const mt_tensor *ys) {
     base13(gr, 1, 0.0f, gu, xs);
     lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1));
     lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3));
+    biases(gr, W1, &g, 0), biases(gr, W3, &u, 0);
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
     mt_tensor *y = GROUP_ROWS(gr, ys);
     base(gr, W2, 1, 0.0f, y, act);
     lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2));
+    biases(gr, W2, y, 0);  // in ys: the router's weight gradient dy·ys takes dy·b2 with it
 }
 
 void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
@@ -269,6 +293,7 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs = GROUP_ROWS(&gr, dxs_all);
         mt_tensor dxa = r ? mt_view_rows(&dxa_all, 0, n) : (mt_tensor){0};
         weight_grads(&gr, W2, dys, act);
+        biases(&gr, W2, dys, 1);
         int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
         mt_tensor *da = act;  // a is not read again
         base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
@@ -278,6 +303,7 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         if (dxs) base13(&gr, 0, 1.0f, gu, dxs);
         weight_grads(&gr, W1, &dg, xs);
         weight_grads(&gr, W3, &du, xs);
+        biases(&gr, W1, &dg, 1), biases(&gr, W3, &du, 1);
         if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa);
         if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa);
     }

@@ -1,6 +1,7 @@
 // model/model_internal.h — shared between the model's own files; not for other folders.
 #pragma once
 #include "model/mixtral.h"
+#include "model/ops.h"  // mt_expert_offsets
 
 void mt_model_acts_ensure(mt_model *m, int B, int S);
 void mt_model_acts_free(mt_model *m);
@@ -211,6 +212,12 @@ int64_t mt_mlp_size(const mt_model *m, int L);
 void mt_bias_forward(mt_model *m, mt_act *y, const mt_act *b, int64_t T, int64_t n);
 void mt_op_logit_bias_forward(mt_model *m, float *logits, const mt_act *b, int T, int E);
 void mt_op_logit_bias_backward(mt_model *m, mt_act *db, const float *dlogits, int T, int E);
+// gpt-oss's expert biases over a grouped call's rows (model/ops.h: expert_bias_*_cpu; the GPU
+// step's experts, model/experts_gpu.c). Counting: nothing runs.
+void mt_op_expert_bias_forward(mt_model *m, mt_act *y, int64_t ldy, const mt_act *b, int64_t ldb, int64_t n,
+                               const mt_expert_offsets *g);
+void mt_op_expert_bias_backward(mt_model *m, mt_act *db, int64_t lddb, const mt_act *dy, int64_t ldy, int64_t n,
+                                const mt_expert_offsets *g);
 void mt_bias_backward(mt_model *m, mt_act *db, const mt_act *dy, int64_t T, int64_t n);
 void mt_clip_forward(mt_model *m, mt_act *x, int64_t n, float c);
 void mt_clip_backward(mt_model *m, mt_act *dy, const mt_act *x, int64_t n, float c);

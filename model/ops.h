@@ -94,6 +94,21 @@ double cross_entropy_cpu(float *dlogits, float dscale, int64_t *count, const flo
 // db [n] += Σ_t dy [T, n].
 void bias_forward_cpu(float *y, const float *b, int64_t T, int64_t n);
 void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n);
+// gpt-oss's expert biases over the rows of one grouped call of the GPU step's experts
+// (model/experts_gpu.c): expert e's rows are [off[e] − off[0], off[e+1] − off[0]) of y and dy.
+// The CUDA twins take the struct by value in the launch (1 KiB: no device copy, no host wait,
+// and expert parallelism's row offsets live on the host only).
+// y [rows, n] (row stride ldy) += b [e(r), :] (b's rows of stride ldb);
+// db [e, :] (rows of stride lddb) += Σ over expert e's rows of dy [rows, n] (row stride ldy).
+#define MT_EXPERT_OFFSETS_MAX 256
+typedef struct mt_expert_offsets {
+    int32_t experts;
+    int32_t off[MT_EXPERT_OFFSETS_MAX + 1];
+} mt_expert_offsets;
+void expert_bias_forward_cpu(float *y, int64_t ldy, const float *b, int64_t ldb, int64_t n,
+                             const mt_expert_offsets *g);
+void expert_bias_backward_cpu(float *db, int64_t lddb, const float *dy, int64_t ldy, int64_t n,
+                              const mt_expert_offsets *g);
 // clip_qkv: x [n] clamped to [-c, c]; dy [n] zeroed where the value before clamping (x, or
 // RMSNorm's output w · (x · rstd) over rows of `width`) was outside [-c, c].
 void clip_forward_cpu(float *x, int64_t n, float c);

@@ -20,6 +20,7 @@
 
 #include "core/backend.h"
 #include "lora/lora_cuda.h"  // the LoRA and MoE twins, declared beside their CPU kernels
+#include "model/ops.h"  // mt_expert_offsets
 #include "moe/moe_cuda.h"
 
 #ifdef __cplusplus
@@ -133,6 +134,14 @@ void mt_f32_to_bf16_cuda(mt_backend *be, mt_bf16 *dst, const float *src, int64_t
 // rmsnorm_forward_cuda rounded it, so it cuts where the forward's clamp did.
 void bias_forward_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *b, int64_t T, int64_t n);
 void bias_backward_cuda(mt_backend *be, mt_bf16 *db, const mt_bf16 *dy, int64_t T, int64_t n);
+// gpt-oss's router bias on its fp32 logits [T, n] (bf16 b, db): twins of bias_forward_cpu and
+// bias_backward_cpu; and its expert biases over a grouped call's rows (expert_bias_*_cpu).
+void logit_bias_forward_cuda(mt_backend *be, float *logits, const mt_bf16 *b, int64_t T, int64_t n);
+void logit_bias_backward_cuda(mt_backend *be, mt_bf16 *db, const float *dlogits, int64_t T, int64_t n);
+void expert_bias_forward_cuda(mt_backend *be, mt_bf16 *y, int64_t ldy, const mt_bf16 *b, int64_t ldb, int64_t n,
+                              const mt_expert_offsets *g);
+void expert_bias_backward_cuda(mt_backend *be, mt_bf16 *db, int64_t lddb, const mt_bf16 *dy, int64_t ldy, int64_t n,
+                               const mt_expert_offsets *g);
 void clip_forward_cuda(mt_backend *be, mt_bf16 *x, int64_t n, float c);
 void clip_backward_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x, int64_t n, float c);
 void clip_backward_normed_cuda(mt_backend *be, mt_bf16 *dy, const mt_bf16 *x_raw, const float *rstd,

@@ -1,5 +1,5 @@
-// model/parts_cuda.cu — CUDA twins of the parts some families add (docs/families.md): attention
-// biases and clip_qkv (model/bias.c), the shared expert's sigmoid gate and the MLP output's add
+// model/parts_cuda.cu — CUDA twins of the parts some families add (docs/families.md): attention,
+// router and expert biases and clip_qkv (model/bias.c), the shared expert's sigmoid gate and the MLP output's add
 // (model/mlp.c), and MLA's key and value assembly (model/mla.c). Contract in model/ops_cuda.h.
 //
 // bf16 storage, fp32 arithmetic, one rounding on store. These are elementwise or one row per
@@ -25,29 +25,80 @@ static __device__ __forceinline__ bf16 rn(float x) { return __float2bfloat16_rn(
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // ---------------------------------------------------------------------------------------------
-// Biases
+// Biases: of a projection (bf16 rows), of the router's fp32 logits (gpt-oss), and of each
+// expert's rows in a grouped call (gpt-oss's expert biases, model/experts_gpu.c)
+
+static __device__ __forceinline__ float bf(const float x) { return x; }
+static __device__ __forceinline__ void put(bf16 *p, float v) { *p = rn(v); }
+static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
 
 // y [T, n] += b [n]
-static __global__ void bias_forward_kernel(bf16 *y, const bf16 *b, int64_t T, int64_t n) {
-    GRID_STRIDE(i, T * n) y[i] = rn(bf(y[i]) + bf(b[i % n]));
+template <typename Y>
+static __global__ void bias_forward_kernel(Y *y, const bf16 *b, int64_t T, int64_t n) {
+    GRID_STRIDE(i, T * n) put(&y[i], bf(y[i]) + bf(b[i % n]));
 }
 
 enum { BIAS_COLS = 32, BIAS_ROWS = 8 };
 
-// db [n] += Σ_t dy [T, n]: block (32 columns, 8 row groups); row group g sums rows g, g+8, ...
-// in order, then the 8 partials are added in group order.
-static __global__ void bias_backward_kernel(bf16 *db, const bf16 *dy, int64_t T, int64_t n) {
-    __shared__ float part[BIAS_ROWS * BIAS_COLS];
-    const int64_t col = blockIdx.x * (int64_t)BIAS_COLS + threadIdx.x;
+// Σ_{t0 ≤ t < t1} dy[t·ld + col] for the block's column col (block: 32 columns, 8 row groups):
+// row group g sums rows t0 + g, t0 + g + 8, ... in order, then the 8 partials (part, the block's
+// shared [8 × 32]) are added in group order. The sum is valid in row group 0.
+template <typename D>
+static __device__ float column_sum(float *part, const D *dy, int64_t ld, int64_t t0, int64_t t1, int64_t col,
+                                   int64_t n) {
     float s = 0.0f;
     if (col < n)
-        for (int64_t t = threadIdx.y; t < T; t += BIAS_ROWS) s += bf(dy[t * n + col]);
+        for (int64_t t = t0 + threadIdx.y; t < t1; t += BIAS_ROWS) s += bf(dy[t * ld + col]);
     part[threadIdx.y * BIAS_COLS + threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y != 0 || col >= n) return;
     float sum = 0.0f;
-    for (int g = 0; g < BIAS_ROWS; g++) sum += part[g * BIAS_COLS + threadIdx.x];
-    db[col] = rn(bf(db[col]) + sum);
+    if (threadIdx.y == 0)
+        for (int g = 0; g < BIAS_ROWS; g++) sum += part[g * BIAS_COLS + threadIdx.x];
+    return sum;
+}
+
+// db [n] += Σ_t dy [T, n] (bf16 rows, or the router's fp32 logits' gradient)
+template <typename D>
+static __global__ void bias_backward_kernel(bf16 *db, const D *dy, int64_t T, int64_t n) {
+    __shared__ float part[BIAS_ROWS * BIAS_COLS];
+    const int64_t col = blockIdx.x * (int64_t)BIAS_COLS + threadIdx.x;
+    const float sum = column_sum(part, dy, n, 0, T, col, n);
+    if (threadIdx.y == 0 && col < n) db[col] = rn(bf(db[col]) + sum);
+}
+
+// The expert of row r (counted from the call's first row): the last e with off[e] ≤ off[0] + r,
+// which skips experts without rows.
+static __device__ int expert_of_row(const mt_expert_offsets &g, int64_t r) {
+    int lo = 0, hi = g.experts - 1;
+    const int64_t at = g.off[0] + r;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (g.off[mid] <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// y [rows, n] (row stride ldy) += b [e(r), :] (rows of stride ldb); a row per block.
+static __global__ void expert_bias_forward_kernel(bf16 *y, int64_t ldy, const bf16 *b, int64_t ldb, int64_t n,
+                                                  const mt_expert_offsets g) {
+    const int64_t rows = g.off[g.experts] - g.off[0];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const bf16 *br = b + (int64_t)expert_of_row(g, r) * ldb;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[r * ldy + j] = rn(bf(y[r * ldy + j]) + bf(br[j]));
+    }
+}
+
+// db [e, :] (rows of stride lddb) += Σ over expert e's rows of dy (row stride ldy): a block per
+// (32 columns, expert), the sum in column_sum's order.
+static __global__ void expert_bias_backward_kernel(bf16 *db, int64_t lddb, const bf16 *dy, int64_t ldy, int64_t n,
+                                                   const mt_expert_offsets g) {
+    __shared__ float part[BIAS_ROWS * BIAS_COLS];
+    const int e = blockIdx.y;
+    const int64_t col = blockIdx.x * (int64_t)BIAS_COLS + threadIdx.x;
+    const float sum = column_sum(part, dy, ldy, g.off[e] - g.off[0], g.off[e + 1] - g.off[0], col, n);
+    bf16 *o = db + (int64_t)e * lddb + col;
+    if (threadIdx.y == 0 && col < n) *o = rn(bf(*o) + sum);
 }
 
 extern "C" void bias_forward_cuda(mt_backend *be, mt_bf16 *y, const mt_bf16 *b, int64_t T, int64_t n) {
@@ -63,6 +114,47 @@ extern "C" void bias_backward_cuda(mt_backend *be, mt_bf16 *db, const mt_bf16 *d
     dim3 block(BIAS_COLS, BIAS_ROWS);
     bias_backward_kernel<<<(unsigned)((n + BIAS_COLS - 1) / BIAS_COLS), block, 0, s>>>((bf16 *)db, (const bf16 *)dy,
                                                                                         T, n);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void logit_bias_forward_cuda(mt_backend *be, float *logits, const mt_bf16 *b, int64_t T, int64_t n) {
+    if (T <= 0 || n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    bias_forward_kernel<<<mt_cuda_blocks(T * n, THREADS, 8192), THREADS, 0, s>>>(logits, (const bf16 *)b, T, n);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void logit_bias_backward_cuda(mt_backend *be, mt_bf16 *db, const float *dlogits, int64_t T, int64_t n) {
+    if (T <= 0 || n <= 0 || !db) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    dim3 block(BIAS_COLS, BIAS_ROWS);
+    bias_backward_kernel<<<(unsigned)((n + BIAS_COLS - 1) / BIAS_COLS), block, 0, s>>>((bf16 *)db, dlogits, T, n);
+    MT_CHECK_LAUNCH();
+}
+
+static void expert_offsets_check(const mt_expert_offsets *g) {
+    if (g->experts < 1 || g->experts > MT_EXPERT_OFFSETS_MAX)
+        mt_fatal(MT_EXIT_ERROR, "expert_bias_cuda: %d experts in one call (1 to %d)", g->experts, MT_EXPERT_OFFSETS_MAX);
+}
+
+extern "C" void expert_bias_forward_cuda(mt_backend *be, mt_bf16 *y, int64_t ldy, const mt_bf16 *b, int64_t ldb,
+                                         int64_t n, const mt_expert_offsets *g) {
+    expert_offsets_check(g);
+    const int64_t rows = g->off[g->experts] - g->off[0];
+    if (rows <= 0 || n <= 0) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    expert_bias_forward_kernel<<<mt_cuda_blocks(rows, 1), THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)b, ldb, n,
+                                                                           *g);
+    MT_CHECK_LAUNCH();
+}
+
+extern "C" void expert_bias_backward_cuda(mt_backend *be, mt_bf16 *db, int64_t lddb, const mt_bf16 *dy, int64_t ldy,
+                                          int64_t n, const mt_expert_offsets *g) {
+    expert_offsets_check(g);
+    if (n <= 0 || !db || g->off[g->experts] == g->off[0]) return;
+    cudaStream_t s = mt_cuda_begin(be);
+    dim3 grid((unsigned)((n + BIAS_COLS - 1) / BIAS_COLS), (unsigned)g->experts), block(BIAS_COLS, BIAS_ROWS);
+    expert_bias_backward_kernel<<<grid, block, 0, s>>>((bf16 *)db, lddb, (const bf16 *)dy, ldy, n, *g);
     MT_CHECK_LAUNCH();
 }
 

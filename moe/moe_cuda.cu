@@ -839,9 +839,34 @@ extern "C" void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys_, float *
 // ---------------------------------------------------------------------------------------------
 // SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] = [g_r | u_r].
 
+// One element's activation and its gradients: the plain SwiGLU, silu'(g) = s·(1 + g·(1 − s)),
+// s = sigmoid(g); or gpt-oss's clamped one (swiglu_clamped_fused_*_cpu's expressions):
+// g' = min(g, limit), u' = clamp(u, ±limit), a = (u' + 1)·g'·σ(alpha·g'), dg passing where
+// g ≤ limit and du where −limit ≤ u ≤ limit (torch.clamp's bounds), 0 elsewhere.
+struct swiglu_plain {
+    __device__ float forward(float g, float u) const { return g * mt_sigmoid(g) * u; }
+    __device__ void backward(float d, float g, float u, float *dg, float *du) const {
+        const float sg = mt_sigmoid(g);
+        *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+        *du = d * g * sg;
+    }
+};
+struct swiglu_clamped {
+    float alpha, limit;
+    __device__ float forward(float g, float u) const {
+        const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+        return (uc + 1.0f) * (gc * mt_sigmoid(gc * alpha));
+    }
+    __device__ void backward(float d, float g, float u, float *dg, float *du) const {
+        const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit), s = mt_sigmoid(gc * alpha);
+        *dg = g <= limit ? d * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
+        *du = u >= -limit && u <= limit ? d * gc * s : 0.0f;
+    }
+};
+
 // gu [rows, 2f] → a [rows, f]; thread per V consecutive columns of a row (f % V == 0).
-template <int V>
-static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int64_t rows, int64_t f) {
+template <int V, typename Act>
+static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int64_t rows, int64_t f, const Act act) {
     const int64_t nv = rows * (f / V);
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = q / (f / V), c = (q % (f / V)) * V;
@@ -849,16 +874,16 @@ static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int6
         bf16_load<V>(g, gu + r * 2 * f + c);
         bf16_load<V>(u, gu + r * 2 * f + f + c);
 #pragma unroll
-        for (int e = 0; e < V; e++) g[e] = g[e] * mt_sigmoid(g[e]) * u[e];
+        for (int e = 0; e < V; e++) g[e] = act.forward(g[e], u[e]);
         bf16_store<V>(a + r * f + c, g);
     }
 }
 
-// da [rows, f] → dgu [rows, 2f] = [dg | du]; silu'(g) = s·(1 + g·(1 − s)), s = sigmoid(g). Each
-// thread reads its g, u and da before it writes the same places of dgu: dgu may be gu itself.
-template <int V>
+// da [rows, f] → dgu [rows, 2f] = [dg | du]. Each thread reads its g, u and da before it writes
+// the same places of dgu: dgu may be gu itself.
+template <int V, typename Act>
 static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, const bf16 *gu, int64_t rows,
-                                                    int64_t f) {
+                                                    int64_t f, const Act act) {
     const int64_t nv = rows * (f / V);
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = q / (f / V), c = (q % (f / V)) * V;
@@ -867,39 +892,58 @@ static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, c
         bf16_load<V>(u, gu + r * 2 * f + f + c);
         bf16_load<V>(d, da + r * f + c);
 #pragma unroll
-        for (int e = 0; e < V; e++) {
-            const float sg = mt_sigmoid(g[e]);
-            dg[e] = d[e] * u[e] * sg * (1.0f + g[e] * (1.0f - sg));
-            du[e] = d[e] * g[e] * sg;
-        }
+        for (int e = 0; e < V; e++) act.backward(d[e], g[e], u[e], &dg[e], &du[e]);
         bf16_store<V>(dgu + r * 2 * f + c, dg);
         bf16_store<V>(dgu + r * 2 * f + f + c, du);
     }
 }
 
-extern "C" void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a_, const mt_bf16 *gu_, int64_t rows, int64_t f) {
+template <typename Act>
+static void swiglu_fused_forward(mt_backend *be, mt_bf16 *a_, const mt_bf16 *gu_, int64_t rows, int64_t f, Act act) {
     if (rows <= 0 || f <= 0) return;
     bf16 *a = (bf16 *)a_;
     const bf16 *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
     if (vec8_ok(f, a, gu))
-        swiglu_fused_forward_kernel<8><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f);
-    else swiglu_fused_forward_kernel<1><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f);
+        swiglu_fused_forward_kernel<8, Act><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows,
+                                                                                                         f, act);
+    else swiglu_fused_forward_kernel<1, Act><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f,
+                                                                                                       act);
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu_, const mt_bf16 *da_, const mt_bf16 *gu_,
-                                           int64_t rows, int64_t f) {
+template <typename Act>
+static void swiglu_fused_backward(mt_backend *be, mt_bf16 *dgu_, const mt_bf16 *da_, const mt_bf16 *gu_, int64_t rows,
+                                  int64_t f, Act act) {
     if (rows <= 0 || f <= 0 || !dgu_) return;
     bf16 *dgu = (bf16 *)dgu_;
     const bf16 *da = (const bf16 *)da_, *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
     if (vec8_ok(f, dgu, da, gu))
-        swiglu_fused_backward_kernel<8><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(dgu, da, gu,
-                                                                                                      rows, f);
-    else swiglu_fused_backward_kernel<1><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(dgu, da, gu, rows,
-                                                                                                   f);
+        swiglu_fused_backward_kernel<8, Act><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(
+            dgu, da, gu, rows, f, act);
+    else swiglu_fused_backward_kernel<1, Act><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(
+            dgu, da, gu, rows, f, act);
     MT_CHECK_LAUNCH();
+}
+
+extern "C" void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f) {
+    swiglu_fused_forward(be, a, gu, rows, f, swiglu_plain{});
+}
+
+extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
+                                           int64_t rows, int64_t f) {
+    swiglu_fused_backward(be, dgu, da, gu, rows, f, swiglu_plain{});
+}
+
+extern "C" void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows,
+                                                  int64_t f, float alpha, float limit) {
+    swiglu_fused_forward(be, a, gu, rows, f, swiglu_clamped{alpha, limit});
+}
+
+extern "C" void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
+                                                   int64_t rows, int64_t f, float alpha, float limit) {
+    swiglu_fused_backward(be, dgu, da, gu, rows, f, swiglu_clamped{alpha, limit});
 }
 
 // ---------------------------------------------------------------------------------------------

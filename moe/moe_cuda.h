@@ -105,6 +105,12 @@ void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, in
 // to do); dgu may be gu itself (in place: the experts' backward reuses gu's storage)
 void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu, int64_t rows,
                                 int64_t f);
+// gpt-oss's clamped SwiGLU over the same layout (alpha, limit from the config), the same
+// contract; CPU twins swiglu_clamped_fused_forward_cpu / _backward_cpu (moe/moe.h).
+void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f,
+                                       float alpha, float limit);
+void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
+                                        int64_t rows, int64_t f, float alpha, float limit);
 
 #ifdef __cplusplus
 }

@@ -78,3 +78,34 @@ MT_HOT void swiglu_fused_backward_cpu(float *dgu, const float *restrict da, cons
         }
     }
 }
+
+// gpt-oss's clamped SwiGLU over the fused layout: the split kernels' expressions element for
+// element (so the same bits), dg and du written (0 where a clamp cut), in place when dgu is gu.
+MT_HOT void swiglu_clamped_fused_forward_cpu(float *restrict a, const float *restrict gu, int64_t rows, int64_t f,
+                                             float alpha, float limit) {
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict g = gu + r * 2 * f, *restrict u = g + f;
+        float *restrict ar = a + r * f;
+#pragma omp simd
+        for (int64_t c = 0; c < f; c++) {
+            const float gc = fminf(g[c], limit), uc = fminf(fmaxf(u[c], -limit), limit);
+            ar[c] = (uc + 1.0f) * (gc * sigmoidf(gc * alpha));
+        }
+    }
+}
+
+MT_HOT void swiglu_clamped_fused_backward_cpu(float *dgu, const float *restrict da, const float *gu, int64_t rows,
+                                              int64_t f, float alpha, float limit) {
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * f;
+        float *dg = dgu + r * 2 * f, *du = dg + f;
+        for (int64_t c = 0; c < f; c++) {
+            const float g0 = g[c], u0 = u[c];
+            const float gc = fminf(g0, limit), uc = fminf(fmaxf(u0, -limit), limit), s = sigmoidf(gc * alpha);
+            dg[c] = g0 <= limit ? d[c] * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
+            du[c] = u0 >= -limit && u0 <= limit ? d[c] * gc * s : 0.0f;
+        }
+    }
+}

@@ -1019,6 +1019,35 @@ static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float g
     return r;
 }
 
+// gpt-oss's clamped SwiGLU over the fused layout against its fp32 twin on the same bf16 inputs:
+// each stored value one rounding (CO_MOE_TOL_ROUND1), dgu written over other values and in place.
+// limit 1.375 is a bf16 value, so every fifth input is exactly ±limit, a bf16 neighbour of it
+// (1.375 ± 2^-7) or far outside (±500): the clamps' masks must agree element for element (a mask
+// that cut at the bound itself, < for ≤, leaves a whole element out, far beyond the tolerance).
+static co_result co_swiglu_clamped_fused(mt_backend *g, int64_t rows, int64_t f, uint64_t seed) {
+    co_result r = co_begin();
+    co_seed(seed);
+    const float lim = 1.375f, alpha = 1.702f, ulp = 0.0078125f;
+    const float special[] = {lim, -lim, lim + ulp, -lim - ulp, lim - ulp, -lim + ulp, 500.0f, -500.0f};
+    size_t na = (size_t)(rows * f), ng = 2 * na, b2 = sizeof(mt_bf16);
+    float *gu = co_rand(ng, -3, 3), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
+    for (size_t i = 0, j = 0; i < ng; i += 5, j++) gu[i] = special[(j + i / 7) % MT_ARRAY_LEN(special)];
+    void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
+    void *DGU = co_moe_up_bf16(g, dgu, ng), *INPLACE = co_moe_up_bf16(g, gu, ng);
+    swiglu_clamped_fused_forward_cpu(a, gu, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(dgu, da, gu, rows, f, alpha, lim);
+    swiglu_clamped_fused_forward_cuda(g, A, GU, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cuda(g, DGU, DA, GU, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cuda(g, INPLACE, DA, INPLACE, rows, f, alpha, lim);
+    co_moe_cmp_bf16(&r, g, "a", A, a, na, CO_MOE_TOL_ROUND1, 0);
+    co_moe_cmp_bf16(&r, g, "dgu", DGU, dgu, ng, CO_MOE_TOL_ROUND1, 0);
+    co_moe_cmp_bf16(&r, g, "dgu in place", INPLACE, dgu, ng, CO_MOE_TOL_ROUND1, 0);
+    co_free(g, GU, ng * b2), co_free(g, DA, na * b2), co_free(g, A, na * b2), co_free(g, DGU, ng * b2);
+    co_free(g, INPLACE, ng * b2);
+    free(gu), free(da), free(a), free(dgu);
+    return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The parts some families add (model/parts_cuda.cu against model/bias.c), on bf16 storage.
 
@@ -1039,6 +1068,56 @@ static co_result co_bias(mt_backend *g) {
     cb_cmp(&r, g, "db", DB, db, n, 1, CB_ONE_ROUNDING);
     bias_backward_cuda(g, NULL, DY, T, n);  // a frozen bias: nothing to do
     co_free(g, Y, ny * 2), co_free(g, Bd, n * 2), co_free(g, DY, ny * 2), co_free(g, DB, n * 2);
+    free(y), free(b), free(dy), free(db);
+    return r;
+}
+
+// gpt-oss's router bias on the fp32 logits [T, E]: one fp32 add of the same values (bit for bit);
+// db (bf16) += the column sums of dlogits (fp32, in another order than the CPU's double), rounded
+// once onto the starting db. E = 70: three column blocks, the last partial; E = 6 the tiny config's.
+static co_result co_logit_bias(mt_backend *g, int64_t T, int64_t E, uint64_t seed) {
+    co_result r = cb_begin(seed);
+    const size_t n = (size_t)(T * E);
+    float *x = co_rand(n, -8, 8), *b = cb_rand((size_t)E, -1, 1), *dl = co_rand(n, -1e-2f, 1e-2f);
+    float *db = cb_rand((size_t)E, -1e-2f, 1e-2f);
+    void *X = co_up(g, x, n * 4), *Bd = cb_up(g, b, (size_t)E), *DL = co_up(g, dl, n * 4), *DB = cb_up(g, db, (size_t)E);
+    bias_forward_cpu(x, b, T, E), bias_backward_cpu(db, dl, T, E);
+    logit_bias_forward_cuda(g, X, Bd, T, E), logit_bias_backward_cuda(g, DB, DL, T, E);
+    cb_cmp(&r, g, "logits", X, x, n, 0, CB_EXACT);
+    cb_cmp(&r, g, "db", DB, db, (size_t)E, 1, CB_ONE_ROUNDING);
+    logit_bias_backward_cuda(g, NULL, DL, T, E);  // a frozen bias: nothing to do
+    co_free(g, X, n * 4), co_free(g, Bd, (size_t)E * 2), co_free(g, DL, n * 4), co_free(g, DB, (size_t)E * 2);
+    free(x), free(b), free(dl), free(db);
+    return r;
+}
+
+// gpt-oss's expert biases over one grouped call's rows (model/experts_gpu.c): E experts with random
+// row counts, some without rows (every `empty`-th, and the first), the call's rows starting at
+// off[0] = 5 (the offsets are a layer's, not the call's); y a column block [rows, n] of a buffer
+// of row stride 2n + 3 (g and u are blocks of gu [rows, 2f]). Forward: one add of the same values
+// rounded once: the CPU's fp32 sum rounded, bit for bit, the other columns untouched. Backward:
+// each expert's column sums over its rows (fp32, fixed order) rounded once onto its row of db
+// (experts without rows: unchanged).
+static co_result co_expert_bias(mt_backend *g, int E, int64_t n, int empty, uint64_t seed) {
+    co_result r = cb_begin(seed);
+    mt_expert_offsets off = {.experts = E};
+    off.off[0] = 5;
+    for (int e = 0; e < E; e++) {
+        int32_t c = e == 0 || e % empty == empty - 1 ? 0 : 1 + co_int(8);
+        off.off[e + 1] = off.off[e] + c;
+    }
+    const int64_t rows = off.off[E] - off.off[0], ld = 2 * n + 3;
+    const size_t ny = (size_t)(rows * ld), nb = (size_t)E * (size_t)n;
+    float *y = cb_rand(ny, -2, 2), *b = cb_rand(nb, -1, 1), *dy = cb_rand(ny, -1, 1), *db = cb_rand(nb, -1, 1);
+    void *Y = cb_up(g, y, ny), *Bd = cb_up(g, b, nb), *DY = cb_up(g, dy, ny), *DB = cb_up(g, db, nb);
+    expert_bias_forward_cpu(y + n, ld, b, n, n, &off), expert_bias_backward_cpu(db, n, dy + n, ld, n, &off);
+    for (size_t i = 0; i < ny; i++) y[i] = cb_r(y[i]);
+    expert_bias_forward_cuda(g, (mt_bf16 *)Y + n, ld, Bd, n, n, &off);
+    expert_bias_backward_cuda(g, DB, n, (const mt_bf16 *)DY + n, ld, n, &off);
+    cb_cmp(&r, g, "y", Y, y, ny, 1, CB_EXACT);
+    cb_cmp(&r, g, "db", DB, db, nb, 1, CB_ONE_ROUNDING);
+    expert_bias_backward_cuda(g, NULL, n, DY, ld, n, &off);  // frozen biases: nothing to do
+    co_free(g, Y, ny * 2), co_free(g, Bd, nb * 2), co_free(g, DY, ny * 2), co_free(g, DB, nb * 2);
     free(y), free(b), free(dy), free(db);
     return r;
 }
@@ -1397,6 +1476,12 @@ static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_comb
 static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
 static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
 static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
+static co_result co_swiglu_clamped(mt_backend *g) { return co_swiglu_clamped_fused(g, 37, 64, 16); }
+static co_result co_swiglu_clamped_f37(mt_backend *g) { return co_swiglu_clamped_fused(g, 23, 37, 17); }
+static co_result co_logit_bias_e70(mt_backend *g) { return co_logit_bias(g, 301, 70, 63); }
+static co_result co_logit_bias_e6(mt_backend *g) { return co_logit_bias(g, 26, 6, 64); }
+static co_result co_expert_bias_e7(mt_backend *g) { return co_expert_bias(g, 7, 20, 3, 65); }
+static co_result co_expert_bias_e256(mt_backend *g) { return co_expert_bias(g, MT_EXPERT_OFFSETS_MAX, 40, 2, 66); }
 static co_result co_weights_norm(mt_backend *g) { return co_weights_of_choices(g, 1); }
 static co_result co_weights_no_norm(mt_backend *g) { return co_weights_of_choices(g, 0); }
 static co_result co_lora_plain(mt_backend *g) { return co_lora(g, 0.0, 0); }
@@ -1477,7 +1562,13 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},
+    {"swiglu clamped fused f=64 (gpt-oss; at, beside and far past ±limit)", co_swiglu_clamped},
+    {"swiglu clamped fused f=37 (scalar path)", co_swiglu_clamped_f37},
     {"bias T=301 n=70", co_bias},
+    {"router logit bias T=301 E=70 (fp32 logits)", co_logit_bias_e70},
+    {"router logit bias T=26 E=6", co_logit_bias_e6},
+    {"expert biases E=7 (empty experts, strided rows)", co_expert_bias_e7},
+    {"expert biases E=256 (one call's most)", co_expert_bias_e256},
     {"clip_qkv (plain and after rmsnorm)", co_clip},
     {"shared expert gate (sigmoid, s*y, backward)", co_shared_gate},
     {"replay weights, renormalised", co_weights_norm},

@@ -1,8 +1,10 @@
 // The whole training step of each non-Mixtral family on CUDA against the CPU reference
 // (docs/families.md): Qwen2-MoE (q/k/v biases, the shared expert and its sigmoid gate, dense
-// layers, norm_topk_prob false), Qwen3-MoE (per-head q/k RMSNorm, a dense layer, q/k/v/o biases)
-// and OLMoE (whole-projection q/k RMSNorm, clip_qkv that cuts, q/k/v/o biases, norm_topk_prob
-// false), each from its tiny config, with and without recomputation. LoRA on every target
+// layers, norm_topk_prob false), Qwen3-MoE (per-head q/k RMSNorm, a dense layer, q/k/v/o biases),
+// OLMoE (whole-projection q/k RMSNorm, clip_qkv that cuts, q/k/v/o biases, norm_topk_prob
+// false) and gpt-oss (router and expert biases, the clamped SwiGLU cutting, attention sinks,
+// sliding/full layers, YaRN; also with MXFP4 experts), each from its tiny config, with and
+// without recomputation. LoRA on every target
 // (attention, router, experts, and so the shared expert's and dense MLPs' projections): the loss
 // and every LoRA gradient; --mode full: every weight's gradient, biases and q/k norms included;
 // --mode unfreeze: two dense experts training among 4-bit frozen ones in the same grouped
@@ -22,6 +24,8 @@
 #include "tests/test_compare.h"
 #include "tests/test_util.h"
 #include "optim/params.h"
+#include "quant/qweight.h"
+#include "quant/quant.h"
 #include "trainer/options.h"
 
 #define CONFIGS MT_REPO_ROOT "/configs/"
@@ -58,16 +62,43 @@ static void fill_hashed(mt_tensor *t, float amp, int salt) {
     upload_f32(t, h, n);
 }
 
+// gpt-oss's gate and up biases [E, f]: −2.5, 0 or 2.5 by column, ± 0.2. The projections add
+// at most ~±0.5 here, so the clamped SwiGLU (limit 1.4) cuts g in a third of the columns and u
+// in two thirds (half of all values; the test wants over a tenth), and no value comes near
+// ±limit: there bf16's rounding of g or u (2^-7 at 1.4) would cut an element on one backend
+// only, and with an expert's few rows one such element moves its LoRA gradients far (seen:
+// cosine 0.75 with biases spread evenly over ±2). The ops tests cuda/op_swiglu_clamped_* check
+// values exactly at and around ±limit.
+static void fill_clamp_bands(mt_tensor *t, int salt) {
+    if (!t) return;
+    int64_t n = mt_tensor_numel(t);
+    float *h = mt_xmalloc((size_t)n * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        float band = 2.5f * (float)((j + salt) % 3 - 1);
+        h[j] = mt_bf16_to_f32(mt_f32_to_bf16(band + 0.2f * sinf((float)(7 * j + salt))));
+    }
+    upload_f32(t, h, n);
+}
+
 // The parts init leaves at 0 or 1 (biases, q/k norm weights) set away from them, and every LoRA
 // B non-zero (B = 0 would leave A's gradient zero). Biases stay small beside q and k (~0.1 here):
 // a large k bias, common to every key, cancels in dq (softmax rows sum to zero) and leaves only
 // bf16's rounding of k (seen with 0.2: cosine 0.9990 for a q_proj LoRA B).
+// gpt-oss's parts too: its sinks (a logit per head, ~1), its router bias, and its expert biases
+// (fill_clamp_bands: the clamped SwiGLU cuts g and u often, never near its limit).
 static void set_parts(mt_model *m, mt_param *p, int n) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
         for (int i = 0; i < 4; i++) fill(ly->bias[i], 0.0f, 0.05f, 3 * L + i);
+        fill(ly->sinks, 0.0f, 1.0f, L + 23), fill(ly->gate_bias, 0.0f, 0.15f, L + 29);
+        fill_clamp_bands(ly->ebias[0], L), fill(ly->ebias[1], 0.0f, 0.1f, L + 31), fill_clamp_bands(ly->ebias[2], L + 1);
         fill(ly->qn, 1.0f, 0.3f, L + 11), fill(ly->kn, 1.0f, 0.3f, L + 13);
-        if (!ly->dense && m->cfg.experts <= 9) fill(ly->gate.w, 0.0f, 0.5f, L + 17);  // wide routing margins
+        // gpt-oss (a router bias): logits of ~±2 plus the bias's ±0.15, so the softmax is not
+        // saturated. A saturated router's gradient is a small difference of nearly equal terms,
+        // which bf16's rounding of ys (in dweights = dy·ys) moves by percents: 0.98 for the router
+        // bias's gradient (Σ_t dlogits, near zero) with amplitude 1.6/√H and other salts.
+        float amp = ly->gate_bias ? 0.8f / sqrtf((float)m->cfg.hidden) : 0.5f;
+        if (!ly->dense && m->cfg.experts <= 9) fill(ly->gate.w, 0.0f, amp, L + 17);  // wide routing margins
         else if (!ly->dense) fill_hashed(ly->gate.w, 1.0f, L + 17);
         if (ly->shared_gate.w) fill(ly->shared_gate.w, 0.0f, 0.5f, L + 19);  // s from ~0.1 to ~0.9
     }
@@ -104,14 +135,26 @@ static int behind_clamp(const mt_model_config *c, const char *name) {
     return 0;
 }
 
+// The share of layer 0's expert g and u values (the CPU's, biases added) that the clamped
+// SwiGLU's limit cuts: g above it, u outside ±limit.
+static double clamped_share(const mt_model *m) {
+    const mt_layer_acts *a = &m->acts[0];
+    const float *g = a->g->data, *u = a->u->data, lim = (float)m->cfg.swiglu_limit;
+    int64_t n = m->B * m->S * m->cfg.top_k * m->cfg.intermediate, cut = 0;
+    for (int64_t j = 0; j < n; j++) cut += (g[j] > lim) + (u[j] > lim || u[j] < -lim);
+    return (double)cut / (double)(2 * n);
+}
+
 // One forward and backward of the checkpoint at dir on both backends; the loss and every
-// trainable's gradient compared.
-static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
+// trainable's gradient compared. quant: the frozen experts' format (MT_QUANT_MXFP4: quantized on
+// load, or an MXFP4 checkpoint's kept as stored); -1: the run's default (NF4).
+static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int quant) {
     mt_backend *gpu = gpu_or_skip();
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = mode, o.lora_r = 4, o.checkpointing = ckpt;
     o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    if (quant >= 0) o.quant = (mt_quant)quant, o.quant_targets = MT_QTARGET_EXPERTS;
     if (mode == MT_MODE_FULL) o.quant = MT_QUANT_NONE;
     if (mode == MT_MODE_UNFREEZE)  // experts 0 and 1 train dense beside 4-bit frozen ones in a layer
         cr_assert(mt_index_set_parse(&o.layers, "0,2") == 0 && mt_index_set_parse(&o.experts, "0,1") == 0);
@@ -120,6 +163,8 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
     mt_model mc, mg;
     cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     cr_assert_eq(mt_model_load(&mg, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", dir, mt_error_get());
+    if (quant == MT_QUANT_MXFP4)  // the GPU step keeps its experts in MXFP4
+        cr_assert(mg.layers[0].w1[0].q && mg.layers[0].w1[0].q->type == MT_QUANT_MXFP4, "%s: MXFP4 experts", dir);
     mt_param *pc, *pg;
     int n = mt_model_params(&mc, &pc);
     cr_assert_eq(mt_model_params(&mg, &pg), n);
@@ -140,14 +185,23 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
     cr_expect_leq(fabs(lg.aux - lc.aux), 1e-2 * fabs(lc.aux), "%s: aux cuda %.9g, cpu %.9g", dir, lg.aux, lc.aux);
     cr_expect_eq(lg.tokens, lc.tokens);
     // The same routing on both, or the gradients of whole experts differ (a near-tie that bf16
-    // tips the other way would show here first, not as a gradient error).
+    // tips the other way would show here first, not as a gradient error). Each token's chosen
+    // set: two chosen experts whose logits nearly tie may come in either order, which moves no row
+    // to another expert.
     int T = B * S, k = (int)mc.cfg.top_k;
     int32_t *ids = mt_xmalloc((size_t)T * k * sizeof(int32_t));
     for (int L = 0; L < mc.cfg.layers; L++) {
         if (mc.layers[L].dense) continue;
         mt_tensor_download(mg.kept[L].ids, ids);
-        cr_expect_eq(memcmp(ids, mc.kept[L].ids->data, (size_t)T * k * sizeof(int32_t)), 0, "%s layer %d: routing differs",
-                     dir, L);
+        const int32_t *want = mc.kept[L].ids->data;
+        int same = 1;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++) {
+                int found = 0;
+                for (int i = 0; i < k; i++) found |= ids[t * k + i] == want[t * k + j];
+                same &= found;
+            }
+        cr_expect(same, "%s layer %d: routing differs", dir, L);
     }
     free(ids);
     if (mc.cfg.clip_qkv > 0 && !mt_ckpt_attention(ckpt)) {  // the clamp cuts: q_norm's outputs beyond ±clip
@@ -158,14 +212,19 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
         cr_log_info("%s: %lld of %lld q values clamped", dir, (long long)cut, (long long)nq);
         cr_expect_gt(cut, nq / 20, "%s: clip_qkv %g cuts only %lld of %lld", dir, cl, (long long)cut, (long long)nq);
     }
+    if (mc.cfg.swiglu_limit > 0 && !mt_ckpt_mlp(ckpt)) {  // the clamps cut (the CPU's g, u kept)
+        double share = clamped_share(&mc);
+        cr_log_info("%s: %.1f%% of layer 0's g and u values clamped", dir, 100 * share);
+        cr_expect_gt(share, 0.1, "%s: swiglu_limit %g cuts only %.1f%%", dir, mc.cfg.swiglu_limit, 100 * share);
+    }
     mt_model_backward(&mc), mt_model_backward(&mg);
-    double worst = 1;
+    double worst = 1, worst_rel = 0;
     int compared = 0;
     for (int i = 0; i < n; i++) {
         float *g = host_copy(pg[i].g);
         int64_t len = mt_tensor_numel(pc[i].g);
         double c = cosine(pc[i].g->data, g, len), e = rel_l2(pc[i].g->data, g, len);
-        worst = fmin(worst, c), compared++;
+        worst = fmin(worst, c), worst_rel = fmax(worst_rel, e), compared++;
         if (getenv("CF_PRINT")) fprintf(stderr, "%-70s cos %.6f rel %.3g\n", pc[i].name, c, e);
         int clamped = behind_clamp(&mc.cfg, pc[i].name);
         // An expert's LoRA gradient sums over its few rows of bf16 activations (the GPU dtype
@@ -177,12 +236,19 @@ static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
         cr_expect_leq(e, clamped ? 0.3 : 0.1, "%s: %s: gradient rel. L2 %.3g to the cpu's", dir, pc[i].name, e);
         free(g);
     }
-    cr_log_info("%s: %d gradients, worst cosine %.6f", dir, compared, worst);
+    cr_log_info("%s: loss rel. diff %.3g; %d gradients, worst cosine %.6f, worst rel. L2 %.3g", dir,
+                fabs(lg.loss - lc.loss) / fabs(lc.loss), compared, worst, worst_rel);
+    if (getenv("CF_PRINT"))
+        fprintf(stderr, "%s mode %d ckpt %d: loss rel. diff %.3g; %d gradients, worst cosine %.6f, worst rel. L2 %.3g\n",
+                dir, (int)mode, (int)ckpt, fabs(lg.loss - lc.loss) / fabs(lc.loss), compared, worst, worst_rel);
+    cr_expect_gt(compared, 0, "%s: no gradient compared", dir);
     mt_params_free(pc, n), mt_params_free(pg, n);
     mt_model_free(&mc), mt_model_free(&mg);
     cr_expect_eq(gpu->ledger.total_cur, dev0, "%s: every device byte went back to the ledger", dir);
     mt_backend_free(cpu), mt_backend_free(gpu);
 }
+
+static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) { step_matches_cpu_q(dir, mode, ckpt, -1); }
 
 // `selective`: --recompute attention and experts too: the attention part (q/k norms, the clamp)
 // or the MLP part (router, experts, shared expert, a dense layer's MLP) recomputed, the rest kept
@@ -208,6 +274,31 @@ static void family_step(const char *name, void (*edit)(mt_model_config *), mt_mo
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step_modes("tiny-qwen2-moe.json", NULL, MT_MODE_LORA, 1); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
 Test(cuda, olmoe_step_matches_cpu) { family_step_modes("tiny-olmoe.json", olmoe_clip_biases, MT_MODE_LORA, 1); }
+// gpt-oss (configs/tiny-gpt-oss.json: 3 layers sliding/full/sliding with window 5, 6 experts
+// top-3, head_dim 24 ≠ hidden/heads, YaRN, swiglu_limit 1.4): LoRA on every target, then
+// router-only training (the router's weight and bias gradients), with and without
+// recomputation; --mode full (every weight, the experts' fused biases and the sinks) and --mode
+// unfreeze (two experts dense among 4-bit ones, their biases frozen).
+Test(cuda, gpt_oss_step_matches_cpu) { family_step_modes("tiny-gpt-oss.json", NULL, MT_MODE_LORA, 1); }
+Test(cuda, gpt_oss_router_step_matches_cpu) { family_step("tiny-gpt-oss.json", NULL, MT_MODE_ROUTER); }
+Test(cuda, gpt_oss_full_step_matches_cpu) { family_step("tiny-gpt-oss.json", NULL, MT_MODE_FULL); }
+Test(cuda, gpt_oss_unfreeze_step_matches_cpu) { family_step("tiny-gpt-oss.json", NULL, MT_MODE_UNFREEZE); }
+// MXFP4 experts (gpt-oss's release format; --quant mxfp4 quantizes the tiny config's experts on
+// load, hidden 64 and expert size 32 for its 32-element blocks): the GPU step dequantizes them per
+// use (quant/quant.cu) as it does NF4. LoRA with and without recomputation, and router-only.
+// (tests/test_gpt_oss.c's MXFP4 fixture, weights drawn N(0, 0.2²), puts many g and u values
+// within bf16's rounding of the clamp's limit and its routing near ties: the cpu's golden case.)
+static void oss_mxfp4_dims(mt_model_config *c) { c->hidden = 64, c->intermediate = 32; }
+Test(cuda, gpt_oss_mxfp4_step_matches_cpu) {
+    char tmp[64], dir[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, "tiny-gpt-oss.json", oss_mxfp4_dims, dir);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, MT_QUANT_MXFP4);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, MT_QUANT_MXFP4);
+    step_matches_cpu_q(dir, MT_MODE_ROUTER, MT_CKPT_FULL, MT_QUANT_MXFP4);
+    mt_test_rmrf(tmp);
+}
+
 // Many small experts, several of them without a row (78 routed rows over 32): the grouped
 // launches' tile scan and their skipped experts. One layer: with 32 experts a deeper layer's
 // logits hold near ties that the two backends' roundings break differently.

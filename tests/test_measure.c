@@ -336,7 +336,7 @@ Test(measure, cuda_run_equals_the_plan) {
 }
 
 // The same for the families' parts on the GPU step (q/k norms, biases, clip_qkv, dense layers,
-// the shared expert and its gate: docs/families.md), recomputing and not.
+// the shared expert and its gate, gpt-oss's parts: docs/families.md), recomputing and not.
 Test(measure, cuda_run_equals_the_plan_for_each_family) {
     mt_backend *gpu = gpu_or_skip();
     const char *configs[] = {"tiny-qwen2-moe.json", "tiny-qwen3-moe.json", "tiny-olmoe.json"};
@@ -344,5 +344,9 @@ Test(measure, cuda_run_equals_the_plan_for_each_family) {
         expect_run_equals_plan(gpu, configs[i], "--mode lora --targets all --r 4 --seq 24 --batch 2");
         expect_run_equals_plan(gpu, configs[i], "--mode full --quant none --seq 16 --checkpointing none");
     }
+    // gpt-oss (router and expert biases, the clamped SwiGLU, sinks: no scratch of their own), in
+    // the modes it trains in (full and unfreeze refuse its fused experts).
+    expect_run_equals_plan(gpu, "tiny-gpt-oss.json", "--mode lora --targets all --r 4 --seq 24 --batch 2");
+    expect_run_equals_plan(gpu, "tiny-gpt-oss.json", "--mode router --seq 16 --checkpointing none");
     mt_backend_free(gpu);
 }

@@ -653,3 +653,44 @@ Test(moe_ops, swiglu_fused_equals_split_exactly) {
         }
     cr_assert(moved > R * F / 2, "the forward gave mostly zeros: the comparison proves nothing");
 }
+
+// gpt-oss's clamped SwiGLU: the fused twins (the CPU side of swiglu_clamped_fused_*_cuda)
+// against the split kernels the cpu step runs, bit for bit, with every fifth input exactly at
+// ±limit, a float next to it or far outside (±1e4); both clamps cut some, and pass at the bound.
+Test(moe_ops, swiglu_clamped_fused_equals_split_exactly) {
+    rng_seed(11);
+    enum { R = 5, F = 37 };
+    const float lim = 1.375f, alpha = 1.702f;
+    const float special[] = {lim, -lim, nextafterf(lim, 2), nextafterf(-lim, -2), nextafterf(lim, 0),
+                             nextafterf(-lim, 0), 1e4f, -1e4f};
+    float gu[R * 2 * F], g[R * F], u[R * F], da[R * F];
+    float a_fused[R * F], a_split[R * F], dgu[R * 2 * F], inplace[R * 2 * F], dg[R * F] = {0}, du[R * F] = {0};
+    fill(gu, R * 2 * F, -4.0f, 4.0f);
+    for (int i = 0, j = 0; i < R * 2 * F; i += 5, j++) gu[i] = special[(j + i / 7) % 8];
+    fill(da, R * F, -1.0f, 1.0f);
+    fill(dgu, R * 2 * F, -1.0f, 1.0f);
+    memcpy(inplace, gu, sizeof gu);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < F; c++) g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
+    swiglu_clamped_forward_cpu(a_split, g, u, R * F, alpha, lim);
+    swiglu_clamped_fused_forward_cpu(a_fused, gu, R, F, alpha, lim);
+    swiglu_clamped_backward_cpu(dg, du, da, g, u, R * F, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(dgu, da, gu, R, F, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(inplace, da, inplace, R, F, alpha, lim);
+    cr_assert(memcmp(inplace, dgu, sizeof dgu) == 0, "in place, the fused backward differs from its own out of place");
+    int cut_g = 0, cut_u = 0, at_bound = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < F; c++) {
+            const int i = r * F + c;
+            cr_assert(memcmp(&a_fused[i], &a_split[i], sizeof(float)) == 0, "a[%d,%d] %.9g vs %.9g", r, c,
+                      a_fused[i], a_split[i]);
+            cr_assert(memcmp(&dgu[r * 2 * F + c], &dg[i], sizeof(float)) == 0, "dg[%d,%d] %.9g vs %.9g", r, c,
+                      dgu[r * 2 * F + c], dg[i]);
+            cr_assert(memcmp(&dgu[r * 2 * F + F + c], &du[i], sizeof(float)) == 0, "du[%d,%d] %.9g vs %.9g", r, c,
+                      dgu[r * 2 * F + F + c], du[i]);
+            cut_g += g[i] > lim, cut_u += u[i] > lim || u[i] < -lim;
+            at_bound += (g[i] == lim && dg[i] != 0.0f) + ((u[i] == lim || u[i] == -lim) && du[i] != 0.0f);
+        }
+    cr_assert(cut_g > 10 && cut_u > 10 && at_bound > 2, "cut g %d, u %d; gradients passed at the bound %d", cut_g,
+              cut_u, at_bound);
+}
