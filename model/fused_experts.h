@@ -4,6 +4,7 @@
 // row i and row 2i + 1 the up's (w3); down's rows are w2's. MXFP4 stores the rows themselves
 // ([E, rows, in/32, 16]), so one expert's slice is rowsᵀ in the dense form and rows in MXFP4.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -20,6 +21,14 @@ mt_fused_part mt_fused_part_of(int which, int64_t hidden, int64_t inter);
 // Expert slice [in, rows] (the dense form) <-> the Linear's W [rows / stride, in].
 void mt_fused_get(const float *slice, mt_fused_part p, float *w);
 void mt_fused_put(float *slice, mt_fused_part p, const float *w);
+
+// Which fused tensor `name` is: 0 "....experts.gate_up_proj", 1 "....experts.down_proj", -1
+// neither; *experts_len (may be NULL): the length of its "....experts" prefix.
+int mt_fused_tensor_of(const char *name, size_t *experts_len);
+// gate_up_proj_bias [E, 2f] (gate in the even columns, up in the odd) to and from w1's and w3's
+// biases [E, f] each.
+void mt_fused_bias_split(const float *fused, int64_t E, int64_t f, float *gate, float *up);
+void mt_fused_bias_join(float *fused, int64_t E, int64_t f, const float *gate, const float *up);
 
 #ifdef __cplusplus
 }

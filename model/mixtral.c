@@ -484,13 +484,12 @@ static int fused_sink(loader *ld, mt_quant_item *it, int *rc) {
             mt_quant_item b = {.name = n, .ndim = 2, .shape = {E, H}, .data = all, .dtype = MT_F32};
             *rc = s ? place(ld, s, &b) : 0;
         } else {
-            float *half = mt_xmalloc((size_t)(E * f) * sizeof(float));
-            for (int k = 0; k < 2 && *rc == 0; k++) {  // k 0: gate (even columns), 1: up (odd)
-                for (int64_t e = 0; e < E; e++)
-                    for (int64_t i = 0; i < f; i++) half[e * f + i] = all[e * 2 * f + 2 * i + k];
+            float *half = mt_xmalloc((size_t)(2 * E * f) * sizeof(float));  // gate's [E, f], then up's
+            mt_fused_bias_split(all, E, f, half, half + E * f);
+            for (int k = 0; k < 2 && *rc == 0; k++) {
                 snprintf(n, sizeof n, "%.*s.experts.%s_bias", pre, it->name, fam->expert[k ? 2 : 0]);
                 slot *s = find_slot(ld, n);
-                mt_quant_item b = {.name = n, .ndim = 2, .shape = {E, f}, .data = half, .dtype = MT_F32};
+                mt_quant_item b = {.name = n, .ndim = 2, .shape = {E, f}, .data = half + k * E * f, .dtype = MT_F32};
                 *rc = s ? place(ld, s, &b) : 0;
             }
             free(half);

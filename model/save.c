@@ -8,6 +8,7 @@
 #include "core/common.h"
 #include "core/safetensors.h"
 #include "lora/peft.h"
+#include "model/fused_experts.h"
 #include "model/mixtral.h"
 #include "model/weights.h"
 
@@ -253,8 +254,8 @@ typedef struct {
 // unfreeze run does not have in full precision.
 static void add_split_experts(mt_model *m, trained_list *tl, const mt_weight_desc *w) {
     const mt_family *fam = mt_config_family(&m->cfg);
-    int down = strstr(w->name, ".experts.down_proj") != NULL;
-    size_t pre = strlen(w->name) - strlen(down ? ".down_proj" : ".gate_up_proj");
+    size_t pre;
+    int down = mt_fused_tensor_of(w->name, &pre) == 1;
     for (int64_t e = 0; e < w->shape[0]; e++)
         for (int k = 0; k < (down ? 1 : 2); k++) {
             int which = down ? 1 : k ? 2 : 0;
@@ -310,8 +311,7 @@ static void trained_get(const trained_list *tl, size_t i, float *x) {
     int64_t E = tl->t[i]->shape[0], f = tl->t[i]->shape[1];
     float *h = mt_xmalloc((size_t)(2 * E * f) * sizeof(float));
     mt_tensor_download_f32(tl->t[i], h), mt_tensor_download_f32(tl->t2[i], h + E * f);
-    for (int64_t e = 0; e < E; e++)
-        for (int64_t j = 0; j < f; j++) x[e * 2 * f + 2 * j] = h[e * f + j], x[e * 2 * f + 2 * j + 1] = h[(E + e) * f + j];
+    mt_fused_bias_join(x, E, f, h, h + E * f);
     free(h);
 }
 
@@ -322,8 +322,7 @@ static void trained_put(const trained_list *tl, size_t i, const float *x) {
     }
     int64_t E = tl->t[i]->shape[0], f = tl->t[i]->shape[1];
     float *h = mt_xmalloc((size_t)(2 * E * f) * sizeof(float));
-    for (int64_t e = 0; e < E; e++)
-        for (int64_t j = 0; j < f; j++) h[e * f + j] = x[e * 2 * f + 2 * j], h[(E + e) * f + j] = x[e * 2 * f + 2 * j + 1];
+    mt_fused_bias_split(x, E, f, h, h + E * f);
     mt_tensor_upload_f32(tl->t[i], h), mt_tensor_upload_f32(tl->t2[i], h + E * f);
     free(h);
 }

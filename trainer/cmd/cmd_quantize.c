@@ -18,6 +18,7 @@
 #include "core/fileio.h"
 #include "core/safetensors.h"
 #include "model/config.h"
+#include "model/fused_experts.h"
 #include "quant/quant.h"
 #include "trainer/cmd/commands.h"
 #include "trainer/cmd/fused_write.h"
@@ -280,15 +281,6 @@ static int same_folder(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
-// gpt-oss's fused expert tensors ("...mlp.experts.gate_up_proj", "...down_proj").
-static int fused_leaf(const char *name) {
-    static const char *const leaf[] = {".experts.gate_up_proj", ".experts.down_proj"};
-    size_t n = strlen(name);
-    for (size_t i = 0; i < MT_ARRAY_LEN(leaf); i++)
-        if (n > strlen(leaf[i]) && strcmp(name + n - strlen(leaf[i]), leaf[i]) == 0) return 1;
-    return 0;
-}
-
 // Pass 1: the output entries, in input file order.
 static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_st_entry **out_entries,
                        size_t *n_out) {
@@ -366,7 +358,7 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 rc = -1;
                 break;
             }
-            if (fused_mxfp4 && t->ndim == 3 && fused_leaf(t->name)) {  // [E, in, rows] → blocks, scales
+            if (fused_mxfp4 && t->ndim == 3 && mt_fused_tensor_of(t->name, NULL) >= 0) {  // [E, in, rows] → blocks, scales
                 g->fused = (mt_weight_desc){.kind = MT_WEIGHT_EXPERTS, .ndim = 3, .layer = -1, .expert = -1,
                                             .shape = {t->shape[0], t->shape[1], t->shape[2]}};
                 snprintf(g->fused.name, sizeof g->fused.name, "%s", t->name);

@@ -12,11 +12,6 @@
 #include "model/fused_experts.h"
 #include "quant/quant.h"
 
-static int is_down(const mt_weight_desc *d) {
-    size_t n = strlen(d->name);
-    return n > 10 && strcmp(d->name + n - 10, ".down_proj") == 0;
-}
-
 // The MXFP4 parts of `d` in the base, or NULL.
 static const mt_st_tensor *mx_part(const mt_fused_write *f, const mt_weight_desc *d, const char *suffix) {
     char name[200];
@@ -104,9 +99,10 @@ static void base_slice(const mt_fused_write *f, const mt_weight_desc *d, int64_t
 static int apply_expert(mt_fused_write *f, const mt_weight_desc *d, int64_t e, float *slice, int mxfp4_base,
                         float *w, float *before) {
     static const int gate_up[] = {0, 2}, down[] = {1};
-    const int *which = is_down(d) ? down : gate_up;
-    int n = is_down(d) ? 1 : 2;
-    size_t pre = strlen(d->name) - (is_down(d) ? strlen(".down_proj") : strlen(".gate_up_proj"));
+    size_t pre;
+    int is_down = mt_fused_tensor_of(d->name, &pre) == 1;
+    const int *which = is_down ? down : gate_up;
+    int n = is_down ? 1 : 2;
     for (int k = 0; k < n; k++) {
         mt_fused_part p = mt_fused_part_of(which[k], f->hidden, f->inter);
         int64_t out = p.rows / p.stride, numel = out * p.in;
