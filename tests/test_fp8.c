@@ -14,43 +14,26 @@
 #include "core/safetensors.h"
 #include "model/config.h"
 #include "quant/quant.h"
+#include "tests/fixture_file.h"
 #include "tests/test_util.h"
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/quant/"
 #define FP8_TINY FIXTURES "fp8_tiny"
 
-static const mt_st_tensor *need(const mt_st_file *f, const char *name) {
-    const mt_st_tensor *t = mt_st_file_find(f, name);
-    cr_assert_not_null(t, "%s: no tensor '%s'", f->path, name);
-    return t;
-}
-
-static void *copy_of(const mt_st_tensor *t) {  // the mmap is not aligned
-    void *p = mt_xmalloc(t->nbytes ? t->nbytes : 1);
-    memcpy(p, t->data, t->nbytes);
-    return p;
-}
-
-static uint32_t bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
 Test(fp8, tables_are_torchs_for_every_byte) {
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "fp8.safetensors"), 0, "%s", mt_error_get());
-    float *e4 = copy_of(need(&f, "e4m3_f32")), *e5 = copy_of(need(&f, "e5m2_f32"));
-    const uint8_t *b = need(&f, "bytes")->data;
+    float *e4 = st_copy(st_need(&f, "e4m3_f32")), *e5 = st_copy(st_need(&f, "e5m2_f32"));
+    const uint8_t *b = st_need(&f, "bytes")->data;
     float conv4[256], conv5[256];
     mt_convert(conv4, MT_F32, b, MT_F8_E4M3, 256);
     mt_convert(conv5, MT_F32, b, MT_F8_E5M2, 256);
     for (int i = 0; i < 256; i++) {  // exact bits, NaN payloads included
         float x4 = mt_f8e4m3_to_f32(b[i]), x5 = mt_f8e5m2_to_f32(b[i]);
-        cr_expect_eq(bits(x4), bits(e4[i]), "e4m3 %#04x: %a, torch %a", b[i], x4, e4[i]);
-        cr_expect_eq(bits(x5), bits(e5[i]), "e5m2 %#04x: %a, torch %a", b[i], x5, e5[i]);
-        cr_expect_eq(bits(conv4[i]), bits(e4[i]), "mt_convert e4m3 %#04x", b[i]);
-        cr_expect_eq(bits(conv5[i]), bits(e5[i]), "mt_convert e5m2 %#04x", b[i]);
+        cr_expect_eq(f32_bits(x4), f32_bits(e4[i]), "e4m3 %#04x: %a, torch %a", b[i], x4, e4[i]);
+        cr_expect_eq(f32_bits(x5), f32_bits(e5[i]), "e5m2 %#04x: %a, torch %a", b[i], x5, e5[i]);
+        cr_expect_eq(f32_bits(conv4[i]), f32_bits(e4[i]), "mt_convert e4m3 %#04x", b[i]);
+        cr_expect_eq(f32_bits(conv5[i]), f32_bits(e5[i]), "mt_convert e5m2 %#04x", b[i]);
     }
     // e4m3fn's landmarks: the largest, the smallest subnormal, -0, the only NaNs, no infinity
     cr_expect(mt_f8e4m3_to_f32(0x7e) == 448.0f && mt_f8e4m3_to_f32(0x01) == 0x1p-9f);
@@ -67,15 +50,15 @@ Test(fp8, tables_are_torchs_for_every_byte) {
 // "w" [200, 130] in 128 x 128 blocks and "w2" [100, 90] in 48 x 40: ragged edges both ways.
 static void expect_transformers_dequant(const mt_st_file *f, const char *w, const char *s, const char *deq, int br,
                                         int bc) {
-    const mt_st_tensor *tw = need(f, w), *ts = need(f, s), *td = need(f, deq);
+    const mt_st_tensor *tw = st_need(f, w), *ts = st_need(f, s), *td = st_need(f, deq);
     cr_assert_str_eq(tw->dtype, "F8_E4M3");
     int64_t out = tw->shape[0], in = tw->shape[1];
     cr_assert(ts->shape[0] == (out + br - 1) / br && ts->shape[1] == (in + bc - 1) / bc, "%s: scale grid", s);
-    float *scale = copy_of(ts), *want = copy_of(td), *got = mt_xmalloc((size_t)(out * in) * sizeof(float));
+    float *scale = st_copy(ts), *want = st_copy(td), *got = mt_xmalloc((size_t)(out * in) * sizeof(float));
     mt_fp8_dequantize_ref(tw->data, scale, out, in, br, bc, got);
     int nan = 0, sub = 0;
     for (int64_t i = 0; i < out * in; i++) {
-        int same = isnan(want[i]) ? isnan(got[i]) : bits(got[i]) == bits(want[i]);
+        int same = isnan(want[i]) ? isnan(got[i]) : f32_bits(got[i]) == f32_bits(want[i]);
         nan += isnan(got[i]), sub += got[i] != 0 && fabsf(got[i]) < 0x1p-126f;
         if (!same) {
             cr_expect(0, "%s [%lld, %lld]: %a, transformers %a", w, (long long)(i / in), (long long)(i % in), got[i],

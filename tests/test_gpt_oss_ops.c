@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "tests/fixture_file.h"
 #include "core/common.h"
 #include "core/safetensors.h"
 #include "model/ops.h"
@@ -16,15 +17,9 @@
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/gpt_oss/"
 
-static const mt_st_tensor *need(const mt_st_file *f, const char *name) {
-    const mt_st_tensor *t = mt_st_file_find(f, name);
-    cr_assert_not_null(t, "%s: no tensor '%s'", f->path, name);
-    return t;
-}
-
 // A copy of t's bytes (the mmap is not aligned), checked to hold n elements of `bytes` each.
 static void *copy_n(const mt_st_file *f, const char *name, size_t n, size_t bytes) {
-    const mt_st_tensor *t = need(f, name);
+    const mt_st_tensor *t = st_need(f, name);
     cr_assert_eq(t->nbytes, n * bytes, "%s: %s holds %llu bytes, want %zu", f->path, name,
                  (unsigned long long)t->nbytes, n * bytes);
     void *p = mt_xmalloc(n * bytes + 1);
@@ -32,7 +27,7 @@ static void *copy_n(const mt_st_file *f, const char *name, size_t n, size_t byte
     return p;
 }
 static float *f32_of(const mt_st_file *f, const char *name, size_t n) {
-    cr_assert_str_eq(need(f, name)->dtype, "F32", "%s", name);
+    cr_assert_str_eq(st_need(f, name)->dtype, "F32", "%s", name);
     return copy_n(f, name, n, 4);
 }
 
@@ -170,11 +165,11 @@ Test(gpt_oss_ops, yarn_table_and_rope_match_transformers) {
         if (off) cr_log_info("set %d: %d of %d inv_freq one ulp off transformers (SLEEF pow)", s, off, half);
         snprintf(name, sizeof name, "attention_factor_%d", s);
         double af;
-        memcpy(&af, need(&f, name)->data, sizeof af);
+        memcpy(&af, st_need(&f, name)->data, sizeof af);
         cr_assert_eq(scale, (float)af, "set %d attention factor %.9g vs transformers %.9g", s, scale, af);
 
         snprintf(name, sizeof name, "rope_pos_%d", s);
-        const mt_st_tensor *pt = need(&f, name);
+        const mt_st_tensor *pt = st_need(&f, name);
         const int T = (int)(pt->nbytes / 4), nh = 2;
         int32_t *pos = copy_n(&f, name, (size_t)T, 4);
         snprintf(name, sizeof name, "rope_x_%d", s);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tests/fixture_file.h"
 #include "tests/gpu_or_skip.h"
 #include "core/backend.h"
 #include "core/common.h"
@@ -20,28 +21,10 @@
 
 #define FIXTURES MT_REPO_ROOT "/tests/data/quant/"
 
-static const mt_st_tensor *need(const mt_st_file *f, const char *name) {
-    const mt_st_tensor *t = mt_st_file_find(f, name);
-    cr_assert_not_null(t, "%s: no tensor '%s'", f->path, name);
-    return t;
-}
-
-static void *copy_of(const mt_st_tensor *t) {  // the mmap is not aligned
-    void *p = mt_xmalloc(t->nbytes ? t->nbytes : 1);
-    memcpy(p, t->data, t->nbytes);
-    return p;
-}
-
-static uint32_t bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
 // The first element where got and want differ as fp32 bit patterns (NaN matching any NaN), or -1.
 static int64_t first_bit_diff(const float *got, const float *want, int64_t n) {
     for (int64_t i = 0; i < n; i++)
-        if (isnan(got[i]) ? !isnan(want[i]) : bits(got[i]) != bits(want[i])) return i;
+        if (isnan(got[i]) ? !isnan(want[i]) : f32_bits(got[i]) != f32_bits(want[i])) return i;
     return -1;
 }
 
@@ -61,7 +44,7 @@ Test(mxfp4, e8m0_and_e2m1_definitions) {
     for (unsigned e = 0; e < 256; e++)
         for (int k = 0; k < 16; k++) {
             float want = ldexpf(mt_e2m1_map[k], (int)e - 127), got = mt_mxfp4_value(mt_e2m1_map[k], e);
-            cr_assert_eq(bits(got), bits(want), "e=%u code %d: %a vs ldexpf's %a", e, k, got, want);
+            cr_assert_eq(f32_bits(got), f32_bits(want), "e=%u code %d: %a vs ldexpf's %a", e, k, got, want);
         }
     cr_expect(isinf(mt_mxfp4_value(1.0f, 255)) && mt_mxfp4_value(0.5f, 255) == 0x1p127f);
     cr_expect(mt_mxfp4_value(0.5f, 0) == 0x1p-128f && signbit(mt_mxfp4_value(-0.0f, 255)));
@@ -87,13 +70,13 @@ Test(mxfp4, e8m0_and_e2m1_definitions) {
 Test(mxfp4, dequantization_is_transformers_bit_for_bit) {
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "mxfp4_dequant.safetensors"), 0, "%s", mt_error_get());
-    const mt_st_tensor *tb = need(&f, "blocks"), *ts = need(&f, "scales");
-    const mt_st_tensor *tf = need(&f, "deq_f32"), *th = need(&f, "deq_bf16");
+    const mt_st_tensor *tb = st_need(&f, "blocks"), *ts = st_need(&f, "scales");
+    const mt_st_tensor *tf = st_need(&f, "deq_f32"), *th = st_need(&f, "deq_bf16");
     cr_assert_eq(tb->ndim, 4);
     int64_t E = tb->shape[0], out = tb->shape[1], in = tb->shape[2] * 32, per = out * in;
-    uint8_t *blocks = copy_of(tb), *scales = copy_of(ts);
-    float *want = copy_of(tf);
-    uint16_t *want_h = copy_of(th);
+    uint8_t *blocks = st_copy(tb), *scales = st_copy(ts);
+    float *want = st_copy(tf);
+    uint16_t *want_h = st_copy(th);
     mt_backend *cpu = mt_backend_cpu_new();
     int nan = 0, inf = 0, sub = 0;
     for (int64_t e = 0; e < E; e++) {
@@ -137,10 +120,10 @@ Test(mxfp4, dequantization_is_transformers_bit_for_bit) {
 Test(mxfp4, quantization_is_the_references_byte_for_byte) {
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "mxfp4_quant.safetensors"), 0, "%s", mt_error_get());
-    const mt_st_tensor *tw = need(&f, "w");
+    const mt_st_tensor *tw = st_need(&f, "w");
     int64_t out = tw->shape[0], in = tw->shape[1], n = out * in;
-    uint16_t *w = copy_of(tw);
-    uint8_t *blocks = copy_of(need(&f, "blocks")), *scales = copy_of(need(&f, "scales"));
+    uint16_t *w = st_copy(tw);
+    uint8_t *blocks = st_copy(st_need(&f, "blocks")), *scales = st_copy(st_need(&f, "scales"));
     float *w32 = mt_xmalloc((size_t)n * sizeof(float));
     mt_convert(w32, MT_F32, w, MT_BF16, (size_t)n);
     mt_backend *cpu = mt_backend_cpu_new();
@@ -335,10 +318,10 @@ Test(quant_cuda, mxfp4_bit_for_bit_with_the_cpu, .timeout = 120) {
     // dequantize transformers' fixture (e8m0 0 and 255 included) on the GPU: whole and a range
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "mxfp4_dequant.safetensors"), 0, "%s", mt_error_get());
-    const mt_st_tensor *tb = need(&f, "blocks");
+    const mt_st_tensor *tb = st_need(&f, "blocks");
     int64_t E = tb->shape[0], o2 = tb->shape[1], i2 = tb->shape[2] * 32, per = o2 * i2;
-    uint8_t *blocks = copy_of(tb), *scales = copy_of(need(&f, "scales"));
-    float *want = copy_of(need(&f, "deq_f32"));
+    uint8_t *blocks = st_copy(tb), *scales = st_copy(st_need(&f, "scales"));
+    float *want = st_copy(st_need(&f, "deq_f32"));
     for (int64_t e = 0; e < E; e++) {
         mt_qweight a, b;
         cr_assert_eq(mt_qweight_from_mxfp4(&a, cpu, "x", blocks + e * per / 2, (size_t)per / 2, scales + e * per / 32,

@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "tests/fixture_file.h"
 #include "core/backend.h"
 #include "core/common.h"
 #include "core/rng.h"
@@ -26,24 +27,11 @@
 // ---------------------------------------------------------------------------------------------
 // Fixture access
 
-static const mt_st_tensor *need(const mt_st_file *f, const char *name) {
-    const mt_st_tensor *t = mt_st_file_find(f, name);
-    cr_assert_not_null(t, "%s: no tensor '%s'", f->path, name);
-    return t;
-}
-
-// A copy of t's bytes (the mmap is not aligned).
-static void *copy_of(const mt_st_tensor *t) {
-    void *p = mt_xmalloc(t->nbytes ? t->nbytes : 1);
-    memcpy(p, t->data, t->nbytes);
-    return p;
-}
-
 static float *as_f32(const mt_st_tensor *t, int64_t *n) {
     mt_dtype dt = strcmp(t->dtype, "F32") == 0 ? MT_F32 : strcmp(t->dtype, "BF16") == 0 ? MT_BF16 : MT_F16;
     *n = (int64_t)(t->nbytes / (dt == MT_F32 ? 4 : 2));
     float *x = mt_xmalloc((size_t)*n * sizeof(float));
-    void *raw = copy_of(t);
+    void *raw = st_copy(t);
     mt_convert(x, MT_F32, raw, dt, (size_t)*n);
     free(raw);
     return x;
@@ -133,11 +121,11 @@ static void golden(const char *file) {
     mt_quant type = strcmp(meta_str(&f, "quant_type", buf, sizeof buf), "fp4") == 0 ? MT_QUANT_FP4 : MT_QUANT_NF4;
     int bs = atoi(meta_str(&f, "blocksize", buf, sizeof buf));
     int dq = atoi(meta_str(&f, "double_quant", buf, sizeof buf));
-    const mt_st_tensor *in = need(&f, "input");
+    const mt_st_tensor *in = st_need(&f, "input");
     int64_t n, nb;
     float *x = as_f32(in, &n);
-    float *bnb_absmax = as_f32(need(&f, "absmax_f32"), &nb);
-    uint8_t *bnb_packed = copy_of(need(&f, "weight"));
+    float *bnb_absmax = as_f32(st_need(&f, "absmax_f32"), &nb);
+    uint8_t *bnb_packed = st_copy(st_need(&f, "weight"));
     cr_assert_eq(nb, mt_q4_blocks(n, bs));
 
     // 1. 4-bit codes and absmax, by the reference quantizer.
@@ -160,15 +148,15 @@ static void golden(const char *file) {
     // 2. Double quantization of the fp32 absmax: offset, nested absmax, 8-bit codes.
     if (dq) {
         float bnb_offset;
-        memcpy(&bnb_offset, need(&f, "nested_offset")->data, 4);
+        memcpy(&bnb_offset, st_need(&f, "nested_offset")->data, 4);
         cr_expect_eq(mt_q8_offset(absmax, nb), bnb_offset, "%s: offset %.9g vs torch's mean %.9g", file,
                      mt_q8_offset(absmax, nb), bnb_offset);
         int64_t nn;
-        float *map = as_f32(need(&f, "nested_quant_map"), &nn);
+        float *map = as_f32(st_need(&f, "nested_quant_map"), &nn);
         cr_assert_eq(nn, 256);
         cr_assert_eq(memcmp(map, mt_dynamic_map, sizeof mt_dynamic_map), 0, "%s: nested_quant_map is not ours", file);
-        float *bnb_nabs = as_f32(need(&f, "nested_absmax"), &nn);
-        uint8_t *bnb_codes = copy_of(need(&f, "absmax"));
+        float *bnb_nabs = as_f32(st_need(&f, "nested_absmax"), &nn);
+        uint8_t *bnb_codes = st_copy(st_need(&f, "absmax"));
         uint8_t *codes = mt_xmalloc((size_t)nb);
         float *nabs = mt_xmalloc((size_t)nn * sizeof(float)), *v = mt_xmalloc((size_t)nb * sizeof(float));
         mt_q8_quantize_ref(map, absmax, nb, bnb_offset, codes, nabs);
@@ -192,7 +180,7 @@ static void golden(const char *file) {
     mt_backend *cpu = mt_backend_cpu_new();
     mt_qweight q;
     mt_dtype dt = strcmp(in->dtype, "F32") == 0 ? MT_F32 : strcmp(in->dtype, "BF16") == 0 ? MT_BF16 : MT_F16;
-    void *raw = copy_of(in);
+    void *raw = st_copy(in);
     cr_assert_eq(mt_qweight_quantize_from(&q, cpu, "fixture", raw, dt, in->shape[0], in->shape[1], type, bs, dq, NULL),
                  0, "%s", mt_error_get());
     cr_assert_eq(memcmp(q.packed->data, packed, q.packed->nbytes), 0, "%s: object vs reference", file);
@@ -204,7 +192,7 @@ static void golden(const char *file) {
         const char *suffix = ex.entries[k].name + 1;  // "w" + suffix
         char key[128];
         snprintf(key, sizeof key, "%s", *suffix ? suffix + 1 : "weight");
-        const mt_st_tensor *t = need(&f, key);
+        const mt_st_tensor *t = st_need(&f, key);
         cr_assert_str_eq(t->dtype, ex.entries[k].dtype, "%s: %s dtype", file, key);
         cr_assert_eq(t->ndim, ex.entries[k].ndim, "%s: %s rank", file, key);
         for (int d = 0; d < t->ndim; d++) cr_assert_eq(t->shape[d], ex.entries[k].shape[d], "%s: %s shape", file, key);
@@ -220,14 +208,14 @@ static void golden(const char *file) {
     char qs_key[64];
     snprintf(qs_key, sizeof qs_key, "quant_state.bitsandbytes__%s", mt_qformats[type].name);
     mt_bnb_parts parts = {
-        .weight = need(&f, "weight"), .absmax = need(&f, "absmax"), .quant_map = need(&f, "quant_map"),
+        .weight = st_need(&f, "weight"), .absmax = st_need(&f, "absmax"), .quant_map = st_need(&f, "quant_map"),
         .nested_absmax = mt_st_file_find(&f, "nested_absmax"),
-        .nested_quant_map = mt_st_file_find(&f, "nested_quant_map"), .quant_state = need(&f, qs_key),
+        .nested_quant_map = mt_st_file_find(&f, "nested_quant_map"), .quant_state = st_need(&f, qs_key),
         .quant_state_key = qs_key};
     cr_assert_eq(mt_qweight_import(&q, cpu, "fixture", &parts), 0, "%s", mt_error_get());
     cr_assert_eq(q.nested_map, NULL, "%s: the canonical map is shared, not copied", file);
     int64_t nd;
-    float *want = as_f32(need(&f, "dequant_f32"), &nd), *got = mt_xmalloc((size_t)n * sizeof(float));
+    float *want = as_f32(st_need(&f, "dequant_f32"), &nd), *got = mt_xmalloc((size_t)n * sizeof(float));
     cr_assert_eq(nd, n);
     mt_qweight_dequantize_rows_cpu(&q, got, 0, q.out);
     // Bit for bit, but for the sign of FP4's code-8 zero, where bitsandbytes disagrees with
@@ -271,10 +259,10 @@ Test(quant, golden_fp4_bs128_double_quant_odd_count) { golden("fp4_bs128_dq.safe
 Test(quant, codebooks_are_the_files_maps) {
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "nf4_bs64.safetensors"), 0, "%s", mt_error_get());
-    cr_assert_eq(memcmp(need(&f, "quant_map")->data, mt_nf4_map, 64), 0);
+    cr_assert_eq(memcmp(st_need(&f, "quant_map")->data, mt_nf4_map, 64), 0);
     mt_st_file_close(&f);
     cr_assert_eq(mt_st_file_open(&f, FIXTURES "fp4_bs64.safetensors"), 0, "%s", mt_error_get());
-    cr_assert_eq(memcmp(need(&f, "quant_map")->data, mt_fp4_quant_map, 64), 0);
+    cr_assert_eq(memcmp(st_need(&f, "quant_map")->data, mt_fp4_quant_map, 64), 0);
     for (int i = 0; i < 16; i++) cr_assert_eq(mt_fp4_map[i], mt_fp4_quant_map[i], "equal as values");
     cr_assert(signbit(mt_fp4_map[8]) && !signbit(mt_fp4_quant_map[8]), "the one difference: code 8's zero");
     mt_st_file_close(&f);
