@@ -252,7 +252,8 @@ void pw(Build *b, cudnnPointwiseMode_t m, cudnnBackendDescriptor_t x, cudnnBacke
     add_op(b, op);
 }
 
-void matmul(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t c) {
+void matmul_len(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t c,
+                cudnnBackendDescriptor_t m_len, cudnnBackendDescriptor_t n_len, cudnnBackendDescriptor_t k_len) {
     cudnnBackendDescriptor_t m = mk(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     set(b, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
@@ -262,6 +263,9 @@ void matmul(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, c
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bb);
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m);
+    if (m_len) set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m_len);
+    if (n_len) set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n_len);
+    if (k_len) set(b, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k_len);
     fin(b, op, "matmul operation");
     add_op(b, op);
 }
@@ -288,12 +292,19 @@ void reshape(Build *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     add_op(b, op);
 }
 
-// The UIDs of the tensors the caller binds (the variant pack's).
-enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_WINDOW, U_KV_LEN, U_DO, U_DQ, U_DK, U_DV, U_COUNT };
+// The UIDs of the tensors the caller binds (the variant pack's). SEQ_Q/SEQ_KV: int32 [B] per
+// batch lengths (device); SUM: the backward's fp32 Σ dO·O rows, DQ_ACC: its fp32 dQ accumulator,
+// both in memory as the fused backward engine writes them (cudnn-frontend's composite SDPA
+// backward keeps both non-virtual, in its workspace).
+enum {
+    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_LOWEST, U_WINDOW_NEG, U_WINDOW, U_SEQ_Q, U_SEQ_KV, U_DO, U_DQ, U_DK,
+    U_DV, U_SUM, U_DQ_ACC, U_ONE, U_COUNT
+};
 
-// hd: q and k's head dim, hdv: v and out's (MLA's differ).
+// hd: q and k's head dim, hdv: v and out's (MLA's differ). lens: the graph masks by per-batch
+// lengths (keys: kv_len, or S where cuDNN ≤ 9.15's backward needs the mask: S % 128 ≠ 0).
 struct Shape {
-    int bwd, B, S, nh, nkv, hd, hdv, window, lens, bug, dev;
+    int bwd, B, S, nh, nkv, hd, hdv, window, kv, lens, bug, dev;
 };
 
 // [B, h, S, d] in the model's [B, S, h, d] memory; transposed: [B, h, d, S].
@@ -303,41 +314,68 @@ Dims bshd(const Shape &s, int64_t h, int64_t d, int64_t heads_stride, bool trans
     return Dims{{s.B, h, S, d}, {S * h * d, heads_stride, h * d, 1}};
 }
 
-// The scaled, masked scores [B, nh, S, S] fp32 from Q and K: the part both graphs share.
-cudnnBackendDescriptor_t scores(Build *b, const Shape &s, cudnnBackendDescriptor_t tq, cudnnBackendDescriptor_t tkt,
-                                cudnnBackendDescriptor_t scale) {
+// The statistics (and the backward's Σ rows) as the engine reads them: [B, nh, S, 1] packed. The
+// model's lse is [B, S, nh]: converted around each call (model/attention_cudnn.h says why).
+Dims rows_bhs(const Shape &s) { return packed(s.B, s.nh, s.S, 1); }
+
+const Dims ONE = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+
+// A matmul whose M, N or K rows beyond a batch's length are padding (the lengths' tensors, as
+// cudnn-frontend passes them): m, n, k may be NULL.
+void matmul_len(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t c,
+                cudnnBackendDescriptor_t m, cudnnBackendDescriptor_t n, cudnnBackendDescriptor_t k);
+
+// The masks on the scores x [B, nh, S, S] fp32, in cudnn-frontend's order and constants:
+// padding (row < seq_q[b] and col < seq_kv[b]), causal (row ≥ col), the sliding window's left
+// bound (col + window > row); masked entries become the lowest float (the window's −2³⁰).
+cudnnBackendDescriptor_t masks(Build *b, const Shape &s, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t seq_q,
+                               cudnnBackendDescriptor_t seq_kv) {
     const Dims sc = packed(s.B, s.nh, s.S, s.S);
-    const Dims one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
-    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    matmul(b, tq, tkt, raw);
-    cudnnBackendDescriptor_t scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    pw(b, CUDNN_POINTWISE_MUL, raw, scale, NULL, scaled);
-    cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_INT32, sc), col = tensor(b, 0, CUDNN_DATA_INT32, sc);
-    pw(b, CUDNN_POINTWISE_GEN_INDEX, scaled, NULL, NULL, row, 2);
-    pw(b, CUDNN_POINTWISE_GEN_INDEX, scaled, NULL, NULL, col, 3);
-    cudnnBackendDescriptor_t vis = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc);
-    pw(b, CUDNN_POINTWISE_CMP_GE, row, col, NULL, vis);  // causal: key j ≤ query i
-    if (s.window > 0) {                                  // and i − j < window
-        cudnnBackendDescriptor_t diff = tensor(b, 0, CUDNN_DATA_INT32, sc);
-        pw(b, CUDNN_POINTWISE_SUB, row, col, NULL, diff);
-        cudnnBackendDescriptor_t w = tensor(b, U_WINDOW, CUDNN_DATA_INT32, one, true);
-        cudnnBackendDescriptor_t inw = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc), both = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc);
-        pw(b, CUDNN_POINTWISE_CMP_LT, diff, w, NULL, inw);
-        pw(b, CUDNN_POINTWISE_LOGICAL_AND, vis, inw, NULL, both);
-        vis = both;
+    cudnnBackendDescriptor_t lowest = tensor(b, U_LOWEST, CUDNN_DATA_FLOAT, ONE, true);
+    if (s.lens) {
+        cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_INT32, sc), col = tensor(b, 0, CUDNN_DATA_INT32, sc);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, row, 2);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, col, 3);
+        cudnnBackendDescriptor_t inr = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc), inc = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc);
+        cudnnBackendDescriptor_t both = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc), y = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+        pw(b, CUDNN_POINTWISE_CMP_LT, row, seq_q, NULL, inr);
+        pw(b, CUDNN_POINTWISE_CMP_LT, col, seq_kv, NULL, inc);
+        pw(b, CUDNN_POINTWISE_LOGICAL_AND, inr, inc, NULL, both);
+        pw(b, CUDNN_POINTWISE_BINARY_SELECT, x, lowest, both, y);
+        x = y;
     }
-    if (s.lens) {  // and j < kv_len[b]
-        Dims l = {{s.B, 1, 1, 1}, {1, 1, 1, 1}};
-        cudnnBackendDescriptor_t len = tensor(b, U_KV_LEN, CUDNN_DATA_INT32, l);
-        cudnnBackendDescriptor_t inl = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc), both = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc);
-        pw(b, CUDNN_POINTWISE_CMP_LT, col, len, NULL, inl);
-        pw(b, CUDNN_POINTWISE_LOGICAL_AND, vis, inl, NULL, both);
-        vis = both;
+    {  // causal: key j ≤ query i
+        cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_INT32, sc), col = tensor(b, 0, CUDNN_DATA_INT32, sc);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, row, 2);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, col, 3);
+        cudnnBackendDescriptor_t vis = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc), y = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+        pw(b, CUDNN_POINTWISE_CMP_GE, row, col, NULL, vis);
+        pw(b, CUDNN_POINTWISE_BINARY_SELECT, x, lowest, vis, y);
+        x = y;
     }
-    cudnnBackendDescriptor_t neg = tensor(b, U_NEG_INF, CUDNN_DATA_FLOAT, one, true);
-    cudnnBackendDescriptor_t masked = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    pw(b, CUDNN_POINTWISE_BINARY_SELECT, scaled, neg, vis, masked);  // vis ? scaled : −inf
-    return masked;
+    if (s.window > 0) {  // and i − j < window: j + window > i
+        cudnnBackendDescriptor_t row = tensor(b, 0, CUDNN_DATA_FLOAT, sc), col = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, row, 2);
+        pw(b, CUDNN_POINTWISE_GEN_INDEX, x, NULL, NULL, col, 3);
+        cudnnBackendDescriptor_t w = tensor(b, U_WINDOW, CUDNN_DATA_FLOAT, ONE, true);
+        cudnnBackendDescriptor_t colw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), inw = tensor(b, 0, CUDNN_DATA_BOOLEAN, sc);
+        pw(b, CUDNN_POINTWISE_ADD, col, w, NULL, colw);
+        pw(b, CUDNN_POINTWISE_CMP_GT, colw, row, NULL, inw);
+        cudnnBackendDescriptor_t neg = tensor(b, U_WINDOW_NEG, CUDNN_DATA_FLOAT, ONE, true);
+        cudnnBackendDescriptor_t y = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+        pw(b, CUDNN_POINTWISE_BINARY_SELECT, x, neg, inw, y);
+        x = y;
+    }
+    return x;
+}
+
+// The lengths' tensors (NULL without a padding mask).
+void lengths(Build *b, const Shape &s, cudnnBackendDescriptor_t *seq_q, cudnnBackendDescriptor_t *seq_kv) {
+    *seq_q = *seq_kv = NULL;
+    if (!s.lens) return;
+    const Dims l = {{s.B, 1, 1, 1}, {1, 1, 1, 1}};
+    *seq_q = tensor(b, U_SEQ_Q, CUDNN_DATA_INT32, l);
+    *seq_kv = tensor(b, U_SEQ_KV, CUDNN_DATA_INT32, l);
 }
 
 void graph_forward(Build *b, const Shape &s) {
@@ -348,14 +386,17 @@ void graph_forward(Build *b, const Shape &s) {
     cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, nkv, hd, hd, true));
     cudnnBackendDescriptor_t tv = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv));
     cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
-    const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = packed(s.B, s.nh, s.S, 1);
-    const Dims stats = {{s.B, s.nh, s.S, 1}, {(int64_t)s.S * s.nh, 1, s.nh, 1}};  // lse [B, S, nh]
-    const Dims one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
-    cudnnBackendDescriptor_t x = scores(b, s, tq, tkt, tensor(b, U_SCALE, CUDNN_DATA_FLOAT, one, true));
+    const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = rows_bhs(s);
+    cudnnBackendDescriptor_t seq_q, seq_kv;
+    lengths(b, s, &seq_q, &seq_kv);
+    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+    matmul_len(b, tq, tkt, raw, seq_q, seq_kv, NULL);
+    pw(b, CUDNN_POINTWISE_MUL, raw, tensor(b, U_SCALE, CUDNN_DATA_FLOAT, ONE, true), NULL, scaled);
+    cudnnBackendDescriptor_t x = masks(b, s, scaled, seq_q, seq_kv);
     cudnnBackendDescriptor_t mx = tensor(b, 0, CUDNN_DATA_FLOAT, rows), sub = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
     cudnnBackendDescriptor_t e = tensor(b, 0, CUDNN_DATA_FLOAT, sc), sum = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
     cudnnBackendDescriptor_t lg = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
-    cudnnBackendDescriptor_t st = tensor(b, U_STATS, CUDNN_DATA_FLOAT, stats);
+    cudnnBackendDescriptor_t st = tensor(b, U_STATS, CUDNN_DATA_FLOAT, rows);
     cudnnBackendDescriptor_t p = tensor(b, 0, CUDNN_DATA_BFLOAT16, sc);
     reduce(b, CUDNN_REDUCE_TENSOR_MAX, x, mx);
     pw(b, CUDNN_POINTWISE_SUB, x, mx, NULL, sub);
@@ -364,72 +405,78 @@ void graph_forward(Build *b, const Shape &s) {
     pw(b, CUDNN_POINTWISE_LOG, sum, NULL, NULL, lg);
     pw(b, CUDNN_POINTWISE_ADD, mx, lg, NULL, st);  // Stats = max + log Σ exp: our lse
     pw(b, CUDNN_POINTWISE_DIV, e, sum, NULL, p);
-    matmul(b, p, tv, to);
+    matmul_len(b, p, tv, to, seq_q, NULL, seq_kv);
 }
 
+// cudnn-frontend's composite SDPA backward (no dropout, no bias), which cuDNN's fused flash
+// backward engine recognizes: Σ = (dO·O summed) × 1 to memory; P = exp(mask(S·scale − Stats));
+// dV = Pᵀ·dO; dS = (dO·Vᵀ − Σ)·P·scale; dK = dSᵀ·Q; dQ = dS·K through an fp32 accumulator in
+// memory. Under GQA dK and dV are made per query head (bf16) and summed over each group.
 void graph_backward(Build *b, const Shape &s) {
     const int64_t hd = s.hd, hdv = s.hdv;
     const bool gqa = s.nkv != s.nh;
+    const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = rows_bhs(s);
+    const Dims scT = {{s.B, s.nh, s.S, s.S}, {(int64_t)s.nh * s.S * s.S, (int64_t)s.S * s.S, 1, s.S}};
     cudnnBackendDescriptor_t tq = tensor(b, U_Q, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, hd));
     // K serves as Kᵀ (the scores) and as K (dQ): one tensor bound as Kᵀ, K a reshape of it. The
     // other way round cuDNN 9.14 refuses the graph: its flash backward wants exactly two matmuls
     // whose inputs nothing produces, Q·Kᵀ and dO·Vᵀ (its log, on the H100, 2026-11-27).
     cudnnBackendDescriptor_t tkt = tensor(b, U_K, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd, true));
-    cudnnBackendDescriptor_t tk = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd));
-    reshape(b, tkt, tk);
     cudnnBackendDescriptor_t tvt = tensor(b, U_V, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv, true));
     cudnnBackendDescriptor_t to = tensor(b, U_O, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
     cudnnBackendDescriptor_t tdo = tensor(b, U_DO, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hdv, hdv));
-    const Dims stats = {{s.B, s.nh, s.S, 1}, {(int64_t)s.S * s.nh, 1, s.nh, 1}};
-    cudnnBackendDescriptor_t st = tensor(b, U_STATS, CUDNN_DATA_FLOAT, stats);
-    const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = packed(s.B, s.nh, s.S, 1);
-    const Dims scT = {{s.B, s.nh, s.S, s.S}, {(int64_t)s.nh * s.S * s.S, (int64_t)s.S * s.S, 1, s.S}};
-    const Dims one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
-    // Σ_d dO·O per query row
+    cudnnBackendDescriptor_t st = tensor(b, U_STATS, CUDNN_DATA_FLOAT, rows);
+    cudnnBackendDescriptor_t seq_q, seq_kv;
+    lengths(b, s, &seq_q, &seq_kv);
+    // Σ_d dO·O per query row, to memory
     cudnnBackendDescriptor_t prod = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hdv));
-    cudnnBackendDescriptor_t dsum = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
+    cudnnBackendDescriptor_t red = tensor(b, 0, CUDNN_DATA_FLOAT, rows), dsum = tensor(b, U_SUM, CUDNN_DATA_FLOAT, rows);
     pw(b, CUDNN_POINTWISE_MUL, tdo, to, NULL, prod);
-    reduce(b, CUDNN_REDUCE_TENSOR_ADD, prod, dsum);
-    // P = exp(S − Stats), in fp32 and (for the GEMMs) bf16; Pᵀ as a view
-    cudnnBackendDescriptor_t scale = tensor(b, U_SCALE, CUDNN_DATA_FLOAT, one, true);
-    cudnnBackendDescriptor_t x = scores(b, s, tq, tkt, scale);
+    reduce(b, CUDNN_REDUCE_TENSOR_ADD, prod, red);
+    pw(b, CUDNN_POINTWISE_MUL, red, tensor(b, U_ONE, CUDNN_DATA_FLOAT, ONE, true), NULL, dsum);
+    // P = exp(mask(S·scale − Stats)); Pᵀ as a bf16 view
+    cudnnBackendDescriptor_t scale = tensor(b, U_SCALE, CUDNN_DATA_FLOAT, ONE, true);
+    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
     cudnnBackendDescriptor_t sub = tensor(b, 0, CUDNN_DATA_FLOAT, sc), p = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    cudnnBackendDescriptor_t pb = tensor(b, 0, CUDNN_DATA_BFLOAT16, sc);
-    pw(b, CUDNN_POINTWISE_SUB, x, st, NULL, sub);
-    pw(b, CUDNN_POINTWISE_EXP, sub, NULL, NULL, p);
-    pw(b, CUDNN_POINTWISE_IDENTITY, p, NULL, NULL, pb);
-    Dims pbt_d = {{s.B, s.nh, s.S, s.S}, {scT.s[0], scT.s[1], scT.s[2], scT.s[3]}};
-    cudnnBackendDescriptor_t pbt = tensor(b, 0, CUDNN_DATA_BFLOAT16, pbt_d);
-    reshape(b, pb, pbt);
+    matmul_len(b, tq, tkt, raw, seq_q, seq_kv, NULL);
+    pw(b, CUDNN_POINTWISE_MUL, raw, scale, NULL, scaled);
+    pw(b, CUDNN_POINTWISE_SUB, scaled, st, NULL, sub);
+    pw(b, CUDNN_POINTWISE_EXP, masks(b, s, sub, seq_q, seq_kv), NULL, NULL, p);
+    cudnnBackendDescriptor_t pt = tensor(b, 0, CUDNN_DATA_BFLOAT16, scT);
+    reshape(b, p, pt);
     // dV = Pᵀ·dO (per query head, summed over the group under GQA)
     cudnnBackendDescriptor_t tdv = tensor(b, U_DV, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hdv, hdv));
     if (gqa) {
-        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hdv));
-        matmul(b, pbt, tdo, full);
-        reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdv);  // summed over each GQA group
+        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_BFLOAT16, packed(s.B, s.nh, s.S, hdv));
+        matmul_len(b, pt, tdo, full, seq_kv, NULL, seq_q);
+        reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdv);
     } else {
-        matmul(b, pbt, tdo, tdv);
+        matmul_len(b, pt, tdo, tdv, seq_kv, NULL, seq_q);
     }
-    // dS = P·(dO·Vᵀ − Σ)·scale
+    // dS = (dO·Vᵀ − Σ)·P·scale
     cudnnBackendDescriptor_t dp = tensor(b, 0, CUDNN_DATA_FLOAT, sc), t1 = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    cudnnBackendDescriptor_t t2 = tensor(b, 0, CUDNN_DATA_FLOAT, sc), ds = tensor(b, 0, CUDNN_DATA_BFLOAT16, sc);
-    matmul(b, tdo, tvt, dp);
+    cudnnBackendDescriptor_t t2 = tensor(b, 0, CUDNN_DATA_FLOAT, sc), ds = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+    matmul_len(b, tdo, tvt, dp, seq_q, seq_kv, NULL);
     pw(b, CUDNN_POINTWISE_SUB, dp, dsum, NULL, t1);
     pw(b, CUDNN_POINTWISE_MUL, t1, p, NULL, t2);
     pw(b, CUDNN_POINTWISE_MUL, t2, scale, NULL, ds);
-    // dQ = dS·K, dK = dSᵀ·Q
-    cudnnBackendDescriptor_t tdq = tensor(b, U_DQ, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, hd));
-    matmul(b, ds, tk, tdq);
-    cudnnBackendDescriptor_t dst = tensor(b, 0, CUDNN_DATA_BFLOAT16, pbt_d);
+    // dK = dSᵀ·Q
+    cudnnBackendDescriptor_t dst = tensor(b, 0, CUDNN_DATA_BFLOAT16, scT);
     reshape(b, ds, dst);
     cudnnBackendDescriptor_t tdk = tensor(b, U_DK, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd));
     if (gqa) {
-        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
-        matmul(b, dst, tq, full);
+        cudnnBackendDescriptor_t full = tensor(b, 0, CUDNN_DATA_BFLOAT16, packed(s.B, s.nh, s.S, hd));
+        matmul_len(b, dst, tq, full, seq_kv, NULL, seq_q);
         reduce(b, CUDNN_REDUCE_TENSOR_ADD, full, tdk);
     } else {
-        matmul(b, dst, tq, tdk);
+        matmul_len(b, dst, tq, tdk, seq_kv, NULL, seq_q);
     }
+    // dQ = dS·K into the fp32 accumulator, then bf16
+    cudnnBackendDescriptor_t tk = tensor(b, 0, CUDNN_DATA_BFLOAT16, bshd(s, s.nkv, hd, hd));
+    reshape(b, tkt, tk);
+    cudnnBackendDescriptor_t acc = tensor(b, U_DQ_ACC, CUDNN_DATA_FLOAT, packed(s.B, s.nh, s.S, hd));
+    matmul_len(b, ds, tk, acc, seq_q, NULL, seq_kv);
+    pw(b, CUDNN_POINTWISE_IDENTITY, acc, NULL, NULL, tensor(b, U_DQ, CUDNN_DATA_BFLOAT16, bshd(s, s.nh, hd, hd)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -577,6 +624,14 @@ cudnnStatus_t execute(mt_backend *be, const Plan *p, const Binding &bind, int bu
     return st;
 }
 
+// Whether a direction's graph masks by lengths: with key lengths, and (cudnn-frontend's workaround
+// for cuDNN ≤ 9.15) in the backward whenever S is not a multiple of 128, with every length S.
+int needs_lens(int bwd, int S, int kv) { return kv || (bwd && S % 128 != 0 && api.GetVersion() <= 91500); }
+
+Shape shape_of(int bwd, int B, int S, int nh, int nkv, int hd, int hdv, int window, int kv, int bug, int dev) {
+    return Shape{bwd, B, S, nh, nkv, hd, hdv, window, kv, needs_lens(bwd, S, kv), bug, dev};
+}
+
 // The plan of `s` when cuDNN takes both directions of its shape, else NULL (declined). One kernel
 // for both or neither: the backward reads the forward's statistics and output, and on the H100
 // (2026-11-27) cuDNN's forward beside the WMMA backward trained the tiny Mixtral wrong (logits
@@ -584,10 +639,10 @@ cudnnStatus_t execute(mt_backend *be, const Plan *p, const Binding &bind, int bu
 Plan *get_pair_plan(const Shape &s) {
     Shape other = s;
     other.bwd = !s.bwd;
+    other.lens = needs_lens(other.bwd, s.S, s.kv);
     if (!get_plan(other)) return NULL;
     return get_plan(s);  // after: a plan evicted from the cache by the other's build is rebuilt
 }
-
 // Whether cuDNN takes these arguments; the reason when not (NULL: it does).
 const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, int hd_v) {
     read_mode();
@@ -603,7 +658,71 @@ const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, i
 
 bool aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-const float NEG_INF = -INFINITY;
+// The by-value scalars every graph binds (cudnn-frontend's constants).
+const float LOWEST = -3.402823466e38f, WINDOW_NEG = -1073741824.0f, ONE_F = 1.0f;
+
+__global__ void fill_i32_kernel(int32_t *p, int n, int32_t v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v;
+}
+// lse [B, S, nh] ↔ the engine's [B, nh, S].
+__global__ void lse_to_bhs_kernel(float *bhs, const float *lse, int B, int S, int nh, int back) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)B * S * nh) return;
+    int h = (int)(i % nh), t = (int)((i / nh) % S), b = (int)(i / ((int64_t)nh * S));
+    int64_t j = ((int64_t)b * nh + h) * S + t;
+    if (back) ((float *)lse)[i] = bhs[j];
+    else bhs[j] = lse[i];
+}
+
+// Scratch beside cuDNN's own workspace, one allocation: the lengths (seq_q, seq_kv), the
+// statistics in the engine's layout, and the backward's Σ rows and fp32 dQ accumulator.
+struct Scratch {
+    char *base;
+    size_t bytes;
+    int32_t *seq_q, *seq_kv;
+    float *stats, *sum, *dq_acc;
+};
+size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+
+Scratch scratch_alloc(mt_backend *be, const Shape &s, const int32_t *kv_len) {
+    const size_t rows = (size_t)s.B * s.nh * s.S;
+    const size_t lens = s.lens ? up256((size_t)s.B * 4) : 0;
+    Scratch x = {};
+    x.bytes = 2 * lens + up256(rows * 4) + (s.bwd ? up256(rows * 4) + up256(rows * (size_t)s.hd * 4) : 0);
+    x.base = (char *)mt_work_alloc(be, x.bytes);
+    char *p = x.base;
+    cudaStream_t stream = mt_cuda_begin(be);
+    if (s.lens) {
+        x.seq_q = (int32_t *)p, p += lens;
+        x.seq_kv = (int32_t *)p, p += lens;
+        fill_i32_kernel<<<mt_cuda_blocks(s.B, 256), 256, 0, stream>>>(x.seq_q, s.B, s.S);  // every query row
+        MT_CHECK_CUDA(cudaGetLastError());
+        if (kv_len) x.seq_kv = (int32_t *)kv_len;  // the caller's (device)
+        else {
+            fill_i32_kernel<<<mt_cuda_blocks(s.B, 256), 256, 0, stream>>>(x.seq_kv, s.B, s.S);
+            MT_CHECK_CUDA(cudaGetLastError());
+        }
+    }
+    x.stats = (float *)p, p += up256(rows * 4);
+    if (s.bwd) x.sum = (float *)p, p += up256(rows * 4), x.dq_acc = (float *)p;
+    return x;
+}
+
+void lse_convert(mt_backend *be, float *bhs, const float *lse, const Shape &s, int back) {
+    const int64_t n = (int64_t)s.B * s.S * s.nh;
+    lse_to_bhs_kernel<<<mt_cuda_blocks(n, 256), 256, 0, mt_cuda_begin(be)>>>(bhs, lse, s.B, s.S, s.nh, back);
+    MT_CHECK_CUDA(cudaGetLastError());
+}
+
+// The bindings both directions share.
+void bind_common(Binding &bind, const Shape &s, const Scratch &x, const mt_bf16 *q, const mt_bf16 *k, const mt_bf16 *v,
+                 const mt_bf16 *out, const float *scale, const float *window) {
+    bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out), bind.add(U_STATS, x.stats);
+    bind.add(U_SCALE, scale), bind.add(U_LOWEST, &LOWEST);
+    if (s.window > 0) bind.add(U_WINDOW, window), bind.add(U_WINDOW_NEG, &WINDOW_NEG);
+    if (s.lens) bind.add(U_SEQ_Q, x.seq_q), bind.add(U_SEQ_KV, x.seq_kv);
+}
 
 }  // namespace
 
@@ -642,18 +761,18 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
     }
     if (B <= 0 || S <= 0) return 1;
     mt_cuda_begin(be);  // the backend's device current: its handle and plans
-    const Shape s = {0, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device()};
+    const Shape s = shape_of(0, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device());
     Plan *p = get_pair_plan(s);
     if (!p) return 0;
-    const int32_t w = window;
+    const float w = (float)window;
+    Scratch x = scratch_alloc(be, s, kv_len);
     Binding bind = {};
-    bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out), bind.add(U_STATS, lse);
-    bind.add(U_SCALE, &scale), bind.add(U_NEG_INF, &NEG_INF);
-    if (window > 0) bind.add(U_WINDOW, &w);
-    if (kv_len) bind.add(U_KV_LEN, kv_len);
+    bind_common(bind, s, x, q, k, v, out, &scale, &w);
     char what[96];
     cudnnStatus_t st = execute(be, p, bind, 0, what, sizeof what);
     if (st) mt_fatal(MT_EXIT_ERROR, "attention_cudnn forward: %s: %s", what, st_name(st));
+    lse_convert(be, x.stats, lse, s, 1);
+    mt_work_free(be, x.base, x.bytes);
     return 1;
 }
 
@@ -668,23 +787,24 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     }
     if (B <= 0 || S <= 0 || (!dq && !dk && !dv)) return 1;
     mt_cuda_begin(be);
-    const Shape s = {1, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device()};
+    const Shape s = shape_of(1, B, S, nh, nkv, hd, hd_v, window, kv_len != NULL, 0, use_device());
     Plan *p = get_pair_plan(s);
     if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
     const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd, nv = (size_t)B * S * nkv * hd_v;
     const size_t bytes = (nq + nk + nv) * sizeof(mt_bf16);
     mt_bf16 *tq = (mt_bf16 *)mt_work_alloc(be, bytes), *tk = tq + nq, *tv = tk + nk;
-    const int32_t w = window;
+    const float w = (float)window;
+    Scratch x = scratch_alloc(be, s, kv_len);
+    lse_convert(be, x.stats, lse, s, 0);
     Binding bind = {};
-    bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out), bind.add(U_STATS, lse);
+    bind_common(bind, s, x, q, k, v, out, &scale, &w);
     bind.add(U_DO, dout), bind.add(U_DQ, tq), bind.add(U_DK, tk), bind.add(U_DV, tv);
-    bind.add(U_SCALE, &scale), bind.add(U_NEG_INF, &NEG_INF);
-    if (window > 0) bind.add(U_WINDOW, &w);
-    if (kv_len) bind.add(U_KV_LEN, kv_len);
+    bind.add(U_SUM, x.sum), bind.add(U_DQ_ACC, x.dq_acc), bind.add(U_ONE, &ONE_F);
     char what[96];
     cudnnStatus_t st = execute(be, p, bind, 0, what, sizeof what);
     if (st) mt_fatal(MT_EXIT_ERROR, "attention_cudnn backward: %s: %s", what, st_name(st));
+    mt_work_free(be, x.base, x.bytes);
     if (dq) mt_add_cuda(be, dq, dq, tq, (int64_t)nq);
     if (dk) mt_add_cuda(be, dk, dk, tk, (int64_t)nk);
     if (dv) mt_add_cuda(be, dv, dv, tv, (int64_t)nv);
@@ -700,7 +820,7 @@ extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int
         snprintf(msg, msg_len, "%s", api_why);
         return -1;
     }
-    const Shape s = {bwd, B, S, nh, nkv, hd, hd_v, window, lens, 0, api_state > 0 ? use_device() : 0};
+    const Shape s = shape_of(bwd, B, S, nh, nkv, hd, hd_v, window, lens, 0, api_state > 0 ? use_device() : 0);
     if (api_state > 0) {  // a device: the plan the step would use
         mt_attention_mode m0 = mode;
         mode = MT_ATTENTION_AUTO;  // a refusal is reported here, not fatal
@@ -740,7 +860,7 @@ extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, fl
         return -1;
     }
     mt_cuda_begin(be);
-    const Shape s = {0, B, S, nh, nkv, hd, hd, 0, 0, bug, use_device()};
+    const Shape s = {0, B, S, nh, nkv, hd, hd, 0, 0, 0, bug, use_device()};
     Plan p;
     Build b;
     cudnnStatus_t st = build_plan(s, &p, &b);
@@ -753,7 +873,7 @@ extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, fl
     Binding bind = {};
     bind.add(U_Q, q), bind.add(U_K, k), bind.add(U_V, v), bind.add(U_O, out);
     if (bug != 4) bind.add(U_STATS, lse);  // planted bug 4: the statistics unbound
-    bind.add(U_SCALE, &scale), bind.add(U_NEG_INF, &NEG_INF);
+    bind.add(U_SCALE, &scale), bind.add(U_LOWEST, &LOWEST);
     char what[96];
     st = execute(be, &p, bind, bug, what, sizeof what);
     if (st) snprintf(msg, msg_len, "%s: %s", what, st_name(st));

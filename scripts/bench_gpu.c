@@ -569,8 +569,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_res; i++) {
         const result *r = &res[i];
         if (r->ok)
-            printf("bench_gpu: case=%c seq=%lld tokens_per_s=%.1f step_s=%.3f peak_gb=%.3f mfu=%.4f hfu=%.4f "
-                   "driver_gb=%.3f ledger_vs_driver=%+.2f%%\n", r->which, (long long)r->seq, r->tokens_s, r->step_s,
+            printf("bench_gpu: case=%c seq=%lld attention=%s tokens_per_s=%.1f step_s=%.3f peak_gb=%.3f mfu=%.4f "
+                   "hfu=%.4f driver_gb=%.3f ledger_vs_driver=%+.2f%%\n", r->which, (long long)r->seq,
+                   attention_get_mode() == MT_ATTENTION_CUDNN ? "cudnn" : "wmma", r->tokens_s, r->step_s,
                    r->ledger_gb, r->mfu, r->hfu, r->driver_gb, (r->driver_gb / r->ledger_gb - 1) * 100);
         else
             printf("bench_gpu: case=%c seq=%lld FAILED: %s\n", r->which, (long long)r->seq, r->error);

@@ -60,6 +60,7 @@ STEPS=(
   "parity (every CUDA op against its CPU twin, matmul)|20|90|step_parity"
   "CLI: 3 steps on cpu and on cuda, compared|25|120|step_cli"
   "Mixtral-8x7B step, $LAYERS layers, MT_PROFILE=1: case C at ${SEQS[*]}, case A|90|240|step_bench"
+  "cuDNN attention (MT_ATTENTION=cudnn): CLI 3 steps compared, the case C step at ${SEQS[*]}|40|150|step_cudnn"
   "PyTorch + transformers + PEFT baseline, same shapes|60|180|step_baseline"
   "CUDA tests of the suite|90|200|step_tests"
 )
@@ -259,6 +260,26 @@ step_bench() {
   fi
   MT_PROFILE=1 run_limited "$lim" "$(prog moetrain_bench_gpu)" \
     --layers "$LAYERS" --case C "${seqargs[@]}" --case A --steps 2 "${BENCH_ARGS[@]}"
+}
+
+# The same CLI comparison and case C step with cuDNN's SDPA in both directions (a refusal is
+# fatal under MT_ATTENTION=cudnn, so a pass means cuDNN ran).
+step_cudnn() {
+  local lim=$1 bin="$(prog moetrain)" d="$WORK/cli" rc seqargs=() s
+  for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
+  if [ -f "$d/cpu/adapter/adapter_model.safetensors" ] || [ "$REHEARSAL" = 1 ]; then
+    local args=(--model "$d/tiny" --data "$d/data.jsonl" --mode lora --r 4 --quant nf4 --seq 64 --batch 4 --dropout 0
+                --lr 1e-3 --steps 3)
+    MT_ATTENTION=cudnn run_limited "$lim" "$bin" train "${args[@]}" --device cuda --out "$d/cudnn"
+    rc=$?
+    if [ "$REHEARSAL" = 1 ]; then gpu_result $rc; return; fi
+    [ $rc = 0 ] || return $rc
+    "$(prog compare_runs)" "$d/cpu" "$d/cudnn" 1e-2 0.25 || return 1
+  else
+    echo "gpu_check: no CPU run of the CLI step to compare with: the case C step only"
+  fi
+  MT_ATTENTION=cudnn MT_PROFILE=1 run_limited "$lim" "$(prog moetrain_bench_gpu)" \
+    --layers "$LAYERS" --case C "${seqargs[@]}" --steps 2 "${BENCH_ARGS[@]}"
 }
 
 step_baseline() {

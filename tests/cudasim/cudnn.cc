@@ -126,6 +126,9 @@ const Rule RULES[] = {
     {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
     {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
     {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
+    {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
+    {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
+    {CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
     {CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, 1},
     {CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, 1},
     {CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1},
@@ -263,6 +266,7 @@ int pw_inputs(int mode) {
     case CUDNN_POINTWISE_MUL:
     case CUDNN_POINTWISE_DIV:
     case CUDNN_POINTWISE_CMP_GE:
+    case CUDNN_POINTWISE_CMP_GT:
     case CUDNN_POINTWISE_CMP_LT:
     case CUDNN_POINTWISE_LOGICAL_AND: return 2;
     default: return 0;
@@ -311,6 +315,17 @@ cudnnStatus_t finalize_op(Desc *d) {
         if (st) return st;
         const Tensor &a = op.in[0]->t, &b = op.in[1]->t, &c = op.out->t;
         if (a.n != 4 || b.n != 4 || c.n != 4) return refuse(CUDNN_STATUS_NOT_SUPPORTED, "matmul: 4-d tensors only");
+        // M, N, K overrides (per-batch lengths: rows beyond them are padding, which the graph's
+        // masks hide, so the interpreter computes them in full): int32 [B, 1, 1, 1] in memory.
+        for (int name : {CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+                         CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC}) {
+            if (!has(d, name)) continue;
+            DescP l = sub(d, (cudnnBackendAttributeName_t)name, {T}, "override", &st);
+            if (st) return st;
+            if (l->t.type != CUDNN_DATA_INT32 || l->t.is_virtual || l->t.by_value || l->t.n != 4 || l->t.dim[0] != c.dim[0] ||
+                l->t.dim[1] != 1 || l->t.dim[2] != 1 || l->t.dim[3] != 1)
+                return refuse(CUDNN_STATUS_BAD_PARAM, "matmul override %d: not int32 [B, 1, 1, 1] lengths in memory", name);
+        }
         if (a.dim[3] != b.dim[2] || a.dim[2] != c.dim[2] || b.dim[3] != c.dim[3])
             return refuse(CUDNN_STATUS_BAD_PARAM, "matmul: A [%lld, %lld] · B [%lld, %lld] → C [%lld, %lld]",
                           (long long)a.dim[2], (long long)a.dim[3], (long long)b.dim[2], (long long)b.dim[3],
@@ -412,7 +427,8 @@ cudnnStatus_t finalize_graph(Desc *d) {
         for (DescP t : {o->op.in[0], o->op.in[1], o->op.out}) {
             const Tensor &x = t->t;
             if (x.is_virtual) continue;
-            if (x.type != CUDNN_DATA_BFLOAT16)
+            // bf16, or the fp32 dQ accumulator the flash backward writes (an output)
+            if (x.type != CUDNN_DATA_BFLOAT16 && !(t == o->op.out && x.type == CUDNN_DATA_FLOAT))
                 return refuse(CUDNN_STATUS_NOT_SUPPORTED, "matmul operand %lld: not bf16", (long long)x.uid);
             int inner = x.stride[3] == 1 ? 3 : x.stride[2] == 1 ? 2 : -1;
             if (inner < 0)
@@ -536,6 +552,7 @@ void run_op(const Op &op, std::map<DescP, Vals> &val) {
             case CUDNN_POINTWISE_LOG: r = logf(a); break;
             case CUDNN_POINTWISE_IDENTITY: r = a; break;
             case CUDNN_POINTWISE_CMP_GE: r = a >= b; break;
+            case CUDNN_POINTWISE_CMP_GT: r = a > b; break;
             case CUDNN_POINTWISE_CMP_LT: r = a < b; break;
             case CUDNN_POINTWISE_LOGICAL_AND: r = a != 0.0f && b != 0.0f; break;
             case CUDNN_POINTWISE_GEN_INDEX: r = (float)c[op.axis]; break;
@@ -610,7 +627,12 @@ const char *status_name(cudnnStatus_t st) {
 // ---------------------------------------------------------------------------------------------
 extern "C" {
 
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+// The GPU machine's cuDNN (9.14), whose backward needs the lengths' mask at S % 128 ≠ 0;
+// CUDASIM_CUDNN_VERSION sets another.
+size_t cudnnGetVersion(void) {
+    const char *e = getenv("CUDASIM_CUDNN_VERSION");
+    return e && *e ? (size_t)strtoul(e, NULL, 10) : 91400;
+}
 const char *cudnnGetErrorString(cudnnStatus_t st) { return status_name(st); }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h) {
@@ -815,7 +837,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
         float v = by_value[s->t.uid][0];
         if (o->op.mode == CUDNN_POINTWISE_MUL && !(std::isfinite(v) && v > 0.0f))
             return refuse(CUDNN_STATUS_BAD_PARAM, "scale (UID %lld) is %g: not a positive finite number", (long long)s->t.uid, v);
-        if (o->op.mode == CUDNN_POINTWISE_CMP_LT && v < 1.0f)
+        if ((o->op.mode == CUDNN_POINTWISE_CMP_LT || o->op.mode == CUDNN_POINTWISE_ADD) && v < 1.0f)
             return refuse(CUDNN_STATUS_BAD_PARAM, "window (UID %lld) is %g: it would hide every key", (long long)s->t.uid, v);
     }
     // The graph as it is now, copied: the caller may destroy its descriptors once this returns
@@ -841,9 +863,11 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
     void *ws = pack->workspace;
     cudasim::lib_enqueue(h->stream, "cudnnBackendExecute", [snap, ops, bound, by_value, ws] {
         std::map<DescP, Vals> val;
+        std::set<DescP> produced;  // in memory but written by the graph (Σ rows, the dQ accumulator)
+        for (const Op &o : ops) produced.insert(o.out);
         for (const Op &o : ops)
             for (DescP t : {o.in[0], o.in[1], o.in[2]}) {
-                if (!t || t->t.is_virtual || val.count(t)) continue;
+                if (!t || t->t.is_virtual || val.count(t) || produced.count(t)) continue;
                 val[t] = t->t.by_value ? by_value.at(t->t.uid) : gather(t->t, bound.at(t->t.uid));
                 // sequence lengths (an int32 input of a comparison with the column index)
                 if (t->t.type == CUDNN_DATA_INT32 && !t->t.by_value)
