@@ -646,7 +646,7 @@ Plan *get_pair_plan(const Shape &s) {
 // Whether cuDNN takes these arguments; the reason when not (NULL: it does).
 const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, int hd_v) {
     read_mode();
-    if (mode != MT_ATTENTION_CUDNN) return "";  // auto: the WMMA kernels (model/attention_cudnn.h says why)
+    if (mode == MT_ATTENTION_WMMA) return "";  // asked for: no reason to print
     if (!load()) return api_why;
     // d_qk ≠ d_v is cuDNN's to take or refuse at plan time (Hopper takes MLA's 192 | 128).
     if (hd <= 0 || hd > 256 || hd % 8 || hd_v <= 0 || hd_v > 256 || hd_v % 8)

@@ -8,22 +8,25 @@
 // backward recomputes P from the statistics. K and V keep their nkv heads (GQA by the matmul's
 // head broadcast, never repeated). Layouts are the model's: q [B, S, nh, hd], k [B, S, nkv, hd],
 // v [B, S, nkv, hd_v], out [B, S, nh, hd_v] (hd_v ≠ hd for MLA; cuDNN's dims [B, h, S, d] with the
-// strides of that layout), the scale the caller's; lse [B, S, nh] fp32: the
-// natural log-sum-exp of the scaled scores, which is cuDNN's "Stats" (max + log Σ exp) read
-// through strides, so the WMMA and cuDNN passes can share it. Plans are cached per shape;
-// the workspace goes through mt_work_alloc. The backward ACCUMULATES like its twin: cuDNN writes
-// the gradients into work scratch, added after.
+// strides of that layout), the scale the caller's; lse [B, S, nh] fp32: the natural log-sum-exp
+// of the scaled scores, which is cuDNN's "Stats" (max + log Σ exp), kept by the engine as
+// [B, nh, S] and converted around each call, so the WMMA and cuDNN passes can share it. The graphs
+// are the ones cudnn-frontend's composite SDPA node builds, which cuDNN's fused flash engines
+// recognize: the backward's Σ dO·O rows and its fp32 dQ accumulator in memory (our scratch), the
+// masks after the statistics with the frontend's constants, lengths as matmul overrides, and
+// (cuDNN ≤ 9.15) a length mask of S in the backward when S is not a multiple of 128. Plans are
+// cached per shape; workspace and scratch go through mt_work_alloc. The backward ACCUMULATES like
+// its twin: cuDNN writes the gradients into work scratch, added after.
 //
-// The choice (attention_path): MT_ATTENTION=auto (default) runs the WMMA kernels: the only path a
-// GPU has verified. On the H100 (cuDNN 9.14, 2026-11-27, docs/gpu-results.md) cuDNN's forward
-// matched the CPU without a key mask, but beside the WMMA backward it trained the tiny Mixtral
-// (right padding as lengths) wrong, and its backward graph, once accepted, faulted with an
-// illegal address at every shape tried. MT_ATTENTION=cudnn takes cuDNN where the shape suits it
-// (hd, hd_v ≤ 256 and multiples of 8, nh a multiple of nkv, 16-byte aligned rows, no key mask unless
-// given as lengths) and both directions' graphs are accepted, and makes any refusal fatal (how the
-// GPU check knows cuDNN ran); wmma forces the kernel. Every cuDNN call is checked, its failure
-// named with cudnnGetErrorString: a graph the library refuses while building its plan (per
-// shape, remembered) is a refusal like the others; a failing execution is fatal.
+// The choice (attention_path): MT_ATTENTION=auto (default) takes cuDNN where it loads and takes
+// the shape (hd, hd_v ≤ 256 and multiples of 8, nh a multiple of nkv, 16-byte aligned rows, no key
+// mask unless given as lengths) and both directions' graphs are accepted, else the WMMA kernels
+// with the reason printed once. On an H200 (cuDNN 9.14, 2026-11-27, docs/gpu-results.md) every
+// cuDNN case matched its CPU twin and Mixtral's step at seq 4096 ran 1.8x faster than on the WMMA
+// kernels (4x at 16384). MT_ATTENTION=cudnn makes any refusal fatal (how the GPU check knows
+// cuDNN ran); wmma forces the kernel. Every cuDNN call is checked, its failure named with
+// cudnnGetErrorString: a graph the library refuses while building its plan (per shape,
+// remembered) is a refusal like the others; a failing execution is fatal.
 // Learned attention sinks (gpt-oss) are not in this graph: with sinks, attention_forward_cuda and
 // attention_backward_cuda never call these and run the WMMA kernels, even under
 // MT_ATTENTION=cudnn (a one-line note, not a refusal). cuDNN's frontend has a sink-token SDPA

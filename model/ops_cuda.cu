@@ -677,8 +677,8 @@ static bool att_sinks_skip_cudnn(const mt_bf16 *sinks) {
     return true;
 }
 
-// Which path runs (the WMMA kernels unless cuDNN's SDPA is asked for and takes the shape, and
-// never with sinks): model/ops_cuda.h. The WMMA kernels take every 0 < hd, hd_v ≤ 256, equal or
+// Which path runs (cuDNN's SDPA where it loads and takes the shape, else the WMMA kernels, which
+// always run sinks): model/ops_cuda.h. The WMMA kernels take every 0 < hd, hd_v ≤ 256, equal or
 // not, multiples of 16 or not (zero-padded in shared memory): no caller pads.
 extern "C" void attention_forward_cuda(mt_backend *be, mt_bf16 *out_, float *lse, const mt_bf16 *q_,
                                        const mt_bf16 *k_, const mt_bf16 *v_, const mt_bf16 *sinks,

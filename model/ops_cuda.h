@@ -68,13 +68,14 @@ void rope_backward_cuda(mt_backend *be, mt_bf16 *dx, const int32_t *pos, int T, 
 // one for dk, dv (over key tiles), so each output row has one writer. q, k rows of hd, v, out
 // rows of hd_v, scores scaled by `scale`, as model/ops.h.
 // Which path runs:
+//   - cuDNN's SDPA (model/attention_cudnn.h, same results and lse), the default (MT_ATTENTION=auto)
+//     where cuDNN loads and the shape suits it (hd and hd_v multiples of 8 up to 256 — they may
+//     differ: cuDNN 9 takes d_qk ≠ d_v, e.g. 192 | 128 on Hopper —, 16-byte aligned rows, a key
+//     mask only as lengths) and the library builds both graphs; under MT_ATTENTION=cudnn any
+//     refusal is fatal.
 //   - the WMMA kernels: any 0 < hd, hd_v ≤ 256, equal or not (MLA's 192 | 128), multiples of 16
 //     or not (each tile zero-padded to a multiple of 16 in shared memory, so nobody pads or copies);
-//     the default (MT_ATTENTION=auto or wmma), and always with sinks.
-//   - cuDNN's SDPA (model/attention_cudnn.h, same results and lse) only under MT_ATTENTION=cudnn,
-//     where the shape suits it (hd and hd_v multiples of 8 up to 256 — they may differ: cuDNN 9
-//     takes d_qk ≠ d_v, e.g. 192 | 128 on Hopper —, 16-byte aligned rows, a key mask only as
-//     lengths) and the library builds both graphs; any refusal is fatal in that mode.
+//     where cuDNN declines (its reason printed once), under MT_ATTENTION=wmma, and always with sinks.
 //   - beyond 256: fatal on both.
 // kv_len [B] int32 (device) or NULL: the key mask as sequence lengths when it is right padding
 // (attention_kv_len_cuda makes them), the form cuDNN takes a key mask in.

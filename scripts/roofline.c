@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
     int n_seqs = 0;
     mt_ckpt mode = MT_CKPT_AUTO;
     double gpu_mem = 80e9;
-    sh.experts_cublas = 1, sh.attn_cudnn = 0;  // attention: MT_ATTENTION=auto's WMMA kernels
+    sh.experts_cublas = 1, sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;

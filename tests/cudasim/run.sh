@@ -226,7 +226,7 @@ fi
 # --- 6. the GPU check's GPU path ------------------------------------------------------------------
 # What a lent GPU will run first, run here first: scripts/gpu_check.sh on this build's programs
 # (the probe, the parity program, the CLI's cpu-against-cuda steps, the step benchmark with
-# MT_PROFILE=1 on the tiny model), then its results file read back: every part there, each
+# MT_PROFILE=1 on the tiny model, again with MT_ATTENTION=cudnn), then its results file read back: every part there, each
 # profile's rows summing to its step. Skipped: nvidia-smi (no driver here), the CUDA tests
 # (section 1 ran them) and the PyTorch baseline (it needs torch and a GPU).
 t0=$(date +%s)
@@ -244,7 +244,8 @@ assert all(r.get("ok", True) for r in rows if r["part"] == "nccl"), "the NCCL ch
 steps = {(r["case"], r["seq"]) for r in rows if r["part"] == "step" and "tokens_per_s" in r}
 assert steps == {("C", 64), ("C", 128), ("A", 64)}, f"step results {sorted(steps)}"
 profiles = [r for r in rows if r["part"] == "profile"]
-assert len(profiles) == 3, f"{len(profiles)} profiles"
+# step_bench's three (C 64, C 128, A 64) and step_cudnn's two (C 64, C 128, cuDNN's attention)
+assert len(profiles) == 5, f"{len(profiles)} profiles"
 for p in profiles:
     t = p["table"]
     tot = t["totals"]
