@@ -252,6 +252,8 @@ void pw(Build *b, cudnnPointwiseMode_t m, cudnnBackendDescriptor_t x, cudnnBacke
     add_op(b, op);
 }
 
+// c = a·b; rows of M, N or K beyond a batch's length are padding (the lengths' tensors, as
+// cudnn-frontend passes them; NULL: none).
 void matmul_len(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t c,
                 cudnnBackendDescriptor_t m_len, cudnnBackendDescriptor_t n_len, cudnnBackendDescriptor_t k_len) {
     cudnnBackendDescriptor_t m = mk(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
@@ -320,11 +322,6 @@ Dims rows_bhs(const Shape &s) { return packed(s.B, s.nh, s.S, 1); }
 
 const Dims ONE = {{1, 1, 1, 1}, {1, 1, 1, 1}};
 
-// A matmul whose M, N or K rows beyond a batch's length are padding (the lengths' tensors, as
-// cudnn-frontend passes them): m, n, k may be NULL.
-void matmul_len(Build *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t c,
-                cudnnBackendDescriptor_t m, cudnnBackendDescriptor_t n, cudnnBackendDescriptor_t k);
-
 // The masks on the scores x [B, nh, S, S] fp32, in cudnn-frontend's order and constants:
 // padding (row < seq_q[b] and col < seq_kv[b]), causal (row ≥ col), the sliding window's left
 // bound (col + window > row); masked entries become the lowest float (the window's −2³⁰).
@@ -378,6 +375,17 @@ void lengths(Build *b, const Shape &s, cudnnBackendDescriptor_t *seq_q, cudnnBac
     *seq_kv = tensor(b, U_SEQ_KV, CUDNN_DATA_INT32, l);
 }
 
+// The scaled scores [B, nh, S, S] fp32, Q·Kᵀ × scale: the part both graphs share.
+cudnnBackendDescriptor_t scaled_scores(Build *b, const Shape &s, cudnnBackendDescriptor_t tq, cudnnBackendDescriptor_t tkt,
+                                       cudnnBackendDescriptor_t scale, cudnnBackendDescriptor_t seq_q,
+                                       cudnnBackendDescriptor_t seq_kv) {
+    const Dims sc = packed(s.B, s.nh, s.S, s.S);
+    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
+    matmul_len(b, tq, tkt, raw, seq_q, seq_kv, NULL);
+    pw(b, CUDNN_POINTWISE_MUL, raw, scale, NULL, scaled);
+    return scaled;
+}
+
 void graph_forward(Build *b, const Shape &s) {
     const int64_t hd = s.hd, hdv = s.hdv;
     // Planted bug 1: a head stride of hd / 2 makes the heads of Q overlap.
@@ -389,10 +397,8 @@ void graph_forward(Build *b, const Shape &s) {
     const Dims sc = packed(s.B, s.nh, s.S, s.S), rows = rows_bhs(s);
     cudnnBackendDescriptor_t seq_q, seq_kv;
     lengths(b, s, &seq_q, &seq_kv);
-    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    matmul_len(b, tq, tkt, raw, seq_q, seq_kv, NULL);
-    pw(b, CUDNN_POINTWISE_MUL, raw, tensor(b, U_SCALE, CUDNN_DATA_FLOAT, ONE, true), NULL, scaled);
-    cudnnBackendDescriptor_t x = masks(b, s, scaled, seq_q, seq_kv);
+    cudnnBackendDescriptor_t scale = tensor(b, U_SCALE, CUDNN_DATA_FLOAT, ONE, true);
+    cudnnBackendDescriptor_t x = masks(b, s, scaled_scores(b, s, tq, tkt, scale, seq_q, seq_kv), seq_q, seq_kv);
     cudnnBackendDescriptor_t mx = tensor(b, 0, CUDNN_DATA_FLOAT, rows), sub = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
     cudnnBackendDescriptor_t e = tensor(b, 0, CUDNN_DATA_FLOAT, sc), sum = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
     cudnnBackendDescriptor_t lg = tensor(b, 0, CUDNN_DATA_FLOAT, rows);
@@ -436,11 +442,8 @@ void graph_backward(Build *b, const Shape &s) {
     pw(b, CUDNN_POINTWISE_MUL, red, tensor(b, U_ONE, CUDNN_DATA_FLOAT, ONE, true), NULL, dsum);
     // P = exp(mask(S·scale − Stats)); Pᵀ as a bf16 view
     cudnnBackendDescriptor_t scale = tensor(b, U_SCALE, CUDNN_DATA_FLOAT, ONE, true);
-    cudnnBackendDescriptor_t raw = tensor(b, 0, CUDNN_DATA_FLOAT, sc), scaled = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
     cudnnBackendDescriptor_t sub = tensor(b, 0, CUDNN_DATA_FLOAT, sc), p = tensor(b, 0, CUDNN_DATA_FLOAT, sc);
-    matmul_len(b, tq, tkt, raw, seq_q, seq_kv, NULL);
-    pw(b, CUDNN_POINTWISE_MUL, raw, scale, NULL, scaled);
-    pw(b, CUDNN_POINTWISE_SUB, scaled, st, NULL, sub);
+    pw(b, CUDNN_POINTWISE_SUB, scaled_scores(b, s, tq, tkt, scale, seq_q, seq_kv), st, NULL, sub);
     pw(b, CUDNN_POINTWISE_EXP, masks(b, s, sub, seq_q, seq_kv), NULL, NULL, p);
     cudnnBackendDescriptor_t pt = tensor(b, 0, CUDNN_DATA_BFLOAT16, scT);
     reshape(b, p, pt);
@@ -665,14 +668,14 @@ __global__ void fill_i32_kernel(int32_t *p, int n, int32_t v) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = v;
 }
-// lse [B, S, nh] ↔ the engine's [B, nh, S].
-__global__ void lse_to_bhs_kernel(float *bhs, const float *lse, int B, int S, int nh, int back) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+// lse [B, S, nh] ↔ the engine's [B, nh, S]: to_lse 0 reads src as lse, 1 writes dst as lse.
+__global__ void lse_layout_kernel(float *dst, const float *src, int B, int S, int nh, int to_lse) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // lse's index
     if (i >= (int64_t)B * S * nh) return;
     int h = (int)(i % nh), t = (int)((i / nh) % S), b = (int)(i / ((int64_t)nh * S));
-    int64_t j = ((int64_t)b * nh + h) * S + t;
-    if (back) ((float *)lse)[i] = bhs[j];
-    else bhs[j] = lse[i];
+    int64_t j = ((int64_t)b * nh + h) * S + t;  // the engine's
+    if (to_lse) dst[i] = src[j];
+    else dst[j] = src[i];
 }
 
 // Scratch beside cuDNN's own workspace, one allocation: the lengths (seq_q, seq_kv), the
@@ -689,17 +692,17 @@ Scratch scratch_alloc(mt_backend *be, const Shape &s, const int32_t *kv_len) {
     const size_t rows = (size_t)s.B * s.nh * s.S;
     const size_t lens = s.lens ? up256((size_t)s.B * 4) : 0;
     Scratch x = {};
-    x.bytes = 2 * lens + up256(rows * 4) + (s.bwd ? up256(rows * 4) + up256(rows * (size_t)s.hd * 4) : 0);
+    x.bytes = (kv_len ? 1 : 2) * lens + up256(rows * 4) + (s.bwd ? up256(rows * 4) + up256(rows * (size_t)s.hd * 4) : 0);
     x.base = (char *)mt_work_alloc(be, x.bytes);
     char *p = x.base;
     cudaStream_t stream = mt_cuda_begin(be);
     if (s.lens) {
         x.seq_q = (int32_t *)p, p += lens;
-        x.seq_kv = (int32_t *)p, p += lens;
         fill_i32_kernel<<<mt_cuda_blocks(s.B, 256), 256, 0, stream>>>(x.seq_q, s.B, s.S);  // every query row
         MT_CHECK_CUDA(cudaGetLastError());
         if (kv_len) x.seq_kv = (int32_t *)kv_len;  // the caller's (device)
         else {
+            x.seq_kv = (int32_t *)p, p += lens;
             fill_i32_kernel<<<mt_cuda_blocks(s.B, 256), 256, 0, stream>>>(x.seq_kv, s.B, s.S);
             MT_CHECK_CUDA(cudaGetLastError());
         }
@@ -709,9 +712,9 @@ Scratch scratch_alloc(mt_backend *be, const Shape &s, const int32_t *kv_len) {
     return x;
 }
 
-void lse_convert(mt_backend *be, float *bhs, const float *lse, const Shape &s, int back) {
+void lse_convert(mt_backend *be, float *dst, const float *src, const Shape &s, int to_lse) {
     const int64_t n = (int64_t)s.B * s.S * s.nh;
-    lse_to_bhs_kernel<<<mt_cuda_blocks(n, 256), 256, 0, mt_cuda_begin(be)>>>(bhs, lse, s.B, s.S, s.nh, back);
+    lse_layout_kernel<<<mt_cuda_blocks(n, 256), 256, 0, mt_cuda_begin(be)>>>(dst, src, s.B, s.S, s.nh, to_lse);
     MT_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -771,7 +774,7 @@ extern "C" int attention_cudnn_forward(mt_backend *be, mt_bf16 *out, float *lse,
     char what[96];
     cudnnStatus_t st = execute(be, p, bind, 0, what, sizeof what);
     if (st) mt_fatal(MT_EXIT_ERROR, "attention_cudnn forward: %s: %s", what, st_name(st));
-    lse_convert(be, x.stats, lse, s, 1);
+    lse_convert(be, lse, x.stats, s, 1);
     mt_work_free(be, x.base, x.bytes);
     return 1;
 }
