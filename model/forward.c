@@ -35,41 +35,55 @@ static void balanced_counts(mt_model *m, int L) {
     }
 }
 
-// Routing of layer L: top-k, aux statistics and the expert order, or (replay) the recorded
-// choices' weights recomputed from fresh probabilities.
-static void route(mt_model *m, int L, int replay) {
+// The weights of the choices in kept[L].ids from fresh scores (the router's top-k is recomputed
+// but not used).
+static void weights_of_kept_choices(mt_model *m, int L) {
     const mt_model_config *c = &m->cfg;
     mt_layer_kept *kp = &m->kept[L];
     mt_layer_acts *a = layer_acts(m, L);
-    int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k, run = !m->counting;
-    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
+    int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k;
     const float *score_bias = m->layers[L].score_bias ? F(m->layers[L].score_bias) : NULL;
-    if (!replay) {
-        if (!run) {
-            balanced_counts(m, L);
-            return;
-        }
-        if (grouped_router(m))
-            mt_op_router_grouped_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), score_bias, T, E, k,
-                                         route_rule(m));
-        else mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
-        if (m->bias_load) mt_op_router_load_accumulate(m, m->bias_load + (size_t)L * E, I(kp->ids), mask, T, E, k);
-        mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
-        if (m->z_coef != 0.0f) mt_op_zloss_accumulate(m, F(a->logits), mask, T, E);
-        mt_op_permute(m, L);
-        return;
-    }
     size_t ids_bytes = (size_t)T * k * sizeof(int32_t);
-    int32_t *fresh = mt_work_alloc(m->be, ids_bytes);  // top-k is recomputed but not used
-    if (run && grouped_router(m)) {
+    int32_t *fresh = mt_work_alloc(m->be, ids_bytes);
+    if (!m->counting && grouped_router(m)) {
         mt_op_router_grouped_forward(m, fresh, F(a->weights), F(a->probs), F(a->logits), score_bias, T, E, k,
                                      route_rule(m));
         mt_op_router_grouped_weights_of_choices(m, F(a->weights), F(a->probs), I(kp->ids), T, E, k, route_rule(m));
-    } else if (run) {
+    } else if (!m->counting) {
         mt_op_router_forward(m, fresh, F(a->weights), F(a->probs), F(a->logits), T, E, k);
         mt_op_weights_of_choices(m, F(a->weights), F(a->probs), I(kp->ids), T, E, k);
     }
     mt_work_free(m->be, fresh, ids_bytes);
+}
+
+// Routing of layer L: top-k (or the choices given, m->routing_given), aux statistics and the
+// expert order, or (replay) the recorded choices' weights recomputed from fresh scores.
+static void route(mt_model *m, int L, int replay) {
+    const mt_model_config *c = &m->cfg;
+    mt_layer_kept *kp = &m->kept[L];
+    mt_layer_acts *a = layer_acts(m, L);
+    int T = m->B * m->S, E = (int)c->experts, k = (int)c->top_k;
+    const uint8_t *mask = m->has_mask ? m->step_mask : NULL;
+    const float *score_bias = m->layers[L].score_bias ? F(m->layers[L].score_bias) : NULL;
+    if (replay) {
+        weights_of_kept_choices(m, L);
+        return;
+    }
+    if (m->counting) {
+        balanced_counts(m, L);
+        return;
+    }
+    if (m->routing_given && m->routing_given[L]) {
+        mt_tensor_upload(kp->ids, m->routing_given[L]);
+        weights_of_kept_choices(m, L);
+    } else if (grouped_router(m))
+        mt_op_router_grouped_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), score_bias, T, E, k,
+                                     route_rule(m));
+    else mt_op_router_forward(m, I(kp->ids), F(a->weights), F(a->probs), F(a->logits), T, E, k);
+    if (m->bias_load) mt_op_router_load_accumulate(m, m->bias_load + (size_t)L * E, I(kp->ids), mask, T, E, k);
+    mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
+    if (m->z_coef != 0.0f) mt_op_zloss_accumulate(m, F(a->logits), mask, T, E);
+    mt_op_permute(m, L);
 }
 
 // q, k, v from ln1, their biases, q/k norms and clamps, RoPE, and the attention into a->att.

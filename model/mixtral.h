@@ -171,6 +171,11 @@ typedef struct mt_model {
     double *bias_load;          // --router-bias-update: [layers × experts] tokens each expert got since the
                                 // last update (memory of `be`, doubles, bias_load_t's), or NULL
     mt_tensor *bias_load_t;
+    // The experts each MoE layer routes to, given: [layers] host arrays of [B·S·top_k] ids (NULL for
+    // a dense layer), taken in place of the router's top-k; their weights still come from this
+    // router's scores. NULL (always, but in tests): the router chooses. tests/test_cuda_family.c gives
+    // the GPU step the cpu's choices, which bf16's scores would tip otherwise at near ties.
+    const int32_t *const *routing_given;
     // RoPE's frequency table (model/rope.h, from the config at build): inv_freq [head_dim/2] on the
     // host, its copy on the device for cuda (ledger: act; made but not written on the null
     // backend), and the factor on cos and sin (1 but for YaRN).
