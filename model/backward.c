@@ -96,6 +96,9 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         if (run && m->aux_coef != 0.0f) mt_op_aux_backward(m, F(&dlogits), m->aux_coef, F(a->probs), mask, T);
         if (run && m->z_coef != 0.0f && m->z_rows)
             mt_op_zloss_backward(m, F(&dlogits), m->z_coef / (float)m->z_rows, F(a->logits), mask, T, E);
+        if (run && m->seq_aux_coef != 0.0f && m->seq_aux[1] > 0)
+            mt_op_router_seq_aux_backward(m, F(&dlogits), (float)(m->seq_aux_coef / mt_model_seq_aux_seqs(m)),
+                                          F(a->probs), I(kp->ids), mask, m->B, m->S, E, k, route_rule(m).sigmoid);
         if (ly->dgate_bias) mt_op_logit_bias_backward(m, A(ly->dgate_bias), F(&dlogits), T, E);
         mt_prof_push2("router GEMM (dx)", "LoRA gate");
         mt_linear_backward(&ly->gate, need->dln2 ? &dln2 : NULL, &dlogits, a->ln2, a->xa_gate, NULL);

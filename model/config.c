@@ -651,8 +651,13 @@ static int read_deepseek(const cJSON *root, mt_model_config *cfg) {
         get_int(root, "first_k_dense_replace", 0, fam->default_first_k_dense, 0, M, &cfg->first_k_dense) != 0 ||
         get_int(root, "intermediate_size", 0, fam->default_dense_intermediate, 1, M, &cfg->dense_intermediate) != 0 ||
         get_int(root, "num_nextn_predict_layers", 0, 0, 0, M, &cfg->mtp_layers) != 0 ||
-        get_int(root, "moe_layer_freq", 0, 1, 1, M, &freq) != 0)
+        get_int(root, "moe_layer_freq", 0, 1, 1, M, &freq) != 0 || get_bool(root, "seq_aux", 0, &cfg->seq_aux) != 0 ||
+        get_double(root, "aux_loss_alpha", 0.0, &cfg->aux_loss_alpha) != 0)
         return -1;
+    if (!(cfg->aux_loss_alpha >= 0) || !isfinite(cfg->aux_loss_alpha)) {
+        mt_error_set("aux_loss_alpha (%g) must be 0 or positive", cfg->aux_loss_alpha);
+        return -1;
+    }
     if (!cfg->n_group) cfg->n_group = 1;  // null: no groups
     if (!cfg->topk_group) cfg->topk_group = 1;
     if (freq != 1) {  // DeepSeek's remote code only; transformers makes every layer past first_k_dense_replace MoE
@@ -1452,6 +1457,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     if (fam->attn_bias_key) emit_bool(b, &f, fam->attn_bias_key, c->o_bias);
     if (glm_bias) emit_bool(b, &f, fam->qkv_bias_key, c->qkv_bias);
     emit_float(b, 2, &f, "attention_dropout", 0.0);
+    if (ds && (c->seq_aux || c->aux_loss_alpha != 0)) emit_float(b, 2, &f, "aux_loss_alpha", c->aux_loss_alpha);
     emit_token(b, &f, "bos_token_id", c->bos_token_id);
     if (fam->has_clip_qkv) {
         if (c->clip_qkv > 0) emit_float(b, 2, &f, "clip_qkv", c->clip_qkv);
@@ -1535,6 +1541,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     }
     emit_float(b, 2, &f, "rope_theta", c->rope_theta);
     if (ds) emit_float(b, 2, &f, "routed_scaling_factor", c->routed_scaling);
+    if (ds && (c->seq_aux || c->aux_loss_alpha != 0)) emit_bool(b, &f, "seq_aux", c->seq_aux);
     emit_float(b, 2, &f, "router_aux_loss_coef", c->router_aux_loss_coef);
     if (fam->has_jitter) emit_float(b, 2, &f, "router_jitter_noise", c->router_jitter_noise);
     if (fam->shared_expert && !fam->shared_from_count)

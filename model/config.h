@@ -60,6 +60,8 @@ typedef struct mt_model_config {
     int64_t n_shared_experts;     // shared_intermediate = n_shared_experts · moe_intermediate_size
     int64_t first_k_dense;        // first_k_dense_replace: layers below it are dense MLPs
     int64_t mtp_layers;           // num_nextn_predict_layers: multi-token-prediction layers in the checkpoint, skipped
+    int seq_aux;                  // DeepSeek's remote code: the sequence-wise balance loss on (transformers applies none)
+    double aux_loss_alpha;        // and its coefficient (mt_config_seq_aux_coef: the one the step applies)
     double partial_rotary_factor; // as read (GLM-4.5's default 0.5); 1 elsewhere
     int64_t rotary_dim;           // dims of each head RoPE turns: head_dim · partial_rotary_factor (GLM-4.5), else head_dim
     int rope_interleave;          // RoPE on adjacent pairs (2j, 2j+1), DeepSeek's form, not rotate_half's (j, j + d/2)

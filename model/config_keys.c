@@ -40,9 +40,8 @@ static const char *const IGNORED[] = {
     // gpt-oss's published config.json: OpenAI's own names, which GptOssConfig stores and its
     // modeling never reads (num_experts_per_tok and rope_scaling are what it uses).
     "experts_per_token", "initial_context_length",
-    // DeepSeek's published config.json (its remote code's fields): the sequence-wise aux loss, which
-    // transformers' DeepseekV2/V3 modeling never applies, and inference sharding.
-    "aux_loss_alpha", "seq_aux", "ep_size", "pretraining_tp",
+    // DeepSeek's published config.json (its remote code's fields): inference sharding.
+    "ep_size", "pretraining_tp",
 };
 
 // Fields of the family's optional parts (model/family.h), read by model/config.c.
@@ -66,7 +65,8 @@ static int family_reads(const mt_family *f, const char *key) {
     int ds = f->route != MT_ROUTE_SOFTMAX || f->mla;  // model/config.c read_deepseek, read_mla
     const char *deepseek[] = {"n_group", "topk_group", "routed_scaling_factor", "n_shared_experts",
                               "first_k_dense_replace", "intermediate_size", "num_nextn_predict_layers",
-                              "moe_layer_freq", "topk_method", "scoring_func", "mlp_bias"};
+                              "moe_layer_freq", "topk_method", "scoring_func", "mlp_bias", "aux_loss_alpha",
+                              "seq_aux"};
     const char *mla[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                          "qk_head_dim"};
     if ((ds && mt_str_in(deepseek, MT_ARRAY_LEN(deepseek), key)) || (f->mla && mt_str_in(mla, MT_ARRAY_LEN(mla), key)) ||

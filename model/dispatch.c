@@ -301,14 +301,15 @@ void mt_op_router_bias_update(mt_model *m, float *bias, const double *counts, in
     DISPATCH(m, router_bias_update_cpu(bias, counts, E, rate), router_bias_update_cuda(m->be, bias, counts, E, rate));
 }
 
-// The sequence-wise balance loss: acc [2] doubles of m->be += the sequences' summed losses and
-// their count (on CUDA without a host wait); the loss is α · acc[0] / acc[1].
-void mt_op_router_seq_aux_accumulate(mt_model *m, double *acc, const float *scores, const int32_t *ids,
-                                     const uint8_t *mask, int B, int S, int E, int k) {
+// The sequence-wise balance loss: its sum over sequences and their count added to m->seq_aux on
+// the CPU, to the two doubles of aux_dev on CUDA (no host wait; mt_op_aux_finish brings them).
+void mt_op_router_seq_aux_accumulate(mt_model *m, const float *scores, const int32_t *ids, const uint8_t *mask,
+                                     int B, int S, int E, int k) {
     PROFILED("router GEMM + top-k", 0, 4.0 * B * S * (E + k), {
         int64_t n = 0;
-        DISPATCH(m, (acc[0] += router_seq_aux_sum_cpu(&n, scores, ids, mask, B, S, E, k), acc[1] += (double)n),
-                 router_seq_aux_accumulate_cuda(m->be, acc, scores, ids, mask, B, S, E, k));
+        DISPATCH(m, (m->seq_aux[0] += router_seq_aux_sum_cpu(&n, scores, ids, mask, B, S, E, k), m->seq_aux[1] += (double)n),
+                 router_seq_aux_accumulate_cuda(m->be, (double *)m->aux_dev->data + MT_AUX_STATS_SEQ(E), scores, ids,
+                                                mask, B, S, E, k));
         (void)n;
     });
 }
@@ -337,7 +338,8 @@ void mt_op_aux_start(mt_model *m) {
 
 void mt_op_aux_finish(mt_model *m) {
     DISPATCH(m, (void)0,
-             moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, &m->z_sum, &m->z_rows));
+             moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, &m->z_sum, &m->z_rows,
+                                         m->seq_aux));
 }
 
 // After the host statistics changed (summed over ranks): the device copy follows.
@@ -348,6 +350,7 @@ void mt_op_aux_upload(mt_model *m) {
     memcpy(v, m->aux.counts, (size_t)E * sizeof(double));
     memcpy(v + E, m->aux.prob_sums, (size_t)E * sizeof(double));
     v[2 * E] = (double)m->aux.rows, v[2 * E + 1] = m->z_sum, v[2 * E + 2] = (double)m->z_rows;
+    v[MT_AUX_STATS_SEQ(E)] = m->seq_aux[0], v[MT_AUX_STATS_SEQ(E) + 1] = m->seq_aux[1];
     mt_tensor_upload(m->aux_dev, v);
     free(v);
 }

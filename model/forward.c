@@ -83,6 +83,7 @@ static void route(mt_model *m, int L, int replay) {
     if (m->bias_load) mt_op_router_load_accumulate(m, m->bias_load + (size_t)L * E, I(kp->ids), mask, T, E, k);
     mt_op_aux_accumulate(m, F(a->probs), I(kp->ids), mask, T);
     if (m->z_coef != 0.0f) mt_op_zloss_accumulate(m, F(a->logits), mask, T, E);
+    if (m->seq_aux_coef != 0.0f) mt_op_router_seq_aux_accumulate(m, F(a->probs), I(kp->ids), mask, m->B, m->S, E, k);
     mt_op_permute(m, L);
 }
 
@@ -226,17 +227,19 @@ void mt_layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
 // on every rank.
 static void sum_over_ranks(mt_model *m, double *ce_sum, int64_t *count) {
     int E = (int)m->cfg.experts;
-    size_t n = 4 + 2 * (size_t)E + 1;
+    size_t n = 6 + 2 * (size_t)E + 1;
     double *v = mt_xcalloc(n, sizeof(double));
     v[0] = *ce_sum, v[1] = (double)*count, v[2] = m->z_sum, v[3] = (double)m->z_rows;
-    memcpy(v + 4, m->aux.counts, (size_t)E * sizeof(double));
-    memcpy(v + 4 + E, m->aux.prob_sums, (size_t)E * sizeof(double));
-    v[4 + 2 * E] = (double)m->aux.rows;
+    v[4] = m->seq_aux[0], v[5] = m->seq_aux[1];
+    memcpy(v + 6, m->aux.counts, (size_t)E * sizeof(double));
+    memcpy(v + 6 + E, m->aux.prob_sums, (size_t)E * sizeof(double));
+    v[6 + 2 * E] = (double)m->aux.rows;
     mt_comm_host_all_reduce(m->par.data, v, n, MT_COMM_F64, MT_COMM_SUM, MT_COMM_EXACT);
     *ce_sum = v[0], *count = (int64_t)v[1], m->z_sum = v[2], m->z_rows = (int64_t)v[3];
-    memcpy(m->aux.counts, v + 4, (size_t)E * sizeof(double));
-    memcpy(m->aux.prob_sums, v + 4 + E, (size_t)E * sizeof(double));
-    m->aux.rows = (int64_t)v[4 + 2 * E];
+    m->seq_aux[0] = v[4], m->seq_aux[1] = v[5];
+    memcpy(m->aux.counts, v + 6, (size_t)E * sizeof(double));
+    memcpy(m->aux.prob_sums, v + 6 + E, (size_t)E * sizeof(double));
+    m->aux.rows = (int64_t)v[6 + 2 * E];
     free(v);
     mt_op_aux_upload(m);  // the backward of the aux loss reads the device copy on cuda
 }
@@ -288,7 +291,7 @@ static int forward(mt_model *m, const mt_batch *b, mt_loss *out, int train) {
         m->be->ops->upload(m->be, m->step_positions, m->positions, n);
         m->be->ops->upload(m->be, m->step_mask, m->row_mask, (size_t)T);
     }
-    m->z_sum = 0, m->z_rows = 0;
+    m->z_sum = 0, m->z_rows = 0, m->seq_aux[0] = m->seq_aux[1] = 0;
     mt_op_aux_start(m);
     int run = !m->counting;
     if (run) mt_op_embedding_forward(m, A(m->kept[0].x), m->step_tokens, A(m->embed), T, H);
@@ -304,7 +307,8 @@ static int forward(mt_model *m, const mt_batch *b, mt_loss *out, int train) {
     out->ce = count ? ce_sum / (double)count : 0.0;
     out->aux = moe_aux_loss(&m->aux);
     out->z = m->z_rows ? m->z_sum / (double)m->z_rows : 0.0;
-    out->loss = out->ce + m->aux_coef * out->aux + m->z_coef * out->z;
+    out->seq_aux = m->seq_aux[1] > 0 ? m->seq_aux[0] / mt_model_seq_aux_seqs(m) : 0.0;
+    out->loss = out->ce + m->aux_coef * out->aux + m->z_coef * out->z + m->seq_aux_coef * out->seq_aux;
     return 0;  // a non-finite loss is the trainer's to skip and report
 }
 

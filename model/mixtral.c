@@ -804,6 +804,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->spec = *spec;
     place_experts(m);
     m->aux_coef = (float)m->cfg.router_aux_loss_coef;
+    m->seq_aux_coef = m->cfg.seq_aux ? (float)m->cfg.aux_loss_alpha : 0.0f;
     m->recompute_attn = mt_ckpt_attention(spec->checkpointing), m->recompute_mlp = mt_ckpt_mlp(spec->checkpointing);
     m->counting = be->ops->kind == MT_BACKEND_NULL;
     m->wdtype = act_dtype(m);

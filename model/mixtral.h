@@ -98,8 +98,10 @@ typedef struct mt_batch {
 } mt_batch;
 
 typedef struct mt_loss {
-    double loss;        // ce + aux_coef·aux + z_coef·z
+    double loss;        // ce + aux_coef·aux + z_coef·z + seq_aux_coef·seq_aux
     double ce, aux, z;  // ce: mean over counted tokens
+    double seq_aux;     // DeepSeek's sequence-wise balance loss: over the MoE layers, the sum of its
+                        // mean over sequences (0 unless seq_aux_coef ≠ 0)
     int64_t tokens;     // tokens counted in ce
 } mt_loss;
 
@@ -132,6 +134,8 @@ typedef struct mt_model {
     mt_linear lm_head;          // [V, H]
     mt_layer *layers;
     float aux_coef, z_coef;
+    float seq_aux_coef;         // DeepSeek's sequence-wise balance loss (config: aux_loss_alpha with
+                                // seq_aux; trainer: --seq-aux-coef), 0: off
     // step state
     int B, S;                   // activations are sized for this batch shape
     // --recompute (model/spec.h): the parts of every layer the backward recomputes, attention
@@ -160,6 +164,7 @@ typedef struct mt_model {
     moe_aux_stats aux;
     double z_sum;
     int64_t z_rows, ce_count;
+    double seq_aux[2];          // the balance loss's sum over (MoE layer, sequence) pairs, and their count
     int lowest_trainable;       // backward stops below this layer (nothing there trains), the
                                 // same on every rank whichever experts it holds
     mt_model_par par;

@@ -130,10 +130,17 @@ void mt_op_router_grouped_weights_of_choices(mt_model *m, float *weights, const 
 void mt_op_router_load_accumulate(mt_model *m, double *counts, const int32_t *ids, const uint8_t *mask, int T, int E,
                                   int k);
 void mt_op_router_bias_update(mt_model *m, float *bias, const double *counts, int E, float rate);
-// The sequence-wise balance loss (moe/moe.h): acc [2] doubles of m->be += Σ of the sequences'
-// losses, their count; the backward's dscale = α / count.
-void mt_op_router_seq_aux_accumulate(mt_model *m, double *acc, const float *scores, const int32_t *ids,
-                                     const uint8_t *mask, int B, int S, int E, int k);
+// The sequences the balance loss of a step averages over: m->seq_aux's count of (MoE layer,
+// sequence) pairs over the MoE layers; the loss sums each layer's mean, as DeepSeek's code.
+static inline double mt_model_seq_aux_seqs(const mt_model *m) {
+    int moe = 0;
+    for (int L = 0; L < m->cfg.layers; L++) moe += !m->layers[L].dense;
+    return moe ? m->seq_aux[1] / moe : 0.0;
+}
+// The sequence-wise balance loss (moe/moe.h): m->seq_aux (on CUDA its device copy in aux_dev) += Σ
+// of the sequences' losses, their count; the backward's dscale is the loss's factor on each.
+void mt_op_router_seq_aux_accumulate(mt_model *m, const float *scores, const int32_t *ids, const uint8_t *mask,
+                                     int B, int S, int E, int k);
 void mt_op_router_seq_aux_backward(mt_model *m, float *dlogits, float dscale, const float *scores, const int32_t *ids,
                                    const uint8_t *mask, int B, int S, int E, int k, int sigmoid);
 void mt_op_aux_start(mt_model *m);

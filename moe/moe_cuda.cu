@@ -474,7 +474,7 @@ extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const flo
 }
 
 extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, const double *stats, double *z_sum,
-                                            int64_t *z_rows) {
+                                            int64_t *z_rows, double *seq) {
     const int E = st->E;
     moe_check("moe_aux_stats_download_cuda", E, 1);
     double h[MT_AUX_STATS_LEN(MOE_MAX_E)];
@@ -488,6 +488,7 @@ extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, c
     st->rows = (int64_t)h[2 * E];
     if (z_sum) *z_sum = h[2 * E + 1];
     if (z_rows) *z_rows = (int64_t)h[2 * E + 2];  // a count held exactly in a double (< 2^53)
+    if (seq) seq[0] = h[MT_AUX_STATS_SEQ(E)], seq[1] = h[MT_AUX_STATS_SEQ(E) + 1];
 }
 
 extern "C" void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats,

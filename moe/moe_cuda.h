@@ -45,19 +45,23 @@ void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, float dscale, 
 
 // The router's loss statistics live on the device while a step runs, as MT_AUX_STATS_LEN(E)
 // doubles: counts [E], prob_sums [E], rows [1] (the fields of moe_aux_stats), then the z-loss
-// sum [1] and its row count [1]. The caller zeroes them at the start of a step (fill_zero), each
+// sum [1] and its row count [1], then the sequence-wise balance loss's sum and sequence count
+// (MT_AUX_STATS_SEQ(E), router_seq_aux_accumulate_cuda's acc). The caller zeroes them at the start of a step (fill_zero), each
 // layer accumulates (moe_aux_accumulate_cuda, moe_zloss_accumulate_cuda: no host wait), and
 // moe_aux_stats_download_cuda brings all of them to the host at once (the step's one
 // synchronisation for them) for moe_aux_loss and the z-loss mean. The backwards read the device
 // totals, so they need no host value.
-// stats [MT_AUX_STATS_LEN(E)] device doubles: the aux statistics, then the z-loss sum and its row count
-#define MT_AUX_STATS_LEN(E) (2 * (E) + 3)
+// stats [MT_AUX_STATS_LEN(E)] device doubles: the aux statistics, the z-loss sum and its row count,
+// the balance loss's sum and its sequence count
+#define MT_AUX_STATS_LEN(E) (2 * (E) + 5)
+#define MT_AUX_STATS_SEQ(E) (2 * (E) + 3)
 void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const float *probs, const int32_t *ids,
                              const uint8_t *row_mask, int T, int E, int k);
-// Sets *s (its E from s->E, as moe_aux_init left it) and *z_sum, *z_rows (either may be NULL)
-// from the device totals: one copy, one synchronisation.
+// Sets *s (its E from s->E, as moe_aux_init left it), *z_sum, *z_rows and seq [2] (the balance
+// loss's sum and count; any of these may be NULL) from the device totals: one copy, one
+// synchronisation.
 void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *s, const double *stats, double *z_sum,
-                                 int64_t *z_rows);
+                                 int64_t *z_rows, double *seq);
 void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats, const float *probs,
                            const uint8_t *row_mask, int T, int E);
 

@@ -250,6 +250,9 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     cr_log_info("%s: loss cuda %.9g, cpu %.9g; aux cuda %.9g, cpu %.9g", dir, lg.loss, lc.loss, lg.aux, lc.aux);
     cr_expect_leq(fabs(lg.loss - lc.loss), 1e-2 * fabs(lc.loss), "%s: loss cuda %.9g, cpu %.9g", dir, lg.loss, lc.loss);
     cr_expect_leq(fabs(lg.aux - lc.aux), 1e-2 * fabs(lc.aux), "%s: aux cuda %.9g, cpu %.9g", dir, lg.aux, lc.aux);
+    cr_expect_leq(fabs(lg.seq_aux - lc.seq_aux), 1e-2 * fabs(lc.seq_aux), "%s: seq_aux cuda %.9g, cpu %.9g", dir,
+                  lg.seq_aux, lc.seq_aux);
+    if (mc.seq_aux_coef != 0.0f) cr_expect_gt(lc.seq_aux, 0.5, "%s: the balance loss is on (%.9g)", dir, lc.seq_aux);
     cr_expect_eq(lg.tokens, lc.tokens);
     if (mc.cfg.clip_qkv > 0 && !mt_ckpt_attention(ckpt)) {  // the clamp cuts: q_norm's outputs beyond ±clip
         const mt_layer_acts *a = &mc.acts[0];
@@ -332,6 +335,13 @@ Test(cuda, deepseek_v3_full_step_matches_cpu) { family_step("tiny-deepseek-v3.js
 Test(cuda, glm4_moe_full_step_matches_cpu) { family_step("tiny-glm4-moe.json", NULL, MT_MODE_FULL); }
 Test(cuda, deepseek_v2_unfreeze_step_matches_cpu) { family_step("tiny-deepseek-v2.json", NULL, MT_MODE_UNFREEZE); }
 Test(cuda, deepseek_v3_router_step_matches_cpu) { family_step("tiny-deepseek-v3.json", NULL, MT_MODE_ROUTER); }
+// DeepSeek's sequence-wise balance loss on (seq_aux with aux_loss_alpha 0.3 in the config): its
+// statistics in the step's device copy, its backward into the router's, sigmoid (V3) and softmax (V2).
+static void seq_aux_on(mt_model_config *c) { c->seq_aux = 1, c->aux_loss_alpha = 0.3; }
+Test(cuda, deepseek_seq_aux_step_matches_cpu) {
+    family_step("tiny-deepseek-v3.json", seq_aux_on, MT_MODE_ROUTER);
+    family_step("tiny-deepseek-v2.json", seq_aux_on, MT_MODE_LORA);
+}
 
 // The golden fixtures' own checkpoints (tests/data/golden, tests/test_deepseek.c; transformers'
 // weights drawn with std 0.2, ten times the tiny configs'): the same step, kept and recomputed.

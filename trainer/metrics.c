@@ -216,6 +216,7 @@ void mt_metrics_step(mt_metrics *m, const mt_step_record *r) {
         put_num(f, "ce", r->ce);
         put_num(f, "aux", r->aux);
         put_num(f, "z", r->z);
+        if (r->has_seq_aux) put_num(f, "seq_aux", r->seq_aux);
         put_num(f, "lr", r->lr);
         put_num(f, "grad_norm", r->grad_norm);
         put_num(f, "tokens_per_s", r->tokens_per_s);

@@ -56,6 +56,8 @@ int mt_metrics_open_ex(mt_metrics *m, const char *path, int append);
 typedef struct mt_step_record {
     int64_t step, total;
     double loss, ce, aux, z, lr, grad_norm, tokens_per_s, eta_s;
+    double seq_aux;   // DeepSeek's sequence-wise balance loss, written where has_seq_aux
+    int has_seq_aux;
     uint64_t peak_bytes;
     uint64_t host_syncs;  // times the host waited for the device this step (cuda; 0 on the cpu)
     int skipped;

@@ -34,6 +34,7 @@ static const opt_range ranges[] = {
     {"weight-decay", 0, 10, 0, 0},
     {"aux-coef", 0, 1e3, 0, 0},
     {"z-coef", 0, 1e3, 0, 0},
+    {"seq-aux-coef", 0, 1e3, 0, 0},
     {"router-bias-update", 0, 1, 0, 0},
     {"save-every", 0, 1e12, 0, 0},
     {"save-total-limit", 0, 1e6, 0, 0},

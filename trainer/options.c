@@ -74,6 +74,9 @@ static const opt_def opt_table[] = {
     {"weight-decay", OPT_F64, F(weight_decay), 0, "AdamW decoupled weight decay"},
     {"aux-coef", OPT_F64, F(aux_coef), 0, "router aux-loss coefficient (default: config.json's)"},
     {"z-coef", OPT_F64, F(z_coef), 0, "router z-loss coefficient"},
+    {"seq-aux-coef", OPT_F64, F(seq_aux_coef), 0,
+     "DeepSeek's sequence-wise balance loss coefficient (default: config.json's aux_loss_alpha where seq_aux "
+     "is true, else 0; transformers applies none)"},
     {"router-bias-update", OPT_F64, F(router_bias_update), 0,
      "after each step, e_score_correction_bias += RATE x sign(mean load - load) per expert (DeepSeek-V3's "
      "aux-loss-free balancing; families with that bias; default 0: frozen)"},
@@ -162,6 +165,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     strcpy(o->schedule, "cosine");
     o->clip = 1.0;
     o->aux_coef = -1;
+    o->seq_aux_coef = -1;
     o->seed = 42;
     strcpy(o->overlong, "truncate");
     strcpy(o->chat_template, "auto");

@@ -62,6 +62,7 @@ typedef struct mt_run_opts {
     double weight_decay;
     double aux_coef;          // < 0: router_aux_loss_coef from config.json
     double z_coef;            // router z-loss coefficient
+    double seq_aux_coef;      // < 0: aux_loss_alpha from config.json where seq_aux is true, else 0
     double router_bias_update;  // DeepSeek-V3's balancing rate for e_score_correction_bias (0: frozen)
     uint64_t seed;
     int packing;

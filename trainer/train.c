@@ -466,6 +466,11 @@ static int setup(trainer *t) {
     if (o->router_bias_update > 0 && mt_model_bias_balance_start(&t->m) != 0) return t->fail_code = MT_EXIT_USAGE, -1;
     if (o->aux_coef >= 0) t->m.aux_coef = (float)o->aux_coef;
     t->m.z_coef = (float)o->z_coef;
+    if (o->seq_aux_coef >= 0) t->m.seq_aux_coef = (float)o->seq_aux_coef;
+    if (t->m.seq_aux_coef != 0.0f && t->rank == 0)
+        mt_info("seq-aux: DeepSeek's sequence-wise balance loss x %g in the training loss (%s; transformers applies "
+                "none: --seq-aux-coef 0 to match it)", t->m.seq_aux_coef,
+                o->seq_aux_coef >= 0 ? "--seq-aux-coef" : "config.json's aux_loss_alpha with seq_aux");
     // --adapter: the LoRAs start from a PEFT adapter (v4 or v5 layout; its alpha replaces --alpha);
     // a --resume checkpoint, restored later, still wins.
     if (o->adapter[0] && o->mode != MT_MODE_LORA) {
@@ -598,7 +603,7 @@ static int run(trainer *t) {
     int early = 0;  // --early-stop-patience ran out
     while (t->st.step < total && !(stop = t->world ? mt_comm_any(t->world, stop_requested != 0) : stop_requested != 0)) {
         mt_threads_adapt();  // the cores others leave free (core/threads.h); the same bits at any count
-        double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0;
+        double t0 = now_s(), loss = 0, ce = 0, aux = 0, z = 0, seq_aux = 0;
         int64_t tokens = 0;
         uint64_t syncs0 = t->m.be->host_syncs;
         mt_model_zero_grad(&t->m);
@@ -612,6 +617,7 @@ static int run(trainer *t) {
             if (mt_model_forward_train(&t->m, &b, &l) != 0) return -1;
             mt_model_backward(&t->m);
             loss += l.loss / o->accum, ce += l.ce / o->accum, aux += l.aux / o->accum, z += l.z / o->accum;
+            seq_aux += l.seq_aux / o->accum;
             for (int64_t i = 0; i < rows * t->ranks; i++) tokens += t->mask[i] != 0;
         }
         if (o->accum > 1) mt_params_scale_grads(t->params, t->n_params, 1.0f / (float)o->accum);
@@ -640,7 +646,7 @@ static int run(trainer *t) {
         expert_load(t);
         double dt = now_s() - t0, per_step = (now_s() - t_start) / (double)(t->st.step - first);
         mt_step_record r = {.step = t->st.step, .total = total, .loss = loss, .ce = ce, .aux = aux, .z = z,
-                            .lr = lr, .grad_norm = gnorm, .tokens_per_s = dt > 0 ? tokens / dt : 0,
+                            .seq_aux = seq_aux, .has_seq_aux = t->m.seq_aux_coef != 0.0f, .lr = lr, .grad_norm = gnorm, .tokens_per_s = dt > 0 ? tokens / dt : 0,
                             .eta_s = per_step * (double)(total - t->st.step),
                             .peak_bytes = t->m.be->ledger.total_peak, .skipped = skipped,
                             .host_syncs = t->m.be->host_syncs - syncs0,

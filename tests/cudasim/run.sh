@@ -9,7 +9,8 @@
 #   3. the planted-bug self-tests: each must be reported with the kernel (and the thread);
 #   4. the CLI: 200 steps of the tiny model with --device cuda against --device cpu (started
 #      first, beside 1-3: the emulator runs a process's kernels on one OS thread);
-#   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process;
+#   5. two ranks through the NCCL stand-in (mpirun -np 2 --device cuda --ep 2) against one process,
+#      for the tiny model and for DeepSeek-V3's tiny config (MLA, grouped routing, a shared expert);
 #   6. the GPU check (scripts/gpu_check.sh) on this build's programs: its GPU path end to end on the
 #      tiny model, its results file read back.
 # Prints a line per check and a summary; exits 1 when anything failed. Results are CPU-emulated.
@@ -200,25 +201,35 @@ fi
 # --- 5. two ranks through the NCCL stand-in -------------------------------------------------------
 mpirun=(mpirun --oversubscribe)
 if [ "$(id -u)" = 0 ]; then mpirun+=(--allow-run-as-root); fi
-if command -v mpirun >/dev/null; then
-  mpi_common=("${common[@]}" --steps 5 --device cuda)
+# ep_pair NAME MODEL: 5 steps of MODEL on one process and on two ranks with --ep 2, compared.
+ep_pair() {
+  local name=$1 model=$2 t0
+  local mpi_common=("${common[@]}" --model "$model" --steps 5 --device cuda)
   t0=$(date +%s)
-  "$moetrain" train "${mpi_common[@]}" --batch 4 --out "$work/one" >"$work/one.log" 2>&1
-  rc1=$?
-  CUDASIM_VERBOSE=1 MT_COMM_TIMEOUT=120 timeout 300 "${mpirun[@]}" -np 2 "$moetrain" train "${mpi_common[@]}" --batch 2 --ep 2 \
-    --out "$work/ep2" >"$work/ep2.log" 2>&1
-  rc2=$?
+  "$moetrain" train "${mpi_common[@]}" --batch 4 --out "$work/one-$name" >"$work/one-$name.log" 2>&1
+  local rc1=$?
+  CUDASIM_VERBOSE=1 MT_COMM_TIMEOUT=120 timeout 300 "${mpirun[@]}" -np 2 "$moetrain" train "${mpi_common[@]}" --batch 2 \
+    --ep 2 --out "$work/ep2-$name" >"$work/ep2-$name.log" 2>&1
+  local rc2=$?
   # bf16: the replicated adapters' gradients are summed over the ranks after each rank rounded its
   # part to bf16 (one more rounding, ≤ 2^-8 per element), which Adam's normalised step passes on:
   # losses to 1e-4 and tensors to 5e-2 relative L2 over 5 steps (seen: 3.2e-5 and 3.9e-2 with the
-  # tensor-core attention, whose P is rounded to bf16; the emulated runs are deterministic).
-  if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2.log")" -ge 2 ] &&
-     "$compare" "$work/one" "$work/ep2" 1e-4 5e-2 >"$work/cmp.log" 2>&1; then
-    ok "NCCL: mpirun -np 2 --device cuda --ep 2 == one process (bf16; tol 1e-4, 5e-2): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
+  # tensor-core attention, whose P is rounded to bf16; DeepSeek-V3's tiny config 3.0e-5 and 3.7e-2;
+  # the emulated runs are deterministic).
+  if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] &&
+     [ "$(grep -c 'cudasim NCCL: communicator of 2 ranks over MPI' "$work/ep2-$name.log")" -ge 2 ] &&
+     "$compare" "$work/one-$name" "$work/ep2-$name" 1e-4 5e-2 >"$work/cmp.log" 2>&1; then
+    ok "NCCL, $name: mpirun -np 2 --device cuda --ep 2 == one process (bf16; tol 1e-4, 5e-2): $(cat "$work/cmp.log") ($(($(date +%s) - t0)) s)"
   else
-    bad "NCCL: mpirun -np 2 --device cuda --ep 2 vs one process (exit codes $rc1/$rc2): $(cat "$work/cmp.log" 2>/dev/null)"
-    tail -8 "$work/ep2.log" | sed 's/^/      | /'
+    bad "NCCL, $name: mpirun -np 2 --device cuda --ep 2 vs one process (exit codes $rc1/$rc2): $(cat "$work/cmp.log" 2>/dev/null)"
+    tail -8 "$work/ep2-$name.log" | sed 's/^/      | /'
   fi
+}
+if command -v mpirun >/dev/null; then
+  ep_pair tiny "$work/tiny"
+  # DeepSeek-style: MLA, the grouped router with its score bias, the shared expert replicated.
+  "$moetrain" init --config configs/tiny-deepseek-v3.json --out "$work/dsv3" --seed 3 >/dev/null
+  ep_pair tiny-deepseek-v3 "$work/dsv3"
 else
   bad "NCCL: no mpirun on PATH"
 fi
