@@ -16,6 +16,8 @@
 #include "core/safetensors.h"
 #include "lora/lora.h"
 #include "model/mixtral.h"
+#include "model/model_internal.h"
+#include "moe/moe.h"
 #include "tests/golden_fixture.h"
 #include "trainer/options.h"
 
@@ -111,3 +113,114 @@ Test(deepseek, deepseek_v3_lora) { lora_case("deepseek_v3"); }
 Test(deepseek, deepseek_v3_router_and_routing) { router_case("deepseek_v3"); }
 Test(deepseek, deepseek_v2_lora) { lora_case("deepseek_v2"); }
 Test(deepseek, deepseek_v2_router_and_routing) { router_case("deepseek_v2"); }
+
+// Routing at near ties (golden ties.*, scripts/make_deepseek_goldens.py): router logits that
+// transformers computed exactly (dyadic weights and inputs) whose experts, or whose groups' top-2
+// sums, differ by one or two ulps of a score (9.5e-7), some where the correction bias turns the
+// choice and (negbias) where biased scores go negative, so that a masked group must be left out
+// rather than filled with 0. The cpu's rule on those logits chooses transformers' experts, row for
+// row, with its weights to 1e-6.
+static void *fixture_copy(const golden_fixture *fx, const char *name, int64_t *n) {
+    const mt_st_tensor *t = golden_need(fx, name);
+    void *v = mt_xmalloc(t->nbytes);
+    memcpy(v, t->data, t->nbytes);  // an mmap'd tensor need not be aligned
+    *n = (int64_t)(t->nbytes / 4);
+    return v;
+}
+
+// The router's logits of prefix.hidden [T, H] by ties.router.weight [E, H], summed in double (the
+// fixture's values are dyadic with few bits: exact in fp32 too).
+static float *ties_logits(const family_case *fc, const char *prefix, int64_t *nl) {
+    char name[96];
+    int64_t nh, nwt, E = fc->m.cfg.experts, H = fc->m.cfg.hidden;
+    snprintf(name, sizeof name, "%s.hidden", prefix);
+    float *x = fixture_copy(&fc->fx, name, &nh), *w = fixture_copy(&fc->fx, "ties.router.weight", &nwt);
+    cr_assert_eq(nwt, E * H, "ties.router.weight: %lld values", (long long)nwt);
+    int64_t T = nh / H;
+    float *logits = mt_xmalloc((size_t)(T * E) * sizeof(float));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) {
+            double z = 0;
+            for (int64_t h = 0; h < H; h++) z += (double)x[t * H + h] * w[e * H + h];
+            logits[t * E + e] = (float)z;
+        }
+    free(x), free(w);
+    *nl = T * E;
+    return logits;
+}
+
+// How many of the T rows `rule` (with bias, or none) sends to transformers' experts, each chosen
+// weight within 1e-6 of transformers' (expect: whether to report each difference).
+static int rows_as_transformers(const float *logits, const float *bias, int T, int E, int k, moe_route_rule rule,
+                                const int32_t *want_ids, const float *want_w, const char *what, int expect) {
+    int32_t *ids = mt_xmalloc((size_t)T * k * sizeof(int32_t));
+    float *w = mt_xmalloc((size_t)T * k * sizeof(float)), *scores = mt_xmalloc((size_t)T * E * sizeof(float));
+    router_grouped_forward_cpu(ids, w, scores, logits, bias, T, E, k, rule);
+    int same = 0;
+    for (int t = 0; t < T; t++) {
+        int row = 1;
+        for (int j = 0; j < k; j++) {
+            int found = -1;
+            for (int i = 0; i < k; i++)
+                if (want_ids[t * k + i] == ids[t * k + j]) found = i;
+            int ok = found >= 0 && fabsf(w[t * k + j] - want_w[t * k + found]) <= 1e-6f * fabsf(want_w[t * k + found]);
+            if (expect)
+                cr_expect(ok, "%s row %d: expert %d (weight %.9g) %s", what, t, ids[t * k + j], w[t * k + j],
+                          found < 0 ? "not chosen by transformers" : "with another weight in transformers");
+            row &= ok;
+        }
+        same += row;
+    }
+    free(ids), free(w), free(scores);
+    return same;
+}
+
+// The rows of prefix: every one routed as transformers did; and a rule that left out the bias, or
+// (ties) scored groups the other way (max against top-2 sum), would route some other way.
+static int ties_rows(const family_case *fc, const char *prefix) {
+    const mt_model *m = &fc->m;
+    char name[96];
+    int E = (int)m->cfg.experts, k = (int)m->cfg.top_k;
+    int64_t nl, ni, nw, nb = 0;
+    float *logits = ties_logits(fc, prefix, &nl);
+    if (!strcmp(prefix, "ties")) {  // the logits transformers computed: the same
+        int64_t n;
+        float *want = fixture_copy(&fc->fx, "ties.router_logits", &n);
+        cr_assert_eq(n, nl);
+        for (int64_t i = 0; i < n; i++) cr_expect_eq(logits[i], want[i], "ties logit %lld", (long long)i);
+        free(want);
+    }
+    snprintf(name, sizeof name, "%s.ids.1", prefix);
+    int32_t *want_ids = fixture_copy(&fc->fx, name, &ni);
+    snprintf(name, sizeof name, "%s.weights.1", prefix);
+    float *want_w = fixture_copy(&fc->fx, name, &nw);
+    snprintf(name, sizeof name, "%s.router.e_score_correction_bias", prefix);
+    float *bias = mt_st_file_find(&fc->fx.g, name) ? fixture_copy(&fc->fx, name, &nb) : NULL;
+    int T = (int)(nl / E);
+    cr_assert(T > 0 && ni == (int64_t)T * k && nw == ni && (!bias || nb == E), "%s: shapes", prefix);
+    moe_route_rule rule = route_rule(m), other = rule;
+    other.group_top2 = !rule.group_top2;
+    cr_expect_eq(rows_as_transformers(logits, bias, T, E, k, rule, want_ids, want_w, prefix, 1), T);
+    if (!strcmp(prefix, "ties")) {  // (negbias: rows where a masked group filled with 0 would win)
+        int as_other = rows_as_transformers(logits, bias, T, E, k, other, want_ids, want_w, prefix, 0);
+        cr_expect_lt(as_other, T, "%s: the group score's rule changes no row", prefix);
+    }
+    if (bias) {
+        int unbiased = rows_as_transformers(logits, NULL, T, E, k, rule, want_ids, want_w, prefix, 0);
+        cr_expect_lt(unbiased, T, "%s: the correction bias changes no row", prefix);
+    }
+    free(logits), free(want_ids), free(want_w), free(bias);
+    return T;
+}
+
+static void ties_case(const char *family, int negbias) {
+    family_case fc;
+    case_open(&fc, family, MT_MODE_ROUTER);
+    cr_expect_geq(ties_rows(&fc, "ties"), 12, "%s: near-tie rows", family);
+    if (negbias) cr_expect_gt(ties_rows(&fc, "ties.negbias"), 0, "%s: negative biased scores", family);
+    case_close(&fc);
+}
+
+Test(deepseek, glm4_moe_routing_at_near_ties) { ties_case("glm4_moe", 1); }
+Test(deepseek, deepseek_v3_routing_at_near_ties) { ties_case("deepseek_v3", 1); }
+Test(deepseek, deepseek_v2_routing_at_near_ties) { ties_case("deepseek_v2", 0); }
