@@ -224,3 +224,27 @@ static void ties_case(const char *family, int negbias) {
 Test(deepseek, glm4_moe_routing_at_near_ties) { ties_case("glm4_moe", 1); }
 Test(deepseek, deepseek_v3_routing_at_near_ties) { ties_case("deepseek_v3", 1); }
 Test(deepseek, deepseek_v2_routing_at_near_ties) { ties_case("deepseek_v2", 0); }
+
+// PEFT's own adapter of the fixture's LoRA factors (peft/: PEFT 0.21.2 on transformers 5.24, the
+// experts fused through target_parameters with gate_up_proj at rank 2r, MLA's Linears by name),
+// read by mt_model_load_adapter as eval --adapter does: the loss PEFT computed, to 1e-4.
+static void peft_adapter_case(const char *family) {
+    family_case fc;
+    case_open(&fc, family, MT_MODE_LORA);
+    char dir[256];
+    snprintf(dir, sizeof dir, GOLDEN "%s/peft", family);
+    cr_assert_eq(mt_model_load_adapter(&fc.m, dir), 0, "%s: %s", dir, mt_error_get());
+    mt_batch b = {fc.fx.B, fc.fx.S, fc.fx.tokens, fc.fx.labels, fc.fx.mask};
+    mt_loss l;
+    cr_assert_eq(mt_model_forward(&fc.m, &b, &l), 0, "%s", mt_error_get());
+    double want = *(const double *)golden_need(&fc.fx, "peft.loss")->data;
+    double base = *(const double *)golden_need(&fc.fx, "base.loss")->data;
+    cr_expect_gt(fabs(want - base), 1e-3 * base, "%s: the adapter moves the loss (%.8f, base %.8f)", family, want, base);
+    cr_expect_leq(fabs(l.loss - want), 1e-4 * fabs(want), "%s: loss %.8f with PEFT's adapter, PEFT %.8f", family,
+                  l.loss, want);
+    case_close(&fc);
+}
+
+Test(deepseek, glm4_moe_peft_adapter) { peft_adapter_case("glm4_moe"); }
+Test(deepseek, deepseek_v3_peft_adapter) { peft_adapter_case("deepseek_v3"); }
+Test(deepseek, deepseek_v2_peft_adapter) { peft_adapter_case("deepseek_v2"); }
