@@ -1,5 +1,7 @@
 // model/adapter.c — putting a PEFT adapter's A and B into the model's LoRAs.
 #include <math.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -52,6 +54,9 @@ int mt_model_load_adapter(mt_model *m, const char *dir) {
     mt_peft_layout lay = {.gate_up_interleaved = mt_config_family(&m->cfg)->fused_experts};
     // A rank that differs from the run's is caught pair by pair (shape check in set_pair).
     if (mt_peft_read_as(dir, &lay, &cfg, set_pair, m) != 0) return -1;
+    char path[4200];  // the score biases the run's --router-bias-update moved, beside the adapter
+    snprintf(path, sizeof path, "%s/%s", dir, MT_SCORE_BIAS_FILE);
+    if (access(path, F_OK) == 0 && mt_model_load_score_biases(m, path) != 0) return -1;
     // The adapter's own scaling and dropout replace the run's.
     float scale = (float)(cfg.use_rslora ? cfg.lora_alpha / sqrt(cfg.r) : cfg.lora_alpha / cfg.r);
     for (int L = 0; L < m->cfg.layers; L++) {

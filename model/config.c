@@ -237,14 +237,20 @@ static int read_architecture(const cJSON *root, mt_model_config *cfg) {
         for (int i = 0; i < MT_FAMILY_COUNT && !fam; i++)
             if (strcmp(name, mt_family_get((mt_family_id)i)->architecture) == 0) fam = mt_family_get((mt_family_id)i);
         if (!fam) {
-            mt_error_set("architectures: unsupported architecture '%.80s' (supported: MixtralForCausalLM, "
-                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM)", name);
+            char list[512] = "";
+            for (int i = 0; i < MT_FAMILY_COUNT; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                         mt_family_get((mt_family_id)i)->architecture);
+            mt_error_set("architectures: unsupported architecture '%.80s' (supported: %s)", name, list);
             return -1;
         }
     } else if (!type) {
         mt_error_set("architectures: missing, and no model_type either");
         return -1;
     }
+    // Kimi K2 publishes model_type "kimi_k2" with DeepseekV3ForCausalLM and DeepSeek-V3's remote
+    // code: it is deepseek_v3 (and is written back so).
+    if (type && strcmp(type, "kimi_k2") == 0) type = "deepseek_v3";
     if (type) {
         const mt_family *by_type = mt_family_find(type);
         if (!by_type) {
@@ -788,6 +794,10 @@ static int read_fp8(const cJSON *q, mt_model_config *cfg) {
             if (!cJSON_IsString(c) || strcmp(c->valuestring, "e4m3") != 0) want = "\"e4m3\"";
         } else if (strcmp(k, "activation_scheme") == 0) {
             if (!cJSON_IsString(c) || strcmp(c->valuestring, "dynamic") != 0) want = "\"dynamic\"";
+        } else if (strcmp(k, "scale_fmt") == 0) {  // DeepSeek-V3.1: how its kernels round activation
+            // scales; its weights' scale_inv are F32 powers of two, read as any other
+            if (cJSON_IsString(c) && strcmp(c->valuestring, "ue8m0") == 0) cfg->fp8_scale_ue8m0 = 1;
+            else if (!cJSON_IsNull(c)) want = "\"ue8m0\" or null";
         } else if (strcmp(k, "weight_block_size") == 0) {
             int n = 0;
             for (const cJSON *d = cJSON_IsArray(c) ? c->child : NULL; d; d = d->next, n++) {
@@ -1439,6 +1449,7 @@ static void emit_fp8(strbuf *b, int *first, const mt_model_config *c) {
     emit_str(b, 4, &f, "activation_scheme", "dynamic");
     emit_str(b, 4, &f, "fmt", "e4m3");
     emit_str(b, 4, &f, "quant_method", "fp8");
+    if (c->fp8_scale_ue8m0) emit_str(b, 4, &f, "scale_fmt", "ue8m0");
     emit_key(b, 4, &f, "weight_block_size");
     sb_printf(b, "[\n      %d,\n      %d\n    ]\n  }", c->fp8_block[0], c->fp8_block[1]);
 }

@@ -80,6 +80,7 @@ typedef struct mt_model_config {
     int double_quant;        // bnb_4bit_use_double_quant
     int mxfp4;               // quant_method "mxfp4" (gpt-oss): the experts stored as *_blocks / *_scales
     int fp8_block[2];        // quant_method "fp8" (DeepSeek-V3, Kimi K2): weight_block_size [rows, cols]
+    int fp8_scale_ue8m0;     // and scale_fmt "ue8m0" (DeepSeek-V3.1: the scales powers of two, still F32)
                              // of the F8_E4M3 weights' scales; {0, 0}: not a block-FP8 checkpoint
 } mt_model_config;
 

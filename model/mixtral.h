@@ -240,6 +240,15 @@ mt_linear *mt_model_find_linear(mt_model *m, const char *module);
 // max_over_mean [layers] gets each layer's max/mean load of the step (0 for a dense layer).
 int mt_model_bias_balance_start(mt_model *m);
 int mt_model_bias_balance_step(mt_model *m, mt_comm *ranks, float rate, double *max_over_mean);
+// The biases it moved, kept (a run's checkpoints and products): layer L's checkpoint name
+// (model.layers.L.mlp.gate.e_score_correction_bias; -1 where the layer has none), the bias of a
+// name (or NULL), and a file of them all (F32 [E] each; MT_SCORE_BIAS_FILE in an adapter folder).
+// Loading refuses a tensor that is not a score bias of the model, by file and name.
+#define MT_SCORE_BIAS_FILE "router_bias.safetensors"
+int mt_model_score_bias_name(const mt_model *m, int L, char *name, size_t n);
+mt_tensor *mt_model_score_bias_named(mt_model *m, const char *name);
+int mt_model_save_score_biases(mt_model *m, const char *path);
+int mt_model_load_score_biases(mt_model *m, const char *path);
 
 // Outputs (model/save.c): a PEFT adapter folder of the LoRAs; the trained full-precision tensors
 // under their checkpoint names (router, unfreeze, full modes), and that file read back.

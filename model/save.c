@@ -213,7 +213,7 @@ static mt_tensor *trained_tensor(mt_model *m, const mt_weight_desc *w) {
         mt_layer *ly = &m->layers[w->layer];
         for (int i = 0; i < 4; i++)
             if (strstr(w->name, proj[i]) || (i < 2 && strstr(w->name, mla[i]))) return ly->dbias[i] ? ly->bias[i] : NULL;
-        return NULL;
+        return m->bias_load ? mt_model_score_bias_named(m, w->name) : NULL;  // moved by --router-bias-update
     }
     if (w->kind == MT_WEIGHT_PARAM) {  // gpt-oss's sinks and router bias
         mt_layer *ly = &m->layers[w->layer];
@@ -381,7 +381,15 @@ int mt_model_load_trained(mt_model *m, const char *path) {
     for (size_t i = 0; i < f.n_tensors && rc == 0; i++) {
         size_t j = 0;
         while (j < tl.n && strcmp(tl.desc[j]->name, f.tensors[i].name) != 0) j++;
-        if (j == tl.n) {
+        mt_tensor *score_bias = j == tl.n ? mt_model_score_bias_named(m, f.tensors[i].name) : NULL;
+        mt_dtype dt;
+        if (score_bias && f.tensors[i].ndim == 1 && f.tensors[i].shape[0] == m->cfg.experts &&
+            mt_st_float_dtype(f.tensors[i].dtype, &dt) == 0) {  // a bias the run's balancing moved
+            float *h = mt_xmalloc((size_t)m->cfg.experts * sizeof(float));
+            mt_convert(h, MT_F32, f.tensors[i].data, dt, (size_t)m->cfg.experts);
+            mt_tensor_upload_f32(score_bias, h);
+            free(h);
+        } else if (j == tl.n) {
             mt_error_set("%s: tensor '%s' is not trained in this run (--mode %s; see --layers, --experts)",
                          path, f.tensors[i].name, mt_mode_name(m->spec.mode));
             rc = -1;

@@ -292,8 +292,9 @@ int mt_plan_act_terms(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan
     t[n++] = (mt_plan_act_term){"final norm input and output 2·2h, its rstd 4 per row", (4 * h + 4) * sb};
     t[n++] = (mt_plan_act_term){"LoRA xa = dropout(x)·Aᵀ, 2r per adapted Linear and row", xa};
     t[n++] = (mt_plan_act_term){"the batch on the device (tokens, targets, positions 4 each, mask 1 per row), "
-                                "the aux and z-loss statistics, 8·(2E+3), and RoPE's table, 4·head_dim/2",
-                                13 * sb + 8 * (2 * E + 3) + 4 * (cfg->head_dim / 2)};
+                                "the aux, z-loss and sequence-balance statistics, 8·(2E+5), and RoPE's table, "
+                                "4·head_dim/2",
+                                13 * sb + 8 * (2 * E + 5) + 4 * (cfg->head_dim / 2)};
     t[n++] = (mt_plan_act_term){"the final hidden states' gradient 2h per row, made by the loss's forward pass for "
                                 "the backward (a frozen lm_head)", o->mode == MT_MODE_FULL ? 0 : 2 * h * sb};
     return n;

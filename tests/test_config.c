@@ -85,6 +85,18 @@ static int parse_str(const char *json, mt_model_config *c) {
 // ---------------------------------------------------------------------------------------------
 // Real and shipped configs.
 
+// Kimi K2 as published: model_type "kimi_k2", DeepseekV3ForCausalLM, DeepSeek-V3's remote code; its
+// sequence-wise balance loss on (seq_aux, aux_loss_alpha 0.001).
+Test(config, kimi_k2_reads_as_deepseek_v3) {
+    mt_model_config c;
+    cr_assert_eq(mt_model_config_load(CONFIGS "kimi-k2.json", &c), 0, "%s", mt_error_get());
+    cr_assert_str_eq(c.model_type, "deepseek_v3");
+    cr_assert_str_eq(c.architecture, "DeepseekV3ForCausalLM");
+    cr_expect_eq(c.experts, 384);
+    cr_expect(c.mla && c.kv_lora_rank == 512 && c.q_lora_rank == 1536);
+    cr_expect(c.seq_aux && c.aux_loss_alpha == 0.001);
+}
+
 Test(config, real_mixtral_every_field) {
     mt_model_config c;
     cr_assert_eq(mt_model_config_load(CONFIGS "mixtral-8x7b.json", &c), 0, "%s", mt_error_get());

@@ -113,6 +113,20 @@ Test(fp8, quantization_config_read_refused_and_written) {
     cr_expect(c.fp8_block[0] == 128 && c.fp8_block[1] == 128);
     cr_assert_eq(parse_with(NULL, &c), 0, "%s", mt_error_get());
     cr_expect(c.fp8_block[0] == 0 && c.fp8_block[1] == 0, "not FP8 without it");
+    // DeepSeek-V3.1's scale_fmt "ue8m0": its kernels' activation scales; the weights' scale_inv are
+    // still F32 (powers of two), read as V3's; written back
+    cr_assert_eq(parse_with("{\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\"}", &c), 0, "%s", mt_error_get());
+    cr_expect(c.fp8_scale_ue8m0 && c.fp8_block[0] == 128);
+    {
+        char t1[64], p1[128];
+        mt_test_tmpdir(t1, sizeof t1);
+        snprintf(p1, sizeof p1, "%s/config.json", t1);
+        cr_assert_eq(mt_model_config_write(&c, p1), 0, "%s", mt_error_get());
+        mt_model_config back;
+        cr_assert_eq(mt_model_config_load(p1, &back), 0, "%s", mt_error_get());
+        cr_expect(back.fp8_scale_ue8m0, "scale_fmt written back");
+        mt_test_rmrf(t1);
+    }
     static const struct { const char *qc, *field; } bad[] = {
         {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "fmt"},
         {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\"}", "activation_scheme"},
@@ -121,7 +135,7 @@ Test(fp8, quantization_config_read_refused_and_written) {
         {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128, 1]}", "weight_block_size"},
         {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 1.5]}", "weight_block_size"},
         {"{\"quant_method\": \"fp8\", \"weight_block_size\": null}", "weight_block_size"},
-        {"{\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\"}", "scale_fmt"},
+        {"{\"quant_method\": \"fp8\", \"scale_fmt\": \"e4m3\"}", "scale_fmt"},
         {"{\"quant_method\": \"fp9\"}", "fp9"},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {

@@ -126,6 +126,8 @@ typedef struct {
     int have_eval;
     mt_param *params;
     int n_params;
+    mt_param *saved;  // what a checkpoint keeps: params, then the score biases --router-bias-update
+    int n_saved;      // moves (no gradient; names owned here, the rest params')
     mt_adamw opt;
     mt_metrics metrics;
     mt_train_state st;
@@ -183,7 +185,7 @@ static void balance_router(trainer *t) {
 }
 
 static int save(trainer *t) {
-    if (mt_checkpoint_save(t->o->out, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st,
+    if (mt_checkpoint_save(t->o->out, t->saved, t->n_saved, t->dist.opt, t->dist.n_opt, &t->opt, &t->st,
                            t->run_id, t->world) != 0)
         return -1;
     if (t->rank == 0) mt_checkpoint_prune(t->o->out, t->o->save_total_limit);
@@ -206,15 +208,19 @@ static int write_outputs(trainer *t) {
         snprintf(path, sizeof path, "%s/adapter", t->o->out);
         // moetrain_base.json: the base's quantization, which `moetrain merge` defaults to;
         // training_template.json: how the rows were rendered, which `generate` follows
+        // and MT_SCORE_BIAS_FILE: the biases --router-bias-update moved (eval, generate and merge read it)
         static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors", MT_BASE_RECORD,
-                                            MT_TRAIN_TEMPLATE_FILE};
-        char list[4300];
+                                            MT_TRAIN_TEMPLATE_FILE, MT_SCORE_BIAS_FILE};
+        char list[4300], biases[4400];
         snprintf(list, sizeof list, "%s/SHA256SUMS", path);
+        snprintf(biases, sizeof biases, "%s/%s", path, MT_SCORE_BIAS_FILE);
+        int moved = t->o->router_bias_update > 0;
         mt_peft_format fmt;
         if (mt_peft_format_parse(t->o->peft_format, t->o->model, &fmt) != 0) return -1;
         if (mt_model_save_adapter_as(&t->m, path, t->o->model, fmt) != 0 ||
             mt_base_record_write(path, &t->m.cfg, t->o) != 0 || mt_train_template_write(path, &rec) != 0 ||
-            mt_sha256sums_write(list, path, files, 4) != 0)
+            (moved && mt_model_save_score_biases(&t->m, biases) != 0) ||
+            mt_sha256sums_write(list, path, files, 4 + moved) != 0)
             return -1;
     } else {
         static const char *const files[] = {"trained.safetensors"};
@@ -515,6 +521,16 @@ static int setup(trainer *t) {
         mt_error_set("nothing to train: check --mode, --targets, --layers and --experts");
         return -1;
     }
+    // A checkpoint keeps the trainables and, under --router-bias-update, the biases it moves: a
+    // resumed run starts from them, not from the base's.
+    t->saved = mt_xcalloc((size_t)(t->n_params + t->m.cfg.layers), sizeof *t->saved);
+    memcpy(t->saved, t->params, (size_t)t->n_params * sizeof *t->saved);
+    t->n_saved = t->n_params;
+    for (int L = 0; L < t->m.cfg.layers && o->router_bias_update > 0; L++) {
+        char name[128];
+        if (mt_model_score_bias_name(&t->m, L, name, sizeof name) != 0) continue;
+        t->saved[t->n_saved++] = (mt_param){.name = mt_xstrdup(name), .w = t->m.layers[L].score_bias};
+    }
     mt_dist_ranks dr = {.world = t->ranks > 1 ? t->world : NULL, .ep = o->ep > 1 ? t->ep : NULL,
                         .dp = t->ranks / o->ep > 1 ? t->dp : NULL, .world_rank = t->rank, .world_size = t->ranks,
                         .dp_rank = t->dp ? mt_comm_rank(t->dp) : 0, .dp_size = t->ranks / o->ep};
@@ -529,7 +545,7 @@ static int setup(trainer *t) {
     t->st.data_fingerprint = mt_dataset_fingerprint(&t->data);
     t->st.options = t->given;
     if (o->resume[0]) {
-        if (mt_checkpoint_load(dir, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
+        if (mt_checkpoint_load(dir, t->saved, t->n_saved, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
                                t->world) != 0)
             return -1;
         if (t->st.data_fingerprint != mt_dataset_fingerprint(&t->data)) {
@@ -574,6 +590,8 @@ static void teardown(trainer *t) {
     mt_metrics_close(&t->metrics);
     mt_adamw_free(&t->opt);
     mt_dist_free(&t->dist);
+    for (int i = t->n_params; i < t->n_saved; i++) free((char *)t->saved[i].name);
+    free(t->saved);
     mt_params_free(t->params, t->n_params);
     mt_model_free(&t->m);
     mt_dataset_free(&t->data);
@@ -686,7 +704,7 @@ static int run(trainer *t) {
         snprintf(f, sizeof f, "\"step\":%lld,\"best_step\":%lld,\"best_loss\":%.9g", (long long)t->st.step,
                  (long long)t->best_step, t->best_eval);
         if (t->rank == 0) mt_metrics_event(&t->metrics, "early_stop", f);
-        if (mt_checkpoint_load(best, t->params, t->n_params, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
+        if (mt_checkpoint_load(best, t->saved, t->n_saved, t->dist.opt, t->dist.n_opt, &t->opt, &t->st, t->run_id,
                                t->world) != 0)
             return -1;
     }

@@ -370,6 +370,13 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         c.r = pc.r;
         // the scale the model applies (mt_lora_init's), so merged == base + adapter
         c.scale = (float)(pc.use_rslora ? pc.lora_alpha / sqrt((double)pc.r) : pc.lora_alpha / pc.r);
+        // the score biases the run's --router-bias-update moved replace the base's, as trained tensors
+        char biases[4200];
+        snprintf(biases, sizeof biases, "%s/%s", o->adapter, MT_SCORE_BIAS_FILE);
+        if (stat(biases, &st) == 0) {
+            if (mt_st_file_open(&c.trained, biases) != 0) goto done;
+            c.have_trained = 1;
+        }
     }
     c.n = mt_weights_list(&cfg, &desc);
     c.desc = desc;
