@@ -122,8 +122,13 @@ static void seq_aux_case(const char *config, float alpha) {
     cr_expect_gt(sqrt(d2 / n2), 0.1, "%s: the balance loss moves the router's gradient by only %.3g", config,
                  sqrt(d2 / n2));
     m.seq_aux_coef = alpha;
-    fd_report r = fd_check_f32(train_loss, &c, gate->w->data, g1, n, 1e-2f, 1e-4);
-    cr_expect_lt(r.worst, 0.05, "%s layer %d router: " FD_FMT, config, moe_layer, FD_ARGS(r));
+    // h = 0.05: the routing is pinned, so the loss is smooth in the router; fp32 losses of ~5 differ
+    // by ~5e-7 of noise, 5e-6 of a gradient element at this h (seen: 0.02 worst at -O2, 0.064 at
+    // h = 0.01 in the ASan build); a gradient 1.3 times the balance loss's share gives 0.4.
+    fd_report r = fd_check_f32(train_loss, &c, gate->w->data, g1, n, 5e-2f, 1e-4);
+    fprintf(stderr, "seq_aux: %s layer %d router against finite differences: " FD_FMT "\n", config, moe_layer,
+            FD_ARGS(r));
+    cr_expect_lt(r.worst, 0.15, "%s layer %d router: " FD_FMT, config, moe_layer, FD_ARGS(r));
     free(g1), free(pinned), free(given);
     mt_model_free(&m);
     mt_backend_free(be);
