@@ -61,7 +61,7 @@ typedef struct mt_model_config {
     int64_t first_k_dense;        // first_k_dense_replace: layers below it are dense MLPs
     int64_t mtp_layers;           // num_nextn_predict_layers: multi-token-prediction layers in the checkpoint, skipped
     int seq_aux;                  // DeepSeek's remote code: the sequence-wise balance loss on (transformers applies none)
-    double aux_loss_alpha;        // and its coefficient (mt_config_seq_aux_coef: the one the step applies)
+    double aux_loss_alpha;        // and its coefficient (mt_model.seq_aux_coef takes it where seq_aux is on)
     double partial_rotary_factor; // as read (GLM-4.5's default 0.5); 1 elsewhere
     int64_t rotary_dim;           // dims of each head RoPE turns: head_dim · partial_rotary_factor (GLM-4.5), else head_dim
     int rope_interleave;          // RoPE on adjacent pairs (2j, 2j+1), DeepSeek's form, not rotate_half's (j, j + d/2)
@@ -80,8 +80,8 @@ typedef struct mt_model_config {
     int double_quant;        // bnb_4bit_use_double_quant
     int mxfp4;               // quant_method "mxfp4" (gpt-oss): the experts stored as *_blocks / *_scales
     int fp8_block[2];        // quant_method "fp8" (DeepSeek-V3, Kimi K2): weight_block_size [rows, cols]
-    int fp8_scale_ue8m0;     // and scale_fmt "ue8m0" (DeepSeek-V3.1: the scales powers of two, still F32)
                              // of the F8_E4M3 weights' scales; {0, 0}: not a block-FP8 checkpoint
+    int fp8_scale_ue8m0;     // and scale_fmt "ue8m0" (DeepSeek-V3.1: the scales powers of two, still F32)
 } mt_model_config;
 
 // Reads `path` (a config.json, or a folder holding one). 0, or -1 with an error that names the

@@ -15,31 +15,25 @@
 #include "core/safetensors.h"
 #include "model/config.h"
 #include "model/mixtral.h"
+#include "moe/moe.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
 
 #define TINY_V3 MT_REPO_ROOT "/configs/tiny-deepseek-v3.json"
 
-// counts [layers × E] += the experts the last forward chose.
+// counts [layers × E] += the experts the last forward chose (every row counted).
 static void add_choices(const mt_model *m, double *counts, int T) {
     int E = (int)m->cfg.experts, k = (int)m->cfg.top_k;
-    for (int L = 0; L < m->cfg.layers; L++) {
-        if (m->layers[L].dense) continue;
-        const int32_t *ids = m->kept[L].ids->data;
-        for (int i = 0; i < T * k; i++) counts[L * E + ids[i]] += 1;
-    }
+    for (int L = 0; L < m->cfg.layers; L++)
+        if (!m->layers[L].dense) router_load_accumulate_cpu(counts + L * E, m->kept[L].ids->data, NULL, T, E, k);
 }
 
 // The worst MoE layer's max/mean of counts [layers × E].
 static double worst_max_over_mean(const mt_model *m, const double *counts) {
     int E = (int)m->cfg.experts;
     double worst = 0;
-    for (int L = 0; L < m->cfg.layers; L++) {
-        if (m->layers[L].dense) continue;
-        double mx = 0, sum = 0;
-        for (int e = 0; e < E; e++) mx = fmax(mx, counts[L * E + e]), sum += counts[L * E + e];
-        worst = fmax(worst, mx / (sum / E));
-    }
+    for (int L = 0; L < m->cfg.layers; L++)
+        if (!m->layers[L].dense) worst = fmax(worst, router_load_max_over_mean(counts + L * E, E));
     return worst;
 }
 
