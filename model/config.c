@@ -612,13 +612,14 @@ static int want_string(const cJSON *root, const char *key, const char *const *ok
 
 // MLA's sizes (DeepseekV2/V3Config); head_dim becomes the query/key head, nope + rope.
 static int read_mla(const cJSON *root, mt_model_config *cfg) {
+    const mt_family *fam = mt_config_family(cfg);
     const int64_t M = SIZE_MAX_VALUE;
     cfg->mla = 1;
-    if (get_int(root, "q_lora_rank", 0, 1536, 0, M, &cfg->q_lora_rank) != 0 ||
+    if (get_int(root, "q_lora_rank", 0, fam->default_q_lora_rank, 0, M, &cfg->q_lora_rank) != 0 ||
         get_int(root, "kv_lora_rank", 0, 512, 1, M, &cfg->kv_lora_rank) != 0 ||
-        get_int(root, "qk_nope_head_dim", 0, 128, 1, M, &cfg->qk_nope_dim) != 0 ||
+        get_int(root, "qk_nope_head_dim", 0, fam->default_qk_nope, 1, M, &cfg->qk_nope_dim) != 0 ||
         get_int(root, "qk_rope_head_dim", 0, 64, 2, M, &cfg->qk_rope_dim) != 0 ||
-        get_int(root, "v_head_dim", 0, 128, 1, M, &cfg->v_head_dim) != 0)
+        get_int(root, "v_head_dim", 0, fam->default_v_head, 1, M, &cfg->v_head_dim) != 0)
         return -1;
     const cJSON *q;
     if (get_field(root, "q_lora_rank", &q) != 0) return -1;
@@ -636,9 +637,52 @@ static int read_mla(const cJSON *root, mt_model_config *cfg) {
                      (long long)cfg->head_dim);
         return -1;
     }
-    const mt_family *fam = mt_config_family(cfg);
     cfg->rope_interleave = fam->rope_interleave_default > 0;
     if (fam->rope_interleave_default < 0 && get_bool(root, "rope_interleave", 1, &cfg->rope_interleave) != 0) return -1;
+    return 0;
+}
+
+// GLM-4.7-Flash: transformers builds the dense layers from mlp_layer_types (absent: only layer 0)
+// and ignores first_k_dense_replace, which other readers use: where both are given they must name
+// the same layers, or one checkpoint would be two models. A leading run of dense layers is kept as
+// first_k_dense, any other dense layer in mlp_only_layers.
+static int read_mlp_layer_types(const cJSON *root, mt_model_config *cfg) {
+    const cJSON *v, *k;
+    if (get_field(root, "mlp_layer_types", &v) != 0 || get_field(root, "first_k_dense_replace", &k) != 0) return -1;
+    int64_t given = cfg->first_k_dense, lead = 1;
+    cfg->n_mlp_only = 0;
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != cfg->layers) {
+            mt_error_set("mlp_layer_types: expected a list of num_hidden_layers (%lld) entries \"dense\" or "
+                         "\"sparse\"", (long long)cfg->layers);
+            return -1;
+        }
+        int L = 0, past_lead = 0;
+        lead = 0;
+        for (const cJSON *c = v->child; c; c = c->next, L++) {
+            int dense = cJSON_IsString(c) && strcmp(c->valuestring, "dense") == 0;
+            if (!dense && !(cJSON_IsString(c) && strcmp(c->valuestring, "sparse") == 0)) {
+                mt_error_set("mlp_layer_types[%d]: expected \"dense\" or \"sparse\"", L);
+                return -1;
+            }
+            if (!dense) past_lead = 1;
+            else if (!past_lead) lead++;
+            else if (cfg->n_mlp_only == MT_CONFIG_MAX_MLP_ONLY) {
+                mt_error_set("mlp_layer_types: more than %d dense layers after the first sparse one",
+                             MT_CONFIG_MAX_MLP_ONLY);
+                return -1;
+            } else cfg->mlp_only_layers[cfg->n_mlp_only++] = L;
+        }
+    }
+    if (lead > cfg->layers) lead = cfg->layers;
+    if (k && !cJSON_IsNull(k) && (given != lead || cfg->n_mlp_only)) {
+        mt_error_set("first_k_dense_replace (%lld) and mlp_layer_types (%lld leading dense layer(s)%s) disagree: "
+                     "transformers' %s builds the layers by mlp_layer_types (absent: layer 0 dense), other readers "
+                     "by first_k_dense_replace; refused", (long long)given, (long long)lead,
+                     cfg->n_mlp_only ? " and more later" : "", cfg->model_type);
+        return -1;
+    }
+    cfg->first_k_dense = lead;
     return 0;
 }
 
@@ -679,6 +723,7 @@ static int read_deepseek(const cJSON *root, mt_model_config *cfg) {
     cfg->route_grouped = grouped_sigmoid || (s && strcmp(s, "group_limited_greedy") == 0);
     if (want_string(root, "scoring_func", grouped_sigmoid ? sigmoid : softmax, 1, &s) != 0) return -1;
     if (fam->mla && read_mla(root, cfg) != 0) return -1;
+    if (fam->mlp_layer_types && read_mlp_layer_types(root, cfg) != 0) return -1;
     if (fam->qk_norm_flag) {
         int on = 0;
         if (get_bool(root, "use_qk_norm", 0, &on) != 0) return -1;
@@ -1194,7 +1239,7 @@ static int check_family(const mt_model_config *c) {
         mt_error_set("decoder_sparse_step (%lld) must be positive", (long long)c->decoder_sparse_step);
         return -1;
     }
-    if (c->n_mlp_only < 0 || c->n_mlp_only > MT_CONFIG_MAX_MLP_ONLY || (c->n_mlp_only && !fam->has_dense_layers)) {
+    if (c->n_mlp_only < 0 || c->n_mlp_only > MT_CONFIG_MAX_MLP_ONLY || (c->n_mlp_only && !fam->has_dense_layers && !fam->mlp_layer_types)) {
         mt_error_set("mlp_only_layers: %s has no dense MLP layers", fam->model_type);
         return -1;
     }
@@ -1476,7 +1521,7 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
     }
     if (fam->has_dense_layers) emit_int(b, 2, &f, "decoder_sparse_step", c->decoder_sparse_step);
     emit_token(b, &f, "eos_token_id", c->eos_token_id);
-    if (ds) emit_int(b, 2, &f, "first_k_dense_replace", c->first_k_dense);
+    if (ds && !c->n_mlp_only) emit_int(b, 2, &f, "first_k_dense_replace", c->first_k_dense);
     if (fam->head_dim_rule == MT_HEAD_DIM_EXPLICIT && (c->head_dim * c->heads != c->hidden || fam->default_head_dim))
         emit_int(b, 2, &f, "head_dim", c->head_dim);
     emit_str(b, 2, &f, "hidden_act", "silu");
@@ -1492,6 +1537,13 @@ static void emit_config(strbuf *b, const mt_model_config *c) {
         sb_printf(b, "\n  ]");
     }
     emit_int(b, 2, &f, "max_position_embeddings", c->max_positions);
+    if (fam->mlp_layer_types) {
+        emit_key(b, 2, &f, "mlp_layer_types");
+        sb_printf(b, "[");
+        for (int64_t L = 0; L < c->layers; L++)
+            sb_printf(b, "%s\n    \"%s\"", L ? "," : "", mt_config_layer_is_moe(c, L) ? "sparse" : "dense");
+        sb_printf(b, "\n  ]");
+    }
     if (fam->has_dense_layers) {
         emit_key(b, 2, &f, "mlp_only_layers");
         if (!c->n_mlp_only) sb_printf(b, "[]");

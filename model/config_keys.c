@@ -53,6 +53,7 @@ static int family_reads(const mt_family *f, const char *key) {
         f->has_dense_layers ? "intermediate_size" : NULL,
         f->has_dense_layers ? "decoder_sparse_step" : NULL,
         f->has_dense_layers ? "mlp_only_layers" : NULL,
+        f->mlp_layer_types ? "mlp_layer_types" : NULL,
         f->shared_expert ? "shared_expert_intermediate_size" : NULL,
         f->norm_topk_fixed ? NULL : "norm_topk_prob",
         f->has_clip_qkv ? "clip_qkv" : NULL,

@@ -70,6 +70,7 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_IGNORED, .attn_bias_key = "attention_bias",
         .route = MT_ROUTE_SOFTMAX_GROUPED, .router_param = 1, .first_k_dense = 1, .mla = 1, .rope_interleave_default = 1,
         .default_n_group = 1, .default_topk_group = 1, .default_first_k_dense = 0, .default_routed_scaling = 1.0,
+        .default_q_lora_rank = 1536, .default_qk_nope = 128, .default_v_head = 128,
         .default_dense_intermediate = 11008, .default_shared_intermediate = 2,  // n_shared_experts
         .default_kv_heads = 0, .default_max_positions = 2048, .default_bos = 1, .default_eos = 2,
         .default_rope_theta = 10000.0, .default_rms_eps = 1e-6, .default_aux_coef = 0.0,
@@ -83,6 +84,7 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_IGNORED, .attn_bias_key = "attention_bias",
         .route = MT_ROUTE_SIGMOID_GROUPED, .router_param = 1, .first_k_dense = 1, .mla = 1, .rope_interleave_default = -1,
         .default_n_group = 8, .default_topk_group = 4, .default_first_k_dense = 3, .default_routed_scaling = 2.5,
+        .default_q_lora_rank = 1536, .default_qk_nope = 128, .default_v_head = 128,
         .default_norm_topk = 1,
         .default_dense_intermediate = 18432, .default_shared_intermediate = 1,
         .default_kv_heads = 128, .default_max_positions = 4096, .default_bos = 0, .default_eos = 1,
@@ -103,6 +105,24 @@ static const mt_family FAMILIES[MT_FAMILY_COUNT] = {
         .default_kv_heads = 8, .default_max_positions = 131072, .default_bos = -1, .default_eos = -1,
         .default_rope_theta = 10000.0, .default_rms_eps = 1e-5, .default_aux_coef = 0.0,
     },
+    // GLM-4.7-Flash: DeepSeek-V3's MLA (Glm4MoeLiteAttention is DeepseekV3Attention) under GLM-4.5's
+    // router, experts and MLPs; the dense layers by mlp_layer_types.
+    [MT_FAMILY_GLM4_MOE_LITE] = {
+        .model_type = "glm4_moe_lite", .architecture = "Glm4MoeLiteForCausalLM",
+        .moe_module = "mlp", .router = "gate", .score_bias = "e_score_correction_bias",
+        .expert = {"gate_proj", "down_proj", "up_proj"}, .mlp = {"gate_proj", "down_proj", "up_proj"},
+        .shared_expert = "shared_experts", .shared_from_count = 1,
+        .experts_key = "n_routed_experts", .expert_size_key = "moe_intermediate_size",
+        .qk_norm = MT_QK_NORM_NONE, .head_dim_rule = MT_HEAD_DIM_IGNORED, .attn_bias_key = "attention_bias",
+        .route = MT_ROUTE_SIGMOID_GROUPED, .router_param = 1, .first_k_dense = 1, .mlp_layer_types = 1, .mla = 1,
+        .rope_interleave_default = -1,
+        .default_n_group = 1, .default_topk_group = 1, .default_first_k_dense = 1, .default_routed_scaling = 1.8,
+        .default_q_lora_rank = 768, .default_qk_nope = 192, .default_v_head = 256,
+        .default_norm_topk = 1,
+        .default_dense_intermediate = 10240, .default_shared_intermediate = 1,
+        .default_kv_heads = 20, .default_max_positions = 202752, .default_bos = 0, .default_eos = 1,
+        .default_rope_theta = 10000.0, .default_rms_eps = 1e-5, .default_aux_coef = 0.0,
+    },
 };
 
 const mt_family *mt_family_find(const char *model_type) {
@@ -115,7 +135,7 @@ const mt_family *mt_family_get(mt_family_id id) {
     return (unsigned)id < MT_FAMILY_COUNT ? &FAMILIES[id] : &FAMILIES[MT_FAMILY_MIXTRAL];
 }
 
-const char *mt_family_list(void) { return "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, deepseek_v2, deepseek_v3, glm4_moe"; }
+const char *mt_family_list(void) { return "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite"; }
 
 const char *mt_family_module_name(const mt_family *fam, const char *module, char *buf, size_t n) {
     const char *mx = ".block_sparse_moe.", *at = strstr(module, mx);

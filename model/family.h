@@ -12,7 +12,7 @@ extern "C" {
 
 typedef enum {
     MT_FAMILY_MIXTRAL, MT_FAMILY_QWEN2_MOE, MT_FAMILY_QWEN3_MOE, MT_FAMILY_OLMOE, MT_FAMILY_GPT_OSS,
-    MT_FAMILY_DEEPSEEK_V2, MT_FAMILY_DEEPSEEK_V3, MT_FAMILY_GLM4_MOE, MT_FAMILY_COUNT
+    MT_FAMILY_DEEPSEEK_V2, MT_FAMILY_DEEPSEEK_V3, MT_FAMILY_GLM4_MOE, MT_FAMILY_GLM4_MOE_LITE, MT_FAMILY_COUNT
 } mt_family_id;
 
 // Where the q/k RMSNorm applies: none, each head's head_dim values (Qwen3-MoE, before RoPE), or
@@ -73,6 +73,8 @@ typedef struct mt_family {
     int shared_from_count;      // the shared expert is n_shared_experts · moe_intermediate_size wide
                                 // and has no gate (shared_expert names its module)
     int first_k_dense;          // first_k_dense_replace: layers below it are dense MLPs of intermediate_size
+    int mlp_layer_types;        // mlp_layer_types ("dense"/"sparse" per layer) decides instead, default a dense
+                                // first layer; first_k_dense_replace, where given, must agree (GLM-4.7-Flash)
     int mla;                    // multi-head latent attention (q_lora_rank, kv_lora_rank, ...)
     int rope_interleave_default;// RoPE on adjacent pairs (DeepSeek's complex form); -1: rope_interleave
                                 // is read (DeepSeek-V3, default true)
@@ -80,6 +82,8 @@ typedef struct mt_family {
     int partial_rotary;         // partial_rotary_factor is read: RoPE on the head's first dims (GLM-4.5)
     int64_t default_n_group, default_topk_group, default_first_k_dense;  // class defaults (V2's None: 1, 1)
     double default_routed_scaling;
+    int64_t default_q_lora_rank, default_qk_nope, default_v_head;  // MLA's class defaults (kv_lora_rank 512
+                                // and qk_rope_head_dim 64 in every family)
     int default_norm_topk;      // norm_topk_prob's class default (DeepSeek-V3, GLM-4.5: true)
     int64_t default_kv_heads;   // 0: num_attention_heads
     int64_t default_dense_intermediate, default_shared_intermediate;  // intermediate_size (dense

@@ -184,6 +184,14 @@ FAMILIES = {
                  v_head_dim=10, topk_method="group_limited_greedy", routed_scaling_factor=1.5, norm_topk_prob=False,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         attn=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+    "glm4_moe_lite": dict(
+        cls=("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM"), sigmoid=True, mtp=True,
+        cfg=dict(num_hidden_layers=4, mlp_layer_types=["dense", "sparse", "dense", "sparse"], num_key_value_heads=4,
+                 q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                 rope_interleave=True, attention_bias=True, routed_scaling_factor=1.8, norm_topk_prob=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}),
+        drop=("first_k_dense_replace",),  # transformers' glm4_moe_lite reads mlp_layer_types only
+        attn=("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
 }
 
 # The near-tie pairs of the ties block: (a, b, column where their router rows differ).
@@ -192,6 +200,9 @@ Q_W, Q_B = 2.0 ** -10, 2.0 ** -20  # grid of the crafted weights and inputs; of 
 
 
 def moe_layers(cfg):
+    types = getattr(cfg, "mlp_layer_types", None)
+    if types is not None:
+        return [L for L, t in enumerate(types) if t == "sparse"]
     return list(range(cfg.first_k_dense_replace, cfg.num_hidden_layers))
 
 
@@ -199,7 +210,9 @@ def build(fam):
     spec = FAMILIES[fam]
     cfg_cls, model_cls = (getattr(transformers, n) for n in spec["cls"])
     torch.manual_seed(1234)
-    cfg = cfg_cls(**CFG_COMMON, **spec["cfg"])
+    kw = {k: v for k, v in CFG_COMMON.items() if k not in spec.get("drop", ())}
+    kw.update(spec["cfg"])
+    cfg = cfg_cls(**kw)
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
     model = model_cls(cfg).float()
@@ -335,6 +348,46 @@ def routing_report(model, tap, mask):
             nob, *_ = route(logits, torch.zeros_like(bias), sig)
             rep[str(L)]["bias_changes"] = int((nob != ids).any(dim=-1)[real].sum())
     return rep
+
+
+def full_grads(model):
+    """--mode full: the base loss's gradient of every parameter under moetrain's names, the fused experts'
+    split per expert and projection as weight_view reads them (e_score_correction_bias is a buffer)."""
+    out = {f"full.grad.{n}": p.grad.detach().clone().contiguous()
+           for n, p in model.named_parameters() if ".mlp.experts." not in n}
+    for L in moe_layers(model.config):
+        for e in range(E):
+            for leaf in ("gate_proj", "up_proj", "down_proj"):
+                mod = f"model.layers.{L}.mlp.experts.{e}.{leaf}"
+                p, view = weight_view(model, mod)
+                out[f"full.grad.{mod}.weight"] = view(p.grad).detach().clone().contiguous()
+    return out
+
+
+def add_mtp_layer(model, out_dir):
+    """A multi-token-prediction layer past the last one, as GLM-4.7-Flash and DeepSeek-V3 ship it
+    (model.layers.{num_hidden_layers}.*: its own norms, eh_proj, attention and MoE; a few of its
+    tensors stand for all), and num_nextn_predict_layers 1 in config.json. transformers' modeling
+    never reads it; moetrain must skip it and say so."""
+    cfg, L = model.config, model.config.num_hidden_layers
+    path = os.path.join(out_dir, "model.safetensors")
+    with safe_open(path, "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    H, g = cfg.hidden_size, torch.Generator().manual_seed(55)
+    shapes = {"enorm.weight": (H,), "hnorm.weight": (H,), "eh_proj.weight": (H, 2 * H), "shared_head.norm.weight": (H,),
+              "input_layernorm.weight": (H,), "mlp.gate.weight": (E, H), "mlp.gate.e_score_correction_bias": (E,),
+              "self_attn.kv_a_proj_with_mqa.weight": (cfg.kv_lora_rank + cfg.qk_rope_head_dim, H),
+              "mlp.experts.0.gate_proj.weight": (cfg.moe_intermediate_size, H)}
+    for k, shape in shapes.items():
+        tensors[f"model.layers.{L}.{k}"] = 0.2 * torch.randn(shape, generator=g)
+    save_file(tensors, path, metadata=meta)
+    cpath = os.path.join(out_dir, "config.json")
+    with open(cpath) as f:
+        c = json.load(f)
+    c["num_nextn_predict_layers"] = 1
+    with open(cpath, "w") as f:
+        f.write(json.dumps(c, indent=2, sort_keys=True) + "\n")
+    return {"layer": L, "tensors": len(shapes)}
 
 
 def run(model, tokens, mask, labels):
@@ -637,6 +690,7 @@ def family(fam):
     for L in moe_layers(model.config):
         g[f"routing.ids.{L}"], g[f"routing.weights.{L}"] = tap.sorted(L)
         g[f"router.grad.model.layers.{L}.mlp.gate.weight"] = model.model.layers[L].mlp.gate.weight.grad.clone()
+    g.update(full_grads(model))
     meta["base_routing"] = routing_report(model, tap, mask)
 
     # LoRA factors (the same for the PEFT adapter)
@@ -681,6 +735,8 @@ def family(fam):
     ties, meta["ties"] = ties_case(fam, model)
     g.update(ties)
 
+    if FAMILIES[fam].get("mtp"):  # last: transformers' own reloads above read the checkpoint as saved
+        meta["mtp"] = add_mtp_layer(model, out_dir)
     save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(out_dir, "golden.safetensors"))
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
@@ -693,6 +749,9 @@ def check_t4():
     """transformers 4.x on the written checkpoints: logits and routing against the goldens."""
     from transformers import AutoConfig, AutoModelForCausalLM
     for fam in FAMILIES:
+        if not hasattr(transformers, FAMILIES[fam]["cls"][1]):
+            print(f"{fam}: not in transformers {transformers.__version__}")
+            continue
         d = os.path.join(ROOT, fam)
         with open(os.path.join(d, "config.json")) as f:
             raw = json.load(f)

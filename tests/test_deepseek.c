@@ -18,6 +18,7 @@
 #include "model/mixtral.h"
 #include "model/model_internal.h"
 #include "moe/moe.h"
+#include "optim/params.h"
 #include "tests/golden_fixture.h"
 #include "trainer/options.h"
 
@@ -107,8 +108,52 @@ static void router_case(const char *family) {
     case_close(&fc);
 }
 
+// --mode full (every parameter) and --mode unfreeze (two layers' experts 0 and 4, and their
+// routers): every trainable's gradient against autograd's of the base loss (golden full.grad.*, the
+// fused experts' split per expert and projection), to 1e-3; full mode trains a tensor for each of
+// transformers' parameters (each full.grad), unfreeze `want`.
+static void full_case(const char *family, mt_mode mode, const char *layers, int want) {
+    family_case fc;
+    char dir[256];
+    snprintf(dir, sizeof dir, GOLDEN "%s", family);
+    golden_open(&fc.fx, dir);
+    fc.be = mt_backend_cpu_new();
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = mode, o.quant = MT_QUANT_NONE;
+    if (mode == MT_MODE_UNFREEZE)
+        cr_assert(mt_index_set_parse(&o.layers, layers) == 0 && mt_index_set_parse(&o.experts, "0,4") == 0);
+    cr_assert_eq(mt_model_load(&fc.m, fc.be, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    golden_step(&fc.m, &fc.fx, "base", 0);
+    mt_param *p;
+    int n = mt_model_params(&fc.m, &p);
+    for (int i = 0; i < n; i++) {
+        char key[200];
+        snprintf(key, sizeof key, "full.grad.%s", p[i].name);
+        golden_expect_close(p[i].name, p[i].g, golden_need(&fc.fx, key), 1e-3);
+        if (mode == MT_MODE_UNFREEZE)
+            cr_expect(strstr(p[i].name, ".experts.0.") || strstr(p[i].name, ".experts.4.") ||
+                      strstr(p[i].name, ".mlp.gate.weight"), "%s trains", p[i].name);
+    }
+    if (mode == MT_MODE_FULL)
+        for (size_t i = 0, pre = strlen("full.grad."); i < fc.fx.g.n_tensors; i++)
+            want += !strncmp(fc.fx.g.tensors[i].name, "full.grad.", pre);
+    cr_expect_eq(n, want, "%s: %d trainables, want %d", family, n, want);
+    mt_params_free(p, n);
+    case_close(&fc);
+}
+
+Test(deepseek, glm4_moe_full_mode_matches_transformers) { full_case("glm4_moe", MT_MODE_FULL, NULL, 0); }
+Test(deepseek, deepseek_v3_full_mode_matches_transformers) { full_case("deepseek_v3", MT_MODE_FULL, NULL, 0); }
+Test(deepseek, deepseek_v2_full_mode_matches_transformers) { full_case("deepseek_v2", MT_MODE_FULL, NULL, 0); }
+Test(deepseek, glm4_moe_lite_full_mode_matches_transformers) { full_case("glm4_moe_lite", MT_MODE_FULL, NULL, 0); }
+Test(deepseek, deepseek_v3_unfreeze_matches_transformers) { full_case("deepseek_v3", MT_MODE_UNFREEZE, "1,2", 14); }
+Test(deepseek, glm4_moe_lite_unfreeze_matches_transformers) { full_case("glm4_moe_lite", MT_MODE_UNFREEZE, "1,3", 14); }
+
 Test(deepseek, glm4_moe_lora) { lora_case("glm4_moe"); }
 Test(deepseek, glm4_moe_router_and_routing) { router_case("glm4_moe"); }
+Test(deepseek, glm4_moe_lite_lora) { lora_case("glm4_moe_lite"); }
+Test(deepseek, glm4_moe_lite_router_and_routing) { router_case("glm4_moe_lite"); }
 Test(deepseek, deepseek_v3_lora) { lora_case("deepseek_v3"); }
 Test(deepseek, deepseek_v3_router_and_routing) { router_case("deepseek_v3"); }
 Test(deepseek, deepseek_v2_lora) { lora_case("deepseek_v2"); }
@@ -222,6 +267,7 @@ static void ties_case(const char *family, int negbias) {
 }
 
 Test(deepseek, glm4_moe_routing_at_near_ties) { ties_case("glm4_moe", 1); }
+Test(deepseek, glm4_moe_lite_routing_at_near_ties) { ties_case("glm4_moe_lite", 1); }
 Test(deepseek, deepseek_v3_routing_at_near_ties) { ties_case("deepseek_v3", 1); }
 Test(deepseek, deepseek_v2_routing_at_near_ties) { ties_case("deepseek_v2", 0); }
 
@@ -246,5 +292,6 @@ static void peft_adapter_case(const char *family) {
 }
 
 Test(deepseek, glm4_moe_peft_adapter) { peft_adapter_case("glm4_moe"); }
+Test(deepseek, glm4_moe_lite_peft_adapter) { peft_adapter_case("glm4_moe_lite"); }
 Test(deepseek, deepseek_v3_peft_adapter) { peft_adapter_case("deepseek_v3"); }
 Test(deepseek, deepseek_v2_peft_adapter) { peft_adapter_case("deepseek_v2"); }
