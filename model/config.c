@@ -946,11 +946,10 @@ static int read_config(const cJSON *root, mt_model_config *cfg) {
     if (read_architecture(root, cfg) != 0 || check_fields(root, cfg) != 0 || read_sizes(root, cfg) != 0 ||
         read_floats(root, cfg) != 0 || read_family(root, cfg) != 0 || read_dtype(root, cfg) != 0)
         return -1;
-    if (!cfg->mla) {  // transformers: int(head_dim · partial_rotary_factor), GLM-4.5's default 0.5
-        const mt_family *fam = mt_config_family(cfg);
-        if (!cfg->partial_rotary_factor) cfg->partial_rotary_factor = fam->partial_rotary ? 0.5 : 1.0;
-        cfg->rotary_dim = (int64_t)((double)cfg->head_dim * cfg->partial_rotary_factor);
-    }
+    // transformers: int(head_dim · partial_rotary_factor), GLM-4.5's default 0.5; MLA turns qk_rope_head_dim
+    const mt_family *fam = mt_config_family(cfg);
+    if (!cfg->partial_rotary_factor) cfg->partial_rotary_factor = fam->partial_rotary ? 0.5 : 1.0;
+    if (!cfg->mla) cfg->rotary_dim = (int64_t)((double)cfg->head_dim * cfg->partial_rotary_factor);
     const cJSON *q;
     if (get_field(root, "quantization_config", &q) != 0) return -1;
     if (q && !cJSON_IsNull(q) && read_quant(q, cfg) != 0) {

@@ -44,6 +44,8 @@ typedef struct {
     int lowest;           // the lowest layer with a trainable, counting every rank's experts
     mt_backend *cpu;      // MXFP4 experts wanted dense are dequantized on it (made when needed)
     int mtp_skipped;      // tensors of multi-token-prediction layers, skipped unread
+    int unknown;          // tensors that are no weight of this model (nor another rank's): ignored, and said
+    char unknown_name[160];
 } loader;
 
 static slot *add_slot(loader *ld, const char *name, weight_role role, int ndim, int64_t d0, int64_t d1) {
@@ -517,6 +519,7 @@ static int sink(void *ctx, mt_quant_item *it) {
     int rc;
     if (fused_sink(ld, it, &rc)) return rc;
     slot *s = find_slot(ld, it->name);
+    if (!s && !ld->unknown++) snprintf(ld->unknown_name, sizeof ld->unknown_name, "%s", it->name);
     return s && !s->remote ? place(ld, s, it) : 0;  // not a weight of this model (or rank): ignored
 }
 
@@ -636,6 +639,9 @@ static int finish(loader *ld) {
     if (ld->dequantized)
         mt_info("%d frozen tensors stored 4-bit were dequantized on load (--quant %s and --quant-targets keep "
                 "them dense)", ld->dequantized, mt_quant_name(o->quant));
+    if (ld->unknown)  // as transformers' "unexpected keys": a checkpoint of another shape of model would show here
+        mt_warn("%d tensors of the checkpoint are no part of this %s model and were ignored (the first: %s)",
+                ld->unknown, m->cfg.model_type, ld->unknown_name);
     if (ld->mtp_skipped)
         mt_info("%d tensors of the checkpoint's %lld multi-token-prediction layer(s) (model.layers.%lld on) were "
                 "skipped: transformers' modeling does not use them, and moetrain trains the main model only",

@@ -65,6 +65,8 @@ static char *make_json(char *buf, size_t n, ...) {
     return buf;
 }
 
+static void roundtrip(const mt_model_config *c);
+
 static int parse_str(const char *json, mt_model_config *c) {
     return mt_model_config_parse(json, strlen(json), SRC, c);
 }
@@ -95,6 +97,60 @@ Test(config, kimi_k2_reads_as_deepseek_v3) {
     cr_expect_eq(c.experts, 384);
     cr_expect(c.mla && c.kv_lora_rank == 512 && c.q_lora_rank == 1536);
     cr_expect(c.seq_aux && c.aux_loss_alpha == 0.001);
+}
+
+// GLM-4.7-Flash as published (transformers 5.24's glm4_moe_lite): MLA with its own class defaults,
+// GLM's router, a dense first layer by first_k_dense_replace (mlp_layer_types absent: layer 0).
+Test(config, glm_4_7_flash_reads_as_glm4_moe_lite) {
+    mt_model_config c;
+    cr_assert_eq(mt_model_config_load(CONFIGS "glm-4.7-flash.json", &c), 0, "%s", mt_error_get());
+    cr_assert_str_eq(c.model_type, "glm4_moe_lite");
+    cr_expect(c.mla && c.q_lora_rank == 768 && c.kv_lora_rank == 512 && c.qk_nope_dim == 192 &&
+              c.qk_rope_dim == 64 && c.v_head_dim == 256 && c.head_dim == 256 && c.rotary_dim == 64);
+    cr_expect(c.rope_interleave && c.rope_theta == 1e6 && c.rms_norm_eps == 1e-5);
+    cr_expect(c.experts == 64 && c.top_k == 4 && c.n_group == 1 && c.routed_scaling == 1.8 && c.norm_topk_prob);
+    cr_expect(c.first_k_dense == 1 && c.n_mlp_only == 0 && c.mtp_layers == 1 && c.dense_intermediate == 10240);
+    cr_expect(!mt_config_layer_is_moe(&c, 0) && mt_config_layer_is_moe(&c, 1) && mt_config_layer_is_moe(&c, 46));
+    roundtrip(&c);
+}
+
+// mlp_layer_types decides the dense layers (any pattern); first_k_dense_replace, read by other
+// stacks, must name the same layers where given; bad entries are refused by index.
+Test(config, glm4_moe_lite_mlp_layer_types) {
+    char *text;
+    size_t len;
+    cr_assert_eq(mt_read_file(CONFIGS "tiny-glm4-moe-lite.json", 1 << 20, &text, &len), 0);
+    mt_model_config c;
+    cr_assert_eq(parse_str(text, &c), 0, "%s", mt_error_get());
+    cr_expect(c.first_k_dense == 1 && c.n_mlp_only == 1 && c.mlp_only_layers[0] == 2);
+    cr_expect(!mt_config_layer_is_moe(&c, 0) && mt_config_layer_is_moe(&c, 1) && !mt_config_layer_is_moe(&c, 2) &&
+              mt_config_layer_is_moe(&c, 3) && mt_config_moe_layers(&c) == 2);
+    roundtrip(&c);
+    char buf[4096], *at = strstr(text, "\"mlp_layer_types\"");
+    cr_assert(at);
+    struct { const char *insert, *frag; } bad[] = {
+        {"\"first_k_dense_replace\": 1, ", "first_k_dense_replace (1) and mlp_layer_types (1 leading dense layer(s) "
+                                           "and more later) disagree"},
+        {"\"mlp_layer_types\": [\"dense\", \"sparse\", \"moe\", \"sparse\"], ", "mlp_layer_types[2]"},
+        {"\"mlp_layer_types\": [\"dense\", \"sparse\"], ", "num_hidden_layers (4)"},
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
+        // the inserted key comes first; a second mlp_layer_types later would be a duplicate key: drop the file's
+        const char *rest = at;
+        if (strstr(bad[i].insert, "mlp_layer_types")) rest = strchr(strchr(at, ']'), ',') + 1;
+        snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - text), text, bad[i].insert, rest);
+        expect_error(buf, bad[i].frag);
+    }
+    free(text);
+    // without mlp_layer_types: layer 0 dense, as transformers builds it; first_k_dense_replace 2 disagrees
+#define LITE "{\"architectures\": [\"Glm4MoeLiteForCausalLM\"], \"num_hidden_layers\": 4, \"hidden_size\": 64, " \
+             "\"num_attention_heads\": 20, \"moe_intermediate_size\": 8, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, " \
+             "\"vocab_size\": 100"
+    cr_assert_eq(parse_str(LITE "}", &c), 0, "%s", mt_error_get());
+    cr_expect(c.first_k_dense == 1 && c.n_mlp_only == 0 && c.qk_nope_dim == 192 && c.v_head_dim == 256);
+    expect_error(LITE ", \"first_k_dense_replace\": 2}",
+                 "first_k_dense_replace (2) and mlp_layer_types (1 leading dense layer(s)) disagree");
+#undef LITE
 }
 
 Test(config, real_mixtral_every_field) {

@@ -335,6 +335,10 @@ Test(cuda, deepseek_v3_full_step_matches_cpu) { family_step("tiny-deepseek-v3.js
 Test(cuda, glm4_moe_full_step_matches_cpu) { family_step("tiny-glm4-moe.json", NULL, MT_MODE_FULL); }
 Test(cuda, deepseek_v2_unfreeze_step_matches_cpu) { family_step("tiny-deepseek-v2.json", NULL, MT_MODE_UNFREEZE); }
 Test(cuda, deepseek_v3_router_step_matches_cpu) { family_step("tiny-deepseek-v3.json", NULL, MT_MODE_ROUTER); }
+// GLM-4.7-Flash (configs/tiny-glm4-moe-lite.json): V3's MLA with attention biases (q_a, kv_a, o),
+// default RoPE, dense layers 0 and 2 between MoE layers 1 and 3 (mlp_layer_types).
+Test(cuda, glm4_moe_lite_step_matches_cpu) { family_step_modes("tiny-glm4-moe-lite.json", NULL, MT_MODE_LORA, 1); }
+Test(cuda, glm4_moe_lite_full_step_matches_cpu) { family_step("tiny-glm4-moe-lite.json", NULL, MT_MODE_FULL); }
 // DeepSeek's sequence-wise balance loss on (seq_aux with aux_loss_alpha 0.3 in the config): its
 // statistics in the step's device copy, its backward into the router's, sigmoid (V3) and softmax (V2).
 static void seq_aux_on(mt_model_config *c) { c->seq_aux = 1, c->aux_loss_alpha = 0.3; }
@@ -360,6 +364,7 @@ static void golden_step(const char *dir) {
 Test(cuda, glm4_moe_golden_step_matches_cpu) { golden_step(GOLDEN "glm4_moe"); }
 Test(cuda, deepseek_v3_golden_step_matches_cpu) { golden_step(GOLDEN "deepseek_v3"); }
 Test(cuda, deepseek_v2_golden_step_matches_cpu) { golden_step(GOLDEN "deepseek_v2"); }
+Test(cuda, glm4_moe_lite_golden_step_matches_cpu) { golden_step(GOLDEN "glm4_moe_lite"); }
 
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step_modes("tiny-qwen2-moe.json", NULL, MT_MODE_LORA, 1); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }

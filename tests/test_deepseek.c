@@ -7,12 +7,14 @@
 // for token; logits and losses to 1e-4, LoRA and router-only gradients to 1e-3 (tests/test_golden.c's
 // tolerances).
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/fileio.h"
 #include "core/safetensors.h"
 #include "lora/lora.h"
 #include "model/mixtral.h"
@@ -21,6 +23,7 @@
 #include "optim/params.h"
 #include "tests/golden_fixture.h"
 #include "trainer/options.h"
+#include "tests/test_util.h"
 
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
 
@@ -149,6 +152,54 @@ Test(deepseek, deepseek_v2_full_mode_matches_transformers) { full_case("deepseek
 Test(deepseek, glm4_moe_lite_full_mode_matches_transformers) { full_case("glm4_moe_lite", MT_MODE_FULL, NULL, 0); }
 Test(deepseek, deepseek_v3_unfreeze_matches_transformers) { full_case("deepseek_v3", MT_MODE_UNFREEZE, "1,2", 14); }
 Test(deepseek, glm4_moe_lite_unfreeze_matches_transformers) { full_case("glm4_moe_lite", MT_MODE_UNFREEZE, "1,3", 14); }
+
+// GLM-4.7-Flash's fixture carries a multi-token-prediction layer past the last one (model.layers.4.*,
+// num_nextn_predict_layers 1): skipped unread, and said. A config that does not declare it leaves
+// those tensors no part of the model: ignored as transformers ignores them, with a warning naming one.
+static void redirect_both(void) { cr_redirect_stdout(), cr_redirect_stderr(); }
+
+// What the run printed to `f` (a redirected stream), into buf.
+static const char *printed(FILE *f, char *buf, size_t n) {
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+    return buf;
+}
+
+Test(deepseek, mtp_layer_skipped_where_the_config_declares_it, .init = redirect_both) {
+    family_case fc;
+    case_open(&fc, "glm4_moe_lite", MT_MODE_LORA);
+    cr_expect(fc.m.cfg.mtp_layers == 1 && fc.m.cfg.layers == 4);
+    case_close(&fc);
+    char tmp[256], path[320], *text;
+    size_t len;
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_read_file(GOLDEN "glm4_moe_lite/config.json", 1 << 20, &text, &len), 0);
+    char *at = strstr(text, "\"num_nextn_predict_layers\": 1");
+    cr_assert(at);
+    at[strlen("\"num_nextn_predict_layers\": ")] = '0';
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    cr_assert_eq(mt_write_file_atomic(path, text, len), 0);
+    free(text);
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    cr_assert_eq(symlink(MT_REPO_ROOT "/tests/data/golden/glm4_moe_lite/model.safetensors", path), 0);
+    mt_backend *be = mt_backend_cpu_new();
+    mt_model m;
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.quant = MT_QUANT_NONE;
+    cr_assert_eq(mt_model_load(&m, be, tmp, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+    mt_model_free(&m);
+    mt_backend_free(be);
+    mt_test_rmrf(tmp);
+    fflush(stdout), fflush(stderr);
+    char out[4096], err[4096];
+    printed(cr_get_redirected_stdout(), out, sizeof out), printed(cr_get_redirected_stderr(), err, sizeof err);
+    cr_expect(strstr(out, "9 tensors of the checkpoint's 1 multi-token-prediction layer(s) (model.layers.4 on) were "
+                          "skipped"), "%s", out);
+    cr_expect(strstr(err, "9 tensors of the checkpoint are no part of this glm4_moe_lite model and were ignored "
+                          "(the first: model.layers.4."), "%s", err);
+    cr_expect(!strstr(out, "no part of") && !strstr(err, "were skipped"), "each said once");
+}
 
 Test(deepseek, glm4_moe_lora) { lora_case("glm4_moe"); }
 Test(deepseek, glm4_moe_router_and_routing) { router_case("glm4_moe"); }

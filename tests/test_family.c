@@ -41,7 +41,7 @@ static void expect_error(const char *json, const char *frag) {
 }
 
 Test(family, table_names_each_model_type) {
-    const char *types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4_moe"};
+    const char *types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite"};
     cr_assert_eq(MT_ARRAY_LEN(types), MT_FAMILY_COUNT);
     for (int i = 0; i < MT_FAMILY_COUNT; i++) {
         const mt_family *f = mt_family_find(types[i]);

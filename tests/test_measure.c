@@ -350,7 +350,8 @@ Test(measure, cuda_run_equals_the_plan_for_each_family) {
     expect_run_equals_plan(gpu, "tiny-gpt-oss.json", "--mode router --seq 16 --checkpointing none");
     // DeepSeek-style: MLA's latents and its value head unlike the query's, the shared expert,
     // a dense first layer, the grouped router's fp32 score bias.
-    const char *deepseek[] = {"tiny-deepseek-v3.json", "tiny-deepseek-v2.json", "tiny-glm4-moe.json"};
+    const char *deepseek[] = {"tiny-deepseek-v3.json", "tiny-deepseek-v2.json", "tiny-glm4-moe.json",
+                              "tiny-glm4-moe-lite.json"};
     for (size_t i = 0; i < MT_ARRAY_LEN(deepseek); i++) {
         expect_run_equals_plan(gpu, deepseek[i], "--mode lora --targets all --r 4 --seq 24 --batch 2");
         expect_run_equals_plan(gpu, deepseek[i], "--mode full --quant none --seq 16 --checkpointing none");

@@ -205,6 +205,7 @@ Test(peft_v5_family, olmoe) { family_case("olmoe"); }
 Test(peft_v5_family, deepseek_v2) { family_case("deepseek_v2"); }
 Test(peft_v5_family, deepseek_v3) { family_case("deepseek_v3"); }
 Test(peft_v5_family, glm4_moe) { family_case("glm4_moe"); }
+Test(peft_v5_family, glm4_moe_lite) { family_case("glm4_moe_lite"); }
 
 // v4 of a family whose transformers-4 router is a bare weight (DeepSeek-style): the router under its
 // own key, targeted as a parameter ("gate.weight" when every MoE layer's is adapted, full paths
