@@ -212,3 +212,76 @@ Test(fp8, a_run_trains_and_a_broken_checkpoint_exits_1, .timeout = 120) {
               "the error names the file, the tensor and its missing scale: %s", log);
     mt_test_rmrf(tmp);
 }
+
+// ---------------------------------------------------------------------------------------------
+// quantize and merge of an FP8 base
+
+// Every tensor of dir_a/model.safetensors equals dir_b's of the same name, bit for bit; both hold
+// the same names. Returns how many.
+static size_t same_tensors(const char *dir_a, const char *dir_b) {
+    char pa[200], pb[200];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    mt_st_file a, b;
+    cr_assert_eq(mt_st_file_open(&a, pa), 0, "%s", mt_error_get());
+    cr_assert_eq(mt_st_file_open(&b, pb), 0, "%s", mt_error_get());
+    cr_assert_eq(a.n_tensors, b.n_tensors, "%s: %zu tensors, %s: %zu", pa, a.n_tensors, pb, b.n_tensors);
+    for (size_t i = 0; i < a.n_tensors; i++) {
+        const mt_st_tensor *x = &a.tensors[i], *y = mt_st_file_find(&b, x->name);
+        cr_assert(y, "%s: '%s' missing", pb, x->name);
+        cr_expect(!strcmp(x->dtype, y->dtype) && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes),
+                  "'%s' differs", x->name);
+        cr_expect(!strstr(x->name, "_scale_inv"), "'%s' written", x->name);
+    }
+    size_t n = a.n_tensors;
+    mt_st_file_close(&a), mt_st_file_close(&b);
+    return n;
+}
+
+// `quantize` reads an FP8 base as training does (each weight dequantized, then quantized like a
+// dense one): the same 4-bit checkpoint as from transformers' own dequantization of it
+// (fp8_tiny_f32), every tensor bit for bit, no scale written; with attention left out of the
+// targets, attention comes out dense in the model's dtype. `merge` of an adapter trained on it:
+// the same merged model as merging into the dequantized twin. A scale without its weight is an
+// error naming both.
+Test(fp8, quantize_and_merge_read_the_base_as_training_does, .timeout = 120) {
+    char tmp[64], model[128], data[128];
+    static char log[1 << 16];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    cr_assert_eq(mt_test_tiny_run_inputs(tmp, model, data, 8), 0);
+    cr_assert_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/q8", FP8_TINY, tmp), 0, "%s", log);
+    cr_assert_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/qf", FIXTURES "fp8_tiny_f32", tmp), 0,
+                 "%s", log);
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s/q8", tmp), snprintf(b, sizeof b, "%s/qf", tmp);
+    cr_expect_gt(same_tensors(a, b), 300);
+    cr_assert_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/qe --quant-targets experts", FP8_TINY, tmp),
+                 0, "%s", log);
+    snprintf(a, sizeof a, "%s/qe/model.safetensors", tmp);
+    mt_st_file f;
+    cr_assert_eq(mt_st_file_open(&f, a), 0, "%s", mt_error_get());
+    const mt_st_tensor *q = mt_st_file_find(&f, "model.layers.0.self_attn.q_proj.weight");
+    cr_expect(q && !strcmp(q->dtype, "BF16") && q->ndim == 2, "attention dense in bf16");
+    mt_st_file_close(&f);
+
+    const char *run = "--mode lora --r 2 --quant nf4 --seq 16 --steps 2";
+    cr_assert_eq(mt_test_run(log, sizeof log, "--model %s --data %s %s --out %s/run", FP8_TINY, data, run, tmp), 0,
+                 "%s", log);
+    cr_assert_eq(mt_test_run(log, sizeof log, "merge --model %s --adapter %s/run/adapter --out %s/m8", FP8_TINY, tmp,
+                             tmp), 0, "%s", log);
+    cr_expect(!strstr(log, "not copied"), "no scale left behind: %s", log);
+    cr_assert_eq(mt_test_run(log, sizeof log, "merge --model %s --adapter %s/run/adapter --out %s/mf",
+                             FIXTURES "fp8_tiny_f32", tmp, tmp), 0, "%s", log);
+    snprintf(a, sizeof a, "%s/m8", tmp), snprintf(b, sizeof b, "%s/mf", tmp);
+    cr_expect_gt(same_tensors(a, b), 60);
+
+    char bad[160], cmd[600];
+    snprintf(bad, sizeof bad, "%s/bad", tmp);
+    cr_assert_eq(mt_mkdir_p(bad), 0);
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/", FP8_TINY, bad);
+    cr_assert_eq(system(cmd), 0);
+    write_broken(bad, "model.layers.1.block_sparse_moe.experts.5.w2.weight");
+    cr_expect_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/qb", bad, tmp), 1, "%s", log);
+    cr_expect(strstr(log, "experts.5.w2.weight_scale_inv") && strstr(log, "without its weight"), "%s", log);
+    mt_test_rmrf(tmp);
+}

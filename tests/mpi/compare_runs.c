@@ -3,7 +3,8 @@
 // `compare_runs A B LOSS_TOL [TENSOR_TOL]` compares the losses of the steps both
 // A/metrics.jsonl and B/metrics.jsonl record (relative error; B may hold the tail of A's steps,
 // as a resumed run writing elsewhere does) and every tensor of the runs' product
-// (adapter/adapter_model.safetensors, or trained.safetensors): the relative L2 error
+// (adapter/adapter_model.safetensors and, where A has it, adapter/router_bias.safetensors; or
+// trained.safetensors): the relative L2 error
 // ‖a − b‖ / ‖a‖ of each tensor (an all-zero `a` needs b all zero). TENSOR_TOL defaults to
 // LOSS_TOL; both 0 ask for the same bits. Prints the worst of each and "same" or "DIFFERENT";
 // exit 0 when within the tolerances, 1 when not, 2 when a file is missing, no step is common,
@@ -64,6 +65,51 @@ static double as_double(const mt_st_tensor *t, size_t i) {
     return x;
 }
 
+typedef struct {
+    double worst;      // the worst relative L2 error of a tensor
+    const char *name;  // its name (static storage: copied)
+    size_t n;          // tensors compared
+} tensor_diff;
+
+// Every tensor of a against b's of the same name (b_path names b in errors); 2 when they differ in
+// names, dtypes or sizes.
+static int compare_files(const mt_st_file *fa, const mt_st_file *fb, const char *b_path, tensor_diff *d,
+                         int *same_bits) {
+    static char worst_name[256];
+    if (fa->n_tensors != fb->n_tensors) {
+        fprintf(stderr, "compare_runs: %zu tensors against %zu\n", fa->n_tensors, fb->n_tensors);
+        return 2;
+    }
+    for (size_t i = 0; i < fa->n_tensors; i++) {
+        const mt_st_tensor *a = &fa->tensors[i], *b = mt_st_file_find(fb, a->name);
+        if (!b || b->nbytes != a->nbytes || strcmp(a->dtype, b->dtype) != 0) {
+            fprintf(stderr, "compare_runs: tensor '%s' is missing from %s or differs in dtype or size\n", a->name,
+                    b_path);
+            return 2;
+        }
+        *same_bits &= memcmp(a->data, b->data, a->nbytes) == 0;
+        mt_dtype dt;
+        if (mt_st_float_dtype(a->dtype, &dt) != 0) {
+            fprintf(stderr, "compare_runs: tensor '%s': %s\n", a->name, mt_error_get());
+            return 2;
+        }
+        size_t n = a->nbytes / mt_dtype_bytes(dt, 1);
+        double diff = 0, norm = 0;
+        for (size_t k = 0; k < n; k++) {
+            double x = as_double(a, k), y = as_double(b, k);
+            diff += (x - y) * (x - y), norm += x * x;
+        }
+        double rel = norm > 0 ? sqrt(diff / norm) : (diff > 0 ? INFINITY : 0);
+        if (rel > d->worst || !(rel == rel)) {
+            d->worst = rel;
+            snprintf(worst_name, sizeof worst_name, "%s", a->name);
+            d->name = worst_name;
+        }
+        d->n++;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 4 && argc != 5) {
         fprintf(stderr, "usage: compare_runs RUN_A RUN_B LOSS_TOL [TENSOR_TOL]\n");
@@ -99,38 +145,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "compare_runs: %s\n", mt_error_get());
         return 2;
     }
-    if (fa.n_tensors != fb.n_tensors) {
-        fprintf(stderr, "compare_runs: %zu tensors against %zu\n", fa.n_tensors, fb.n_tensors);
-        return 2;
-    }
-    double worst_tensor = 0;
-    const char *worst_name = "";
-    for (size_t i = 0; i < fa.n_tensors; i++) {
-        const mt_st_tensor *a = &fa.tensors[i], *b = mt_st_file_find(&fb, a->name);
-        if (!b || b->nbytes != a->nbytes || strcmp(a->dtype, b->dtype) != 0) {
-            fprintf(stderr, "compare_runs: tensor '%s' is missing from %s or differs in dtype or size\n", a->name,
-                    argv[2]);
-            return 2;
-        }
-        same_bits &= memcmp(a->data, b->data, a->nbytes) == 0;
-        mt_dtype dt;
-        if (mt_st_float_dtype(a->dtype, &dt) != 0) {
-            fprintf(stderr, "compare_runs: tensor '%s': %s\n", a->name, mt_error_get());
-            return 2;
-        }
-        size_t n = a->nbytes / mt_dtype_bytes(dt, 1);
-        double diff = 0, norm = 0;
-        for (size_t k = 0; k < n; k++) {
-            double x = as_double(a, k), y = as_double(b, k);
-            diff += (x - y) * (x - y), norm += x * x;
-        }
-        double rel = norm > 0 ? sqrt(diff / norm) : (diff > 0 ? INFINITY : 0);
-        if (rel > worst_tensor || !(rel == rel)) worst_tensor = rel, worst_name = a->name;
-    }
-    int ok = tol == 0 && ttol == 0 ? same_bits : worst_loss <= tol && worst_tensor <= ttol;
-    printf("%d steps%s compared, %zu tensors: worst loss rel. error %.3g, worst tensor rel. L2 error %.3g (%s); "
-           "%s%s (tolerances %g, %g)\n", common, ea == ea ? " and the eval" : "", fa.n_tensors, worst_loss, worst_tensor, worst_name,
-           ok ? "same" : "DIFFERENT", same_bits ? ", bit for bit" : "", tol, ttol);
+    tensor_diff d = {0, "", 0};
+    int rc = compare_files(&fa, &fb, argv[2], &d, &same_bits);
     mt_st_file_close(&fa), mt_st_file_close(&fb);
+    // --router-bias-update's moved biases beside a LoRA run's adapter: compared too, where A has them
+    char pa[4200], pb[4200];
+    snprintf(pa, sizeof pa, "%s/adapter/router_bias.safetensors", argv[1]);
+    snprintf(pb, sizeof pb, "%s/adapter/router_bias.safetensors", argv[2]);
+    if (rc == 0 && mt_st_file_open(&fa, pa) == 0) {
+        if (mt_st_file_open(&fb, pb) != 0) {
+            fprintf(stderr, "compare_runs: %s\n", mt_error_get());
+            mt_st_file_close(&fa);
+            return 2;
+        }
+        rc = compare_files(&fa, &fb, argv[2], &d, &same_bits);
+        mt_st_file_close(&fa), mt_st_file_close(&fb);
+    }
+    if (rc) return rc;
+    int ok = tol == 0 && ttol == 0 ? same_bits : worst_loss <= tol && d.worst <= ttol;
+    printf("%d steps%s compared, %zu tensors: worst loss rel. error %.3g, worst tensor rel. L2 error %.3g (%s); "
+           "%s%s (tolerances %g, %g)\n", common, ea == ea ? " and the eval" : "", d.n, worst_loss, d.worst, d.name,
+           ok ? "same" : "DIFFERENT", same_bits ? ", bit for bit" : "", tol, ttol);
     return ok ? 0 : 1;
 }

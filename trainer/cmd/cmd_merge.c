@@ -73,6 +73,7 @@ typedef struct {
     mt_quant quant;
     int blocksize, double_quant;
     unsigned quant_targets;  // what training quantized (--quant-targets)
+    int fp8_block[2];        // a block-FP8 base (config.json's weight_block_size); 0: none
     mt_dtype out_dtype;
     mt_backend *cpu;
     float *w;  // f32 scratch of the largest tensor
@@ -82,6 +83,17 @@ typedef struct {
     size_t *ent_desc;
     int *ent_part;
 } merge_ctx;
+
+// A base weight stored block-FP8 (with its "_scale_inv" beside it), which training dequantizes on load.
+static int is_fp8(const merge_ctx *c, const mt_st_tensor *t) {
+    return c->fp8_block[0] && strcmp(t->dtype, "F8_E4M3") == 0;
+}
+
+// "P.weight_scale_inv" of a block-FP8 base: read with P.weight, not a tensor of its own.
+static int fp8_scale_name(const merge_ctx *c, const char *name) {
+    size_t len = strlen(name), sl = strlen("_scale_inv");
+    return c->fp8_block[0] && len > sl && strcmp(name + len - sl, "_scale_inv") == 0;
+}
 
 static int dtype_of(const mt_st_tensor *t, mt_dtype *dt) {
     if (mt_st_float_dtype(t->dtype, dt) != 0) {
@@ -169,8 +181,15 @@ static int fill_tensor(void *ctx, size_t index, void *dst, size_t nbytes) {
         mt_qweight_free(&q);
     } else {
         const mt_st_tensor *t = mt_st_model_find(&c->st, d->name);
-        if (dtype_of(t, &dt) != 0) return -1;
-        mt_convert(w, MT_F32, t->data, dt, n);
+        if (is_fp8(c, t)) {  // block FP8: dequantized as training's load does, then as a dense weight
+            float *f = mt_fp8_dequantize_tensor(&c->st, t, c->fp8_block);
+            if (!f) return -1;
+            memcpy(w, f, n * sizeof(float));
+            free(f);
+        } else {
+            if (dtype_of(t, &dt) != 0) return -1;
+            mt_convert(w, MT_F32, t->data, dt, n);
+        }
         if (d->kind == MT_WEIGHT_LINEAR && requantize(c, d->name, w, d->shape[0], d->shape[1]) != 0) return -1;
     }
     if (!tt) add_delta(c, d->name, w);
@@ -216,7 +235,7 @@ static int check_base(merge_ctx *c, const mt_weight_desc *d) {
         return -1;
     }
     mt_dtype dt;
-    return dtype_of(t, &dt);
+    return is_fp8(c, t) ? 0 : dtype_of(t, &dt);  // an FP8 weight's scale is checked when it is read
 }
 
 // The shape [out, in] of Linear `name` ("P.weight"): a Linear of the checkpoint, or one expert's
@@ -352,6 +371,7 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
                                .ctx = &c};
     c.quant = o->quant, c.blocksize = o->quant_blocksize, c.double_quant = o->double_quant;
     c.quant_targets = o->quant_targets;
+    c.fp8_block[0] = cfg.fp8_block[0], c.fp8_block[1] = cfg.fp8_block[1];
     c.out_dtype = out_dtype;
     mt_weight_desc *desc = NULL;
     int rc = -1;
@@ -386,12 +406,12 @@ static int run_merge(const mt_run_opts *o, int out_dtype_or_base, double shard_s
         largest = MT_MAX(largest, numel_of(&desc[i]));
     }
     if (check_adapter(&c) != 0) goto done;
-    for (size_t i = 0; i < c.st.n_tensors; i++) {  // what a Mixtral checkpoint should not hold
+    for (size_t i = 0; i < c.st.n_tensors; i++) {  // what a checkpoint of the family should not hold
         const char *name = c.st.tensors[i]->name;
         size_t j = 0;
         while (j < c.n && strcmp(desc[j].name, name) != 0) j++;
-        if (j == c.n && !mt_bnb_is_part_name(name) && !fused_part_name(&c, name))
-            mt_warn("merge: base tensor '%s' is not part of a Mixtral checkpoint and is not copied", name);
+        if (j == c.n && !mt_bnb_is_part_name(name) && !fused_part_name(&c, name) && !fp8_scale_name(&c, name))
+            mt_warn("merge: base tensor '%s' is not part of a %s checkpoint and is not copied", name, cfg.model_type);
     }
     c.cpu = mt_backend_cpu_new();
     c.w = mt_xmalloc(largest * sizeof(float));

@@ -53,7 +53,9 @@ static void quantize_usage(FILE *out) {
 // ---------------------------------------------------------------------------------------------
 // The output plan
 
-typedef enum { OUT_COPY, OUT_QPART, OUT_DEQUANT, OUT_FUSED } out_role;
+// COPY: as stored; QPART: a part of a weight quantized here; DEQUANT: a 4-bit weight handed back
+// dense; FUSED: gpt-oss's fused experts to MXFP4; FP8_DENSE: a block-FP8 weight not targeted, dense.
+typedef enum { OUT_COPY, OUT_QPART, OUT_DEQUANT, OUT_FUSED, OUT_FP8_DENSE } out_role;
 
 typedef struct {
     out_role role;
@@ -66,7 +68,9 @@ typedef struct {
     const mt_st_tensor *t;   // the source weight
     mt_bnb_entries layout;   // QPART: the entries (names, shapes, pass-1 quant_state)
     mt_bnb_parts parts;      // DEQUANT: the serialised source
-    mt_dtype dtype;          // source dtype (dense) or output dtype (DEQUANT)
+    mt_dtype dtype;          // source dtype (dense; F32 for FP8's dequantized values) or output dtype
+                             // (DEQUANT, FP8_DENSE)
+    int fp8;                 // stored block-FP8: dequantized (quant/fp8.c) each time it is read
     mt_weight_desc fused;    // FUSED: gpt-oss's fused experts, as MXFP4 blocks and scales
     char fused_names[2][160];
 } out_group;
@@ -77,6 +81,7 @@ typedef struct {
     mt_backend *cpu;         // imports that are dequantized
     mt_quant type;
     int blocksize, double_quant;
+    int fp8_block[2];        // config.json's weight_block_size (0: not an FP8 checkpoint)
     out_entry *entries;
     out_group *groups;
     // the weight being written
@@ -107,6 +112,14 @@ static int fill(void *ctx, size_t index, void *dst, size_t nbytes) {
         memcpy(dst, e->src->data, nbytes);
         mt_quant_drop_pages(e->src->data, nbytes);
         return 0;
+    case OUT_FP8_DENSE: {
+        float *w = mt_fp8_dequantize_tensor(c->m, g->t, c->fp8_block);
+        if (!w) return -1;
+        mt_convert(dst, g->dtype, w, MT_F32, (size_t)(g->t->shape[0] * g->t->shape[1]));
+        free(w);
+        mt_quant_drop_pages(g->t->data, (size_t)g->t->nbytes);
+        return 0;
+    }
     case OUT_DEQUANT: {
         mt_qweight q;
         if (mt_qweight_import(&q, c->cpu, g->t->name, &g->parts) != 0) return -1;
@@ -125,9 +138,14 @@ static int fill(void *ctx, size_t index, void *dst, size_t nbytes) {
         if (e->part == 0) {
             cur_release(c);
             const mt_st_tensor *t = g->t;
-            if (mt_qweight_quantize_from(&c->cur, c->be, t->name, t->data, g->dtype, t->shape[0], t->shape[1],
-                                         c->type, c->blocksize, c->double_quant, mt_quant_drop_pages) != 0)
-                return -1;
+            float *w = g->fp8 ? mt_fp8_dequantize_tensor(c->m, t, c->fp8_block) : NULL;
+            if (g->fp8 && !w) return -1;
+            int q = mt_qweight_quantize_from(&c->cur, c->be, t->name, w ? (const void *)w : t->data, g->dtype,
+                                             t->shape[0], t->shape[1], c->type, c->blocksize, c->double_quant,
+                                             w ? NULL : mt_quant_drop_pages);
+            free(w);
+            if (g->fp8) mt_quant_drop_pages(t->data, (size_t)t->nbytes);
+            if (q != 0) return -1;
             c->cur_group = e->group;
             mt_bnb_export(&c->cur_ex, t->name, &c->cur);
             const mt_st_entry *a = &c->cur_ex.entries[c->cur_ex.n - 1], *b = &g->layout.entries[g->layout.n - 1];
@@ -281,6 +299,23 @@ static int same_folder(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
+// A block-FP8 weight's scale ("P.weight_scale_inv"), read with the weight and written nowhere; one
+// without its weight sets *rc (as loading does).
+static int fp8_scale_of_a_weight(const mt_st_model *m, const mt_st_tensor *t, int *rc) {
+    static const char suffix[] = "_scale_inv";
+    size_t len = strlen(t->name), sl = strlen(suffix);
+    if (len <= sl || strcmp(t->name + len - sl, suffix) != 0) return 0;
+    char base[600];
+    snprintf(base, sizeof base, "%.*s", (int)MT_MIN(len - sl, sizeof base - 1), t->name);
+    if (!mt_st_model_find(m, base)) {
+        mt_error_set("%s: tensor '%s': a block-FP8 scale without its weight '%s'", m->files[t->file_index].path,
+                     t->name, base);
+        *rc = -1;
+        return 0;
+    }
+    return 1;
+}
+
 // Pass 1: the output entries, in input file order.
 static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_st_entry **out_entries,
                        size_t *n_out) {
@@ -306,6 +341,8 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
         for (size_t i = 0; i < m->files[f].n_tensors && rc == 0; i++) {
             const mt_st_tensor *t = &m->files[f].tensors[i];
             if (mt_bnb_is_part_name(t->name)) continue;  // written with (or instead of) its weight
+            if (cfg->fp8_block[0] && fp8_scale_of_a_weight(m, t, &rc)) continue;  // read with its weight
+            if (rc) break;
             mt_bnb_parts parts;
             int pre = mt_bnb_find_parts(m, t->name, &parts);
             if (pre < 0) { rc = -1; break; }
@@ -347,6 +384,38 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 continue;
             }
             mt_dtype dt;
+            if (strcmp(t->dtype, "F8_E4M3") == 0) {  // block FP8: dequantized, then as a dense f32 weight
+                float *w = mt_fp8_dequantize_tensor(m, t, cfg->fp8_block);  // checks its scale too
+                if (!w) { rc = -1; break; }
+                g->fp8 = 1;
+                if (want) {
+                    mt_qweight q;
+                    rc = mt_qweight_quantize_from(&q, null_be, t->name, NULL, MT_F32, t->shape[0], t->shape[1],
+                                                  a->type, a->blocksize, a->double_quant, NULL);
+                    if (rc == 0 && q.double_quant)
+                        q.offset = mt_q4_offset_from(w, MT_F32, t->shape[0] * t->shape[1], q.blocksize, NULL);
+                    free(w);
+                    if (rc) break;
+                    g->dtype = MT_F32;
+                    mt_bnb_export(&g->layout, t->name, &q);
+                    for (size_t k = 0; k < g->layout.n; k++) {
+                        ent[n] = g->layout.entries[k];
+                        ent[n].data = NULL;
+                        c->entries[n++] = (out_entry){.role = OUT_QPART, .group = ng, .part = (int)k};
+                    }
+                    mt_qweight_free(&q);
+                } else {  // not a target: written dense in the model's dtype
+                    free(w);
+                    g->dtype = cfg->torch_dtype;
+                    ent[n] = (mt_st_entry){.name = t->name, .dtype = mt_st_dtype_of(g->dtype), .ndim = 2,
+                                           .shape = {t->shape[0], t->shape[1]}};
+                    c->entries[n++] = (out_entry){.role = OUT_FP8_DENSE, .group = ng};
+                    c->n_dense++;
+                }
+                ng++;
+                mt_quant_drop_pages(t->data, (size_t)t->nbytes);
+                continue;
+            }
             if (cfg->mxfp4 && strcmp(t->dtype, "U8") == 0) {
                 mt_error_set("'%s': the checkpoint's experts are MXFP4 already (quantization_config mxfp4); "
                              "quantize from a dense checkpoint, or train on this one as it is", t->name);
@@ -438,6 +507,7 @@ int cmd_quantize(int argc, char **argv) {
     c.type = a.type;
     c.blocksize = a.blocksize;
     c.double_quant = a.double_quant;
+    c.fp8_block[0] = cfg.fp8_block[0], c.fp8_block[1] = cfg.fp8_block[1];
     c.cur_group = -1;
     c.be = mt_backend_new(a.backend);
     c.cpu = mt_backend_cpu_new();
