@@ -186,12 +186,6 @@ for fam in qwen3 olmoe qwen2; do
   train "$fam-ep2" 2 "${lora[@]}" --batch 2 --ep 2 --seq 128 --model "$work/$fam"
   same "$fam ep2 == one process" "$fam-1" "$fam-ep2" 1e-5 1e-3
 done
-# --router-bias-update under --ep: each rank counts its tokens' choices, the counts are summed over
-# the world, every rank moves its replica of the biases alike (compared: router_bias.safetensors).
-bias=(--router-bias-update 0.01 --data "$work/text.jsonl" --model "$work/deepseek_v3")
-train bias-1 1 "${lora[@]}" "${bias[@]}" --batch 4
-train bias-ep2 2 "${lora[@]}" "${bias[@]}" --batch 2 --ep 2
-same "router-bias-update ep2 == one process" bias-1 bias-ep2 1e-5 1e-3
 # Qwen2-MoE: the shared experts' and dense MLPs' LoRA reduced over DP and sharded by ZeRO-1 as
 # attention's, saved once (the adapters hold the same tensors), resumed bit for bit; unfrozen
 # experts beside the replicated shared experts. (--mode full refuses --ep.)
@@ -243,6 +237,12 @@ for fam in deepseek_v2 deepseek_v3 glm4_moe glm4_moe_lite; do
   train "$fam-ep2" 2 "${lora[@]}" --data "$work/text.jsonl" --model "$work/$fam" --batch 2 --ep 2
   same "$fam ep2 == one process" "$fam-1" "$fam-ep2" 1e-5 1e-3
 done
+# --router-bias-update under --ep: each rank counts its tokens' choices, the counts are summed over
+# the world, every rank moves its replica of the biases alike (compared: router_bias.safetensors).
+bias=(--router-bias-update 0.01 --data "$work/text.jsonl" --model "$work/deepseek_v3")
+train bias-1 1 "${lora[@]}" "${bias[@]}" --batch 4
+train bias-ep2 2 "${lora[@]}" "${bias[@]}" --batch 2 --ep 2
+same "router-bias-update ep2 == one process" bias-1 bias-ep2 1e-5 1e-3
 
 train unfreeze-1 1 "${unfreeze[@]}" --batch 4
 train unfreeze-ep2-dp2 4 "${unfreeze[@]}" --batch 1 --ep 2
