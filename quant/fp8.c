@@ -3,6 +3,7 @@
 // Read only: each weight is dequantized to f32 on load, then treated as a dense one (quantized to
 // the run's base format, or kept dense), so nothing downstream knows FP8.
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/common.h"
@@ -23,6 +24,14 @@ void mt_fp8_dequantize_ref(const uint8_t *w, const float *scale_inv, int64_t out
             for (int64_t j = jb * bc; j < j1; j++) yi[j] = lut[wi[j]] * s[jb];  // one rounding, as torch's mul
         }
     }
+}
+
+int mt_fp8_scale_base(const char *name, char *base, size_t n) {
+    static const char suffix[] = ".weight_scale_inv";
+    size_t len = strlen(name), sl = strlen(suffix), keep = len - strlen("_scale_inv");
+    if (len < sl || strcmp(name + len - sl, suffix) != 0 || keep >= n) return 0;
+    snprintf(base, n, "%.*s", (int)keep, name);
+    return 1;
 }
 
 float *mt_fp8_dequantize_tensor(const mt_st_model *m, const mt_st_tensor *t, const int block[2]) {

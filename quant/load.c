@@ -497,8 +497,7 @@ int mt_quant_load(const char *dir, mt_backend *be, const mt_quant_load_opts *opt
                 break;
             }
             size_t len = strlen(t->name);
-            if (ends_with(t->name, ".weight_scale_inv") && len < sizeof base) {  // block FP8: read with its weight
-                snprintf(base, sizeof base, "%.*s", (int)(len - strlen("_scale_inv")), t->name);
+            if (mt_fp8_scale_base(t->name, base, sizeof base)) {  // block FP8: read with its weight
                 if (mt_st_model_find(&m, base)) continue;
                 mt_error_set("%s: tensor '%s': a block-FP8 scale without its weight '%s'", file->path, t->name, base);
                 rc = -1;

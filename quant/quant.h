@@ -64,6 +64,9 @@ void mt_fp8_dequantize_ref(const uint8_t *w, const float *scale_inv, int64_t out
 // an error naming the file and the tensor: no block size declared, not 2-D, the scale missing, of
 // the wrong shape or dtype, or not finite.
 float *mt_fp8_dequantize_tensor(const mt_st_model *m, const mt_st_tensor *t, const int block[2]);
+// Whether `name` is a block-FP8 scale ("P.weight_scale_inv": read with P.weight, never on its own);
+// P.weight into base (n bytes) when it is.
+int mt_fp8_scale_base(const char *name, char *base, size_t n);
 
 // ---------------------------------------------------------------------------------------------
 // bitsandbytes checkpoints (docs/formats.md "Serialized quant_state"). For a weight "P.weight": P.weight (U8 [n/2, 1]),

@@ -89,10 +89,10 @@ static int is_fp8(const merge_ctx *c, const mt_st_tensor *t) {
     return c->fp8_block[0] && strcmp(t->dtype, "F8_E4M3") == 0;
 }
 
-// "P.weight_scale_inv" of a block-FP8 base: read with P.weight, not a tensor of its own.
+// "P.weight_scale_inv" of a block-FP8 base beside its P.weight: read with it, not a tensor of its own.
 static int fp8_scale_name(const merge_ctx *c, const char *name) {
-    size_t len = strlen(name), sl = strlen("_scale_inv");
-    return c->fp8_block[0] && len > sl && strcmp(name + len - sl, "_scale_inv") == 0;
+    char base[600];
+    return c->fp8_block[0] && mt_fp8_scale_base(name, base, sizeof base) && mt_st_model_find(&c->st, base);
 }
 
 static int dtype_of(const mt_st_tensor *t, mt_dtype *dt) {

@@ -299,21 +299,16 @@ static int same_folder(const char *a, const char *b) {
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
-// A block-FP8 weight's scale ("P.weight_scale_inv"), read with the weight and written nowhere; one
-// without its weight sets *rc (as loading does).
+// A block-FP8 weight's scale, read with the weight and written nowhere; one without its weight sets
+// *rc (as loading does).
 static int fp8_scale_of_a_weight(const mt_st_model *m, const mt_st_tensor *t, int *rc) {
-    static const char suffix[] = "_scale_inv";
-    size_t len = strlen(t->name), sl = strlen(suffix);
-    if (len <= sl || strcmp(t->name + len - sl, suffix) != 0) return 0;
     char base[600];
-    snprintf(base, sizeof base, "%.*s", (int)MT_MIN(len - sl, sizeof base - 1), t->name);
-    if (!mt_st_model_find(m, base)) {
-        mt_error_set("%s: tensor '%s': a block-FP8 scale without its weight '%s'", m->files[t->file_index].path,
-                     t->name, base);
-        *rc = -1;
-        return 0;
-    }
-    return 1;
+    if (!mt_fp8_scale_base(t->name, base, sizeof base)) return 0;
+    if (mt_st_model_find(m, base)) return 1;
+    mt_error_set("%s: tensor '%s': a block-FP8 scale without its weight '%s'", m->files[t->file_index].path, t->name,
+                 base);
+    *rc = -1;
+    return 0;
 }
 
 // Pass 1: the output entries, in input file order.
@@ -384,45 +379,30 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 continue;
             }
             mt_dtype dt;
-            if (strcmp(t->dtype, "F8_E4M3") == 0) {  // block FP8: dequantized, then as a dense f32 weight
-                float *w = mt_fp8_dequantize_tensor(m, t, cfg->fp8_block);  // checks its scale too
-                if (!w) { rc = -1; break; }
-                g->fp8 = 1;
-                if (want) {
-                    mt_qweight q;
-                    rc = mt_qweight_quantize_from(&q, null_be, t->name, NULL, MT_F32, t->shape[0], t->shape[1],
-                                                  a->type, a->blocksize, a->double_quant, NULL);
-                    if (rc == 0 && q.double_quant)
-                        q.offset = mt_q4_offset_from(w, MT_F32, t->shape[0] * t->shape[1], q.blocksize, NULL);
-                    free(w);
-                    if (rc) break;
-                    g->dtype = MT_F32;
-                    mt_bnb_export(&g->layout, t->name, &q);
-                    for (size_t k = 0; k < g->layout.n; k++) {
-                        ent[n] = g->layout.entries[k];
-                        ent[n].data = NULL;
-                        c->entries[n++] = (out_entry){.role = OUT_QPART, .group = ng, .part = (int)k};
-                    }
-                    mt_qweight_free(&q);
-                } else {  // not a target: written dense in the model's dtype
-                    free(w);
+            float *deq = NULL;  // a block-FP8 weight's values: then quantized as a dense f32 weight
+            if (strcmp(t->dtype, "F8_E4M3") == 0) {
+                if (!(deq = mt_fp8_dequantize_tensor(m, t, cfg->fp8_block))) {  // checks its scale too
+                    rc = -1;
+                    break;
+                }
+                mt_quant_drop_pages(t->data, (size_t)t->nbytes);
+                g->fp8 = 1, dt = MT_F32;
+                if (!want) {  // not a target: written dense in the model's dtype
+                    free(deq);
                     g->dtype = cfg->torch_dtype;
                     ent[n] = (mt_st_entry){.name = t->name, .dtype = mt_st_dtype_of(g->dtype), .ndim = 2,
                                            .shape = {t->shape[0], t->shape[1]}};
-                    c->entries[n++] = (out_entry){.role = OUT_FP8_DENSE, .group = ng};
+                    c->entries[n++] = (out_entry){.role = OUT_FP8_DENSE, .group = ng++};
                     c->n_dense++;
+                    continue;
                 }
-                ng++;
-                mt_quant_drop_pages(t->data, (size_t)t->nbytes);
-                continue;
-            }
-            if (cfg->mxfp4 && strcmp(t->dtype, "U8") == 0) {
+            } else if (cfg->mxfp4 && strcmp(t->dtype, "U8") == 0) {
                 mt_error_set("'%s': the checkpoint's experts are MXFP4 already (quantization_config mxfp4); "
                              "quantize from a dense checkpoint, or train on this one as it is", t->name);
                 rc = -1;
                 break;
             }
-            if (mt_st_float_dtype(t->dtype, &dt) != 0) {
+            if (!deq && mt_st_float_dtype(t->dtype, &dt) != 0) {
                 mt_error_set("'%s': wrong dtype %s (a dense checkpoint holds F32, BF16 or F16)", t->name, t->dtype);
                 rc = -1;
                 break;
@@ -454,11 +434,14 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
             mt_qweight q;  // the layout, on the null backend
             if (mt_qweight_quantize_from(&q, null_be, t->name, NULL, dt, t->shape[0], t->shape[1], a->type,
                                          a->blocksize, a->double_quant, NULL) != 0) {
+                free(deq);
                 rc = -1;
                 break;
             }
             if (q.double_quant)
-                q.offset = mt_q4_offset_from(t->data, dt, t->shape[0] * t->shape[1], q.blocksize, mt_quant_drop_pages);
+                q.offset = mt_q4_offset_from(deq ? (const void *)deq : t->data, dt, t->shape[0] * t->shape[1],
+                                             q.blocksize, deq ? NULL : mt_quant_drop_pages);
+            free(deq);
             g->dtype = dt;
             mt_bnb_export(&g->layout, t->name, &q);
             for (size_t k = 0; k < g->layout.n; k++) {  // all filled in pass 2, which checks that
