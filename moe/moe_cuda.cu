@@ -18,8 +18,8 @@ enum {
     MOE_MAX_E = 1024,     // experts (moe_aux_stats holds 1024 too)
     MOE_MAX_K = 16,       // choices per token in the scatters' sort
     PERMUTE_CHUNK = 256,  // assignments per warp in the counting sort
-    AUX_ROWS = 256,       // rows per partial sum of the aux statistics
-    LOAD_ROWS = 256,      // rows per partial count of the router's load
+    AUX_ROWS = 32,        // rows per partial sum of the aux statistics
+    LOAD_ROWS = 32,       // rows per partial count of the router's load (short: many blocks)
     ZLOSS_ROWS = 256,     // rows (threads) per block of the z-loss partial sums
 };
 
@@ -234,12 +234,14 @@ static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, co
     }
 }
 
+// A block per expert (integers: exact in double in any order).
 static __global__ void load_sum_kernel(double *counts, const int32_t *part, int nchunks, int E) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= E) return;
-    int64_t n = 0;
-    for (int c = 0; c < nchunks; c++) n += part[(int64_t)c * E + e];
-    counts[e] += (double)n;
+    __shared__ double red[32];
+    const int e = blockIdx.x;
+    double n = 0.0;
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) n += part[(int64_t)c * E + e];
+    n = mt_block_sum(n, red);
+    if (threadIdx.x == 0) counts[e] += n;
 }
 
 // One block: the total load, then each bias moved by ±rate or left (router_bias_update_cpu).
@@ -262,9 +264,9 @@ extern "C" void router_load_accumulate_cuda(mt_backend *be, double *counts, cons
     const int nchunks = (int)(((int64_t)T + LOAD_ROWS - 1) / LOAD_ROWS);
     const size_t bytes = (size_t)nchunks * E * sizeof(int32_t);
     int32_t *part = (int32_t *)mt_work_alloc(be, bytes);
-    load_partial_kernel<<<nchunks, THREADS, 0, s>>>(part, ids, row_mask, T, E, k);
+    load_partial_kernel<<<nchunks, MT_MIN(THREADS, (E + 31) / 32 * 32), 0, s>>>(part, ids, row_mask, T, E, k);
     MT_CHECK_LAUNCH();
-    load_sum_kernel<<<mt_cuda_blocks(E, THREADS), THREADS, 0, s>>>(counts, part, nchunks, E);
+    load_sum_kernel<<<E, 128, 0, s>>>(counts, part, nchunks, E);
     MT_CHECK_LAUNCH();
     mt_work_free(be, part, bytes);
 }
@@ -413,7 +415,9 @@ extern "C" void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, flo
 // Aux loss statistics on the device: the first 2E+1 of stats [MT_AUX_STATS_LEN(E)] = counts [E],
 // prob_sums [E], rows (the z-loss pair after them is moe_zloss_accumulate_cuda's).
 
-// part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic.
+// part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic. Short
+// chunks, many blocks: on the H200 (2026-11-27) 256-row chunks (16 blocks at T = 4096) took
+// ~115 us a layer, latency-bound; the chunk sums are combined by aux_sum_kernel's tree.
 static __global__ void aux_partial_kernel(double *part, const float *probs, const int32_t *ids, const uint8_t *mask,
                                           int T, int E, int k) {
     const int c = blockIdx.x, t0 = c * AUX_ROWS, t1 = MT_MIN(T, t0 + AUX_ROWS), L = 2 * E + 1;
@@ -433,12 +437,14 @@ static __global__ void aux_partial_kernel(double *part, const float *probs, cons
     }
 }
 
+// stats[idx] += Σ_c part[c, idx]: a block per statistic, mt_block_sum's fixed tree over chunks.
 static __global__ void aux_sum_kernel(double *stats, const double *part, int nchunks, int L) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= L) return;
+    __shared__ double red[32];
+    const int idx = blockIdx.x;
     double s = 0.0;
-    for (int c = 0; c < nchunks; c++) s += part[(int64_t)c * L + idx];
-    stats[idx] += s;
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) s += part[(int64_t)c * L + idx];
+    s = mt_block_sum(s, red);
+    if (threadIdx.x == 0) stats[idx] += s;
 }
 
 // dlogits [T, E] += coef · p_e · (g_e − Σ g_i p_i), g_e = coef-free E·counts[e]/rows² (as the CPU)
@@ -466,9 +472,9 @@ extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const flo
     const int nchunks = (T + AUX_ROWS - 1) / AUX_ROWS, L = 2 * E + 1;
     size_t bytes = (size_t)nchunks * L * sizeof(double);
     double *part = (double *)mt_work_alloc(be, bytes);
-    aux_partial_kernel<<<nchunks, 64, 0, s>>>(part, probs, ids, row_mask, T, E, k);
+    aux_partial_kernel<<<nchunks, MT_MIN(256, (L + 31) / 32 * 32), 0, s>>>(part, probs, ids, row_mask, T, E, k);
     MT_CHECK_LAUNCH();
-    aux_sum_kernel<<<mt_cuda_blocks(L, 128), 128, 0, s>>>(stats, part, nchunks, L);
+    aux_sum_kernel<<<L, 128, 0, s>>>(stats, part, nchunks, L);
     MT_CHECK_LAUNCH();
     mt_work_free(be, part, bytes);
 }
