@@ -46,6 +46,7 @@
 #include "scripts/json_line.h"
 #include "scripts/profile_table.h"
 #include "scripts/step_model.h"
+#include "scripts/step_time.h"
 
 // H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet): the MFU and HFU denominator.
 #define PEAK_BF16_H100 989e12
@@ -524,6 +525,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_gpu: %s\n", mt_error_get());  // "no CUDA GPU: ..." on a machine without one
         return 2;
     }
+    // The projection beside the profile is the card's (scripts/step_time.h: H100 SXM or H200).
+    struct cudaDeviceProp prop;
+    cudaError_t pe = cudaGetDeviceProperties(&prop, 0);
+    if (pe != cudaSuccess) mt_fatal(MT_EXIT_ERROR, "bench_gpu: cudaGetDeviceProperties: %s", cudaGetErrorString(pe));
+    if (step_device_set(prop.name) != 0)
+        printf("bench_gpu: %s: no model of this card; the projection is the H100 SXM's\n", prop.name);
     size_t free_b, total_b;
     if (mt_cuda_mem_info(be, &free_b, &total_b) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: %s", mt_error_get());
     // Created = the CUDA context, the stream, the cuBLASLt handle and its workspace (the one

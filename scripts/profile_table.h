@@ -38,8 +38,8 @@ static inline void profile_table_line(FILE *f, const char *name, char phase, con
 // Time of an "untimed" row (work inside another row's kernels) is not compared.
 static inline void profile_table_print(FILE *f, const mt_prof_table *t, const step_ops *ops) {
     double steps = t->steps ? t->steps : 1;
-    fprintf(f, "measured (%s) beside projected (scripts/roofline.c's H100 model), per step\n",
-            t->emulated ? "CPU-emulated: times meaningless" : "GPU, CUDA events");
+    fprintf(f, "measured (%s) beside projected (scripts/roofline.c's model of the %s), per step\n",
+            t->emulated ? "CPU-emulated: times meaningless" : "GPU, CUDA events", step_dev->name);
     fprintf(f, "%-38s %c %10s %10s %8s %11s %11s %8s\n", "op", 'p', "ms", "proj. ms", "meas/pr", "GFLOP",
             "proj. GFLOP", "meas/pr");
     for (int i = 0; i < t->n; i++)

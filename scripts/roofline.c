@@ -1,5 +1,5 @@
 // scripts/roofline.c — `make bench-gpu` on any machine: a roofline PROJECTION of one QLoRA
-// training step on one H100 SXM, op by op (scripts/step_model.h counts FLOPs and bytes), each op
+// training step on one H100 SXM (--device h200: an H200), op by op (scripts/step_model.h counts FLOPs and bytes), each op
 // timed at max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency)) plus a launch gap
 // per call, and summed (no overlap between ops). Nothing here is measured: every rate is a
 // published or once-measured figure times a stated efficiency, printed with its source before the
@@ -74,7 +74,7 @@ static totals project(const step_shape *sh, int print) {
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]... [--recompute MODE] [--gpu-mem BYTES]\n"
                "                         [--dequant-instr N] [--experts cublas|grouped] [--attention cudnn|wmma]\n"
-               "                         [--dropout P]\n"
+               "                         [--dropout P] [--device h100|h200] [--layers N]\n"
                "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
                "  --seq            sequence length of the detailed table (default 4096)\n"
                "  --recompute      none | attention | experts | full | auto (default auto: the least that fits\n"
@@ -84,7 +84,9 @@ static void usage(FILE *f) {
                "                   make bench-gpu passes the count read from the kernel's SASS)\n"
                "  --experts        cublas: issue 27's dequantize-then-cuBLASLt experts (default); grouped: the WMMA kernel\n"
                "  --attention      cudnn: cuDNN's SDPA (default); wmma: the WMMA flash kernels\n"
-               "  --dropout        the experts' LoRA dropout (default 0, as case C)\n");
+               "  --dropout        the experts' LoRA dropout (default 0, as case C)\n"
+               "  --device         the card (default h100: the H100 SXM; h200: its measured copy, GEMM and kernel rates)\n"
+               "  --layers         layers of the model (default the config's; the GPU check runs 4)\n");
 }
 
 // Case C's run for the planner, at `seq`, on a card of gpu_mem bytes (auto's choice).
@@ -119,22 +121,29 @@ static void set_recompute(step_shape *sh, mt_ckpt mode) {
 
 static void print_assumptions(const step_shape *sh) {
     printf("assumptions (value: source)\n");
-    printf("  peaks: bf16 dense %.0f TFLOP/s, HBM3 %.2f TB/s: NVIDIA H100 SXM5 datasheet\n", PEAK_BF16 / 1e12, HBM_BW / 1e12);
+    printf("  card: %s (--device); peaks: bf16 dense %.0f TFLOP/s, HBM %.2f TB/s: NVIDIA's datasheet; a device copy\n"
+           "    (read + write) %.0f GB/s: measured on the GPU machine (docs/gpu-results.md, 2026-11-27)\n",
+           step_dev->name, PEAK_BF16 / 1e12, HBM_BW / 1e12, step_dev->copy_bw / 1e9);
     printf("  issue rate: %.2f e12 thread instructions/s = %d SMs x 4 schedulers x 32 lanes x %.2f GHz: Hopper whitepaper's\n"
            "    SM; the clock the datasheet's 989 TFLOP/s implies at 4096 dense bf16 FLOP/clock/SM\n",
            ISSUE_RATE / 1e12, H100_SMS, H100_CLOCK / 1e9);
-    printf("  cuBLASLt bf16 GEMM: %.0f TFLOP/s at 8192^3: measured on the GPU machine's H100 (issue 27); other shapes\n"
+    printf("  cuBLASLt bf16 GEMM: %.0f TFLOP/s at 8192^3: measured on the GPU machine's %s; other shapes\n"
            "    (assumed): the same core rate (%.3f of peak) x tile use of the better of 128x256 / 128x128 tiles over\n"
            "    %d SMs x K/(K+%.0f) (pipeline fill and epilogue); e.g. M=1024 rows per expert: w1+w3 %.0f%%, w2 %.0f%%,\n"
            "    dx %.0f%% / %.0f%%; q,k,v at T=4096 %.0f%%; skinny GEMMs (N or K <= %.0f: LoRA, the router) %.0f%%\n"
-           "    (assumed: narrow or split-K tiles at half the core rate; memory-bound at it, their bytes at %.2f of HBM:\n"
-           "    measured, the expert LoRA products on the H100, 2026-11-27)\n",
-           CUBLAS_8192_FLOPS / 1e12, cublas_core(), H100_SMS, GEMM_K_OVERHEAD,
+           "    (assumed: narrow or split-K tiles at half the core rate; memory-bound at it, their bytes at %.2f TB/s:\n"
+           "    measured, the expert LoRA products, 2026-11-27); expert GEMMs' rows spread +-%.0f%% around T*k/E (routing\n"
+           "    is never balanced: assumed), averaging their tile use: w1+w3 at M=1024 %.0f%%, w2 %.0f%%; the H200's\n"
+           "    cuBLASLt ran 56-72%% there (2026-11-27)\n",
+           CUBLAS_8192_FLOPS / 1e12, step_dev->name, cublas_core(), H100_SMS, GEMM_K_OVERHEAD,
            100 * cublas_eff(1024, 2.0 * (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
            100 * cublas_eff(1024, (double)sh->cfg.hidden, (double)sh->cfg.intermediate),
            100 * cublas_eff(1024, (double)sh->cfg.hidden, 2.0 * (double)sh->cfg.intermediate),
            100 * cublas_eff(1024, (double)sh->cfg.intermediate, (double)sh->cfg.hidden),
-           100 * cublas_eff(4096, 4096, 4096), GEMM_SKINNY, 100 * cublas_eff(1024, 16, 4096), EFF_SKINNY_MEM);
+           100 * cublas_eff(4096, 4096, 4096), GEMM_SKINNY, 100 * cublas_eff(1024, 16, 4096), step_dev->skinny_bw / 1e12,
+           100 * STEP_ROUTING_SPREAD,
+           100 * cublas_eff_spread(1024, 2.0 * (double)sh->cfg.intermediate, (double)sh->cfg.hidden, STEP_ROUTING_SPREAD),
+           100 * cublas_eff_spread(1024, (double)sh->cfg.hidden, (double)sh->cfg.intermediate, STEP_ROUTING_SPREAD));
     if (sh->attn_cudnn)
         printf("  cuDNN SDPA bf16, head dim 128, seq 4k: %.0f TFLOP/s forward, %.0f backward: cuDNN's bars in the\n"
                "    FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, Figs. 5-6, no causal mask); causal x %.2f\n"
@@ -144,15 +153,21 @@ static void print_assumptions(const step_shape *sh) {
         printf("  WMMA flash attention: %.3f backward of peak: measured on the H100 (2026-11-27, seq 4096, hd 128);\n"
                "    %.2f forward: assumed, not measured (issue 27's review says 15-20%%: likely optimistic)\n",
                EFF_ATTN_BWD, EFF_ATTN_FWD);
-    printf("  memory-bound kernels: %.2f of HBM (%.2f TB/s): assumed; docs/design.md expects ~3 TB/s for a plain copy\n",
-           EFF_MEM, EFF_MEM * HBM_BW / 1e12);
+    printf("  memory-bound kernels, as fractions of the copy: measured on the H200 (run 6, 2026-11-27, case C at seq 4096\n"
+           "    and 16384, the mean), the same fraction assumed on other cards; rows not measured %.2f (the median):\n   ",
+           EFF_MEM);
+    for (size_t i = 0; i < MT_ARRAY_LEN(STEP_MEASURED); i++)
+        printf(" %s%s%s %.2f%s", STEP_MEASURED[i].name, STEP_MEASURED[i].phase ? " " : "",
+               STEP_MEASURED[i].phase ? (char[2]){STEP_MEASURED[i].phase, 0} : "", STEP_MEASURED[i].frac,
+               i + 1 < MT_ARRAY_LEN(STEP_MEASURED) ? (i % 4 == 3 ? ",\n   " : ",") : "\n");
+    printf("    (the lm_head rows' figures are of the bf16 peak: chunked GEMMs, measured 0.41-0.52)\n");
     if (sh->experts_cublas)
-        printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.2f\n"
-               "    of the copy bandwidth (%.2f of HBM): measured on the H100 (2026-11-27; the goal was 0.85); or %.2f SASS\n"
+        printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.3f\n"
+               "    of the copy bandwidth: measured on the %s (2026-11-27; the goal is 0.85); or %.2f SASS\n"
                "    instructions per element at the issue rate, whichever is slower (%s)\n",
                (double)mt_qweight_dequant_bytes_of(sh->quant, 1 << 20, 1024, sh->blocksize, sh->double_quant, MT_BF16) /
                        (1024.0 * 1024 * 1024) - 2.0,
-               EFF_DEQUANT, EFF_COPY, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT,
+               EFF_DEQUANT, step_dev->name, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT,
                sh->dequant_instr > 0 ? "--dequant-instr: `make bench-gpu` passes scripts/sass_count.sh's count of the kernel"
                                      : "not counted: the default, issue 27's ceiling");
     else
@@ -172,6 +187,7 @@ int main(int argc, char **argv) {
     int n_seqs = 0;
     mt_ckpt mode = MT_CKPT_AUTO;
     double gpu_mem = 80e9;
+    int64_t layers = 0;
     sh.experts_cublas = 1, sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -196,6 +212,10 @@ int main(int argc, char **argv) {
             ok = !strcmp(v, "cublas") || !strcmp(v, "grouped"), sh.experts_cublas = !strcmp(v, "cublas");
         } else if (!strcmp(a, "--attention")) {
             ok = !strcmp(v, "cudnn") || !strcmp(v, "wmma"), sh.attn_cudnn = !strcmp(v, "cudnn");
+        } else if (!strcmp(a, "--device")) {
+            ok = step_device_set(v) == 0;
+        } else if (!strcmp(a, "--layers")) {
+            ok = atoll(v) > 0 && atoll(v) <= sh.cfg.layers, layers = atoll(v);
         } else if (!strcmp(a, "--dropout")) {
             sh.lora_dropout = atof(v), ok = sh.lora_dropout >= 0 && sh.lora_dropout < 1;
         } else {
@@ -205,6 +225,7 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!n_seqs) seqs[0] = 4096, n_seqs = 1;
+    if (layers) sh.cfg.layers = layers;
     sh.batch = 1;
     sh.lora_r = 16;
     sh.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;  // case C (configs/case-c.yaml)
@@ -219,7 +240,7 @@ int main(int argc, char **argv) {
 
     const mt_model_config *c = &sh.cfg;
     double N = step_matmul_params(c);
-    printf("=== ROOFLINE PROJECTION (not a measurement) — one H100 SXM, QLoRA step ===\n");
+    printf("=== ROOFLINE PROJECTION (not a measurement) — one %s, QLoRA step ===\n", step_dev->name);
     printf("model: hidden %lld, %lld layers, %lld experts top-%lld, ffn %lld, heads %lld/%lld x %lld, vocab %lld\n",
            (long long)c->hidden, (long long)c->layers, (long long)c->experts, (long long)c->top_k,
            (long long)c->intermediate, (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,

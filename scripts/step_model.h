@@ -49,6 +49,7 @@ typedef struct {
     double m;           // GEMMs: rows per call (the M the efficiency depends on)
     double n, k;        // cuBLASLt GEMMs: the call's N and K (0: unknown, M alone decides)
     double instr;       // STEP_DEQUANT, STEP_ALU: thread instructions issued (SASS), whole step
+    double imbalance;   // routed GEMMs: rows per call spread ±this around m (STEP_ROUTING_SPREAD)
     step_class cls;
 } step_op;
 
@@ -86,6 +87,10 @@ enum { STEP_GROUPED_TILE_M = 64 };
 
 enum { STEP_MAX_OPS = 64 };
 
+// Routing is never exactly balanced: an expert's rows, assumed spread uniformly ±20% around the
+// balanced T·k/E (the GEMMs' tile use averages over the spread, scripts/step_time.h).
+#define STEP_ROUTING_SPREAD 0.20
+
 typedef struct {
     step_op op[STEP_MAX_OPS];
     int n;
@@ -107,6 +112,13 @@ static inline void step_gemm(step_ops *s, const char *name, char phase, double c
                              double m, double n, double k) {
     step_op *o = step_add(s, name, phase, count, flops, bytes, m, STEP_GEMM);
     o->n = n, o->k = k;
+}
+
+// An expert GEMM row: its rows per call follow the routing.
+static inline void step_expert_gemm(step_ops *s, const char *name, char phase, double count, double flops,
+                                    double bytes, double m, double n, double k) {
+    step_op *o = step_add(s, name, phase, count, flops, bytes, m, STEP_GEMM);
+    o->n = n, o->k = k, o->imbalance = STEP_ROUTING_SPREAD;
 }
 
 // N: matmul parameters per token (see the conventions above).
@@ -164,6 +176,12 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const double Tk = T * K, Me = Tk / E;  // expert rows: every token k times, spread evenly (assumed)
     const int RA = sh->recompute || sh->recompute_attn, RM = sh->recompute || sh->recompute_mlp;
     const int cub = sh->experts_cublas;
+    // The backward stops early in the lowest layer: nothing below it trains (the embedding is
+    // frozen), so its ln1 and q, k, v dx are never made and, with no adapter in its attention,
+    // neither its attention's backward nor its MLP part's input gradient (the router's dx, w1‖w3's
+    // dx and their dequantization): Lb layers run those (the H200's profile, 2026-11-27: 3 of 4).
+    const int attn_lora = (sh->targets & MT_TARGET_ATTN) != 0;
+    const double Lb = attn_lora ? L : L - 1;
     memset(s, 0, sizeof *s);
 
     step_add(s, "embedding", 'F', 1, 0, 2 * bf * T * h, T, STEP_MEM);
@@ -173,7 +191,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double nf_b = 2 * bf * T * h + f32 * T, nb_b = 4 * bf * T * h + f32 * T, nR = (double)(RA + RM) * L;
     step_add(s, "rmsnorm", 'F', 2 * L + 1, 4 * T * h * (2 * L + 1), nf_b * (2 * L + 1), T, STEP_MEM);
     step_add(s, "rmsnorm", 'R', nR, 4 * T * h * nR, nf_b * nR, T, STEP_MEM);
-    step_add(s, "rmsnorm", 'B', 2 * L + 1, 6 * T * h * (2 * L + 1), nb_b * (2 * L + 1), T, STEP_MEM);
+    const double nB = 2 * L + 1 - (attn_lora ? 1 : 2);
+    step_add(s, "rmsnorm", 'B', nB, 6 * T * h * nB, nb_b * nB, T, STEP_MEM);
 
     // Attention projections: q, k, v as three GEMMs reading x each; o. Base frozen: backward is dx
     // only. The shapes: q's (N = dq, K = h) stands for the three.
@@ -182,11 +201,11 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double qkv_bb = bf * (h * nqkv + T * nqkv + 3 * 2 * T * h);
     step_gemm(s, "q,k,v GEMMs", 'F', 3 * L, qkv_f * L, qkv_fb * L, T, dq, h);
     if (RA) step_gemm(s, "q,k,v GEMMs", 'R', 3 * L, qkv_f * L, qkv_fb * L, T, dq, h);
-    step_gemm(s, "q,k,v GEMMs (dx)", 'B', 3 * L, qkv_f * L, qkv_bb * L, T, h, dq);
+    step_gemm(s, "q,k,v GEMMs (dx)", 'B', 3 * (L - 1), qkv_f * (L - 1), qkv_bb * (L - 1), T, h, dq);
     double o_f = 2 * T * dq * h, o_fb = bf * (dq * h + T * dq + T * h), o_bb = bf * (dq * h + T * h + 2 * T * dq);
     step_gemm(s, "o GEMM", 'F', L, o_f * L, o_fb * L, T, h, dq);
     if (RA) step_gemm(s, "o GEMM", 'R', L, o_f * L, o_fb * L, T, h, dq);
-    step_gemm(s, "o GEMM (dx)", 'B', L, o_f * L, o_bb * L, T, dq, h);
+    step_gemm(s, "o GEMM (dx)", 'B', Lb, o_f * Lb, o_bb * Lb, T, dq, h);
     if (sh->targets & MT_TARGET_ATTN) {
         // Per adapted projection; q, k, v, o have (in, out) = (h, dq), (h, dkv), (h, dkv), (dq, h).
         step_ops tmp;
@@ -201,7 +220,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double rope_b = 2 * bf * T * (dq + dkv), rope_f = 6 * T * (dq + dkv) / 2;
     step_add(s, "rope (q, k)", 'F', L, rope_f * L, rope_b * L, T, STEP_MEM);
     if (RA) step_add(s, "rope (q, k)", 'R', L, rope_f * L, rope_b * L, T, STEP_MEM);
-    step_add(s, "rope (q, k)", 'B', L, rope_f * L, rope_b * L, T, STEP_MEM);
+    step_add(s, "rope (q, k)", 'B', Lb, rope_f * Lb, rope_b * Lb, T, STEP_MEM);
 
     // Attention, causal: forward 2·T·S·d_attn (QKᵀ and P·V over the visible half). Backward as
     // the kernels run it: the WMMA pair 7 units (the dq kernel recomputes QKᵀ and dO·Vᵀ and runs
@@ -216,14 +235,15 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double bwd_units = sh->attn_cudnn ? 5 : 7;
     step_add(s, att_f, 'F', L, 2 * T * S * dq * L, at_fb * L, T, ac);
     if (RA) step_add(s, att_f, 'R', L, 2 * T * S * dq * L, at_fb * L, T, ac);
-    step_add(s, att_b, 'B', L, bwd_units * T * S * dq * L, at_bb * L, T, ac);
+    step_add(s, att_b, 'B', Lb, bwd_units * T * S * dq * Lb, at_bb * Lb, T, ac);
 
     // Router: x·Wgᵀ to fp32 logits, softmax and top-k (folded in); backward dx = dlogits·Wg.
     double ro_f = 2 * T * h * E, ro_fb = bf * (T * h + E * h) + f32 * (2 * T * E) + (f32 + 4) * Tk;
     double ro_bb = f32 * 2 * T * E + bf * (E * h + 2 * T * h);
-    step_gemm(s, "router GEMM + top-k", 'F', L, ro_f * L, ro_fb * L, T, E, h);
-    if (RM) step_gemm(s, "router GEMM + top-k", 'R', L, ro_f * L, ro_fb * L, T, E, h);
-    step_gemm(s, "router GEMM (dx)", 'B', L, ro_f * L, ro_bb * L, T, h, E);
+    // Three launches a layer: the GEMM, the top-k, the aux statistics (a replay: the weights).
+    step_gemm(s, "router GEMM + top-k", 'F', 3 * L, ro_f * L, ro_fb * L, T, E, h);
+    if (RM) step_gemm(s, "router GEMM + top-k", 'R', 3 * L, ro_f * L, ro_fb * L, T, E, h);
+    step_gemm(s, "router GEMM (dx)", 'B', Lb, ro_f * Lb, ro_bb * Lb, T, h, E);
     if (sh->targets & MT_TARGET_GATE) step_lora(s, "LoRA gate", L, T, h, E, r, RM);
 
     // Tokens to expert rows (each token k times) and back, weighted by the router; a replay
@@ -253,9 +273,11 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double in = (double)mt_qweight_dequant_bytes_of(sh->quant, c->intermediate, c->hidden, sh->blocksize,
                                                             sh->double_quant, MT_BF16);  // one [f, h] matrix
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
-            step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], 2 * E * L, w_elems, 3 * E * L * in, 0,
-                                  STEP_DEQUANT);
-            o->instr = instr * w_elems;
+            // The backward's: w2 in every layer, w1‖w3 in the Lb that make dx.
+            double mats = phases[p] == 'B' ? E * (L + 2 * Lb) : 3 * E * L;
+            step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (L + Lb) : 2 * E * L,
+                                  h * f * mats, mats * in, 0, STEP_DEQUANT);
+            o->instr = instr * h * f * mats;
         }
         if (sh->quant_attn && attn_r) {
             double by = 0;
@@ -265,7 +287,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             for (int i = 0; i < 4; i++)
                 by += (double)mt_qweight_dequant_bytes_of(sh->quant, outs[i], ins[i], sh->blocksize, sh->double_quant,
                                                           MT_BF16);
-            double n = L * sh->dequants_per_use;
+            double n = (phases[p] == 'B' ? Lb : L) * sh->dequants_per_use;
             step_add(s, "dequant NF4->bf16 q,k,v,o", phases[p], 4 * n, (h * nqkv + dq * h) * n, by * n, 0, STEP_MEM);
         }
     }
@@ -286,9 +308,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GROUPED);
     } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
         e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + Tk * h);
-        step_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        if (RM) step_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        step_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * L, e13_f * L, e13_bb * L, Me, h, 2 * f);
+        step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
+        step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_f * Lb, e13_bb * Lb, Me, h, 2 * f);
     }
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
@@ -298,9 +320,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (RM) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
         step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GROUPED);
     } else {
-        step_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        if (RM) step_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        step_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
+        step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
+        step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
     }
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;

@@ -66,12 +66,11 @@ static const mt_prof_row *find(const mt_prof_table *t, const char *name, char ph
 }
 
 // What the real step does differently from scripts/step_model.h, in FLOPs per (op, phase); the
-// model describes a steady layer, the step runs:
-//   * layer 0, the lowest trainable one, wants no input gradient (nothing below it trains:
-//     model/backward.c, needs_of): its backward skips both RMSNorms, the q, k, v and o dx GEMMs
-//     and their dequantizations, RoPE and attention, the router's dx GEMM and its LoRA's dx
-//     product, the gather's backward, the w1/w3 dx GEMMs (and their in-kernel dequantization)
-//     and the w1/w3 LoRAs' dx products;
+// model has layer 0's early stop (no adapter in attention: its RMSNorms, attention backward,
+// the router's and w1‖w3's dx and their dequantization skipped), and the step also runs:
+//   * in layer 0, no dx product of the router's LoRA, of the gather's backward or of the
+//     w1/w3 LoRAs (nothing below wants it: model/backward.c, needs_of), nor the grouped
+//     kernel's in-kernel dequantization for the w1/w3 dx;
 //   * the second residual add is h copied, then combine accumulating onto it (its adds are
 //     combine's): one add kernel per layer forward, not two (a recomputed layer makes h only, as
 //     the model has it, and combines nothing);
@@ -81,7 +80,7 @@ static const mt_prof_row *find(const mt_prof_table *t, const char *name, char ph
 static double delta(const char *name, char ph, const mt_model *m) {
     const mt_model_config *c = &m->cfg;
     double T = B * S, h = c->hidden, f = c->intermediate, E = c->experts, K = c->top_k, L = c->layers;
-    double dq = (double)c->heads * c->head_dim, dkv = (double)c->kv_heads * c->head_dim, r = R, Tk = T * K;
+    double r = R, Tk = T * K;
     double tiles = 0, tiles0 = 0, model_tiles = E * ceil(Tk / E / STEP_GROUPED_TILE_M) * L;
     for (int l = 0; l < c->layers; l++)
         for (int e = 0; e < c->experts; e++) {
@@ -94,24 +93,15 @@ static double delta(const char *name, char ph, const mt_model *m) {
     int B_ = ph == 'B', F_ = ph == 'F';
 #define IS(s) (!strcmp(name, s))
     // The cuBLAS path dequantizes an expert's W only when it has rows, and layer 0's backward
-    // skips w1‖w3's dx (nothing below wants it).
-    if (IS("expert dequant 4-bit->bf16")) return -3 * h * f * idle - (B_ ? 2 * h * f * rows0 : 0);
+    // skips w1‖w3's dx: the model skips it for all E experts of layer 0, the step for those with rows.
+    if (IS("expert dequant 4-bit->bf16")) return -3 * h * f * idle - (B_ ? 2 * h * f * (rows0 - E) : 0);
     if (IS("dequant in grouped GEMMs (ALU)"))
         return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
     if (IS("residual adds") && F_) return -T * h * L;
     if (IS("loss gradient scale") && B_) return T * h;
     if (!B_) return 0;
-    if (IS("rmsnorm")) return -2 * 6 * T * h;
-    if (IS("q,k,v GEMMs (dx)")) return -2 * T * h * (dq + 2 * dkv);
-    if (IS("o GEMM (dx)")) return -2 * T * dq * h;
-    if (IS("rope (q, k)")) return -3 * T * (dq + dkv);
-    if (IS("attention bwd (wmma bf16)")) return -7 * T * S * dq;
-    if (IS("attention bwd (cuDNN SDPA)")) return -5 * T * S * dq;
-    if (IS("dequant NF4->bf16 q,k,v,o")) return -(h * (dq + 2 * dkv) + dq * h);
-    if (IS("router GEMM (dx)")) return -2 * T * h * E;
     if (IS("LoRA gate")) return -2 * T * r * h;
     if (IS("permute/gather + combine")) return -Tk * h;
-    if (IS("expert GEMMs w1, w3 (dx, grouped)") || IS("expert GEMM w1+w3 (dx, cuBLAS)")) return -4 * Tk * h * f;
     if (IS("LoRA experts w1,w3,w2 (grouped)") || IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h;
 #undef IS
     return 0;
