@@ -23,6 +23,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "model/attention_cudnn.h"
+#include "model/attention_scratch.h"
 #include "model/ops_cuda.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -629,7 +630,7 @@ cudnnStatus_t execute(mt_backend *be, const Plan *p, const Binding &bind, int bu
 
 // Whether a direction's graph masks by lengths: with key lengths, and (cudnn-frontend's workaround
 // for cuDNN ≤ 9.15) in the backward whenever S is not a multiple of 128, with every length S.
-int needs_lens(int bwd, int S, int kv) { return kv || (bwd && S % 128 != 0 && api.GetVersion() <= 91500); }
+int needs_lens(int bwd, int S, int kv) { return mt_att_cudnn_needs_lens(bwd, S, kv, api.GetVersion()); }
 
 Shape shape_of(int bwd, int B, int S, int nh, int nkv, int hd, int hdv, int window, int kv, int bug, int dev) {
     return Shape{bwd, B, S, nh, nkv, hd, hdv, window, kv, needs_lens(bwd, S, kv), bug, dev};
@@ -651,12 +652,7 @@ const char *refusal(int has_key_mask, int has_kv_len, int nh, int nkv, int hd, i
     read_mode();
     if (mode == MT_ATTENTION_WMMA) return "";  // asked for: no reason to print
     if (!load()) return api_why;
-    // d_qk ≠ d_v is cuDNN's to take or refuse at plan time (Hopper takes MLA's 192 | 128).
-    if (hd <= 0 || hd > 256 || hd % 8 || hd_v <= 0 || hd_v > 256 || hd_v % 8)
-        return "head dims not multiples of 8 up to 256 (cuDNN SDPA's bf16 limits)";
-    if (nkv <= 0 || nh % nkv) return "query heads not a multiple of key heads";
-    if (has_key_mask && !has_kv_len) return "a key mask not given as sequence lengths";
-    return NULL;
+    return mt_att_cudnn_shape_refusal(has_key_mask, has_kv_len, nh, nkv, hd, hd_v);
 }
 
 bool aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -692,7 +688,7 @@ Scratch scratch_alloc(mt_backend *be, const Shape &s, const int32_t *kv_len) {
     const size_t rows = (size_t)s.B * s.nh * s.S;
     const size_t lens = s.lens ? up256((size_t)s.B * 4) : 0;
     Scratch x = {};
-    x.bytes = (kv_len ? 1 : 2) * lens + up256(rows * 4) + (s.bwd ? up256(rows * 4) + up256(rows * (size_t)s.hd * 4) : 0);
+    x.bytes = mt_att_cudnn_scratch_bytes(s.bwd, s.B, s.S, s.nh, s.hd, s.lens, kv_len != NULL);
     x.base = (char *)mt_work_alloc(be, x.bytes);
     char *p = x.base;
     cudaStream_t stream = mt_cuda_begin(be);
@@ -795,7 +791,7 @@ extern "C" int attention_cudnn_backward(mt_backend *be, mt_bf16 *dq, mt_bf16 *dk
     if (!p) return 0;
     // cuDNN writes the gradients; ours accumulate: into scratch first, added after.
     const size_t nq = (size_t)B * S * nh * hd, nk = (size_t)B * S * nkv * hd, nv = (size_t)B * S * nkv * hd_v;
-    const size_t bytes = (nq + nk + nv) * sizeof(mt_bf16);
+    const size_t bytes = mt_att_cudnn_staging_bytes(B, S, nh, nkv, hd, hd_v);
     mt_bf16 *tq = (mt_bf16 *)mt_work_alloc(be, bytes), *tk = tq + nq, *tv = tk + nk;
     const float w = (float)window;
     Scratch x = scratch_alloc(be, s, kv_len);
@@ -852,6 +848,26 @@ extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int
     else snprintf(msg, msg_len, "%s: %s", b.what, st_name(b.st));
     destroy_all(b.d, b.n);
     return ok ? 2 : 0;
+}
+
+extern "C" int attention_cudnn_count(int bwd, int B, int S, int nh, int nkv, int hd, int hd_v, int window, int kv,
+                                     size_t *scratch, int64_t *ws) {
+    read_mode();
+    load();
+    if (!api_syms) return 0;
+    const int lens = needs_lens(bwd, S, kv);
+    *scratch = mt_att_cudnn_scratch_bytes(bwd, B, S, nh, hd, lens, kv);
+    *ws = -1;
+    if (api_state > 0) {  // a device: the plans the step would build (a refusal printed, not fatal)
+        const Shape s = shape_of(bwd, B, S, nh, nkv, hd, hd_v, window, kv, 0, use_device());
+        mt_attention_mode m0 = mode;
+        mode = MT_ATTENTION_AUTO;
+        Plan *p = get_pair_plan(s);
+        mode = m0;
+        if (!p) return 0;
+        *ws = p->ws;
+    }
+    return 1;
 }
 
 extern "C" int attention_cudnn_planted(mt_backend *be, int bug, mt_bf16 *out, float *lse, const mt_bf16 *q,

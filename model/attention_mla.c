@@ -65,7 +65,10 @@ void mt_mla_forward(mt_model *m, int L) {
     step_unwork(m, &lat);
     mt_linear_forward(&ly->kv_b, a->kvb, a->kv_an, a->xa_kvb, NULL);
     mt_prof_pop();
-    if (!run) return;
+    if (!run) {
+        mt_op_attention_count(m, 0, 0, mask, d.B, d.S, d.nh, d.nh, d.qk, d.vd, 0);
+        return;
+    }
     int il = c->rope_interleave;
     mt_op_rope(m, A(a->q), m->step_positions, d.T, d.nh, d.qk, d.nope, d.rope, il, 0);
     mt_op_rope(m, rope_key(m, a->kv_a, &d), m->step_positions, d.T, 1, d.kva, 0, d.rope, il, 0);
@@ -92,6 +95,7 @@ void mt_mla_backward(mt_model *m, int L, const mt_tensor *datt, const mt_tensor 
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, NULL, A(datt), A(a->q), A(a->k), A(a->v), A(a->att),
                                  F(a->lse), NULL, mask, d.B, d.S, d.nh, d.nh, d.qk, d.vd,
                                  (float)mt_config_attn_scale(c), 0);
+    else mt_op_attention_count(m, 1, 0, mask, d.B, d.S, d.nh, d.nh, d.qk, d.vd, 0);
     // k and v back to kv_b's output and the shared rope key (summed over the heads), both unrotated
     mt_tensor dkvb = step_work(m, adt, d.T, (int64_t)d.nh * (d.nope + d.vd), 1), dkva = step_work(m, adt, d.T, d.kva, 1);
     if (run) {

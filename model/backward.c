@@ -161,6 +161,7 @@ static void layer_backward(mt_model *m, int L, const mt_tensor *dx) {
         mt_op_attention_backward(m, dq.data, dk.data, dv.data, ly->dsinks ? A(ly->dsinks) : NULL, datt.data, A(a->q),
                                  A(a->k), A(a->v), A(a->att), F(a->lse), ly->sinks ? A(ly->sinks) : NULL, mask, B, S, nh,
                                  nkv, hd, hd, (float)mt_config_attn_scale(c), (int)mt_config_layer_window(c, L));
+    else mt_op_attention_count(m, 1, ly->sinks != NULL, mask, B, S, nh, nkv, hd, hd, (int)mt_config_layer_window(c, L));
     step_unwork(m, &datt);
     if (run) {
         int rot = (int)mt_config_rotary_dim(c);

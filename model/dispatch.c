@@ -3,11 +3,13 @@
 // of m->be, mt_act ones in the step's storage dtype (model/model_internal.h: f32 on the cpu, bf16
 // on cuda). The null backend never calls these (its step runs no kernel).
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "core/profile.h"
 #include "model/attention_cudnn.h"
+#include "model/attention_scratch.h"
 #include "model/model_internal.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
@@ -163,6 +165,54 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, m
                  attention_backward_on_cuda(m, dq, dk, dv, dsinks, dout, q, k, v, out, lse, sinks, mask, B, S, nh, nkv,
                                             hd, hd_v, scale, window));
     });
+}
+
+// The path the counting step takes for the GPU step's attention, and its scratch: cuDNN's (its
+// scratch, its plan's workspace where a device can build the plan, else the measured guess) or
+// the WMMA kernels'. A CUDA build asks the library as the step would; other builds assume it
+// loads (the GPU machine's cuDNN 9.14) unless MT_ATTENTION=wmma.
+static int attention_count_path(int bwd, int sinks, int kv, const uint8_t *mask, int B, int S, int nh, int nkv,
+                                int hd, int hd_v, int window, size_t *scratch, size_t *ws) {
+    if (sinks) return 0;
+#ifdef MT_CUDA
+    if (attention_get_mode() == MT_ATTENTION_WMMA || attention_cudnn_version() == 0 ||
+        strcmp(attention_path(mask != NULL, kv, nh, nkv, hd, hd_v), "cudnn"))
+        return 0;
+    int64_t w;
+    if (!attention_cudnn_count(bwd, B, S, nh, nkv, hd, hd_v, window, kv, scratch, &w)) return 0;
+    *ws = w >= 0 ? (size_t)w : mt_att_cudnn_workspace_guess(bwd, B, S, nh, hd);
+    return 1;
+#else
+    const char *e = getenv("MT_ATTENTION");
+    if ((e && !strcmp(e, "wmma")) || mt_att_cudnn_shape_refusal(mask != NULL, kv, nh, nkv, hd, hd_v)) return 0;
+    (void)window;
+    *scratch = mt_att_cudnn_scratch_bytes(bwd, B, S, nh, hd,
+                                          mt_att_cudnn_needs_lens(bwd, S, kv, MT_ATT_CUDNN_VERSION_GUESS), kv);
+    *ws = mt_att_cudnn_workspace_guess(bwd, B, S, nh, hd);
+    return 1;
+#endif
+}
+
+void mt_op_attention_count(mt_model *m, int bwd, int sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                           int hd_v, int window) {
+    if (!m->counting || B <= 0 || S <= 0) return;
+    const int kv = mask && m->pad_right && !sinks;  // key lengths made on the device (kv_len_begin)
+    size_t scratch = 0, ws = 0, kvb = kv ? (size_t)B * sizeof(int32_t) : 0;
+    void *kvp = kvb ? mt_work_alloc(m->be, kvb) : NULL;
+    if (attention_count_path(bwd, sinks, kv, mask, B, S, nh, nkv, hd, hd_v, window, &scratch, &ws)) {
+        // the backward's staged gradients, then the scratch, then the workspace: the step's nesting
+        // (the null backend's pointers are NULL: the sizes say what to free)
+        size_t staged = bwd ? mt_att_cudnn_staging_bytes(B, S, nh, nkv, hd, hd_v) : 0;
+        void *a = staged ? mt_work_alloc(m->be, staged) : NULL, *b = mt_work_alloc(m->be, scratch);
+        void *c = ws ? mt_work_alloc(m->be, ws) : NULL;
+        if (ws) mt_work_free(m->be, c, ws);
+        mt_work_free(m->be, b, scratch);
+        if (staged) mt_work_free(m->be, a, staged);
+    } else if (bwd) {
+        size_t d = mt_att_wmma_scratch_bytes(1, B, S, nh);
+        mt_work_free(m->be, mt_work_alloc(m->be, d), d);
+    }
+    if (kvb) mt_work_free(m->be, kvp, kvb);
 }
 
 // MLA's keys and values from kv_b_proj's output and the shared rotated key part (model/ops.h).

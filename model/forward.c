@@ -126,6 +126,8 @@ static void attention_core(mt_model *m, int L) {
         mt_op_attention_forward(m, A(a->att), F(a->lse), A(a->q), A(a->k), A(a->v), ly->sinks ? A(ly->sinks) : NULL,
                                 mask, B, S, nh, nkv, hd, hd, (float)mt_config_attn_scale(c),
                                 (int)mt_config_layer_window(c, L));
+    } else {
+        mt_op_attention_count(m, 0, ly->sinks != NULL, mask, B, S, nh, nkv, hd, hd, (int)mt_config_layer_window(c, L));
     }
 }
 

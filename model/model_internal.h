@@ -99,6 +99,11 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, m
                               const mt_act *q, const mt_act *k, const mt_act *v, const mt_act *out, const float *lse,
                               const mt_act *sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
                               int hd_v, float scale, int window);
+// plan --measure's step (the null backend runs no kernel): the scratch the GPU step's attention
+// would take (model/attention_scratch.h), allocated and freed in the step's nesting so the
+// ledger's work peak holds it. No-op on a running backend.
+void mt_op_attention_count(mt_model *m, int bwd, int sinks, const uint8_t *mask, int B, int S, int nh, int nkv, int hd,
+                           int hd_v, int window);
 // MLA: k [T, nh, nope + rope] = kvb[:, h, :nope] | krot[t], v [T, nh, vd] = kvb[:, h, nope:] from
 // kvb [T, nh, nope + vd] and krot rows of krot_stride (a slice of kv_a_proj_with_mqa's rows); the
 // backward accumulates dkvb and dkrot (Σ over heads), NULL skipped (model/ops.h mla_kv_*).

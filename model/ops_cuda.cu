@@ -17,6 +17,7 @@
 #include "core/common.h"
 #include "model/ops_cuda.h"
 #include "model/attention_cudnn.h"
+#include "model/attention_scratch.h"
 
 enum { THREADS = 256 };
 
@@ -718,7 +719,7 @@ extern "C" void attention_backward_cuda(mt_backend *be, mt_bf16 *dq_, mt_bf16 *d
     bf16 *dq = (bf16 *)dq_, *dk = (bf16 *)dk_, *dv = (bf16 *)dv_;
     const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
     const int64_t rows = (int64_t)B * S * nh;
-    const size_t dbytes = (size_t)rows * sizeof(float);
+    const size_t dbytes = mt_att_wmma_scratch_bytes(1, B, S, nh);
     float *D = (float *)mt_work_alloc(be, dbytes);
     attention_d_kernel<<<mt_cuda_blocks(rows * 32, THREADS, 0x7fffffffu), THREADS, 0, s>>>(D, dout, (const bf16 *)out_,
                                                                                           rows, hd_v);

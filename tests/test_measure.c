@@ -302,12 +302,13 @@ Test(measure, optimizer_options_measured_against_the_plan) {
 // category within 2% (act and work included). The GPU step's dtype rule and allocations are one
 // code path on both, so a difference here is a buffer one of them takes and the other does not.
 #include "tests/gpu_or_skip.h"
+#ifdef MT_CUDA
+#include "model/attention_cudnn.h"
+#endif
 
-static void expect_run_equals_plan(mt_backend *gpu, const char *config, const char *flags) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, config);
-    mt_model_config cfg;
-    cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+static void expect_cfg_run_equals_plan(mt_backend *gpu, const mt_model_config *c, const char *config,
+                                       const char *flags) {
+    mt_model_config cfg = *c;
     mt_run_opts o;
     cr_assert_eq(opts_of(0, flags, &o), 0, "%s: %s", flags, mt_error_get());
     mt_plan_measurement planned, ran;
@@ -326,12 +327,41 @@ static void expect_run_equals_plan(mt_backend *gpu, const char *config, const ch
                   (unsigned long long)planned.total_peak, (unsigned long long)ran.total_peak);
 }
 
+static void expect_run_equals_plan(mt_backend *gpu, const char *config, const char *flags) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, config);
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+    expect_cfg_run_equals_plan(gpu, &cfg, config, flags);
+}
+
 Test(measure, cuda_run_equals_the_plan) {
     mt_backend *gpu = gpu_or_skip();
     expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 4 --seq 48 --batch 2");
     expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --dropout 0.1 --seq 40 --checkpointing none");
     expect_run_equals_plan(gpu, "tiny.json", "--mode unfreeze --layers 1 --experts 0,3 --seq 32");
     expect_run_equals_plan(gpu, "mid.json", "--mode lora --targets all --r 8 --quant none --layers 22,23 --seq 32 --batch 2");
+    mt_backend_free(gpu);
+}
+
+// Long sequences, wide attention, small experts: the attention's own scratch (cuDNN's statistics,
+// Σ rows, fp32 dQ accumulator, staged gradients and plan workspace; the WMMA backward's rows) is
+// the step's largest, and the counting step makes it as the run does (mt_op_attention_count).
+Test(measure, cuda_run_equals_the_plan_when_attention_scratch_leads) {
+    mt_backend *gpu = gpu_or_skip();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/configs/tiny.json", MT_REPO_ROOT);
+    mt_model_config cfg;
+    cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+    cfg.heads = 8, cfg.kv_heads = 2, cfg.head_dim = 64, cfg.intermediate = 32;
+    expect_cfg_run_equals_plan(gpu, &cfg, "tiny.json, 8/2 heads of 64", "--mode lora --targets all --r 4 --seq 768");
+    expect_cfg_run_equals_plan(gpu, &cfg, "tiny.json, 8/2 heads of 64",
+                               "--mode lora --targets w1,w2,w3 --r 4 --seq 520 --checkpointing none");
+#ifdef MT_CUDA  // the WMMA kernels' own rows
+    attention_set_mode(MT_ATTENTION_WMMA);
+    expect_cfg_run_equals_plan(gpu, &cfg, "tiny.json, 8/2 heads of 64, WMMA", "--mode lora --targets all --r 4 --seq 640");
+    attention_set_mode(MT_ATTENTION_AUTO);
+#endif
     mt_backend_free(gpu);
 }
 
