@@ -144,23 +144,31 @@ static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, doub
     free(w);
     mt_tensor *dst = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 1, &n);
     if (!dst) mt_fatal(MT_EXIT_OOM, "bench_gpu: dequant: %s", mt_error_get());
-    for (int i = 0; i < WARMUP; i++)
-        if (mt_qweight_dequantize(&q, dst) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: dequant: %s", mt_error_get());
-    be->ops->synchronize(be);
-    double t0 = now_s();
-    for (int i = 0; i < TIMED; i++) mt_qweight_dequantize(&q, dst);
-    be->ops->synchronize(be);
-    double t = now_s() - t0, bytes = (double)mt_qweight_dequant_bytes(&q, MT_BF16);
-    double gbs = bytes * TIMED / t / 1e9;
-    printf("dequant NF4 -> bf16: [%lld, %lld] double quant, %.1f MB moved (codes %.1f MB + block constants + bf16 "
-           "%.1f MB), %d timed: %.3f ms each, %.0f GB/s = %.0f%% of the copy bandwidth\n", (long long)out, (long long)in,
-           bytes / 1e6, (double)((n + 1) / 2) / 1e6, 2.0 * (double)n / 1e6, TIMED, t / TIMED * 1e3, gbs,
-           100 * gbs / copy_gbs);
+    // Each whole-weight kernel (quant/quant.h mt_dequant_cuda_kernel): 0 the default, 1 the
+    // earlier one, until these figures say which to keep. Returns the default's.
+    static const char *names[2] = {"8 elements an item, coalesced (default)", "32 contiguous a thread"};
+    double bytes = (double)mt_qweight_dequant_bytes(&q, MT_BF16), gbs0 = 0;
+    for (int k = 0; k < 2; k++) {
+        mt_dequant_cuda_kernel(k);
+        for (int i = 0; i < WARMUP; i++)
+            if (mt_qweight_dequantize(&q, dst) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: dequant: %s", mt_error_get());
+        be->ops->synchronize(be);
+        double t0 = now_s();
+        for (int i = 0; i < TIMED; i++) mt_qweight_dequantize(&q, dst);
+        be->ops->synchronize(be);
+        double t = now_s() - t0, gbs = bytes * TIMED / t / 1e9;
+        if (k == 0) gbs0 = gbs;
+        printf("dequant NF4 -> bf16, kernel %d (%s): [%lld, %lld] double quant, %.1f MB moved (codes %.1f MB + block "
+               "constants + bf16 %.1f MB), %d timed: %.3f ms each, %.0f GB/s = %.0f%% of the copy bandwidth\n", k,
+               names[k], (long long)out, (long long)in, bytes / 1e6, (double)((n + 1) / 2) / 1e6, 2.0 * (double)n / 1e6,
+               TIMED, t / TIMED * 1e3, gbs, 100 * gbs / copy_gbs);
+        json_line("dequant_nf4", "\"kernel\":%d,\"out\":%lld,\"in\":%lld,\"bytes\":%.0f,\"ms\":%.4f,\"gbs\":%.1f,"
+                  "\"of_copy\":%.3f", k, (long long)out, (long long)in, bytes, t / TIMED * 1e3, gbs, gbs / copy_gbs);
+    }
+    mt_dequant_cuda_kernel(0);
     mt_tensor_free(dst);
     mt_qweight_free(&q);
-    json_line("dequant_nf4", "\"out\":%lld,\"in\":%lld,\"bytes\":%.0f,\"ms\":%.4f,\"gbs\":%.1f,\"of_copy\":%.3f",
-              (long long)out, (long long)in, bytes, t / TIMED * 1e3, gbs, gbs / copy_gbs);
-    return gbs;
+    return gbs0;
 }
 
 // TFLOP/s of c [n, n] f32 = a [n, n] · bᵀ with a, b in `dt` (nn.Linear's layout, as the model's).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/sass_count.sh [--max] — SASS instructions per weight element of the 4-bit dequantization
-# kernels (quant/quant.cu's dequant32_kernel, one instantiation per format × double quant × output
+# kernels (quant/quant.cu's dequant8_kernel, the default, one instantiation per format × double quant × output
 # dtype), as compiled for the H100 (sm_90). Each thread of those kernels runs straight-line code for
-# 32 elements (no loop but the 256-entry table's fill, one pass), so the kernel's instruction count
-# over 32 is the issue slots one element costs. NOPs (alignment padding) are not counted.
+# 8 · DEQ_ITEMS elements (no loop but the 256-entry table's fill, one pass), so the kernel's
+# instruction count over that is the issue slots one element costs. NOPs (alignment padding) are not counted.
 #   (no argument)  a line per kernel: instructions, per element
 #   --max          only the largest per-element figure
 #   --both         the lines on stderr, the largest figure on stdout (what `make bench-gpu` prints and
@@ -50,22 +50,24 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$nvcc" -O2 -std=c++20 -I. -DMT_CUDA -gencode arch=compute_90,code=sm_90 -cubin quant/quant.cu -o "$tmp/quant.cubin"
 "$cuobjdump" -sass "$tmp/quant.cubin" >"$tmp/sass.txt"
+# Elements a thread: 8 an item, DEQ_ITEMS items (quant/quant.cu's enum).
+per=$(( 8 * $(sed -n 's/.*DEQ_ITEMS = \([0-9]*\).*/\1/p' quant/quant.cu) ))
 # One block per function: "Function : NAME", then instruction lines "/*0040*/  OP ... ;".
-awk '
+awk -v per="$per" '
   /Function : / { fn = $3; next }
-  fn ~ /dequant32_kernel/ && /^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+[A-Z@]/ {
+  fn ~ /dequant8_kernel/ && /^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+[A-Z@]/ {
     line = $0; sub(/^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+/, "", line); sub(/;.*/, "", line); split(line, w, /[ \t]+/)
     op = (w[1] ~ /^@/) ? w[2] : w[1]
     if (op != "NOP") n[fn]++
   }
-  END { for (f in n) printf "%s %d %.2f\n", f, n[f], n[f] / 32.0 }' "$tmp/sass.txt" | sort >"$tmp/counts"
-[ -s "$tmp/counts" ] || { echo "sass_count: no dequant32_kernel in quant/quant.cu's SASS" >&2; exit 1; }
+  END { for (f in n) printf "%s %d %.2f\n", f, n[f], n[f] / per }' "$tmp/sass.txt" | sort >"$tmp/counts"
+[ -s "$tmp/counts" ] || { echo "sass_count: no dequant8_kernel in quant/quant.cu's SASS" >&2; exit 1; }
 table() {
-  echo "SASS instructions per element, quant/quant.cu dequant32_kernel (sm_90, NOPs excluded; 32 elements a thread):"
+  echo "SASS instructions per element, quant/quant.cu dequant8_kernel (sm_90, NOPs excluded; $per elements a thread):"
   # Demangled enough to read: format 0 NF4 1 FP4 2 INT4, double quant, output dtype.
   awk '{ f = $1; t = f; sub(/.*kernelILi/, "", t); fmt = substr(t, 1, 1); dq = (t ~ /Lb1/) ? "dq" : "  ";
          out = (f ~ /bfloat16/) ? "bf16" : "f32 ";
-         name = (fmt == 0) ? "NF4 " : (fmt == 1) ? "FP4 " : "INT4";
+         name = (fmt == 0) ? "NF4 " : (fmt == 1) ? "FP4 " : (fmt == 2) ? "INT4" : "MXFP4";
          printf "  %s %s -> %s  %4d instructions  %5.2f per element\n", name, dq, out, $2, $3 }' "$tmp/counts"
 }
 largest() { sort -k3 -n "$tmp/counts" | tail -1 | awk '{ print $3 }'; }

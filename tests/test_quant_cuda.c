@@ -46,6 +46,12 @@ static void *source(int64_t n, mt_dtype dt, uint64_t seed) {
     return h;
 }
 
+#ifdef MT_CUDA
+enum { DEQ_KERNELS = 2 };
+#else
+enum { DEQ_KERNELS = 1 };
+#endif
+
 Test(quant_cuda, quantize_and_dequantize_bit_for_bit, .timeout = 120) {
     mt_backend *gpu = gpu_or_skip(), *cpu = mt_backend_cpu_new();
     static const int64_t shapes[][2] = {{77, 91}, {512, 1024}, {4096, 4097}};  // odd; aligned; > one upload
@@ -72,21 +78,26 @@ Test(quant_cuda, quantize_and_dequantize_bit_for_bit, .timeout = 120) {
                     cr_expect_eq(first_diff(a.nested_absmax, b.nested_absmax), -1, "%s: nested absmax", what);
                     cr_expect(memcmp(&a.offset, &b.offset, 4) == 0, "%s: offset", what);
                     cr_expect_eq(gpu->ledger.cur[MT_MEM_BASE], mt_qweight_bytes(&b), "%s: ledger", what);
-                    // Dequantize: whole (16-byte vector path) and from an odd element (scalar path).
-                    for (int o = 0; o < 2; o++) {
-                        mt_dtype odt = o ? MT_BF16 : MT_F32;
-                        size_t es = o ? 2 : 4;
+                    // Dequantize: whole (16-byte vector path) and from an odd element (scalar path),
+                    // by each whole-weight kernel (quant/quant.h mt_dequant_cuda_kernel).
+                    for (int o = 0; o < 2 * DEQ_KERNELS; o++) {
+#ifdef MT_CUDA
+                        mt_dequant_cuda_kernel(o / 2);
+#endif
+                        mt_dtype odt = o % 2 ? MT_BF16 : MT_F32;
+                        size_t es = o % 2 ? 2 : 4;
                         int64_t sh[1] = {n};
                         mt_tensor *dst = mt_tensor_new(gpu, MT_MEM_WORK, odt, 1, sh);
                         cr_assert_not_null(dst);
                         cr_assert_eq(mt_qweight_dequantize(&b, dst), 0, "%s", mt_error_get());
                         uint8_t *got = host_copy(dst), *want = mt_xmalloc((size_t)n * es);
-                        if (o) mt_qweight_dequantize_rows_bf16_cpu(&a, (uint16_t *)want, 0, out);
+                        if (o % 2) mt_qweight_dequantize_rows_bf16_cpu(&a, (uint16_t *)want, 0, out);
                         else mt_qweight_dequantize_rows_cpu(&a, (float *)want, 0, out);
                         int64_t bad = -1;
                         for (int64_t i = 0; i < n && bad < 0; i++)
                             if (memcmp(got + i * es, want + i * es, es) != 0) bad = i;
-                        cr_expect_eq(bad, -1, "%s -> %s: element %lld differs", what, mt_dtype_name(odt), (long long)bad);
+                        cr_expect_eq(bad, -1, "%s -> %s (kernel %d): element %lld differs", what, mt_dtype_name(odt), o / 2,
+                                     (long long)bad);
 #ifdef MT_CUDA
                         mt_qweight_dequantize_cuda(&b, dst->data, odt, 5, n - 3);
                         free(got);
@@ -96,6 +107,9 @@ Test(quant_cuda, quantize_and_dequantize_bit_for_bit, .timeout = 120) {
                         free(got), free(want);
                         mt_tensor_free(dst);
                     }
+#ifdef MT_CUDA
+                    mt_dequant_cuda_kernel(0);
+#endif
                     mt_qweight_free(&a), mt_qweight_free(&b);
                     free(w);
                 }
