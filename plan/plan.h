@@ -202,6 +202,7 @@ typedef struct mt_plan_report {
     const mt_plan *case_plan;  // --case: the case on its own settings, beside the source's figures
     const mt_plan_measurement *measured;  // --measure: printed beside the plan, or NULL
     const char *recompute;                // how --recompute was chosen (auto's reason), or NULL
+    const mt_plan_recompute_choice *auto_choice;  // --recompute auto's choice by the measured step, or NULL
 } mt_plan_report;
 
 // The text table; for --case also the source document's figures beside ours.

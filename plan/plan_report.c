@@ -275,6 +275,12 @@ static void print_table(FILE *out, const mt_plan_report *r) {
                 gb(p->expert_dropout_bytes), r->opts->cuda ? "in work: --device cuda" : "the GPU step's; not in work here");
     fprintf(out, "fits on a %s GB (%.2f GiB) card: %s (%.0f%%)\n", short_gb(p->gpu_mem, card, sizeof card),
             gib(p->gpu_mem), p->fits ? "yes" : "NO", p->percent);
+    // auto chose by the measured step, which fits where the plan's total does not: say both.
+    const mt_plan_recompute_choice *c = r->auto_choice;
+    if (!p->fits && c && c->fits && !r->measured)
+        fprintf(out, "  by the measured step --recompute auto chose from: yes (%.2f GB with 1 GB for the CUDA context, "
+                     "%.0f%%); --measure prints it and decides the exit status\n",
+                gb(c->total + 1000000000ull), 100.0 * ((double)c->total + 1e9) / p->gpu_mem);
 }
 
 static void print_suggestions(FILE *out, const mt_plan_report *r) {

@@ -279,6 +279,21 @@ Test(plan, expert_scratch_in_work_on_cuda) {
 // --recompute auto: the least recomputation whose measured step fits --gpu-mem (less 1 GB for
 // what the ledger cannot see). Case C at s = 4096 keeps everything on an 80 GB card (62.4 GB
 // measured) and recomputes on a 44 GB one, each choice fitting by --measure.
+// auto chooses by the measured step; where that fits and the plan's analytic total does not
+// (Qwen3-30B-A3B at s = 4096 on 44 GB), the verdict says both, and the plan's total still decides
+// the exit status without --measure. A mode set by hand says nothing more.
+Test(plan, auto_measured_fit_is_said_beside_the_plans_no) {
+    char out[32768];
+    const char *run = "plan --model " MT_REPO_ROOT "/configs/qwen3-30b-a3b.json --mode lora --r 16 --experts all --seq 4096";
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s", run), MT_EXIT_NOFIT, "%s", out);
+    cr_expect(strstr(out, "card: NO (101%)"), "%s", out);
+    cr_expect(strstr(out, "by the measured step --recompute auto chose from: yes ("), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --measure", run), MT_EXIT_OK, "%s", out);
+    cr_expect(!strstr(out, "auto chose from"), "--measure prints the measured verdict itself: %s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --recompute experts", run), MT_EXIT_NOFIT, "%s", out);
+    cr_expect(!strstr(out, "auto chose from"), "%s", out);
+}
+
 Test(plan, recompute_auto_picks_the_least_that_fits) {
     mt_model_config cfg;
     mt_plan_mixtral_8x7b(&cfg);
@@ -292,7 +307,7 @@ Test(plan, recompute_auto_picks_the_least_that_fits) {
         mt_run_opts o;
         char note[256];
         cr_assert_eq(case_opts('C', runs[i].flags, &o), 0, "%s", mt_error_get());
-        cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, 1, note, sizeof note), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, 1, note, sizeof note, NULL), 0, "%s", mt_error_get());
         cr_expect_eq(o.checkpointing, runs[i].want, "%s: %s", runs[i].flags, note);
         cr_log_info("%s: %s", runs[i].flags, note);
         if (i == 3) {

@@ -292,7 +292,9 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
     };
 }
 
-int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n) {
+int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n,
+                                  mt_plan_recompute_choice *choice) {
+    if (choice) memset(choice, 0, sizeof *choice), choice->mode = o->checkpointing;
     if (o->checkpointing != MT_CKPT_AUTO) {
         snprintf(note, n, "%s (as set)", mt_ckpt_name(o->checkpointing));
         return 0;
@@ -306,6 +308,7 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     mt_plan_recompute_choice c;
     if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
     o->checkpointing = c.mode;
+    if (choice) *choice = c;
     const char *by = c.measured ? "the measured step" : "the plan";
     const char *where = gpu == MT_GPU_MEM_OF_CARD ? "the card" : cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
     double need = (double)c.total * scale + reserve;

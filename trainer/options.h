@@ -170,9 +170,11 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
 // says of it into `note` ("none (auto: fits 80 GB of --gpu-mem by the measured step: 63.4
 // GB ...)"); a mode set by a flag or a case is kept ("experts (as set)"). 0, or -1 with an error.
 // gpu: 0 the cpu, 1 a card of --gpu-mem, MT_GPU_MEM_OF_CARD a card whose own memory the trainer
-// put in --gpu-mem (the note says "of the card").
+// put in --gpu-mem (the note says "of the card"). choice (NULL: not wanted) gets auto's choice
+// (zero but its mode when the mode was set).
 enum { MT_GPU_MEM_OF_CARD = 2 };
-int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n);
+int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n,
+                                  mt_plan_recompute_choice *choice);
 // Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:
 // a compound literal, alive until the end of the enclosing block.
 #define MT_MODEL_SPEC_OF(o) ((mt_model_spec[1]){mt_run_opts_model_spec(o)})

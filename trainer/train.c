@@ -452,7 +452,7 @@ static int setup(trainer *t) {
         o->gpu_mem_bytes = (double)dev_total, gpu = MT_GPU_MEM_OF_CARD;
     // --recompute auto: the least recomputation that fits this device, the same on every rank.
     char recompute[256];
-    if (mt_run_opts_resolve_recompute(o, &cfg, gpu, recompute, sizeof recompute) != 0)
+    if (mt_run_opts_resolve_recompute(o, &cfg, gpu, recompute, sizeof recompute, NULL) != 0)
         return -1;
     if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
     // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.

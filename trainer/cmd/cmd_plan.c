@@ -109,7 +109,8 @@ int cmd_plan(int argc, char **argv) {
     }
     // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step.
     char recompute[256] = "";
-    if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute) != 0) {
+    mt_plan_recompute_choice choice = {0};
+    if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute, &choice) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
@@ -139,7 +140,7 @@ int cmd_plan(int argc, char **argv) {
         return MT_EXIT_USAGE;
     }
     mt_plan_report report = {name, &cfg, &po, &plan, suggestions, n, have_case ? &case_plan : NULL,
-                             o.measure ? &measured : NULL, recompute};
+                             o.measure ? &measured : NULL, recompute, choice.measured ? &choice : NULL};
     if (o.json) {
         char *text = mt_plan_json(&report);
         puts(text);
