@@ -169,19 +169,21 @@ Test(fp8, quantization_config_read_refused_and_written) {
 // A run
 
 // dir/model.safetensors: the fixture's tensors without `drop`.
-static void write_broken(const char *dir, const char *drop) {
+// FP8_TINY's tensors into dir/model.safetensors, `name` dropped (dtype NULL) or relabelled `dtype`.
+static void write_broken(const char *dir, const char *name, const char *dtype) {
     mt_st_file f;
     cr_assert_eq(mt_st_file_open(&f, FP8_TINY "/model.safetensors"), 0, "%s", mt_error_get());
     mt_st_entry *e = mt_xcalloc(f.n_tensors, sizeof *e);
     size_t n = 0;
     for (size_t i = 0; i < f.n_tensors; i++) {
         const mt_st_tensor *t = &f.tensors[i];
-        if (strcmp(t->name, drop) == 0) continue;
-        e[n] = (mt_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        int hit = strcmp(t->name, name) == 0;
+        if (hit && !dtype) continue;
+        e[n] = (mt_st_entry){.name = t->name, .dtype = hit ? dtype : t->dtype, .ndim = t->ndim, .data = t->data};
         memcpy(e[n].shape, t->shape, sizeof t->shape);
         n++;
     }
-    cr_assert_eq(n + 1, f.n_tensors, "%s is in the fixture", drop);
+    cr_assert_eq(n + !dtype, f.n_tensors, "%s is in the fixture", name);
     char path[200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     cr_assert_eq(mt_st_write(path, e, n, "{\"format\":\"pt\"}", NULL, NULL), 0, "%s", mt_error_get());
@@ -205,7 +207,7 @@ Test(fp8, a_run_trains_and_a_broken_checkpoint_exits_1, .timeout = 120) {
     const char *w = "model.layers.1.block_sparse_moe.experts.5.w2.weight";
     char scale[160];
     snprintf(scale, sizeof scale, "%s_scale_inv", w);
-    write_broken(bad, scale);
+    write_broken(bad, scale, NULL);
     cr_expect_eq(mt_test_run(log, sizeof log, "--model %s --data %s %s --out %s/no", bad, data, run, tmp), 1, "%s",
                  log);
     cr_expect(strstr(log, "/bad/model.safetensors") && strstr(log, w) && strstr(log, "weight_scale_inv"),
@@ -280,8 +282,12 @@ Test(fp8, quantize_and_merge_read_the_base_as_training_does, .timeout = 120) {
     cr_assert_eq(mt_mkdir_p(bad), 0);
     snprintf(cmd, sizeof cmd, "cp %s/config.json %s/", FP8_TINY, bad);
     cr_assert_eq(system(cmd), 0);
-    write_broken(bad, "model.layers.1.block_sparse_moe.experts.5.w2.weight");
+    write_broken(bad, "model.layers.1.block_sparse_moe.experts.5.w2.weight", NULL);
     cr_expect_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/qb", bad, tmp), 1, "%s", log);
     cr_expect(strstr(log, "experts.5.w2.weight_scale_inv") && strstr(log, "without its weight"), "%s", log);
+    // a tensor of a dtype no dense checkpoint holds: the file and the tensor named
+    write_broken(bad, "model.embed_tokens.weight", "I16");
+    cr_expect_eq(mt_test_run(log, sizeof log, "quantize --model %s --out %s/qb", bad, tmp), 1, "%s", log);
+    cr_expect(strstr(log, "/bad/model.safetensors: 'model.embed_tokens.weight': wrong dtype I16"), "%s", log);
     mt_test_rmrf(tmp);
 }

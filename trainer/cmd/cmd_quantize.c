@@ -403,7 +403,8 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                 break;
             }
             if (!deq && mt_st_float_dtype(t->dtype, &dt) != 0) {
-                mt_error_set("'%s': wrong dtype %s (a dense checkpoint holds F32, BF16 or F16)", t->name, t->dtype);
+                mt_error_set("%s: '%s': wrong dtype %s (a dense checkpoint holds F32, BF16 or F16)", m->files[f].path,
+                             t->name, t->dtype);
                 rc = -1;
                 break;
             }
