@@ -850,11 +850,12 @@ extern "C" int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int
     return ok ? 2 : 0;
 }
 
-extern "C" int attention_cudnn_count(int bwd, int B, int S, int nh, int nkv, int hd, int hd_v, int window, int kv,
-                                     size_t *scratch, int64_t *ws) {
+extern "C" int attention_cudnn_count(int bwd, int has_key_mask, int B, int S, int nh, int nkv, int hd, int hd_v,
+                                     int window, int kv, size_t *scratch, int64_t *ws) {
     read_mode();
     load();
-    if (!api_syms) return 0;
+    if (!api_syms || mode == MT_ATTENTION_WMMA || mt_att_cudnn_shape_refusal(has_key_mask, kv, nh, nkv, hd, hd_v))
+        return 0;
     const int lens = needs_lens(bwd, S, kv);
     *scratch = mt_att_cudnn_scratch_bytes(bwd, B, S, nh, hd, lens, kv);
     *ws = -1;

@@ -78,11 +78,12 @@ int attention_cudnn_check(int bwd, int B, int S, int nh, int nkv, int hd, int hd
                           size_t msg_len);
 
 // plan --measure's counting step (model/dispatch.c mt_op_attention_count): whether cuDNN would run
-// this shape (1) or not (0: not loadable, or a plan refused), the scratch it takes beside its
-// workspace, and the workspace its plan asks for (-1: no device to build the plan on). kv: the
-// caller passes key lengths.
-int attention_cudnn_count(int bwd, int B, int S, int nh, int nkv, int hd, int hd_v, int window, int kv,
-                          size_t *scratch, int64_t *ws);
+// this shape (1) or not (0: its library not loadable, MT_ATTENTION=wmma, a shape it refuses, or,
+// where a device exists, a plan refused: printed once, never fatal), the scratch it takes beside
+// its workspace, and the workspace its plan asks for (-1: the library loads but no device can
+// build the plan). kv: the caller passes key lengths.
+int attention_cudnn_count(int bwd, int has_key_mask, int B, int S, int nh, int nkv, int hd, int hd_v, int window,
+                          int kv, size_t *scratch, int64_t *ws);
 // Tests: the forward graph built with one planted bug (hd_v = hd, scale 1/sqrt(hd)), run (never
 // cached, never fatal). Returns the
 // first failing cuDNN status (0: all accepted) and its call in msg. bug 1: Q's head stride wrong

@@ -1,7 +1,8 @@
 // model/dispatch.c — each op of a step on the model's backend: the CPU reference kernels, or
 // their CUDA twins (model/ops_cuda.h). The arguments are the CPU kernels'; pointers are memory
 // of m->be, mt_act ones in the step's storage dtype (model/model_internal.h: f32 on the cpu, bf16
-// on cuda). The null backend never calls these (its step runs no kernel).
+// on cuda). The null backend never calls these (its step runs no kernel), but
+// mt_op_attention_count, which makes the attention's scratch on it.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,17 +170,15 @@ void mt_op_attention_backward(mt_model *m, mt_act *dq, mt_act *dk, mt_act *dv, m
 
 // The path the counting step takes for the GPU step's attention, and its scratch: cuDNN's (its
 // scratch, its plan's workspace where a device can build the plan, else the measured guess) or
-// the WMMA kernels'. A CUDA build asks the library as the step would; other builds assume it
-// loads (the GPU machine's cuDNN 9.14) unless MT_ATTENTION=wmma.
+// the WMMA kernels'. A CUDA build asks the library (loaded, the shape's limits, a plan where a
+// device exists); other builds assume it loads (the GPU machine's cuDNN 9.14). MT_ATTENTION=wmma:
+// the kernels.
 static int attention_count_path(int bwd, int sinks, int kv, const uint8_t *mask, int B, int S, int nh, int nkv,
                                 int hd, int hd_v, int window, size_t *scratch, size_t *ws) {
     if (sinks) return 0;
 #ifdef MT_CUDA
-    if (attention_get_mode() == MT_ATTENTION_WMMA || attention_cudnn_version() == 0 ||
-        strcmp(attention_path(mask != NULL, kv, nh, nkv, hd, hd_v), "cudnn"))
-        return 0;
     int64_t w;
-    if (!attention_cudnn_count(bwd, B, S, nh, nkv, hd, hd_v, window, kv, scratch, &w)) return 0;
+    if (!attention_cudnn_count(bwd, mask != NULL, B, S, nh, nkv, hd, hd_v, window, kv, scratch, &w)) return 0;
     *ws = w >= 0 ? (size_t)w : mt_att_cudnn_workspace_guess(bwd, B, S, nh, hd);
     return 1;
 #else

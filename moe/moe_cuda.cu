@@ -220,7 +220,8 @@ extern "C" void router_grouped_weights_of_choices_cuda(mt_backend *be, float *we
 }
 
 // The load for the bias update. part [nchunks, E]: a chunk's LOAD_ROWS rows counted per expert,
-// thread per expert (no atomics: the aux statistics' scheme); then counts [E] += the chunks in order.
+// thread per expert (no atomics: the aux statistics' scheme); then counts [E] += the chunks' sum
+// (a block per expert, a fixed tree).
 static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, const uint8_t *mask, int T, int E,
                                            int k) {
     const int64_t t0 = (int64_t)blockIdx.x * LOAD_ROWS, t1 = MT_MIN((int64_t)T, t0 + LOAD_ROWS);

@@ -175,6 +175,9 @@ static inline int mt_plan_measured_fits(const mt_plan_measurement *m, double gpu
 // where the measured GPU step keeps bf16: 2 bounds it) plus `reserve` (what the ledger cannot
 // see: the CUDA context, library workspaces) against `limit` bytes. The first that fits is
 // chosen, else full (the least memory; the plan then says it does not fit).
+// What a GPU's total must leave for what the ledger cannot see (the CUDA context, library
+// workspaces): --recompute auto's reserve, and the verdicts that quote it.
+#define MT_PLAN_CUDA_RESERVE 1e9
 typedef struct mt_plan_recompute_choice {
     mt_ckpt mode;
     uint64_t total;   // the chosen mode's deciding total, before scale and reserve

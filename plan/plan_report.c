@@ -280,7 +280,8 @@ static void print_table(FILE *out, const mt_plan_report *r) {
     if (!p->fits && c && c->fits && !r->measured)
         fprintf(out, "  by the measured step --recompute auto chose from: yes (%.2f GB with 1 GB for the CUDA context, "
                      "%.0f%%); --measure prints it and decides the exit status\n",
-                gb(c->total + 1000000000ull), 100.0 * ((double)c->total + 1e9) / p->gpu_mem);
+                ((double)c->total + MT_PLAN_CUDA_RESERVE) / 1e9,
+                100.0 * ((double)c->total + MT_PLAN_CUDA_RESERVE) / p->gpu_mem);
 }
 
 static void print_suggestions(FILE *out, const mt_plan_report *r) {

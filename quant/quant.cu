@@ -5,11 +5,13 @@
 // in, the decision functions shared with the C side, every product and sum with __fmul_rn /
 // __fadd_rn so that nvcc fuses nothing, the double-quant offset computed on the host.
 //
-// Dequantize (bandwidth-bound): one thread per 32 elements reads its 16 packed bytes with one
-// 16-byte load and its block's constants (the double-quant absmax rebuilt right there from the
-// 8-bit code, the nested absmax and the offset), looks each byte up in a 256-entry table of
-// value pairs in shared memory, and writes 32 bf16 (4 × 16-byte stores) or f32 (8 ×). Ranges that do not start on a
-// 32-element boundary, and the tail, go through a one-element-per-thread kernel.
+// Dequantize (bandwidth-bound): dequant8_kernel, the default, gives each thread items of 8
+// elements a block's width apart, so that a warp's 4-byte code loads and 16-byte stores are
+// contiguous; each item's block constants (the double-quant absmax rebuilt right there from the
+// 8-bit code, the nested absmax and the offset) are read once, each byte looked up in a
+// 256-entry table of value pairs in shared memory. dequant32_kernel (32 contiguous elements a
+// thread) is kept until a GPU times both. Ranges that do not start on a 32-element boundary, and
+// the tail, go through a one-element-per-thread kernel.
 //
 // Streams: work goes on the backend's own stream (mt_cuda_backend_stream), so it is ordered with
 // the backend's copies and matmuls without any host synchronisation.
@@ -237,8 +239,9 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
 // reads 4 bytes a lane and writes 16 (bf16) a lane, each contiguous across the warp (whole
 // sectors per instruction); every item's loads are issued before any is decoded. The items'
 // codes, outputs and blocks are at fixed strides from the thread's first (the launcher takes this
-// kernel only when 8 · DEQ_THREADS is a multiple of the blocksize), so their addresses are
-// immediates. Same values as dequant32_kernel; scripts/sass_count.sh counts this one.
+// kernel only when 8 · DEQ_THREADS is a multiple of the blocksize): the codes' and outputs'
+// offsets are immediates, the blocks' one add an item. Same values as dequant32_kernel;
+// scripts/sass_count.sh counts this one.
 template <int TYPE, bool DQ, typename OUT>
 static __global__ void __launch_bounds__(DEQ_THREADS)
     dequant8_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, OUT *__restrict__ dst) {

@@ -250,7 +250,10 @@ step_cli() {
 step_bench() {
   local lim=$1 seqargs=() s
   for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
-  "$(prog moetrain_roofline)" || echo "gpu_check: the roofline projection failed"
+  local dev=() name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  case "$name" in *H200*) dev=(--device h200);; esac  # the card's model (scripts/step_time.h)
+  "$(prog moetrain_roofline)" "${dev[@]}" || echo "gpu_check: the roofline projection failed"
   if [ "$REHEARSAL" = 1 ]; then
     # The same program on the tiny model with the emulator's sizes would need a GPU too: here it
     # must start and find none.

@@ -50,7 +50,8 @@ static totals project(const step_shape *sh, int print) {
         double s = op_time(o, &cb);
         t.step_s += s;
         by_phase[o->phase == 'F' ? 0 : o->phase == 'R' ? 1 : o->phase == 'B' ? 2 : 3] += s;
-        // eff: of the resource that bounds the op (its compute rate, HBM, or the issue slots).
+        // eff: of the resource that bounds the op (its compute rate, the card's copy bandwidth, or
+        // the issue slots).
         double eff = !cb ? mem_eff(o) : o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
         if (print)
             printf("%-36s %2c %6.0f %9.1f %8.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
@@ -156,11 +157,17 @@ static void print_assumptions(const step_shape *sh) {
     printf("  memory-bound kernels, as fractions of the copy: measured on the H200 (run 6, 2026-11-27, case C at seq 4096\n"
            "    and 16384, the mean), the same fraction assumed on other cards; rows not measured %.2f (the median):\n   ",
            EFF_MEM);
-    for (size_t i = 0; i < MT_ARRAY_LEN(STEP_MEASURED); i++)
-        printf(" %s%s%s %.2f%s", STEP_MEASURED[i].name, STEP_MEASURED[i].phase ? " " : "",
-               STEP_MEASURED[i].phase ? (char[2]){STEP_MEASURED[i].phase, 0} : "", STEP_MEASURED[i].frac,
+    for (size_t i = 0; i < MT_ARRAY_LEN(STEP_MEASURED); i++) {
+        const step_measured *x = &STEP_MEASURED[i];
+        char v[32];
+        if (x->bw > 0) snprintf(v, sizeof v, "%.2f TB/s", x->bw / 1e12);
+        else snprintf(v, sizeof v, "%.2f", x->frac);
+        printf(" %s%s%s %s%s", x->name, x->phase ? " " : "", x->phase ? (char[2]){x->phase, 0} : "", v,
                i + 1 < MT_ARRAY_LEN(STEP_MEASURED) ? (i % 4 == 3 ? ",\n   " : ",") : "\n");
-    printf("    (the lm_head rows' figures are of the bf16 peak: chunked GEMMs, measured 0.41-0.52)\n");
+    }
+    printf("    (the lm_head rows' figures are of the bf16 peak: chunked GEMMs, measured 0.41-0.52; the TB/s are\n"
+           "    the skinny GEMMs' byte rates on the H200, a call's fixed cost beside them (scripts/step_time.h); on\n"
+           "    other cards their skinny rate)\n");
     if (sh->experts_cublas)
         printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.3f\n"
                "    of the copy bandwidth: measured on the %s (2026-11-27; the goal is 0.85); or %.2f SASS\n"
@@ -215,7 +222,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             ok = step_device_set(v) == 0;
         } else if (!strcmp(a, "--layers")) {
-            ok = atoll(v) > 0 && atoll(v) <= sh.cfg.layers, layers = atoll(v);
+            ok = atoll(v) > 0, layers = atoll(v);
         } else if (!strcmp(a, "--dropout")) {
             sh.lora_dropout = atof(v), ok = sh.lora_dropout >= 0 && sh.lora_dropout < 1;
         } else {
@@ -225,6 +232,9 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!n_seqs) seqs[0] = 4096, n_seqs = 1;
+    if (layers > sh.cfg.layers)
+        return fprintf(stderr, "roofline: --layers %lld: the model has %lld\n", (long long)layers,
+                       (long long)sh.cfg.layers), MT_EXIT_USAGE;
     if (layers) sh.cfg.layers = layers;
     sh.batch = 1;
     sh.lora_r = 16;

@@ -179,7 +179,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // The backward stops early in the lowest layer: nothing below it trains (the embedding is
     // frozen), so its ln1 and q, k, v dx are never made and, with no adapter in its attention,
     // neither its attention's backward nor its MLP part's input gradient (the router's dx, w1‖w3's
-    // dx and their dequantization): Lb layers run those (the H200's profile, 2026-11-27: 3 of 4).
+    // dx and, on the cuBLAS path, their dequantization): Lb layers run those (the H200's profile,
+    // 2026-11-27: 3 of 4). Not modelled: an adapter on o alone (the step then skips the attention
+    // backward too), and the grouped kernel's in-kernel dequantization for w1‖w3's dx.
     const int attn_lora = (sh->targets & MT_TARGET_ATTN) != 0;
     const double Lb = attn_lora ? L : L - 1;
     memset(s, 0, sizeof *s);
@@ -305,7 +307,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
         step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
-        step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * L, e13_f * L, e13_bb * L, Me, STEP_GROUPED);
+        step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * Lb, e13_f * Lb, e13_bb * Lb, Me, STEP_GROUPED);
     } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
         e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + Tk * h);
         step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);

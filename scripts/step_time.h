@@ -20,10 +20,11 @@
 typedef struct {
     const char *key, *name;
     double peak_bf16, hbm_bw, copy_bw, cublas_8192, dequant_frac, skinny_bw;
+    int profiled;  // 1: STEP_MEASURED's byte rates were measured on this card (else skinny_bw)
 } step_device;
 static const step_device STEP_DEVICES[] = {
-    {"h100", "H100 SXM", 989e12, 3.35e12, 3006e9, 798e12, 0.61, 1.47e12},
-    {"h200", "H200", 989e12, 4.80e12, 4251e9, 781e12, 0.495, 1.60e12},
+    {"h100", "H100 SXM", 989e12, 3.35e12, 3006e9, 798e12, 0.61, 1.47e12, 0},
+    {"h200", "H200", 989e12, 4.80e12, 4251e9, 781e12, 0.495, 1.60e12, 1},
 };
 static const step_device *step_dev = &STEP_DEVICES[0];
 // Selects the card by key ("h100", "h200") or by a device name containing "H200"; 0 when known.
@@ -131,7 +132,7 @@ typedef struct {
     const char *name;
     char phase;
     double frac;  // memory rows: of the copy bandwidth; GEMM rows: of the bf16 peak
-    double bw;      // skinny GEMM rows: their bytes' rate, bytes/s (latency-bound: the same on the H100)
+    double bw;      // skinny GEMM rows: their bytes' rate on the H200, bytes/s (other cards: skinny_bw)
     double call_s;  // seconds a call of the model's count beyond its bytes (0: LAUNCH_GAP_S)
 } step_measured;
 // Rows fitted as calls · call_s + bytes / rate use both lengths (two figures, two unknowns).
@@ -200,7 +201,7 @@ static inline double op_eff(const step_op *o) {
 static inline double mem_bw(const step_op *o) {
     if (o->cls == STEP_GEMM && o->n > 0 && gemm_skinny(o->n, o->k)) {
         const step_measured *x = step_measured_of(o);
-        return x && x->bw > 0 ? fmin(x->bw, step_dev->copy_bw) : step_dev->skinny_bw;  // never past the copy
+        return x && x->bw > 0 && step_dev->profiled ? x->bw : step_dev->skinny_bw;
     }
     if (o->cls == STEP_MEM || o->cls == STEP_DEQUANT) return step_dev->copy_bw * op_eff(o);
     return step_dev->copy_bw;

@@ -754,13 +754,12 @@ static co_result co_router_grouped(mt_backend *g, int T, int E, int k, moe_route
     return r;
 }
 
-// Aux loss over two "layers" with a row mask: statistics, loss and backward.
-static co_result co_aux_loss(mt_backend *g) {
-    co_result r = co_begin();
-    co_seed(11);
-    const int T = 300, E = 8, k = 2;
+// Aux loss over two "layers" with a row mask: statistics, loss and backward. 300 rows of 8
+// experts (10 chunks of partial sums), and 4133 of 128 (130 chunks: the sums' strided loop and
+// every warp of their tree; 257 statistics: the partials' loop past 256 threads).
+static void aux_loss_case(co_result *r, mt_backend *g, int T, int E, int k) {
     size_t nl = (size_t)T * E, nk = (size_t)T * k;
-    uint8_t mask[300];
+    uint8_t *mask = mt_xmalloc((size_t)T);
     for (int t = 0; t < T; t++) mask[t] = t % 7 != 0;
     float *logits = co_router_logits(T, E), *probs = co_rand(nl, 0, 0), *w = co_rand(nk, 0, 0);
     float *dl = co_rand(nl, -1, 1);
@@ -779,16 +778,25 @@ static co_result co_aux_loss(mt_backend *g) {
     double zs = -1.0;
     int64_t zr = -1;
     moe_aux_stats_download_cuda(g, &sg, ST, &zs, &zr, NULL);
-    co_cmp_scalar(&r, "aux loss", moe_aux_loss(&sg), moe_aux_loss(&s));
-    if (zs != 0.0 || zr != 0) co_cmp_scalar(&r, "z fields (the aux statistics must not touch them)", zs + zr, 0.0);
-    if (sg.rows != s.rows) co_cmp_scalar(&r, "rows", (double)sg.rows, (double)s.rows);
-    for (int e = 0; e < E; e++)
-        if (sg.counts[e] != s.counts[e]) co_cmp_scalar(&r, "counts", sg.counts[e], s.counts[e]);
+    co_cmp_scalar(r, "aux loss", moe_aux_loss(&sg), moe_aux_loss(&s));
+    if (zs != 0.0 || zr != 0) co_cmp_scalar(r, "z fields (the aux statistics must not touch them)", zs + zr, 0.0);
+    if (sg.rows != s.rows) co_cmp_scalar(r, "rows", (double)sg.rows, (double)s.rows);
+    for (int e = 0; e < E; e++) {
+        if (sg.counts[e] != s.counts[e]) co_cmp_scalar(r, "counts", sg.counts[e], s.counts[e]);
+        co_cmp_scalar(r, "prob sums", sg.prob_sums[e], s.prob_sums[e]);
+    }
     moe_aux_backward_cpu(dl, 0.02f, &s, probs, mask, T);
     moe_aux_backward_cuda(g, DL, 0.02f, ST, P, M, T, E);
-    co_cmp_dev(&r, g, "dlogits", DL, dl, nl);
+    co_cmp_dev(r, g, "dlogits", DL, dl, nl);
     co_free(g, P, nl * 4), co_free(g, I, nk * 4), co_free(g, M, T), co_free(g, DL, nl * 4), co_free(g, ST, sb);
-    free(logits), free(probs), free(w), free(dl), free(ids);
+    free(logits), free(probs), free(w), free(dl), free(ids), free(mask);
+}
+
+static co_result co_aux_loss(mt_backend *g) {
+    co_result r = co_begin();
+    co_seed(11);
+    aux_loss_case(&r, g, 300, 8, 2);
+    aux_loss_case(&r, g, 4133, 128, 8);
     return r;
 }
 
@@ -876,7 +884,7 @@ static co_result co_permute(mt_backend *g, int T, int E, int k, int empty, int o
     return r;
 }
 
-// The bias update's load over two "layers" of ids with a row mask (700 rows: three full chunks
+// The bias update's load over two "layers" of ids with a row mask (700 rows: 21 full chunks
 // and a part) into counts that start non-zero, then the update: counts and bias exact (whole
 // numbers; ±rate or nothing).
 static co_result co_router_bias_update(mt_backend *g) {

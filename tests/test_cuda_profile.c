@@ -67,7 +67,8 @@ static const mt_prof_row *find(const mt_prof_table *t, const char *name, char ph
 
 // What the real step does differently from scripts/step_model.h, in FLOPs per (op, phase); the
 // model has layer 0's early stop (no adapter in attention: its RMSNorms, attention backward,
-// the router's and w1‖w3's dx and their dequantization skipped), and the step also runs:
+// the router's and w1‖w3's dx, and on the cuBLAS path w1‖w3's dequantization, skipped), and the
+// step also runs:
 //   * in layer 0, no dx product of the router's LoRA, of the gather's backward or of the
 //     w1/w3 LoRAs (nothing below wants it: model/backward.c, needs_of), nor the grouped
 //     kernel's in-kernel dequantization for the w1/w3 dx;

@@ -117,6 +117,50 @@ Test(quant_cuda, quantize_and_dequantize_bit_for_bit, .timeout = 120) {
     mt_backend_free(gpu);
 }
 
+// The whole-weight kernels at other blocksizes (128 and 2048: dequant8_kernel's item strides
+// cross blocks differently; 4096: the launcher's fall-back to dequant32_kernel, as 8 · 256 is not
+// a multiple of it) and from element 64 (the vector path with i0 > 0): bit for bit with the CPU.
+Test(quant_cuda, dequant_blocksizes_and_offsets_bit_for_bit, .timeout = 120) {
+#ifdef MT_CUDA
+    mt_backend *gpu = gpu_or_skip(), *cpu = mt_backend_cpu_new();
+    const int64_t out = 64, in = 4096, n = out * in, i0 = 64;
+    float *w = source(n, MT_F32, 7);
+    uint16_t *want = mt_xmalloc((size_t)n * 2);
+    int64_t sh[1] = {n};
+    mt_tensor *dst = mt_tensor_new(gpu, MT_MEM_WORK, MT_BF16, 1, sh);
+    cr_assert_not_null(dst);
+    static const int sizes[] = {128, 2048, 4096};
+    for (size_t b = 0; b < MT_ARRAY_LEN(sizes); b++)
+        for (int t = 0; t < 2; t++) {  // NF4 with double quant, FP4 without
+            mt_qweight a, g;
+            cr_assert_eq(mt_qweight_quantize_from(&a, cpu, "w", w, MT_F32, out, in, (mt_quant)t, sizes[b], !t, NULL), 0,
+                         "%s", mt_error_get());
+            cr_assert_eq(mt_qweight_quantize_from(&g, gpu, "w", w, MT_F32, out, in, (mt_quant)t, sizes[b], !t, NULL), 0,
+                         "%s", mt_error_get());
+            mt_qweight_dequantize_rows_bf16_cpu(&a, want, 0, out);
+            for (int k = 0; k < 2; k++) {
+                mt_dequant_cuda_kernel(k);
+                mt_qweight_dequantize_cuda(&g, dst->data, MT_BF16, i0, n);
+                uint16_t *got = host_copy(dst);
+                int64_t bad = -1;
+                for (int64_t i = 0; i < n - i0 && bad < 0; i++)
+                    if (got[i] != want[i0 + i]) bad = i0 + i;
+                cr_expect_eq(bad, -1, "%s blocksize %d, kernel %d: element %lld differs", mt_qformats[t].name, sizes[b],
+                             k, (long long)bad);
+                free(got);
+            }
+            mt_dequant_cuda_kernel(0);
+            mt_qweight_free(&a), mt_qweight_free(&g);
+        }
+    mt_tensor_free(dst);
+    free(w), free(want);
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+#else
+    cr_skip_test("a CPU build: the CUDA dequantization kernels are not built");
+#endif
+}
+
 // Expert path: y = x·Wᵀ and dx = dy·W + dx through one bf16 scratch and cuBLASLt, against the
 // CPU's fp32 product with the same bf16-rounded weights: bf16 accuracy.
 Test(quant_cuda, expert_matmul_through_scratch) {

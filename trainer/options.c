@@ -302,7 +302,7 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     int cuda = gpu;
     double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     double limit = cuda ? o->gpu_mem_bytes : o->mem_bytes > 0 ? o->mem_bytes : phys;
-    double scale = cuda ? 1.0 : 2.0, reserve = cuda ? 1e9 : 0.0;
+    double scale = cuda ? 1.0 : 2.0, reserve = cuda ? MT_PLAN_CUDA_RESERVE : 0.0;
     mt_plan_opts po = mt_run_opts_plan(o);
     mt_model_spec spec = mt_run_opts_model_spec(o);
     mt_plan_recompute_choice c;

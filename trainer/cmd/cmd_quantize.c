@@ -397,8 +397,9 @@ static int plan_output(qctx *c, const qargs *a, const mt_model_config *cfg, mt_s
                     continue;
                 }
             } else if (cfg->mxfp4 && strcmp(t->dtype, "U8") == 0) {
-                mt_error_set("'%s': the checkpoint's experts are MXFP4 already (quantization_config mxfp4); "
-                             "quantize from a dense checkpoint, or train on this one as it is", t->name);
+                mt_error_set("%s: '%s': the checkpoint's experts are MXFP4 already (quantization_config mxfp4); "
+                             "quantize from a dense checkpoint, or train on this one as it is", m->files[f].path,
+                             t->name);
                 rc = -1;
                 break;
             }
