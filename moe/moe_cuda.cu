@@ -219,9 +219,21 @@ extern "C" void router_grouped_weights_of_choices_cuda(mt_backend *be, float *we
     MT_CHECK_LAUNCH();
 }
 
+// out[idx] += Σ_c part[c, idx] over part [nchunks, L]: a block per column, mt_block_sum's fixed
+// tree over the chunks (the aux statistics' doubles; the load's integers, exact in any order).
+template <typename T>
+static __global__ void chunk_sum_kernel(double *out, const T *part, int nchunks, int L) {
+    __shared__ double red[32];
+    const int idx = blockIdx.x;
+    double s = 0.0;
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) s += part[(int64_t)c * L + idx];
+    s = mt_block_sum(s, red);
+    if (threadIdx.x == 0) out[idx] += s;
+}
+
 // The load for the bias update. part [nchunks, E]: a chunk's LOAD_ROWS rows counted per expert,
 // thread per expert (no atomics: the aux statistics' scheme); then counts [E] += the chunks' sum
-// (a block per expert, a fixed tree).
+// (chunk_sum_kernel).
 static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, const uint8_t *mask, int T, int E,
                                            int k) {
     const int64_t t0 = (int64_t)blockIdx.x * LOAD_ROWS, t1 = MT_MIN((int64_t)T, t0 + LOAD_ROWS);
@@ -233,16 +245,6 @@ static __global__ void load_partial_kernel(int32_t *part, const int32_t *ids, co
         }
         part[(int64_t)blockIdx.x * E + e] = n;
     }
-}
-
-// A block per expert (integers: exact in double in any order).
-static __global__ void load_sum_kernel(double *counts, const int32_t *part, int nchunks, int E) {
-    __shared__ double red[32];
-    const int e = blockIdx.x;
-    double n = 0.0;
-    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) n += part[(int64_t)c * E + e];
-    n = mt_block_sum(n, red);
-    if (threadIdx.x == 0) counts[e] += n;
 }
 
 // One block: the total load, then each bias moved by ±rate or left (router_bias_update_cpu).
@@ -267,7 +269,7 @@ extern "C" void router_load_accumulate_cuda(mt_backend *be, double *counts, cons
     int32_t *part = (int32_t *)mt_work_alloc(be, bytes);
     load_partial_kernel<<<nchunks, MT_MIN(THREADS, (E + 31) / 32 * 32), 0, s>>>(part, ids, row_mask, T, E, k);
     MT_CHECK_LAUNCH();
-    load_sum_kernel<<<E, 128, 0, s>>>(counts, part, nchunks, E);
+    chunk_sum_kernel<int32_t><<<E, 128, 0, s>>>(counts, part, nchunks, E);
     MT_CHECK_LAUNCH();
     mt_work_free(be, part, bytes);
 }
@@ -418,7 +420,7 @@ extern "C" void router_seq_aux_backward_cuda(mt_backend *be, float *dlogits, flo
 
 // part [nchunks, 2E+1]: the chunk's AUX_ROWS rows summed in order, thread per statistic. Short
 // chunks, many blocks: on the H200 (2026-11-27) 256-row chunks (16 blocks at T = 4096) took
-// ~115 us a layer, latency-bound; the chunk sums are combined by aux_sum_kernel's tree.
+// ~115 us a layer, latency-bound; the chunk sums are combined by chunk_sum_kernel's tree.
 static __global__ void aux_partial_kernel(double *part, const float *probs, const int32_t *ids, const uint8_t *mask,
                                           int T, int E, int k) {
     const int c = blockIdx.x, t0 = c * AUX_ROWS, t1 = MT_MIN(T, t0 + AUX_ROWS), L = 2 * E + 1;
@@ -436,16 +438,6 @@ static __global__ void aux_partial_kernel(double *part, const float *probs, cons
         }
         part[(int64_t)c * L + idx] = s;
     }
-}
-
-// stats[idx] += Σ_c part[c, idx]: a block per statistic, mt_block_sum's fixed tree over chunks.
-static __global__ void aux_sum_kernel(double *stats, const double *part, int nchunks, int L) {
-    __shared__ double red[32];
-    const int idx = blockIdx.x;
-    double s = 0.0;
-    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) s += part[(int64_t)c * L + idx];
-    s = mt_block_sum(s, red);
-    if (threadIdx.x == 0) stats[idx] += s;
 }
 
 // dlogits [T, E] += coef · p_e · (g_e − Σ g_i p_i), g_e = coef-free E·counts[e]/rows² (as the CPU)
@@ -475,7 +467,7 @@ extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const flo
     double *part = (double *)mt_work_alloc(be, bytes);
     aux_partial_kernel<<<nchunks, MT_MIN(256, (L + 31) / 32 * 32), 0, s>>>(part, probs, ids, row_mask, T, E, k);
     MT_CHECK_LAUNCH();
-    aux_sum_kernel<<<L, 128, 0, s>>>(stats, part, nchunks, L);
+    chunk_sum_kernel<double><<<L, 128, 0, s>>>(stats, part, nchunks, L);
     MT_CHECK_LAUNCH();
     mt_work_free(be, part, bytes);
 }

@@ -201,7 +201,7 @@ static __device__ __forceinline__ float block_scale(const mt_deq_args &a, int64_
     return ((const float *)a.absmax)[b];
 }
 
-// Bytes k0 .. k0 + n - 1 of the codes in w into value pairs of v (pair k0 + j at v's pair j).
+// The first N bytes of the codes in w (2N elements) into v's first N value pairs.
 template <int TYPE, typename OUT, int N>
 static __device__ __forceinline__ void decode(OUT *v, const uint32_t *w, const float2 *pair, float s, float m) {
 #pragma unroll
