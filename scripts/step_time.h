@@ -55,7 +55,8 @@ static inline int step_device_set(const char *key_or_name) {
 //   Skinny GEMMs (N or K at most 64: LoRA's r = 16 products, the router's N = E), assumed at half
 //     the core rate: cuBLASLt runs them with narrow or split-K tiles, not the wide tiles above,
 //     and at that rate they are bound by their bytes (a few FLOPs a byte) whatever the factor.
-//     Their bytes move at the card's skinny_bw (measured, step_device).
+//     Their bytes move at the card's skinny_bw (measured, step_device), or on the H200 at the
+//     rate STEP_MEASURED gives the row.
 #define CUBLAS_8192_FLOPS (step_dev->cublas_8192)
 #define GEMM_K_OVERHEAD 128.0
 #define GEMM_SKINNY 64.0
@@ -66,7 +67,7 @@ static inline int step_device_set(const char *key_or_name) {
 //     STEP_GROUPED_DEQUANT_INSTR issue slots an element and tile.
 #define EFF_GROUPED 0.175
 //   Memory-bound kernels (STEP_MEM): a fraction of the card's measured copy bandwidth, per row
-//     (step_mem_measured below: the H200's profile of case C at seq 4096 and 16384, 2026-11-27,
+//     (STEP_MEASURED below: the H200's profile of case C at seq 4096 and 16384, 2026-11-27,
 //     run 6, the mean of the two); a row not measured at EFF_MEM, the measured rows' median.
 //     Assumed: the H100 reaches the same fractions of its copy (the one row measured on both,
 //     the expert dequantization, reached 0.61 there and 0.495 on the H200: small kernels are
@@ -133,7 +134,7 @@ typedef struct {
     char phase;
     double frac;  // memory rows: of the copy bandwidth; GEMM rows: of the bf16 peak
     double bw;      // skinny GEMM rows: their bytes' rate on the H200, bytes/s (other cards: skinny_bw)
-    double call_s;  // seconds a call of the model's count beyond its bytes (0: LAUNCH_GAP_S)
+    double call_s;  // seconds a call of the model's count beyond its bytes (0: LAUNCH_GAP_S); every card
 } step_measured;
 // Rows fitted as calls · call_s + bytes / rate use both lengths (two figures, two unknowns).
 static const step_measured STEP_MEASURED[] = {
