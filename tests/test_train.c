@@ -361,10 +361,10 @@ Test(train, sigterm_saves_and_exits_143, .init = setup, .fini = teardown) {
 // OMP_WAIT_POLICY=passive, so libgomp sleeps at once instead of spinning 300,000 times. libgomp's
 // verbose display (printed at each start) shows the spin count in force: the last one printed
 // is '0' by default, and a user's own setting is kept.
-static long long last_spincount(const char *env) {
+static long long last_spincount_of(const char *env, const char *bin, const char *args) {
     char cmd[4096], line[512];
-    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose %s %s --help 2>&1",
-             env, MT_TEST_BIN);
+    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT %s OMP_DISPLAY_ENV=verbose %s %s 2>&1", env, bin,
+             args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     long long spin = -1;
@@ -373,10 +373,24 @@ static long long last_spincount(const char *env) {
     return spin;
 }
 
+static long long last_spincount(const char *env) { return last_spincount_of(env, MT_TEST_BIN, "--help"); }
+
 Test(train, omp_wait_policy_defaults_to_passive_unless_set) {
     cr_assert_eq(last_spincount(""), 0, "default: passive (spin count 0)");
     cr_assert_eq(last_spincount("GOMP_SPINCOUNT=1234"), 1234, "the user's spin count is kept");
     cr_assert_gt(last_spincount("OMP_WAIT_POLICY=active"), 0, "the user's active policy is kept");
+}
+
+// The test binary itself (tests/omp_passive.c): two test jobs on two cores spin against each
+// other otherwise (the suite took 5x as long).
+Test(train, the_test_binary_sleeps_idle_threads_too) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert_gt(n, 0);
+    self[n] = '\0';
+    // -i: a clean environment (the runner's own variables would make the nested binary a worker)
+    cr_assert_eq(last_spincount_of("-i", self, "--list"), 0, "the test binary re-executes itself passive");
+    cr_assert_gt(last_spincount_of("-i OMP_WAIT_POLICY=active", self, "--list"), 0, "the caller's policy is kept");
 }
 
 // core/backend_cpu.c keeps freed work memory in the heap: a step's buffers reuse the pages the
