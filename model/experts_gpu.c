@@ -4,10 +4,12 @@
 //
 // Forward, on the rows of every expert (expert order, rows [off[e], off[e+1])):
 //   gu = xs·[W1;W3]ᵀ   (4-bit w1 and w3 stacked: one GEMM of N = 2f; gu's halves are g and u)
-//   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped)
+//   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped; when every
+//     expert with rows has one, y = s·xa·Bᵀ comes first and the base GEMM adds onto it: see
+//     lora_first)
 //   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
 //   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
-// Backward: da = dys·W2 (+ LoRA), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
+// Backward: da = dys·W2 (+ LoRA, first when it may be), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
 // + LoRAs), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB over its rows
 // (and, with trainable expert biases, their column sums of dys, dg, du).
 // A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
@@ -167,15 +169,31 @@ static mt_grouped dropout_of(const group *gr, const mt_lora *lo, mt_grouped g) {
     return g;
 }
 
-// y += s·(drop(x)·Aᵀ)·Bᵀ, xa = drop(x)·Aᵀ kept for the backward.
-static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa) {
+// Whether every expert with rows has a LoRA on Linear `which`: then its product can be written
+// first (beta 0) and the base GEMM accumulate onto it (beta 1), so that the skinny, memory-bound
+// LoRA GEMM writes its [rows, out] result once instead of reading and writing it; the read moves
+// into the base GEMM's epilogue, which is compute-bound. (Otherwise an expert without one would
+// have its base product added to whatever its rows held.)
+static int lora_first(const group *gr, int which) {
+    const mt_linear *l = linears(&gr->m->layers[gr->L], which);
+    int any = 0;
+    for (int e = 0; e < gr->E; e++) {
+        if (gr->off[e + 1] == gr->off[e]) continue;
+        if (!l[e].lora) return 0;
+        any = 1;
+    }
+    return any;
+}
+
+// y = s·(drop(x)·Aᵀ)·Bᵀ + beta·y, xa = drop(x)·Aᵀ kept for the backward.
+static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tensor *x, const mt_tensor *xa, float beta) {
     const mt_lora *lo = loras(gr, which, 0);
     if (!lo) return;
     mt_grouped g = dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1});
     mt_prof_push(LORA_ROW);
     gemm(gr, g, xa, x);
     loras(gr, which, 1);
-    gemm(gr, (mt_grouped){.w = gr->w, .trans = 1, .alpha = lo->scale, .beta = 1.0f}, y, xa);
+    gemm(gr, (mt_grouped){.w = gr->w, .trans = 1, .alpha = lo->scale, .beta = beta}, y, xa);
     mt_prof_pop();
 }
 
@@ -197,13 +215,13 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
     return 1;
 }
 
-// dx += drop(dxa·A), the LoRA's share of its input's gradient (dx NULL: not wanted).
-static void lora_dx(group *gr, int which, const mt_tensor *dx, const mt_tensor *dxa_scratch) {
+// dx = drop(dxa·A) + beta·dx, the LoRA's share of its input's gradient (dx NULL: not wanted).
+static void lora_dx(group *gr, int which, const mt_tensor *dx, const mt_tensor *dxa_scratch, float beta) {
     const mt_lora *lo = loras(gr, which, 0);
     if (!lo || !dx) return;
     mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
     mt_prof_push(LORA_ROW);
-    gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = 1.0f}), dx, &dxa);
+    gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = beta}), dx, &dxa);
     mt_prof_pop();
 }
 
@@ -247,14 +265,25 @@ static void forward_group(group *gr, const mt_tensor *ys) {
     int64_t f = m->cfg.intermediate, n = group_rows(gr);
     mt_tensor *xs = GROUP_ROWS(gr, a->xs), *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
     mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
-    base13(gr, 1, 0.0f, gu, xs);
-    lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1));
-    lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3));
+    if (lora_first(gr, W1) && lora_first(gr, W3)) {  // the LoRAs write gu, the base adds to it
+        lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1), 0.0f);
+        lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3), 0.0f);
+        base13(gr, 1, 1.0f, gu, xs);
+    } else {
+        base13(gr, 1, 0.0f, gu, xs);
+        lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1), 1.0f);
+        lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3), 1.0f);
+    }
     biases(gr, W1, &g, 0), biases(gr, W3, &u, 0);
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
     mt_tensor *y = GROUP_ROWS(gr, ys);
-    base(gr, W2, 1, 0.0f, y, act);
-    lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2));
+    if (lora_first(gr, W2)) {
+        lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2), 0.0f);
+        base(gr, W2, 1, 1.0f, y, act);
+    } else {
+        base(gr, W2, 1, 0.0f, y, act);
+        lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2), 1.0f);
+    }
     biases(gr, W2, y, 0);  // in ys: the router's weight gradient dy·ys takes dy·b2 with it
 }
 
@@ -296,16 +325,21 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         biases(&gr, W2, dys, 1);
         int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
         mt_tensor *da = act;  // a is not read again
-        base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
-        if (w2_lora) lora_dx(&gr, W2, da, &dxa);
+        if (w2_lora && lora_first(&gr, W2)) {  // da = drop(dxa·A2), then da += dys·W2
+            lora_dx(&gr, W2, da, &dxa, 0.0f);
+            base(&gr, W2, 0, 1.0f, da, dys);
+        } else {
+            base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
+            if (w2_lora) lora_dx(&gr, W2, da, &dxa, 1.0f);
+        }
         if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
         mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu
         if (dxs) base13(&gr, 0, 1.0f, gu, dxs);
         weight_grads(&gr, W1, &dg, xs);
         weight_grads(&gr, W3, &du, xs);
         biases(&gr, W1, &dg, 1), biases(&gr, W3, &du, 1);
-        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa);
-        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa);
+        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa, 1.0f);
+        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa, 1.0f);
     }
     if (r) step_unwork(m, &dxa_all);
     group_free(&gr);

@@ -133,19 +133,26 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 }
 
 // One LoRA pair on an [out, in] Linear over `rows` rows: forward x·Aᵀ then (xa)·Bᵀ added into y;
-// backward dB, dxa, dA, and dx += dxa·A. `recompute`: the forward again in phase R.
-static inline void step_lora(step_ops *s, const char *name, double calls, double rows, double in, double out,
-                             double r, int recompute) {
+// backward dB, dxa, dA, and dx += dxa·A. `recompute`: the forward again in phase R. first_y,
+// first_dx: the LoRA's product writes y (its dx) before the base GEMM adds onto it
+// (model/experts_gpu.c's lora_first): written only, where an addition reads and writes it.
+static inline void step_lora_ordered(step_ops *s, const char *name, double calls, double rows, double in, double out,
+                                     double r, int recompute, int first_y, int first_dx) {
     const double bf = 2.0;
     double f_flops = 2.0 * rows * r * (in + out);
-    double f_bytes = bf * (rows * in + r * in + 2 * rows * r + r * out + 2 * rows * out);
+    double f_bytes = bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
     double b_flops = 2.0 * f_flops;
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
-    double b_bytes = bf * (rows * (2 * out + 4 * r + 3 * in) + 3 * r * (in + out));
+    double b_bytes = bf * (rows * (2 * out + 4 * r + (first_dx ? 2 : 3) * in) + 3 * r * (in + out));
     // The shape of the larger product (x·Aᵀ: N = r, K = in): LoRA's GEMMs are memory-bound.
     step_gemm(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, r, in);
     if (recompute) step_gemm(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, r, in);
     step_gemm(s, name, 'B', calls, b_flops * calls, b_bytes * calls, rows, r, in);
+}
+
+static inline void step_lora(step_ops *s, const char *name, double calls, double rows, double in, double out,
+                             double r, int recompute) {
+    step_lora_ordered(s, name, calls, rows, in, out, r, recompute, 0, 0);
 }
 
 // LoRA products of several Linears summed into one row per phase (the step profiles them as one).
@@ -304,6 +311,12 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice (WMMA)
     double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
     double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
+    // cuBLAS experts whose LoRAs cover w1 and w3 (w2): the LoRA writes gu (ys; in the backward da)
+    // first and the base GEMM reads it back as its C (model/experts_gpu.c's lora_first).
+    const unsigned t = sh->targets;
+    const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
+    if (first13) e13_fb += bf * Tk * 2 * f;
+    if (first2) e2_fb += bf * Tk * h, e2_bb += bf * Tk * f;
     if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
         step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
@@ -329,9 +342,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
-        if (sh->targets & MT_TARGET_W1) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
-        if (sh->targets & MT_TARGET_W3) step_lora(&tmp, "x", E * L, Me, h, f, r, RM);
-        if (sh->targets & MT_TARGET_W2) step_lora(&tmp, "x", E * L, Me, f, h, r, RM);
+        if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
+        if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
+        if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, first2);
         // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
         step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLAS)" : "LoRA experts w1,w3,w2 (grouped)", E, Me);
         // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for

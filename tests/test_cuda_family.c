@@ -179,17 +179,19 @@ static int same_choices(const mt_model *c, const mt_model *g, int L, const mt_te
     return same;
 }
 
-// The gradient cosine an expert's and any other trainable's gradient must reach (rel. L2: 0.1),
-// where no clamp cuts; tests/test_cuda_step.c says why these are bf16's.
+// The gradient cosine an expert's and any other trainable's gradient must reach, and the rel. L2
+// none may pass, where no clamp cuts; tests/test_cuda_step.c says why these are bf16's.
 typedef struct {
-    double cos, cos_expert;
+    double cos, cos_expert, rel_l2;
 } grad_tol;
-static const grad_tol BF16_TOL = {0.999, 0.998};
+static const grad_tol BF16_TOL = {0.999, 0.998, 0.1};
 
 // One forward and backward of the checkpoint at dir on both backends; the loss and every
 // trainable's gradient compared. quant: the frozen experts' format (MT_QUANT_MXFP4: quantized on
-// load, or an MXFP4 checkpoint's kept as stored); -1: the run's default (NF4).
-static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int quant, grad_tol tol) {
+// load, or an MXFP4 checkpoint's kept as stored); -1: the run's default (NF4). lora_experts: the
+// experts LoRA adapts (an --experts list), NULL for all.
+static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int quant, grad_tol tol,
+                               const char *lora_experts) {
     mt_backend *gpu = gpu_or_skip();
     mt_run_opts o;
     mt_run_opts_default(&o);
@@ -199,6 +201,7 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     if (mode == MT_MODE_FULL) o.quant = MT_QUANT_NONE;
     if (mode == MT_MODE_UNFREEZE)  // experts 0 and 1 train dense beside 4-bit frozen ones in a layer
         cr_assert(mt_index_set_parse(&o.layers, "0,2") == 0 && mt_index_set_parse(&o.experts, "0,1") == 0);
+    if (lora_experts) cr_assert(mt_index_set_parse(&o.experts, lora_experts) == 0);
     mt_backend *cpu = mt_backend_cpu_new();
     uint64_t dev0 = gpu->ledger.total_cur;  // the backend's own (cuBLASLt workspace)
     mt_model mc, mg;
@@ -284,7 +287,7 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
         // expert paths (so not a kernel's error). The rel. L2 bound below stays.
         double want = clamped ? 0.95 : strstr(pc[i].name, ".experts.") ? tol.cos_expert : tol.cos;
         cr_expect_geq(c, want, "%s: %s: gradient cosine %.6f to the cpu's", dir, pc[i].name, c);
-        cr_expect_leq(e, clamped ? 0.3 : 0.1, "%s: %s: gradient rel. L2 %.3g to the cpu's", dir, pc[i].name, e);
+        cr_expect_leq(e, clamped ? 0.3 : tol.rel_l2, "%s: %s: gradient rel. L2 %.3g to the cpu's", dir, pc[i].name, e);
         free(g);
     }
     cr_log_info("%s: loss rel. diff %.3g; %d gradients, worst cosine %.6f, worst rel. L2 %.3g", dir,
@@ -299,7 +302,9 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     mt_backend_free(cpu), mt_backend_free(gpu);
 }
 
-static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) { step_matches_cpu_q(dir, mode, ckpt, -1, BF16_TOL); }
+static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
+    step_matches_cpu_q(dir, mode, ckpt, -1, BF16_TOL, NULL);
+}
 
 // `selective`: --recompute attention and experts too: the attention part (q/k norms, the clamp)
 // or the MLP part (router, experts, shared expert, a dense layer's MLP) recomputed, the rest kept
@@ -352,19 +357,33 @@ Test(cuda, deepseek_seq_aux_step_matches_cpu) {
 // Their larger weights carry bf16's rounding further through the layers (hidden states 1% from
 // the cpu's at the last layer, 0.3% at the first): gradient cosines down to 0.996 (seen: 0.9962
 // for V2, 0.9969 for V3, 0.9983 for GLM), where the same configs at std 0.02 reach 0.9994; rel. L2
-// stays under 0.1 (seen: 0.088 at worst). Their attention is far from uniform, so the gradients
+// near 0.1 on an expert's LoRA A of few rows (seen: GLM-4.7-Flash's 0.098 with the experts' base
+// GEMM written first and their LoRA added, 0.101 with the LoRA written first and the base added,
+// model/experts_gpu.c's lora_first: bf16's rounding order, not a bias), hence 0.12. Their attention is far from uniform, so the gradients
 // through the scores count: leaving one head out of the shared rope key's gradient sum fails V2's
 // case here (kv_a_proj cosine 0.965), and no case of the tiny configs.
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
-static const grad_tol GOLDEN_TOL = {0.995, 0.995};
+static const grad_tol GOLDEN_TOL = {0.995, 0.995, 0.12};
 static void golden_step(const char *dir) {
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, GOLDEN_TOL);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, GOLDEN_TOL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, GOLDEN_TOL, NULL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, GOLDEN_TOL, NULL);
 }
 Test(cuda, glm4_moe_golden_step_matches_cpu) { golden_step(GOLDEN "glm4_moe"); }
 Test(cuda, deepseek_v3_golden_step_matches_cpu) { golden_step(GOLDEN "deepseek_v3"); }
 Test(cuda, deepseek_v2_golden_step_matches_cpu) { golden_step(GOLDEN "deepseek_v2"); }
 Test(cuda, glm4_moe_lite_golden_step_matches_cpu) { golden_step(GOLDEN "glm4_moe_lite"); }
+
+// LoRA on some experts only (--experts 0,2): the experts' GEMMs add each LoRA after the base
+// product (model/experts_gpu.c's lora_first holds only when every expert with rows has one;
+// taken for all experts, the others' rows would keep what the buffer held).
+Test(cuda, lora_on_some_experts_step_matches_cpu) {
+    char tmp[64], dir[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, "tiny-qwen2-moe.json", NULL, dir);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, BF16_TOL, "0,2");
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, BF16_TOL, "0,2");
+    mt_test_rmrf(tmp);
+}
 
 Test(cuda, qwen2_moe_step_matches_cpu) { family_step_modes("tiny-qwen2-moe.json", NULL, MT_MODE_LORA, 1); }
 Test(cuda, qwen3_moe_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_LORA); }
@@ -388,9 +407,9 @@ Test(cuda, gpt_oss_mxfp4_step_matches_cpu) {
     char tmp[64], dir[512];
     mt_test_tmpdir(tmp, sizeof tmp);
     family_checkpoint(tmp, "tiny-gpt-oss.json", oss_mxfp4_dims, dir);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, MT_QUANT_MXFP4, BF16_TOL);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL);
-    step_matches_cpu_q(dir, MT_MODE_ROUTER, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, MT_QUANT_MXFP4, BF16_TOL, NULL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL);
+    step_matches_cpu_q(dir, MT_MODE_ROUTER, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL);
     mt_test_rmrf(tmp);
 }
 
