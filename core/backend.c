@@ -162,23 +162,31 @@ int mt_matmul_shapes(const mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
 }
 
 #ifndef MT_CUDA
+static const char CPU_BUILD[] =
+    "this moetrain is the CPU build: the CUDA one is build-cuda/moetrain (`make CUDA=1` builds it; --device cuda runs there)";
+
 void mt_cuda_backend_sync(mt_backend *be) { (void)be; }
 mt_backend *mt_backend_cuda_new(int device) {
     (void)device;
-    mt_error_set("this moetrain is the CPU build: the CUDA one is build-cuda/moetrain (`make CUDA=1` builds it; --device cuda runs there)");
+    mt_error_set("%s", CPU_BUILD);
     return NULL;
 }
 int mt_cuda_device_count(void) { return 0; }
+int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve) {
+    (void)be, (void)reserve;
+    mt_error_set("%s", CPU_BUILD);
+    return -1;
+}
 uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
     (void)be;
-    mt_error_set("this moetrain is the CPU build: the CUDA one is build-cuda/moetrain (`make CUDA=1` builds it; --device cuda runs there)");
+    mt_error_set("%s", CPU_BUILD);
     return 0;
 }
 
 int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     *free_bytes = *total_bytes = 0;
-    mt_error_set("this moetrain is the CPU build: the CUDA one is build-cuda/moetrain (`make CUDA=1` builds it; --device cuda runs there)");
+    mt_error_set("%s", CPU_BUILD);
     return -1;
 }
 

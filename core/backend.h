@@ -91,6 +91,13 @@ int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak);
 // power-of-two bucket of M and of K, so this grows with distinct buckets, not distinct token
 // counts. 0 without CUDA or for another backend (with an error).
 uint64_t mt_cuda_matmul_plans_built(mt_backend *be);
+// The backend's GEMMs (cuBLASLt's heuristic, cuBLAS's grouped call) planned for the device's
+// multiprocessors less `reserve`, which a kernel on the side stream running beside them (the
+// experts' dequantization) may then take: CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET. 0 (the default):
+// all of them. For measuring (scripts/bench_gpu.c's overlap figures): whether the overlap gains
+// more than the GEMMs lose is the GPU's to say. 0, or -1 with an error (not a cuda backend, or
+// reserve not in [0, SMs)).
+int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve);
 // CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).

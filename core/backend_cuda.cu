@@ -50,6 +50,7 @@ typedef struct {
     int trans_a, trans_b;
     mt_dtype ta, tb, tc;
     uint32_t align_a, align_b, align_c;  // pointer alignment the chosen algorithm may assume (≤ 16)
+    int32_t sm_target;                   // SMs the heuristic plans for; 0: the device's (cuda_ctx)
 } matmul_key;
 
 typedef struct {
@@ -95,6 +96,8 @@ typedef struct {
     cudaMemPool_t pool;  // the device's default pool, when async_alloc
     cudaStream_t side;   // a second stream, made on first use (mt_cuda_backend_side_stream)
     cublasHandle_t blas; // cuBLAS (its grouped GEMM), made on first use, sharing `workspace`
+    int sm_count;        // the device's multiprocessors
+    int sm_target;       // what the GEMMs plan for (mt_cuda_gemm_sm_reserve); 0: sm_count
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -309,7 +312,8 @@ static int key_equal(const matmul_key *x, const matmul_key *y) {
     return x->m_bucket == y->m_bucket && x->n == y->n && x->k_bucket == y->k_bucket && x->lda == y->lda && x->ldb == y->ldb &&
            x->ldc == y->ldc && x->trans_a == y->trans_a &&
            x->trans_b == y->trans_b && x->ta == y->ta && x->tb == y->tb && x->tc == y->tc &&
-           x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c;
+           x->align_a == y->align_a && x->align_b == y->align_b && x->align_c == y->align_c &&
+           x->sm_target == y->sm_target;
 }
 
 static void plan_destroy(matmul_plan *p) {
@@ -390,6 +394,9 @@ static int plan_build(cuda_ctx *cx, matmul_plan *p, const matmul_key *k) {
     int32_t op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's transb
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
     MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
+    if (k->sm_target > 0)
+        MT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &k->sm_target,
+                                                       sizeof k->sm_target));
 
     // Leading dimension = the row stride of the row-major matrix.
     uint64_t ar, ac, br, bc;
@@ -504,6 +511,7 @@ static int cuda_matmul(mt_backend *be, mt_tensor *c, const mt_tensor *a, const m
     key.ta = a->dtype, key.tb = b->dtype, key.tc = c->dtype;
     key.align_a = ptr_alignment(a->data), key.align_b = ptr_alignment(b->data);
     key.align_c = ptr_alignment(c->data);
+    key.sm_target = cx->sm_target;
     matmul_plan *p = plan_get(cx, &key);
     if (!p) return -1;
     cublasLtMatmulAlgo_t fresh;
@@ -587,6 +595,7 @@ extern "C" int mt_cuda_gemm_grouped(mt_backend *be, const mt_gemm_group *g) {
         MT_CHECK_CUBLAS(cublasCreate(&cx->blas));
         MT_CHECK_CUBLAS(cublasSetStream(cx->blas, cx->stream));
         MT_CHECK_CUBLAS(cublasSetWorkspace(cx->blas, cx->workspace, cx->workspace_bytes));
+        MT_CHECK_CUBLAS(cublasSetSmCountTarget(cx->blas, cx->sm_target));
     }
     be->device_ops++;
     if (mt_prof_active) mt_prof_count(flops, bytes);
@@ -693,6 +702,19 @@ extern "C" uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
     return cx ? cx->plans_built : 0;
 }
 
+extern "C" int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_gemm_sm_reserve");
+    if (!cx) return -1;
+    if (reserve < 0 || reserve >= cx->sm_count) {
+        mt_error_set("GEMM SM reserve %d: the device has %d multiprocessors (0 to %d may be left out)", reserve,
+                     cx->sm_count, cx->sm_count - 1);
+        return -1;
+    }
+    cx->sm_target = reserve ? cx->sm_count - reserve : 0;  // a new key: plans are made for it
+    if (cx->blas) MT_CHECK_CUBLAS(cublasSetSmCountTarget(cx->blas, cx->sm_target));
+    return 0;
+}
+
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -734,6 +756,7 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
     be->ctx = cx;
     mt_ledger_init(&be->ledger, 0);
     cx->device = device;
+    cx->sm_count = prop.multiProcessorCount;
     MT_CHECK_CUDA(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     MT_CHECK_CUDA(cudaDeviceGetAttribute(&cx->async_alloc, cudaDevAttrMemoryPoolsSupported, device));
     if (getenv("MT_CUDA_SYNC_ALLOC")) cx->async_alloc = 0;  // cudaMalloc/cudaFree, to rule the pool out

@@ -2,6 +2,8 @@
 // (issue 6), on GPU 0, with random weights and tokens (nothing to download):
 //   * the card's bf16 matmul peak, its device-to-device copy bandwidth, and the NF4 -> bf16
 //     dequantize kernel's GB/s on an expert-sized weight against that copy bandwidth;
+//   * how much of the experts' dequantization the second stream hides beside their GEMMs, with
+//     the GEMMs on all SMs and on all but 8, 16, 32 (overlap_bench);
 //   * case C of docs/memory.md "The reference cases" (LoRA r=16 on every expert and router, NF4 double-quant base,
 //     batch 1, full recomputation) at --seq 2048 and 4096: step time, tokens/s, ledger peak per
 //     category, the ledger's total peak against the driver's used memory, MFU and HFU;
@@ -18,7 +20,8 @@
 // Each run's ledger peak is set beside the driver's peak and beside `plan --measure` of the same
 // model and flags (the null backend's step), category by category.
 // One `bench_gpu: case=...` line per run at the end, for scripts, and one JSON line per result in
-// $MT_GPU_JSONL when set (scripts/json_line.h). Exit 0; 1 when a run failed; 2 without a usable GPU
+// $MT_GPU_JSONL when set (scripts/json_line.h). Exit 0; 1 when a run failed or the experts' two
+// streams computed another product than one stream; 2 without a usable GPU
 // (or on a bad flag).
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +39,7 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/attention_cudnn.h"
+#include "model/grouped.h"
 #include "model/mixtral.h"
 #include "optim/optim.h"
 #include "trainer/options.h"
@@ -169,6 +173,132 @@ static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, doub
     mt_tensor_free(dst);
     mt_qweight_free(&q);
     return gbs0;
+}
+
+// The experts' base GEMMs beside their dequantization, as model/grouped_cuda.cu runs them: one
+// layer's w1‖w3 forward over E experts of `rows` rows each (Mixtral: 8 x 1024 at seq 4096), each
+// expert's 4-bit W dequantized into a slot on the side stream while the previous expert's GEMM
+// runs on the main one. Timed: the dequantizations alone, the GEMMs alone (on one dequantized W),
+// the grouped call as the step makes it, and that call with the GEMMs planned for fewer SMs
+// (mt_cuda_gemm_sm_reserve: the rest left to the dequantization beside them). "Hidden" is the
+// share of the dequantization's own time that the overlap saves: (deq + gemm - grouped) / deq.
+// Expert e's W is matrix e % 3 of three (a slot then always held another matrix before its
+// refill, so a GEMM that read it early would show in the product check).
+enum { OV_DEQ, OV_GEMM, OV_GROUPED, OV_MATS = 3 };
+typedef struct {
+    mt_backend *be;
+    const mt_qweight *q;     // [OV_MATS]
+    mt_tensor *a, *c, *w;    // w: the OV_MATS matrices dequantized, [OV_MATS][2f, d]
+    mt_grouped g;
+    int64_t rows;
+} overlap_ctx;
+
+static void overlap_once(const overlap_ctx *x, int what) {
+    const int64_t f = x->q->out;
+    for (int e = 0; what != OV_GROUPED && e < x->g.experts; e++) {
+        const int i = e % OV_MATS;
+        mt_tensor w = mt_view_rows(x->w, i * 2 * f, 2 * f);
+        if (what == OV_DEQ) {  // w1 and w3 of expert e: its matrix twice, stacked
+            for (int h = 0; h < 2; h++) {
+                mt_tensor half = mt_view_rows(&w, h * f, f);
+                if (mt_qweight_dequantize(&x->q[i], &half) != 0)
+                    mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+            }
+        } else {
+            mt_tensor ae = mt_view_rows(x->a, e * x->rows, x->rows), ce = mt_view_rows(x->c, e * x->rows, x->rows);
+            if (mt_matmul(&ce, &ae, &w, 0, 1, 1.0f, 0.0f) != 0)
+                mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+        }
+    }
+    if (what == OV_GROUPED && mt_grouped_gemm(x->c, x->a, &x->g) != 0)
+        mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+}
+
+static double overlap_ms(const overlap_ctx *x, int what) {
+    enum { WARMUP = 1, TIMED = 3 };
+    for (int i = 0; i < WARMUP; i++) overlap_once(x, what);
+    x->be->ops->synchronize(x->be);
+    double t0 = now_s();
+    for (int i = 0; i < TIMED; i++) overlap_once(x, what);
+    x->be->ops->synchronize(x->be);
+    return (now_s() - t0) / TIMED * 1e3;
+}
+
+static int overlap_bench(mt_backend *be, const mt_model_config *cfg, int small) {
+    enum { MAX_E = 8 };
+    static const int reserves[] = {8, 16, 32};
+    const int E = (int)MT_MIN(cfg->experts, MAX_E);
+    const int64_t d = cfg->hidden, f = cfg->intermediate, rows = small ? 64 : 1024, R = rows * E;
+    float *host = mt_xmalloc((size_t)(f * d) * sizeof(float));
+    mt_rng rng;
+    mt_rng_seed(&rng, 5, 0);
+    mt_qweight q[OV_MATS];
+    for (int m = 0; m < OV_MATS; m++) {
+        for (int64_t i = 0; i < f * d; i++) host[i] = 0.02f * mt_rng_normal(&rng);
+        if (mt_qweight_quantize(&q[m], be, "bench.w1", host, f, d, MT_QUANT_NF4, 64, 1) != 0)
+            mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+    }
+    free(host);
+    int64_t sa[2] = {R, d}, sc[2] = {R, 2 * f}, sw[2] = {OV_MATS * 2 * f, d};
+    overlap_ctx x = {.be = be, .q = q, .rows = rows};
+    x.a = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sa), x.c = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sc);
+    x.w = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sw);
+    if (!x.a || !x.c || !x.w) mt_fatal(MT_EXIT_OOM, "bench_gpu: overlap: %s", mt_error_get());
+    uint16_t *ha = mt_xmalloc((size_t)(R * d) * sizeof *ha);
+    for (int64_t i = 0; i < R * d; i++) ha[i] = mt_f32_to_bf16(mt_rng_normal(&rng));
+    mt_tensor_upload(x.a, ha);
+    free(ha);
+    int64_t off[MAX_E + 1];
+    const mt_qweight *qs[MAX_E];
+    for (int e = 0; e <= E; e++) off[e] = e * rows;
+    for (int e = 0; e < E; e++) qs[e] = &q[e % OV_MATS];
+    x.g = (mt_grouped){.experts = E, .off = off, .q = qs, .q2 = qs, .trans = 1, .alpha = 1.0f, .beta = 0.0f};
+    overlap_once(&x, OV_DEQ);  // W for the GEMMs alone
+    // The two streams' product against the one stream's: equal bit for bit where both run the
+    // same cuBLASLt plan (Mixtral's experts: a slot each), within bf16's rounding where the slot
+    // holds several experts for cuBLAS's grouped call; a GEMM that read a slot before its refill
+    // got another matrix's values (relative error ~1).
+    float *c1 = mt_xmalloc((size_t)(R * 2 * f) * sizeof(float)), *c2 = mt_xmalloc((size_t)(R * 2 * f) * sizeof(float));
+    overlap_once(&x, OV_GEMM);
+    mt_tensor_download_f32(x.c, c1);
+    be->ops->fill_zero(be, x.c->data, x.c->nbytes);
+    overlap_once(&x, OV_GROUPED);
+    mt_tensor_download_f32(x.c, c2);
+    double num = 0, den = 0;
+    int64_t unequal = 0;
+    for (int64_t i = 0; i < R * 2 * f; i++) {
+        double dd = (double)c1[i] - (double)c2[i];
+        num += dd * dd, den += (double)c1[i] * c1[i], unequal += c1[i] != c2[i];
+    }
+    const double rel = sqrt(num / (den > 0 ? den : 1));
+    const int same = rel <= 1e-2 && isfinite(rel);
+    free(c1), free(c2);
+    double deq = overlap_ms(&x, OV_DEQ), gemm = overlap_ms(&x, OV_GEMM), grouped = overlap_ms(&x, OV_GROUPED);
+    printf("experts beside their dequantization: %d experts x %lld rows, w1||w3 [%lld, %lld] NF4: dequant alone "
+           "%.3f ms, GEMMs alone %.3f ms (%.0f TFLOP/s), grouped (two streams) %.3f ms: %.0f%% of the dequant hidden; "
+           "its product against the one stream's: %lld elements differ, rel. L2 %.2g%s\n", E, (long long)rows,
+           (long long)(2 * f), (long long)d, deq, gemm, 2.0 * R * 2 * f * d / gemm / 1e9, grouped,
+           100 * (deq + gemm - grouped) / deq, (long long)unequal, rel,
+           same ? "" : " -- DIFFERENT (a GEMM read its slot before the refill?)");
+    json_line("overlap", "\"experts\":%d,\"rows\":%lld,\"reserve\":0,\"deq_ms\":%.4f,\"gemm_ms\":%.4f,"
+              "\"grouped_ms\":%.4f,\"hidden\":%.3f,\"unequal\":%lld,\"rel_l2\":%.3g,\"ok\":%s", E, (long long)rows, deq,
+              gemm, grouped, (deq + gemm - grouped) / deq, (long long)unequal, rel, same ? "true" : "false");
+    for (size_t i = 0; i < MT_ARRAY_LEN(reserves); i++) {
+        if (mt_cuda_gemm_sm_reserve(be, reserves[i]) != 0) {
+            printf("  GEMMs on fewer SMs: %s\n", mt_error_get());
+            break;
+        }
+        double gm = overlap_ms(&x, OV_GEMM), gr = overlap_ms(&x, OV_GROUPED);
+        printf("  GEMMs planned for all SMs but %d: GEMMs alone %.3f ms (%+.1f%%), grouped %.3f ms (%+.1f%% against all "
+               "SMs)\n", reserves[i], gm, 100 * (gm / gemm - 1), gr, 100 * (gr / grouped - 1));
+        json_line("overlap", "\"experts\":%d,\"rows\":%lld,\"reserve\":%d,\"deq_ms\":%.4f,\"gemm_ms\":%.4f,"
+                  "\"grouped_ms\":%.4f,\"hidden\":%.3f", E, (long long)rows, reserves[i], deq, gm, gr,
+                  (deq + gm - gr) / deq);
+    }
+    if (mt_cuda_gemm_sm_reserve(be, 0) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+    mt_tensor_free(x.a), mt_tensor_free(x.c), mt_tensor_free(x.w);
+    for (int m = 0; m < OV_MATS; m++) mt_qweight_free(&q[m]);
+    return same ? 0 : -1;
 }
 
 // TFLOP/s of c [n, n] f32 = a [n, n] · bᵀ with a, b in `dt` (nn.Linear's layout, as the model's).
@@ -560,6 +690,7 @@ int main(int argc, char **argv) {
     if (layers) cfg.layers = layers;
     double copy_gbs = copy_bandwidth(be, (size_t)1 << (small ? 24 : 30));
     double deq_gbs = dequant_bandwidth(be, &cfg, copy_gbs);
+    int overlap_failed = overlap_bench(be, &cfg, small) != 0;
     result res[MAX_RUNS];
     int n_res = 0, failed = 0;
     // One model per case, every sequence length run on it (C: each --seq; A and B: one).
@@ -597,5 +728,6 @@ int main(int argc, char **argv) {
     }
     printf("bench_gpu: matmul_bf16_tflops=%.1f matmul_f32_tflops=%.1f copy_gbs=%.0f dequant_nf4_bf16_gbs=%.0f\n", peak,
            peak_f32, copy_gbs, deq_gbs);
-    return failed ? MT_EXIT_ERROR : 0;
+    if (overlap_failed) printf("bench_gpu: the experts' two-stream product differed from the one-stream one\n");
+    return failed || overlap_failed ? MT_EXIT_ERROR : 0;
 }

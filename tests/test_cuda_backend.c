@@ -158,6 +158,33 @@ Test(cuda, matmul_alpha_beta) {
     parity_all(MT_BF16, MT_BF16, 1e-2, -2.0f, 0.25f);
 }
 
+// mt_cuda_gemm_sm_reserve: GEMMs planned for fewer SMs are new plans (the SM target is part of
+// a plan's key) with the same products; back at 0 the earlier plans serve again; a reserve out
+// of [0, SMs) and a non-cuda backend are refused with an error.
+Test(cuda, gemm_sm_reserve_plans_anew_and_keeps_products) {
+    mt_backend *gpu = gpu_or_skip();
+    mt_backend *cpu = mt_backend_cpu_new();
+    rng_state = 777;
+    parity p = matmul_parity(gpu, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
+    cr_expect(p.err < 1e-2, "all SMs: error %.3g", p.err);
+    uint64_t b0 = mt_cuda_matmul_plans_built(gpu);
+    cr_assert_eq(mt_cuda_gemm_sm_reserve(gpu, 16), 0, "%s", mt_error_get());
+    p = matmul_parity(gpu, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
+    cr_expect(p.err < 1e-2, "all SMs but 16: error %.3g", p.err);
+    uint64_t b1 = mt_cuda_matmul_plans_built(gpu);
+    cr_expect_eq(b1, b0 + 1, "a plan for the new SM target (%llu -> %llu)", (unsigned long long)b0, (unsigned long long)b1);
+    cr_assert_eq(mt_cuda_gemm_sm_reserve(gpu, 0), 0, "%s", mt_error_get());
+    matmul_parity(gpu, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
+    cr_expect_eq(mt_cuda_matmul_plans_built(gpu), b1, "all SMs again: the first plan serves");
+    cr_expect_eq(mt_cuda_gemm_sm_reserve(gpu, -1), -1);
+    cr_expect(strstr(mt_error_get(), "multiprocessors"), "%s", mt_error_get());
+    cr_expect_eq(mt_cuda_gemm_sm_reserve(gpu, 100000), -1);
+    cr_expect_eq(mt_cuda_gemm_sm_reserve(cpu, 8), -1);
+    cr_expect(strstr(mt_error_get(), "not a cuda backend") || strstr(mt_error_get(), "CPU build"), "%s", mt_error_get());
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+}
+
 // More distinct shapes than the plan cache holds (512 slots; N is never bucketed, so 600 values
 // of N are 600 plans): the second round finds its plans evicted, rebuilds them, and the results
 // stay right.

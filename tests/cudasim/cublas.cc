@@ -32,6 +32,7 @@ struct Handle {
     cudaStream_t stream = nullptr;
     void *workspace = nullptr;
     size_t workspace_bytes = 0;
+    int sm_target = 0;  // cublasSetSmCountTarget: kept, not used (a hint)
 };
 
 cublasStatus_t refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -129,6 +130,16 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
     cudasim::LibCall lock;
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     ((Handle *)h)->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// "cublasSetSmCountTarget()": the SMs its kernels plan for, 0 for the device's; a hint that
+// changes no product.
+cublasStatus_t cublasSetSmCountTarget(cublasHandle_t h, int sms) {
+    cudasim::LibCall lock;
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (sms < 0) return refuse("cublasSetSmCountTarget: %d is negative", sms);
+    ((Handle *)h)->sm_target = sms;
     return CUBLAS_STATUS_SUCCESS;
 }
 

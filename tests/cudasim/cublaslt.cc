@@ -45,6 +45,7 @@ struct Desc {
     uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     const void *bias = nullptr;
     int32_t pointer_mode = CUBLASLT_POINTER_MODE_HOST;
+    int32_t sm_target = 0;  // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: kept, not used (a hint)
 };
 struct Pref {
     uint64_t max_ws = 0;
@@ -236,6 +237,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtM
         if (!size_ok(n, sizeof(void *), "BIAS_POINTER")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->bias, v, sizeof(void *));
         return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: {  // a planning hint: the product is the same
+        if (!size_ok(n, sizeof(int32_t), "SM_COUNT_TARGET")) return CUBLAS_STATUS_INVALID_VALUE;
+        int32_t sms;
+        memcpy(&sms, v, 4);
+        if (sms < 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, "SM count target %d is negative", sms);
+        d->sm_target = sms;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     case CUBLASLT_MATMUL_DESC_POINTER_MODE:
         if (!size_ok(n, sizeof(int32_t), "POINTER_MODE")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->pointer_mode, v, 4);
