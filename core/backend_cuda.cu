@@ -775,9 +775,22 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
         return NULL;
     }
     cx->workspace_bytes = CUDA_WORKSPACE_BYTES;
+    // MT_GEMM_SM_RESERVE=N: every GEMM planned for all SMs but N from the start (measuring the
+    // whole step so: docs/gpu-check.md); refused, naming it, when not an integer in [0, SMs).
+    const char *rs = getenv("MT_GEMM_SM_RESERVE");
+    if (rs && rs[0]) {
+        char *end;
+        long r = strtol(rs, &end, 10);
+        if (*end || r < 0 || r >= cx->sm_count || mt_cuda_gemm_sm_reserve(be, (int)r) != 0) {
+            mt_error_set("MT_GEMM_SM_RESERVE=%s: not a number of SMs to leave out, 0 to %d (device %d has %d)", rs,
+                         cx->sm_count - 1, device, cx->sm_count);
+            mt_backend_free(be);
+            return NULL;
+        }
+    }
     mt_log(MT_LOG_DEBUG, "cuda: device=%d name=\"%s\" cc=%d.%d mem_bytes=%zu workspace_bytes=%d async_alloc=%d "
-           "pool_release_threshold=%s",
+           "pool_release_threshold=%s sm_target=%d",
            device, prop.name, prop.major, prop.minor, prop.totalGlobalMem, (int)CUDA_WORKSPACE_BYTES,
-           cx->async_alloc, cx->async_alloc ? "max" : "none");
+           cx->async_alloc, cx->async_alloc ? "max" : "none", cx->sm_target);
     return be;
 }

@@ -185,6 +185,30 @@ Test(cuda, gemm_sm_reserve_plans_anew_and_keeps_products) {
     mt_backend_free(gpu);
 }
 
+// MT_GEMM_SM_RESERVE sets the reserve at creation; a value that is not one is refused naming it.
+Test(cuda, gemm_sm_reserve_from_the_environment) {
+    mt_backend_free(gpu_or_skip());
+    static const char *const bad[] = {"x", "16x", "-1", "100000"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(bad); i++) {
+        setenv("MT_GEMM_SM_RESERVE", bad[i], 1);
+        mt_backend *be = mt_backend_cuda_new(0);
+        cr_expect_null(be, "MT_GEMM_SM_RESERVE=%s accepted", bad[i]);
+        if (be) mt_backend_free(be);
+        else cr_expect(strstr(mt_error_get(), "MT_GEMM_SM_RESERVE"), "%s", mt_error_get());
+    }
+    setenv("MT_GEMM_SM_RESERVE", "16", 1);
+    mt_backend *be = mt_backend_cuda_new(0), *cpu = mt_backend_cpu_new();
+    cr_assert_not_null(be, "%s", mt_error_get());
+    // planned for all SMs but 16 from the start: asking for that again makes no new plan
+    matmul_parity(be, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
+    uint64_t b0 = mt_cuda_matmul_plans_built(be);
+    cr_assert_eq(mt_cuda_gemm_sm_reserve(be, 16), 0);
+    matmul_parity(be, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
+    cr_expect_eq(mt_cuda_matmul_plans_built(be), b0, "the environment's reserve was not in force");
+    mt_backend_free(be), mt_backend_free(cpu);
+    unsetenv("MT_GEMM_SM_RESERVE");
+}
+
 // More distinct shapes than the plan cache holds (512 slots; N is never bucketed, so 600 values
 // of N are 600 plans): the second round finds its plans evicted, rebuilds them, and the results
 // stay right.
