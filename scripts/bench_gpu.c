@@ -178,7 +178,7 @@ static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, doub
 // The experts' base GEMMs beside their dequantization, as model/grouped_cuda.cu runs them: one
 // layer's w1‖w3 forward over E experts of `rows` rows each (Mixtral: 8 x 1024 at seq 4096), each
 // expert's 4-bit W dequantized into a slot on the side stream while the previous expert's GEMM
-// runs on the main one. Timed: the dequantizations alone, the GEMMs alone (on one dequantized W),
+// runs on the main one. Timed: the dequantizations alone, the GEMMs alone (on W dequantized before),
 // the grouped call as the step makes it, and that call with the GEMMs planned for fewer SMs
 // (mt_cuda_gemm_sm_reserve: the rest left to the dequantization beside them). "Hidden" is the
 // share of the dequantization's own time that the overlap saves: (deq + gemm - grouped) / deq.
