@@ -182,8 +182,12 @@ static double dequant_bandwidth(mt_backend *be, const mt_model_config *cfg, doub
 // the grouped call as the step makes it, and that call with the GEMMs planned for fewer SMs
 // (mt_cuda_gemm_sm_reserve: the rest left to the dequantization beside them). "Hidden" is the
 // share of the dequantization's own time that the overlap saves: (deq + gemm - grouped) / deq.
-// Expert e's W is matrix e % 3 of three (a slot then always held another matrix before its
-// refill, so a GEMM that read it early would show in the product check).
+// Expert e's W is matrix e % 3 of three: where a slot holds one expert (Mixtral's size, what
+// the GPU check runs) it always held another matrix before its refill, so a GEMM that read it
+// early shows in the product check. (Small experts share a slot; there a refill may bring the
+// same matrices back to the same places, and the check sees less.)
+// MT_GEMM_SM_RESERVE (core/backend.h) set: the figures are at that reserve, no sweep, and it
+// stays in force for the step runs after.
 enum { OV_DEQ, OV_GEMM, OV_GROUPED, OV_MATS = 3 };
 typedef struct {
     mt_backend *be;
@@ -227,6 +231,8 @@ static double overlap_ms(const overlap_ctx *x, int what) {
 static int overlap_bench(mt_backend *be, const mt_model_config *cfg, int small) {
     enum { MAX_E = 8 };
     static const int reserves[] = {8, 16, 32};
+    const char *env = getenv("MT_GEMM_SM_RESERVE");  // validated by the backend's creation
+    const int reserve0 = env && env[0] ? atoi(env) : 0;
     const int E = (int)MT_MIN(cfg->experts, MAX_E);
     const int64_t d = cfg->hidden, f = cfg->intermediate, rows = small ? 64 : 1024, R = rows * E;
     float *host = mt_xmalloc((size_t)(f * d) * sizeof(float));
@@ -274,16 +280,16 @@ static int overlap_bench(mt_backend *be, const mt_model_config *cfg, int small) 
     const int same = rel <= 1e-2 && isfinite(rel);
     free(c1), free(c2);
     double deq = overlap_ms(&x, OV_DEQ), gemm = overlap_ms(&x, OV_GEMM), grouped = overlap_ms(&x, OV_GROUPED);
-    printf("experts beside their dequantization: %d experts x %lld rows, w1||w3 [%lld, %lld] NF4: dequant alone "
+    printf("experts beside their dequantization (GEMMs on all SMs but %d): %d experts x %lld rows, w1||w3 [%lld, %lld] NF4: dequant alone "
            "%.3f ms, GEMMs alone %.3f ms (%.0f TFLOP/s), grouped (two streams) %.3f ms: %.0f%% of the dequant hidden; "
-           "its product against the one stream's: %lld elements differ, rel. L2 %.2g%s\n", E, (long long)rows,
+           "its product against the one stream's: %lld elements differ, rel. L2 %.2g%s\n", reserve0, E, (long long)rows,
            (long long)(2 * f), (long long)d, deq, gemm, 2.0 * R * 2 * f * d / gemm / 1e9, grouped,
            100 * (deq + gemm - grouped) / deq, (long long)unequal, rel,
            same ? "" : " -- DIFFERENT (a GEMM read its slot before the refill?)");
-    json_line("overlap", "\"experts\":%d,\"rows\":%lld,\"reserve\":0,\"deq_ms\":%.4f,\"gemm_ms\":%.4f,"
-              "\"grouped_ms\":%.4f,\"hidden\":%.3f,\"unequal\":%lld,\"rel_l2\":%.3g,\"ok\":%s", E, (long long)rows, deq,
-              gemm, grouped, (deq + gemm - grouped) / deq, (long long)unequal, rel, same ? "true" : "false");
-    for (size_t i = 0; i < MT_ARRAY_LEN(reserves); i++) {
+    json_line("overlap", "\"experts\":%d,\"rows\":%lld,\"reserve\":%d,\"deq_ms\":%.4f,\"gemm_ms\":%.4f,"
+              "\"grouped_ms\":%.4f,\"hidden\":%.3f,\"unequal\":%lld,\"rel_l2\":%.3g,\"ok\":%s", E, (long long)rows,
+              reserve0, deq, gemm, grouped, (deq + gemm - grouped) / deq, (long long)unequal, rel, same ? "true" : "false");
+    for (size_t i = 0; !reserve0 && i < MT_ARRAY_LEN(reserves); i++) {
         if (mt_cuda_gemm_sm_reserve(be, reserves[i]) != 0) {
             printf("  GEMMs on fewer SMs: %s\n", mt_error_get());
             break;
@@ -295,7 +301,7 @@ static int overlap_bench(mt_backend *be, const mt_model_config *cfg, int small) 
                   "\"grouped_ms\":%.4f,\"hidden\":%.3f", E, (long long)rows, reserves[i], deq, gm, gr,
                   (deq + gm - gr) / deq);
     }
-    if (mt_cuda_gemm_sm_reserve(be, 0) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
+    if (mt_cuda_gemm_sm_reserve(be, reserve0) != 0) mt_fatal(MT_EXIT_ERROR, "bench_gpu: overlap: %s", mt_error_get());
     mt_tensor_free(x.a), mt_tensor_free(x.c), mt_tensor_free(x.w);
     for (int m = 0; m < OV_MATS; m++) mt_qweight_free(&q[m]);
     return same ? 0 : -1;
@@ -621,7 +627,9 @@ static void usage(FILE *f) {
                "  --steps  timed steps after the warm-up (default 3)\n"
                "  --layers the model cut to its first N layers (default all 32); 32-layer figures projected\n"
                "  --config another model's config.json instead of Mixtral-8x7B (the emulator's rehearsal)\n"
-               "  --small  small peak-matmul and copy sizes (256, 16 MB): for the emulator, not for figures\n");
+               "  --small  small peak-matmul and copy sizes (256, 16 MB): for the emulator, not for figures\n"
+               "  --no-overlap  skip the experts-beside-their-dequantization figures (host time: three\n"
+               "           expert-sized weights quantized)\n");
 }
 
 int main(int argc, char **argv) {
@@ -630,13 +638,17 @@ int main(int argc, char **argv) {
     int n_cases = 0, n_seqs = 0, steps = 3;
     int64_t layers = 0;
     const char *config = NULL;
-    int small = 0;
+    int small = 0, overlap = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);  // progress shows through a pipe (gpu_check.sh tees it)
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
         if (!strcmp(argv[i], "--small")) {
             small = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--no-overlap")) {
+            overlap = 0;
             continue;
         }
         if (!v) return usage(stderr), MT_EXIT_USAGE;
@@ -690,7 +702,7 @@ int main(int argc, char **argv) {
     if (layers) cfg.layers = layers;
     double copy_gbs = copy_bandwidth(be, (size_t)1 << (small ? 24 : 30));
     double deq_gbs = dequant_bandwidth(be, &cfg, copy_gbs);
-    int overlap_failed = overlap_bench(be, &cfg, small) != 0;
+    int overlap_failed = overlap && overlap_bench(be, &cfg, small) != 0;
     result res[MAX_RUNS];
     int n_res = 0, failed = 0;
     // One model per case, every sequence length run on it (C: each --seq; A and B: one).

@@ -282,7 +282,7 @@ step_cudnn() {
     echo "gpu_check: no CPU run of the CLI step to compare with: the case C step only"
   fi
   MT_ATTENTION=cudnn MT_PROFILE=1 run_limited "$lim" "$(prog moetrain_bench_gpu)" \
-    --layers "$LAYERS" --case C "${seqargs[@]}" --steps 2 "${BENCH_ARGS[@]}"
+    --layers "$LAYERS" --case C "${seqargs[@]}" --steps 2 --no-overlap "${BENCH_ARGS[@]}"
 }
 
 step_baseline() {

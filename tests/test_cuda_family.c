@@ -182,9 +182,9 @@ static int same_choices(const mt_model *c, const mt_model *g, int L, const mt_te
 // The gradient cosine an expert's and any other trainable's gradient must reach, and the rel. L2
 // none may pass, where no clamp cuts; tests/test_cuda_step.c says why these are bf16's.
 typedef struct {
-    double cos, cos_expert, rel_l2;
+    double cos, cos_expert, rel_l2, rel_l2_expert;
 } grad_tol;
-static const grad_tol BF16_TOL = {0.999, 0.998, 0.1};
+static const grad_tol BF16_TOL = {0.999, 0.998, 0.1, 0.1};
 
 // One forward and backward of the checkpoint at dir on both backends; the loss and every
 // trainable's gradient compared. quant: the frozen experts' format (MT_QUANT_MXFP4: quantized on
@@ -285,9 +285,11 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
         // rule); where the terms nearly cancel, that rounding shows: 0.99876 and 0.99882 for two
         // experts of the tiny OLMoE and Qwen3 configs, the same on the WMMA and the cuBLAS
         // expert paths (so not a kernel's error). The rel. L2 bound below stays.
-        double want = clamped ? 0.95 : strstr(pc[i].name, ".experts.") ? tol.cos_expert : tol.cos;
+        const int expert = strstr(pc[i].name, ".experts.") != NULL;
+        double want = clamped ? 0.95 : expert ? tol.cos_expert : tol.cos;
         cr_expect_geq(c, want, "%s: %s: gradient cosine %.6f to the cpu's", dir, pc[i].name, c);
-        cr_expect_leq(e, clamped ? 0.3 : tol.rel_l2, "%s: %s: gradient rel. L2 %.3g to the cpu's", dir, pc[i].name, e);
+        cr_expect_leq(e, clamped ? 0.3 : expert ? tol.rel_l2_expert : tol.rel_l2, "%s: %s: gradient rel. L2 %.3g to the cpu's",
+                      dir, pc[i].name, e);
         free(g);
     }
     cr_log_info("%s: loss rel. diff %.3g; %d gradients, worst cosine %.6f, worst rel. L2 %.3g", dir,
@@ -359,11 +361,11 @@ Test(cuda, deepseek_seq_aux_step_matches_cpu) {
 // for V2, 0.9969 for V3, 0.9983 for GLM), where the same configs at std 0.02 reach 0.9994; rel. L2
 // near 0.1 on an expert's LoRA A of few rows (seen: GLM-4.7-Flash's 0.098 with the experts' base
 // GEMM written first and their LoRA added, 0.101 with the LoRA written first and the base added,
-// model/experts_gpu.c's lora_first: bf16's rounding order, not a bias), hence 0.12. Their attention is far from uniform, so the gradients
+// model/experts_gpu.c's lora_first: bf16's rounding order, not a bias), hence 0.12 for experts. Their attention is far from uniform, so the gradients
 // through the scores count: leaving one head out of the shared rope key's gradient sum fails V2's
 // case here (kv_a_proj cosine 0.965), and no case of the tiny configs.
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
-static const grad_tol GOLDEN_TOL = {0.995, 0.995, 0.12};
+static const grad_tol GOLDEN_TOL = {0.995, 0.995, 0.1, 0.12};
 static void golden_step(const char *dir) {
     step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, GOLDEN_TOL, NULL);
     step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, GOLDEN_TOL, NULL);
