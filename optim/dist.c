@@ -37,9 +37,14 @@ static void copy_range(mt_dist *d, mt_dist_group *g, int64_t lo, int64_t hi, int
     }
 }
 
+// Doubling room: one realloc per parameter copied the array each time (36,000 LoRA tensors of
+// Qwen3-30B-A3B: 77 s of plan under ASan, whose realloc always moves).
 static void add_opt(mt_dist *d, mt_param p, int piece) {
-    d->opt = mt_xrealloc(d->opt, (size_t)(d->n_opt + 1) * sizeof *d->opt);
-    d->piece = mt_xrealloc(d->piece, (size_t)(d->n_opt + 1));
+    if (d->n_opt == d->cap_opt) {
+        d->cap_opt = d->cap_opt ? 2 * d->cap_opt : 64;
+        d->opt = mt_xrealloc(d->opt, (size_t)d->cap_opt * sizeof *d->opt);
+        d->piece = mt_xrealloc(d->piece, (size_t)d->cap_opt);
+    }
     d->piece[d->n_opt] = (unsigned char)piece;
     d->opt[d->n_opt++] = p;
 }

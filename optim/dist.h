@@ -48,7 +48,7 @@ typedef struct mt_dist {
     int n_params;
     mt_param *opt;         // what the optimizer updates: the params, or (ZeRO) pieces of them
     unsigned char *piece;  // [n_opt] 1: opt[i] is a piece (its w and g are views dist owns)
-    int n_opt;
+    int n_opt, cap_opt;    // cap_opt: the room of opt and piece (grown by doubling)
 } mt_dist;
 
 // Where this rank sits: its rank and the size of the world and of its DP group (EP size =

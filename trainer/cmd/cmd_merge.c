@@ -62,7 +62,7 @@ typedef struct {
     size_t n;
     // PEFT adapter
     lora_pair *pairs;
-    size_t n_pairs;
+    size_t n_pairs, cap_pairs;  // cap_pairs: pairs' room, doubled (tens of thousands of expert LoRAs)
     int r;
     float scale;
     const mt_family *fam;  // the base's module names: the PEFT reader's Mixtral names mapped to them
@@ -107,7 +107,8 @@ static int collect_pair(void *ctx, const char *module, const mt_st_tensor *a, co
     merge_ctx *c = ctx;
     mt_dtype da, db;
     if (dtype_of(a, &da) != 0 || dtype_of(b, &db) != 0) return -1;
-    c->pairs = mt_xrealloc(c->pairs, (c->n_pairs + 1) * sizeof *c->pairs);
+    if (c->n_pairs == c->cap_pairs)
+        c->pairs = mt_xrealloc(c->pairs, (c->cap_pairs = c->cap_pairs ? 2 * c->cap_pairs : 64) * sizeof *c->pairs);
     lora_pair *p = &c->pairs[c->n_pairs++];
     memset(p, 0, sizeof *p);
     char renamed[300];
