@@ -177,6 +177,10 @@ int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve) {
     mt_error_set("%s", CPU_BUILD);
     return -1;
 }
+int mt_cuda_gemm_sm_reserved(mt_backend *be) {
+    (void)be;
+    return 0;
+}
 uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
     (void)be;
     mt_error_set("%s", CPU_BUILD);

@@ -98,6 +98,8 @@ uint64_t mt_cuda_matmul_plans_built(mt_backend *be);
 // more than the GEMMs lose is the GPU's to say. 0, or -1 with an error (not a cuda backend, or
 // reserve not in [0, SMs)).
 int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve);
+// The reserve in force (MT_GEMM_SM_RESERVE's at creation, or the last one set); 0 elsewhere.
+int mt_cuda_gemm_sm_reserved(mt_backend *be);
 // CUDA builds: the backend's stream (a cudaStream_t), for kernels outside core/ to launch on.
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).

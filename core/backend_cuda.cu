@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -715,6 +716,11 @@ extern "C" int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve) {
     return 0;
 }
 
+extern "C" int mt_cuda_gemm_sm_reserved(mt_backend *be) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_gemm_sm_reserved");
+    return cx && cx->sm_target ? cx->sm_count - cx->sm_target : 0;
+}
+
 extern "C" int mt_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -781,7 +787,7 @@ extern "C" mt_backend *mt_backend_cuda_new(int device) {
     if (rs && rs[0]) {
         char *end;
         long r = strtol(rs, &end, 10);
-        if (*end || r < 0 || r >= cx->sm_count || mt_cuda_gemm_sm_reserve(be, (int)r) != 0) {
+        if (*end || r < 0 || r > INT_MAX || mt_cuda_gemm_sm_reserve(be, (int)r) != 0) {
             mt_error_set("MT_GEMM_SM_RESERVE=%s: not a number of SMs to leave out, 0 to %d (device %d has %d)", rs,
                          cx->sm_count - 1, device, cx->sm_count);
             mt_backend_free(be);

@@ -231,8 +231,7 @@ static double overlap_ms(const overlap_ctx *x, int what) {
 static int overlap_bench(mt_backend *be, const mt_model_config *cfg, int small) {
     enum { MAX_E = 8 };
     static const int reserves[] = {8, 16, 32};
-    const char *env = getenv("MT_GEMM_SM_RESERVE");  // validated by the backend's creation
-    const int reserve0 = env && env[0] ? atoi(env) : 0;
+    const int reserve0 = mt_cuda_gemm_sm_reserved(be);  // MT_GEMM_SM_RESERVE's, if set
     const int E = (int)MT_MIN(cfg->experts, MAX_E);
     const int64_t d = cfg->hidden, f = cfg->intermediate, rows = small ? 64 : 1024, R = rows * E;
     float *host = mt_xmalloc((size_t)(f * d) * sizeof(float));

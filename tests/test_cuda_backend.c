@@ -173,7 +173,9 @@ Test(cuda, gemm_sm_reserve_plans_anew_and_keeps_products) {
     cr_expect(p.err < 1e-2, "all SMs but 16: error %.3g", p.err);
     uint64_t b1 = mt_cuda_matmul_plans_built(gpu);
     cr_expect_eq(b1, b0 + 1, "a plan for the new SM target (%llu -> %llu)", (unsigned long long)b0, (unsigned long long)b1);
+    cr_expect_eq(mt_cuda_gemm_sm_reserved(gpu), 16);
     cr_assert_eq(mt_cuda_gemm_sm_reserve(gpu, 0), 0, "%s", mt_error_get());
+    cr_expect_eq(mt_cuda_gemm_sm_reserved(gpu), 0);
     matmul_parity(gpu, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
     cr_expect_eq(mt_cuda_matmul_plans_built(gpu), b1, "all SMs again: the first plan serves");
     cr_expect_eq(mt_cuda_gemm_sm_reserve(gpu, -1), -1);
@@ -199,6 +201,7 @@ Test(cuda, gemm_sm_reserve_from_the_environment) {
     setenv("MT_GEMM_SM_RESERVE", "16", 1);
     mt_backend *be = mt_backend_cuda_new(0), *cpu = mt_backend_cpu_new();
     cr_assert_not_null(be, "%s", mt_error_get());
+    cr_expect_eq(mt_cuda_gemm_sm_reserved(be), 16);
     // planned for all SMs but 16 from the start: asking for that again makes no new plan
     matmul_parity(be, cpu, 64, 128, 96, 0, 1, MT_BF16, MT_BF16, 1.0f, 0.0f);
     uint64_t b0 = mt_cuda_matmul_plans_built(be);
