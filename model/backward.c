@@ -54,7 +54,8 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     // recomputation is theirs (mt_experts_recompute_in_backward): then it is taken after them.
     // The cpu's experts give it themselves (mt_experts_give_dweights).
     int by_experts = mt_experts_give_dweights(m), late = !by_experts && mt_experts_recompute_in_backward(m);
-    mt_tensor dys = step_work(m, adt, Tk, H, 1), dweights = step_work(m, MT_F32, Tk, 1, 1);
+    // dys and dxs are written whole (the combine's backward, the experts), not added to: not zeroed.
+    mt_tensor dys = step_work(m, adt, Tk, H, 0), dweights = step_work(m, MT_F32, Tk, 1, 1);
     float *dw_early = late || by_experts || !need->dlogits ? NULL : F(&dweights);
     if (run) mt_op_combine_backward(m, dys.data, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
@@ -65,7 +66,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         dys_own = step_work(m, adt, R, H, 1);
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
-    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 1) : (mt_tensor){0};
+    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 0) : (mt_tensor){0};
     mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, by_experts && need->dlogits ? F(&dweights) : NULL, R);
     if (run && late && need->dlogits)
         mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);

@@ -219,6 +219,8 @@ void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_
         mt_experts_backward_gpu(m, L, dys_own, dxs, R);
         return;
     }
+    if (dxs && dxs->data)  // the cpu's experts add their rows' gradients into it
+        m->be->ops->fill_zero(m->be, dxs->data, mt_dtype_bytes(dxs->dtype, (size_t)(dxs->shape[0] * dxs->shape[1])));
     int par;
     expert_job *jobs = mt_xmalloc((size_t)m->cfg.experts * sizeof *jobs);
     int count = expert_jobs(m, L, &par, jobs);

@@ -312,6 +312,13 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
     mt_layer_acts *a = layer_acts(m, L);
     int r = lora_r_max(&m->layers[L], gr.E);
     mt_tensor dxa_all = r ? step_work(m, MT_BF16, R, r, 0) : (mt_tensor){0};  // every row: whatever the routing
+    // The experts' rows cover dxs [R, H] (each row is some expert's): their GEMMs write it. Where
+    // they would not (no rows, or rows outside the group's), it is zeroed first and added to.
+    int dx_zeroed = 0;
+    if (dxs_all && dxs_all->data && (gr.row0 != 0 || n != dxs_all->shape[0])) {
+        m->be->ops->fill_zero(m->be, dxs_all->data, mt_dtype_bytes(dxs_all->dtype, (size_t)(dxs_all->shape[0] * dxs_all->shape[1])));
+        dx_zeroed = 1;
+    }
     if (n) {
         if (mt_experts_recompute_in_backward(m)) {  // gu, a, ys, xa again
             char phase = mt_prof_set_phase(MT_PROF_RECOMPUTE);
@@ -334,12 +341,19 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         }
         if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
         mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu
-        if (dxs) base13(&gr, 0, 1.0f, gu, dxs);
+        // dxs's first writer sets its rows (beta 0: nobody zeroed them): w1's LoRA when every
+        // expert with rows has one, as in the forward (its skinny product writes dxs once; the
+        // base GEMM, compute-bound, adds in its epilogue), else the base GEMM.
+        float dx_beta = dx_zeroed ? 1.0f : 0.0f;
+        int dx_lora_first = dxs && lora_first(&gr, W1);
+        if (dxs && !dx_lora_first) base13(&gr, 0, dx_beta, gu, dxs), dx_beta = 1.0f;
         weight_grads(&gr, W1, &dg, xs);
         weight_grads(&gr, W3, &du, xs);
         biases(&gr, W1, &dg, 1), biases(&gr, W3, &du, 1);
-        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa, 1.0f);
-        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa, 1.0f);
+        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa, dx_beta);
+        if (dx_lora_first) dx_beta = 1.0f;  // w1's LoRA ran: lora_first found one on every expert with rows
+        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa, dx_beta);
+        if (dx_lora_first) base13(&gr, 0, 1.0f, gu, dxs);
     }
     if (r) step_unwork(m, &dxa_all);
     group_free(&gr);

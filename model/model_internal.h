@@ -195,6 +195,8 @@ int mt_experts_recompute_in_backward(const mt_model *m);
 // (dweights [T·k], added into), from w2's input gradient, so that a recomputing backward never
 // forms ys again; otherwise the combine's backward takes it from ys, and dweights is NULL here.
 int mt_experts_give_dweights(const mt_model *m);
+// dxs [R, H] (or NULL: not wanted) is written whole, its earlier values ignored: the caller need
+// not zero it.
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
                          int64_t R);
 // The GPU step's (model/experts_gpu.c): the backward writes da and dgu over a and gu (their

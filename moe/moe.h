@@ -112,7 +112,8 @@ void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, 
 // out [T, H] += weights[a] · ys[i], a = order[i], t = a / k   (the weighted combine)
 void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,
                      int H, int k);
-// dys [T·k, H] += weights[a] · dout[t]; dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k);
+// dys [T·k, H] = weights[a] · dout[t] (written: its earlier values are neither read nor kept, so the
+// caller need not zero it); dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k);
 // either gradient may be NULL
 void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, const float *ys,
                               const float *weights, const int32_t *order, int n, int H, int k);

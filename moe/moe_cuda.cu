@@ -739,7 +739,8 @@ static __global__ void combine_kernel(bf16 *out, const bf16 *ys, const float *we
     }
 }
 
-// dys [n, H] += weights[a] · dout[t] in fp32 as the CPU rounds it, then once to bf16;
+// dys [n, H] = weights[a] · dout[t] in fp32 as the CPU rounds it, then once to bf16 (written
+// only: a zeroed dys read back and added to would cost two more passes over [n, H]);
 // dweights [n] += <dout[t], ys[i]> in fp32 (a block sum: the CPU's order differs); block per row i.
 template <int V>
 static __global__ void combine_backward_kernel(bf16 *dys, float *dweights, const bf16 *dout, const bf16 *ys,
@@ -754,9 +755,8 @@ static __global__ void combine_backward_kernel(bf16 *dys, float *dweights, const
             float dv[V], g[V], yv[V];
             bf16_load<V>(dv, d + h);
             if (dys) {
-                bf16_load<V>(g, dys + i * H + h);
 #pragma unroll
-                for (int e = 0; e < V; e++) g[e] = __fadd_rn(g[e], __fmul_rn(w, dv[e]));  // as the CPU: no FMA
+                for (int e = 0; e < V; e++) g[e] = __fmul_rn(w, dv[e]);  // as the CPU
                 bf16_store<V>(dys + i * H + h, g);
             }
             if (dweights) {

@@ -90,8 +90,8 @@ void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx, const mt_bf16 *dxs, c
 // out [T, H] += weights[a] · ys[i] (weights fp32)
 void moe_combine_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *ys, const float *weights, const int32_t *order,
                       int n, int H, int k);
-// dys [n, H] += weights[a] · dout[t] (bf16); dweights [n] += <dout[t], ys[i]> (fp32, summed in
-// fp32); either may be NULL.
+// dys [n, H] = weights[a] · dout[t] (bf16, written, not accumulated: the caller need not zero
+// it); dweights [n] += <dout[t], ys[i]> (fp32, summed in fp32); either may be NULL.
 void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys, float *dweights, const mt_bf16 *dout,
                                const mt_bf16 *ys, const float *weights, const int32_t *order, int n, int H, int k);
 

@@ -81,7 +81,7 @@ void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, co
         if (dys) {
             const float w = weights[a];
             float *dy = dys + (int64_t)i * H;
-            for (int h = 0; h < H; h++) dy[h] += w * d[h];
+            for (int h = 0; h < H; h++) dy[h] = w * d[h];
         }
         if (dweights) {
             const float *y = ys + (int64_t)i * H;

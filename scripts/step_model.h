@@ -316,13 +316,15 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const unsigned t = sh->targets;
     const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
     if (first13) e13_fb += bf * Tk * 2 * f;
+    // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C.
+    const int first_dx1 = cub && (t & MT_TARGET_W1);
     if (first2) e2_fb += bf * Tk * h, e2_bb += bf * Tk * f;
     if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
         step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * Lb, e13_f * Lb, e13_bb * Lb, Me, STEP_GROUPED);
     } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
-        e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + Tk * h);
+        e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + (first_dx1 ? 2 : 1) * Tk * h);
         step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
         if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
         step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_f * Lb, e13_bb * Lb, Me, h, 2 * f);
@@ -342,7 +344,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
-        if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
+        if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, first_dx1);
         if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
         if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, first2);
         // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
