@@ -110,6 +110,15 @@ void mt_tensor_download(const mt_tensor *t, void *host_dst) {
     t->be->ops->download(t->be, host_dst, t->data, t->nbytes);
 }
 
+void mt_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_cuda_download_begin(be, host_dst, src, bytes);
+    else be->ops->download(be, host_dst, src, bytes);
+}
+
+void mt_download_end(mt_backend *be) {
+    if (be->ops->kind == MT_BACKEND_CUDA) mt_cuda_download_end(be);
+}
+
 mt_tensor mt_view2(mt_backend *be, const void *p, mt_dtype dtype, int64_t rows, int64_t cols, int64_t ld) {
     mt_tensor t;
     memset(&t, 0, sizeof t);
@@ -180,6 +189,14 @@ int mt_cuda_gemm_sm_reserve(mt_backend *be, int reserve) {
 int mt_cuda_gemm_sm_reserved(mt_backend *be) {
     (void)be;
     return 0;
+}
+void mt_cuda_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
+    (void)be, (void)host_dst, (void)src, (void)bytes;
+    mt_fatal(MT_EXIT_ERROR, "%s", CPU_BUILD);  // no cuda backend exists in this build
+}
+void mt_cuda_download_end(mt_backend *be) {
+    (void)be;
+    mt_fatal(MT_EXIT_ERROR, "%s", CPU_BUILD);
 }
 uint64_t mt_cuda_matmul_plans_built(mt_backend *be) {
     (void)be;

@@ -104,6 +104,9 @@ int mt_cuda_gemm_sm_reserved(mt_backend *be);
 void *mt_cuda_backend_stream(mt_backend *be);
 // The same stream, after making the backend's device current (what every op launcher calls first).
 void *mt_cuda_backend_enter(mt_backend *be);
+// mt_download_begin / mt_download_end on the cuda backend (core/backend_cuda.cu).
+void mt_cuda_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes);
+void mt_cuda_download_end(mt_backend *be);
 // A second stream of the backend's device (made on first use, destroyed with the backend), for
 // work that overlaps the main stream's; the caller orders the two with events. Device current.
 void *mt_cuda_backend_side_stream(mt_backend *be);
@@ -147,6 +150,13 @@ void mt_tensor_free(mt_tensor *t);
 int64_t mt_tensor_numel(const mt_tensor *t);
 void mt_tensor_upload(mt_tensor *t, const void *host_src);    // host bytes in t's dtype
 void mt_tensor_download(const mt_tensor *t, void *host_dst);
+// A download the host collects later, so that the device goes on working while the host waits
+// (the GPU step's expert counts: what does not need them is queued before the wait). begin
+// queues the copy of `bytes` from src after the work queued so far and returns at once; end waits
+// for it (one host wait, counted and profiled as a download's) and fills host_dst. One at a time
+// per backend; end without a begun download does nothing. The cpu and null backends copy in begin.
+void mt_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes);
+void mt_download_end(mt_backend *be);
 // The same from / to host f32 values, converted to / from t's float dtype (f32, bf16, f16).
 void mt_tensor_upload_f32(mt_tensor *t, const float *host_src);
 void mt_tensor_download_f32(const mt_tensor *t, float *host_dst);

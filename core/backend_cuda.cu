@@ -99,6 +99,12 @@ typedef struct {
     cublasHandle_t blas; // cuBLAS (its grouped GEMM), made on first use, sharing `workspace`
     int sm_count;        // the device's multiprocessors
     int sm_target;       // what the GEMMs plan for (mt_cuda_gemm_sm_reserve); 0: sm_count
+    // mt_download_begin/end: a pinned staging buffer (a copy into pageable memory would return
+    // only once the stream's work before it is done), the event after the copy, the pending one.
+    void *stage;
+    size_t stage_bytes, stage_pending;
+    void *stage_dst;
+    cudaEvent_t staged;
 } cuda_ctx;
 
 // Makes the backend's device current (cheap when it already is) and returns its state.
@@ -178,6 +184,33 @@ static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_
     MT_CHECK_CUDA(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
     MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));
     if (mt_prof_active) mt_prof_wait_end();
+    be->host_syncs++;
+}
+
+extern "C" void mt_cuda_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
+    cuda_ctx *cx = cuda_enter(be);
+    if (cx->stage_pending) mt_fatal(MT_EXIT_ERROR, "cuda: a download begun before the previous one ended");
+    if (bytes == 0) return;
+    if (bytes > cx->stage_bytes) {  // no copy is pending: the old buffer is free
+        if (cx->stage) MT_CHECK_CUDA(cudaFreeHost(cx->stage));
+        cx->stage = NULL, cx->stage_bytes = 0;
+        MT_CHECK_CUDA(cudaMallocHost(&cx->stage, bytes));
+        cx->stage_bytes = bytes;
+    }
+    if (!cx->staged) MT_CHECK_CUDA(cudaEventCreateWithFlags(&cx->staged, cudaEventDisableTiming));
+    MT_CHECK_CUDA(cudaMemcpyAsync(cx->stage, src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    MT_CHECK_CUDA(cudaEventRecord(cx->staged, cx->stream));
+    cx->stage_dst = host_dst, cx->stage_pending = bytes;
+}
+
+extern "C" void mt_cuda_download_end(mt_backend *be) {
+    cuda_ctx *cx = cuda_enter(be);
+    if (!cx->stage_pending) return;
+    if (mt_prof_active) mt_prof_wait_begin((double)cx->stage_pending);  // the wait only: the copy ran in order
+    MT_CHECK_CUDA(cudaEventSynchronize(cx->staged));
+    if (mt_prof_active) mt_prof_wait_end();
+    memcpy(cx->stage_dst, cx->stage, cx->stage_pending);
+    cx->stage_pending = 0;
     be->host_syncs++;
 }
 
@@ -635,6 +668,8 @@ static void cuda_destroy(mt_backend *be) {
         MT_CHECK_CUDA(cudaStreamSynchronize(cx->side));
         MT_CHECK_CUDA(cudaStreamDestroy(cx->side));
     }
+    if (cx->stage) MT_CHECK_CUDA(cudaFreeHost(cx->stage));
+    if (cx->staged) MT_CHECK_CUDA(cudaEventDestroy(cx->staged));
     MT_CHECK_CUDA(cudaStreamDestroy(cx->stream));
     free(cx);
     free(be);

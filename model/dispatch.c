@@ -429,7 +429,9 @@ void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float
 }
 
 // Layer L's expert order from its recorded choices, and the host copy of the offsets that the
-// expert loop walks (on CUDA: one small download, the step's one sync per layer).
+// expert loop walks. On CUDA that copy is the step's one host wait per layer: begun here,
+// collected by mt_op_permute_wait once the work that does not need it is queued (the gather,
+// a shared expert), so that the device is not idle while the host waits and sets up the experts.
 void mt_op_permute(mt_model *m, int L) {
     mt_layer_kept *kp = &m->kept[L];
     int T = m->B * m->S, E = (int)m->cfg.experts, k = (int)m->cfg.top_k;
@@ -437,14 +439,26 @@ void mt_op_permute(mt_model *m, int L) {
     const int32_t *ids = kp->ids->data;
     if (ON_CUDA(m)) {
 #ifdef MT_CUDA
-        PROFILED("permute/gather + combine", 0, 8.0 * T * k + 4.0 * (E + 1), moe_permute_cuda(m->be, order, offsets, NULL, ids, T, E, k));
-        mt_tensor_download(kp->offsets, kp->host_offsets);  // a host wait of its own in the profile
+        PROFILED("permute/gather + combine", 0, 8.0 * T * k + 4.0 * (E + 1), {
+            moe_permute_cuda(m->be, order, offsets, NULL, ids, T, E, k);
+            mt_download_begin(m->be, kp->host_offsets, offsets, kp->offsets->nbytes);
+        });
+        kp->offsets_pending = 1;
+        return;
 #endif
-    } else {
-        moe_permute_cpu(order, offsets, NULL, ids, T, E, k);
-        memcpy(kp->host_offsets, offsets, (size_t)(E + 1) * sizeof(int32_t));
     }
-    for (int e = 0; e < E; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
+    moe_permute_cpu(order, offsets, NULL, ids, T, E, k);
+    memcpy(kp->host_offsets, offsets, (size_t)(E + 1) * sizeof(int32_t));
+    kp->offsets_pending = 1;
+    mt_op_permute_wait(m, L);
+}
+
+void mt_op_permute_wait(mt_model *m, int L) {
+    mt_layer_kept *kp = &m->kept[L];
+    if (!kp->offsets_pending) return;
+    if (ON_CUDA(m)) mt_download_end(m->be);  // a host wait of its own in the profile
+    kp->offsets_pending = 0;
+    for (int e = 0; e < (int)m->cfg.experts; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
 }
 
 void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k) {

@@ -19,6 +19,8 @@ void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *row
         const int64_t *off = m->kept[L].own_offsets;
         *row0 = off[e], *rows = off[e + 1] - off[e];
     } else if (!m->counting) {
+        if (m->kept[L].offsets_pending)
+            mt_fatal(MT_EXIT_ERROR, "layer %d: expert rows read before the offsets' download was collected", L);
         const int32_t *off = m->kept[L].host_offsets;
         *row0 = off[e], *rows = off[e + 1] - off[e];
     } else {
@@ -173,8 +175,8 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     if (replay && !m->recompute_mlp) return;
 
     if (run) mt_op_rmsnorm_forward(m, A(a->ln2), F(a->rstd2), A(a->h), A(ly->ln2), T, H, eps);
-    if (ly->mlp[0].out) mt_mlp_forward(m, L);  // a dense layer's MLP, or the shared expert
     if (ly->dense) {  // no router, no experts
+        if (ly->mlp[0].out) mt_mlp_forward(m, L);
         if (!x_out || !run) return;
         m->be->ops->copy(m->be, x_out, A(a->h), mt_dtype_bytes(adt, (size_t)T * H));
         mt_mlp_add_output(m, L, x_out);
@@ -185,8 +187,13 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     if (ly->gate_bias) mt_op_logit_bias_forward(m, F(a->logits), A(ly->gate_bias), T, (int)c->experts);
     mt_prof_pop();
     route(m, L, replay);
-    // The experts' input rows: gathered in expert order here, or (EP) sent to their owners.
+    // What needs no expert counts goes to the device before the host waits for them (the
+    // routing began their download): the shared expert, and without EP the gather.
+    if (ly->mlp[0].out) mt_mlp_forward(m, L);  // the shared expert
     int ep = m->par.ep_size > 1;
+    if (!ep && run) mt_op_gather(m, A(a->xs), A(a->ln2), I(kp->order), Tk, H, k);
+    mt_op_permute_wait(m, L);
+    // The experts' input rows: gathered in expert order above, or (EP) sent to their owners.
     int64_t R = Tk;
     if (ep) {
         if (!replay) mt_ep_exchange_counts(m, L);
@@ -196,8 +203,6 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         if (run) mt_op_gather(m, xl.data, A(a->ln2), I(kp->order), Tk, H, k);
         mt_ep_dispatch(m, L, A(a->xs), xl.data, H);
         step_unwork(m, &xl);
-    } else if (run) {
-        mt_op_gather(m, A(a->xs), A(a->ln2), I(kp->order), Tk, H, k);
     }
     if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them
     mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;

@@ -55,6 +55,7 @@ typedef struct mt_layer_kept {
     mt_tensor *ids, *order, *offsets;    // [T, k] chosen experts; [T·k] expert order; [E+1]
     int32_t *counts;                     // tokens per expert (host), for load logging
     int32_t *host_offsets;               // [E+1] offsets on the host, for the expert loop
+    int offsets_pending;                 // their download begun, not yet collected (mt_op_permute_wait)
     // Expert parallelism (model/expert_parallel.c): rows each EP rank sends each expert [P × E],
     // exchanged once by the first forward and reused by recomputation and backward; and the
     // owner-side layout of this rank's experts, expert-major then by source rank [E + 1].

@@ -156,7 +156,10 @@ void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *pr
 void mt_op_zloss_accumulate(mt_model *m, const float *logits, const uint8_t *mask, int T, int E);
 void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float *logits, const uint8_t *mask, int T,
                           int E);
+// The expert order of layer L's routing; its offsets' host copy (host_offsets, counts) is
+// collected by mt_op_permute_wait, which every reader of them calls first (a no-op when done).
 void mt_op_permute(mt_model *m, int L);
+void mt_op_permute_wait(mt_model *m, int L);
 void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k);
 void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k);
 void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n,

@@ -187,6 +187,47 @@ Test(cuda, gemm_sm_reserve_plans_anew_and_keeps_products) {
     mt_backend_free(gpu);
 }
 
+// mt_download_begin / mt_download_end: the copy takes the source as the stream has it at begin
+// (work queued after begin does not reach it), the host's buffer is filled only at end, which is
+// the one host wait (begin waits for nothing); the staging grows for a larger copy; end with
+// nothing begun does nothing. On the cpu backend begin copies at once.
+Test(cuda, deferred_download_is_ordered_and_waits_once) {
+    mt_backend *gpu = gpu_or_skip();
+    enum { N = 300, BIG = 5000 };
+    int32_t host[BIG], got[BIG];
+    for (int i = 0; i < BIG; i++) host[i] = 3 * i + 1;
+    int32_t *dev;
+    cr_assert_eq(gpu->ops->alloc(gpu, sizeof host, (void **)&dev), 0, "%s", mt_error_get());
+    gpu->ops->upload(gpu, dev, host, N * sizeof(int32_t));
+    for (int i = 0; i < BIG; i++) got[i] = -7;
+    uint64_t s0 = gpu->host_syncs;
+    mt_download_begin(gpu, got, dev, N * sizeof(int32_t));
+    gpu->ops->fill_zero(gpu, dev, sizeof host);  // queued after the copy: must not reach it
+    cr_expect_eq(gpu->host_syncs, s0, "begin waits for nothing");
+    cr_expect_eq(got[0], -7, "the host's buffer is filled at end, not before");
+    mt_download_end(gpu);
+    cr_expect_eq(gpu->host_syncs, s0 + 1, "end is one host wait");
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += got[i] != 3 * i + 1;
+    cr_expect_eq(bad, 0, "%d of %d values differ from the source as queued at begin", bad, N);
+    cr_expect_eq(got[N], -7, "no byte past the copy");
+    mt_download_end(gpu);
+    cr_expect_eq(gpu->host_syncs, s0 + 1, "end with nothing begun does nothing");
+    gpu->ops->upload(gpu, dev, host, sizeof host);  // a larger copy: the staging grows
+    mt_download_begin(gpu, got, dev, sizeof host);
+    mt_download_end(gpu);
+    cr_expect_eq(memcmp(got, host, sizeof host), 0, "the larger copy");
+    gpu->ops->free(gpu, dev);
+    mt_backend_free(gpu);
+
+    mt_backend *cpu = mt_backend_cpu_new();
+    int32_t src[4] = {5, 6, 7, 8}, dst[4] = {0};
+    mt_download_begin(cpu, dst, src, sizeof src);
+    cr_expect_eq(memcmp(dst, src, sizeof src), 0, "the cpu copies at begin");
+    mt_download_end(cpu);
+    mt_backend_free(cpu);
+}
+
 // MT_GEMM_SM_RESERVE sets the reserve at creation; a value that is not one is refused naming it.
 Test(cuda, gemm_sm_reserve_from_the_environment) {
     mt_backend_free(gpu_or_skip());

@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "exec.h"
@@ -726,6 +727,24 @@ cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
     *f = DEVICE_BYTES - plain_bytes - pool_reserved;
     return cudaSuccess;
 }
+// Pinned host memory: plain host memory here, remembered so that cudaPointerGetAttributes calls
+// it pinned (cudaMemoryTypeHost), as the driver does. cudaFreeHost waits for the device first.
+static std::set<const void *> pinned;
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    API_ENTER("cudaMallocHost");
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!*p) return cudaErrorMemoryAllocation;
+    pinned.insert(*p);
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) {
+    API_ENTER("cudaFreeHost");
+    run_everything();
+    if (!p) return cudaSuccess;
+    if (!pinned.erase(p)) fail("cudaFreeHost of %p, which cudaMallocHost did not give", p);
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
     API_ENTER("cudaPointerGetAttributes");
     memset(a, 0, sizeof *a);
@@ -733,6 +752,10 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
         a->type = cudaMemoryTypeDevice;
         a->device = 0;
         a->devicePointer = (void *)p;
+    } else if (pinned.count(p)) {
+        a->type = cudaMemoryTypeHost;
+        a->device = 0;
+        a->hostPointer = (void *)p;
     } else {
         a->type = cudaMemoryTypeUnregistered;
         a->device = -2;
