@@ -55,9 +55,12 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     // The cpu's experts give it themselves (mt_experts_give_dweights).
     int by_experts = mt_experts_give_dweights(m), late = !by_experts && mt_experts_recompute_in_backward(m);
     // dys and dxs are written whole (the combine's backward, the experts), not added to: not zeroed.
-    mt_tensor dys = step_work(m, adt, Tk, H, 0), dweights = step_work(m, MT_F32, Tk, 1, 1);
+    // dys's rows leave the experts room beside them (mt_experts_dys_extra).
+    int64_t ldd = H + mt_experts_dys_extra(m, L);
+    mt_tensor dys_rows = step_work(m, adt, Tk, ldd, 0), dweights = step_work(m, MT_F32, Tk, 1, 1);
+    mt_tensor dys = mt_view2(m->be, dys_rows.data, adt, Tk, H, ldd);
     float *dw_early = late || by_experts || !need->dlogits ? NULL : F(&dweights);
-    if (run) mt_op_combine_backward(m, dys.data, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    if (run) mt_op_combine_backward(m, dys.data, ldd, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
@@ -69,7 +72,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 0) : (mt_tensor){0};
     mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, by_experts && need->dlogits ? F(&dweights) : NULL, R);
     if (run && late && need->dlogits)
-        mt_op_combine_backward(m, NULL, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+        mt_op_combine_backward(m, NULL, H, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
     if (ep) step_unwork(m, &dys_own);
     mt_tensor dln2 = {0};
     if (need->dln2) {
@@ -83,7 +86,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
         step_unwork(m, &dxs);
     }
-    step_unwork(m, &dys);
+    step_unwork(m, &dys_rows);
     if (ly->mlp[0].out) mt_mlp_backward(m, L, dx, need->dln2 ? &dln2 : NULL);  // the shared expert and its gate
 
     // Router: through the top-k weights, the aux loss and the z-loss.

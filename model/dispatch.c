@@ -481,11 +481,11 @@ void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weig
     });
 }
 
-void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_act *dout, const mt_act *ys,
-                            const float *weights, const int32_t *order, int n, int H, int k) {
+void mt_op_combine_backward(mt_model *m, mt_act *dys, int64_t ldd, float *dweights, const mt_act *dout,
+                            const mt_act *ys, const float *weights, const int32_t *order, int n, int H, int k) {
     PROFILED("permute/gather + combine", (dys ? 1.0 : 0.0) * n * H + (dweights ? 2.0 : 0.0) * n * H, AB(m) * ((dys ? 1.0 : 0.0) * n * H + (dweights ? (double)n * H : 0.0) + (double)n / k * H) + 8.0 * n, {
-        DISPATCH(m, moe_combine_backward_cpu(dys, dweights, dout, ys, weights, order, n, H, k),
-                 moe_combine_backward_cuda(m->be, dys, dweights, dout, ys, weights, order, n, H, k));
+        DISPATCH(m, moe_combine_backward_cpu(dys, ldd, dweights, dout, ys, weights, order, n, H, k),
+                 moe_combine_backward_cuda(m->be, dys, ldd, dweights, dout, ys, weights, order, n, H, k));
     });
 }
 

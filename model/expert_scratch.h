@@ -29,9 +29,10 @@ static inline int64_t mt_expert_slot_elems(int64_t w_elems, int64_t experts) {
 
 // Bytes of the dequantization scratch for a layer of E experts of hidden d and intermediate f:
 // the larger of the w1‖w3 call's and the w2 call's (the call that runs 4-bit experts with rows
-// holds it for its duration; dense experts need none).
-static inline int64_t mt_expert_dequant_scratch_bytes(int64_t d, int64_t f, int64_t experts) {
-    int64_t a = mt_expert_slot_elems(2 * f * d, experts), b = mt_expert_slot_elems(f * d, experts);
+// holds it for its duration; dense experts need none). w2_under: rows stacked under each W2 [d, f]
+// in the backward's dx call (w2's LoRA A, r rows, when it folds: model/experts_gpu.c), else 0.
+static inline int64_t mt_expert_dequant_scratch_bytes(int64_t d, int64_t f, int64_t experts, int64_t w2_under) {
+    int64_t a = mt_expert_slot_elems(2 * f * d, experts), b = mt_expert_slot_elems((d + w2_under) * f, experts);
     return MT_EXPERT_SCRATCH_SLOTS * (a > b ? a : b) * 2;
 }
 

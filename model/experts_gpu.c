@@ -76,6 +76,7 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
         mt_grouped part = g;
         part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
         part.q = g.q ? g.q + e0 : NULL, part.q2 = g.q2 ? g.q2 + e0 : NULL, part.w = g.w ? g.w + e0 : NULL;
+        part.under = g.under ? g.under + e0 : NULL;
         part.seed = g.seed ? g.seed + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
@@ -103,12 +104,18 @@ static const char *base_row(int which, int trans) {
 
 static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLAS)";
 
-static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
+// under: each expert's rows stacked under its W (grouped.h), or NULL.
+static void base_under(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a,
+                       const mt_tensor *const *under) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     for (int e = 0; e < gr->E; e++) gr->q[e] = l[e].q, gr->w[e] = l[e].q ? NULL : l[e].w;
     mt_prof_push(base_row(which, trans));
-    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
+    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .under = under, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
     mt_prof_pop();
+}
+
+static void base(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
+    base_under(gr, which, trans, beta, c, a, NULL);
 }
 
 // gu's column block of w1 (0) or w3 (1), [rows, f] with row stride 2f.
@@ -204,7 +211,7 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
     const mt_lora *lo = loras(gr, which, 1);
     if (!lo) return 0;
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
-    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, mt_tensor_ld(dxa_scratch));
     mt_prof_push(LORA_ROW);
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
     gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
@@ -219,7 +226,7 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
 static void lora_dx(group *gr, int which, const mt_tensor *dx, const mt_tensor *dxa_scratch, float beta) {
     const mt_lora *lo = loras(gr, which, 0);
     if (!lo || !dx) return;
-    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, 0);
+    mt_tensor dxa = mt_view2(gr->m->be, dxa_scratch->data, MT_BF16, dxa_scratch->shape[0], lo->r, mt_tensor_ld(dxa_scratch));
     mt_prof_push(LORA_ROW);
     gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = beta}), dx, &dxa);
     mt_prof_pop();
@@ -293,6 +300,41 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
     group_free(&gr);
 }
 
+// w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
+// without dropout (a mask on dxa·A2 cannot ride in the GEMM's sum), on one rank (EP's dys
+// arrives from the other ranks without the room), on the GPU step (the null backend counts the
+// same). Static over the step, so that the planner and the counted step agree with the run.
+int64_t mt_experts_dys_extra(const mt_model *m, int L) {
+    const mt_layer *ly = &m->layers[L];
+    if (!gpu_step(m) || m->par.ep_size > 1 || ly->dense || !ly->w2) return 0;
+    int r = 0;
+    for (int e = 0; e < m->cfg.experts; e++) {
+        const mt_linear *l = &ly->w2[e];
+        if (!l->q || !l->lora || l->lora->dropout > 0.0f) return 0;
+        r = l->lora->r;
+    }
+    return (r + 7) / 8 * 8;  // 16-byte rows
+}
+
+// w2's backward folded (mt_experts_dys_extra): dB2, dxa2 = s·dys·B2 into the room beside dys
+// (row stride ldd), dA2, then da = [dys | dxa2]·[W2; A2] with each expert's A2 copied under its
+// dequantized W2: one GEMM writes da, where the LoRA's own product would write it and the base
+// GEMM read it back.
+static void w2_backward_folded(group *gr, const mt_tensor *da, const mt_tensor *dys, const mt_tensor *act,
+                               const mt_tensor *xa, int64_t ldd) {
+    mt_model *m = gr->m;
+    const mt_layer *ly = &m->layers[gr->L];
+    const int64_t H = m->cfg.hidden, n = group_rows(gr), r = ly->w2[0].lora->r;
+    char *tail = dys->data ? (char *)dys->data + mt_dtype_bytes(MT_BF16, (size_t)H) : NULL;
+    mt_tensor dxa2 = mt_view2(m->be, tail, MT_BF16, n, r, ldd);
+    lora_backward(gr, W2, dys, act, xa, &dxa2);
+    const mt_tensor **under = mt_xcalloc((size_t)gr->E, sizeof *under);
+    for (int e = 0; e < gr->E; e++) under[e] = ly->w2[e].lora->a;
+    mt_tensor dys_dxa = mt_view2(m->be, dys->data, MT_BF16, n, H + r, ldd);
+    base_under(gr, W2, 0, 0.0f, da, &dys_dxa, under);
+    free(under);
+}
+
 // The largest r of the layer's expert LoRAs (0: none), for the dxa scratch.
 static int lora_r_max(const mt_layer *ly, int E) {
     int r = 0;
@@ -330,14 +372,22 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         mt_tensor dxa = r ? mt_view_rows(&dxa_all, 0, n) : (mt_tensor){0};
         weight_grads(&gr, W2, dys, act);
         biases(&gr, W2, dys, 1);
-        int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
-        mt_tensor *da = act;  // a is not read again
-        if (w2_lora && lora_first(&gr, W2)) {  // da = drop(dxa·A2), then da += dys·W2
-            lora_dx(&gr, W2, da, &dxa, 0.0f);
-            base(&gr, W2, 0, 1.0f, da, dys);
+        mt_tensor *da = act;  // a is not read after w2's gradients
+        int64_t extra = mt_experts_dys_extra(m, L), H = m->cfg.hidden;
+        if (extra && mt_tensor_ld(dys) != H + extra)
+            mt_fatal(MT_EXIT_ERROR, "layer %d experts: dys rows %lld apart, the fold wants %lld", L,
+                     (long long)mt_tensor_ld(dys), (long long)(H + extra));
+        if (extra) {
+            w2_backward_folded(&gr, da, dys, act, GROUP_ROWS(&gr, a->xa_w2), H + extra);
         } else {
-            base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
-            if (w2_lora) lora_dx(&gr, W2, da, &dxa, 1.0f);
+            int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
+            if (w2_lora && lora_first(&gr, W2)) {  // da = drop(dxa·A2), then da += dys·W2
+                lora_dx(&gr, W2, da, &dxa, 0.0f);
+                base(&gr, W2, 0, 1.0f, da, dys);
+            } else {
+                base(&gr, W2, 0, 0.0f, da, dys);  // da = dys·W2
+                if (w2_lora) lora_dx(&gr, W2, da, &dxa, 1.0f);
+            }
         }
         if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
         mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu

@@ -78,9 +78,17 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
         mt_error_set("%s: expert %d has %s but not %s: a stacked W needs both", fn, e, q ? "q" : "q2", q ? "q2" : "q");
         return 0;
     }
+    const mt_tensor *u = g->under ? g->under[e] : NULL;
+    if (u && (!q || u->ndim != 2 || u->dtype != MT_BF16 || u->be != be || u->shape[1] != q->in ||
+              mt_tensor_ld(u) != u->shape[1])) {
+        mt_error_set("%s: under[%d] is %s %s [%lld, %lld], must be a contiguous bf16 [rows, %lld] under a 4-bit q[%d] on %s",
+                     fn, e, mt_dtype_name(u->dtype), u->be->ops->name, (long long)u->shape[0],
+                     (long long)(u->ndim > 1 ? u->shape[1] : 0), (long long)(q ? q->in : 0), e, be->ops->name);
+        return 0;
+    }
     if (q) {
         const mt_qweight *part[2] = {q, q2};
-        int64_t out = q->out + (q2 ? q2->out : 0);
+        int64_t out = q->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0);
         for (int i = 0; i < (q2 ? 2 : 1); i++)
             if (part[i]->type != MT_QUANT_NF4 && part[i]->type != MT_QUANT_FP4 && part[i]->type != MT_QUANT_INT4 &&
                 part[i]->type != MT_QUANT_MXFP4) {
@@ -88,8 +96,9 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
                 return 0;
             }
         if (q->be != be || (q2 && (q2->be != be || q2->in != q->in)) || out != rows || q->in != cols) {
-            mt_error_set("%s: q[%d]%s is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
-                         q2 ? " over q2" : "", (long long)out, (long long)q->in, q->be->ops->name, (long long)rows,
+            mt_error_set("%s: q[%d]%s%s is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
+                         q2 ? " over q2" : "", u ? " over under" : "", (long long)out, (long long)q->in,
+                         q->be->ops->name, (long long)rows,
                          (long long)cols, g->trans, be->ops->name);
             return 0;
         }
@@ -113,8 +122,9 @@ static size_t slot_elems(const mt_grouped *g) {
     int64_t most = 0;
     for (int e = 0; g->q && e < g->experts; e++) {
         const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
+        const mt_tensor *u = g->under ? g->under[e] : NULL;
         if (!q || g->off[e + 1] == g->off[e]) continue;
-        most = MT_MAX(most, (q->out + (q2 ? q2->out : 0)) * q->in);
+        most = MT_MAX(most, (q->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0)) * q->in);
     }
     return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
 }

@@ -46,6 +46,10 @@ typedef struct mt_grouped {
     const mt_qweight *const *q;
     const mt_qweight *const *q2;  // or NULL; set: W_e is q[e] [out1, in] stacked over q2[e]
                                   // [out2, in] (both 4-bit, same in): [out1 + out2, in]
+    // or NULL; under[e] set (with q[e]): a dense bf16 [ru, in] (contiguous) stacked under the
+    // 4-bit rows, copied into the slot after them. A LoRA's A under its Linear's W makes
+    // dx = [dy | dxa]·[W; A] one GEMM (K = out + ru): the LoRA's share of dx is never a pass of its own.
+    const mt_tensor *const *under;
     const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1

@@ -131,17 +131,18 @@ static bf16 *slot_begin(slots *S) {
     return S->slot[i];
 }
 
-// W_e (q stacked over q2 when set) dequantized to dst on the dequantization stream: the bf16
-// [q->out + q2->out, in] matrix.
-static mt_tensor slot_put(slots *S, bf16 *dst, const mt_qweight *q, const mt_qweight *q2) {
-    int64_t n1 = q->out * q->in, rows = q->out + (q2 ? q2->out : 0);
+// W_e (q stacked over q2 when set) dequantized to dst on the dequantization stream, and the dense
+// rows `u` (grouped.h's under) copied after them: the bf16 [q->out + q2->out + u rows, in] matrix.
+static mt_tensor slot_put(slots *S, bf16 *dst, const mt_qweight *q, const mt_qweight *q2, const mt_tensor *u) {
+    int64_t n1 = q->out * q->in, q_rows = q->out + (q2 ? q2->out : 0), rows = q_rows + (u ? u->shape[0] : 0);
     mt_prof_push("expert dequant 4-bit->bf16");
     if (mt_prof_active) {
-        double el = (double)rows * (double)q->in;
-        mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0));
+        double el = (double)q_rows * (double)q->in, copied = u ? 2.0 * (double)u->nbytes : 0;
+        mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0) + copied);
     }
     mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
     if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
+    if (u) MT_CHECK_CUDA(cudaMemcpyAsync(dst + q_rows * q->in, u->data, u->nbytes, cudaMemcpyDeviceToDevice, S->deq));
     mt_prof_pop();
     return mt_view2(S->be, dst, MT_BF16, rows, q->in, 0);
 }
@@ -156,8 +157,8 @@ static void slot_ready(slots *S) {
 }
 
 // One expert's W into the next slot, ready for the main stream.
-static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2) {
-    mt_tensor W = slot_put(S, slot_begin(S), q, q2);
+static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2, const mt_tensor *u) {
+    mt_tensor W = slot_put(S, slot_begin(S), q, q2, u);
     slot_ready(S);
     return W;
 }
@@ -235,7 +236,8 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
         if (g->off[e + 1] == g->off[e] || (!g->q[e] && !(g->w && g->w[e]))) continue;
         if (!g->q[e]) return 0;
         const mt_qweight *q2 = g->q2 ? g->q2[e] : NULL;
-        int64_t we = (g->q[e]->out + (q2 ? q2->out : 0)) * g->q[e]->in;
+        const mt_tensor *u = g->under ? g->under[e] : NULL;
+        int64_t we = (g->q[e]->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0)) * g->q[e]->in;
         if (welems && we != welems) return 0;
         welems = we, ex[n++] = e;
     }
@@ -252,7 +254,8 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
         int64_t ldw = 0;
         for (int i = 0; i < cn; i++) {
             int e = ex[c0 + i];
-            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g->q[e], g->q2 ? g->q2[e] : NULL);
+            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g->q[e], g->q2 ? g->q2[e] : NULL,
+                                   g->under ? g->under[e] : NULL);
             int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
             mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
             m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
@@ -282,7 +285,7 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         const mt_tensor *w = g->w ? g->w[e] : NULL;
         int64_t r0 = g->off[e], n = g->off[e + 1] - r0;
         if ((!q && !w) || n == 0) continue;
-        mt_tensor W = q ? slot_fill(&S, q, g->q2 ? g->q2[e] : NULL) : *w;
+        mt_tensor W = q ? slot_fill(&S, q, g->q2 ? g->q2[e] : NULL, g->under ? g->under[e] : NULL) : *w;
         mt_tensor A = mt_view_rows(a, r0, n), C = mt_view_rows(c, r0, n);
         if (g->seed && g->drop_a) {  // C = alpha·drop(A)·op(W) + beta·C
             mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, K, 0);

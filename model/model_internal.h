@@ -164,8 +164,9 @@ void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order
 void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k);
 void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n,
                    int H, int k);
-void mt_op_combine_backward(mt_model *m, mt_act *dys, float *dweights, const mt_act *dout, const mt_act *ys,
-                            const float *weights, const int32_t *order, int n, int H, int k);
+// dys's rows ldd elements apart (≥ H: room for what the experts' backward puts beside it).
+void mt_op_combine_backward(mt_model *m, mt_act *dys, int64_t ldd, float *dweights, const mt_act *dout,
+                            const mt_act *ys, const float *weights, const int32_t *order, int n, int H, int k);
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n);
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n);
@@ -205,6 +206,10 @@ void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_
 // The GPU step's (model/experts_gpu.c): the backward writes da and dgu over a and gu (their
 // storage is the layer's activations'), its one scratch the LoRAs' dxa [R, r] for every row.
 void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
+// The columns the GPU step's experts want beside layer L's dys [Tk, H] (its row stride H + this):
+// with w2's LoRA folded into the experts' dx GEMM, dxa = s·dys·B2 goes there, and
+// da = [dys | dxa]·[W2; A2] is one GEMM. 0: no fold (the cpu, EP, dropout, an expert without).
+int64_t mt_experts_dys_extra(const mt_model *m, int L);
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // MLA's attention (model/attention_mla.c): ln1's output -> a->att, and from the attention output's

@@ -112,10 +112,10 @@ void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, 
 // out [T, H] += weights[a] · ys[i], a = order[i], t = a / k   (the weighted combine)
 void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,
                      int H, int k);
-// dys [T·k, H] = weights[a] · dout[t] (written: its earlier values are neither read nor kept, so the
-// caller need not zero it); dweights [T·k] += <dout[t], ys[i]>   (a = order[i], t = a / k);
-// either gradient may be NULL
-void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, const float *ys,
+// dys [T·k, H] (rows ldd apart) = weights[a] · dout[t] (written: its earlier values are neither
+// read nor kept, so the caller need not zero it); dweights [T·k] += <dout[t], ys[i]>
+// (a = order[i], t = a / k); either gradient may be NULL
+void moe_combine_backward_cpu(float *dys, int64_t ldd, float *dweights, const float *dout, const float *ys,
                               const float *weights, const int32_t *order, int n, int H, int k);
 
 // SwiGLU: a [n] = silu(g) ⊙ u, silu(g) = g·sigmoid(g)

@@ -743,8 +743,9 @@ static __global__ void combine_kernel(bf16 *out, const bf16 *ys, const float *we
 // only: a zeroed dys read back and added to would cost two more passes over [n, H]);
 // dweights [n] += <dout[t], ys[i]> in fp32 (a block sum: the CPU's order differs); block per row i.
 template <int V>
-static __global__ void combine_backward_kernel(bf16 *dys, float *dweights, const bf16 *dout, const bf16 *ys,
-                                               const float *weights, const int32_t *order, int n, int H, int k) {
+static __global__ void combine_backward_kernel(bf16 *dys, int64_t ldd, float *dweights, const bf16 *dout,
+                                               const bf16 *ys, const float *weights, const int32_t *order, int n,
+                                               int H, int k) {
     __shared__ float red[32];
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const int32_t a = order[i];
@@ -757,7 +758,7 @@ static __global__ void combine_backward_kernel(bf16 *dys, float *dweights, const
             if (dys) {
 #pragma unroll
                 for (int e = 0; e < V; e++) g[e] = __fmul_rn(w, dv[e]);  // as the CPU
-                bf16_store<V>(dys + i * H + h, g);
+                bf16_store<V>(dys + i * ldd + h, g);
             }
             if (dweights) {
                 bf16_load<V>(yv, y + h);
@@ -822,17 +823,17 @@ extern "C" void moe_combine_cuda(mt_backend *be, mt_bf16 *out_, const mt_bf16 *y
     mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
 }
 
-extern "C" void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys_, float *dweights, const mt_bf16 *dout_,
-                                          const mt_bf16 *ys_, const float *weights, const int32_t *order, int n,
-                                          int H, int k) {
+extern "C" void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys_, int64_t ldd, float *dweights,
+                                          const mt_bf16 *dout_, const mt_bf16 *ys_, const float *weights,
+                                          const int32_t *order, int n, int H, int k) {
     if (n <= 0 || H <= 0 || (!dys_ && !dweights)) return;
     bf16 *dys = (bf16 *)dys_;
     const bf16 *dout = (const bf16 *)dout_, *ys = (const bf16 *)ys_;
     cudaStream_t s = mt_cuda_begin(be);
     const unsigned grid = mt_cuda_blocks(n, 1);
-    if (vec8_ok(H, dys, dout, ys))
-        combine_backward_kernel<8><<<grid, THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
-    else combine_backward_kernel<1><<<grid, THREADS, 0, s>>>(dys, dweights, dout, ys, weights, order, n, H, k);
+    if (vec8_ok(H, dys, dout, ys) && ldd % 8 == 0)
+        combine_backward_kernel<8><<<grid, THREADS, 0, s>>>(dys, ldd, dweights, dout, ys, weights, order, n, H, k);
+    else combine_backward_kernel<1><<<grid, THREADS, 0, s>>>(dys, ldd, dweights, dout, ys, weights, order, n, H, k);
     MT_CHECK_LAUNCH();
 }
 

@@ -90,9 +90,9 @@ void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx, const mt_bf16 *dxs, c
 // out [T, H] += weights[a] · ys[i] (weights fp32)
 void moe_combine_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *ys, const float *weights, const int32_t *order,
                       int n, int H, int k);
-// dys [n, H] = weights[a] · dout[t] (bf16, written, not accumulated: the caller need not zero
-// it); dweights [n] += <dout[t], ys[i]> (fp32, summed in fp32); either may be NULL.
-void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys, float *dweights, const mt_bf16 *dout,
+// dys [n, H] (rows ldd apart) = weights[a] · dout[t] (bf16, written, not accumulated: the caller
+// need not zero it); dweights [n] += <dout[t], ys[i]> (fp32, summed in fp32); either may be NULL.
+void moe_combine_backward_cuda(mt_backend *be, mt_bf16 *dys, int64_t ldd, float *dweights, const mt_bf16 *dout,
                                const mt_bf16 *ys, const float *weights, const int32_t *order, int n, int H, int k);
 
 // Replay of recorded routing: weights [T, k] = the chosen probs, renormalised when norm

@@ -72,7 +72,7 @@ void moe_combine_cpu(float *out, const float *ys, const float *weights, const in
 
 // dout [T, H] → dys [n, H] +=, dweights [T·k] += (either may be NULL):
 // dys[i] += weights[a] · dout[t], dweights[a] += <dout[t], ys[i]>   (a = order[i], t = a / k)
-void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, const float *ys,
+void moe_combine_backward_cpu(float *dys, int64_t ldd, float *dweights, const float *dout, const float *ys,
                               const float *weights, const int32_t *order, int n, int H, int k) {
 #pragma omp parallel for
     for (int i = 0; i < n; i++) {
@@ -80,7 +80,7 @@ void moe_combine_backward_cpu(float *dys, float *dweights, const float *dout, co
         const float *d = dout + (int64_t)(a / k) * H;
         if (dys) {
             const float w = weights[a];
-            float *dy = dys + (int64_t)i * H;
+            float *dy = dys + (int64_t)i * ldd;
             for (int h = 0; h < H; h++) dy[h] = w * d[h];
         }
         if (dweights) {

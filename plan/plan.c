@@ -508,8 +508,14 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
     static const unsigned expert_bits = MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3;
     int64_t h = cfg->hidden, f = cfg->intermediate, rows = o->seq * o->batch * cfg->top_k;
     int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
-    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0 ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts) : 0;
     int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
+    // w2's LoRA A under each W2 in the dx call (model/experts_gpu.c's fold): every expert adapted
+    // on w2, no dropout, one EP rank.
+    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 &&
+                mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
+    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0
+                                  ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0)
+                                  : 0;
     p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }
 

@@ -135,15 +135,19 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 // One LoRA pair on an [out, in] Linear over `rows` rows: forward x·Aᵀ then (xa)·Bᵀ added into y;
 // backward dB, dxa, dA, and dx += dxa·A. `recompute`: the forward again in phase R. first_y,
 // first_dx: the LoRA's product writes y (its dx) before the base GEMM adds onto it
-// (model/experts_gpu.c's lora_first): written only, where an addition reads and writes it.
+// (model/experts_gpu.c's lora_first): written only, where an addition reads and writes it;
+// first_dx 2: its dx folded into the base GEMM (model/experts_gpu.c's w2 fold): no dx product
+// here (the base GEMM's K carries it), dx neither read nor written, x read for dA only.
 static inline void step_lora_ordered(step_ops *s, const char *name, double calls, double rows, double in, double out,
                                      double r, int recompute, int first_y, int first_dx) {
     const double bf = 2.0;
     double f_flops = 2.0 * rows * r * (in + out);
     double f_bytes = bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
-    double b_flops = 2.0 * f_flops;
+    const int fold = first_dx == 2;
+    double b_flops = 2.0 * f_flops - (fold ? 2.0 * rows * r * in : 0);
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
-    double b_bytes = bf * (rows * (2 * out + 4 * r + (first_dx ? 2 : 3) * in) + 3 * r * (in + out));
+    double b_bytes = bf * (rows * (2 * out + (fold ? 3 : 4) * r + (fold ? 1 : first_dx ? 2 : 3) * in) +
+                           (fold ? 2 : 3) * r * (in + out));
     // The shape of the larger product (x·Aᵀ: N = r, K = in): LoRA's GEMMs are memory-bound.
     step_gemm(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, r, in);
     if (recompute) step_gemm(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, r, in);
@@ -284,8 +288,11 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
             // The backward's: w2 in every layer, w1‖w3 in the Lb that make dx.
             double mats = phases[p] == 'B' ? E * (L + 2 * Lb) : 3 * E * L;
+            // w2's LoRA A copied under each W2 for the backward's folded dx GEMM: read and written
+            double under = phases[p] == 'B' && (sh->targets & MT_TARGET_W2) && !(sh->lora_dropout > 0)
+                               ? 2 * bf * E * L * r * f : 0;
             step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (L + Lb) : 2 * E * L,
-                                  h * f * mats, mats * in, 0, STEP_DEQUANT);
+                                  h * f * mats, mats * in + under, 0, STEP_DEQUANT);
             o->instr = instr * h * f * mats;
         }
         if (sh->quant_attn && attn_r) {
@@ -310,15 +317,20 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double e13_f = 2 * Tk * h * 2 * f, e13_fb = 2 * E * w_f_h + bf * (Tk * h + Tk * 2 * f);
     double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice (WMMA)
     double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
+    double e2_bf = e2_f;  // the backward's: w2's LoRA may fold into it
     double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
     // cuBLAS experts whose LoRAs cover w1 and w3 (w2): the LoRA writes gu (ys; in the backward da)
     // first and the base GEMM reads it back as its C (model/experts_gpu.c's lora_first).
     const unsigned t = sh->targets;
     const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
+    // w2's LoRA without dropout folds into the dx GEMM: da = [dys | dxa]·[W2; A2], K = h + r.
+    const int fold2 = first2 && !(sh->lora_dropout > 0);
     if (first13) e13_fb += bf * Tk * 2 * f;
     // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C.
     const int first_dx1 = cub && (t & MT_TARGET_W1);
-    if (first2) e2_fb += bf * Tk * h, e2_bb += bf * Tk * f;
+    if (first2) e2_fb += bf * Tk * h;
+    if (fold2) e2_bf += 2 * Tk * r * f, e2_bb += bf * (Tk * r + E * r * f);
+    else if (first2) e2_bb += bf * Tk * f;
     if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
         step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
@@ -335,18 +347,18 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (!cub) {
         step_add(s, "expert GEMM w2 (grouped)", 'F', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
         if (RM) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
-        step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_f * L, e2_bb * L, Me, STEP_GROUPED);
+        step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_bf * L, e2_bb * L, Me, STEP_GROUPED);
     } else {
         step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
         if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_f * L, e2_bb * L, Me, f, h);
+        step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_bf * L, e2_bb * L, Me, f, h + (fold2 ? r : 0));
     }
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
         if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, first_dx1);
         if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
-        if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, first2);
+        if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, fold2 ? 2 : first2);
         // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
         step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLAS)" : "LoRA experts w1,w3,w2 (grouped)", E, Me);
         // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for

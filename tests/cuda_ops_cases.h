@@ -961,8 +961,9 @@ static co_result co_router_seq_aux(mt_backend *g) {
 // accumulate start non-zero; xs starts as garbage. H % 8 == 0 takes the 16-byte path, other H
 // the scalar one. xs is a copy (exact); dx, out and dys are the CPU's fp32 operations in its
 // order, rounded once (CO_MOE_TOL_ROUND1 against the fp32 result, exact against it rounded);
-// dweights fp32 (CO_MOE_TOL_F32).
-static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, uint64_t seed) {
+// dweights fp32 (CO_MOE_TOL_F32). dys's rows are ldd apart (≥ H): the columns beyond H must come
+// back as they went (compared whole, with the rows).
+static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, int ldd, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
     const int n = T * k;
@@ -970,30 +971,30 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, ui
     int32_t off[1025];
     moe_permute_cpu(order, off, NULL, ids, T, E, k);
     if (E > 2 && off[2] != off[1]) mt_fatal(MT_EXIT_ERROR, "co_gather_combine: expert 1 was meant to be empty");
-    size_t nx = (size_t)T * H, ns = (size_t)n * H, b2 = sizeof(mt_bf16);
+    size_t nx = (size_t)T * H, ns = (size_t)n * H, nd = (size_t)n * ldd, b2 = sizeof(mt_bf16);
     float *x = co_rand(nx, -1, 1), *xs = co_rand(ns, -3, 3), *dxs = co_rand(ns, -1, 1), *dx = co_rand(nx, -1, 1);
     float *ys = co_rand(ns, -1, 1), *w = co_rand((size_t)n, 0, 1), *out = co_rand(nx, -1, 1);
-    float *dout = co_rand(nx, -1, 1), *dys = co_rand(ns, -1, 1), *dw = co_rand((size_t)n, -1, 1);
+    float *dout = co_rand(nx, -1, 1), *dys = co_rand(nd, -1, 1), *dw = co_rand((size_t)n, -1, 1);
     void *OR = co_up(g, order, (size_t)n * 4), *X = co_moe_up_bf16(g, x, nx), *XS = co_moe_up_bf16(g, xs, ns);
     void *DXS = co_moe_up_bf16(g, dxs, ns), *DX = co_moe_up_bf16(g, dx, nx), *YS = co_moe_up_bf16(g, ys, ns);
     void *W = co_up(g, w, (size_t)n * 4), *OUT = co_moe_up_bf16(g, out, nx), *DOUT = co_moe_up_bf16(g, dout, nx);
-    void *DYS = co_moe_up_bf16(g, dys, ns), *DW = co_up(g, dw, (size_t)n * 4);
+    void *DYS = co_moe_up_bf16(g, dys, nd), *DW = co_up(g, dw, (size_t)n * 4);
     moe_gather_cpu(xs, x, order, n, H, k);
     moe_gather_backward_cpu(dx, dxs, order, n, H, k);
     moe_combine_cpu(out, ys, w, order, n, H, k);
-    moe_combine_backward_cpu(dys, dw, dout, ys, w, order, n, H, k);
+    moe_combine_backward_cpu(dys, ldd, dw, dout, ys, w, order, n, H, k);
     moe_gather_cuda(g, XS, X, OR, n, H, k);
     moe_gather_backward_cuda(g, DX, DXS, OR, n, H, k);
     moe_combine_cuda(g, OUT, YS, W, OR, n, H, k);
-    moe_combine_backward_cuda(g, DYS, DW, DOUT, YS, W, OR, n, H, k);
+    moe_combine_backward_cuda(g, DYS, ldd, DW, DOUT, YS, W, OR, n, H, k);
     co_moe_cmp_bf16(&r, g, "xs", XS, xs, ns, 0.0, 0);
     co_moe_cmp_bf16(&r, g, "dx", DX, dx, nx, CO_MOE_TOL_ROUND1, 1);
     co_moe_cmp_bf16(&r, g, "combine out", OUT, out, nx, CO_MOE_TOL_ROUND1, 1);
-    co_moe_cmp_bf16(&r, g, "dys", DYS, dys, ns, CO_MOE_TOL_ROUND1, 1);
+    co_moe_cmp_bf16(&r, g, "dys", DYS, dys, nd, CO_MOE_TOL_ROUND1, 1);
     co_moe_cmp_f32(&r, g, "dweights", DW, dw, (size_t)n, CO_MOE_TOL_F32);
     co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * b2), co_free(g, XS, ns * b2), co_free(g, DXS, ns * b2);
     co_free(g, DX, nx * b2), co_free(g, YS, ns * b2), co_free(g, W, (size_t)n * 4), co_free(g, OUT, nx * b2);
-    co_free(g, DOUT, nx * b2), co_free(g, DYS, ns * b2), co_free(g, DW, (size_t)n * 4);
+    co_free(g, DOUT, nx * b2), co_free(g, DYS, nd * b2), co_free(g, DW, (size_t)n * 4);
     free(ids), free(order), free(x), free(xs), free(dxs), free(dx), free(ys), free(w), free(out), free(dout);
     free(dys), free(dw);
     return r;
@@ -1477,10 +1478,13 @@ static co_result co_permute_k2_empty(mt_backend *g) { return co_permute(g, 300, 
 static co_result co_permute_k1(mt_backend *g) { return co_permute(g, 700, 8, 1, -1, 0, 32); }
 static co_result co_permute_one_expert(mt_backend *g) { return co_permute(g, 200, 8, 1, -1, 1, 33); }
 static co_result co_permute_e64(mt_backend *g) { return co_permute(g, 1000, 64, 4, 7, 0, 34); }
-static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 41); }
-static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 42); }
-static co_result co_gather_combine_k8(mt_backend *g) { return co_gather_combine(g, 40, 16, 8, 64, 43); }
-static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 44); }
+static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 104, 41); }
+static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 33, 42); }
+static co_result co_gather_combine_k8(mt_backend *g) { return co_gather_combine(g, 40, 16, 8, 64, 64, 43); }
+static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 50, 44); }
+// dys with room beside its rows (the experts' folded w2 backward): the 16-byte path and the scalar one
+static co_result co_gather_combine_k2_ld(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 120, 45); }
+static co_result co_gather_combine_k8_h50_ld(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 53, 46); }
 static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
 static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
 static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
@@ -1567,6 +1571,8 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"gather/combine k=1 H=33 (scalar path)", co_gather_combine_k1},
     {"gather/combine k=8 H=64", co_gather_combine_k8},
     {"gather/combine k=8 H=50 (scalar path)", co_gather_combine_k8_h50},
+    {"gather/combine k=2 H=104, dys rows 120 apart", co_gather_combine_k2_ld},
+    {"gather/combine k=8 H=50, dys rows 53 apart (scalar path)", co_gather_combine_k8_h50_ld},
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},

@@ -434,7 +434,7 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, tx, &g), 0, "%s", mt_error_get());
     cr_expect_eq(gpu->ledger.cur[MT_MEM_WORK], work0, "the scratch is released");
-    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E),
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E, 0),
                   "two slots of E [2f, d] bf16 held during the call (small experts: a slot holds them all)");
     mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F);
     mt_tensor uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
@@ -476,6 +476,74 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
     mt_tensor_free(tx), mt_tensor_free(tdgu), mt_tensor_free(one), mt_tensor_free(two);
     mt_tensor_free(dx1), mt_tensor_free(dx2);
     free(x), free(dgu);
+    mt_backend_free(gpu);
+}
+
+// Rows under W (grouped.h's under: w2's LoRA A under its W2 in the folded backward):
+// [dy | z]·[W; U] in one call equals dy·W + z·U in two, on the grouped path (several small experts
+// with rows) and the per-expert one (one expert with rows); the slots hold the extra rows; an
+// under without a 4-bit W or of the wrong width is refused naming it.
+static void under_case(mt_backend *gpu, const int *rows) {
+    enum { E = 3, D = 40, F = 24, RU = 8 };
+    int64_t off[E + 1] = {1};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t R = off[E] + 2;
+    mt_qweight q[E];
+    const mt_qweight *pq[E];
+    mt_tensor *u[E];
+    const mt_tensor *pu[E];
+    for (int e = 0; e < E; e++) {
+        float *w = randn(D * F, 90 + (uint64_t)e, 0.5f), *uv = randn(RU * F, 95 + (uint64_t)e, 0.5f);
+        cr_assert_eq(mt_qweight_quantize(&q[e], gpu, "w2", w, D, F, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        u[e] = upload(gpu, MT_BF16, uv, RU, F);
+        pq[e] = &q[e], pu[e] = u[e];
+        free(w), free(uv);
+    }
+    float *dyz = randn(R * (D + RU), 7, 1.0f);
+    mt_tensor *tdyz = upload(gpu, MT_BF16, dyz, R, D + RU);
+    mt_tensor dy = mt_view2(gpu, tdyz->data, MT_BF16, R, D, D + RU);
+    mt_tensor z = mt_view2(gpu, (mt_bf16 *)tdyz->data + D, MT_BF16, R, RU, D + RU);
+    mt_tensor *one = zeros(gpu, MT_F32, R, F), *two = zeros(gpu, MT_F32, R, F);
+    mt_grouped g = {.experts = E, .off = off, .q = pq, .under = pu, .trans = 0, .alpha = 1, .beta = 0};
+    size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
+    mt_ledger_reset_peak(&gpu->ledger);
+    cr_assert_eq(mt_grouped_gemm(one, tdyz, &g), 0, "%s", mt_error_get());
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK],
+                  work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems((D + RU) * F, E) * 2),
+                  "the slots hold W and the rows under it");
+    mt_grouped h = {.experts = E, .off = off, .q = pq, .trans = 0, .alpha = 1, .beta = 0};
+    cr_assert_eq(mt_grouped_gemm(two, &dy, &h), 0, "%s", mt_error_get());
+    h.q = NULL, h.w = pu, h.beta = 1;
+    cr_assert_eq(mt_grouped_gemm(two, &z, &h), 0, "%s", mt_error_get());
+    float *a = down(one), *b = down(two);
+    double norm = 0;
+    for (int64_t i = 0; i < R * F; i++) norm += fabs(b[i]);
+    cr_assert_gt(norm, 0, "the products were computed");
+    for (int64_t i = 0; i < R * F; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "row %lld col %lld: under %g, two calls %g",
+                      (long long)(i / F), (long long)(i % F), (double)a[i], (double)b[i]);
+    free(a), free(b);
+
+    const mt_tensor *dense[E] = {u[0], u[1], u[2]};  // under a dense expert: refused
+    mt_grouped bad = g;
+    bad.q = NULL, bad.w = dense;
+    cr_assert_eq(mt_grouped_gemm(one, tdyz, &bad), -1);
+    cr_assert(strstr(mt_error_get(), "under[0]"), "%s", mt_error_get());
+    mt_tensor narrow = mt_view2(gpu, u[1]->data, MT_BF16, RU, F - 8, F - 8);  // not W's width
+    const mt_tensor *pn[E] = {u[0], &narrow, u[2]};
+    bad = g, bad.under = pn;
+    cr_assert_eq(mt_grouped_gemm(one, tdyz, &bad), -1);
+    cr_assert(strstr(mt_error_get(), "under[1]"), "%s", mt_error_get());
+    for (int e = 0; e < E; e++) mt_qweight_free(&q[e]), mt_tensor_free(u[e]);
+    mt_tensor_free(tdyz), mt_tensor_free(one), mt_tensor_free(two);
+    free(dyz);
+}
+
+Test(cuda_grouped, rows_under_w_equal_a_second_gemm) {
+    mt_backend *gpu = gpu_or_skip();
+    const int grouped[3] = {7, 0, 12}, per_expert[3] = {0, 9, 0};
+    under_case(gpu, grouped);
+    under_case(gpu, per_expert);
     mt_backend_free(gpu);
 }
 

@@ -546,7 +546,7 @@ Test(moe_ops, gather_and_combine_backward_adjoints) {
     moe_combine_cpu(out, ys, r.w, r.order, N, H, K);
     for (int i = 0; i < N * H; i++) dys[i] = NAN;  // written, never read: its old values must not show
     for (int i = 0; i < N; i++) dw[i] = 0.5f;      // accumulated
-    moe_combine_backward_cpu(dys, dw, dout, ys, r.w, r.order, N, H, K);
+    moe_combine_backward_cpu(dys, H, dw, dout, ys, r.w, r.order, N, H, K);
     for (int i = 0; i < N; i++) dw[i] -= 0.5f;
     const double c1 = dot(out, dout, T * H), c2 = dot(ys, dys, N * H);
     cr_assert(fabs(c1 - c2) <= 1e-5 * (1 + fabs(c1)), "<C ys,dout> %.9g vs <ys,C'dout> %.9g", c1, c2);
@@ -561,8 +561,8 @@ Test(moe_ops, gather_and_combine_backward_adjoints) {
                   dw[a], want);
     }
     // NULL gradients are skipped
-    moe_combine_backward_cpu(NULL, dw, dout, ys, r.w, r.order, N, H, K);
-    moe_combine_backward_cpu(dys, NULL, dout, ys, r.w, r.order, N, H, K);
+    moe_combine_backward_cpu(NULL, H, dw, dout, ys, r.w, r.order, N, H, K);
+    moe_combine_backward_cpu(dys, H, NULL, dout, ys, r.w, r.order, N, H, K);
     free_routing(&r);
 }
 
