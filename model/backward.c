@@ -82,7 +82,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
             step_unwork(m, &dxs);
             dxs = dxs_local;
         }
-        dln2 = step_work(m, adt, T, H, 1);
+        dln2 = step_work(m, adt, T, H, 0);  // the gather's backward writes it whole
         if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
         step_unwork(m, &dxs);
     }

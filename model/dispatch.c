@@ -468,7 +468,7 @@ void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order
 }
 
 void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k) {
-    PROFILED("permute/gather + combine", (double)n * H, AB(m) * (n * (double)H + 2.0 * n / k * H), {
+    PROFILED("permute/gather + combine", (double)n * H, AB(m) * (n * (double)H + (double)n / k * H), {
         DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
     });
 }

@@ -107,7 +107,8 @@ void moe_permute_cpu(int32_t *order, int32_t *offsets, int32_t *counts, const in
                      int E, int k);
 // xs [T·k, H]: row i = x [order[i] / k]
 void moe_gather_cpu(float *xs, const float *x, const int32_t *order, int n, int H, int k);
-// dx [T, H] += row i of dxs added to token order[i] / k
+// dx [T, H] = the sum of token t's rows i of dxs (t = order[i] / k, in ascending i; written, not
+// added to: the caller need not zero it)
 void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, int n, int H, int k);
 // out [T, H] += weights[a] · ys[i], a = order[i], t = a / k   (the weighted combine)
 void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,

@@ -706,7 +706,8 @@ static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, const i
         token_positions(inv, t, k, pos, asg);
         for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) {
             float v[V], d[V];
-            bf16_load<V>(v, dx + t * H + h);
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = 0.0f;  // dx written, not added to
             for (int j = 0; j < k; j++) {
                 bf16_load<V>(d, dxs + (int64_t)pos[j] * H + h);
 #pragma unroll

@@ -44,6 +44,7 @@ void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, 
 #pragma omp parallel for
     for (int b = 0; b < nb; b++) {
         const int h0 = b * PERMUTE_COLS, h1 = MT_MIN(H, h0 + PERMUTE_COLS);
+        for (int t = 0; t < n / k; t++) memset(dx + (int64_t)t * H + h0, 0, (size_t)(h1 - h0) * sizeof(float));
         for (int i = 0; i < n; i++) {
             float *d = dx + (int64_t)(order[i] / k) * H;
             const float *s = dxs + (int64_t)i * H;

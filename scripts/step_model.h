@@ -260,8 +260,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (sh->targets & MT_TARGET_GATE) step_lora(s, "LoRA gate", L, T, h, E, r, RM);
 
     // Tokens to expert rows (each token k times) and back, weighted by the router; a replay
-    // gathers only.
-    double pc_fb = bf * (2 * Tk * h + Tk * h + T * h), pc_bb = bf * (2 * Tk * h + 2 * Tk * h + 2 * T * h);
+    // gathers only. Backward: the combine's reads dout (T·h) and ys, writes dys (Tk·h each); the
+    // gather's reads dxs and writes dx (both write their outputs whole: nothing zeroed or re-read).
+    double pc_fb = bf * (2 * Tk * h + Tk * h + T * h), pc_bb = bf * (3 * Tk * h + 2 * T * h);
     step_add(s, "permute/gather + combine", 'F', 2 * L, 2 * Tk * h * L, pc_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "permute/gather + combine", 'R', L, 0, bf * 2 * Tk * h * L, Tk, STEP_MEM);
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
