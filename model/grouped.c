@@ -86,18 +86,32 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
                      (long long)(u->ndim > 1 ? u->shape[1] : 0), (long long)(q ? q->in : 0), e, be->ops->name);
         return 0;
     }
+    const mt_tensor *bs[2] = {g->beside ? g->beside[e] : NULL, g->beside2 ? g->beside2[e] : NULL};
+    for (int i = 0; i < 2; i++) {
+        const mt_tensor *b = bs[i];
+        const mt_qweight *beside_of = i ? q2 : q;
+        if (b && (!beside_of || beside_of->in % 8 || !g->trans || u || (i && !bs[0]) || b->ndim != 2 || b->dtype != MT_BF16 ||
+                  b->be != be || b->shape[0] != beside_of->out || mt_tensor_ld(b) != b->shape[1])) {
+            mt_error_set("%s: beside%s[%d] must be a contiguous bf16 [%lld, rb] on %s beside a 4-bit %s[%d]%s (trans, "
+                         "no under rows, in a multiple of 8)",
+                         fn, i ? "2" : "", e, (long long)(beside_of ? beside_of->out : 0), be->ops->name, i ? "q2" : "q",
+                         e, i ? " and a beside" : "");
+            return 0;
+        }
+    }
     if (q) {
         const mt_qweight *part[2] = {q, q2};
-        int64_t out = q->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0);
+        int64_t out = mt_grouped_slot_rows(g, e), in = mt_grouped_slot_cols(g, e);
         for (int i = 0; i < (q2 ? 2 : 1); i++)
             if (part[i]->type != MT_QUANT_NF4 && part[i]->type != MT_QUANT_FP4 && part[i]->type != MT_QUANT_INT4 &&
                 part[i]->type != MT_QUANT_MXFP4) {
                 mt_error_set("%s: %s[%d] is not a 4-bit weight (type %d)", fn, i ? "q2" : "q", e, (int)part[i]->type);
                 return 0;
             }
-        if (q->be != be || (q2 && (q2->be != be || q2->in != q->in)) || out != rows || q->in != cols) {
-            mt_error_set("%s: q[%d]%s%s is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
-                         q2 ? " over q2" : "", u ? " over under" : "", (long long)out, (long long)q->in,
+        if (q->be != be || (q2 && (q2->be != be || q2->in != q->in)) || out != rows || in != cols) {
+            mt_error_set("%s: q[%d]%s%s%s is [%lld, %lld] on %s, must be [%lld, %lld] (trans=%d) on %s", fn, e,
+                         q2 ? " over q2" : "", u ? " over under" : "", bs[0] ? " with beside" : "", (long long)out,
+                         (long long)in,
                          q->be->ops->name, (long long)rows,
                          (long long)cols, g->trans, be->ops->name);
             return 0;
@@ -120,12 +134,8 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
 // dropout buffer's bytes.
 static size_t slot_elems(const mt_grouped *g) {
     int64_t most = 0;
-    for (int e = 0; g->q && e < g->experts; e++) {
-        const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
-        const mt_tensor *u = g->under ? g->under[e] : NULL;
-        if (!q || g->off[e + 1] == g->off[e]) continue;
-        most = MT_MAX(most, (q->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0)) * q->in);
-    }
+    for (int e = 0; g->q && e < g->experts; e++)
+        if (g->off[e + 1] != g->off[e]) most = MT_MAX(most, mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e));
     return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
 }
 

@@ -50,6 +50,13 @@ typedef struct mt_grouped {
     // 4-bit rows, copied into the slot after them. A LoRA's A under its Linear's W makes
     // dx = [dy | dxa]·[W; A] one GEMM (K = out + ru): the LoRA's share of dx is never a pass of its own.
     const mt_tensor *const *under;
+    // or NULL (trans only, not with under); beside[e] set (with q[e]): a dense bf16 [q->out, rb]
+    // (contiguous) put to the right of q's rows, times beside_scale, and beside2[e] [q2->out, rb2]
+    // to the right of q2's rows after beside's columns (zeros wherever a row has no such block):
+    // W_e is [out, in + rb + rb2] (row stride mt_grouped_slot_ld). A LoRA's B beside its Linear's
+    // W makes y = [x | xa]·[W | s·B]ᵀ one GEMM (K = in + r): the LoRA's product is never a pass of its own.
+    const mt_tensor *const *beside, *const *beside2;
+    float beside_scale;
     const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1
@@ -57,6 +64,24 @@ typedef struct mt_grouped {
     float p;                      // dropout probability (used when seed is set)
     int drop_a;                   // mt_grouped_gemm: 1 dropout on A (prologue), 0 on C (epilogue)
 } mt_grouped;
+
+// Expert e's W in its scratch slot: rows (q's, q2's, under's) and columns (in, beside's,
+// beside2's); the row stride is the columns rounded up to 8 (16-byte rows for the dequantization
+// and cuBLASLt). 0 rows: expert e has no 4-bit W.
+static inline int64_t mt_grouped_slot_rows(const mt_grouped *g, int e) {
+    const mt_qweight *q = g->q ? g->q[e] : NULL, *q2 = g->q2 ? g->q2[e] : NULL;
+    const mt_tensor *u = g->under ? g->under[e] : NULL;
+    return q ? q->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0) : 0;
+}
+static inline int64_t mt_grouped_slot_cols(const mt_grouped *g, int e) {
+    const mt_qweight *q = g->q ? g->q[e] : NULL;
+    const mt_tensor *b = g->beside ? g->beside[e] : NULL, *b2 = g->beside2 ? g->beside2[e] : NULL;
+    return q ? q->in + (b ? b->shape[1] : 0) + (b2 ? b2->shape[1] : 0) : 0;
+}
+static inline int64_t mt_grouped_slot_ld(const mt_grouped *g, int e) {
+    const mt_tensor *b = g->beside ? g->beside[e] : NULL;
+    return b ? (mt_grouped_slot_cols(g, e) + 7) / 8 * 8 : mt_grouped_slot_cols(g, e);
+}
 
 // c [R, N] (rows off[0]..off[E]) as above from a [R, K]. Rows outside every expert's range are
 // not touched.

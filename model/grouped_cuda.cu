@@ -74,6 +74,21 @@ static void drop_add(cudaStream_t s, mt_tensor *c, const float *t, int64_t n, in
     MT_CHECK_LAUNCH();
 }
 
+// Columns [in, ld) of the slot's rows [0, r1 + r2) (row stride ld): row i < r1 gets s·b1[i] in its
+// first w1 of them, a row r1 + i gets s·b2[i] in the w2 after those, every other column 0 (one
+// bf16 rounding of s·b).
+static __global__ void beside_kernel(bf16 *__restrict__ w, int64_t ld, int64_t in, int64_t r1, int64_t w1,
+                                     const bf16 *__restrict__ b1, int64_t r2, int64_t w2, const bf16 *__restrict__ b2,
+                                     float s) {
+    for (int64_t i = blockIdx.x; i < r1 + r2; i += gridDim.x)
+        for (int64_t j = threadIdx.x; j < ld - in; j += blockDim.x) {
+            float v = 0.0f;
+            if (i < r1 && j < w1) v = s * __bfloat162float(b1[i * w1 + j]);
+            else if (i >= r1 && j >= w1 && j < w1 + w2) v = s * __bfloat162float(b2[(i - r1) * w2 + (j - w1)]);
+            w[i * ld + in + j] = __float2bfloat16_rn(v);
+        }
+}
+
 // out [rows of in, w] (row stride ldo) = drop(in): lora/lora_cuda.h's masked copy, on be's stream.
 static void drop_copy(mt_backend *be, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
     mt_lora_dropout_cuda(be, (mt_bf16 *)out, ldo, (const mt_bf16 *)in->data, mt_tensor_ld(in), in->shape[0], w, seed, p, 0);
@@ -131,20 +146,36 @@ static bf16 *slot_begin(slots *S) {
     return S->slot[i];
 }
 
-// W_e (q stacked over q2 when set) dequantized to dst on the dequantization stream, and the dense
-// rows `u` (grouped.h's under) copied after them: the bf16 [q->out + q2->out + u rows, in] matrix.
-static mt_tensor slot_put(slots *S, bf16 *dst, const mt_qweight *q, const mt_qweight *q2, const mt_tensor *u) {
-    int64_t n1 = q->out * q->in, q_rows = q->out + (q2 ? q2->out : 0), rows = q_rows + (u ? u->shape[0] : 0);
+// Expert e's W (grouped.h: q stacked over q2 when set) dequantized to dst on the dequantization
+// stream, the dense rows `under` copied after them, or the blocks `beside` put to their right (at
+// the slot's row stride): the bf16 [mt_grouped_slot_rows, mt_grouped_slot_cols] matrix.
+static mt_tensor slot_put(slots *S, bf16 *dst, const mt_grouped *g, int e) {
+    const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
+    const mt_tensor *u = g->under ? g->under[e] : NULL, *b1 = g->beside ? g->beside[e] : NULL,
+                    *b2 = b1 && g->beside2 ? g->beside2[e] : NULL;
+    const int64_t ld = mt_grouped_slot_ld(g, e), q_rows = q->out + (q2 ? q2->out : 0);
     mt_prof_push("expert dequant 4-bit->bf16");
-    if (mt_prof_active) {
+    if (mt_prof_active) {  // under: read and written; beside: read, and written with its zeros
         double el = (double)q_rows * (double)q->in, copied = u ? 2.0 * (double)u->nbytes : 0;
+        if (b1) copied += (double)b1->nbytes + (b2 ? (double)b2->nbytes : 0) + 2.0 * (double)q_rows * (double)(ld - q->in);
         mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0) + copied);
     }
-    mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
-    if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
-    if (u) MT_CHECK_CUDA(cudaMemcpyAsync(dst + q_rows * q->in, u->data, u->nbytes, cudaMemcpyDeviceToDevice, S->deq));
+    if (b1) {
+        if (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, S->deq) != 0 ||
+            (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, S->deq) != 0))
+            mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), expert %d: %s", e, mt_error_get());
+        beside_kernel<<<row_blocks(q_rows), 64, 0, S->deq>>>(dst, ld, q->in, q->out, b1->shape[1], (const bf16 *)b1->data,
+                                                              q2 ? q2->out : 0, b2 ? b2->shape[1] : 0,
+                                                              b2 ? (const bf16 *)b2->data : NULL, g->beside_scale);
+        MT_CHECK_LAUNCH();
+    } else {
+        const int64_t n1 = q->out * q->in;
+        mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
+        if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
+        if (u) MT_CHECK_CUDA(cudaMemcpyAsync(dst + q_rows * q->in, u->data, u->nbytes, cudaMemcpyDeviceToDevice, S->deq));
+    }
     mt_prof_pop();
-    return mt_view2(S->be, dst, MT_BF16, rows, q->in, 0);
+    return mt_view2(S->be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
 }
 
 // The slot filled: the main stream waits for its dequantization.
@@ -157,8 +188,8 @@ static void slot_ready(slots *S) {
 }
 
 // One expert's W into the next slot, ready for the main stream.
-static mt_tensor slot_fill(slots *S, const mt_qweight *q, const mt_qweight *q2, const mt_tensor *u) {
-    mt_tensor W = slot_put(S, slot_begin(S), q, q2, u);
+static mt_tensor slot_fill(slots *S, const mt_grouped *g, int e) {
+    mt_tensor W = slot_put(S, slot_begin(S), g, e);
     slot_ready(S);
     return W;
 }
@@ -235,9 +266,7 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
     for (int e = 0; e < g->experts; e++) {
         if (g->off[e + 1] == g->off[e] || (!g->q[e] && !(g->w && g->w[e]))) continue;
         if (!g->q[e]) return 0;
-        const mt_qweight *q2 = g->q2 ? g->q2[e] : NULL;
-        const mt_tensor *u = g->under ? g->under[e] : NULL;
-        int64_t we = (g->q[e]->out + (q2 ? q2->out : 0) + (u ? u->shape[0] : 0)) * g->q[e]->in;
+        int64_t we = mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e);
         if (welems && we != welems) return 0;
         welems = we, ex[n++] = e;
     }
@@ -254,8 +283,7 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
         int64_t ldw = 0;
         for (int i = 0; i < cn; i++) {
             int e = ex[c0 + i];
-            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g->q[e], g->q2 ? g->q2[e] : NULL,
-                                   g->under ? g->under[e] : NULL);
+            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g, e);
             int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
             mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
             m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
@@ -285,7 +313,7 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         const mt_tensor *w = g->w ? g->w[e] : NULL;
         int64_t r0 = g->off[e], n = g->off[e + 1] - r0;
         if ((!q && !w) || n == 0) continue;
-        mt_tensor W = q ? slot_fill(&S, q, g->q2 ? g->q2[e] : NULL, g->under ? g->under[e] : NULL) : *w;
+        mt_tensor W = q ? slot_fill(&S, g, e) : *w;
         mt_tensor A = mt_view_rows(a, r0, n), C = mt_view_rows(c, r0, n);
         if (g->seed && g->drop_a) {  // C = alpha·drop(A)·op(W) + beta·C
             mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, K, 0);

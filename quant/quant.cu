@@ -174,6 +174,19 @@ static __device__ __forceinline__ void store_pair(float *v, int k, float x0, flo
     ((float2 *)v)[k] = make_float2(x0, x1);
 }
 
+// Where element e (from the range's first) goes: e itself, or, when the output's rows are wider
+// than the weight's (a row stride ldd > in: model/grouped_cuda.cu puts a LoRA's B beside W), e +
+// (e / in)·(ldd − in). The division is a multiply-high by a magic number (Granlund and Montgomery,
+// exact for e < 2^31: the launcher checks), once per 8 elements; pad 0 costs one uniform branch.
+struct rowmap {
+    uint32_t pad, magic, shift;
+};
+static __device__ __forceinline__ int64_t out_index(const rowmap &r, int64_t e) {
+    if (!r.pad) return e;
+    const uint32_t n = (uint32_t)e, q = (__umulhi(n, r.magic) + n) >> r.shift;
+    return e + (int64_t)q * r.pad;
+}
+
 // The byte → value-pair table (above) in shared memory; every thread of the block fills some.
 template <int TYPE> static __device__ __forceinline__ void fill_pairs(float2 *pair) {
     for (int t = threadIdx.x; t < 256; t += blockDim.x) {
@@ -217,7 +230,7 @@ static __device__ __forceinline__ void decode(OUT *v, const uint32_t *w, const f
 // instructions: measured at 0.61 (H100) and 0.50 (H200) of the copy bandwidth in 2026-11-27's runs.
 // Kept beside dequant8_kernel until a GPU times both (mt_dequant_cuda_kernel).
 template <int TYPE, bool DQ, typename OUT>
-static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift,
+static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift, rowmap rm,
                                         OUT *__restrict__ dst) {
     __shared__ float2 pair[256];
     fill_pairs<TYPE>(pair);
@@ -230,9 +243,9 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
     __align__(16) OUT v[32];
     decode<TYPE, OUT, 16>(v, w, pair, s, m);
-    OUT *out = dst + (e - i0);
+    constexpr int PER = 16 / sizeof(OUT);  // elements a 16-byte store: never across a row (in % 8 == 0)
 #pragma unroll
-    for (int k = 0; k < (int)(32 * sizeof(OUT) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
+    for (int k = 0; k < (int)(32 / PER); k++) *(uint4 *)(dst + out_index(rm, e - i0 + k * PER)) = ((const uint4 *)v)[k];
 }
 
 // The default: 8 elements an item, DEQ_ITEMS items a thread DEQ_THREADS items apart, so a warp
@@ -244,7 +257,7 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
 // scripts/sass_count.sh counts this one.
 template <int TYPE, bool DQ, typename OUT>
 static __global__ void __launch_bounds__(DEQ_THREADS)
-    dequant8_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, OUT *__restrict__ dst) {
+    dequant8_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, rowmap rm, OUT *__restrict__ dst) {
     __shared__ float2 pair[256];
     fill_pairs<TYPE>(pair);
     constexpr int STRIDE = 8 * DEQ_THREADS;  // elements from one of a thread's items to the next
@@ -258,27 +271,28 @@ static __global__ void __launch_bounds__(DEQ_THREADS)
 #pragma unroll
     for (int j = 0; j < DEQ_ITEMS; j++)
         if (j < n) w[j] = __ldg(codes + j * (STRIDE / 8)), s[j] = block_scale<TYPE, DQ>(a, b0 + j * bstep, &m[j]);
-    OUT *out = dst + (e0 - i0);
 #pragma unroll
     for (int j = 0; j < DEQ_ITEMS; j++) {
         if (j >= n) break;
         __align__(16) OUT v[8];
         decode<TYPE, OUT, 4>(v, &w[j], pair, s[j], m[j]);
+        OUT *out = dst + out_index(rm, e0 - i0 + j * STRIDE);  // an item never crosses a row (in % 8 == 0)
 #pragma unroll
-        for (int k = 0; k < (int)(8 * sizeof(OUT) / 16); k++) ((uint4 *)(out + j * STRIDE))[k] = ((const uint4 *)v)[k];
+        for (int k = 0; k < (int)(8 * sizeof(OUT) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
     }
 }
 
-// One element per thread: [i0, i1) into dst (dst[0] = element i0).
+// One element per thread: [from, i1) of the range that starts at i0 into dst (dst[0] = element i0).
 template <typename OUT>
-static __global__ void dequant1_kernel(mt_deq_args a, int64_t i0, int64_t i1, OUT *__restrict__ dst) {
+static __global__ void dequant1_kernel(mt_deq_args a, int64_t i0, int64_t from, int64_t i1, rowmap rm,
+                                       OUT *__restrict__ dst) {
     __shared__ float lut[16];
     load_lut(a, lut);
-    int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t i = from + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= i1) return;
     float m = 0.0f, s = mt_deq_block_scale(a, i / a.bs, &m);
     unsigned c = mt_deq_code(a.type, a.packed, i);
-    store(dst, i - i0, mt_deq_value(a, lut, c, s, m));
+    store(dst, out_index(rm, i - i0), mt_deq_value(a, lut, c, s, m));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,48 +376,70 @@ static int deq_kernel;
 extern "C" void mt_dequant_cuda_kernel(int which) { deq_kernel = which; }
 
 template <int TYPE, bool DQ, typename OUT>
-static void dequant32_launch(const mt_deq_args &a, int64_t i0, int64_t groups, int sh, OUT *dst, cudaStream_t st) {
+static void dequant32_launch(const mt_deq_args &a, int64_t i0, int64_t groups, int sh, rowmap rm, OUT *dst,
+                             cudaStream_t st) {
     if (deq_kernel == 1 || (8 * DEQ_THREADS) % (1 << sh)) {  // dequant8_kernel: blocks at a fixed stride
-        dequant32_kernel<TYPE, DQ, OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, sh, dst);
+        dequant32_kernel<TYPE, DQ, OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, sh, rm, dst);
     } else {
         const int64_t items = 4 * groups;  // 8 elements each
         dequant8_kernel<TYPE, DQ, OUT><<<ctas(items, (int64_t)DEQ_THREADS * DEQ_ITEMS), DEQ_THREADS, 0, st>>>(
-            a, i0, items, sh, dst);
+            a, i0, items, sh, rm, dst);
     }
 }
 
 template <typename OUT>
-static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, OUT *dst, cudaStream_t st) {
+static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, rowmap rm, OUT *dst, cudaStream_t st) {
     int64_t vec_end = i0;
     const int sh = block_shift(a.bs);
     if (i0 % 32 == 0 && ((uintptr_t)dst & 15) == 0 && sh >= 0) {
         int64_t groups = (i1 - i0) / 32;
         if (groups > 0) {
-            if (a.type == MT_QUANT_INT4) dequant32_launch<MT_QUANT_INT4, false>(a, i0, groups, sh, dst, st);
-            else if (a.type == MT_QUANT_MXFP4) dequant32_launch<MT_QUANT_MXFP4, false>(a, i0, groups, sh, dst, st);
-            else if (a.type == MT_QUANT_FP4 && a.dq) dequant32_launch<MT_QUANT_FP4, true>(a, i0, groups, sh, dst, st);
-            else if (a.type == MT_QUANT_FP4) dequant32_launch<MT_QUANT_FP4, false>(a, i0, groups, sh, dst, st);
-            else if (a.dq) dequant32_launch<MT_QUANT_NF4, true>(a, i0, groups, sh, dst, st);
-            else dequant32_launch<MT_QUANT_NF4, false>(a, i0, groups, sh, dst, st);
+            if (a.type == MT_QUANT_INT4) dequant32_launch<MT_QUANT_INT4, false>(a, i0, groups, sh, rm, dst, st);
+            else if (a.type == MT_QUANT_MXFP4) dequant32_launch<MT_QUANT_MXFP4, false>(a, i0, groups, sh, rm, dst, st);
+            else if (a.type == MT_QUANT_FP4 && a.dq) dequant32_launch<MT_QUANT_FP4, true>(a, i0, groups, sh, rm, dst, st);
+            else if (a.type == MT_QUANT_FP4) dequant32_launch<MT_QUANT_FP4, false>(a, i0, groups, sh, rm, dst, st);
+            else if (a.dq) dequant32_launch<MT_QUANT_NF4, true>(a, i0, groups, sh, rm, dst, st);
+            else dequant32_launch<MT_QUANT_NF4, false>(a, i0, groups, sh, rm, dst, st);
         }
         vec_end = i0 + 32 * groups;
     }
     if (vec_end < i1)
-        dequant1_kernel<OUT><<<ctas(i1 - vec_end, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, vec_end, i1, dst + (vec_end - i0));
+        dequant1_kernel<OUT><<<ctas(i1 - vec_end, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, vec_end, i1, rm, dst);
 }
 
 // Elements [i0, i1) of W into dst. The bytes a whole weight moves here: mt_qweight_dequant_bytes
 // (quant/qweight.h), which must follow any change to what this reads or writes.
-extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1,
-                                              void *stream) {
+static void dequantize_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1, rowmap rm,
+                          void *stream) {
     if (i1 <= i0) return;
     cudaStream_t st = q_begin(q->be, q->packed->data);
     if (stream) st = (cudaStream_t)stream;
     mt_deq_args a = mt_deq_args_of(q);
-    if (dt == MT_BF16) dequant_launch(a, i0, i1, (__nv_bfloat16 *)dst, st);
-    else if (dt == MT_F32) dequant_launch(a, i0, i1, (float *)dst, st);
+    if (dt == MT_BF16) dequant_launch(a, i0, i1, rm, (__nv_bfloat16 *)dst, st);
+    else if (dt == MT_F32) dequant_launch(a, i0, i1, rm, (float *)dst, st);
     else mt_fatal(MT_EXIT_ERROR, "dequantize (cuda): target dtype %s", mt_dtype_name(dt));
     q_end(st);
+}
+
+extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1,
+                                              void *stream) {
+    dequantize_on(q, dst, dt, i0, i1, rowmap{0, 0, 0}, stream);
+}
+
+extern "C" int mt_qweight_dequantize_rows_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t ldd,
+                                                  void *stream) {
+    const int64_t in = q->in, n = q->out * q->in;
+    if (ldd < in || in % 8 || ldd % 8 || n >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
+        mt_error_set("dequantize rows (cuda): [%lld, %lld] at a row stride of %lld: the stride must be >= in, both "
+                     "multiples of 8, fewer than 2^31 elements, dst 16-byte aligned",
+                     (long long)q->out, (long long)in, (long long)ldd);
+        return -1;
+    }
+    rowmap rm = {(uint32_t)(ldd - in), 0, 0};
+    while (((int64_t)1 << rm.shift) < in) rm.shift++;
+    rm.magic = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << rm.shift) - (uint64_t)in)) / (uint64_t)in + 1);
+    dequantize_on(q, dst, dt, 0, n, rm, stream);
+    return 0;
 }
 
 extern "C" void mt_qweight_dequantize_cuda(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1) {

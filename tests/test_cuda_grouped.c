@@ -547,6 +547,82 @@ Test(cuda_grouped, rows_under_w_equal_a_second_gemm) {
     mt_backend_free(gpu);
 }
 
+// Blocks beside W (grouped.h's beside, beside2: w1's and w3's LoRA B beside [W1;W3] in the
+// folded forward): [x | z1 | z3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ in one call equals
+// x·[W1;W3]ᵀ plus s·z1·B1ᵀ into g's half and s·z3·B3ᵀ into u's, on the grouped path and the
+// per-expert one; the slots hold rows at the padded stride (D + 2·RB = 52 -> 56: the padding is
+// never read into the product); a beside without trans, or with a of the wrong width, is refused.
+static void beside_case(mt_backend *gpu, const int *rows) {
+    enum { E = 3, D = 40, F = 24, RB = 6, K = D + 2 * RB };
+    const float s = 0.5f;  // a power of two: s·B is exact in bf16, the two ways agree to rounding
+    int64_t off[E + 1] = {1};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t R = off[E] + 2;
+    mt_qweight q1[E], q3[E];
+    const mt_qweight *p1[E], *p3[E];
+    mt_tensor *b1[E], *b3[E];
+    const mt_tensor *pb1[E], *pb3[E];
+    for (int e = 0; e < E; e++) {
+        float *w1 = randn(F * D, 20 + (uint64_t)e, 0.5f), *w3 = randn(F * D, 30 + (uint64_t)e, 0.5f);
+        float *v1 = randn(F * RB, 40 + (uint64_t)e, 0.5f), *v3 = randn(F * RB, 45 + (uint64_t)e, 0.5f);
+        cr_assert_eq(mt_qweight_quantize(&q1[e], gpu, "w1", w1, F, D, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_qweight_quantize(&q3[e], gpu, "w3", w3, F, D, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        b1[e] = upload(gpu, MT_BF16, v1, F, RB), b3[e] = upload(gpu, MT_BF16, v3, F, RB);
+        p1[e] = &q1[e], p3[e] = &q3[e], pb1[e] = b1[e], pb3[e] = b3[e];
+        free(w1), free(w3), free(v1), free(v3);
+    }
+    float *xz = randn(R * K, 8, 1.0f);
+    mt_tensor *txz = upload(gpu, MT_BF16, xz, R, K);
+    mt_tensor x = mt_view2(gpu, txz->data, MT_BF16, R, D, K);
+    mt_tensor z1 = mt_view2(gpu, (mt_bf16 *)txz->data + D, MT_BF16, R, RB, K);
+    mt_tensor z3 = mt_view2(gpu, (mt_bf16 *)txz->data + D + RB, MT_BF16, R, RB, K);
+    mt_tensor *one = zeros(gpu, MT_F32, R, 2 * F), *two = zeros(gpu, MT_F32, R, 2 * F);
+    mt_grouped g = {.experts = E, .off = off, .q = p1, .q2 = p3, .beside = pb1, .beside2 = pb3, .beside_scale = s,
+                    .trans = 1, .alpha = 1, .beta = 0};
+    size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
+    mt_ledger_reset_peak(&gpu->ledger);
+    cr_assert_eq(mt_grouped_gemm(one, txz, &g), 0, "%s", mt_error_get());
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK],
+                  work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(2 * F * 56, E) * 2),
+                  "the slots hold [W1;W3] with B1, B3 beside at a row stride of 56");
+    cr_expect_eq(mt_grouped_slot_ld(&g, 0), 56);
+    mt_grouped h = {.experts = E, .off = off, .q = p1, .q2 = p3, .trans = 1, .alpha = 1, .beta = 0};
+    cr_assert_eq(mt_grouped_gemm(two, &x, &h), 0, "%s", mt_error_get());
+    mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F), uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
+    mt_grouped lo = {.experts = E, .off = off, .w = pb1, .trans = 1, .alpha = s, .beta = 1};
+    cr_assert_eq(mt_grouped_gemm(&gh, &z1, &lo), 0, "%s", mt_error_get());
+    lo.w = pb3;
+    cr_assert_eq(mt_grouped_gemm(&uh, &z3, &lo), 0, "%s", mt_error_get());
+    float *a = down(one), *b = down(two);
+    double norm = 0;
+    for (int64_t i = 0; i < R * 2 * F; i++) norm += fabs(b[i]);
+    cr_assert_gt(norm, 0, "the products were computed");
+    for (int64_t i = 0; i < R * 2 * F; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "row %lld col %lld: beside %g, three calls %g",
+                      (long long)(i / (2 * F)), (long long)(i % (2 * F)), (double)a[i], (double)b[i]);
+    free(a), free(b);
+
+    mt_grouped bad = g;
+    bad.trans = 0;  // dx's layout: beside has no meaning there
+    mt_tensor *dx = zeros(gpu, MT_F32, R, D);
+    mt_tensor dgu = mt_view2(gpu, txz->data, MT_BF16, R, 2 * F, K);
+    cr_assert_eq(mt_grouped_gemm(dx, &dgu, &bad), -1);
+    cr_assert(strstr(mt_error_get(), "beside[0]"), "%s", mt_error_get());
+    cr_assert_eq(mt_grouped_gemm(one, &x, &g), -1);  // a without the room
+    cr_assert(strstr(mt_error_get(), "with beside"), "%s", mt_error_get());
+    for (int e = 0; e < E; e++) mt_qweight_free(&q1[e]), mt_qweight_free(&q3[e]), mt_tensor_free(b1[e]), mt_tensor_free(b3[e]);
+    mt_tensor_free(txz), mt_tensor_free(one), mt_tensor_free(two), mt_tensor_free(dx);
+    free(xz);
+}
+
+Test(cuda_grouped, blocks_beside_w_equal_the_lora_products) {
+    mt_backend *gpu = gpu_or_skip();
+    const int grouped[3] = {7, 0, 12}, per_expert[3] = {0, 9, 0};
+    beside_case(gpu, grouped);
+    beside_case(gpu, per_expert);
+    mt_backend_free(gpu);
+}
+
 // The null backend (plan --measure) reserves the same scratch as the cuda backend: two slots for
 // a call with a 4-bit expert with rows, none for dense weights, the f32 dropout buffer with a seed,
 // the grouped call's pointer table always.

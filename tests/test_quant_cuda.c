@@ -117,6 +117,74 @@ Test(quant_cuda, quantize_and_dequantize_bit_for_bit, .timeout = 120) {
     mt_backend_free(gpu);
 }
 
+// A whole weight into rows wider than its own (mt_qweight_dequantize_rows_cuda_on: the experts'
+// slot with a LoRA's B beside W): every format, each whole-weight kernel, bf16 and f32, rows of
+// 40 (not a power of two; 120 elements: the tail kernel's part), 768 and 1024 at strides 8 and
+// 32 wider; each row's first `in` values bit for bit with the CPU, the room beside untouched.
+// Refusals name the shape.
+Test(quant_cuda, dequant_into_wider_rows_bit_for_bit, .timeout = 120) {
+#ifdef MT_CUDA
+    mt_backend *gpu = gpu_or_skip(), *cpu = mt_backend_cpu_new();
+    static const int64_t shapes[][2] = {{3, 40}, {24, 768}, {40, 1024}};
+    static const int types[][2] = {{MT_QUANT_NF4, 1}, {MT_QUANT_FP4, 0}, {MT_QUANT_INT4, 0}, {MT_QUANT_MXFP4, 0}};
+    for (size_t s = 0; s < MT_ARRAY_LEN(shapes); s++)
+        for (size_t t = 0; t < MT_ARRAY_LEN(types); t++)
+            for (int wide = 8; wide <= 32; wide += 24)
+                for (int o = 0; o < 4; o++) {
+                    const int64_t out = shapes[s][0], in = shapes[s][1], ldd = in + wide, n = out * in;
+                    if (types[t][0] == MT_QUANT_MXFP4 && in % 32) continue;  // MXFP4's blocks are 32 wide
+                    mt_dtype odt = o % 2 ? MT_BF16 : MT_F32;
+                    const size_t es = o % 2 ? 2 : 4;
+                    float *w = source(n, MT_F32, 300 + s);
+                    mt_qweight a, g;
+                    cr_assert_eq(mt_qweight_quantize_from(&a, cpu, "w", w, MT_F32, out, in, (mt_quant)types[t][0], 0,
+                                                          types[t][1], NULL), 0, "%s", mt_error_get());
+                    cr_assert_eq(mt_qweight_quantize_from(&g, gpu, "w", w, MT_F32, out, in, (mt_quant)types[t][0], 0,
+                                                          types[t][1], NULL), 0, "%s", mt_error_get());
+                    uint8_t *want = mt_xmalloc((size_t)n * es), *init = mt_xmalloc((size_t)(out * ldd) * es);
+                    if (o % 2) mt_qweight_dequantize_rows_bf16_cpu(&a, (uint16_t *)want, 0, out);
+                    else mt_qweight_dequantize_rows_cpu(&a, (float *)want, 0, out);
+                    for (size_t i = 0; i < (size_t)(out * ldd) * es; i++) init[i] = (uint8_t)(0x5a ^ i);
+                    int64_t sh[1] = {out * ldd};
+                    mt_tensor *dst = mt_tensor_new(gpu, MT_MEM_WORK, odt, 1, sh);
+                    cr_assert_not_null(dst);
+                    mt_tensor_upload(dst, init);
+                    mt_dequant_cuda_kernel(o / 2);
+                    cr_assert_eq(mt_qweight_dequantize_rows_cuda_on(&g, dst->data, odt, ldd, NULL), 0, "%s",
+                                 mt_error_get());
+                    uint8_t *got = host_copy(dst);
+                    int64_t bad = -1;
+                    for (int64_t i = 0; i < out * ldd && bad < 0; i++) {
+                        int64_t r = i / ldd, c = i % ldd;
+                        const uint8_t *ref = c < in ? want + (size_t)(r * in + c) * es : init + (size_t)i * es;
+                        if (memcmp(got + (size_t)i * es, ref, es) != 0) bad = i;
+                    }
+                    cr_expect_eq(bad, -1, "%s [%lld, %lld] at stride %lld -> %s, kernel %d: element %lld (row %lld, col %lld)",
+                                 mt_qformats[types[t][0]].name, (long long)out, (long long)in, (long long)ldd,
+                                 mt_dtype_name(odt), o / 2, (long long)bad, (long long)(bad / ldd), (long long)(bad % ldd));
+                    mt_dequant_cuda_kernel(0);
+                    free(got), free(want), free(init), free(w);
+                    mt_tensor_free(dst);
+                    mt_qweight_free(&a), mt_qweight_free(&g);
+                }
+    mt_qweight g;
+    float *w = source(24 * 40, MT_F32, 9);
+    cr_assert_eq(mt_qweight_quantize_from(&g, gpu, "w", w, MT_F32, 24, 40, MT_QUANT_NF4, 0, 1, NULL), 0);
+    int64_t sh[1] = {24 * 64};
+    mt_tensor *dst = mt_tensor_new(gpu, MT_MEM_WORK, MT_BF16, 1, sh);
+    cr_assert_eq(mt_qweight_dequantize_rows_cuda_on(&g, dst->data, MT_BF16, 44, NULL), -1);
+    cr_expect(strstr(mt_error_get(), "[24, 40] at a row stride of 44") != NULL, "%s", mt_error_get());
+    cr_assert_eq(mt_qweight_dequantize_rows_cuda_on(&g, dst->data, MT_BF16, 32, NULL), -1);
+    mt_tensor_free(dst);
+    mt_qweight_free(&g);
+    free(w);
+    mt_backend_free(cpu);
+    mt_backend_free(gpu);
+#else
+    cr_skip_test("a CPU build: the CUDA dequantization kernels are not built");
+#endif
+}
+
 // The whole-weight kernels at other blocksizes (128 and 2048: dequant8_kernel's item strides
 // cross blocks differently; 4096: the launcher's fall-back to dequant32_kernel, as 8 · 256 is not
 // a multiple of it) and from element 64 (the vector path with i0 > 0): bit for bit with the CPU.
