@@ -177,12 +177,14 @@ static void expert_bufs_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->spec.lora_r;
     a->expert_rows = rows;
     if (rows == 0) return;
-    a->xs = act(m, MT_BF16, rows, H), a->a = act(m, MT_BF16, rows, f);
+    // w1's and w3's LoRA xa live beside x in xs's rows when they fold (model/experts_gpu.c).
+    int64_t beside = mt_experts_xs_extra(m);
+    a->xs = act(m, MT_BF16, rows, H + beside), a->a = act(m, MT_BF16, rows, f);
     if (gpu_step(m)) a->gu = act(m, MT_BF16, rows, 2 * f);
     else a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);
-    a->xa_w1 = a->expert_lora[0] ? act(m, MT_BF16, rows, r) : NULL;
+    a->xa_w1 = a->expert_lora[0] && !beside ? act(m, MT_BF16, rows, r) : NULL;
     a->xa_w2 = a->expert_lora[1] ? act(m, MT_BF16, rows, r) : NULL;
-    a->xa_w3 = a->expert_lora[2] ? act(m, MT_BF16, rows, r) : NULL;
+    a->xa_w3 = a->expert_lora[2] && !beside ? act(m, MT_BF16, rows, r) : NULL;
 }
 
 // A recomputed MLP part is the shared set's: regrown there, every layer then pointing at it.

@@ -69,7 +69,8 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
         dys_own = step_work(m, adt, R, H, 1);
         mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
     }
-    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H, 0) : (mt_tensor){0};
+    // dxs's rows leave room for w1's and w3's LoRA dxa when they fold (mt_experts_xs_extra).
+    mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H + mt_experts_xs_extra(m), 0) : (mt_tensor){0};
     mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, by_experts && need->dlogits ? F(&dweights) : NULL, R);
     if (run && late && need->dlogits)
         mt_op_combine_backward(m, NULL, H, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
@@ -83,7 +84,7 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
             dxs = dxs_local;
         }
         dln2 = step_work(m, adt, T, H, 0);  // the gather's backward writes it whole
-        if (run) mt_op_gather_backward(m, dln2.data, dxs.data, I(kp->order), Tk, H, k);
+        if (run) mt_op_gather_backward(m, dln2.data, dxs.data, dxs.shape[1], I(kp->order), Tk, H, k);
         step_unwork(m, &dxs);
     }
     step_unwork(m, &dys_rows);

@@ -461,15 +461,17 @@ void mt_op_permute_wait(mt_model *m, int L) {
     for (int e = 0; e < (int)m->cfg.experts; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
 }
 
-void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k) {
+void mt_op_gather(mt_model *m, mt_act *xs, int64_t ldo, const mt_act *x, const int32_t *order, int n, int H, int k) {
     PROFILED("permute/gather + combine", 0, 2 * AB(m) * n * H, {
-        DISPATCH(m, moe_gather_cpu(xs, x, order, n, H, k), moe_gather_cuda(m->be, xs, x, order, n, H, k));
+        DISPATCH(m, moe_gather_cpu(xs, ldo, x, order, n, H, k), moe_gather_cuda(m->be, xs, ldo, x, order, n, H, k));
     });
 }
 
-void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k) {
+void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, int64_t ldi, const int32_t *order, int n, int H,
+                           int k) {
     PROFILED("permute/gather + combine", (double)n * H, AB(m) * (n * (double)H + (double)n / k * H), {
-        DISPATCH(m, moe_gather_backward_cpu(dx, dxs, order, n, H, k), moe_gather_backward_cuda(m->be, dx, dxs, order, n, H, k));
+        DISPATCH(m, moe_gather_backward_cpu(dx, dxs, ldi, order, n, H, k),
+                 moe_gather_backward_cuda(m->be, dx, dxs, ldi, order, n, H, k));
     });
 }
 

@@ -6,7 +6,9 @@
 //   gu = xs·[W1;W3]ᵀ   (4-bit w1 and w3 stacked: one GEMM of N = 2f; gu's halves are g and u)
 //   each LoRA: xa = drop(x)·Aᵀ, y += s·xa·Bᵀ  (experts without one are skipped; when every
 //     expert with rows has one, y = s·xa·Bᵀ comes first and the base GEMM adds onto it: see
-//     lora_first)
+//     lora_first). When every expert of the model has w1's and w3's, their B ride in the base
+//     GEMM instead: xa1, xa3 are written beside x in xs's rows and
+//     gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra)
 //   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
 //   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
 // Backward: da = dys·W2 (+ LoRA, first when it may be), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
@@ -77,6 +79,7 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
         part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
         part.q = g.q ? g.q + e0 : NULL, part.q2 = g.q2 ? g.q2 + e0 : NULL, part.w = g.w ? g.w + e0 : NULL;
         part.under = g.under ? g.under + e0 : NULL;
+        part.beside = g.beside ? g.beside + e0 : NULL, part.beside2 = g.beside2 ? g.beside2 + e0 : NULL;
         part.seed = g.seed ? g.seed + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
@@ -205,9 +208,10 @@ static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tens
 }
 
 // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
-// (in *dxa_scratch's storage) for lora_dx. 0: the layer has no LoRA on `which`.
+// (in *dxa_scratch's storage) for lora_dx; dxa_made: the base dx GEMM made dxa there already
+// (dx13_folded). 0: the layer has no LoRA on `which`.
 static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
-                         mt_tensor *dxa_scratch) {
+                         mt_tensor *dxa_scratch, int dxa_made) {
     const mt_lora *lo = loras(gr, which, 1);
     if (!lo) return 0;
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
@@ -215,7 +219,7 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
     mt_prof_push(LORA_ROW);
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
     gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
-    gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
+    if (!dxa_made) gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
     gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
     mt_prof_pop();
@@ -266,20 +270,83 @@ static void biases(group *gr, int which, const mt_tensor *y, int grad) {
 // The group's rows of a layer buffer (NULL stays NULL).
 #define GROUP_ROWS(gr, t) ROWS((t), (gr)->row0, group_rows(gr))
 
+// Columns [c0, c0 + w) of t's rows (NULL stays NULL's view: no data).
+static mt_tensor cols(const mt_tensor *t, int64_t c0, int64_t w) {
+    return mt_view2(t->be, t->data ? (char *)t->data + mt_dtype_bytes(t->dtype, (size_t)c0) : NULL, t->dtype,
+                    t->shape[0], w, mt_tensor_ld(t));
+}
+
+// The layer's xs [rows, h] (a view: its rows may hold xa1, xa3 beside x) and, for Linear w1
+// (W1) or w3, its LoRA's xa [rows, r]: beside x when the LoRAs fold (mt_experts_xs_extra),
+// else its own activation (none: an empty tensor, the Linear has no LoRA).
+static mt_tensor xs_of(const group *gr) {
+    const mt_tensor *xs = layer_acts(gr->m, gr->L)->xs;
+    const int64_t H = gr->m->cfg.hidden, extra = mt_experts_xs_extra(gr->m);
+    if (xs->shape[1] != H + extra)
+        mt_fatal(MT_EXIT_ERROR, "layer %d experts: xs has %lld columns, the LoRAs' fold wants %lld", gr->L,
+                 (long long)xs->shape[1], (long long)(H + extra));
+    return cols(GROUP_ROWS(gr, xs), 0, H);
+}
+static mt_tensor xa13_of(const group *gr, int which) {
+    mt_layer_acts *a = layer_acts(gr->m, gr->L);
+    int64_t extra = mt_experts_xs_extra(gr->m), r = extra / 2;
+    if (extra) return cols(GROUP_ROWS(gr, a->xs), gr->m->cfg.hidden + (which == W3 ? r : 0), r);
+    mt_tensor *xa = which == W1 ? a->xa_w1 : a->xa_w3;
+    return xa ? mt_view_rows(xa, gr->row0, group_rows(gr)) : (mt_tensor){0};
+}
+
+// The stacked 4-bit [W1;W3] with w1's and w3's LoRA s·B beside its rows (grouped.h's beside):
+// c = a·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (trans: the forward, a = [x | xa1 | xa3]) or
+// c = [dx | dxa1 | dxa3] = a·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] (a = dgu: dx, and the LoRAs'
+// dxa = s·dy·B as 2r more columns), + beta·c.
+static void base13_beside(group *gr, int trans, float beta, const mt_tensor *c, const mt_tensor *a) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    const int E = gr->E;
+    const mt_qweight **q2 = mt_xcalloc((size_t)E, sizeof *q2);
+    const mt_tensor **b1 = mt_xcalloc((size_t)E, sizeof *b1), **b3 = mt_xcalloc((size_t)E, sizeof *b3);
+    for (int e = 0; e < E; e++)
+        gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL, b1[e] = ly->w1[e].lora->b, b3[e] = ly->w3[e].lora->b;
+    mt_prof_push(base_row(W1, trans));
+    gemm(gr, (mt_grouped){.q = gr->q, .q2 = q2, .w = gr->w, .beside = b1, .beside2 = b3,
+                          .beside_scale = ly->w1[0].lora->scale, .trans = trans, .alpha = 1.0f, .beta = beta},
+         c, a);
+    mt_prof_pop();
+    free(q2), free(b1), free(b3);
+}
+
+// gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra): xa1, xa3 written
+// beside x, then one GEMM.
+static void forward13_folded(group *gr, const mt_tensor *gu) {
+    const int64_t H = gr->m->cfg.hidden, extra = mt_experts_xs_extra(gr->m);
+    mt_tensor x = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3);
+    mt_tensor xx = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), 0, H + extra);
+    const int lin[2] = {W1, W3};
+    for (int i = 0; i < 2; i++) {  // xa = drop(x)·Aᵀ
+        const mt_lora *lo = loras(gr, lin[i], 0);
+        mt_prof_push(LORA_ROW);
+        gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1}), i ? &xa3 : &xa1, &x);
+        mt_prof_pop();
+    }
+    base13_beside(gr, 1, 0.0f, gu, &xx);
+}
+
 static void forward_group(group *gr, const mt_tensor *ys) {
     mt_model *m = gr->m;
     mt_layer_acts *a = layer_acts(m, gr->L);
     int64_t f = m->cfg.intermediate, n = group_rows(gr);
-    mt_tensor *xs = GROUP_ROWS(gr, a->xs), *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
+    mt_tensor xsv = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3);
+    mt_tensor *xs = &xsv, *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
     mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
-    if (lora_first(gr, W1) && lora_first(gr, W3)) {  // the LoRAs write gu, the base adds to it
-        lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1), 0.0f);
-        lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3), 0.0f);
+    if (mt_experts_xs_extra(m)) {
+        forward13_folded(gr, gu);
+    } else if (lora_first(gr, W1) && lora_first(gr, W3)) {  // the LoRAs write gu, the base adds to it
+        lora_forward(gr, W1, &g, xs, &xa1, 0.0f);
+        lora_forward(gr, W3, &u, xs, &xa3, 0.0f);
         base13(gr, 1, 1.0f, gu, xs);
     } else {
         base13(gr, 1, 0.0f, gu, xs);
-        lora_forward(gr, W1, &g, xs, GROUP_ROWS(gr, a->xa_w1), 1.0f);
-        lora_forward(gr, W3, &u, xs, GROUP_ROWS(gr, a->xa_w3), 1.0f);
+        lora_forward(gr, W1, &g, xs, &xa1, 1.0f);
+        lora_forward(gr, W3, &u, xs, &xa3, 1.0f);
     }
     biases(gr, W1, &g, 0), biases(gr, W3, &u, 0);
     if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
@@ -298,6 +365,32 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
     group gr = group_new(m, L);
     if (group_rows(&gr)) forward_group(&gr, ys_own);
     group_free(&gr);
+}
+
+// w1's and w3's LoRA B fold into the forward's base GEMM when every expert of every MoE layer has
+// 4-bit w1 and w3, each with a LoRA, on one rank (EP's xs arrives from the other ranks without the
+// room) of the GPU step, and 2r columns keep xs's rows 16-byte aligned (r % 4 == 0, h % 8 == 0):
+// xs's rows then hold [x | xa1 | xa3] (mt_experts_xs_extra = 2r columns beside x), and
+// gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ is one GEMM of K = h + 2r (grouped.h's
+// beside). Model-wide, not per layer: a recomputed MLP's layers share one set of activations,
+// and the planner decides the same from the run's options. Dropout needs no exception: xa is
+// drop(x)·Aᵀ either way.
+int64_t mt_experts_xs_extra(const mt_model *m) {
+    const int64_t H = m->cfg.hidden;
+    if (!gpu_step(m) || m->par.ep_size > 1 || H % 8) return 0;
+    int r = 0, moe = 0;
+    for (int L = 0; L < m->cfg.layers; L++) {
+        const mt_layer *ly = &m->layers[L];
+        if (ly->dense) continue;
+        if (!ly->w1 || !ly->w3) return 0;
+        for (int e = 0; e < m->cfg.experts; e++) {
+            const mt_linear *a = &ly->w1[e], *b = &ly->w3[e];
+            if (!a->q || !b->q || !a->lora || !b->lora) return 0;
+            r = a->lora->r;
+        }
+        moe = 1;
+    }
+    return moe && r % 4 == 0 ? 2 * (int64_t)r : 0;
 }
 
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
@@ -327,7 +420,7 @@ static void w2_backward_folded(group *gr, const mt_tensor *da, const mt_tensor *
     const int64_t H = m->cfg.hidden, n = group_rows(gr), r = ly->w2[0].lora->r;
     char *tail = dys->data ? (char *)dys->data + mt_dtype_bytes(MT_BF16, (size_t)H) : NULL;
     mt_tensor dxa2 = mt_view2(m->be, tail, MT_BF16, n, r, ldd);
-    lora_backward(gr, W2, dys, act, xa, &dxa2);
+    lora_backward(gr, W2, dys, act, xa, &dxa2, 0);
     const mt_tensor **under = mt_xcalloc((size_t)gr->E, sizeof *under);
     for (int e = 0; e < gr->E; e++) under[e] = ly->w2[e].lora->a;
     mt_tensor dys_dxa = mt_view2(m->be, dys->data, MT_BF16, n, H + r, ldd);
@@ -367,8 +460,12 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
             forward_group(&gr, a->ys);
             mt_prof_set_phase(phase);
         }
-        mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = GROUP_ROWS(&gr, a->xs), *act = GROUP_ROWS(&gr, a->a);
-        mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs = GROUP_ROWS(&gr, dxs_all);
+        mt_tensor xsv = xs_of(&gr), xa1 = xa13_of(&gr, W1), xa3 = xa13_of(&gr, W3);
+        mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = &xsv, *act = GROUP_ROWS(&gr, a->a);
+        // dxs_all's rows leave room for w1's and w3's dxa when the LoRAs fold (backward.c sizes it
+        // by mt_experts_xs_extra): dxs is its first h columns.
+        mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs_w = GROUP_ROWS(&gr, dxs_all);
+        mt_tensor dxs_v = dxs_w ? cols(dxs_w, 0, m->cfg.hidden) : (mt_tensor){0}, *dxs = dxs_w ? &dxs_v : NULL;
         mt_tensor dxa = r ? mt_view_rows(&dxa_all, 0, n) : (mt_tensor){0};
         weight_grads(&gr, W2, dys, act);
         biases(&gr, W2, dys, 1);
@@ -380,7 +477,7 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         if (extra) {
             w2_backward_folded(&gr, da, dys, act, GROUP_ROWS(&gr, a->xa_w2), H + extra);
         } else {
-            int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa);
+            int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa, 0);
             if (w2_lora && lora_first(&gr, W2)) {  // da = drop(dxa·A2), then da += dys·W2
                 lora_dx(&gr, W2, da, &dxa, 0.0f);
                 base(&gr, W2, 0, 1.0f, da, dys);
@@ -394,15 +491,20 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         // dxs's first writer sets its rows (beta 0: nobody zeroed them): w1's LoRA when every
         // expert with rows has one, as in the forward (its skinny product writes dxs once; the
         // base GEMM, compute-bound, adds in its epilogue), else the base GEMM.
+        // Folded (mt_experts_xs_extra, and dx wanted): the base dx GEMM writes [dx | dxa1 | dxa3]
+        // first, the LoRAs' dx += drop(dxa·A) follow.
         float dx_beta = dx_zeroed ? 1.0f : 0.0f;
-        int dx_lora_first = dxs && lora_first(&gr, W1);
-        if (dxs && !dx_lora_first) base13(&gr, 0, dx_beta, gu, dxs), dx_beta = 1.0f;
+        const int64_t r13 = mt_experts_xs_extra(m) / 2;
+        int fold_dx = dxs && r13, dx_lora_first = dxs && !fold_dx && lora_first(&gr, W1);
+        if (fold_dx) base13_beside(&gr, 0, dx_beta, dxs_w, gu), dx_beta = 1.0f;
+        else if (dxs && !dx_lora_first) base13(&gr, 0, dx_beta, gu, dxs), dx_beta = 1.0f;
         weight_grads(&gr, W1, &dg, xs);
         weight_grads(&gr, W3, &du, xs);
         biases(&gr, W1, &dg, 1), biases(&gr, W3, &du, 1);
-        if (lora_backward(&gr, W1, &dg, xs, GROUP_ROWS(&gr, a->xa_w1), &dxa)) lora_dx(&gr, W1, dxs, &dxa, dx_beta);
+        mt_tensor dxa1 = fold_dx ? cols(dxs_w, H, r13) : dxa, dxa3 = fold_dx ? cols(dxs_w, H + r13, r13) : dxa;
+        if (lora_backward(&gr, W1, &dg, xs, &xa1, &dxa1, fold_dx)) lora_dx(&gr, W1, dxs, &dxa1, dx_beta);
         if (dx_lora_first) dx_beta = 1.0f;  // w1's LoRA ran: lora_first found one on every expert with rows
-        if (lora_backward(&gr, W3, &du, xs, GROUP_ROWS(&gr, a->xa_w3), &dxa)) lora_dx(&gr, W3, dxs, &dxa, dx_beta);
+        if (lora_backward(&gr, W3, &du, xs, &xa3, &dxa3, fold_dx)) lora_dx(&gr, W3, dxs, &dxa3, dx_beta);
         if (dx_lora_first) base13(&gr, 0, 1.0f, gu, dxs);
     }
     if (r) step_unwork(m, &dxa_all);

@@ -191,7 +191,7 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
     // routing began their download): the shared expert, and without EP the gather.
     if (ly->mlp[0].out) mt_mlp_forward(m, L);  // the shared expert
     int ep = m->par.ep_size > 1;
-    if (!ep && run) mt_op_gather(m, A(a->xs), A(a->ln2), I(kp->order), Tk, H, k);
+    if (!ep && run) mt_op_gather(m, A(a->xs), a->xs->shape[1], A(a->ln2), I(kp->order), Tk, H, k);
     mt_op_permute_wait(m, L);
     // The experts' input rows: gathered in expert order above, or (EP) sent to their owners.
     int64_t R = Tk;
@@ -200,7 +200,7 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         R = mt_ep_own_rows(m, L);
         mt_model_expert_acts_ensure(m, a, R);
         mt_tensor xl = step_work(m, adt, Tk, H, 0);
-        if (run) mt_op_gather(m, xl.data, A(a->ln2), I(kp->order), Tk, H, k);
+        if (run) mt_op_gather(m, xl.data, H, A(a->ln2), I(kp->order), Tk, H, k);
         mt_ep_dispatch(m, L, A(a->xs), xl.data, H);
         step_unwork(m, &xl);
     }

@@ -90,10 +90,10 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
     for (int i = 0; i < 2; i++) {
         const mt_tensor *b = bs[i];
         const mt_qweight *beside_of = i ? q2 : q;
-        if (b && (!beside_of || beside_of->in % 8 || !g->trans || u || (i && !bs[0]) || b->ndim != 2 || b->dtype != MT_BF16 ||
+        if (b && (!beside_of || beside_of->in % 8 || u || (i && !bs[0]) || b->ndim != 2 || b->dtype != MT_BF16 ||
                   b->be != be || b->shape[0] != beside_of->out || mt_tensor_ld(b) != b->shape[1])) {
-            mt_error_set("%s: beside%s[%d] must be a contiguous bf16 [%lld, rb] on %s beside a 4-bit %s[%d]%s (trans, "
-                         "no under rows, in a multiple of 8)",
+            mt_error_set("%s: beside%s[%d] must be a contiguous bf16 [%lld, rb] on %s beside a 4-bit %s[%d]%s (no under "
+                         "rows, in a multiple of 8)",
                          fn, i ? "2" : "", e, (long long)(beside_of ? beside_of->out : 0), be->ops->name, i ? "q2" : "q",
                          e, i ? " and a beside" : "");
             return 0;

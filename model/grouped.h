@@ -50,11 +50,13 @@ typedef struct mt_grouped {
     // 4-bit rows, copied into the slot after them. A LoRA's A under its Linear's W makes
     // dx = [dy | dxa]·[W; A] one GEMM (K = out + ru): the LoRA's share of dx is never a pass of its own.
     const mt_tensor *const *under;
-    // or NULL (trans only, not with under); beside[e] set (with q[e]): a dense bf16 [q->out, rb]
-    // (contiguous) put to the right of q's rows, times beside_scale, and beside2[e] [q2->out, rb2]
-    // to the right of q2's rows after beside's columns (zeros wherever a row has no such block):
-    // W_e is [out, in + rb + rb2] (row stride mt_grouped_slot_ld). A LoRA's B beside its Linear's
-    // W makes y = [x | xa]·[W | s·B]ᵀ one GEMM (K = in + r): the LoRA's product is never a pass of its own.
+    // or NULL (not with under); beside[e] set (with q[e]): a dense bf16 [q->out, rb] (contiguous)
+    // put to the right of q's rows, times beside_scale, and beside2[e] [q2->out, rb2] to the
+    // right of q2's rows after beside's columns (zeros wherever a row has no such block): W_e is
+    // [out, in + rb + rb2] (row stride mt_grouped_slot_ld). A LoRA's B beside its Linear's W
+    // makes y = [x | xa]·[W | s·B]ᵀ one GEMM (trans: K = in + r), and [dx | dxa] = dy·[W | s·B]
+    // one GEMM (dxa = s·dy·B, the LoRA's input gradient's first factor: N = in + r): the LoRA's
+    // product is never a pass of its own.
     const mt_tensor *const *beside, *const *beside2;
     float beside_scale;
     const mt_tensor *const *w;

@@ -160,8 +160,11 @@ void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float
 // collected by mt_op_permute_wait, which every reader of them calls first (a no-op when done).
 void mt_op_permute(mt_model *m, int L);
 void mt_op_permute_wait(mt_model *m, int L);
-void mt_op_gather(mt_model *m, mt_act *xs, const mt_act *x, const int32_t *order, int n, int H, int k);
-void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, const int32_t *order, int n, int H, int k);
+// xs's rows ldo elements apart (≥ H: room for what the experts' forward puts beside them).
+void mt_op_gather(mt_model *m, mt_act *xs, int64_t ldo, const mt_act *x, const int32_t *order, int n, int H, int k);
+// dxs's rows ldi elements apart (≥ H: the experts' backward may put their LoRAs' dxa beside dx).
+void mt_op_gather_backward(mt_model *m, mt_act *dx, const mt_act *dxs, int64_t ldi, const int32_t *order, int n, int H,
+                           int k);
 void mt_op_combine(mt_model *m, mt_act *out, const mt_act *ys, const float *weights, const int32_t *order, int n,
                    int H, int k);
 // dys's rows ldd elements apart (≥ H: room for what the experts' backward puts beside it).
@@ -210,6 +213,9 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
 // with w2's LoRA folded into the experts' dx GEMM, dxa = s·dys·B2 goes there, and
 // da = [dys | dxa]·[W2; A2] is one GEMM. 0: no fold (the cpu, EP, dropout, an expert without).
 int64_t mt_experts_dys_extra(const mt_model *m, int L);
+// Columns beside x in xs's rows for w1's and w3's LoRA xa (2r) when their B fold into the
+// forward's base GEMM, else 0 (model/experts_gpu.c).
+int64_t mt_experts_xs_extra(const mt_model *m);
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // MLA's attention (model/attention_mla.c): ln1's output -> a->att, and from the attention output's

@@ -105,11 +105,12 @@ void moe_zloss_backward_cpu(float *dlogits, float dscale, const float *logits,
 // order[offsets[e] .. offsets[e+1]); counts [E] (may be NULL) the tokens per expert.
 void moe_permute_cpu(int32_t *order, int32_t *offsets, int32_t *counts, const int32_t *ids, int T,
                      int E, int k);
-// xs [T·k, H]: row i = x [order[i] / k]
-void moe_gather_cpu(float *xs, const float *x, const int32_t *order, int n, int H, int k);
+// xs [T·k, H] (rows ldo ≥ H apart; the columns beyond H are not touched): row i = x [order[i] / k]
+void moe_gather_cpu(float *xs, int64_t ldo, const float *x, const int32_t *order, int n, int H, int k);
 // dx [T, H] = the sum of token t's rows i of dxs (t = order[i] / k, in ascending i; written, not
 // added to: the caller need not zero it)
-void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, int n, int H, int k);
+// (dxs's rows ldi ≥ H apart: the columns beyond H are not read)
+void moe_gather_backward_cpu(float *dx, const float *dxs, int64_t ldi, const int32_t *order, int n, int H, int k);
 // out [T, H] += weights[a] · ys[i], a = order[i], t = a / k   (the weighted combine)
 void moe_combine_cpu(float *out, const float *ys, const float *weights, const int32_t *order, int n,
                      int H, int k);

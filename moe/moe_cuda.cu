@@ -672,10 +672,10 @@ extern "C" void moe_permute_cuda(mt_backend *be, int32_t *order, int32_t *offset
 
 // xs [n, H], row i = x [order[i] / k]; one block per row, V elements per thread and access.
 template <int V>
-static __global__ void gather_kernel(bf16 *xs, const bf16 *x, const int32_t *order, int n, int H, int k) {
+static __global__ void gather_kernel(bf16 *xs, int64_t ldo, const bf16 *x, const int32_t *order, int n, int H, int k) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const bf16 *src = x + (int64_t)(order[i] / k) * H;
-        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) bf16_copy<V>(xs + i * H + h, src + h);
+        for (int h = threadIdx.x * V; h < H; h += blockDim.x * V) bf16_copy<V>(xs + i * ldo + h, src + h);
     }
 }
 
@@ -700,7 +700,8 @@ static __device__ __forceinline__ void token_positions(const int32_t *inv, int64
 // dx [T, H] += Σ over token t's rows of dxs; block per token, rows added in ascending position in
 // fp32, one rounding.
 template <int V>
-static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, const int32_t *inv, int T, int H, int k) {
+static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, int64_t ldi, const int32_t *inv, int T, int H,
+                                              int k) {
     int32_t pos[MOE_MAX_K], asg[MOE_MAX_K];
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         token_positions(inv, t, k, pos, asg);
@@ -709,7 +710,7 @@ static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, const i
 #pragma unroll
             for (int e = 0; e < V; e++) v[e] = 0.0f;  // dx written, not added to
             for (int j = 0; j < k; j++) {
-                bf16_load<V>(d, dxs + (int64_t)pos[j] * H + h);
+                bf16_load<V>(d, dxs + (int64_t)pos[j] * ldi + h);
 #pragma unroll
                 for (int e = 0; e < V; e++) v[e] += d[e];
             }
@@ -774,15 +775,15 @@ static __global__ void combine_backward_kernel(bf16 *dys, int64_t ldd, float *dw
     }
 }
 
-extern "C" void moe_gather_cuda(mt_backend *be, mt_bf16 *xs_, const mt_bf16 *x_, const int32_t *order, int n, int H,
-                                int k) {
+extern "C" void moe_gather_cuda(mt_backend *be, mt_bf16 *xs_, int64_t ldo, const mt_bf16 *x_, const int32_t *order,
+                                int n, int H, int k) {
     if (n <= 0 || H <= 0) return;
     bf16 *xs = (bf16 *)xs_;
     const bf16 *x = (const bf16 *)x_;
     cudaStream_t s = mt_cuda_begin(be);
     const unsigned grid = mt_cuda_blocks(n, 1);
-    if (vec8_ok(H, xs, x)) gather_kernel<8><<<grid, THREADS, 0, s>>>(xs, x, order, n, H, k);
-    else gather_kernel<1><<<grid, THREADS, 0, s>>>(xs, x, order, n, H, k);
+    if (vec8_ok(H, xs, x) && ldo % 8 == 0) gather_kernel<8><<<grid, THREADS, 0, s>>>(xs, ldo, x, order, n, H, k);
+    else gather_kernel<1><<<grid, THREADS, 0, s>>>(xs, ldo, x, order, n, H, k);
     MT_CHECK_LAUNCH();
 }
 
@@ -796,16 +797,16 @@ static int32_t *invert_order(mt_backend *be, cudaStream_t s, const int32_t *orde
     return inv;
 }
 
-extern "C" void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx_, const mt_bf16 *dxs_, const int32_t *order,
-                                         int n, int H, int k) {
+extern "C" void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx_, const mt_bf16 *dxs_, int64_t ldi,
+                                         const int32_t *order, int n, int H, int k) {
     if (n <= 0 || H <= 0) return;
     bf16 *dx = (bf16 *)dx_;
     const bf16 *dxs = (const bf16 *)dxs_;
     cudaStream_t s = mt_cuda_begin(be);
     int32_t *inv = invert_order(be, s, order, n, k, "moe_gather_backward_cuda");
     const unsigned grid = mt_cuda_blocks(n / k, 1);
-    if (vec8_ok(H, dx, dxs)) gather_backward_kernel<8><<<grid, THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
-    else gather_backward_kernel<1><<<grid, THREADS, 0, s>>>(dx, dxs, inv, n / k, H, k);
+    if (vec8_ok(H, dx, dxs) && ldi % 8 == 0) gather_backward_kernel<8><<<grid, THREADS, 0, s>>>(dx, dxs, ldi, inv, n / k, H, k);
+    else gather_backward_kernel<1><<<grid, THREADS, 0, s>>>(dx, dxs, ldi, inv, n / k, H, k);
     MT_CHECK_LAUNCH();
     mt_work_free(be, inv, (size_t)n * sizeof(int32_t));
 }

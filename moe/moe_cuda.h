@@ -79,15 +79,17 @@ void moe_zloss_backward_cuda(mt_backend *be, float *dlogits, float dscale, const
 // checked CUDA call reports the fault), where the CPU exits with a message.
 void moe_permute_cuda(mt_backend *be, int32_t *order, int32_t *offsets, int32_t *counts, const int32_t *ids,
                       int T, int E, int k);
-// xs [n, H] bf16: row i = x [order[i] / k] (a copy: exact).
-void moe_gather_cuda(mt_backend *be, mt_bf16 *xs, const mt_bf16 *x, const int32_t *order, int n, int H, int k);
+// xs [n, H] bf16 (rows ldo ≥ H apart): row i = x [order[i] / k] (a copy: exact).
+void moe_gather_cuda(mt_backend *be, mt_bf16 *xs, int64_t ldo, const mt_bf16 *x, const int32_t *order, int n, int H,
+                     int k);
 // The scatters (gather backward, combine) invert `order` on the device and add each token's k
 // rows in the CPU's order (ascending position in `order`) in fp32 (combine: onto the fp32 value
 // of the bf16 output), and round once: no atomics. k ≤ 16. H % 8 == 0 takes 16-byte loads and
 // stores.
-// dx [T, H] = Σ of token t's rows of dxs [n, H] (written, not added to: the caller need not zero it)
-void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx, const mt_bf16 *dxs, const int32_t *order, int n, int H,
-                              int k);
+// dx [T, H] = Σ of token t's rows of dxs [n, H] (rows ldi ≥ H apart; written, not added to: the
+// caller need not zero it)
+void moe_gather_backward_cuda(mt_backend *be, mt_bf16 *dx, const mt_bf16 *dxs, int64_t ldi, const int32_t *order, int n,
+                              int H, int k);
 // out [T, H] += weights[a] · ys[i] (weights fp32)
 void moe_combine_cuda(mt_backend *be, mt_bf16 *out, const mt_bf16 *ys, const float *weights, const int32_t *order,
                       int n, int H, int k);

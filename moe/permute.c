@@ -31,15 +31,15 @@ void moe_permute_cpu(int32_t *order, int32_t *offsets, int32_t *counts, const in
     if (cursor != cursor_stack) free(cursor);
 }
 
-// x [T, H] → xs [n, H], row i = x[order[i] / k]
-void moe_gather_cpu(float *xs, const float *x, const int32_t *order, int n, int H, int k) {
+// x [T, H] → xs [n, H] (rows ldo apart), row i = x[order[i] / k]
+void moe_gather_cpu(float *xs, int64_t ldo, const float *x, const int32_t *order, int n, int H, int k) {
 #pragma omp parallel for
     for (int i = 0; i < n; i++)
-        memcpy(xs + (int64_t)i * H, x + (int64_t)(order[i] / k) * H, (size_t)H * sizeof *xs);
+        memcpy(xs + (int64_t)i * ldo, x + (int64_t)(order[i] / k) * H, (size_t)H * sizeof *xs);
 }
 
-// dxs [n, H] → dx [T, H] +=, row i added to token order[i] / k
-void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, int n, int H, int k) {
+// dxs [n, H] (rows ldi apart) → dx [T, H], the sum of token order[i] / k's rows i
+void moe_gather_backward_cpu(float *dx, const float *dxs, int64_t ldi, const int32_t *order, int n, int H, int k) {
     const int nb = (H + PERMUTE_COLS - 1) / PERMUTE_COLS;
 #pragma omp parallel for
     for (int b = 0; b < nb; b++) {
@@ -47,7 +47,7 @@ void moe_gather_backward_cpu(float *dx, const float *dxs, const int32_t *order, 
         for (int t = 0; t < n / k; t++) memset(dx + (int64_t)t * H + h0, 0, (size_t)(h1 - h0) * sizeof(float));
         for (int i = 0; i < n; i++) {
             float *d = dx + (int64_t)(order[i] / k) * H;
-            const float *s = dxs + (int64_t)i * H;
+            const float *s = dxs + (int64_t)i * ldi;
             for (int h = h0; h < h1; h++) d[h] += s[h];
         }
     }

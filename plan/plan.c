@@ -511,10 +511,15 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
     int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
     // w2's LoRA A under each W2 in the dx call (model/experts_gpu.c's fold): every expert adapted
     // on w2, no dropout, one EP rank.
-    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 &&
-                mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
+    int all = mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
+    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 && all;
+    // w1's and w3's LoRA B beside each [W1;W3] in the forward's call (mt_experts_xs_extra): every
+    // expert of every MoE layer adapted on both, one EP rank, r % 4 == 0 and h % 8 == 0.
+    int fold13 = lora && q4 && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && o->ep <= 1 && all &&
+                 mt_index_set_count(&o->layers, (int)cfg->layers) == cfg->layers && o->lora_r % 4 == 0 && h % 8 == 0;
     p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0
-                                  ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0)
+                                  ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0,
+                                                                              fold13 ? 2 * o->lora_r : 0)
                                   : 0;
     p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }

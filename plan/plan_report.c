@@ -268,7 +268,7 @@ static void print_table(FILE *out, const mt_plan_report *r) {
         fprintf(out, "  (work is a guess of the CUDA context, cuBLAS and NCCL workspaces and allocator slack,\n"
                      "   1.5 GB on one GPU and 2.0 GB on more, until measured; --workspace sets it)\n");
     if (p->expert_dequant_bytes)
-        fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' dequantization scratch (2 × w1‖w3)", gb(p->expert_dequant_bytes),
+        fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' dequantization scratch (2 slots)", gb(p->expert_dequant_bytes),
                 r->opts->cuda ? "in work: --device cuda" : "the GPU step's; not in this cpu run's work");
     if (p->expert_dropout_bytes)
         fprintf(out, "  %-44s %8.3f GB (%s)\n", "experts' LoRA dropout buffer (T·k × max(h, f))",

@@ -141,13 +141,21 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 static inline void step_lora_ordered(step_ops *s, const char *name, double calls, double rows, double in, double out,
                                      double r, int recompute, int first_y, int first_dx) {
     const double bf = 2.0;
-    double f_flops = 2.0 * rows * r * (in + out);
-    double f_bytes = bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
+    // first_y 2: B folded into the base GEMM (its FLOPs and bytes are that GEMM's): xa = x·Aᵀ alone.
+// first_dx: 1 the LoRA's dx written first (the base dx GEMM adds), 2 folded under W in the dx
+// GEMM (dx = [dy | dxa]·[W; A]), 3 dxa made by the dx GEMM (B beside W), dx += dxa·A after it.
+    double f_flops = 2.0 * rows * r * (in + (first_y == 2 ? 0 : out));
+    double f_bytes = first_y == 2 ? bf * (rows * in + r * in + rows * r)
+                                  : bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
     const int fold = first_dx == 2;
-    double b_flops = 2.0 * f_flops - (fold ? 2.0 * rows * r * in : 0);
+    double b_flops = 4.0 * rows * r * (in + out) - (fold ? 2.0 * rows * r * in : 0);
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
     double b_bytes = bf * (rows * (2 * out + (fold ? 3 : 4) * r + (fold ? 1 : first_dx ? 2 : 3) * in) +
                            (fold ? 2 : 3) * r * (in + out));
+    if (first_dx == 3) {  // dxa made by the base dx GEMM (B beside W): no dxa = dy·B of its own
+        b_flops = 4.0 * rows * r * (in + out) - 2.0 * rows * r * out;
+        b_bytes = bf * (rows * (out + 3 * r + 3 * in) + 2 * r * out + 3 * r * in);
+    }
     // The shape of the larger product (x·Aᵀ: N = r, K = in): LoRA's GEMMs are memory-bound.
     step_gemm(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, r, in);
     if (recompute) step_gemm(s, name, 'R', calls, f_flops * calls, f_bytes * calls, rows, r, in);
@@ -275,6 +283,10 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // backward's dx (1 FLOP an element, the scale; bytes: 4-bit in with its constants, bf16 out).
     const char phases[3] = {'F', 'R', 'B'};
     double w_elems = 3 * h * f * E * L;  // every expert's w1, w2, w3
+    // w1's and w3's LoRA B fold into the forward's base GEMM (model/experts_gpu.c
+    // mt_experts_xs_extra): gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ, K = h + 2r.
+    const int fold13 = sh->experts_cublas && sh->quant_experts && (sh->targets & MT_TARGET_W1) &&
+                       (sh->targets & MT_TARGET_W3) && sh->lora_r % 4 == 0 && c->hidden % 8 == 0;
     for (int p = 0; p < 3; p++) {
         int attn_r = phases[p] != 'R' || RA, mlp_r = phases[p] != 'R' || RM;
         if (sh->quant_experts && !cub && mlp_r) {
@@ -289,9 +301,12 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
             // The backward's: w2 in every layer, w1‖w3 in the Lb that make dx.
             double mats = phases[p] == 'B' ? E * (L + 2 * Lb) : 3 * E * L;
-            // w2's LoRA A copied under each W2 for the backward's folded dx GEMM: read and written
+            // w2's LoRA A copied under each W2 for the backward's folded dx GEMM: read and written;
+            // w1's and w3's B beside [W1;W3] for the forward's folded GEMM: read, and written with
+            // the zeros of the other block (2f rows of 2r columns).
             double under = phases[p] == 'B' && (sh->targets & MT_TARGET_W2) && !(sh->lora_dropout > 0)
                                ? 2 * bf * E * L * r * f : 0;
+            if (fold13) under += bf * E * (phases[p] == 'B' ? Lb : L) * 6 * f * r;  // the B phase's: dx's
             step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (L + Lb) : 2 * E * L,
                                   h * f * mats, mats * in + under, 0, STEP_DEQUANT);
             o->instr = instr * h * f * mats;
@@ -316,6 +331,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
                                                     mt_q4_blocksize_or_default(sh->quant, sh->blocksize), sh->double_quant)
                        : bf * f * h;  // one [f, h] matrix
     double e13_f = 2 * Tk * h * 2 * f, e13_fb = 2 * E * w_f_h + bf * (Tk * h + Tk * 2 * f);
+    const double k13 = h + (fold13 ? 2 * r : 0);  // the forward's K: the folded B's columns beside W
+    double e13_ff = 2 * Tk * k13 * 2 * f, e13_ffb = e13_fb + (fold13 ? bf * (2 * E * 2 * f * r + Tk * 2 * r) : 0);
     double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice (WMMA)
     double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
     double e2_bf = e2_f;  // the backward's: w2's LoRA may fold into it
@@ -326,9 +343,10 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
     // w2's LoRA without dropout folds into the dx GEMM: da = [dys | dxa]·[W2; A2], K = h + r.
     const int fold2 = first2 && !(sh->lora_dropout > 0);
-    if (first13) e13_fb += bf * Tk * 2 * f;
-    // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C.
-    const int first_dx1 = cub && (t & MT_TARGET_W1);
+    if (first13 && !fold13) e13_ffb += bf * Tk * 2 * f;
+    // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C;
+    // folded, the base dx GEMM writes it first (with the LoRAs' dxa beside).
+    const int first_dx1 = cub && (t & MT_TARGET_W1) && !fold13;
     if (first2) e2_fb += bf * Tk * h;
     if (fold2) e2_bf += 2 * Tk * r * f, e2_bb += bf * (Tk * r + E * r * f);
     else if (first2) e2_bb += bf * Tk * f;
@@ -337,10 +355,11 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
         step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * Lb, e13_f * Lb, e13_bb * Lb, Me, STEP_GROUPED);
     } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
-        e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + (first_dx1 ? 2 : 1) * Tk * h);
-        step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_f * L, e13_fb * L, Me, 2 * f, h);
-        step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_f * Lb, e13_bb * Lb, Me, h, 2 * f);
+        // dx: [dx | dxa1 | dxa3] = dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] when they fold (N = h + 2r)
+        e13_bb = 2 * E * w_f_h * k13 / h + bf * (Tk * 2 * f + (first_dx1 ? 2 * Tk * h : Tk * k13));
+        step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
+        if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
+        step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_ff * Lb, e13_bb * Lb, Me, k13, 2 * f);
     }
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
@@ -357,8 +376,9 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
-        if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, first_dx1);
-        if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, first13, 0);
+        const int y13 = fold13 ? 2 : first13;
+        if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : first_dx1);
+        if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : 0);
         if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, fold2 ? 2 : first2);
         // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
         step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLAS)" : "LoRA experts w1,w3,w2 (grouped)", E, Me);

@@ -961,8 +961,8 @@ static co_result co_router_seq_aux(mt_backend *g) {
 // accumulate start non-zero; xs starts as garbage. H % 8 == 0 takes the 16-byte path, other H
 // the scalar one. xs is a copy (exact); dx, out and dys are the CPU's fp32 operations in its
 // order, rounded once (CO_MOE_TOL_ROUND1 against the fp32 result, exact against it rounded);
-// dweights fp32 (CO_MOE_TOL_F32). dys's rows are ldd apart (≥ H): the columns beyond H must come
-// back as they went (compared whole, with the rows).
+// dweights fp32 (CO_MOE_TOL_F32). xs's, dxs's and dys's rows are ldd apart (≥ H): the columns
+// beyond H must come back as they went (compared whole, with the rows), dxs's are never read.
 static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, int ldd, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
@@ -972,27 +972,27 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, in
     moe_permute_cpu(order, off, NULL, ids, T, E, k);
     if (E > 2 && off[2] != off[1]) mt_fatal(MT_EXIT_ERROR, "co_gather_combine: expert 1 was meant to be empty");
     size_t nx = (size_t)T * H, ns = (size_t)n * H, nd = (size_t)n * ldd, b2 = sizeof(mt_bf16);
-    float *x = co_rand(nx, -1, 1), *xs = co_rand(ns, -3, 3), *dxs = co_rand(ns, -1, 1), *dx = co_rand(nx, -1, 1);
+    float *x = co_rand(nx, -1, 1), *xs = co_rand(nd, -3, 3), *dxs = co_rand(nd, -1, 1), *dx = co_rand(nx, -1, 1);
     float *ys = co_rand(ns, -1, 1), *w = co_rand((size_t)n, 0, 1), *out = co_rand(nx, -1, 1);
     float *dout = co_rand(nx, -1, 1), *dys = co_rand(nd, -1, 1), *dw = co_rand((size_t)n, -1, 1);
-    void *OR = co_up(g, order, (size_t)n * 4), *X = co_moe_up_bf16(g, x, nx), *XS = co_moe_up_bf16(g, xs, ns);
-    void *DXS = co_moe_up_bf16(g, dxs, ns), *DX = co_moe_up_bf16(g, dx, nx), *YS = co_moe_up_bf16(g, ys, ns);
+    void *OR = co_up(g, order, (size_t)n * 4), *X = co_moe_up_bf16(g, x, nx), *XS = co_moe_up_bf16(g, xs, nd);
+    void *DXS = co_moe_up_bf16(g, dxs, nd), *DX = co_moe_up_bf16(g, dx, nx), *YS = co_moe_up_bf16(g, ys, ns);
     void *W = co_up(g, w, (size_t)n * 4), *OUT = co_moe_up_bf16(g, out, nx), *DOUT = co_moe_up_bf16(g, dout, nx);
     void *DYS = co_moe_up_bf16(g, dys, nd), *DW = co_up(g, dw, (size_t)n * 4);
-    moe_gather_cpu(xs, x, order, n, H, k);
-    moe_gather_backward_cpu(dx, dxs, order, n, H, k);
+    moe_gather_cpu(xs, ldd, x, order, n, H, k);
+    moe_gather_backward_cpu(dx, dxs, ldd, order, n, H, k);
     moe_combine_cpu(out, ys, w, order, n, H, k);
     moe_combine_backward_cpu(dys, ldd, dw, dout, ys, w, order, n, H, k);
-    moe_gather_cuda(g, XS, X, OR, n, H, k);
-    moe_gather_backward_cuda(g, DX, DXS, OR, n, H, k);
+    moe_gather_cuda(g, XS, ldd, X, OR, n, H, k);
+    moe_gather_backward_cuda(g, DX, DXS, ldd, OR, n, H, k);
     moe_combine_cuda(g, OUT, YS, W, OR, n, H, k);
     moe_combine_backward_cuda(g, DYS, ldd, DW, DOUT, YS, W, OR, n, H, k);
-    co_moe_cmp_bf16(&r, g, "xs", XS, xs, ns, 0.0, 0);
+    co_moe_cmp_bf16(&r, g, "xs", XS, xs, nd, 0.0, 0);
     co_moe_cmp_bf16(&r, g, "dx", DX, dx, nx, CO_MOE_TOL_ROUND1, 1);
     co_moe_cmp_bf16(&r, g, "combine out", OUT, out, nx, CO_MOE_TOL_ROUND1, 1);
     co_moe_cmp_bf16(&r, g, "dys", DYS, dys, nd, CO_MOE_TOL_ROUND1, 1);
     co_moe_cmp_f32(&r, g, "dweights", DW, dw, (size_t)n, CO_MOE_TOL_F32);
-    co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * b2), co_free(g, XS, ns * b2), co_free(g, DXS, ns * b2);
+    co_free(g, OR, (size_t)n * 4), co_free(g, X, nx * b2), co_free(g, XS, nd * b2), co_free(g, DXS, nd * b2);
     co_free(g, DX, nx * b2), co_free(g, YS, ns * b2), co_free(g, W, (size_t)n * 4), co_free(g, OUT, nx * b2);
     co_free(g, DOUT, nx * b2), co_free(g, DYS, nd * b2), co_free(g, DW, (size_t)n * 4);
     free(ids), free(order), free(x), free(xs), free(dxs), free(dx), free(ys), free(w), free(out), free(dout);

@@ -434,7 +434,7 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, tx, &g), 0, "%s", mt_error_get());
     cr_expect_eq(gpu->ledger.cur[MT_MEM_WORK], work0, "the scratch is released");
-    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E, 0),
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E, 0, 0),
                   "two slots of E [2f, d] bf16 held during the call (small experts: a slot holds them all)");
     mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F);
     mt_tensor uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
@@ -548,10 +548,12 @@ Test(cuda_grouped, rows_under_w_equal_a_second_gemm) {
 }
 
 // Blocks beside W (grouped.h's beside, beside2: w1's and w3's LoRA B beside [W1;W3] in the
-// folded forward): [x | z1 | z3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ in one call equals
-// x·[W1;W3]ᵀ plus s·z1·B1ᵀ into g's half and s·z3·B3ᵀ into u's, on the grouped path and the
-// per-expert one; the slots hold rows at the padded stride (D + 2·RB = 52 -> 56: the padding is
-// never read into the product); a beside without trans, or with a of the wrong width, is refused.
+// folded forward and dx): [x | z1 | z3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ in one call equals
+// x·[W1;W3]ᵀ plus s·z1·B1ᵀ into g's half and s·z3·B3ᵀ into u's, and (no trans)
+// dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] equals [dgu·[W1;W3] | s·dg·B1 | s·du·B3], on the grouped
+// path and the per-expert one; the slots hold rows at the padded stride (D + 2·RB = 52 -> 56: the
+// padding is never read into a product); a beside with rows under W, or with a of the wrong
+// width, is refused.
 static void beside_case(mt_backend *gpu, const int *rows) {
     enum { E = 3, D = 40, F = 24, RB = 6, K = D + 2 * RB };
     const float s = 0.5f;  // a power of two: s·B is exact in bf16, the two ways agree to rounding
@@ -602,12 +604,38 @@ static void beside_case(mt_backend *gpu, const int *rows) {
                       (long long)(i / (2 * F)), (long long)(i % (2 * F)), (double)a[i], (double)b[i]);
     free(a), free(b);
 
-    mt_grouped bad = g;
-    bad.trans = 0;  // dx's layout: beside has no meaning there
-    mt_tensor *dx = zeros(gpu, MT_F32, R, D);
-    mt_tensor dgu = mt_view2(gpu, txz->data, MT_BF16, R, 2 * F, K);
-    cr_assert_eq(mt_grouped_gemm(dx, &dgu, &bad), -1);
+    // dx: [dx | z1 | z3] = dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] against its three parts.
+    float *dguv = randn(R * 2 * F, 9, 1.0f);
+    mt_tensor *tdgu = upload(gpu, MT_BF16, dguv, R, 2 * F);
+    mt_tensor *dx = zeros(gpu, MT_F32, R, K), *dx2 = zeros(gpu, MT_F32, R, K);
+    mt_grouped gt = g;
+    gt.trans = 0;
+    cr_assert_eq(mt_grouped_gemm(dx, tdgu, &gt), 0, "%s", mt_error_get());
+    mt_tensor dxh = mt_view2(gpu, dx2->data, MT_F32, R, D, K), z1h = mt_view2(gpu, (float *)dx2->data + D, MT_F32, R, RB, K);
+    mt_tensor z3h = mt_view2(gpu, (float *)dx2->data + D + RB, MT_F32, R, RB, K);
+    mt_grouped ht = h;
+    ht.trans = 0;
+    cr_assert_eq(mt_grouped_gemm(&dxh, tdgu, &ht), 0, "%s", mt_error_get());
+    mt_tensor dg = mt_view2(gpu, tdgu->data, MT_BF16, R, F, 2 * F), du = mt_view2(gpu, (mt_bf16 *)tdgu->data + F, MT_BF16, R, F, 2 * F);
+    mt_grouped lt = {.experts = E, .off = off, .w = pb1, .trans = 0, .alpha = s, .beta = 0};
+    cr_assert_eq(mt_grouped_gemm(&z1h, &dg, &lt), 0, "%s", mt_error_get());
+    lt.w = pb3;
+    cr_assert_eq(mt_grouped_gemm(&z3h, &du, &lt), 0, "%s", mt_error_get());
+    a = down(dx), b = down(dx2);
+    for (int64_t i = 0; i < R * K; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "dx row %lld col %lld: beside %g, three calls %g",
+                      (long long)(i / K), (long long)(i % K), (double)a[i], (double)b[i]);
+    free(a), free(b), free(dguv);
+    mt_tensor_free(tdgu), mt_tensor_free(dx2);
+
+    float *uv = randn(4 * D, 10, 1.0f);
+    mt_tensor *u = upload(gpu, MT_BF16, uv, 4, D), dgu_room = mt_view2(gpu, txz->data, MT_BF16, R, 2 * F + 4, K);
+    const mt_tensor *under[E] = {u, u, u};
+    mt_grouped bad = gt;
+    bad.under = under;  // rows under W and blocks beside it: one or the other
+    cr_assert_eq(mt_grouped_gemm(dx, &dgu_room, &bad), -1);
     cr_assert(strstr(mt_error_get(), "beside[0]"), "%s", mt_error_get());
+    mt_tensor_free(u), free(uv);
     cr_assert_eq(mt_grouped_gemm(one, &x, &g), -1);  // a without the room
     cr_assert(strstr(mt_error_get(), "with beside"), "%s", mt_error_get());
     for (int e = 0; e < E; e++) mt_qweight_free(&q1[e]), mt_qweight_free(&q3[e]), mt_tensor_free(b1[e]), mt_tensor_free(b3[e]);

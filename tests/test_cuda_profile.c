@@ -16,6 +16,7 @@
 #include "core/profile.h"
 #include "model/attention_cudnn.h"
 #include "model/mixtral.h"
+#include "model/model_internal.h"  // mt_experts_xs_extra: whether the LoRAs fold
 #include "optim/optim.h"
 #include "optim/params.h"
 #include "scripts/profile_table.h"
@@ -103,7 +104,10 @@ static double delta(const char *name, char ph, const mt_model *m) {
     if (!B_) return 0;
     if (IS("LoRA gate")) return -2 * T * r * h;
     if (IS("permute/gather + combine")) return -Tk * h;
-    if (IS("LoRA experts w1,w3,w2 (grouped)") || IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h;
+    // Layer 0 makes no dx: w1's and w3's LoRAs skip dx += dxa·A, and (their B folded beside W,
+    // model/experts_gpu.c mt_experts_xs_extra) make dxa = s·dy·B themselves, as no dx GEMM does.
+    if (IS("LoRA experts w1,w3,w2 (grouped)")) return -2 * 2 * Tk * r * h;
+    if (IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h + (mt_experts_xs_extra(m) ? 2 * 2 * Tk * r * f : 0);
 #undef IS
     return 0;
 }

@@ -121,6 +121,7 @@ Test(cuda, fused_experts_and_router_match_cpu) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     o.mode = MT_MODE_LORA, o.lora_r = 4, o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
+    o.lora_alpha = 8;  // scale 2, not 1: the GPU step's w1, w3 LoRA B ride in its base GEMM scaled
     o.checkpointing = MT_CKPT_NONE;
     mt_backend *cpu = mt_backend_cpu_new();
     mt_model mc, mg;

@@ -506,14 +506,14 @@ Test(moe_ops, gather_then_combine_is_the_identity) {
     for (int i = 0; i < 2 * T; i++) ones[i] = 1.0f;
     // k = 1, weights 1: exactly x back
     routing r = make_routing(T, 4, 1, H);
-    moe_gather_cpu(xs, x, r.order, r.n, H, 1);
+    moe_gather_cpu(xs, H, x, r.order, r.n, H, 1);
     memset(out, 0, sizeof out);
     moe_combine_cpu(out, xs, ones, r.order, r.n, H, 1);
     for (int i = 0; i < T * H; i++) cr_assert_eq(out[i], x[i], "out[%d]", i);
     free_routing(&r);
     // k = 2 with the router's renormalised weights (summing to 1): x back to rounding
     r = make_routing(T, 8, 2, H);
-    moe_gather_cpu(xs, x, r.order, r.n, H, 2);
+    moe_gather_cpu(xs, H, x, r.order, r.n, H, 2);
     for (int i = 0; i < r.n; i++)  // row i holds token order[i] / k
         cr_assert_eq(memcmp(xs + i * H, x + (r.order[i] / 2) * H, H * sizeof(float)), 0);
     memset(out, 0, sizeof out);
@@ -534,9 +534,9 @@ Test(moe_ops, gather_and_combine_backward_adjoints) {
     fill(dout, T * H, -1.0f, 1.0f);
 
     // gather: <gather(x), y> = <x, gather_backward(y)>, and the backward accumulates
-    moe_gather_cpu(xs, x, r.order, N, H, K);
+    moe_gather_cpu(xs, H, x, r.order, N, H, K);
     for (int i = 0; i < T * H; i++) dx[i] = NAN;  // written, never read: its old values must not show
-    moe_gather_backward_cpu(dx, y, r.order, N, H, K);
+    moe_gather_backward_cpu(dx, y, H, r.order, N, H, K);
     const double g1 = dot(xs, y, N * H), g2 = dot(x, dx, T * H);
     cr_assert(fabs(g1 - g2) <= 1e-5 * (1 + fabs(g1)), "<Gx,y> %.9g vs <x,G'y> %.9g", g1, g2);
 

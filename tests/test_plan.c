@@ -253,14 +253,14 @@ Test(plan, workspace_flag_overrides_the_guess) {
 }
 
 // The GPU step's expert scratch (model/expert_scratch.h) in work, on cuda only: two slots of one
-// large expert's w1‖w3 in bf16 while a call runs frozen 4-bit experts (Mixtral: 2·2·14336·4096·2 =
-// 469,762,048 B), and with expert LoRA dropout the f32 buffer of a call's T·k rows at f columns.
+// large expert's w1‖w3 in bf16 while a call runs frozen 4-bit experts, with w1's and w3's LoRA B
+// (2r = 32 columns) beside each row (Mixtral: 2·2·14336·(4096 + 32)·2 = 473,432,064 B), and with expert LoRA dropout the f32 buffer of a call's T·k rows at f columns.
 Test(plan, expert_scratch_in_work_on_cuda) {
     mt_plan cpu, gpu, drop, dense;
     cr_assert_eq(plan_of('C', "--seq 4096", &cpu), 0);
     cr_assert_eq(plan_of('C', "--seq 4096 --device cuda", &gpu), 0);
-    cr_expect_eq(gpu.expert_dequant_bytes, 469762048ull);
-    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336, 8, 16));
+    cr_expect_eq(gpu.expert_dequant_bytes, 473432064ull);
+    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336, 8, 16, 32));
     cr_expect_eq(gpu.expert_dropout_bytes, 0, "no dropout: no buffer");
     cr_expect_eq(gpu.bytes[MT_MEM_WORK] - cpu.bytes[MT_MEM_WORK], gpu.expert_dequant_bytes, "only cuda counts it");
     cr_expect_eq(cpu.bytes[MT_MEM_WORK], 1500000000ull);
@@ -273,7 +273,7 @@ Test(plan, expert_scratch_in_work_on_cuda) {
     cr_expect_eq(dense.expert_dequant_bytes + dense.expert_dropout_bytes, 0, "every expert trains: none frozen");
     char out[32768];
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda"), MT_EXIT_OK, "%s", out);
-    cr_expect(strstr(out, "experts' dequantization scratch") && strstr(out, "0.470 GB (in work"), "%s", out);
+    cr_expect(strstr(out, "experts' dequantization scratch") && strstr(out, "0.473 GB (in work"), "%s", out);
 }
 
 // --recompute auto: the least recomputation whose measured step fits --gpu-mem (less 1 GB for
