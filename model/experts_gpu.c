@@ -11,9 +11,11 @@
 //     gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra)
 //   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
 //   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
-// Backward: da = dys·W2 (+ LoRA, first when it may be), dgu = SwiGLU'(da), dxs += dgu·[W1;W3] (one GEMM of K = 2f;
-// + LoRAs), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA, dB over its rows
-// (and, with trainable expert biases, their column sums of dys, dg, du).
+// Backward: da = dys·W2 (+ w2's LoRA: folded under W2 when it may be, see mt_experts_dys_extra,
+// else first when it may be), dgu = SwiGLU'(da), dxs = dgu·[W1;W3] (one GEMM of K = 2f, written
+// by its first writer, nobody zeroes it; when w1's and w3's B fold it also makes their dxa beside
+// dx) + the LoRAs' drop(dxa·A), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA,
+// dB over its rows (and, with trainable expert biases, their column sums of dys, dg, du).
 // A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
 // backward writes da and dgu over the activations a and gu (docs/memory.md's k·s·b·6f transient
 // takes no memory of its own). Unfrozen (dense) experts run w1 and w3 as two GEMMs.
@@ -406,7 +408,7 @@ int64_t mt_experts_dys_extra(const mt_model *m, int L) {
         if (!l->q || !l->lora || l->lora->dropout > 0.0f) return 0;
         r = l->lora->r;
     }
-    return (r + 7) / 8 * 8;  // 16-byte rows
+    return (r + 7) / 8 * 8;  // dys's rows stay 16-byte aligned when h is a multiple of 8
 }
 
 // w2's backward folded (mt_experts_dys_extra): dB2, dxa2 = s·dys·B2 into the room beside dys

@@ -134,7 +134,9 @@ static void slots_open(slots *S, mt_backend *be, cudaStream_t main, void *scratc
     S->deq = (cudaStream_t)mt_cuda_backend_side_stream(be);
     cudaEvent_t *ev = slot_events();  // the backend's device is current (mt_cuda_begin)
     S->ready[0] = ev[0], S->ready[1] = ev[1], S->freed[0] = ev[2], S->freed[1] = ev[3];
-    // the scratch was allocated on the main stream: the side waits for that
+    // the scratch was allocated on the main stream: the side waits for that, and so for everything
+    // queued there before this call (the rows under W and the B beside it were last written by the
+    // optimizer, on the main stream, before any of it)
     MT_CHECK_CUDA(cudaEventRecord(S->freed[1], main));
     MT_CHECK_CUDA(cudaStreamWaitEvent(S->deq, S->freed[1], 0));
 }

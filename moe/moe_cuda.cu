@@ -697,8 +697,8 @@ static __device__ __forceinline__ void token_positions(const int32_t *inv, int64
     }
 }
 
-// dx [T, H] += Σ over token t's rows of dxs; block per token, rows added in ascending position in
-// fp32, one rounding.
+// dx [T, H] = Σ over token t's rows of dxs (written, the sums starting at 0); block per token,
+// rows added in ascending position in fp32, one rounding.
 template <int V>
 static __global__ void gather_backward_kernel(bf16 *dx, const bf16 *dxs, int64_t ldi, const int32_t *inv, int T, int H,
                                               int k) {

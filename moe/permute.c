@@ -71,8 +71,8 @@ void moe_combine_cpu(float *out, const float *ys, const float *weights, const in
     }
 }
 
-// dout [T, H] → dys [n, H] +=, dweights [T·k] += (either may be NULL):
-// dys[i] += weights[a] · dout[t], dweights[a] += <dout[t], ys[i]>   (a = order[i], t = a / k)
+// dout [T, H] → dys [n, H] (rows ldd apart, written), dweights [T·k] += (either may be NULL):
+// dys[i] = weights[a] · dout[t], dweights[a] += <dout[t], ys[i]>   (a = order[i], t = a / k)
 void moe_combine_backward_cpu(float *dys, int64_t ldd, float *dweights, const float *dout, const float *ys,
                               const float *weights, const int32_t *order, int n, int H, int k) {
 #pragma omp parallel for

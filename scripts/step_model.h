@@ -136,14 +136,13 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 // backward dB, dxa, dA, and dx += dxa·A. `recompute`: the forward again in phase R. first_y,
 // first_dx: the LoRA's product writes y (its dx) before the base GEMM adds onto it
 // (model/experts_gpu.c's lora_first): written only, where an addition reads and writes it;
+// first_y 2: B folded into the base GEMM (its FLOPs and bytes are that GEMM's): xa = x·Aᵀ alone;
 // first_dx 2: its dx folded into the base GEMM (model/experts_gpu.c's w2 fold): no dx product
-// here (the base GEMM's K carries it), dx neither read nor written, x read for dA only.
+// here (the base GEMM's K carries it), dx neither read nor written, x read for dA only;
+// first_dx 3: dxa made by the base dx GEMM (B beside W), dx += dxa·A after it.
 static inline void step_lora_ordered(step_ops *s, const char *name, double calls, double rows, double in, double out,
                                      double r, int recompute, int first_y, int first_dx) {
     const double bf = 2.0;
-    // first_y 2: B folded into the base GEMM (its FLOPs and bytes are that GEMM's): xa = x·Aᵀ alone.
-// first_dx: 1 the LoRA's dx written first (the base dx GEMM adds), 2 folded under W in the dx
-// GEMM (dx = [dy | dxa]·[W; A]), 3 dxa made by the dx GEMM (B beside W), dx += dxa·A after it.
     double f_flops = 2.0 * rows * r * (in + (first_y == 2 ? 0 : out));
     double f_bytes = first_y == 2 ? bf * (rows * in + r * in + rows * r)
                                   : bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
@@ -151,7 +150,7 @@ static inline void step_lora_ordered(step_ops *s, const char *name, double calls
     double b_flops = 4.0 * rows * r * (in + out) - (fold ? 2.0 * rows * r * in : 0);
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
     double b_bytes = bf * (rows * (2 * out + (fold ? 3 : 4) * r + (fold ? 1 : first_dx ? 2 : 3) * in) +
-                           (fold ? 2 : 3) * r * (in + out));
+                           (fold ? 3 * r * out + 2 * r * in : 3 * r * (in + out)));
     if (first_dx == 3) {  // dxa made by the base dx GEMM (B beside W): no dxa = dy·B of its own
         b_flops = 4.0 * rows * r * (in + out) - 2.0 * rows * r * out;
         b_bytes = bf * (rows * (out + 3 * r + 3 * in) + 2 * r * out + 3 * r * in);
@@ -342,7 +341,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const unsigned t = sh->targets;
     const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
     // w2's LoRA without dropout folds into the dx GEMM: da = [dys | dxa]·[W2; A2], K = h + r.
-    const int fold2 = first2 && !(sh->lora_dropout > 0);
+    const int fold2 = first2 && sh->quant_experts && !(sh->lora_dropout > 0);  // mt_experts_dys_extra: 4-bit W2
     if (first13 && !fold13) e13_ffb += bf * Tk * 2 * f;
     // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C;
     // folded, the base dx GEMM writes it first (with the LoRAs' dxa beside).

@@ -957,8 +957,8 @@ static co_result co_router_seq_aux(mt_backend *g) {
 }
 
 // gather, gather backward, combine and combine backward on the CPU's permutation, bf16
-// activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). Outputs that
-// accumulate start non-zero; xs starts as garbage. H % 8 == 0 takes the 16-byte path, other H
+// activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). Every output starts as
+// garbage (each is written, not added to; the combine's out adds onto its start). H % 8 == 0 takes the 16-byte path, other H
 // the scalar one. xs is a copy (exact); dx, out and dys are the CPU's fp32 operations in its
 // order, rounded once (CO_MOE_TOL_ROUND1 against the fp32 result, exact against it rounded);
 // dweights fp32 (CO_MOE_TOL_F32). xs's, dxs's and dys's rows are ldd apart (≥ H): the columns
