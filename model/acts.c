@@ -208,6 +208,7 @@ static void layer_acts_free(mt_layer_acts *a, int parts) {
 static int shared_parts(const mt_model *m) { return (m->recompute_attn ? PART_ATTN : 0) | (m->recompute_mlp ? PART_MLP : 0); }
 
 void mt_model_acts_free(mt_model *m) {
+    m->xs_extra_known = 0;  // xs's room is decided again with the next activations
     int shared = shared_parts(m);
     for (int i = 0; m->acts && i < m->cfg.layers; i++) layer_acts_free(&m->acts[i], PART_ALL & ~shared);
     if (m->acts) layer_acts_free(&m->shared, shared);

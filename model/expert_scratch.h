@@ -5,7 +5,7 @@
 // Experts run through cuBLAS on bf16 weights: a 4-bit expert's W is dequantized into a slot of
 // the dequantization scratch just before its GEMM, the next expert's into the other slot
 // meanwhile (two slots: double-buffered). A slot holds one expert's W (w1‖w3 stacked is [2f, d]
-// bf16, w2 [d, f]), or as many small experts' as fit in MT_EXPERT_SLOT_ELEMS elements (64 MiB),
+// bf16, [2f, d + 2r] with its LoRAs' B beside when they fold; w2 [d, f]), or as many small experts' as fit in MT_EXPERT_SLOT_ELEMS elements (64 MiB),
 // and at most the call's experts: those then run as one grouped GEMM (128 experts of Qwen3-MoE
 // would otherwise cost a cuBLASLt call each). A LoRA's dropout needs one buffer of
 // [rows, width] f32 for the call's rows: the masked copy of an operand (bf16, half of it), or

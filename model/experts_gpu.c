@@ -13,7 +13,7 @@
 //   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
 // Backward: da = dys·W2 (+ w2's LoRA: folded under W2 when it may be, see mt_experts_dys_extra,
 // else first when it may be), dgu = SwiGLU'(da), dxs = dgu·[W1;W3] (one GEMM of K = 2f, written
-// by its first writer, nobody zeroes it; when w1's and w3's B fold it also makes their dxa beside
+// by its first writer, zeroed first only where the rows do not cover it; when w1's and w3's B fold it also makes their dxa beside
 // dx) + the LoRAs' drop(dxa·A), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA,
 // dB over its rows (and, with trainable expert biases, their column sums of dys, dg, du).
 // A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
@@ -211,7 +211,7 @@ static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tens
 
 // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
 // (in *dxa_scratch's storage) for lora_dx; dxa_made: the base dx GEMM made dxa there already
-// (dx13_folded). 0: the layer has no LoRA on `which`.
+// (base13_beside, beside dx). 0: the layer has no LoRA on `which`.
 static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
                          mt_tensor *dxa_scratch, int dxa_made) {
     const mt_lora *lo = loras(gr, which, 1);
@@ -369,15 +369,17 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
     group_free(&gr);
 }
 
-// w1's and w3's LoRA B fold into the forward's base GEMM when every expert of every MoE layer has
-// 4-bit w1 and w3, each with a LoRA, on one rank (EP's xs arrives from the other ranks without the
-// room) of the GPU step, and 2r columns keep xs's rows 16-byte aligned (r % 4 == 0, h % 8 == 0):
-// xs's rows then hold [x | xa1 | xa3] (mt_experts_xs_extra = 2r columns beside x), and
-// gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ is one GEMM of K = h + 2r (grouped.h's
-// beside). Model-wide, not per layer: a recomputed MLP's layers share one set of activations,
-// and the planner decides the same from the run's options. Dropout needs no exception: xa is
-// drop(x)·Aᵀ either way.
-int64_t mt_experts_xs_extra(const mt_model *m) {
+// w1's and w3's LoRA B fold into the experts' base GEMMs (the forward's and dx's) when every
+// expert of every MoE layer has 4-bit w1 and w3, each with a LoRA, on one rank (EP's xs arrives
+// from the other ranks without the room) of the GPU step, with r and h multiples of 8 (xa1's and
+// xa3's blocks, and so xs's rows, 16-byte aligned: cuBLAS's grouped call takes them; r = 4 or 12
+// would send every expert's xa3 product through a call of its own): xs's rows then hold
+// [x | xa1 | xa3] (2r columns beside x), and gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ
+// is one GEMM of K = h + 2r (grouped.h's beside). Model-wide, not per layer: a recomputed MLP's
+// layers share one set of activations, and the planner decides the same from the run's options
+// (plan/plan.c). Dropout needs no exception: xa is drop(x)·Aᵀ either way. Asked several times a
+// layer, answered once (the LoRAs are attached at load; mt_model_acts_free forgets it).
+static int64_t xs_extra_of(const mt_model *m) {
     const int64_t H = m->cfg.hidden;
     if (!gpu_step(m) || m->par.ep_size > 1 || H % 8) return 0;
     int r = 0, moe = 0;
@@ -392,7 +394,12 @@ int64_t mt_experts_xs_extra(const mt_model *m) {
         }
         moe = 1;
     }
-    return moe && r % 4 == 0 ? 2 * (int64_t)r : 0;
+    return moe && r % 8 == 0 ? 2 * (int64_t)r : 0;
+}
+
+int64_t mt_experts_xs_extra(mt_model *m) {
+    if (!m->xs_extra_known) m->xs_extra = xs_extra_of(m), m->xs_extra_known = 1;
+    return m->xs_extra;
 }
 
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
@@ -442,14 +449,14 @@ static int lora_r_max(const mt_layer *ly, int E) {
 
 // Storage: the backward's da is written over a (a's last readers, w2's gradients, go first) and
 // dgu over gu (the SwiGLU backward reads each element before it writes it): no [rows, 3f]
-// scratch, only the LoRAs' dxa [R, r].
+// scratch, only the LoRAs' dxa [R, r] (w1's and w3's, when they fold, beside dx in dxs_all's rows).
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs_all, int64_t R) {
     group gr = group_new(m, L);
     int64_t f = m->cfg.intermediate, n = group_rows(&gr);
     mt_layer_acts *a = layer_acts(m, L);
     int r = lora_r_max(&m->layers[L], gr.E);
     mt_tensor dxa_all = r ? step_work(m, MT_BF16, R, r, 0) : (mt_tensor){0};  // every row: whatever the routing
-    // The experts' rows cover dxs [R, H] (each row is some expert's): their GEMMs write it. Where
+    // The experts' rows cover dxs [R, H + mt_experts_xs_extra] (each row is some expert's): their GEMMs write it. Where
     // they would not (no rows, or rows outside the group's), it is zeroed first and added to.
     int dx_zeroed = 0;
     if (dxs_all && dxs_all->data && (gr.row0 != 0 || n != dxs_all->shape[0])) {

@@ -79,16 +79,18 @@ typedef struct mt_layer_acts {
                                                      // kv_a's [T, kvr + rope] and the latent's norm, kv_b's
     mt_tensor *xa_qa, *xa_kva, *xa_kvb;              // their LoRA xa (NULL without LoRA)
     mt_tensor *logits, *probs, *weights;
-    mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows; g, u
+    mt_tensor *xs, *g, *u, *a;                       // [rows, ...] this rank's experts' rows (xs
+                                                     // [rows, H + mt_experts_xs_extra]); g, u
                                                      // on the cpu, gu on the GPU step (below)
     mt_tensor *gu;                                   // [rows, 2f]: w1's and w3's outputs side by
                                                      // side, one GEMM with N = 2f (GPU step)
     mt_tensor *ys;                                   // [T·k, H] in expert order
     mt_tensor *xa_q, *xa_k, *xa_v, *xa_o, *xa_gate;  // LoRA xa [T, r] (NULL without LoRA)
-    mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [rows, r]
+    mt_tensor *xa_w1, *xa_w3, *xa_w2;                // LoRA xa [rows, r]; w1's and w3's NULL when
+                                                     // they live beside x in xs (mt_experts_xs_extra)
     int64_t expert_rows;  // rows the expert buffers hold: T·k on one rank; with EP what the
                           // rank's experts receive, regrown when routing sends more
-    int expert_lora[3];   // w1, w2, w3 of these layers have LoRA here (xa buffers needed)
+    int expert_lora[3];   // w1, w2, w3 of these layers have LoRA here (their xa wanted)
 } mt_layer_acts;
 
 typedef struct mt_batch {
@@ -129,6 +131,8 @@ typedef struct mt_model {
     // counted, no kernel runs and no device data is read. It follows the cuda step's dtypes and
     // allocations (model/model_internal.h: step_dtype), where the cpu backend keeps f32.
     int counting;
+    int xs_extra_known;         // model/experts_gpu.c mt_experts_xs_extra's answer, once asked
+    int64_t xs_extra;
     mt_dtype wdtype;            // dense weights, LoRA and their gradients: F32 (cpu), BF16 (cuda, null)
     mt_tensor *embed, *dembed;  // [V, H]
     mt_tensor *norm, *dnorm;    // [H]

@@ -203,11 +203,12 @@ int mt_experts_recompute_in_backward(const mt_model *m);
 // forms ys again; otherwise the combine's backward takes it from ys, and dweights is NULL here.
 int mt_experts_give_dweights(const mt_model *m);
 // dxs [R, H] (or NULL: not wanted) is written whole, its earlier values ignored: the caller need
-// not zero it.
+// not zero it. The GPU step's has mt_experts_xs_extra more columns (its LoRAs' dxa, beside dx).
 void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, float *dweights,
                          int64_t R);
 // The GPU step's (model/experts_gpu.c): the backward writes da and dgu over a and gu (their
-// storage is the layer's activations'), its one scratch the LoRAs' dxa [R, r] for every row.
+// storage is the layer's activations'), its one scratch the LoRAs' dxa [R, r] for every row
+// (w1's and w3's beside dx in dxs when they fold: mt_experts_xs_extra).
 void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
 // The columns the GPU step's experts want beside layer L's dys [Tk, H] (its row stride H + this):
 // with w2's LoRA folded into the experts' dx GEMM, dxa = s·dys·B2 goes there, and
@@ -215,7 +216,7 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
 int64_t mt_experts_dys_extra(const mt_model *m, int L);
 // Columns beside x in xs's rows for w1's and w3's LoRA xa (2r) when their B fold into the
 // forward's base GEMM, else 0 (model/experts_gpu.c).
-int64_t mt_experts_xs_extra(const mt_model *m);
+int64_t mt_experts_xs_extra(mt_model *m);
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // MLA's attention (model/attention_mla.c): ln1's output -> a->att, and from the attention output's

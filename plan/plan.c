@@ -513,10 +513,13 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
     // on w2, no dropout, one EP rank.
     int all = mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
     int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 && all;
-    // w1's and w3's LoRA B beside each [W1;W3] in the forward's call (mt_experts_xs_extra): every
-    // expert of every MoE layer adapted on both, one EP rank, r % 4 == 0 and h % 8 == 0.
+    // w1's and w3's LoRA B beside each [W1;W3] in the experts' calls (model/experts_gpu.c
+    // mt_experts_xs_extra): every expert of every MoE layer adapted on both, one EP rank, r and h
+    // multiples of 8.
+    int64_t nl, nl_moe;
+    selected_layers(cfg, o, &nl, &nl_moe);
     int fold13 = lora && q4 && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && o->ep <= 1 && all &&
-                 mt_index_set_count(&o->layers, (int)cfg->layers) == cfg->layers && o->lora_r % 4 == 0 && h % 8 == 0;
+                 nl_moe == mt_config_moe_layers(cfg) && o->lora_r % 8 == 0 && h % 8 == 0;
     p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0
                                   ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0,
                                                                               fold13 ? 2 * o->lora_r : 0)

@@ -177,7 +177,8 @@ static __device__ __forceinline__ void store_pair(float *v, int k, float x0, flo
 // Where element e (from the range's first) goes: e itself, or, when the output's rows are wider
 // than the weight's (a row stride ldd > in: model/grouped_cuda.cu puts a LoRA's B beside W), e +
 // (e / in)·(ldd − in). The division is a multiply-high by a magic number (Granlund and Montgomery,
-// exact for e < 2^31: the launcher checks), once per 8 elements; pad 0 costs one uniform branch.
+// exact for e < 2^31: the launcher checks), once per 16-byte store (8 bf16 or 4 f32 elements);
+// pad 0 costs one uniform branch.
 struct rowmap {
     uint32_t pad, magic, shift;
 };
@@ -429,7 +430,7 @@ extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt
 extern "C" int mt_qweight_dequantize_rows_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t ldd,
                                                   void *stream) {
     const int64_t in = q->in, n = q->out * q->in;
-    if (ldd < in || in % 8 || ldd % 8 || n >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
+    if (in <= 0 || ldd < in || in % 8 || ldd % 8 || n >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
         mt_error_set("dequantize rows (cuda): [%lld, %lld] at a row stride of %lld: the stride must be >= in, both "
                      "multiples of 8, fewer than 2^31 elements, dst 16-byte aligned",
                      (long long)q->out, (long long)in, (long long)ldd);

@@ -285,7 +285,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // w1's and w3's LoRA B fold into the forward's base GEMM (model/experts_gpu.c
     // mt_experts_xs_extra): gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ, K = h + 2r.
     const int fold13 = sh->experts_cublas && sh->quant_experts && (sh->targets & MT_TARGET_W1) &&
-                       (sh->targets & MT_TARGET_W3) && sh->lora_r % 4 == 0 && c->hidden % 8 == 0;
+                       (sh->targets & MT_TARGET_W3) && sh->lora_r % 8 == 0 && c->hidden % 8 == 0;
     for (int p = 0; p < 3; p++) {
         int attn_r = phases[p] != 'R' || RA, mlp_r = phases[p] != 'R' || RM;
         if (sh->quant_experts && !cub && mlp_r) {

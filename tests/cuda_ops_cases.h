@@ -957,8 +957,8 @@ static co_result co_router_seq_aux(mt_backend *g) {
 }
 
 // gather, gather backward, combine and combine backward on the CPU's permutation, bf16
-// activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). Every output starts as
-// garbage (each is written, not added to; the combine's out adds onto its start). H % 8 == 0 takes the 16-byte path, other H
+// activations (fp32 weights and dweights). Expert 1 gets no rows (E > 2). xs, dx and dys start as
+// garbage (written, not added to), the combine's out as values it adds onto. H % 8 == 0 takes the 16-byte path, other H
 // the scalar one. xs is a copy (exact); dx, out and dys are the CPU's fp32 operations in its
 // order, rounded once (CO_MOE_TOL_ROUND1 against the fp32 result, exact against it rounded);
 // dweights fp32 (CO_MOE_TOL_F32). xs's, dxs's and dys's rows are ldd apart (≥ H): the columns
@@ -1482,9 +1482,11 @@ static co_result co_gather_combine_k2(mt_backend *g) { return co_gather_combine(
 static co_result co_gather_combine_k1(mt_backend *g) { return co_gather_combine(g, 45, 4, 1, 33, 33, 42); }
 static co_result co_gather_combine_k8(mt_backend *g) { return co_gather_combine(g, 40, 16, 8, 64, 64, 43); }
 static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 50, 44); }
-// dys with room beside its rows (the experts' folded w2 backward): the 16-byte path and the scalar one
+// xs, dxs, dys with room beside their rows (the experts' folded LoRAs): the 16-byte path, the
+// scalar one, and rows 16-byte wide whose stride is not (the scalar path again)
 static co_result co_gather_combine_k2_ld(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 120, 45); }
 static co_result co_gather_combine_k8_h50_ld(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 53, 46); }
+static co_result co_gather_combine_k2_ld_odd(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 108, 47); }
 static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
 static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
 static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
@@ -1573,6 +1575,7 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"gather/combine k=8 H=50 (scalar path)", co_gather_combine_k8_h50},
     {"gather/combine k=2 H=104, dys rows 120 apart", co_gather_combine_k2_ld},
     {"gather/combine k=8 H=50, dys rows 53 apart (scalar path)", co_gather_combine_k8_h50_ld},
+    {"gather/combine k=2 H=104, rows 108 apart (scalar path)", co_gather_combine_k2_ld_odd},
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},

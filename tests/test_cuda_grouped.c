@@ -551,11 +551,13 @@ Test(cuda_grouped, rows_under_w_equal_a_second_gemm) {
 // folded forward and dx): [x | z1 | z3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ in one call equals
 // x·[W1;W3]ᵀ plus s·z1·B1ᵀ into g's half and s·z3·B3ᵀ into u's, and (no trans)
 // dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] equals [dgu·[W1;W3] | s·dg·B1 | s·du·B3], on the grouped
-// path and the per-expert one; the slots hold rows at the padded stride (D + 2·RB = 52 -> 56: the
-// padding is never read into a product); a beside with rows under W, or with a of the wrong
-// width, is refused.
-static void beside_case(mt_backend *gpu, const int *rows) {
-    enum { E = 3, D = 40, F = 24, RB = 6, K = D + 2 * RB };
+// path and the per-expert one; with RB = 6 the slots hold rows at a padded stride (D + 2·RB = 52
+// -> 56: the padding is never read into a product), with RB = 8 (the step's: r % 8 == 0) every
+// stride is 16-byte and bf16 C takes cuBLAS's grouped call; a beside with rows under W, or with a
+// of the wrong width, is refused.
+static void beside_case(mt_backend *gpu, const int *rows, int RB) {
+    enum { E = 3, D = 40, F = 24 };
+    const int K = D + 2 * RB, LD = (K + 7) / 8 * 8;
     const float s = 0.5f;  // a power of two: s·B is exact in bf16, the two ways agree to rounding
     int64_t off[E + 1] = {1};
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
@@ -584,10 +586,11 @@ static void beside_case(mt_backend *gpu, const int *rows) {
     size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, txz, &g), 0, "%s", mt_error_get());
-    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK],
-                  work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(2 * F * 56, E) * 2),
-                  "the slots hold [W1;W3] with B1, B3 beside at a row stride of 56");
-    cr_expect_eq(mt_grouped_slot_ld(&g, 0), 56);
+    cr_expect_eq(gpu->ledger.peak[MT_MEM_WORK],
+                 work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(2 * F * LD, E) * 2) + MT_GEMM_GROUP_PTR_BYTES,
+                 "the slots hold [W1;W3] with B1, B3 beside at a row stride of %d (%d unpadded), and the pointer table",
+                 LD, K);
+    cr_expect_eq(mt_grouped_slot_ld(&g, 0), LD);
     mt_grouped h = {.experts = E, .off = off, .q = p1, .q2 = p3, .trans = 1, .alpha = 1, .beta = 0};
     cr_assert_eq(mt_grouped_gemm(two, &x, &h), 0, "%s", mt_error_get());
     mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F), uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);
@@ -603,6 +606,17 @@ static void beside_case(mt_backend *gpu, const int *rows) {
         cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f * (1.0f + fabsf(b[i])), "row %lld col %lld: beside %g, three calls %g",
                       (long long)(i / (2 * F)), (long long)(i % (2 * F)), (double)a[i], (double)b[i]);
     free(a), free(b);
+
+    // bf16 C (the step's gu: cuBLAS's grouped call, the f32 one above being a call per expert),
+    // against the three calls' f32 result: one rounding of bf16.
+    mt_tensor *one16 = zeros(gpu, MT_BF16, R, 2 * F);
+    cr_assert_eq(mt_grouped_gemm(one16, txz, &g), 0, "%s", mt_error_get());
+    a = down(one16), b = down(two);
+    for (int64_t i = 0; i < R * 2 * F; i++)
+        cr_assert_leq(fabsf(a[i] - b[i]), 1e-5f + fabsf(b[i]) / 128, "bf16 row %lld col %lld: beside %g, three calls %g",
+                      (long long)(i / (2 * F)), (long long)(i % (2 * F)), (double)a[i], (double)b[i]);
+    free(a), free(b);
+    mt_tensor_free(one16);
 
     // dx: [dx | z1 | z3] = dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] against its three parts.
     float *dguv = randn(R * 2 * F, 9, 1.0f);
@@ -646,8 +660,7 @@ static void beside_case(mt_backend *gpu, const int *rows) {
 Test(cuda_grouped, blocks_beside_w_equal_the_lora_products) {
     mt_backend *gpu = gpu_or_skip();
     const int grouped[3] = {7, 0, 12}, per_expert[3] = {0, 9, 0};
-    beside_case(gpu, grouped);
-    beside_case(gpu, per_expert);
+    for (int rb = 6; rb <= 8; rb += 2) beside_case(gpu, grouped, rb), beside_case(gpu, per_expert, rb);
     mt_backend_free(gpu);
 }
 

@@ -25,7 +25,7 @@
 #include "tests/test_util.h"
 #include "trainer/options.h"
 
-enum { B = 2, S = 16, R = 4 };
+enum { B = 2, S = 16, R = 8 };  // r = 8: w1's and w3's LoRA B fold (mt_experts_xs_extra)
 
 typedef struct {
     mt_model m;
@@ -107,7 +107,7 @@ static double delta(const char *name, char ph, const mt_model *m) {
     // Layer 0 makes no dx: w1's and w3's LoRAs skip dx += dxa·A, and (their B folded beside W,
     // model/experts_gpu.c mt_experts_xs_extra) make dxa = s·dy·B themselves, as no dx GEMM does.
     if (IS("LoRA experts w1,w3,w2 (grouped)")) return -2 * 2 * Tk * r * h;
-    if (IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h + (mt_experts_xs_extra(m) ? 2 * 2 * Tk * r * f : 0);
+    if (IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h + (mt_experts_xs_extra((mt_model *)m) ? 2 * 2 * Tk * r * f : 0);
 #undef IS
     return 0;
 }

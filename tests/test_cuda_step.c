@@ -41,7 +41,9 @@ Test(cuda, whole_step_matches_cpu) {
     tiny_checkpoint(tmp, dir, 5);
     mt_run_opts o;
     mt_run_opts_default(&o);
-    o.mode = MT_MODE_LORA, o.lora_r = 4, o.lora_dropout = 0.1, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    // r = 8: w1's and w3's LoRA B fold into the experts' base GEMMs (model/experts_gpu.c
+    // mt_experts_xs_extra); the family tests' r = 4 keeps them apart.
+    o.mode = MT_MODE_LORA, o.lora_r = 8, o.lora_dropout = 0.1, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
     mt_backend *cpu = mt_backend_cpu_new();
     mt_model mc, mg;
     cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
@@ -120,8 +122,8 @@ Test(cuda, fused_experts_and_router_match_cpu) {
     tiny_checkpoint(tmp, dir, 8);
     mt_run_opts o;
     mt_run_opts_default(&o);
-    o.mode = MT_MODE_LORA, o.lora_r = 4, o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
-    o.lora_alpha = 8;  // scale 2, not 1: the GPU step's w1, w3 LoRA B ride in its base GEMM scaled
+    o.mode = MT_MODE_LORA, o.lora_r = 8, o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
+    o.lora_alpha = 16;  // scale 2, not 1: the GPU step's w1, w3 LoRA B ride in its base GEMMs scaled
     o.checkpointing = MT_CKPT_NONE;
     mt_backend *cpu = mt_backend_cpu_new();
     mt_model mc, mg;
