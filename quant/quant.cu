@@ -174,18 +174,18 @@ static __device__ __forceinline__ void store_pair(float *v, int k, float x0, flo
     ((float2 *)v)[k] = make_float2(x0, x1);
 }
 
-// Where element e (from the range's first) goes: e itself, or, when the output's rows are wider
-// than the weight's (a row stride ldd > in: model/grouped_cuda.cu puts a LoRA's B beside W), e +
+// Where element e (from the range's first) goes when the output's rows are wider than the
+// weight's (a row stride ldd > in: model/grouped_cuda.cu puts a LoRA's B beside W): e +
 // (e / in)·(ldd − in). The division is a multiply-high by a magic number (Granlund and Montgomery,
-// exact for e < 2^31: the launcher checks), once per 16-byte store (8 bf16 or 4 f32 elements);
-// pad 0 costs one uniform branch.
+// exact for e < 2^31: the launcher checks), once per 16-byte store (8 bf16 or 4 f32 elements).
+// The whole-weight kernels come in two instantiations (ROWS), so that the contiguous ones, the
+// default everywhere else, compile as if this did not exist.
 struct rowmap {
     uint32_t pad, magic, shift;
 };
-static __device__ __forceinline__ int64_t out_index(const rowmap &r, int64_t e) {
-    if (!r.pad) return e;
+static __device__ __forceinline__ uint32_t out_index(const rowmap &r, int64_t e) {  // 32-bit: out·ldd < 2^31
     const uint32_t n = (uint32_t)e, q = (__umulhi(n, r.magic) + n) >> r.shift;
-    return e + (int64_t)q * r.pad;
+    return n + q * r.pad;
 }
 
 // The byte → value-pair table (above) in shared memory; every thread of the block fills some.
@@ -230,11 +230,9 @@ static __device__ __forceinline__ void decode(OUT *v, const uint32_t *w, const f
 // bf16 out. A warp's stores are 16 bytes a lane 64 bytes apart, each 32-byte sector written by two
 // instructions: measured at 0.61 (H100) and 0.50 (H200) of the copy bandwidth in 2026-11-27's runs.
 // Kept beside dequant8_kernel until a GPU times both (mt_dequant_cuda_kernel).
-template <int TYPE, bool DQ, typename OUT>
-static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift, rowmap rm,
-                                        OUT *__restrict__ dst) {
-    __shared__ float2 pair[256];
-    fill_pairs<TYPE>(pair);
+template <int TYPE, bool DQ, typename OUT, bool ROWS>
+static __device__ __forceinline__ void dequant32_thread(const mt_deq_args &a, int64_t i0, int64_t groups, int bs_shift,
+                                                        const rowmap &rm, OUT *__restrict__ dst, const float2 *pair) {
     const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (gi >= groups) return;
     const int64_t e = i0 + 32 * gi;
@@ -246,7 +244,23 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
     decode<TYPE, OUT, 16>(v, w, pair, s, m);
     constexpr int PER = 16 / sizeof(OUT);  // elements a 16-byte store: never across a row (in % 8 == 0)
 #pragma unroll
-    for (int k = 0; k < (int)(32 / PER); k++) *(uint4 *)(dst + out_index(rm, e - i0 + k * PER)) = ((const uint4 *)v)[k];
+    for (int k = 0; k < (int)(32 / PER); k++)
+        *(uint4 *)(dst + (ROWS ? out_index(rm, e - i0 + k * PER) : e - i0 + k * PER)) = ((const uint4 *)v)[k];
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift, OUT *__restrict__ dst) {
+    __shared__ float2 pair[256];
+    fill_pairs<TYPE>(pair);
+    dequant32_thread<TYPE, DQ, OUT, false>(a, i0, groups, bs_shift, rowmap{0, 0, 0}, dst, pair);
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static __global__ void dequant32_rows_kernel(mt_deq_args a, int64_t i0, int64_t groups, int bs_shift, rowmap rm,
+                                             OUT *__restrict__ dst) {
+    __shared__ float2 pair[256];
+    fill_pairs<TYPE>(pair);
+    dequant32_thread<TYPE, DQ, OUT, true>(a, i0, groups, bs_shift, rm, dst, pair);
 }
 
 // The default: 8 elements an item, DEQ_ITEMS items a thread DEQ_THREADS items apart, so a warp
@@ -255,12 +269,10 @@ static __global__ void dequant32_kernel(mt_deq_args a, int64_t i0, int64_t group
 // codes, outputs and blocks are at fixed strides from the thread's first (the launcher takes this
 // kernel only when 8 · DEQ_THREADS is a multiple of the blocksize): the codes' and outputs'
 // offsets are immediates, the blocks' one add an item. Same values as dequant32_kernel;
-// scripts/sass_count.sh counts this one.
-template <int TYPE, bool DQ, typename OUT>
-static __global__ void __launch_bounds__(DEQ_THREADS)
-    dequant8_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, rowmap rm, OUT *__restrict__ dst) {
-    __shared__ float2 pair[256];
-    fill_pairs<TYPE>(pair);
+// scripts/sass_count.sh counts this one (and, apart, its rows instantiation).
+template <int TYPE, bool DQ, typename OUT, bool ROWS>
+static __device__ __forceinline__ void dequant8_thread(const mt_deq_args &a, int64_t i0, int64_t items, int bs_shift,
+                                                       const rowmap &rm, OUT *__restrict__ dst, const float2 *pair) {
     constexpr int STRIDE = 8 * DEQ_THREADS;  // elements from one of a thread's items to the next
     const int64_t first = (int64_t)blockIdx.x * DEQ_THREADS * DEQ_ITEMS + threadIdx.x;
     if (first >= items) return;
@@ -277,10 +289,27 @@ static __global__ void __launch_bounds__(DEQ_THREADS)
         if (j >= n) break;
         __align__(16) OUT v[8];
         decode<TYPE, OUT, 4>(v, &w[j], pair, s[j], m[j]);
-        OUT *out = dst + out_index(rm, e0 - i0 + j * STRIDE);  // an item never crosses a row (in % 8 == 0)
+        // an item never crosses a row (in % 8 == 0)
+        OUT *out = dst + (ROWS ? out_index(rm, e0 - i0 + j * STRIDE) : e0 - i0 + j * STRIDE);
 #pragma unroll
         for (int k = 0; k < (int)(8 * sizeof(OUT) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)v)[k];
     }
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static __global__ void __launch_bounds__(DEQ_THREADS)
+    dequant8_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, OUT *__restrict__ dst) {
+    __shared__ float2 pair[256];
+    fill_pairs<TYPE>(pair);
+    dequant8_thread<TYPE, DQ, OUT, false>(a, i0, items, bs_shift, rowmap{0, 0, 0}, dst, pair);
+}
+
+template <int TYPE, bool DQ, typename OUT>
+static __global__ void __launch_bounds__(DEQ_THREADS)
+    dequant8_rows_kernel(mt_deq_args a, int64_t i0, int64_t items, int bs_shift, rowmap rm, OUT *__restrict__ dst) {
+    __shared__ float2 pair[256];
+    fill_pairs<TYPE>(pair);
+    dequant8_thread<TYPE, DQ, OUT, true>(a, i0, items, bs_shift, rm, dst, pair);
 }
 
 // One element per thread: [from, i1) of the range that starts at i0 into dst (dst[0] = element i0).
@@ -293,7 +322,7 @@ static __global__ void dequant1_kernel(mt_deq_args a, int64_t i0, int64_t from, 
     if (i >= i1) return;
     float m = 0.0f, s = mt_deq_block_scale(a, i / a.bs, &m);
     unsigned c = mt_deq_code(a.type, a.packed, i);
-    store(dst, out_index(rm, i - i0), mt_deq_value(a, lut, c, s, m));
+    store(dst, rm.pad ? out_index(rm, i - i0) : i - i0, mt_deq_value(a, lut, c, s, m));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -379,12 +408,13 @@ extern "C" void mt_dequant_cuda_kernel(int which) { deq_kernel = which; }
 template <int TYPE, bool DQ, typename OUT>
 static void dequant32_launch(const mt_deq_args &a, int64_t i0, int64_t groups, int sh, rowmap rm, OUT *dst,
                              cudaStream_t st) {
+    const unsigned grid32 = ctas(groups, DEQ_THREADS), grid8 = ctas(4 * groups, (int64_t)DEQ_THREADS * DEQ_ITEMS);
     if (deq_kernel == 1 || (8 * DEQ_THREADS) % (1 << sh)) {  // dequant8_kernel: blocks at a fixed stride
-        dequant32_kernel<TYPE, DQ, OUT><<<ctas(groups, DEQ_THREADS), DEQ_THREADS, 0, st>>>(a, i0, groups, sh, rm, dst);
-    } else {
-        const int64_t items = 4 * groups;  // 8 elements each
-        dequant8_kernel<TYPE, DQ, OUT><<<ctas(items, (int64_t)DEQ_THREADS * DEQ_ITEMS), DEQ_THREADS, 0, st>>>(
-            a, i0, items, sh, rm, dst);
+        if (rm.pad) dequant32_rows_kernel<TYPE, DQ, OUT><<<grid32, DEQ_THREADS, 0, st>>>(a, i0, groups, sh, rm, dst);
+        else dequant32_kernel<TYPE, DQ, OUT><<<grid32, DEQ_THREADS, 0, st>>>(a, i0, groups, sh, dst);
+    } else {  // 8 elements an item
+        if (rm.pad) dequant8_rows_kernel<TYPE, DQ, OUT><<<grid8, DEQ_THREADS, 0, st>>>(a, i0, 4 * groups, sh, rm, dst);
+        else dequant8_kernel<TYPE, DQ, OUT><<<grid8, DEQ_THREADS, 0, st>>>(a, i0, 4 * groups, sh, dst);
     }
 }
 
@@ -430,9 +460,9 @@ extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt
 extern "C" int mt_qweight_dequantize_rows_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t ldd,
                                                   void *stream) {
     const int64_t in = q->in, n = q->out * q->in;
-    if (in <= 0 || ldd < in || in % 8 || ldd % 8 || n >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
+    if (in <= 0 || ldd < in || in % 8 || ldd % 8 || q->out * ldd >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
         mt_error_set("dequantize rows (cuda): [%lld, %lld] at a row stride of %lld: the stride must be >= in, both "
-                     "multiples of 8, fewer than 2^31 elements, dst 16-byte aligned",
+                     "multiples of 8, out · stride below 2^31, dst 16-byte aligned",
                      (long long)q->out, (long long)in, (long long)ldd);
         return -1;
     }

@@ -53,22 +53,32 @@ trap 'rm -rf "$tmp"' EXIT
 # Elements a thread: 8 an item, DEQ_ITEMS items (quant/quant.cu's enum).
 per=$(( 8 * $(sed -n 's/.*DEQ_ITEMS = \([0-9]*\).*/\1/p' quant/quant.cu) ))
 # One block per function: "Function : NAME", then instruction lines "/*0040*/  OP ... ;".
-awk -v per="$per" '
-  /Function : / { fn = $3; next }
-  fn ~ /dequant8_kernel/ && /^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+[A-Z@]/ {
-    line = $0; sub(/^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+/, "", line); sub(/;.*/, "", line); split(line, w, /[ \t]+/)
-    op = (w[1] ~ /^@/) ? w[2] : w[1]
-    if (op != "NOP") n[fn]++
-  }
-  END { for (f in n) printf "%s %d %.2f\n", f, n[f], n[f] / per }' "$tmp/sass.txt" | sort >"$tmp/counts"
+# $1: the kernel's name (dequant8_kernel, or dequant8_rows_kernel: rows written wider than the weight's).
+count() {
+  awk -v per="$per" -v kern="$1" '
+    /Function : / { fn = $3; next }
+    index(fn, kern) && /^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+[A-Z@]/ {
+      line = $0; sub(/^[ \t]+\/\*[0-9a-f]+\*\/[ \t]+/, "", line); sub(/;.*/, "", line); split(line, w, /[ \t]+/)
+      op = (w[1] ~ /^@/) ? w[2] : w[1]
+      if (op != "NOP") n[fn]++
+    }
+    END { for (f in n) printf "%s %d %.2f\n", f, n[f], n[f] / per }' "$tmp/sass.txt" | sort
+}
+count dequant8_kernel >"$tmp/counts"
+count dequant8_rows_kernel >"$tmp/rows"
 [ -s "$tmp/counts" ] || { echo "sass_count: no dequant8_kernel in quant/quant.cu's SASS" >&2; exit 1; }
 table() {
-  echo "SASS instructions per element, quant/quant.cu dequant8_kernel (sm_90, NOPs excluded; $per elements a thread):"
+  lines "$tmp/counts" "quant/quant.cu dequant8_kernel"
+  [ -s "$tmp/rows" ] && lines "$tmp/rows" "its rows instantiation (the experts' w1‖w3 with their LoRAs' B beside, not the default)"
+  return 0
+}
+lines() {
+  echo "SASS instructions per element, $2 (sm_90, NOPs excluded; $per elements a thread):"
   # Demangled enough to read: format 0 NF4 1 FP4 2 INT4, double quant, output dtype.
   awk '{ f = $1; t = f; sub(/.*kernelILi/, "", t); fmt = substr(t, 1, 1); dq = (t ~ /Lb1/) ? "dq" : "  ";
          out = (f ~ /bfloat16/) ? "bf16" : "f32 ";
          name = (fmt == 0) ? "NF4 " : (fmt == 1) ? "FP4 " : (fmt == 2) ? "INT4" : "MXFP4";
-         printf "  %s %s -> %s  %4d instructions  %5.2f per element\n", name, dq, out, $2, $3 }' "$tmp/counts"
+         printf "  %s %s -> %s  %4d instructions  %5.2f per element\n", name, dq, out, $2, $3 }' "$1"
 }
 largest() { sort -k3 -n "$tmp/counts" | tail -1 | awk '{ print $3 }'; }
 case "$mode" in
