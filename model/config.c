@@ -366,8 +366,9 @@ static int read_sizes(const cJSON *root, mt_model_config *cfg) {
     if (get_field(root, "eos_token_id", &v) != 0) return -1;
     if (v && cJSON_IsArray(v)) {  // GLM-4.5 lists several: the first ends what moetrain appends
         const cJSON *e0 = v->child;
-        if (!e0 || !cJSON_IsNumber(e0) || e0->valuedouble != floor(e0->valuedouble) || e0->valuedouble < 0) {
-            mt_error_set("eos_token_id: a list must start with a token id");
+        if (!e0 || !cJSON_IsNumber(e0) || e0->valuedouble != floor(e0->valuedouble) || e0->valuedouble < 0 ||
+            e0->valuedouble > (double)M) {
+            mt_error_set("eos_token_id: a list must start with a token id (0 to %lld)", (long long)M);
             return -1;
         }
         cfg->eos_token_id = (int64_t)e0->valuedouble;

@@ -353,6 +353,9 @@ Test(config, dtype_and_floats) {
     expect_error(make_json(j, sizeof j, "router_jitter_noise", "1.5", NULL), "router_jitter_noise");
     expect_error(make_json(j, sizeof j, "bos_token_id", "256", NULL), "bos_token_id");
     expect_error(make_json(j, sizeof j, "attention_dropout", "0.1", NULL), "attention_dropout");
+    // A list's first id is range-checked like a single one (the fuzzer's 1.3e46 was cast to int64).
+    expect_error(make_json(j, sizeof j, "eos_token_id", "[1.3e46, 2]", NULL), "eos_token_id", "token id");
+    expect_error(make_json(j, sizeof j, "eos_token_id", "[-1]", NULL), "eos_token_id", "token id");
     mt_model_config c;
     cr_assert_eq(parse_str(make_json(j, sizeof j, "eos_token_id", "null", "sliding_window", "4096",
                                      "rope_theta", "10000", NULL), &c), 0, "%s", mt_error_get());

@@ -278,7 +278,7 @@ void mt_metrics_event(mt_metrics *m, const char *kind, const char *json_fields) 
         const cJSON *step = cJSON_GetObjectItemCaseSensitive(obj, "step"), *loss = cJSON_GetObjectItemCaseSensitive(obj, "loss");
         const char *tag = "eval/loss";
         float v = cJSON_IsNumber(loss) ? (float)loss->valuedouble : NAN;
-        if (cJSON_IsNumber(step) && mt_tb_scalars(m->tb, (int64_t)step->valuedouble, &tag, &v, 1) != 0) {
+        if (cJSON_IsNumber(step) && fabs(step->valuedouble) < 9e15 && mt_tb_scalars(m->tb, (int64_t)step->valuedouble, &tag, &v, 1) != 0) {
             mt_warn("%s; TensorBoard logging stops here (metrics.jsonl goes on)", mt_error_get());
             mt_tb_close(m->tb);
         }

@@ -55,7 +55,7 @@ int mt_train_template_read(const char *adapter, mt_train_template *t) {
         {"text", &t->text}, {"instruction", &t->instruction}, {"chat", &t->chat}, {"pretokenized", &t->pretokenized}};
     for (size_t i = 0; i < MT_ARRAY_LEN(f); i++) {
         const cJSON *v = cJSON_GetObjectItem(rows, f[i].key);
-        *f[i].v = cJSON_IsNumber(v) && v->valuedouble >= 0 ? (int64_t)v->valuedouble : 0;
+        *f[i].v = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9e15 ? (int64_t)v->valuedouble : 0;
     }
     cJSON_Delete(j);
     return 0;
