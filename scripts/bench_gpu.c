@@ -378,7 +378,6 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     sh->recompute = o->checkpointing == MT_CKPT_FULL || o->checkpointing == MT_CKPT_AUTO;
     sh->recompute_attn = mt_ckpt_attention(o->checkpointing), sh->recompute_mlp = mt_ckpt_mlp(o->checkpointing);
     sh->dequants_per_use = 1;
-    sh->experts_cublas = 1;  // model/grouped_cuda.cu: dequantized slots, then cuBLAS
     // attention: cuDNN's SDPA where it loads and takes the shape (the bench's batches are unpadded)
     sh->attn_cudnn =
         !strcmp(attention_path(0, 0, (int)cfg->heads, (int)cfg->kv_heads, (int)cfg->head_dim, (int)cfg->head_dim), "cudnn");

@@ -31,7 +31,7 @@ typedef struct {
 
 static const char *bound_name(const step_op *o, int cb) {
     if (!cb) return "memory";
-    return o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? "issue" : "compute";
+    return o->cls == STEP_DEQUANT ? "issue" : "compute";
 }
 
 static totals project(const step_shape *sh, int print) {
@@ -52,7 +52,7 @@ static totals project(const step_shape *sh, int print) {
         by_phase[o->phase == 'F' ? 0 : o->phase == 'R' ? 1 : o->phase == 'B' ? 2 : 3] += s;
         // eff: of the resource that bounds the op (its compute rate, the card's copy bandwidth, or
         // the issue slots).
-        double eff = !cb ? mem_eff(o) : o->cls == STEP_ALU || o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
+        double eff = !cb ? mem_eff(o) : o->cls == STEP_DEQUANT ? 1.0 : op_eff(o);
         if (print)
             printf("%-36s %2c %6.0f %9.1f %8.2f %8.1f %-7s %4.0f%% %9.2f\n", o->name, o->phase, o->count, o->flops / 1e9,
                    o->bytes / 1e9, o->bytes > 0 ? o->flops / o->bytes : 0.0, bound_name(o, cb), 100 * eff, s * 1e3);
@@ -74,7 +74,7 @@ static totals project(const step_shape *sh, int print) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]... [--recompute MODE] [--gpu-mem BYTES]\n"
-               "                         [--dequant-instr N] [--experts cublas|grouped] [--attention cudnn|wmma]\n"
+               "                         [--dequant-instr N] [--attention cudnn|wmma]\n"
                "                         [--dropout P] [--device h100|h200] [--layers N]\n"
                "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
                "  --seq            sequence length of the detailed table (default 4096)\n"
@@ -83,7 +83,6 @@ static void usage(FILE *f) {
                "  --gpu-mem        the card auto plans for (default 80GB: an H100 SXM 80 GB)\n"
                "  --dequant-instr  SASS instructions per element of the 4-bit -> bf16 kernel (default 8;\n"
                "                   make bench-gpu passes the count read from the kernel's SASS)\n"
-               "  --experts        cublas: issue 27's dequantize-then-cuBLASLt experts (default); grouped: the WMMA kernel\n"
                "  --attention      cudnn: cuDNN's SDPA (default); wmma: the WMMA flash kernels\n"
                "  --dropout        the experts' LoRA dropout (default 0, as case C)\n"
                "  --device         the card (default h100: the H100 SXM; h200: its measured copy, GEMM and kernel rates)\n"
@@ -168,8 +167,7 @@ static void print_assumptions(const step_shape *sh) {
     printf("    (the lm_head rows' figures are of the bf16 peak: chunked GEMMs, measured 0.41-0.52; the TB/s are\n"
            "    the skinny GEMMs' byte rates on the H200, a call's fixed cost beside them (scripts/step_time.h); on\n"
            "    other cards their skinny rate)\n");
-    if (sh->experts_cublas)
-        printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.3f\n"
+    printf("  expert dequantization 4-bit -> bf16: %.3f B in (0.5 + block constants) and 2 B out per element at %.3f\n"
                "    of the copy bandwidth: measured on the %s (2026-11-27; the goal is 0.85); or %.2f SASS\n"
                "    instructions per element at the issue rate, whichever is slower (%s)\n",
                (double)mt_qweight_dequant_bytes_of(sh->quant, 1 << 20, 1024, sh->blocksize, sh->double_quant, MT_BF16) /
@@ -177,10 +175,6 @@ static void print_assumptions(const step_shape *sh) {
                EFF_DEQUANT, step_dev->name, sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT,
                sh->dequant_instr > 0 ? "--dequant-instr: `make bench-gpu` passes scripts/sass_count.sh's count of the kernel"
                                      : "not counted: the default, issue 27's ceiling");
-    else
-        printf("  grouped WMMA expert kernel: %.3f of peak, its dequantization %.0f SASS instructions per element and\n"
-               "    64-row tile at the issue rate, not overlapped: issue 27's static review of model/grouped_cuda.cu\n",
-               EFF_GROUPED, STEP_GROUPED_DEQUANT_INSTR);
     printf("  launches: %.0f us a call between kernels (one stream, no CUDA Graphs): assumed\n", LAUNCH_GAP_S * 1e6);
     printf("  routing: every expert gets T*k/E rows (balanced: assumed, as the planner)\n");
     printf("  no overlap between ops: each op's time is added (an upper bound where streams would overlap)\n\n");
@@ -195,7 +189,7 @@ int main(int argc, char **argv) {
     mt_ckpt mode = MT_CKPT_AUTO;
     double gpu_mem = 80e9;
     int64_t layers = 0;
-    sh.experts_cublas = 1, sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
+    sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;
@@ -215,8 +209,6 @@ int main(int argc, char **argv) {
             ok = mt_parse_bytes(v, &gpu_mem) == 0 && gpu_mem > 0;
         } else if (!strcmp(a, "--dequant-instr")) {
             sh.dequant_instr = atof(v), ok = sh.dequant_instr > 0;
-        } else if (!strcmp(a, "--experts")) {
-            ok = !strcmp(v, "cublas") || !strcmp(v, "grouped"), sh.experts_cublas = !strcmp(v, "cublas");
         } else if (!strcmp(a, "--attention")) {
             ok = !strcmp(v, "cudnn") || !strcmp(v, "wmma"), sh.attn_cudnn = !strcmp(v, "cudnn");
         } else if (!strcmp(a, "--device")) {
@@ -258,9 +250,8 @@ int main(int argc, char **argv) {
     printf("case C (configs/case-c.yaml): NF4 double-quant (blocksize 64) frozen experts and q,k,v,o; LoRA r=16 on "
            "w1,w2,w3 (all experts) and the routers, dropout %g; bf16 activations; micro-batch 1; one GPU, no EP\n",
            sh.lora_dropout);
-    printf("step: experts %s; attention %s; recompute %s\n",
-           sh.experts_cublas ? "4-bit W dequantized to bf16 scratch, then cuBLASLt per expert (w1+w3 one GEMM, N = 2f)"
-                             : "the grouped WMMA kernel (in-kernel dequantization)",
+    printf("step: experts 4-bit W dequantized to bf16 scratch, then cuBLASLt per expert (w1+w3 one GEMM, N = 2f, "
+           "their LoRAs' B beside W); attention %s; recompute %s\n",
            sh.attn_cudnn ? "cuDNN SDPA" : "WMMA flash kernels", note);
     printf("N (matmul params per token, input embedding excluded) = %.3f e9 (mt_config_active_params %.3f e9)\n",
            N / 1e9, (double)mt_config_active_params(c) / 1e9);

@@ -17,9 +17,8 @@
 //     of S·d_attn per token: the dq kernel recomputes QKᵀ and dO·Vᵀ and runs dS·K, the dk/dv
 //     kernel recomputes both again and runs Pᵀ·dO and dSᵀ·Q; the diagonal tiles' masked half,
 //     ~64/S of the work, is not counted), one FLOP
-//     per element for each dequantization (the scale multiply) of a whole W (attention), four
-//     (unpack, codebook, scale, convert) per element and row tile for the experts' grouped GEMMs,
-//     which dequantize W's tiles inside the kernel, and the elementwise ops' few.
+//     per element for each dequantization (the scale multiply) of a whole W (attention's, the
+//     experts' into their bf16 scratch), and the elementwise ops' few.
 // Bytes are what each op reads and writes in device memory, every operand once per kernel
 // (accumulating outputs read and written); L2 reuse inside a kernel (flash attention's K/V
 // re-reads, GEMM tiles) is not traffic. Storage follows issue 12's dtype rule: bf16 activations,
@@ -33,13 +32,11 @@
 #include "model/spec.h"
 #include "quant/qweight.h"
 
-// STEP_GEMM: a cuBLASLt GEMM (its efficiency by shape, scripts/step_time.h); STEP_GROUPED: the
-// grouped WMMA expert kernel (model/grouped_cuda.cu, until issue 27 replaces it); STEP_ATTN: the
-// WMMA flash kernels; STEP_SDPA: cuDNN's SDPA; STEP_MEM: memory-bound kernels; STEP_ALU: CUDA-core
-// work inside a GEMM kernel (the grouped kernel's dequantization), counted as if it did not
-// overlap the tensor cores' (an upper bound); STEP_DEQUANT: the 4-bit -> bf16 dequantization
-// kernel of the cuBLAS experts, bound by its bytes or by its instructions' issue slots.
-typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM, STEP_ALU, STEP_GROUPED, STEP_SDPA, STEP_DEQUANT } step_class;
+// STEP_GEMM: a cuBLASLt GEMM (its efficiency by shape, scripts/step_time.h); STEP_ATTN: the
+// WMMA flash kernels; STEP_SDPA: cuDNN's SDPA; STEP_MEM: memory-bound kernels; STEP_DEQUANT: the
+// experts' 4-bit -> bf16 dequantization kernel, bound by its bytes or by its instructions' issue
+// slots.
+typedef enum { STEP_GEMM, STEP_ATTN, STEP_MEM, STEP_SDPA, STEP_DEQUANT } step_class;
 
 typedef struct {
     char name[48];
@@ -48,7 +45,7 @@ typedef struct {
     double flops, bytes;
     double m;           // GEMMs: rows per call (the M the efficiency depends on)
     double n, k;        // cuBLASLt GEMMs: the call's N and K (0: unknown, M alone decides)
-    double instr;       // STEP_DEQUANT, STEP_ALU: thread instructions issued (SASS), whole step
+    double instr;       // STEP_DEQUANT: thread instructions issued (SASS), whole step
     double imbalance;   // routed GEMMs: rows per call spread ±this around m (STEP_ROUTING_SPREAD)
     step_class cls;
 } step_op;
@@ -58,32 +55,23 @@ typedef struct {
     int64_t batch, seq;
     int lora_r;
     unsigned targets;       // MT_TARGET_* bits with LoRA
-    int quant_experts, quant_attn;  // frozen Linears stored 4-bit: attention's dequantized to bf16
-                                    // per use, the experts' inside their grouped GEMMs
+    int quant_experts, quant_attn;  // frozen Linears stored 4-bit: dequantized to bf16 per use
     mt_quant quant;
     int blocksize, double_quant;
     int recompute;          // --recompute full: one recompute forward of every layer (both parts)
     int recompute_attn, recompute_mlp;  // --recompute attention / experts: that part of every
                                         // layer recomputed (model/spec.h); `recompute` sets both
     int dequants_per_use;   // 1: every forward, recompute and backward call dequantizes
-    // Issue 27's step: 1: every 4-bit expert W dequantized to bf16 by a kernel (once in the
-    // forward, once in the backward for its recompute and dx), then cuBLASLt GEMMs per expert, w1‖w3
-    // as one of N = 2f, LoRA through cuBLASLt; 0: today's grouped WMMA kernel dequantizing tile by
-    // tile. attn_cudnn 1: cuDNN's SDPA forward and backward; 0: the WMMA flash kernels.
-    int experts_cublas, attn_cudnn;
+    // The experts: every 4-bit W dequantized to bf16 by a kernel (once in the forward, once in the
+    // backward for its recompute and dx), then cuBLASLt GEMMs per expert, w1‖w3 as one of N = 2f,
+    // LoRA through cuBLAS (model/grouped_cuda.cu). attn_cudnn 1: cuDNN's SDPA forward and
+    // backward; 0: the WMMA flash kernels.
+    int attn_cudnn;
     double dequant_instr;   // SASS instructions per element of the dequantization kernel (0: 8)
-    double lora_dropout;    // > 0: the experts' LoRA dropout copies (experts_cublas)
+    double lora_dropout;    // > 0: the experts' LoRA dropout copies
 } step_shape;
 
-// The grouped WMMA kernel's dequantization, instructions per element and 64-row tile: ≈ 75-80
-// SASS instructions (issue 27's static review of model/grouped_cuda.cu: a 64-bit division and
-// four loads per element).
-#define STEP_GROUPED_DEQUANT_INSTR 76.0
 #define STEP_DEQUANT_INSTR_DEFAULT 8.0
-
-// Rows of a grouped expert GEMM's block tile (model/grouped_cuda.cu): each block dequantizes the W
-// tiles it multiplies, so an expert's W is dequantized once per tile of its rows.
-enum { STEP_GROUPED_TILE_M = 64 };
 
 enum { STEP_MAX_OPS = 64 };
 
@@ -193,13 +181,11 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     const double dkv = (double)(c->kv_heads * c->head_dim), r = (double)sh->lora_r;
     const double Tk = T * K, Me = Tk / E;  // expert rows: every token k times, spread evenly (assumed)
     const int RA = sh->recompute || sh->recompute_attn, RM = sh->recompute || sh->recompute_mlp;
-    const int cub = sh->experts_cublas;
     // The backward stops early in the lowest layer: nothing below it trains (the embedding is
     // frozen), so its ln1 and q, k, v dx are never made and, with no adapter in its attention,
     // neither its attention's backward nor its MLP part's input gradient (the router's dx, w1‖w3's
-    // dx and, on the cuBLAS path, their dequantization): Lb layers run those (the H200's profile,
-    // 2026-11-27: 3 of 4). Not modelled: an adapter on o alone (the step then skips the attention
-    // backward too), and the grouped kernel's in-kernel dequantization for w1‖w3's dx.
+    // dx and its dequantization): Lb layers run those (the H200's profile, 2026-11-27: 3 of 4). Not
+    // modelled: an adapter on o alone (the step then skips the attention backward too).
     const int attn_lora = (sh->targets & MT_TARGET_ATTN) != 0;
     const double Lb = attn_lora ? L : L - 1;
     memset(s, 0, sizeof *s);
@@ -275,26 +261,17 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
 
     // Dequantization. Attention's 4-bit q, k, v, o to bf16 once per use (forward, recompute,
-    // backward). The experts: the WMMA kernel reads the 4-bit W and dequantizes a tile of it per
-    // 64-row tile of its expert's rows (4 FLOPs an element, STEP_GROUPED_DEQUANT_INSTR issue slots);
-    // the cuBLAS path (model/grouped_cuda.cu) dequantizes each expert's w1‖w3 and w2 whole into a
-    // bf16 scratch slot per use: the forward, the recompute when the experts are recomputed, the
+    // backward). The experts (model/grouped_cuda.cu): each expert's w1‖w3 and w2 whole into a bf16
+    // scratch slot per use: the forward, the recompute when the experts are recomputed, the
     // backward's dx (1 FLOP an element, the scale; bytes: 4-bit in with its constants, bf16 out).
     const char phases[3] = {'F', 'R', 'B'};
-    double w_elems = 3 * h * f * E * L;  // every expert's w1, w2, w3
     // w1's and w3's LoRA B fold into the forward's base GEMM (model/experts_gpu.c
     // mt_experts_xs_extra): gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ, K = h + 2r.
-    const int fold13 = sh->experts_cublas && sh->quant_experts && (sh->targets & MT_TARGET_W1) &&
+    const int fold13 = sh->quant_experts && (sh->targets & MT_TARGET_W1) &&
                        (sh->targets & MT_TARGET_W3) && sh->lora_r % 8 == 0 && c->hidden % 8 == 0;
     for (int p = 0; p < 3; p++) {
         int attn_r = phases[p] != 'R' || RA, mlp_r = phases[p] != 'R' || RM;
-        if (sh->quant_experts && !cub && mlp_r) {
-            double tiles = ceil(Me / STEP_GROUPED_TILE_M);
-            step_op *o = step_add(s, "dequant in grouped GEMMs (ALU)", phases[p], 2 * L, 4 * w_elems * tiles, 0, 0,
-                                  STEP_ALU);
-            o->instr = STEP_GROUPED_DEQUANT_INSTR * w_elems * tiles;
-        }
-        if (sh->quant_experts && cub && mlp_r) {
+        if (sh->quant_experts && mlp_r) {
             double in = (double)mt_qweight_dequant_bytes_of(sh->quant, c->intermediate, c->hidden, sh->blocksize,
                                                             sh->double_quant, MT_BF16);  // one [f, h] matrix
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
@@ -323,55 +300,38 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         }
     }
 
-    // Experts. W's bytes: 4-bit when the WMMA kernel reads it, bf16 scratch for cuBLASLt (the
-    // dequantization's output, read back), bf16 when not quantized.
-    double w_f_h = sh->quant_experts && !cub
-                       ? (double)mt_q4_weight_bytes(sh->quant, c->intermediate * c->hidden,
-                                                    mt_q4_blocksize_or_default(sh->quant, sh->blocksize), sh->double_quant)
-                       : bf * f * h;  // one [f, h] matrix
-    double e13_f = 2 * Tk * h * 2 * f, e13_fb = 2 * E * w_f_h + bf * (Tk * h + Tk * 2 * f);
+    // Experts. W's bytes: bf16, the dequantization's scratch read back (or the weight, not quantized).
+    double w_f_h = bf * f * h;  // one [f, h] matrix
     const double k13 = h + (fold13 ? 2 * r : 0);  // the forward's K: the folded B's columns beside W
-    double e13_ff = 2 * Tk * k13 * 2 * f, e13_ffb = e13_fb + (fold13 ? bf * (2 * E * 2 * f * r + Tk * 2 * r) : 0);
-    double e13_bb = 2 * E * w_f_h + bf * (Tk * 2 * f + 2 * 2 * Tk * h);  // dx accumulates twice (WMMA)
+    double e13_ff = 2 * Tk * k13 * 2 * f, e13_ffb = 2 * E * w_f_h * k13 / h + bf * (Tk * k13 + Tk * 2 * f);
     double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
     double e2_bf = e2_f;  // the backward's: w2's LoRA may fold into it
     double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
     // cuBLAS experts whose LoRAs cover w1 and w3 (w2): the LoRA writes gu (ys; in the backward da)
     // first and the base GEMM reads it back as its C (model/experts_gpu.c's lora_first).
     const unsigned t = sh->targets;
-    const int first13 = cub && (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = cub && (t & MT_TARGET_W2);
+    const int first13 = (t & MT_TARGET_W1) && (t & MT_TARGET_W3), first2 = (t & MT_TARGET_W2) != 0;
     // w2's LoRA without dropout folds into the dx GEMM: da = [dys | dxa]·[W2; A2], K = h + r.
     const int fold2 = first2 && sh->quant_experts && !(sh->lora_dropout > 0);  // mt_experts_dys_extra: 4-bit W2
     if (first13 && !fold13) e13_ffb += bf * Tk * 2 * f;
     // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C;
     // folded, the base dx GEMM writes it first (with the LoRAs' dxa beside).
-    const int first_dx1 = cub && (t & MT_TARGET_W1) && !fold13;
+    const int first_dx1 = (t & MT_TARGET_W1) && !fold13;
     if (first2) e2_fb += bf * Tk * h;
     if (fold2) e2_bf += 2 * Tk * r * f, e2_bb += bf * (Tk * r + E * r * f);
     else if (first2) e2_bb += bf * Tk * f;
-    if (!cub) {  // one grouped launch per GEMM kind and layer, w1 and w3 into gu's halves
-        step_add(s, "expert GEMMs w1, w3 (grouped)", 'F', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
-        if (RM) step_add(s, "expert GEMMs w1, w3 (grouped)", 'R', 2 * L, e13_f * L, e13_fb * L, Me, STEP_GROUPED);
-        step_add(s, "expert GEMMs w1, w3 (dx, grouped)", 'B', 2 * Lb, e13_f * Lb, e13_bb * Lb, Me, STEP_GROUPED);
-    } else {  // per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once)
-        // dx: [dx | dxa1 | dxa3] = dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] when they fold (N = h + 2r)
-        e13_bb = 2 * E * w_f_h * k13 / h + bf * (Tk * 2 * f + (first_dx1 ? 2 * Tk * h : Tk * k13));
-        step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
-        if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
-        step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_ff * Lb, e13_bb * Lb, Me, k13, 2 * f);
-    }
+    // Per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once); dx makes
+    // [dx | dxa1 | dxa3] = dgu·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]] when they fold (N = h + 2r).
+    const double e13_bb = 2 * E * w_f_h * k13 / h + bf * (Tk * 2 * f + (first_dx1 ? 2 * Tk * h : Tk * k13));
+    step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'F', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
+    if (RM) step_expert_gemm(s, "expert GEMM w1+w3 (cuBLAS)", 'R', E * L, e13_ff * L, e13_ffb * L, Me, 2 * f, k13);
+    step_expert_gemm(s, "expert GEMM w1+w3 (dx, cuBLAS)", 'B', E * Lb, e13_ff * Lb, e13_bb * Lb, Me, k13, 2 * f);
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     step_add(s, "SwiGLU", 'B', L, 12 * Tk * f * L, sw_bb * L, Tk, STEP_MEM);
-    if (!cub) {
-        step_add(s, "expert GEMM w2 (grouped)", 'F', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
-        if (RM) step_add(s, "expert GEMM w2 (grouped)", 'R', L, e2_f * L, e2_fb * L, Me, STEP_GROUPED);
-        step_add(s, "expert GEMM w2 (dx, grouped)", 'B', L, e2_bf * L, e2_bb * L, Me, STEP_GROUPED);
-    } else {
-        step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
-        step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_bf * L, e2_bb * L, Me, f, h + (fold2 ? r : 0));
-    }
+    step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
+    if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
+    step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_bf * L, e2_bb * L, Me, f, h + (fold2 ? r : 0));
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
@@ -379,15 +339,15 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : first_dx1);
         if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : 0);
         if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, fold2 ? 2 : first2);
-        // One launch for all E experts: the grouped WMMA kernel's, or cuBLAS's grouped GEMM.
-        step_lora_rows(s, &tmp, cub ? "LoRA experts w1,w3,w2 (cuBLAS)" : "LoRA experts w1,w3,w2 (grouped)", E, Me);
+        // One launch for all E experts: cuBLAS's grouped GEMM.
+        step_lora_rows(s, &tmp, "LoRA experts w1,w3,w2 (cuBLAS)", E, Me);
         // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for
         // w1, w3, f for w2) in every forward, and the f32 product it masks in the backward.
         double drop_in = 0;
         if (sh->targets & MT_TARGET_W1) drop_in += h;
         if (sh->targets & MT_TARGET_W3) drop_in += h;
         if (sh->targets & MT_TARGET_W2) drop_in += f;
-        if (cub && sh->lora_dropout > 0) {
+        if (sh->lora_dropout > 0) {
             double fb = 2 * bf * Tk * drop_in, bb = (bf + 2 * f32) * Tk * drop_in;  // read, write; f32 product
             step_add(s, "LoRA dropout copy", 'F', 3 * E * L, Tk * drop_in * L, fb * L, Tk, STEP_MEM);
             if (RM) step_add(s, "LoRA dropout copy", 'R', 3 * E * L, Tk * drop_in * L, fb * L, Tk, STEP_MEM);

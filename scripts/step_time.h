@@ -61,11 +61,6 @@ static inline int step_device_set(const char *key_or_name) {
 #define GEMM_K_OVERHEAD 128.0
 #define GEMM_SKINNY 64.0
 #define EFF_SKINNY 0.5
-//   The grouped WMMA expert kernel (STEP_GROUPED, model/grouped_cuda.cu): 0.175 of the bf16 peak,
-//     issue 27's static review (64×64×32 tiles, 4 warps, HMMA only, 2-byte staging loads: "near
-//     15-20% of peak" even with free dequantization). Its dequantization is an ALU row of
-//     STEP_GROUPED_DEQUANT_INSTR issue slots an element and tile.
-#define EFF_GROUPED 0.175
 //   Memory-bound kernels (STEP_MEM): a fraction of the card's measured copy bandwidth, per row
 //     (STEP_MEASURED below: the H200's profile of case C at seq 4096 and 16384, 2026-11-27,
 //     run 6, the mean of the two); a row not measured at EFF_MEM, the measured rows' median.
@@ -95,9 +90,6 @@ static inline int step_device_set(const char *key_or_name) {
 //   Legacy GEMM model (a STEP_GEMM row without N and K): 0.75 × M / (M + 64), assumed.
 #define EFF_GEMM 0.75
 #define GEMM_HALF_M 64.0
-//   The grouped WMMA kernel's in-kernel dequantization on the CUDA cores (STEP_ALU): its
-//     instructions at the issue rate, added to the GEMM's time as if nothing overlapped (an upper
-//     bound on its cost).
 //   Kernel launches: each call costs its time plus a 2 µs gap (back-to-back kernels on one
 //     stream without CUDA Graphs: launch latency not hidden behind a short kernel). Assumed.
 #define LAUNCH_GAP_S 2e-6
@@ -185,11 +177,9 @@ static inline double op_eff(const step_op *o) {
         if (x && x->frac > 0) return x->frac;
         return o->n > 0 ? cublas_eff_spread(o->m, o->n, o->k, o->imbalance) : EFF_GEMM * o->m / (o->m + GEMM_HALF_M);
     }
-    case STEP_GROUPED: return EFF_GROUPED;
     case STEP_ATTN: return o->phase == 'B' ? EFF_ATTN_BWD : EFF_ATTN_FWD;
     case STEP_SDPA: return SDPA_CAUSAL * (o->phase == 'B' ? SDPA_BWD_FLOPS : SDPA_FWD_FLOPS) / PEAK_BF16;
     case STEP_DEQUANT: return EFF_DEQUANT;
-    case STEP_ALU: return 1.0;
     default: {
         const step_measured *x = step_measured_of(o);
         return x && x->frac > 0 ? x->frac : EFF_MEM;
@@ -215,12 +205,11 @@ static inline double op_time(const step_op *o, int *compute_bound) {
     double tc, tm;
     switch (o->cls) {
     case STEP_MEM: tc = 0, tm = o->bytes / mem_bw(o); break;
-    case STEP_ALU: tc = o->instr / ISSUE_RATE, tm = 0; break;
     case STEP_DEQUANT: tc = o->instr / ISSUE_RATE, tm = o->bytes / mem_bw(o); break;
     default: tc = o->flops / (PEAK_BF16 * op_eff(o)), tm = o->bytes / mem_bw(o); break;
     }
     *compute_bound = tc > tm;
     const step_measured *x = step_measured_of(o);
     const double call_s = x && x->call_s > 0 ? x->call_s : LAUNCH_GAP_S;
-    return fmax(tc, tm) + (o->cls == STEP_ALU ? 0 : o->count * call_s);
+    return fmax(tc, tm) + o->count * call_s;
 }

@@ -83,12 +83,6 @@ static double delta(const char *name, char ph, const mt_model *m) {
     const mt_model_config *c = &m->cfg;
     double T = B * S, h = c->hidden, f = c->intermediate, E = c->experts, K = c->top_k, L = c->layers;
     double r = R, Tk = T * K;
-    double tiles = 0, tiles0 = 0, model_tiles = E * ceil(Tk / E / STEP_GROUPED_TILE_M) * L;
-    for (int l = 0; l < c->layers; l++)
-        for (int e = 0; e < c->experts; e++) {
-            double t = ceil(m->kept[l].counts[e] / (double)STEP_GROUPED_TILE_M);
-            tiles += t, tiles0 += l == 0 ? t : 0;
-        }
     double idle = 0, rows0 = 0;  // (layer, expert) pairs without rows; layer 0's experts with rows
     for (int l = 0; l < c->layers; l++)
         for (int e = 0; e < c->experts; e++) idle += m->kept[l].counts[e] == 0, rows0 += l == 0 && m->kept[l].counts[e];
@@ -97,8 +91,6 @@ static double delta(const char *name, char ph, const mt_model *m) {
     // The cuBLAS path dequantizes an expert's W only when it has rows, and layer 0's backward
     // skips w1‖w3's dx: the model skips it for all E experts of layer 0, the step for those with rows.
     if (IS("expert dequant 4-bit->bf16")) return -3 * h * f * idle - (B_ ? 2 * h * f * (rows0 - E) : 0);
-    if (IS("dequant in grouped GEMMs (ALU)"))
-        return 12 * h * f * (tiles - model_tiles) - (B_ ? 8 * h * f * tiles0 : 0);
     if (IS("residual adds") && F_) return -T * h * L;
     if (IS("loss gradient scale") && B_) return T * h;
     if (!B_) return 0;
@@ -106,7 +98,6 @@ static double delta(const char *name, char ph, const mt_model *m) {
     if (IS("permute/gather + combine")) return -Tk * h;
     // Layer 0 makes no dx: w1's and w3's LoRAs skip dx += dxa·A, and (their B folded beside W,
     // model/experts_gpu.c mt_experts_xs_extra) make dxa = s·dy·B themselves, as no dx GEMM does.
-    if (IS("LoRA experts w1,w3,w2 (grouped)")) return -2 * 2 * Tk * r * h;
     if (IS("LoRA experts w1,w3,w2 (cuBLAS)")) return -2 * 2 * Tk * r * h + (mt_experts_xs_extra((mt_model *)m) ? 2 * 2 * Tk * r * f : 0);
 #undef IS
     return 0;
@@ -162,7 +153,7 @@ Test(cuda, profile_table_case_c) {
     sh.cfg = prof.m.cfg, sh.batch = B, sh.seq = S, sh.lora_r = R, sh.targets = o.targets;
     sh.quant = o.quant, sh.quant_experts = sh.quant_attn = 1, sh.blocksize = o.quant_blocksize;
     sh.double_quant = o.double_quant, sh.recompute = 1, sh.dequants_per_use = 1;
-    sh.recompute_attn = sh.recompute_mlp = 1, sh.experts_cublas = 1, sh.lora_dropout = o.lora_dropout;
+    sh.recompute_attn = sh.recompute_mlp = 1, sh.lora_dropout = o.lora_dropout;
 #ifdef MT_CUDA  // the attention rows: cuDNN's where it loads (the emulator's stand-in does) and takes the shape
     sh.attn_cudnn = !strcmp(attention_path(0, 0, (int)sh.cfg.heads, (int)sh.cfg.kv_heads, (int)sh.cfg.head_dim,
                                             (int)sh.cfg.head_dim), "cudnn");
