@@ -84,6 +84,7 @@ static float *cpu_rows(const mt_tensor *t) {
 }
 
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch) {
+    if (l->wcache) return mt_view2(l->wcache->be, l->wcache->data, MT_BF16, l->out, l->in, 0);
     if (!l->q) return mt_view2(l->w->be, l->w->data, l->w->dtype, l->out, l->in, 0);
     mt_tensor w;
     // The profile's row is step_model's: the 4-bit Linears outside the experts are attention's
@@ -95,9 +96,11 @@ mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch) {
     return w;
 }
 
-// A 4-bit W's bf16 scratch: the model's shared one, or (none attached) one for this call.
+// A 4-bit W's bf16 scratch: none when a copy is kept, the model's shared one, or (none attached)
+// one for this call.
 static mt_tensor dequant_scratch(const mt_linear *l, void **own) {
     *own = NULL;
+    if (l->wcache) return (mt_tensor){0};
     if (l->dequant) return *l->dequant;
     size_t bytes = mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in));
     *own = mt_work_alloc(l->q->be, bytes);
@@ -105,7 +108,7 @@ static mt_tensor dequant_scratch(const mt_linear *l, void **own) {
 }
 
 static void dequant_release(const mt_linear *l, void *own) {
-    if (l->q && !l->dequant) mt_work_free(l->q->be, own, mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in)));
+    if (l->q && !l->dequant && !l->wcache) mt_work_free(l->q->be, own, mt_dtype_bytes(MT_BF16, (size_t)(l->out * l->in)));
 }
 
 void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *y, const mt_tensor *x,
@@ -202,6 +205,7 @@ void mt_linear_backward(const mt_linear *l, const mt_tensor *dx, const mt_tensor
 void mt_linear_free(mt_linear *l) {
     mt_tensor_free(l->w);
     mt_tensor_free(l->dw);
+    mt_tensor_free(l->wcache);
     if (l->q) {
         mt_qweight_free(l->q);
         free(l->q);
@@ -210,7 +214,7 @@ void mt_linear_free(mt_linear *l) {
         mt_lora_free(l->lora);
         free(l->lora);
     }
-    l->w = l->dw = NULL;
+    l->w = l->dw = l->wcache = NULL;
     l->q = NULL;
     l->lora = NULL;
 }

@@ -22,6 +22,8 @@ typedef struct mt_linear {
     int remote;                // expert held by another EP rank: MT_REMOTE_* (0: held here)
     mt_tensor *dequant;        // GPU step: the model's one bf16 scratch a 4-bit W is dequantized
                                // into (not owned); NULL: a scratch is taken for each call
+    mt_tensor *wcache;         // GPU step, --dequant-cache: q dequantized once, bf16 [out, in]
+                               // (owned); the step reads it instead of dequantizing
 } mt_linear;
 
 enum { MT_REMOTE_FROZEN = 1, MT_REMOTE_TRAINS = 2, MT_REMOTE_LORA = 3 };
@@ -50,8 +52,9 @@ void mt_linear_forward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor
                          const mt_tensor *xa, const mt_lora_scratch *sc);
 void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tensor *dx, const mt_tensor *dy,
                           const mt_tensor *x, const mt_tensor *xa, const mt_lora_scratch *sc);
-// The GPU step's W as a bf16 [out, in] view: the dense weight, or the 4-bit one dequantized into
-// `scratch` (bf16, at least out·in elements; a null backend's may have no data).
+// The GPU step's W as a bf16 [out, in] view: the dense weight, the 4-bit one's kept copy
+// (wcache), or the 4-bit one dequantized into `scratch` (bf16, at least out·in elements; a null
+// backend's may have no data).
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch);
 void mt_linear_free(mt_linear *l);
 

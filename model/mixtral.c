@@ -706,8 +706,8 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_s
 }
 
 // Every 4-bit Linear of the model outside the experts (with `visit`), for the shared
-// dequantization scratch. The experts have none: their grouped launches dequantize inside the
-// kernel (model/experts_gpu.c).
+// dequantization scratch or the kept bf16 copies. The experts have neither: their grouped calls
+// dequantize into scratch slots of their own (model/experts_gpu.c).
 static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];
@@ -728,6 +728,25 @@ static int share_dequant_scratch(mt_model *m) {
     if (!(m->dequant = mt_tensor_new(m->be, MT_MEM_WORK, MT_BF16, 1, &n))) return -1;
     each_4bit(m, attach, NULL);
     return 0;
+}
+
+// --dequant-cache: every 4-bit Linear outside the experts keeps a bf16 copy (base memory: as
+// frozen as the 4-bit weight), dequantized once here, which the step reads instead of
+// dequantizing at each use. *acc: 0, or -1 once an allocation failed.
+static void keep_dequantized(mt_model *m, mt_linear *l, int64_t *acc) {
+    int64_t shape[2] = {l->out, l->in};
+    if (*acc || !(l->wcache = mt_tensor_new(m->be, MT_MEM_BASE, MT_BF16, 2, shape))) {
+        *acc = -1;
+        return;
+    }
+    if (mt_qweight_dequantize(l->q, l->wcache) != 0) *acc = -1;
+}
+
+static int keep_dequantized_all(mt_model *m) {
+    int64_t failed = 0;
+    each_4bit(m, keep_dequantized, &failed);
+    if (failed) mt_error_prefix("--dequant-cache: the bf16 copies of the 4-bit weights outside the experts");
+    return failed ? -1 : 0;
 }
 
 // RoPE's table from the config, once; the GPU step reads a device copy (model/rope.h).
@@ -821,7 +840,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     if (rc == 0) rc = finish(&ld);
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
-    if (rc == 0 && gpu_step(m)) rc = share_dequant_scratch(m);
+    if (rc == 0 && gpu_step(m)) rc = spec->dequant_cache ? keep_dequantized_all(m) : share_dequant_scratch(m);
     if (rc == 0) rc = rope_table_init(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);

@@ -47,6 +47,8 @@ typedef struct mt_model_spec {
     int quant_blocksize;      // 0: the format's default (64 NF4/FP4, 128 INT4)
     unsigned quant_targets;   // MT_QTARGET_* bits (quant/quant.h)
     mt_ckpt checkpointing;    // what the backward recomputes (never MT_CKPT_AUTO: resolved before)
+    int dequant_cache;        // GPU step: a bf16 copy of each frozen 4-bit Linear outside the experts,
+                              // made once at build, instead of a dequantization per use (--dequant-cache)
     uint64_t seed;            // random weights (no checkpoint) and LoRA init
 } mt_model_spec;
 

@@ -54,10 +54,12 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
 }
 
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {
-    // docs/memory.md "The reference cases": every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card.
+    // docs/memory.md "The reference cases": every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card
+    // (and no bf16 copies of 4-bit weights: the references keep none).
     static const struct { char which; const char *key, *value; } settings[] = {
         {0, "quant", "nf4"}, {0, "double-quant", "true"}, {0, "seq", "1024"}, {0, "batch", "1"},
         {0, "checkpointing", "full"}, {0, "gpus", "1"}, {0, "ep", "1"}, {0, "gpu-mem", "44GB"},
+        {0, "dequant-cache", "off"},
         {'A', "mode", "router"}, {'A', "layers", "all"},
         {'B', "mode", "unfreeze"}, {'B', "layers", "0-5"}, {'B', "experts", "0,1"},
         {'C', "mode", "lora"}, {'C', "r", "16"}, {'C', "targets", "w1,w2,w3,gate"},
@@ -484,9 +486,10 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     int64_t n_moe = mt_config_moe_layers(cfg), frozen_experts = frozen_experts_gpu(cfg, o, t, p);
     int64_t attn_layers = t->dense_trainable ? 0 : cfg->layers;
     int64_t router[1] = {cfg->hidden * cfg->experts};
-    uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS, cfg->mxfp4) +
-                 frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN, 0) +
-                 frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER, 0);
+    uint64_t b = frozen_linears(p, o, s->expert, 3, frozen_experts, MT_QTARGET_EXPERTS, cfg->mxfp4);
+    const int64_t quant_experts = p->frozen_quant_gpu;
+    b += frozen_linears(p, o, s->attn, 4, attn_layers, MT_QTARGET_ATTN, 0);
+    b += frozen_linears(p, o, router, 1, n_moe - t->router_layers, MT_QTARGET_ROUTER, 0);
     // The shared experts' and dense MLPs' projections: 4-bit with the experts (quant/quant.h).
     int64_t shared[3], dense[3], mlp_layers = t->dense_trainable ? 0 : 1;
     for (int i = 0; i < 3; i++) shared[i] = cfg->hidden * cfg->shared_intermediate, dense[i] = cfg->hidden * cfg->dense_intermediate;
@@ -496,7 +499,9 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
                                                  family_extra_params(cfg, s) - family_mlp_params(cfg);
     p->frozen_bf16_gpu += outer;  // embeddings, lm_head, norms: never 4-bit
     p->quant_bits = p->frozen_quant_gpu ? 8.0 * (double)p->frozen_quant_bytes / (double)p->frozen_quant_gpu : 0;
-    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer;  // outer: also the family's extra parts, kept dense
+    // --dequant-cache: a bf16 copy of every 4-bit Linear outside the experts (model/mixtral.c).
+    p->dequant_cache_bytes = o->dequant_cache ? 2 * (uint64_t)(p->frozen_quant_gpu - quant_experts) : 0;
+    p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer + p->dequant_cache_bytes;  // outer: also the family's extra parts, kept dense
 }
 
 // The GPU step's expert scratch (model/expert_scratch.h), held while one grouped call runs: two

@@ -35,6 +35,7 @@ typedef struct mt_plan_opts {
     int64_t seq;
     int64_t batch;            // micro-batch per GPU
     mt_ckpt checkpointing;    // MT_CKPT_AUTO: taken as full until mt_plan_choose_recompute resolves it
+    int dequant_cache;        // 1: the bf16 copies of model/spec.h's dequant_cache (in base)
     double lora_dropout;      // > 0: the GPU step's expert calls hold a dropout buffer (work)
     int cuda;                 // the run is the GPU step (--device cuda): its experts' scratch is in work
     int gpus;
@@ -74,6 +75,7 @@ typedef struct mt_plan {
     int64_t frozen_quant_gpu;   // frozen Linear weights on the worst GPU in the 4-bit format
     int64_t frozen_bf16_gpu;    // frozen weights on the worst GPU in bf16
     uint64_t frozen_quant_bytes;
+    uint64_t dequant_cache_bytes;  // --dequant-cache: bf16 copies of the 4-bit Linears outside the experts (in base)
     double quant_bits;          // effective bits per 4-bit weight, constants included (0: none)
     // Bytes on the worst GPU, by category, and their sum.
     uint64_t bytes[MT_MEM_COUNT];

@@ -248,6 +248,9 @@ static void print_params(FILE *out, const mt_plan_report *r) {
                 gb(p->frozen_quant_bytes));
     fprintf(out, "  %-30s %16s → %.3f GB\n", "frozen on this GPU, bf16", commas(p->frozen_bf16_gpu, a, sizeof a),
             2.0 * (double)p->frozen_bf16_gpu / 1e9);
+    if (p->dequant_cache_bytes)
+        fprintf(out, "  %-30s %16s → %.3f GB (--dequant-cache: 4-bit weights outside the experts, kept in bf16)\n",
+                "  and bf16 copies", commas((int64_t)(p->dequant_cache_bytes / 2), a, sizeof a), gb(p->dequant_cache_bytes));
 }
 
 static void print_table(FILE *out, const mt_plan_report *r) {
@@ -442,6 +445,7 @@ static void json_memory(cJSON *root, const mt_plan *p) {
     cJSON_AddNumberToObject(root, "act_layer_bytes", (double)p->act_layer);
     cJSON_AddBoolToObject(root, "workspace_is_guess", p->workspace_guessed);
     cJSON_AddNumberToObject(root, "expert_dequant_scratch_bytes", (double)p->expert_dequant_bytes);
+    cJSON_AddNumberToObject(root, "dequant_cache_bytes", (double)p->dequant_cache_bytes);
     cJSON_AddNumberToObject(root, "expert_dropout_scratch_bytes", (double)p->expert_dropout_bytes);
     cJSON_AddNumberToObject(root, "gpu_mem_bytes", p->gpu_mem);
     cJSON_AddNumberToObject(root, "gpu_mem_gb", p->gpu_mem / 1e9);

@@ -373,6 +373,7 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     sh->quant = o->quant;
     sh->quant_experts = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     sh->quant_attn = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_ATTN);
+    sh->dequant_cache = o->dequant_cache == MT_DEQUANT_CACHE_ON;
     sh->blocksize = o->quant_blocksize, sh->double_quant = o->double_quant;
     // --recompute's parts; unresolved auto builds full (trainer/options.c mt_run_opts_model_spec)
     sh->recompute = o->checkpointing == MT_CKPT_FULL || o->checkpointing == MT_CKPT_AUTO;
@@ -487,11 +488,15 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
     return 0;
 }
 
+// --dequant-cache: the case's off, or on (attention's 4-bit weights kept in bf16).
+static const char *dequant_cache = "off";
+
 static int set_opts(mt_run_opts *o, char which, int64_t seq) {
     char s[32];
     snprintf(s, sizeof s, "%lld", (long long)seq);
     mt_run_opts_default(o);
-    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_set(o, "seq", s) != 0 || mt_run_opts_set(o, "device", "cuda") != 0)
+    if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_set(o, "seq", s) != 0 || mt_run_opts_set(o, "device", "cuda") != 0 ||
+        mt_run_opts_set(o, "dequant-cache", dequant_cache) != 0)
         return -1;
     // Case B's states (2.1 B params × 16 B) do not fit a 44 GB card beside the base: Adam m, v
     // and the masters go to host memory, one of the fixes `moetrain plan --case B` names.
@@ -618,7 +623,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N]\n"
+    fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N] [--dequant-cache on|off]\n"
                "  --case   which of docs/memory.md's cases to run (repeatable; default C, A, B)\n"
                "  --seq    case C's sequence length (repeatable; default 2048 and 4096); A and B run\n"
                "           the first --seq given, or 1024\n"
@@ -627,7 +632,9 @@ static void usage(FILE *f) {
                "  --config another model's config.json instead of Mixtral-8x7B (the emulator's rehearsal)\n"
                "  --small  small peak-matmul and copy sizes (256, 16 MB): for the emulator, not for figures\n"
                "  --no-overlap  skip the experts-beside-their-dequantization figures (host time: three\n"
-               "           expert-sized weights quantized)\n");
+               "           expert-sized weights quantized)\n"
+               "  --dequant-cache on|off  attention's 4-bit weights kept in bf16 from the load (default off,\n"
+               "           the cases' setting)\n");
 }
 
 int main(int argc, char **argv) {
@@ -660,6 +667,8 @@ int main(int argc, char **argv) {
             layers = atoll(v);
         else if (!strcmp(argv[i], "--config"))
             config = v;
+        else if (!strcmp(argv[i], "--dequant-cache") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            dequant_cache = v;
         else
             return fprintf(stderr, "bench_gpu: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
         i++;

@@ -74,13 +74,15 @@ static totals project(const step_shape *sh, int print) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]... [--recompute MODE] [--gpu-mem BYTES]\n"
-               "                         [--dequant-instr N] [--attention cudnn|wmma]\n"
+               "                         [--dequant-cache MODE] [--dequant-instr N] [--attention cudnn|wmma]\n"
                "                         [--dropout P] [--device h100|h200] [--layers N]\n"
                "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
                "  --seq            sequence length of the detailed table (default 4096)\n"
                "  --recompute      none | attention | experts | full | auto (default auto: the least that fits\n"
                "                   --gpu-mem by the planner's measured step, as the trainer picks it)\n"
                "  --gpu-mem        the card auto plans for (default 80GB: an H100 SXM 80 GB)\n"
+               "  --dequant-cache  off | on | auto: attention's 4-bit weights kept in bf16 (default auto: where they\n"
+               "                   fit after the recompute mode, as the trainer decides)\n"
                "  --dequant-instr  SASS instructions per element of the 4-bit -> bf16 kernel (default 8;\n"
                "                   make bench-gpu passes the count read from the kernel's SASS)\n"
                "  --attention      cudnn: cuDNN's SDPA (default); wmma: the WMMA flash kernels\n"
@@ -89,29 +91,23 @@ static void usage(FILE *f) {
                "  --layers         layers of the model (default the config's; the GPU check runs 4)\n");
 }
 
-// Case C's run for the planner, at `seq`, on a card of gpu_mem bytes (auto's choice).
-static mt_ckpt resolve_auto(const mt_model_config *cfg, const step_shape *sh, double gpu_mem, char *note, size_t n) {
-    mt_plan_opts po;
-    memset(&po, 0, sizeof po);
-    po.mode = MT_MODE_LORA, po.lora_r = sh->lora_r, po.targets = sh->targets;
-    po.layers.all = po.experts.all = 1;
-    po.quant = sh->quant, po.double_quant = sh->double_quant, po.quant_blocksize = sh->blocksize;
-    po.quant_targets = MT_QTARGET_DEFAULT, po.seq = sh->seq, po.batch = sh->batch, po.checkpointing = MT_CKPT_AUTO;
-    po.lora_dropout = sh->lora_dropout, po.cuda = 1, po.gpus = 1, po.ep = 1, po.master_weights = 1;
-    po.gpu_mem_bytes = gpu_mem, po.workspace_bytes = -1, po.lr = 1e-4, po.clip = 1.0;
-    mt_model_spec spec;
-    memset(&spec, 0, sizeof spec);
-    spec.mode = MT_MODE_LORA, spec.lora_r = sh->lora_r, spec.lora_alpha = NAN, spec.lora_dropout = sh->lora_dropout;
-    spec.targets = sh->targets, spec.layers.all = spec.experts.all = 1, spec.quant = sh->quant;
-    spec.double_quant = sh->double_quant, spec.quant_blocksize = sh->blocksize, spec.quant_targets = MT_QTARGET_DEFAULT;
-    mt_plan_recompute_choice c;
-    if (mt_plan_choose_recompute(cfg, &po, &spec, gpu_mem, 1.0, 1e9, &c) != 0) {
-        snprintf(note, n, "full (auto could not measure: %s)", mt_error_get());
-        return MT_CKPT_FULL;
-    }
-    snprintf(note, n, "%s (auto: %s %.0f GB by the planner's measured step, %.1f GB with 1 GB for the CUDA context)",
-             mt_ckpt_name(c.mode), c.fits ? "fits" : "nothing fits", gpu_mem / 1e9, (c.total + 1e9) / 1e9);
-    return c.mode;
+// Case C's run as the trainer resolves it (trainer/options.c mt_run_opts_resolve_recompute), at
+// sh->seq on a card of gpu_mem bytes: the recompute mode (`mode`, or auto's choice) and the bf16
+// copies of --dequant-cache (`cache`: off, on or auto) into sh, what the one-line plan says into
+// note. -1: the options or the measured step failed (the error set).
+static int resolve_run(step_shape *sh, mt_ckpt mode, int cache, double gpu_mem, char *note, size_t n) {
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    char seq[32];
+    snprintf(seq, sizeof seq, "%lld", (long long)sh->seq);
+    if (mt_plan_case_apply(&o, 'C') != 0 || mt_run_opts_set(&o, "seq", seq) != 0 || mt_run_opts_set(&o, "device", "cuda") != 0)
+        return -1;
+    o.gpu_mem_bytes = gpu_mem, o.checkpointing = mode, o.dequant_cache = cache, o.lora_dropout = sh->lora_dropout;
+    if (mt_run_opts_resolve_recompute(&o, &sh->cfg, 1, note, n, NULL) != 0) return -1;
+    sh->recompute = 0;
+    sh->recompute_attn = mt_ckpt_attention(o.checkpointing), sh->recompute_mlp = mt_ckpt_mlp(o.checkpointing);
+    sh->dequant_cache = o.dequant_cache == MT_DEQUANT_CACHE_ON;
+    return 0;
 }
 
 static void set_recompute(step_shape *sh, mt_ckpt mode) {
@@ -187,6 +183,7 @@ int main(int argc, char **argv) {
     int64_t seqs[8];
     int n_seqs = 0;
     mt_ckpt mode = MT_CKPT_AUTO;
+    int cache = MT_DEQUANT_CACHE_AUTO;
     double gpu_mem = 80e9;
     int64_t layers = 0;
     sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
@@ -205,6 +202,11 @@ int main(int argc, char **argv) {
             ok = 0;
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, names[k])) mode = (mt_ckpt)k, ok = 1;
+        } else if (!strcmp(a, "--dequant-cache")) {
+            static const char *names[] = {"off", "on", "auto"};  // MT_DEQUANT_CACHE_*'s order
+            ok = 0;
+            for (int k = 0; k < 3; k++)
+                if (!strcmp(v, names[k])) cache = k, ok = 1;
         } else if (!strcmp(a, "--gpu-mem")) {
             ok = mt_parse_bytes(v, &gpu_mem) == 0 && gpu_mem > 0;
         } else if (!strcmp(a, "--dequant-instr")) {
@@ -235,10 +237,9 @@ int main(int argc, char **argv) {
     sh.quant = MT_QUANT_NF4, sh.blocksize = 64, sh.double_quant = 1;
     sh.dequants_per_use = 1;
     sh.seq = seqs[0];
-    char note[256];
-    if (mode == MT_CKPT_AUTO) mode = resolve_auto(&sh.cfg, &sh, gpu_mem, note, sizeof note);
-    else snprintf(note, sizeof note, "%s (as set)", mt_ckpt_name(mode));
-    set_recompute(&sh, mode);
+    char note[512];
+    if (resolve_run(&sh, mode, cache, gpu_mem, note, sizeof note) != 0)
+        return fprintf(stderr, "roofline: case C's run: %s\n", mt_error_get()), MT_EXIT_ERROR;
 
     const mt_model_config *c = &sh.cfg;
     double N = step_matmul_params(c);

@@ -56,6 +56,7 @@ typedef struct {
     int lora_r;
     unsigned targets;       // MT_TARGET_* bits with LoRA
     int quant_experts, quant_attn;  // frozen Linears stored 4-bit: dequantized to bf16 per use
+    int dequant_cache;      // --dequant-cache on: attention's 4-bit W kept in bf16, never dequantized
     mt_quant quant;
     int blocksize, double_quant;
     int recompute;          // --recompute full: one recompute forward of every layer (both parts)
@@ -261,7 +262,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     step_add(s, "permute/gather + combine", 'B', 2 * L, 4 * Tk * h * L, pc_bb * L, Tk, STEP_MEM);
 
     // Dequantization. Attention's 4-bit q, k, v, o to bf16 once per use (forward, recompute,
-    // backward). The experts (model/grouped_cuda.cu): each expert's w1‖w3 and w2 whole into a bf16
+    // backward), unless their bf16 copies are kept (--dequant-cache: made once at load). The experts (model/grouped_cuda.cu): each expert's w1‖w3 and w2 whole into a bf16
     // scratch slot per use: the forward, the recompute when the experts are recomputed, the
     // backward's dx (1 FLOP an element, the scale; bytes: 4-bit in with its constants, bf16 out).
     const char phases[3] = {'F', 'R', 'B'};
@@ -287,7 +288,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
                                   h * f * mats, mats * in + under, 0, STEP_DEQUANT);
             o->instr = instr * h * f * mats;
         }
-        if (sh->quant_attn && attn_r) {
+        if (sh->quant_attn && !sh->dequant_cache && attn_r) {
             double by = 0;
             const int64_t ins[4] = {c->hidden, c->hidden, c->hidden, c->heads * c->head_dim};
             const int64_t outs[4] = {c->heads * c->head_dim, c->kv_heads * c->head_dim, c->kv_heads * c->head_dim,

@@ -169,3 +169,63 @@ Test(cuda, fused_experts_and_router_match_cpu) {
     mt_backend_free(cpu), mt_backend_free(gpu);
     mt_test_rmrf(tmp);
 }
+
+// --dequant-cache: the 4-bit weights outside the experts (attention's here) dequantized once at
+// load and kept in bf16 give the step the same bits as dequantizing them at every use (the same
+// kernel on the same codes), with their bf16 bytes in base instead of a shared scratch in work.
+Test(cuda, dequant_cache_gives_the_same_bits) {
+    mt_backend *gpu = gpu_or_skip();
+    char tmp[64], dir[128];
+    tiny_checkpoint(tmp, dir, 5);
+    mt_run_opts o;
+    mt_run_opts_default(&o);
+    o.mode = MT_MODE_LORA, o.lora_r = 8, o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
+    mt_model m[2];
+    mt_param *p[2];
+    int n = 0;
+    uint64_t base[2];
+    float loss[2][2];
+    enum { B = 2, S = 24 };
+    int32_t tokens[B * S], labels[B * S];
+    for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 31) % 200;
+    mt_batch b = {B, S, tokens, labels, NULL};
+    for (int k = 0; k < 2; k++) {
+        o.dequant_cache = k ? MT_DEQUANT_CACHE_ON : MT_DEQUANT_CACHE_OFF;
+        uint64_t before = gpu->ledger.cur[MT_MEM_BASE];
+        cr_assert_eq(mt_model_load(&m[k], gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+        base[k] = gpu->ledger.cur[MT_MEM_BASE] - before;
+        n = mt_model_params(&m[k], &p[k]);
+        set_lora_b(p[k], p[k], n, 0.01f, 7, 13);  // the gpu's own params twice: the same values on both
+    }
+    const mt_model_config *c = &m[0].cfg;
+    int64_t attn = c->hidden * (c->heads * c->head_dim) * 2 + c->hidden * (c->kv_heads * c->head_dim) * 2;
+    cr_expect_eq(base[1] - base[0], (uint64_t)(2 * c->layers * attn), "the copies: %llu bytes of base",
+                 (unsigned long long)(base[1] - base[0]));
+    cr_expect_null(m[1].dequant, "no shared dequantization scratch beside the copies");
+    mt_adamw opt[2];
+    for (int k = 0; k < 2; k++) {
+        mt_loss l;
+        cr_assert_eq(mt_adamw_init(&opt[k], gpu, p[k], n, NULL), 0, "%s", mt_error_get());
+        for (int step = 0; step < 2; step++) {
+            mt_model_zero_grad(&m[k]);
+            cr_assert_eq(mt_model_forward(&m[k], &b, &l), 0);
+            loss[k][step] = (float)l.loss;
+            mt_model_backward(&m[k]);
+            double norm;
+            cr_assert_eq(mt_adamw_step(&opt[k], p[k], n, 1e-3, 1.0, &norm), 0, "%s", mt_error_get());
+        }
+    }
+    for (int step = 0; step < 2; step++)
+        cr_expect_eq(loss[1][step], loss[0][step], "step %d loss: kept copies %.9g, dequantized per use %.9g", step,
+                     loss[1][step], loss[0][step]);
+    for (int i = 0; i < n; i++) {  // the gradients of the second step, and the weights after it
+        float *g0 = host_copy(p[0][i].g), *g1 = host_copy(p[1][i].g), *w0 = host_copy(p[0][i].w), *w1 = host_copy(p[1][i].w);
+        size_t len = (size_t)mt_tensor_numel(p[0][i].g);
+        cr_expect(memcmp(g0, g1, len * sizeof(float)) == 0, "%s: gradients differ", p[0][i].name);
+        cr_expect(memcmp(w0, w1, len * sizeof(float)) == 0, "%s: weights differ", p[0][i].name);
+        free(g0), free(g1), free(w0), free(w1);
+    }
+    for (int k = 0; k < 2; k++) mt_adamw_free(&opt[k]), mt_params_free(p[k], n), mt_model_free(&m[k]);
+    mt_backend_free(gpu);
+    mt_test_rmrf(tmp);
+}

@@ -58,6 +58,10 @@ Test(measure, mixtral_every_case_to_the_byte) {
     expect_exact(&cfg, 'C', "--no-double-quant --blocksize 128 --quant-targets all");
     expect_exact(&cfg, 'C', "--targets all --layers 4-9 --experts 1,5 --r 8 --dropout 0.1");
     expect_exact(&cfg, 'A', "--quant none --layers 30,31 --seq 256");
+    // the bf16 copies of the 4-bit weights outside the experts: attention's; the router's too
+    expect_exact(&cfg, 'C', "--dequant-cache on");
+    expect_exact(&cfg, 'C', "--dequant-cache on --quant-targets all --targets w1,w2,w3");
+    expect_exact(&cfg, 'B', "--dequant-cache on");
 }
 
 // The family configs: Qwen2-MoE (dense layers 0 and 2, a shared expert in layer 1, q/k/v
@@ -73,6 +77,8 @@ Test(measure, small_configs_every_mode) {
         "--mode lora --targets gate,w2 --layers 1 --gpus 4 --zero 1", "--mode full --quant none --checkpointing none",
         "--mode lora --targets all --r 4 --recompute attention", "--mode lora --targets all --r 4 --recompute experts",
         "--mode lora --targets q,w2 --layers 1 --recompute attention", "--mode full --quant none --recompute experts",
+        "--mode lora --targets all --r 4 --dequant-cache on --quant-targets all",
+        "--mode unfreeze --layers 1 --experts 0,3 --dequant-cache on",
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
         char path[1024];
@@ -80,6 +86,45 @@ Test(measure, small_configs_every_mode) {
         mt_model_config cfg;
         cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
         for (size_t r = 0; r < MT_ARRAY_LEN(runs); r++) expect_exact(&cfg, 0, runs[r]);
+    }
+}
+
+// The bf16 copies (--dequant-cache) of the DeepSeek-style families' 4-bit Linears outside the
+// experts (MLA's q_a, q_b, kv_a, kv_b and o, the shared expert, the dense first layer's MLP) and
+// gpt-oss's: what they add to base, measured against planned to the byte (the plans of these
+// families are within 2% elsewhere: cuda_run_equals_the_plan_for_each_family).
+static uint64_t base_with_copies(const mt_model_config *cfg, const char *flags, int measured) {
+    mt_run_opts o;
+    cr_assert_eq(opts_of(0, flags, &o), 0, "%s: %s", flags, mt_error_get());
+    if (!measured) {
+        mt_plan p;
+        cr_assert_eq(mt_plan_compute(cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s", mt_error_get());
+        return p.bytes[MT_MEM_BASE];
+    }
+    mt_plan_measurement m;
+    cr_assert_eq(mt_plan_measure(cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s", mt_error_get());
+    return m.peak[MT_MEM_BASE];
+}
+
+Test(measure, dequant_cache_of_each_family_to_the_byte) {
+    static const char *names[] = {"tiny-deepseek-v3.json", "tiny-deepseek-v2.json", "tiny-glm4-moe-lite.json",
+                                  "tiny-gpt-oss.json", "tiny-qwen2-moe.json"};
+    static const char *runs[] = {"--mode lora --targets all --r 4", "--mode router --quant-targets all"};
+    for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/configs/%s", MT_REPO_ROOT, names[i]);
+        mt_model_config cfg;
+        cr_assert_eq(mt_model_config_load(path, &cfg), 0, "%s", mt_error_get());
+        for (size_t r = 0; r < MT_ARRAY_LEN(runs); r++) {
+            char on[256], off[256];
+            snprintf(on, sizeof on, "%s --dequant-cache on", runs[r]);
+            snprintf(off, sizeof off, "%s --dequant-cache off", runs[r]);
+            uint64_t planned = base_with_copies(&cfg, on, 0) - base_with_copies(&cfg, off, 0);
+            uint64_t measured = base_with_copies(&cfg, on, 1) - base_with_copies(&cfg, off, 1);
+            cr_expect_gt(planned, 0, "%s %s: no copies planned", names[i], runs[r]);
+            cr_expect_eq(measured, planned, "%s %s: the copies measured %llu bytes, planned %llu", names[i], runs[r],
+                         (unsigned long long)measured, (unsigned long long)planned);
+        }
     }
 }
 
@@ -341,6 +386,8 @@ Test(measure, cuda_run_equals_the_plan) {
     expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --dropout 0.1 --seq 40 --checkpointing none");
     expect_run_equals_plan(gpu, "tiny.json", "--mode unfreeze --layers 1 --experts 0,3 --seq 32");
     expect_run_equals_plan(gpu, "mid.json", "--mode lora --targets all --r 8 --quant none --layers 22,23 --seq 32 --batch 2");
+    expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --seq 48 --dequant-cache on --quant-targets all");
+    expect_run_equals_plan(gpu, "tiny-deepseek-v3.json", "--mode lora --targets all --r 4 --seq 24 --dequant-cache on");
     mt_backend_free(gpu);
 }
 

@@ -284,7 +284,8 @@ Test(plan, expert_scratch_in_work_on_cuda) {
 // the exit status without --measure. A mode set by hand says nothing more.
 Test(plan, auto_measured_fit_is_said_beside_the_plans_no) {
     char out[32768];
-    const char *run = "plan --model " MT_REPO_ROOT "/configs/qwen3-30b-a3b.json --mode lora --r 16 --experts all --seq 4096";
+    const char *run = "plan --model " MT_REPO_ROOT "/configs/qwen3-30b-a3b.json --mode lora --r 16 --experts all --seq 4096 "
+                      "--dequant-cache off";
     cr_assert_eq(mt_test_run(out, sizeof out, "%s", run), MT_EXIT_NOFIT, "%s", out);
     cr_expect(strstr(out, "card: NO (101%)"), "%s", out);
     cr_expect(strstr(out, "by the measured step --recompute auto chose from: yes ("), "%s", out);
@@ -333,6 +334,53 @@ Test(plan, recompute_auto_picks_the_least_that_fits) {
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --seq 4096 --gpu-mem 44GB --recompute auto --measure"),
                  MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "recompute experts (auto: fits 44 GB"), "%s", out);
+}
+
+// --dequant-cache auto: after the recompute mode, the bf16 copies of the 4-bit weights outside the
+// experts (Mixtral: attention's q, k, v, o, 32 × 41,943,040 params) where the measured step with
+// them still fits; off where they would not, on the cpu, and in the reference cases.
+Test(plan, dequant_cache_auto_keeps_copies_where_they_fit) {
+    mt_model_config cfg;
+    mt_plan_mixtral_8x7b(&cfg);
+    const uint64_t copies = 2ull * 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024);
+    struct { const char *flags; int gpu; mt_ckpt recompute; int want; const char *says; } runs[] = {
+        {"--seq 4096 --gpu-mem 80GB --recompute auto --dequant-cache auto", 1, MT_CKPT_NONE, MT_DEQUANT_CACHE_ON,
+         "kept in bf16 (--dequant-cache auto: 2.68 GB)"},
+        // none fits 66 GB (63.8 GB with the 1 GB reserve), none with the copies (66.5) does not
+        {"--seq 4096 --gpu-mem 66GB --recompute auto --dequant-cache auto", 1, MT_CKPT_NONE, MT_DEQUANT_CACHE_OFF,
+         "would not fit"},
+        // the measured step with them fits 67 GB (66.5), the plan's total no longer would (65.5 -> 68.2 GB):
+        // the trainer would refuse what it ran without them
+        {"--seq 4096 --gpu-mem 67GB --recompute none --dequant-cache auto", 1, MT_CKPT_NONE, MT_DEQUANT_CACHE_OFF,
+         "would not fit"},
+        {"--seq 4096 --gpu-mem 66GB --recompute none --dequant-cache on", 1, MT_CKPT_NONE, MT_DEQUANT_CACHE_ON,
+         "(--dequant-cache on: 2.68 GB)"},
+        {"--seq 4096 --gpu-mem 80GB --recompute none --dequant-cache auto", 0, MT_CKPT_NONE, MT_DEQUANT_CACHE_OFF, ""},
+        {"--seq 4096 --gpu-mem 80GB --recompute auto", 1, MT_CKPT_NONE, MT_DEQUANT_CACHE_OFF, ""},  // the case's off
+    };
+    for (size_t i = 0; i < MT_ARRAY_LEN(runs); i++) {
+        mt_run_opts o;
+        char note[512];
+        cr_assert_eq(case_opts('C', runs[i].flags, &o), 0, "%s", mt_error_get());
+        cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, runs[i].gpu, note, sizeof note, NULL), 0, "%s", mt_error_get());
+        cr_log_info("%s: %s", runs[i].flags, note);
+        cr_expect_eq(o.checkpointing, runs[i].recompute, "%s: %s", runs[i].flags, note);
+        cr_expect_eq(o.dequant_cache, runs[i].want, "%s: %s", runs[i].flags, note);
+        cr_expect(strstr(note, runs[i].says), "%s: %s", runs[i].flags, note);
+        if (!runs[i].says[0]) cr_expect(!strstr(note, "dequant-cache"), "%s: %s", runs[i].flags, note);
+        // The plan's base holds the copies exactly when they are on.
+        mt_plan with, without;
+        mt_plan_opts po = mt_run_opts_plan(&o);
+        cr_assert_eq(mt_plan_compute(&cfg, &po, &with), 0);
+        po.dequant_cache = 0;
+        cr_assert_eq(mt_plan_compute(&cfg, &po, &without), 0);
+        cr_expect_eq(with.bytes[MT_MEM_BASE] - without.bytes[MT_MEM_BASE], o.dequant_cache == MT_DEQUANT_CACHE_ON ? copies : 0,
+                     "%s", runs[i].flags);
+        cr_expect_eq(with.dequant_cache_bytes, o.dequant_cache == MT_DEQUANT_CACHE_ON ? copies : 0, "%s", runs[i].flags);
+    }
+    mt_run_opts o;
+    cr_expect_neq(case_opts(0, "--dequant-cache sometimes", &o), 0);
+    cr_expect(strstr(mt_error_get(), "dequant-cache") && strstr(mt_error_get(), "off, on, auto"), "%s", mt_error_get());
 }
 
 Test(plan, checks_name_the_flag) {

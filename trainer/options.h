@@ -42,6 +42,7 @@ typedef struct mt_run_opts {
     int64_t seq;
     int64_t batch;            // micro-batch per GPU
     mt_ckpt checkpointing;
+    int dequant_cache;        // MT_DEQUANT_CACHE_*: off, on, or auto (resolved with --recompute's auto)
     // parallelism and memory
     int gpus;
     int ep;
@@ -172,7 +173,12 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
 // gpu: 0 the cpu, 1 a card of --gpu-mem, MT_GPU_MEM_OF_CARD a card whose own memory the trainer
 // put in --gpu-mem (the note says "of the card"). choice (NULL: not wanted) gets auto's choice
 // (zero but its mode when the mode was set).
+// --dequant-cache auto is resolved here too, after the recompute mode (set or chosen): on when
+// the GPU step holds a bf16 copy of its 4-bit weights outside the experts (model/spec.h) and
+// still fits the same limit, else off; the note then also says so. The cpu keeps it off (its
+// step dequantizes nothing: it multiplies the 4-bit tiles).
 enum { MT_GPU_MEM_OF_CARD = 2 };
+enum { MT_DEQUANT_CACHE_OFF, MT_DEQUANT_CACHE_ON, MT_DEQUANT_CACHE_AUTO };
 int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n,
                                   mt_plan_recompute_choice *choice);
 // Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:

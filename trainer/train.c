@@ -451,10 +451,11 @@ static int setup(trainer *t) {
     if (!gpu_mem_given && t->be->ops->kind == MT_BACKEND_CUDA && mt_cuda_mem_info(t->be, &dev_free, &dev_total) == 0)
         o->gpu_mem_bytes = (double)dev_total, gpu = MT_GPU_MEM_OF_CARD;
     // --recompute auto: the least recomputation that fits this device, the same on every rank.
-    char recompute[256];
+    char recompute[512];
     if (mt_run_opts_resolve_recompute(o, &cfg, gpu, recompute, sizeof recompute, NULL) != 0)
         return -1;
     if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
+    if (t->world && mt_comm_check_same(t->world, "--dequant-cache's choice", (uint64_t)o->dequant_cache) != 0) return -1;
     // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
     int fit = print_plan(&cfg, o, recompute, gpu_mem_given, t->rank == 0);
     if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;

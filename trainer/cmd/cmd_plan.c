@@ -107,8 +107,10 @@ int cmd_plan(int argc, char **argv) {
         else
             o.seq = cfg.max_positions;
     }
-    // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step.
-    char recompute[256] = "";
+    // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step (and
+    // --dequant-cache auto after it; a cpu run keeps no bf16 copies).
+    if (cpu) o.dequant_cache = MT_DEQUANT_CACHE_OFF;
+    char recompute[512] = "";
     mt_plan_recompute_choice choice = {0};
     if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute, &choice) != 0) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
