@@ -699,6 +699,7 @@ int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
                      (long long)s->dropped_overlong, notes[0] ? "; " : "", notes);
         rc = -1;
     }
+    if (rc != 0) mt_dataset_free(d);  // a refused file leaves the caller nothing to free
     return rc;
 }
 

@@ -183,7 +183,8 @@ typedef struct mt_data_cursor {
 
 // Reads `path`: a token file when it starts with "MTTOK1", else JSONL, tokenized with `tok`
 // (whose vocab also bounds token-file ids). 0, or -1 with an error naming the file and the line
-// (or sample). The dataset is zeroed first; free it with mt_dataset_free either way.
+// (or sample). The dataset is zeroed first, and freed again on -1; mt_dataset_free is safe
+// either way.
 int mt_dataset_load(mt_dataset *d, const char *path, const mt_tokenizer *tok,
                     const mt_data_opts *opts);
 void mt_dataset_free(mt_dataset *d);
