@@ -589,6 +589,11 @@ int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_s
     suggest_ctx x = {cfg, out, max, 0};
     mt_plan_opts c;
     char label[96];
+    if (o->dequant_cache) {  // the bf16 copies of --dequant-cache first: they buy the least
+        c = *o;
+        c.dequant_cache = 0;
+        try_change(&x, &c, "--dequant-cache off");
+    }
     if (o->quant == MT_QUANT_NONE) {
         c = *o;
         c.quant = MT_QUANT_NF4;

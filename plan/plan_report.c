@@ -335,9 +335,9 @@ static void print_measured_table(FILE *out, const mt_plan_report *r) {
     fprintf(out, "  work: the plan's figure is a guess for what the null backend cannot see (CUDA context,\n"
                  "  cuBLAS and NCCL workspaces, allocator slack); the measured peak is the GPU step's own\n"
                  "  scratch as the cuda backend allocates it (bf16 activation gradients, the bf16 dequant\n"
-                 "  buffer of the largest 4-bit W outside the experts, whose grouped kernels dequantize\n"
-                 "  tile by tile, the experts' LoRA dxa), and the fused loss's chunk of fp32 logits, which\n"
-                 "  the plan counts within its 10·s·b·V under act (the logits are never whole).\n");
+                 "  buffer of the largest 4-bit W outside the experts unless --dequant-cache keeps them in\n"
+                 "  bf16, the experts' two dequantization slots and LoRA dxa), and the fused loss's chunk of\n"
+                 "  fp32 logits, which the plan counts within its 10·s·b·V under act (never whole).\n");
     double pct = 100.0 * (double)m->total_peak / p->gpu_mem;
     fprintf(out, "fits on a %.0f GB card by the measured total (with --measure it decides): %s (%.0f%%)",
             p->gpu_mem / 1e9, mt_plan_measured_fits(m, p->gpu_mem) ? "yes" : "NO", pct);

@@ -378,7 +378,34 @@ Test(plan, dequant_cache_auto_keeps_copies_where_they_fit) {
                      "%s", runs[i].flags);
         cr_expect_eq(with.dequant_cache_bytes, o.dequant_cache == MT_DEQUANT_CACHE_ON ? copies : 0, "%s", runs[i].flags);
     }
+    // auto's choice, measured, holds the step with the copies (what `plan` prints beside its no).
     mt_run_opts o;
+    mt_plan_recompute_choice choice;
+    char note[512];
+    cr_assert_eq(case_opts('C', "--seq 4096 --gpu-mem 80GB --recompute auto --dequant-cache auto", &o), 0);
+    cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, 1, note, sizeof note, &choice), 0, "%s", mt_error_get());
+    mt_plan_measurement m;
+    cr_assert_eq(mt_plan_measure(&cfg, NULL, MT_PLAN_OPTS_OF(&o), MT_MODEL_SPEC_OF(&o), &m), 0, "%s", mt_error_get());
+    cr_expect(choice.measured && o.dequant_cache == MT_DEQUANT_CACHE_ON, "%s", note);
+    cr_expect_eq(choice.total, m.total_peak, "auto's figure %llu, the step with the copies %llu",
+                 (unsigned long long)choice.total, (unsigned long long)m.total_peak);
+    // The cpu keeps none, and chooses its recompute mode without them: on 128 GB of --mem the
+    // measured step twice fits with nothing recomputed (125.5 GB), the copies' would not (130.9).
+    cr_assert_eq(case_opts('C', "--seq 4096 --mem 128GB --recompute auto --dequant-cache on", &o), 0);
+    cr_assert_eq(mt_run_opts_resolve_recompute(&o, &cfg, 0, note, sizeof note, NULL), 0, "%s", mt_error_get());
+    cr_expect_eq(o.checkpointing, MT_CKPT_NONE, "%s", note);
+    cr_expect_eq(o.dequant_cache, MT_DEQUANT_CACHE_OFF, "%s", note);
+    cr_expect(strstr(note, "the cpu step keeps no bf16 copies"), "%s", note);
+    // A plan that does not fit with them names the copies first among its fixes.
+    cr_assert_eq(case_opts('C', "--seq 4096 --gpu-mem 66GB --recompute none --dequant-cache on", &o), 0);
+    mt_plan p;
+    mt_plan_opts po = mt_run_opts_plan(&o);
+    cr_assert_eq(mt_plan_compute(&cfg, &po, &p), 0);
+    cr_expect(!p.fits);
+    mt_plan_suggestion sug[MT_PLAN_MAX_SUGGESTIONS];
+    int ns = mt_plan_suggest(&cfg, &po, sug, MT_PLAN_MAX_SUGGESTIONS);
+    cr_expect(ns > 0 && strcmp(sug[0].change, "--dequant-cache off") == 0, "%d suggestions, first %s", ns,
+              ns ? sug[0].change : "-");
     cr_expect_neq(case_opts(0, "--dequant-cache sometimes", &o), 0);
     cr_expect(strstr(mt_error_get(), "dequant-cache") && strstr(mt_error_get(), "off, on, auto"), "%s", mt_error_get());
 }

@@ -56,8 +56,8 @@ static const opt_def opt_table[] = {
      "dense MLP) | full | auto (the least that fits --gpu-mem, the host's memory on the cpu; docs/memory.md)"},
     {"checkpointing", OPT_SPECIAL, F(checkpointing), 0, "the same as --recompute (full | none, and its other values)"},
     {"dequant-cache", OPT_SPECIAL, F(dequant_cache), 0,
-     "GPU step: keep a bf16 copy of each frozen 4-bit weight outside the experts (attention; the router and "
-     "dense MLPs when 4-bit), made once at load, instead of dequantizing it at every use: on | off | auto (on "
+     "GPU step: keep a bf16 copy of each frozen 4-bit weight outside the experts (attention, MLA's projections; "
+     "the router, shared experts and dense MLPs when 4-bit), made once at load, instead of dequantizing it at every use: on | off | auto (on "
      "when the run still fits after --recompute's choice; Mixtral-8x7B: 2.7 GB, 1.3% of a step by the roofline)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
@@ -302,16 +302,10 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
 // fits `limit`, by the measured step as --recompute auto decides, and the plan's verdict stays
 // what it was without them (the trainer refuses a run the plan's total does not fit: the copies
 // must not turn a yes into a no), else off. Appends to `note` what was decided when the copies
-// are on or auto left them off.
-static int resolve_dequant_cache(mt_run_opts *o, const mt_model_config *cfg, int gpu, double limit, double reserve,
-                                 char *note, size_t n) {
+// are on or auto left them off; auto's `choice`, measured, then holds the step with them.
+static int resolve_dequant_cache(mt_run_opts *o, const mt_model_config *cfg, double limit, double reserve,
+                                 char *note, size_t n, mt_plan_recompute_choice *choice) {
     size_t used = strlen(note);
-    if (!gpu) {  // the cpu step multiplies the 4-bit tiles: nothing to keep
-        if (o->dequant_cache == MT_DEQUANT_CACHE_ON)
-            snprintf(note + used, n - used, "; --dequant-cache on: the cpu step dequantizes nothing to keep");
-        o->dequant_cache = MT_DEQUANT_CACHE_OFF;
-        return 0;
-    }
     int was_auto = o->dequant_cache == MT_DEQUANT_CACHE_AUTO;
     mt_plan_opts po = mt_run_opts_plan(o);
     po.dequant_cache = 1;
@@ -325,12 +319,14 @@ static int resolve_dequant_cache(mt_run_opts *o, const mt_model_config *cfg, int
         mt_model_spec spec = mt_run_opts_model_spec(o);
         spec.dequant_cache = 1;
         mt_plan_measurement m;
-        double total = mt_plan_measure(cfg, NULL, &po, &spec, &m) == 0 ? (double)m.total_peak : (double)p.total;
+        int measured = mt_plan_measure(cfg, NULL, &po, &spec, &m) == 0;
+        double total = measured ? (double)m.total_peak : (double)p.total;
         mt_plan without;
         po.dequant_cache = 0;
         if (mt_plan_compute(cfg, &po, &without) != 0) return -1;
         int fits = total + reserve <= limit && ((double)p.total <= limit || (double)without.total > limit);
         o->dequant_cache = fits ? MT_DEQUANT_CACHE_ON : MT_DEQUANT_CACHE_OFF;
+        if (fits && measured && choice && choice->measured) choice->total = m.total_peak;
     }
     if (o->dequant_cache == MT_DEQUANT_CACHE_ON)
         snprintf(note + used, n - used, "; 4-bit weights outside the experts kept in bf16 (%s: %.3g GB)",
@@ -348,32 +344,41 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
     double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     double limit = cuda ? o->gpu_mem_bytes : o->mem_bytes > 0 ? o->mem_bytes : phys;
     double scale = cuda ? 1.0 : 2.0, reserve = cuda ? MT_PLAN_CUDA_RESERVE : 0.0;
+    // The cpu step multiplies the 4-bit tiles: it keeps no copies, and the recompute mode is
+    // chosen without them.
+    int cpu_asked = !gpu && o->dequant_cache == MT_DEQUANT_CACHE_ON;
+    if (!gpu) o->dequant_cache = MT_DEQUANT_CACHE_OFF;
     if (o->checkpointing != MT_CKPT_AUTO) {
         snprintf(note, n, "%s (as set)", mt_ckpt_name(o->checkpointing));
-        return resolve_dequant_cache(o, cfg, gpu, limit, reserve, note, n);
+    } else {
+        // Auto's copies come after the recompute mode, chosen without them: recomputing costs far
+        // more time than dequantizing does (Mixtral-8x7B at s 4096 by the roofline: recomputing
+        // attention costs 31 ms a step, every layer 254 ms; the copies save 7 ms).
+        int cache = o->dequant_cache;
+        if (cache == MT_DEQUANT_CACHE_AUTO) o->dequant_cache = MT_DEQUANT_CACHE_OFF;
+        mt_plan_opts po = mt_run_opts_plan(o);
+        mt_model_spec spec = mt_run_opts_model_spec(o);
+        o->dequant_cache = cache;
+        mt_plan_recompute_choice c;
+        if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
+        o->checkpointing = c.mode;
+        if (choice) *choice = c;
+        const char *by = c.measured ? "the measured step" : "the plan";
+        const char *where = gpu == MT_GPU_MEM_OF_CARD ? "the card" : cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
+        double need = (double)c.total * scale + reserve;
+        if (c.fits)
+            snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.3g GB%s)", mt_ckpt_name(c.mode), limit / 1e9,
+                     where, by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", the GPU step's bytes twice for f32");
+        else
+            snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
+                     limit / 1e9, where, need / 1e9, by);
     }
-    // Auto's copies come after the recompute mode, chosen without them: recomputing costs far more
-    // time than dequantizing does (Mixtral-8x7B at s 4096 by the roofline: recomputing attention
-    // costs 31 ms a step, every layer 254 ms; the copies save 7 ms).
-    int cache = o->dequant_cache;
-    if (cache == MT_DEQUANT_CACHE_AUTO) o->dequant_cache = MT_DEQUANT_CACHE_OFF;
-    mt_plan_opts po = mt_run_opts_plan(o);
-    mt_model_spec spec = mt_run_opts_model_spec(o);
-    o->dequant_cache = cache;
-    mt_plan_recompute_choice c;
-    if (mt_plan_choose_recompute(cfg, &po, &spec, limit, scale, reserve, &c) != 0) return -1;
-    o->checkpointing = c.mode;
-    if (choice) *choice = c;
-    const char *by = c.measured ? "the measured step" : "the plan";
-    const char *where = gpu == MT_GPU_MEM_OF_CARD ? "the card" : cuda ? "--gpu-mem" : o->mem_bytes > 0 ? "--mem" : "host memory";
-    double need = (double)c.total * scale + reserve;
-    if (c.fits)
-        snprintf(note, n, "%s (auto: fits %.0f GB of %s by %s: %.3g GB%s)", mt_ckpt_name(c.mode), limit / 1e9, where,
-                 by, need / 1e9, cuda ? " with 1 GB for the CUDA context" : ", the GPU step's bytes twice for f32");
-    else
-        snprintf(note, n, "%s (auto: nothing fits %.0f GB of %s; full needs %.1f GB by %s)", mt_ckpt_name(c.mode),
-                 limit / 1e9, where, need / 1e9, by);
-    return resolve_dequant_cache(o, cfg, gpu, limit, reserve, note, n);
+    if (cpu_asked) {
+        size_t used = strlen(note);
+        snprintf(note + used, n - used, "; --dequant-cache on: the cpu step keeps no bf16 copies (it multiplies the "
+                 "4-bit tiles)");
+    }
+    return gpu ? resolve_dequant_cache(o, cfg, limit, reserve, note, n, choice) : 0;
 }
 
 mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {

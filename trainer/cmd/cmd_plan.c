@@ -109,6 +109,8 @@ int cmd_plan(int argc, char **argv) {
     }
     // --recompute auto: the least recomputation that fits --gpu-mem, by the measured step (and
     // --dequant-cache auto after it; a cpu run keeps no bf16 copies).
+    if (cpu && o.dequant_cache == MT_DEQUANT_CACHE_ON)
+        mt_warn("--dequant-cache on: a cpu run keeps no bf16 copies (it multiplies the 4-bit tiles); planned without them");
     if (cpu) o.dequant_cache = MT_DEQUANT_CACHE_OFF;
     char recompute[512] = "";
     mt_plan_recompute_choice choice = {0};
