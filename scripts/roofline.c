@@ -23,7 +23,7 @@
 #include "quant/quant.h"
 #include "scripts/step_model.h"
 #include "scripts/step_time.h"
-#include "trainer/options.h"  // mt_parse_bytes
+#include "trainer/options.h"  // mt_parse_bytes, case C's run options
 
 typedef struct {
     double step_s, tokens_s, mfu, hfu, hw_flops, model_flops;
@@ -91,6 +91,11 @@ static void usage(FILE *f) {
                "  --layers         layers of the model (default the config's; the GPU check runs 4)\n");
 }
 
+static void set_recompute(step_shape *sh, mt_ckpt mode) {
+    sh->recompute = 0;
+    sh->recompute_attn = mt_ckpt_attention(mode), sh->recompute_mlp = mt_ckpt_mlp(mode);
+}
+
 // Case C's run as the trainer resolves it (trainer/options.c mt_run_opts_resolve_recompute), at
 // sh->seq on a card of gpu_mem bytes: the recompute mode (`mode`, or auto's choice) and the bf16
 // copies of --dequant-cache (`cache`: off, on or auto) into sh, what the one-line plan says into
@@ -104,15 +109,9 @@ static int resolve_run(step_shape *sh, mt_ckpt mode, int cache, double gpu_mem, 
         return -1;
     o.gpu_mem_bytes = gpu_mem, o.checkpointing = mode, o.dequant_cache = cache, o.lora_dropout = sh->lora_dropout;
     if (mt_run_opts_resolve_recompute(&o, &sh->cfg, 1, note, n, NULL) != 0) return -1;
-    sh->recompute = 0;
-    sh->recompute_attn = mt_ckpt_attention(o.checkpointing), sh->recompute_mlp = mt_ckpt_mlp(o.checkpointing);
+    set_recompute(sh, o.checkpointing);
     sh->dequant_cache = o.dequant_cache == MT_DEQUANT_CACHE_ON;
     return 0;
-}
-
-static void set_recompute(step_shape *sh, mt_ckpt mode) {
-    sh->recompute = 0;
-    sh->recompute_attn = mt_ckpt_attention(mode), sh->recompute_mlp = mt_ckpt_mlp(mode);
 }
 
 static void print_assumptions(const step_shape *sh) {
@@ -202,11 +201,10 @@ int main(int argc, char **argv) {
             ok = 0;
             for (int k = 0; k < 5; k++)
                 if (!strcmp(v, names[k])) mode = (mt_ckpt)k, ok = 1;
-        } else if (!strcmp(a, "--dequant-cache")) {
-            static const char *names[] = {"off", "on", "auto"};  // MT_DEQUANT_CACHE_*'s order
-            ok = 0;
-            for (int k = 0; k < 3; k++)
-                if (!strcmp(v, names[k])) cache = k, ok = 1;
+        } else if (!strcmp(a, "--dequant-cache")) {  // the trainer's own parse of the flag
+            mt_run_opts parsed;
+            mt_run_opts_default(&parsed);
+            ok = mt_run_opts_set(&parsed, "dequant-cache", v) == 0, cache = parsed.dequant_cache;
         } else if (!strcmp(a, "--gpu-mem")) {
             ok = mt_parse_bytes(v, &gpu_mem) == 0 && gpu_mem > 0;
         } else if (!strcmp(a, "--dequant-instr")) {
