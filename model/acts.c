@@ -177,13 +177,14 @@ static void expert_bufs_ensure(mt_model *m, mt_layer_acts *a, int64_t rows) {
     int64_t H = m->cfg.hidden, f = m->cfg.intermediate, r = m->spec.lora_r;
     a->expert_rows = rows;
     if (rows == 0) return;
-    // w1's and w3's LoRA xa live beside x in xs's rows when they fold (model/experts_gpu.c).
-    int64_t beside = mt_experts_xs_extra(m);
-    a->xs = act(m, MT_BF16, rows, H + beside), a->a = act(m, MT_BF16, rows, f);
+    // w1's and w3's LoRA xa live beside x in xs's rows when they fold, w2's beside the SwiGLU
+    // output in a's (model/experts_gpu.c).
+    int64_t beside = mt_experts_xs_extra(m), beside2 = mt_experts_a_extra(m);
+    a->xs = act(m, MT_BF16, rows, H + beside), a->a = act(m, MT_BF16, rows, f + beside2);
     if (gpu_step(m)) a->gu = act(m, MT_BF16, rows, 2 * f);
     else a->g = act(m, MT_BF16, rows, f), a->u = act(m, MT_BF16, rows, f);
     a->xa_w1 = a->expert_lora[0] && !beside ? act(m, MT_BF16, rows, r) : NULL;
-    a->xa_w2 = a->expert_lora[1] ? act(m, MT_BF16, rows, r) : NULL;
+    a->xa_w2 = a->expert_lora[1] && !beside2 ? act(m, MT_BF16, rows, r) : NULL;
     a->xa_w3 = a->expert_lora[2] && !beside ? act(m, MT_BF16, rows, r) : NULL;
 }
 
@@ -208,7 +209,7 @@ static void layer_acts_free(mt_layer_acts *a, int parts) {
 static int shared_parts(const mt_model *m) { return (m->recompute_attn ? PART_ATTN : 0) | (m->recompute_mlp ? PART_MLP : 0); }
 
 void mt_model_acts_free(mt_model *m) {
-    m->xs_extra_known = 0;  // xs's room is decided again with the next activations
+    m->xs_extra_known = m->a_extra_known = 0;  // xs's and a's room are decided again with the next activations
     int shared = shared_parts(m);
     for (int i = 0; m->acts && i < m->cfg.layers; i++) layer_acts_free(&m->acts[i], PART_ALL & ~shared);
     if (m->acts) layer_acts_free(&m->shared, shared);

@@ -534,29 +534,31 @@ void mt_op_expert_bias_backward(mt_model *m, mt_act *db, int64_t lddb, const mt_
 }
 
 // The GPU step's SwiGLU of gu [rows, 2f], w1's and w3's outputs side by side (one GEMM): the
-// family's, plain or clamped (gpt-oss).
-void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f) {
+// family's, plain or clamped (gpt-oss). a and da have row stride lda (w2's LoRA xa may sit beside).
+void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, int64_t lda, const mt_act *gu, int64_t rows, int64_t f) {
     const mt_model_config *c = &m->cfg;
     float alpha = (float)c->swiglu_alpha, lim = (float)c->swiglu_limit;
     PROFILED("SwiGLU", 8.0 * rows * f, 3 * AB(m) * rows * f, {
         if (lim > 0)
-            DISPATCH(m, swiglu_clamped_fused_forward_cpu(a, gu, rows, f, alpha, lim),
-                     swiglu_clamped_fused_forward_cuda(m->be, a, gu, rows, f, alpha, lim));
+            DISPATCH(m, swiglu_clamped_fused_forward_cpu(a, lda, gu, rows, f, alpha, lim),
+                     swiglu_clamped_fused_forward_cuda(m->be, a, lda, gu, rows, f, alpha, lim));
         else
-            DISPATCH(m, swiglu_fused_forward_cpu(a, gu, rows, f), swiglu_fused_forward_cuda(m->be, a, gu, rows, f));
+            DISPATCH(m, swiglu_fused_forward_cpu(a, lda, gu, rows, f),
+                     swiglu_fused_forward_cuda(m->be, a, lda, gu, rows, f));
     });
 }
 
-void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows, int64_t f) {
+void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, int64_t ldda, const mt_act *gu, int64_t rows,
+                                 int64_t f) {
     const mt_model_config *c = &m->cfg;
     float alpha = (float)c->swiglu_alpha, lim = (float)c->swiglu_limit;
     PROFILED("SwiGLU", 12.0 * rows * f, 5 * AB(m) * rows * f, {
         if (lim > 0)
-            DISPATCH(m, swiglu_clamped_fused_backward_cpu(dgu, da, gu, rows, f, alpha, lim),
-                     swiglu_clamped_fused_backward_cuda(m->be, dgu, da, gu, rows, f, alpha, lim));
+            DISPATCH(m, swiglu_clamped_fused_backward_cpu(dgu, da, ldda, gu, rows, f, alpha, lim),
+                     swiglu_clamped_fused_backward_cuda(m->be, dgu, da, ldda, gu, rows, f, alpha, lim));
         else
-            DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, gu, rows, f),
-                     swiglu_fused_backward_cuda(m->be, dgu, da, gu, rows, f));
+            DISPATCH(m, swiglu_fused_backward_cpu(dgu, da, ldda, gu, rows, f),
+                     swiglu_fused_backward_cuda(m->be, dgu, da, ldda, gu, rows, f));
     });
 }
 

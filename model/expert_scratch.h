@@ -32,12 +32,14 @@ static inline int64_t mt_expert_slot_elems(int64_t w_elems, int64_t experts) {
 // holds it for its duration; dense experts need none). w2_under: rows stacked under each W2 [d, f]
 // in the backward's dx call (w2's LoRA A, r rows, when it folds: model/experts_gpu.c), else 0.
 // w13_beside: columns beside each [W1;W3]'s rows in the forward's call (w1's and w3's LoRA B,
-// 2r, when they fold; the row stride rounded up to 8: model/grouped.h), else 0.
+// 2r, when they fold; the row stride rounded up to 8: model/grouped.h), else 0. w2_beside: the
+// same beside each W2's rows in the forward's w2 call (w2's LoRA B, r), else 0.
 static inline int64_t mt_expert_dequant_scratch_bytes(int64_t d, int64_t f, int64_t experts, int64_t w2_under,
-                                                      int64_t w13_beside) {
-    int64_t ld13 = w13_beside ? (d + w13_beside + 7) / 8 * 8 : d;
+                                                      int64_t w13_beside, int64_t w2_beside) {
+    int64_t ld13 = w13_beside ? (d + w13_beside + 7) / 8 * 8 : d, ld2 = w2_beside ? (f + w2_beside + 7) / 8 * 8 : f;
     int64_t a = mt_expert_slot_elems(2 * f * ld13, experts), b = mt_expert_slot_elems((d + w2_under) * f, experts);
-    return MT_EXPERT_SCRATCH_SLOTS * (a > b ? a : b) * 2;
+    int64_t c = mt_expert_slot_elems(d * ld2, experts), most = a > b ? a : b;
+    return MT_EXPERT_SCRATCH_SLOTS * (most > c ? most : c) * 2;
 }
 
 // Bytes of the dropout buffer of a call over `rows` rows of `width` columns (LoRA dropout > 0).

@@ -10,7 +10,9 @@
 //     GEMM instead: xa1, xa3 are written beside x in xs's rows and
 //     gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra)
 //   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
-//   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA)
+//   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA: when every expert of the model
+//     has one, its B rides in the base GEMM as w1's and w3's do: xa2 is written beside a in a's
+//     rows and ys = [a | xa2]·[W2 | s·B2]ᵀ, mt_experts_a_extra)
 // Backward: da = dys·W2 (+ w2's LoRA: folded under W2 when it may be, see mt_experts_dys_extra,
 // else first when it may be), dgu = SwiGLU'(da), dxs = dgu·[W1;W3] (one GEMM of K = 2f, written
 // by its first writer, zeroed first only where the rows do not cover it; when w1's and w3's B fold it also makes their dxa beside
@@ -289,6 +291,22 @@ static mt_tensor xs_of(const group *gr) {
                  (long long)xs->shape[1], (long long)(H + extra));
     return cols(GROUP_ROWS(gr, xs), 0, H);
 }
+// The layer's a [rows, f] (SwiGLU's output; the backward's da over it) and w2's LoRA xa [rows, r]:
+// beside a in a's rows when w2's B folds (mt_experts_a_extra), else its own activation.
+static mt_tensor act_of(const group *gr) {
+    const mt_tensor *a = layer_acts(gr->m, gr->L)->a;
+    const int64_t f = gr->m->cfg.intermediate, extra = mt_experts_a_extra(gr->m);
+    if (a->shape[1] != f + extra)
+        mt_fatal(MT_EXIT_ERROR, "layer %d experts: a has %lld columns, w2's LoRA fold wants %lld", gr->L,
+                 (long long)a->shape[1], (long long)(f + extra));
+    return cols(GROUP_ROWS(gr, a), 0, f);
+}
+static mt_tensor xa2_of(const group *gr) {
+    mt_layer_acts *a = layer_acts(gr->m, gr->L);
+    int64_t extra = mt_experts_a_extra(gr->m);
+    if (extra) return cols(GROUP_ROWS(gr, a->a), gr->m->cfg.intermediate, extra);
+    return a->xa_w2 ? mt_view_rows(a->xa_w2, gr->row0, group_rows(gr)) : (mt_tensor){0};
+}
 static mt_tensor xa13_of(const group *gr, int which) {
     mt_layer_acts *a = layer_acts(gr->m, gr->L);
     int64_t extra = mt_experts_xs_extra(gr->m), r = extra / 2;
@@ -332,12 +350,31 @@ static void forward13_folded(group *gr, const mt_tensor *gu) {
     base13_beside(gr, 1, 0.0f, gu, &xx);
 }
 
+// ys = [a | xa2]·[W2 | s·B2]ᵀ (mt_experts_a_extra): xa2 = drop(a)·A2ᵀ written beside a, then one
+// GEMM (K = f + r), where the LoRA's own product would write ys and the base GEMM read it back.
+static void forward2_folded(group *gr, const mt_tensor *y, const mt_tensor *act) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    const int64_t f = gr->m->cfg.intermediate, r = mt_experts_a_extra(gr->m);
+    mt_tensor xa2 = xa2_of(gr), ax = mt_view2(act->be, act->data, MT_BF16, act->shape[0], f + r, mt_tensor_ld(act));
+    const mt_lora *lo = loras(gr, W2, 0);
+    mt_prof_push(LORA_ROW);
+    gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1}), &xa2, act);
+    mt_prof_pop();
+    const mt_tensor **b2 = mt_xcalloc((size_t)gr->E, sizeof *b2);
+    for (int e = 0; e < gr->E; e++) gr->q[e] = ly->w2[e].q, gr->w[e] = NULL, b2[e] = ly->w2[e].lora->b;
+    mt_prof_push(base_row(W2, 1));
+    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .beside = b2, .beside_scale = lo->scale, .trans = 1, .alpha = 1.0f},
+         y, &ax);
+    mt_prof_pop();
+    free(b2);
+}
+
 static void forward_group(group *gr, const mt_tensor *ys) {
     mt_model *m = gr->m;
     mt_layer_acts *a = layer_acts(m, gr->L);
     int64_t f = m->cfg.intermediate, n = group_rows(gr);
-    mt_tensor xsv = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3);
-    mt_tensor *xs = &xsv, *gu = GROUP_ROWS(gr, a->gu), *act = GROUP_ROWS(gr, a->a);
+    mt_tensor xsv = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3), actv = act_of(gr), xa2 = xa2_of(gr);
+    mt_tensor *xs = &xsv, *gu = GROUP_ROWS(gr, a->gu), *act = &actv;
     mt_tensor g = half(gu, f, 0), u = half(gu, f, 1);
     if (mt_experts_xs_extra(m)) {
         forward13_folded(gr, gu);
@@ -351,14 +388,16 @@ static void forward_group(group *gr, const mt_tensor *ys) {
         lora_forward(gr, W3, &u, xs, &xa3, 1.0f);
     }
     biases(gr, W1, &g, 0), biases(gr, W3, &u, 0);
-    if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, gu->data, n, f);
+    if (!m->counting) mt_op_swiglu_fused_forward(m, act->data, mt_tensor_ld(act), gu->data, n, f);
     mt_tensor *y = GROUP_ROWS(gr, ys);
-    if (lora_first(gr, W2)) {
-        lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2), 0.0f);
+    if (mt_experts_a_extra(m)) {
+        forward2_folded(gr, y, act);
+    } else if (lora_first(gr, W2)) {
+        lora_forward(gr, W2, y, act, &xa2, 0.0f);
         base(gr, W2, 1, 1.0f, y, act);
     } else {
         base(gr, W2, 1, 0.0f, y, act);
-        lora_forward(gr, W2, y, act, GROUP_ROWS(gr, a->xa_w2), 1.0f);
+        lora_forward(gr, W2, y, act, &xa2, 1.0f);
     }
     biases(gr, W2, y, 0);  // in ys: the router's weight gradient dy·ys takes dy·b2 with it
 }
@@ -400,6 +439,34 @@ static int64_t xs_extra_of(const mt_model *m) {
 int64_t mt_experts_xs_extra(mt_model *m) {
     if (!m->xs_extra_known) m->xs_extra = xs_extra_of(m), m->xs_extra_known = 1;
     return m->xs_extra;
+}
+
+// w2's LoRA B folds into the forward's w2 GEMM, ys = [a | xa2]·[W2 | s·B2]ᵀ (K = f + r), when
+// every expert of every MoE layer has a 4-bit w2 with a LoRA, on one rank of the GPU step, with r
+// and f multiples of 8 (a's rows, [a | xa2], 16-byte aligned): a's rows then hold xa2 beside the
+// SwiGLU output (r columns), and the backward's da, written over a, keeps that row stride.
+// Dropout needs no exception: xa2 is drop(a)·A2ᵀ either way. Model-wide, as xs's room
+// (recomputed layers share one a), and decided the same by the planner (plan/plan.c).
+static int64_t a_extra_of(const mt_model *m) {
+    if (!gpu_step(m) || m->par.ep_size > 1 || m->cfg.intermediate % 8) return 0;
+    int r = 0, moe = 0;
+    for (int L = 0; L < m->cfg.layers; L++) {
+        const mt_layer *ly = &m->layers[L];
+        if (ly->dense) continue;
+        if (!ly->w2) return 0;
+        for (int e = 0; e < m->cfg.experts; e++) {
+            const mt_linear *l = &ly->w2[e];
+            if (!l->q || !l->lora) return 0;
+            r = l->lora->r;
+        }
+        moe = 1;
+    }
+    return moe && r % 8 == 0 ? (int64_t)r : 0;
+}
+
+int64_t mt_experts_a_extra(mt_model *m) {
+    if (!m->a_extra_known) m->a_extra = a_extra_of(m), m->a_extra_known = 1;
+    return m->a_extra;
 }
 
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
@@ -469,8 +536,8 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
             forward_group(&gr, a->ys);
             mt_prof_set_phase(phase);
         }
-        mt_tensor xsv = xs_of(&gr), xa1 = xa13_of(&gr, W1), xa3 = xa13_of(&gr, W3);
-        mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = &xsv, *act = GROUP_ROWS(&gr, a->a);
+        mt_tensor xsv = xs_of(&gr), xa1 = xa13_of(&gr, W1), xa3 = xa13_of(&gr, W3), actv = act_of(&gr), xa2 = xa2_of(&gr);
+        mt_tensor *dys = GROUP_ROWS(&gr, dys_own), *xs = &xsv, *act = &actv;
         // dxs_all's rows leave room for w1's and w3's dxa when the LoRAs fold (backward.c sizes it
         // by mt_experts_xs_extra): dxs is its first h columns.
         mt_tensor *gu = GROUP_ROWS(&gr, a->gu), *dxs_w = GROUP_ROWS(&gr, dxs_all);
@@ -484,9 +551,9 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
             mt_fatal(MT_EXIT_ERROR, "layer %d experts: dys rows %lld apart, the fold wants %lld", L,
                      (long long)mt_tensor_ld(dys), (long long)(H + extra));
         if (extra) {
-            w2_backward_folded(&gr, da, dys, act, GROUP_ROWS(&gr, a->xa_w2), H + extra);
+            w2_backward_folded(&gr, da, dys, act, &xa2, H + extra);
         } else {
-            int w2_lora = lora_backward(&gr, W2, dys, act, GROUP_ROWS(&gr, a->xa_w2), &dxa, 0);
+            int w2_lora = lora_backward(&gr, W2, dys, act, &xa2, &dxa, 0);
             if (w2_lora && lora_first(&gr, W2)) {  // da = drop(dxa·A2), then da += dys·W2
                 lora_dx(&gr, W2, da, &dxa, 0.0f);
                 base(&gr, W2, 0, 1.0f, da, dys);
@@ -495,7 +562,7 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
                 if (w2_lora) lora_dx(&gr, W2, da, &dxa, 1.0f);
             }
         }
-        if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, gu->data, n, f);
+        if (!m->counting) mt_op_swiglu_fused_backward(m, gu->data, da->data, mt_tensor_ld(da), gu->data, n, f);
         mt_tensor dg = half(gu, f, 0), du = half(gu, f, 1);  // gu now holds dgu
         // dxs's first writer sets its rows (beta 0: nobody zeroed them): w1's LoRA when every
         // expert with rows has one, as in the forward (its skinny product writes dxs once; the

@@ -133,6 +133,8 @@ typedef struct mt_model {
     int counting;
     int xs_extra_known;         // model/experts_gpu.c mt_experts_xs_extra's answer, once asked
     int64_t xs_extra;
+    int a_extra_known;          // and mt_experts_a_extra's
+    int64_t a_extra;
     mt_dtype wdtype;            // dense weights, LoRA and their gradients: F32 (cpu), BF16 (cuda, null)
     mt_tensor *embed, *dembed;  // [V, H]
     mt_tensor *norm, *dnorm;    // [H]

@@ -41,7 +41,7 @@ void mt_mlp_forward(mt_model *m, int L) {
     mt_tensor act = mt_view2(m->be, a->mlp_a->data, a->mlp_a->dtype, T, f, 0);
     mt_linear_forward(&ly->mlp[0], &v.g, a->ln2, a->xa_mlp[0], NULL);
     mt_linear_forward(&ly->mlp[2], &v.u, a->ln2, a->xa_mlp[2], NULL);
-    if (run && a->mlp_gu) mt_op_swiglu_fused_forward(m, act.data, v.gu.data, T, f);
+    if (run && a->mlp_gu) mt_op_swiglu_fused_forward(m, act.data, f, v.gu.data, T, f);
     else if (run) mt_op_swiglu_forward(m, act.data, v.g.data, v.u.data, T * f);
     mt_linear_forward(&ly->mlp[1], a->mlp_y, &act, a->xa_mlp[1], NULL);
     if (ly->shared_gate.out) {  // the shared expert's gate: one logit per token, then its sigmoid
@@ -87,7 +87,7 @@ void mt_mlp_backward(mt_model *m, int L, const mt_tensor *dx, const mt_tensor *d
         du = mt_view2(m->be, dgu.data ? (char *)dgu.data + mt_dtype_bytes(adt, (size_t)(T * f)) : NULL, adt, T, f, 0);
     }
     mt_linear_backward(&ly->mlp[1], &da, &dy, &act, a->xa_mlp[1], NULL);
-    if (run && a->mlp_gu) mt_op_swiglu_fused_backward(m, dgu.data, da.data, v.gu.data, T, f);
+    if (run && a->mlp_gu) mt_op_swiglu_fused_backward(m, dgu.data, da.data, f, v.gu.data, T, f);
     else if (run) mt_op_swiglu_backward(m, dg.data, du.data, da.data, v.g.data, v.u.data, T * f);
     mt_linear_backward(&ly->mlp[0], dln2, &dg, a->ln2, a->xa_mlp[0], NULL);
     mt_linear_backward(&ly->mlp[2], dln2, &du, a->ln2, a->xa_mlp[2], NULL);

@@ -173,9 +173,9 @@ void mt_op_combine_backward(mt_model *m, mt_act *dys, int64_t ldd, float *dweigh
 void mt_op_swiglu_forward(mt_model *m, float *a, const float *g, const float *u, int64_t n);
 void mt_op_swiglu_backward(mt_model *m, float *dg, float *du, const float *da, const float *g, const float *u,
                            int64_t n);
-void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, const mt_act *gu, int64_t rows, int64_t f);
-void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, const mt_act *gu, int64_t rows,
-                                 int64_t f);
+void mt_op_swiglu_fused_forward(mt_model *m, mt_act *a, int64_t lda, const mt_act *gu, int64_t rows, int64_t f);
+void mt_op_swiglu_fused_backward(mt_model *m, mt_act *dgu, const mt_act *da, int64_t ldda, const mt_act *gu,
+                                 int64_t rows, int64_t f);
 void mt_op_to_act(mt_model *m, mt_act *dst, const float *src, int64_t n);
 
 // The experts of layer L, each on its rows [o0, o0 + n) of the expert buffers (model/experts.c;
@@ -217,6 +217,9 @@ int64_t mt_experts_dys_extra(const mt_model *m, int L);
 // Columns beside x in xs's rows for w1's and w3's LoRA xa (2r) when their B fold into the
 // forward's base GEMM, else 0 (model/experts_gpu.c).
 int64_t mt_experts_xs_extra(mt_model *m);
+// Columns beside the SwiGLU output in a's rows for w2's LoRA xa (r) when its B folds into the
+// forward's w2 GEMM, ys = [a | xa2]·[W2 | s·B2]ᵀ, else 0 (model/experts_gpu.c).
+int64_t mt_experts_a_extra(mt_model *m);
 void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const mt_tensor *dxs, int64_t R);
 
 // MLA's attention (model/attention_mla.c): ln1's output -> a->att, and from the attention output's

@@ -133,16 +133,18 @@ void swiglu_clamped_backward_cpu(float *dg, float *du, const float *da, const fl
 // The same over the fused w1‖w3 output (the GPU step's one GEMM): row r of gu [rows, 2f] is
 // [g_r (f values) | u_r (f values)]. Element for element the split kernels' arithmetic, so the
 // results are equal bit for bit (tests/test_moe_ops.c); the fp32 twins of swiglu_fused_*_cuda.
-// a [rows, f] = silu(gu[:, :f]) ⊙ gu[:, f:]
-void swiglu_fused_forward_cpu(float *a, const float *gu, int64_t rows, int64_t f);
-// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f], written (not added); dgu may be gu
-void swiglu_fused_backward_cpu(float *dgu, const float *da, const float *gu, int64_t rows, int64_t f);
+// a [rows, f] (row stride lda ≥ f: columns past f untouched) = silu(gu[:, :f]) ⊙ gu[:, f:]
+void swiglu_fused_forward_cpu(float *a, int64_t lda, const float *gu, int64_t rows, int64_t f);
+// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f] (row stride ldda), written (not added);
+// dgu may be gu
+void swiglu_fused_backward_cpu(float *dgu, const float *da, int64_t ldda, const float *gu, int64_t rows, int64_t f);
 // gpt-oss's clamped SwiGLU over the fused layout (the twins of swiglu_clamped_fused_*_cuda):
 // element for element swiglu_clamped_*_cpu's arithmetic, so equal to them bit for bit; dgu
 // written, 0 where a clamp cut (bounds pass, as torch.clamp); dgu may be gu.
-void swiglu_clamped_fused_forward_cpu(float *a, const float *gu, int64_t rows, int64_t f, float alpha, float limit);
-void swiglu_clamped_fused_backward_cpu(float *dgu, const float *da, const float *gu, int64_t rows, int64_t f,
-                                       float alpha, float limit);
+void swiglu_clamped_fused_forward_cpu(float *a, int64_t lda, const float *gu, int64_t rows, int64_t f, float alpha,
+                                      float limit);
+void swiglu_clamped_fused_backward_cpu(float *dgu, const float *da, int64_t ldda, const float *gu, int64_t rows,
+                                       int64_t f, float alpha, float limit);
 
 #ifdef __cplusplus
 }

@@ -867,9 +867,10 @@ struct swiglu_clamped {
     }
 };
 
-// gu [rows, 2f] → a [rows, f]; thread per V consecutive columns of a row (f % V == 0).
+// gu [rows, 2f] → a [rows, f] (row stride lda); thread per V consecutive columns of a row (f % V == 0).
 template <int V, typename Act>
-static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int64_t rows, int64_t f, const Act act) {
+static __global__ void swiglu_fused_forward_kernel(bf16 *a, int64_t lda, const bf16 *gu, int64_t rows, int64_t f,
+                                                   const Act act) {
     const int64_t nv = rows * (f / V);
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = q / (f / V), c = (q % (f / V)) * V;
@@ -878,22 +879,22 @@ static __global__ void swiglu_fused_forward_kernel(bf16 *a, const bf16 *gu, int6
         bf16_load<V>(u, gu + r * 2 * f + f + c);
 #pragma unroll
         for (int e = 0; e < V; e++) g[e] = act.forward(g[e], u[e]);
-        bf16_store<V>(a + r * f + c, g);
+        bf16_store<V>(a + r * lda + c, g);
     }
 }
 
-// da [rows, f] → dgu [rows, 2f] = [dg | du]. Each thread reads its g, u and da before it writes
-// the same places of dgu: dgu may be gu itself.
+// da [rows, f] (row stride ldda) → dgu [rows, 2f] = [dg | du]. Each thread reads its g, u and da
+// before it writes the same places of dgu: dgu may be gu itself.
 template <int V, typename Act>
-static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, const bf16 *gu, int64_t rows,
-                                                    int64_t f, const Act act) {
+static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, int64_t ldda, const bf16 *gu,
+                                                    int64_t rows, int64_t f, const Act act) {
     const int64_t nv = rows * (f / V);
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < nv; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = q / (f / V), c = (q % (f / V)) * V;
         float g[V], u[V], d[V], dg[V], du[V];
         bf16_load<V>(g, gu + r * 2 * f + c);
         bf16_load<V>(u, gu + r * 2 * f + f + c);
-        bf16_load<V>(d, da + r * f + c);
+        bf16_load<V>(d, da + r * ldda + c);
 #pragma unroll
         for (int e = 0; e < V; e++) act.backward(d[e], g[e], u[e], &dg[e], &du[e]);
         bf16_store<V>(dgu + r * 2 * f + c, dg);
@@ -901,52 +902,56 @@ static __global__ void swiglu_fused_backward_kernel(bf16 *dgu, const bf16 *da, c
     }
 }
 
+// The 16-byte path wants f and the strided rows (lda, ldda) multiples of 8 as well as 16-byte bases.
 template <typename Act>
-static void swiglu_fused_forward(mt_backend *be, mt_bf16 *a_, const mt_bf16 *gu_, int64_t rows, int64_t f, Act act) {
+static void swiglu_fused_forward(mt_backend *be, mt_bf16 *a_, int64_t lda, const mt_bf16 *gu_, int64_t rows, int64_t f,
+                                 Act act) {
     if (rows <= 0 || f <= 0) return;
     bf16 *a = (bf16 *)a_;
     const bf16 *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
-    if (vec8_ok(f, a, gu))
-        swiglu_fused_forward_kernel<8, Act><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows,
-                                                                                                         f, act);
-    else swiglu_fused_forward_kernel<1, Act><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(a, gu, rows, f,
-                                                                                                       act);
+    if (vec8_ok(f, a, gu) && lda % 8 == 0)
+        swiglu_fused_forward_kernel<8, Act><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(a, lda, gu,
+                                                                                                         rows, f, act);
+    else swiglu_fused_forward_kernel<1, Act><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(a, lda, gu, rows,
+                                                                                                       f, act);
     MT_CHECK_LAUNCH();
 }
 
 template <typename Act>
-static void swiglu_fused_backward(mt_backend *be, mt_bf16 *dgu_, const mt_bf16 *da_, const mt_bf16 *gu_, int64_t rows,
-                                  int64_t f, Act act) {
+static void swiglu_fused_backward(mt_backend *be, mt_bf16 *dgu_, const mt_bf16 *da_, int64_t ldda, const mt_bf16 *gu_,
+                                  int64_t rows, int64_t f, Act act) {
     if (rows <= 0 || f <= 0 || !dgu_) return;
     bf16 *dgu = (bf16 *)dgu_;
     const bf16 *da = (const bf16 *)da_, *gu = (const bf16 *)gu_;
     cudaStream_t s = mt_cuda_begin(be);
-    if (vec8_ok(f, dgu, da, gu))
+    if (vec8_ok(f, dgu, da, gu) && ldda % 8 == 0)
         swiglu_fused_backward_kernel<8, Act><<<mt_cuda_blocks(rows * f / 8, THREADS, 8192), THREADS, 0, s>>>(
-            dgu, da, gu, rows, f, act);
+            dgu, da, ldda, gu, rows, f, act);
     else swiglu_fused_backward_kernel<1, Act><<<mt_cuda_blocks(rows * f, THREADS, 8192), THREADS, 0, s>>>(
-            dgu, da, gu, rows, f, act);
+            dgu, da, ldda, gu, rows, f, act);
     MT_CHECK_LAUNCH();
 }
 
-extern "C" void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f) {
-    swiglu_fused_forward(be, a, gu, rows, f, swiglu_plain{});
+extern "C" void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, int64_t lda, const mt_bf16 *gu, int64_t rows,
+                                          int64_t f) {
+    swiglu_fused_forward(be, a, lda, gu, rows, f, swiglu_plain{});
 }
 
-extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
-                                           int64_t rows, int64_t f) {
-    swiglu_fused_backward(be, dgu, da, gu, rows, f, swiglu_plain{});
+extern "C" void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, int64_t ldda,
+                                           const mt_bf16 *gu, int64_t rows, int64_t f) {
+    swiglu_fused_backward(be, dgu, da, ldda, gu, rows, f, swiglu_plain{});
 }
 
-extern "C" void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows,
-                                                  int64_t f, float alpha, float limit) {
-    swiglu_fused_forward(be, a, gu, rows, f, swiglu_clamped{alpha, limit});
+extern "C" void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, int64_t lda, const mt_bf16 *gu,
+                                                  int64_t rows, int64_t f, float alpha, float limit) {
+    swiglu_fused_forward(be, a, lda, gu, rows, f, swiglu_clamped{alpha, limit});
 }
 
-extern "C" void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
-                                                   int64_t rows, int64_t f, float alpha, float limit) {
-    swiglu_fused_backward(be, dgu, da, gu, rows, f, swiglu_clamped{alpha, limit});
+extern "C" void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, int64_t ldda,
+                                                   const mt_bf16 *gu, int64_t rows, int64_t f, float alpha,
+                                                   float limit) {
+    swiglu_fused_backward(be, dgu, da, ldda, gu, rows, f, swiglu_clamped{alpha, limit});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -106,18 +106,19 @@ void moe_weights_of_choices_cuda(mt_backend *be, float *weights, const float *pr
 // SwiGLU over the fused w1‖w3 output: row r of gu [rows, 2f] is [g_r (f) | u_r (f)], bf16.
 // f % 8 == 0 takes 16-byte loads and stores (8 bf16), other f a scalar path. CPU twins:
 // swiglu_fused_forward_cpu / swiglu_fused_backward_cpu (moe/moe.h).
-// a [rows, f] = silu(gu[:, :f]) * gu[:, f:]
-void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f);
-// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f], written, not added (dgu NULL: nothing
-// to do); dgu may be gu itself (in place: the experts' backward reuses gu's storage)
-void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu, int64_t rows,
-                                int64_t f);
+// a [rows, f] (row stride lda ≥ f: columns past f untouched) = silu(gu[:, :f]) * gu[:, f:]
+void swiglu_fused_forward_cuda(mt_backend *be, mt_bf16 *a, int64_t lda, const mt_bf16 *gu, int64_t rows, int64_t f);
+// dgu [rows, 2f] = (d/dg, d/du) of a given da [rows, f] (row stride ldda), written, not added
+// (dgu NULL: nothing to do); dgu may be gu itself (in place: the experts' backward reuses gu's
+// storage)
+void swiglu_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, int64_t ldda, const mt_bf16 *gu,
+                                int64_t rows, int64_t f);
 // gpt-oss's clamped SwiGLU over the same layout (alpha, limit from the config), the same
 // contract; CPU twins swiglu_clamped_fused_forward_cpu / _backward_cpu (moe/moe.h).
-void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, const mt_bf16 *gu, int64_t rows, int64_t f,
-                                       float alpha, float limit);
-void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, const mt_bf16 *gu,
-                                        int64_t rows, int64_t f, float alpha, float limit);
+void swiglu_clamped_fused_forward_cuda(mt_backend *be, mt_bf16 *a, int64_t lda, const mt_bf16 *gu, int64_t rows,
+                                       int64_t f, float alpha, float limit);
+void swiglu_clamped_fused_backward_cuda(mt_backend *be, mt_bf16 *dgu, const mt_bf16 *da, int64_t ldda,
+                                        const mt_bf16 *gu, int64_t rows, int64_t f, float alpha, float limit);
 
 #ifdef __cplusplus
 }

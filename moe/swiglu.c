@@ -54,22 +54,24 @@ MT_HOT void swiglu_clamped_backward_cpu(float *restrict dg, float *restrict du, 
 
 // The fused layout: row r of gu [rows, 2f] = [g_r | u_r]. Same expressions as above, so the same
 // bits; a row per iteration of the parallel loop, the row's columns vectorized.
-MT_HOT void swiglu_fused_forward_cpu(float *restrict a, const float *restrict gu, int64_t rows, int64_t f) {
+MT_HOT void swiglu_fused_forward_cpu(float *restrict a, int64_t lda, const float *restrict gu, int64_t rows,
+                                     int64_t f) {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict g = gu + r * 2 * f, *restrict u = g + f;
-        float *restrict ar = a + r * f;
+        float *restrict ar = a + r * lda;
 #pragma omp simd
         for (int64_t c = 0; c < f; c++) ar[c] = g[c] * sigmoidf(g[c]) * u[c];
     }
 }
 
-// da [rows, f] → dgu [rows, 2f] = [dg | du], in place when dgu is gu (both read before written)
-MT_HOT void swiglu_fused_backward_cpu(float *dgu, const float *restrict da, const float *gu, int64_t rows,
+// da [rows, f] (row stride ldda) → dgu [rows, 2f] = [dg | du], in place when dgu is gu (both read
+// before written)
+MT_HOT void swiglu_fused_backward_cpu(float *dgu, const float *restrict da, int64_t ldda, const float *gu, int64_t rows,
                                       int64_t f) {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
-        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * f;
+        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * ldda;
         float *dg = dgu + r * 2 * f, *du = dg + f;
         for (int64_t c = 0; c < f; c++) {
             const float gc = g[c], uc = u[c], s = sigmoidf(gc);
@@ -81,12 +83,12 @@ MT_HOT void swiglu_fused_backward_cpu(float *dgu, const float *restrict da, cons
 
 // gpt-oss's clamped SwiGLU over the fused layout: the split kernels' expressions element for
 // element (so the same bits), dg and du written (0 where a clamp cut), in place when dgu is gu.
-MT_HOT void swiglu_clamped_fused_forward_cpu(float *restrict a, const float *restrict gu, int64_t rows, int64_t f,
-                                             float alpha, float limit) {
+MT_HOT void swiglu_clamped_fused_forward_cpu(float *restrict a, int64_t lda, const float *restrict gu, int64_t rows,
+                                             int64_t f, float alpha, float limit) {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict g = gu + r * 2 * f, *restrict u = g + f;
-        float *restrict ar = a + r * f;
+        float *restrict ar = a + r * lda;
 #pragma omp simd
         for (int64_t c = 0; c < f; c++) {
             const float gc = fminf(g[c], limit), uc = fminf(fmaxf(u[c], -limit), limit);
@@ -95,11 +97,11 @@ MT_HOT void swiglu_clamped_fused_forward_cpu(float *restrict a, const float *res
     }
 }
 
-MT_HOT void swiglu_clamped_fused_backward_cpu(float *dgu, const float *restrict da, const float *gu, int64_t rows,
-                                              int64_t f, float alpha, float limit) {
+MT_HOT void swiglu_clamped_fused_backward_cpu(float *dgu, const float *restrict da, int64_t ldda, const float *gu,
+                                              int64_t rows, int64_t f, float alpha, float limit) {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; r++) {
-        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * f;
+        const float *g = gu + r * 2 * f, *u = g + f, *restrict d = da + r * ldda;
         float *dg = dgu + r * 2 * f, *du = dg + f;
         for (int64_t c = 0; c < f; c++) {
             const float g0 = g[c], u0 = u[c];

@@ -525,9 +525,14 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
     selected_layers(cfg, o, &nl, &nl_moe);
     int fold13 = lora && q4 && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && o->ep <= 1 && all &&
                  nl_moe == mt_config_moe_layers(cfg) && o->lora_r % 8 == 0 && h % 8 == 0;
+    // w2's LoRA B beside each W2 in the forward's w2 call (mt_experts_a_extra): the same, on w2,
+    // with r and f multiples of 8.
+    int fold2f = lora && q4 && (o->targets & MT_TARGET_W2) && o->ep <= 1 && all && nl_moe == mt_config_moe_layers(cfg) &&
+                 o->lora_r % 8 == 0 && f % 8 == 0;
     p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0
                                   ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0,
-                                                                              fold13 ? 2 * o->lora_r : 0)
+                                                                              fold13 ? 2 * o->lora_r : 0,
+                                                                              fold2f ? o->lora_r : 0)
                                   : 0;
     p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }

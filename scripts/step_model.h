@@ -270,6 +270,10 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // mt_experts_xs_extra): gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ, K = h + 2r.
     const int fold13 = sh->quant_experts && (sh->targets & MT_TARGET_W1) &&
                        (sh->targets & MT_TARGET_W3) && sh->lora_r % 8 == 0 && c->hidden % 8 == 0;
+    // w2's LoRA B folds into the forward's w2 GEMM (mt_experts_a_extra): ys = [a | xa2]·[W2 | s·B2]ᵀ,
+    // K = f + r.
+    const int fold2f = sh->quant_experts && (sh->targets & MT_TARGET_W2) && sh->lora_r % 8 == 0 &&
+                       c->intermediate % 8 == 0;
     for (int p = 0; p < 3; p++) {
         int attn_r = phases[p] != 'R' || RA, mlp_r = phases[p] != 'R' || RM;
         if (sh->quant_experts && mlp_r) {
@@ -284,6 +288,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double under = phases[p] == 'B' && (sh->targets & MT_TARGET_W2) && !(sh->lora_dropout > 0)
                                ? 2 * bf * E * L * r * f : 0;
             if (fold13) under += bf * E * (phases[p] == 'B' ? Lb : L) * 6 * f * r;  // the B phase's: dx's
+            if (fold2f && phases[p] != 'B') under += bf * E * L * 2 * h * r;  // B2 beside W2: read, written
             step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (L + Lb) : 2 * E * L,
                                   h * f * mats, mats * in + under, 0, STEP_DEQUANT);
             o->instr = instr * h * f * mats;
@@ -305,8 +310,10 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     double w_f_h = bf * f * h;  // one [f, h] matrix
     const double k13 = h + (fold13 ? 2 * r : 0);  // the forward's K: the folded B's columns beside W
     double e13_ff = 2 * Tk * k13 * 2 * f, e13_ffb = 2 * E * w_f_h * k13 / h + bf * (Tk * k13 + Tk * 2 * f);
-    double e2_f = 2 * Tk * f * h, e2_fb = E * w_f_h + bf * (Tk * f + Tk * h), e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
-    double e2_bf = e2_f;  // the backward's: w2's LoRA may fold into it
+    const double k2 = f + (fold2f ? r : 0);  // the forward's K: w2's folded B beside W2
+    double e2_f = 2 * Tk * k2 * h, e2_fb = E * w_f_h * k2 / f + bf * (Tk * k2 + Tk * h);
+    double e2_bb = E * w_f_h + bf * (Tk * h + Tk * f);
+    double e2_bf = 2 * Tk * f * h;  // the backward's: w2's LoRA may fold into it (A2 under W2)
     double sw_fb = bf * 3 * Tk * f, sw_bb = bf * (3 * Tk * f + 2 * Tk * f);  // dgu written over gu
     // cuBLAS experts whose LoRAs cover w1 and w3 (w2): the LoRA writes gu (ys; in the backward da)
     // first and the base GEMM reads it back as its C (model/experts_gpu.c's lora_first).
@@ -318,7 +325,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     // Backward: w1's LoRA writes dxs first (its dx), the base dx GEMM then reads it back as C;
     // folded, the base dx GEMM writes it first (with the LoRAs' dxa beside).
     const int first_dx1 = (t & MT_TARGET_W1) && !fold13;
-    if (first2) e2_fb += bf * Tk * h;
+    if (first2 && !fold2f) e2_fb += bf * Tk * h;
     if (fold2) e2_bf += 2 * Tk * r * f, e2_bb += bf * (Tk * r + E * r * f);
     else if (first2) e2_bb += bf * Tk * f;
     // Per expert: w1‖w3 as one GEMM (N = 2f), dx as one (K = 2f, written once); dx makes
@@ -330,8 +337,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
     step_add(s, "SwiGLU", 'F', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     if (RM) step_add(s, "SwiGLU", 'R', L, 8 * Tk * f * L, sw_fb * L, Tk, STEP_MEM);
     step_add(s, "SwiGLU", 'B', L, 12 * Tk * f * L, sw_bb * L, Tk, STEP_MEM);
-    step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, f);
-    if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, f);
+    step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'F', E * L, e2_f * L, e2_fb * L, Me, h, k2);
+    if (RM) step_expert_gemm(s, "expert GEMM w2 (cuBLAS)", 'R', E * L, e2_f * L, e2_fb * L, Me, h, k2);
     step_expert_gemm(s, "expert GEMM w2 (dx, cuBLAS)", 'B', E * L, e2_bf * L, e2_bb * L, Me, f, h + (fold2 ? r : 0));
     if (sh->targets & MT_TARGET_EXPERTS) {
         step_ops tmp;
@@ -339,7 +346,8 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         const int y13 = fold13 ? 2 : first13;
         if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : first_dx1);
         if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : 0);
-        if (t & MT_TARGET_W2) step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, first2, fold2 ? 2 : first2);
+        if (t & MT_TARGET_W2)
+            step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, fold2f ? 2 : first2, fold2 ? 2 : first2);
         // One launch for all E experts: cuBLAS's grouped GEMM.
         step_lora_rows(s, &tmp, "LoRA experts w1,w3,w2 (cuBLAS)", E, Me);
         // Dropout on the LoRA input: a masked copy of each adapted Linear's input rows (h for

@@ -1005,20 +1005,22 @@ static co_result co_gather_combine(mt_backend *g, int T, int E, int k, int H, in
 // the same bf16 inputs (expf against the CPU's mt_vexpf: ~1e-6 before the rounding). f % 8 == 0
 // takes the 16-byte path, other f the scalar one. Gates in [-gate, gate]: 500 saturates the
 // sigmoid both ways (e^500 overflows fp32), where a NaN or inf would be the worst output.
-static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float gate, uint64_t seed) {
+// a and da have row stride ld ≥ f (w2's LoRA xa beside a, model/experts_gpu.c): the columns past
+// f keep a's starting values (compared with the rest).
+static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, int64_t ld, float gate, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
-    size_t na = (size_t)(rows * f), ng = 2 * na, b2 = sizeof(mt_bf16);
+    size_t na = (size_t)(rows * ld), ng = (size_t)(2 * rows * f), b2 = sizeof(mt_bf16);
     float *gu = co_rand(ng, -gate, gate), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
     for (int64_t i = 0; i < rows; i++)  // the up half on a smaller scale than the gate half
         for (int64_t c = 0; c < f; c++) gu[i * 2 * f + f + c] *= 0.25f;
     void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
     void *DGU = co_moe_up_bf16(g, dgu, ng), *INPLACE = co_moe_up_bf16(g, gu, ng);
-    swiglu_fused_forward_cpu(a, gu, rows, f);
-    swiglu_fused_backward_cpu(dgu, da, gu, rows, f);
-    swiglu_fused_forward_cuda(g, A, GU, rows, f);
-    swiglu_fused_backward_cuda(g, DGU, DA, GU, rows, f);  // written over dgu's other values
-    swiglu_fused_backward_cuda(g, INPLACE, DA, INPLACE, rows, f);  // and over gu itself
+    swiglu_fused_forward_cpu(a, ld, gu, rows, f);
+    swiglu_fused_backward_cpu(dgu, da, ld, gu, rows, f);
+    swiglu_fused_forward_cuda(g, A, ld, GU, rows, f);
+    swiglu_fused_backward_cuda(g, DGU, DA, ld, GU, rows, f);  // written over dgu's other values
+    swiglu_fused_backward_cuda(g, INPLACE, DA, ld, INPLACE, rows, f);  // and over gu itself
     co_moe_cmp_bf16(&r, g, "a", A, a, na, CO_MOE_TOL_ROUND1, 0);
     co_moe_cmp_bf16(&r, g, "dgu", DGU, dgu, ng, CO_MOE_TOL_ROUND1, 0);
     co_moe_cmp_bf16(&r, g, "dgu in place", INPLACE, dgu, ng, CO_MOE_TOL_ROUND1, 0);
@@ -1033,21 +1035,21 @@ static co_result co_swiglu_fused(mt_backend *g, int64_t rows, int64_t f, float g
 // limit 1.375 is a bf16 value, so every fifth input is exactly ±limit, a bf16 neighbour of it
 // (1.375 ± 2^-7) or far outside (±500): the clamps' masks must agree element for element (a mask
 // that cut at the bound itself, < for ≤, leaves a whole element out, far beyond the tolerance).
-static co_result co_swiglu_clamped_fused(mt_backend *g, int64_t rows, int64_t f, uint64_t seed) {
+static co_result co_swiglu_clamped_fused(mt_backend *g, int64_t rows, int64_t f, int64_t ld, uint64_t seed) {
     co_result r = co_begin();
     co_seed(seed);
     const float lim = 1.375f, alpha = 1.702f, ulp = 0.0078125f;
     const float special[] = {lim, -lim, lim + ulp, -lim - ulp, lim - ulp, -lim + ulp, 500.0f, -500.0f};
-    size_t na = (size_t)(rows * f), ng = 2 * na, b2 = sizeof(mt_bf16);
+    size_t na = (size_t)(rows * ld), ng = (size_t)(2 * rows * f), b2 = sizeof(mt_bf16);
     float *gu = co_rand(ng, -3, 3), *da = co_rand(na, -1, 1), *a = co_rand(na, -5, 5), *dgu = co_rand(ng, -1, 1);
     for (size_t i = 0, j = 0; i < ng; i += 5, j++) gu[i] = special[(j + i / 7) % MT_ARRAY_LEN(special)];
     void *GU = co_moe_up_bf16(g, gu, ng), *DA = co_moe_up_bf16(g, da, na), *A = co_moe_up_bf16(g, a, na);
     void *DGU = co_moe_up_bf16(g, dgu, ng), *INPLACE = co_moe_up_bf16(g, gu, ng);
-    swiglu_clamped_fused_forward_cpu(a, gu, rows, f, alpha, lim);
-    swiglu_clamped_fused_backward_cpu(dgu, da, gu, rows, f, alpha, lim);
-    swiglu_clamped_fused_forward_cuda(g, A, GU, rows, f, alpha, lim);
-    swiglu_clamped_fused_backward_cuda(g, DGU, DA, GU, rows, f, alpha, lim);
-    swiglu_clamped_fused_backward_cuda(g, INPLACE, DA, INPLACE, rows, f, alpha, lim);
+    swiglu_clamped_fused_forward_cpu(a, ld, gu, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(dgu, da, ld, gu, rows, f, alpha, lim);
+    swiglu_clamped_fused_forward_cuda(g, A, ld, GU, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cuda(g, DGU, DA, ld, GU, rows, f, alpha, lim);
+    swiglu_clamped_fused_backward_cuda(g, INPLACE, DA, ld, INPLACE, rows, f, alpha, lim);
     co_moe_cmp_bf16(&r, g, "a", A, a, na, CO_MOE_TOL_ROUND1, 0);
     co_moe_cmp_bf16(&r, g, "dgu", DGU, dgu, ng, CO_MOE_TOL_ROUND1, 0);
     co_moe_cmp_bf16(&r, g, "dgu in place", INPLACE, dgu, ng, CO_MOE_TOL_ROUND1, 0);
@@ -1487,11 +1489,16 @@ static co_result co_gather_combine_k8_h50(mt_backend *g) { return co_gather_comb
 static co_result co_gather_combine_k2_ld(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 120, 45); }
 static co_result co_gather_combine_k8_h50_ld(mt_backend *g) { return co_gather_combine(g, 21, 12, 8, 50, 53, 46); }
 static co_result co_gather_combine_k2_ld_odd(mt_backend *g) { return co_gather_combine(g, 60, 8, 2, 104, 108, 47); }
-static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 8.0f, 13); }
-static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 8.0f, 14); }
-static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 500.0f, 15); }
-static co_result co_swiglu_clamped(mt_backend *g) { return co_swiglu_clamped_fused(g, 37, 64, 16); }
-static co_result co_swiglu_clamped_f37(mt_backend *g) { return co_swiglu_clamped_fused(g, 23, 37, 17); }
+static co_result co_swiglu(mt_backend *g) { return co_swiglu_fused(g, 37, 64, 64, 8.0f, 13); }
+static co_result co_swiglu_f37(mt_backend *g) { return co_swiglu_fused(g, 23, 37, 37, 8.0f, 14); }
+static co_result co_swiglu_large_gates(mt_backend *g) { return co_swiglu_fused(g, 9, 40, 40, 500.0f, 15); }
+// a, da with room beside their rows: the 16-byte path (ld 72), the scalar one (ld 68: 16-byte
+// wide rows whose stride is not)
+static co_result co_swiglu_ld(mt_backend *g) { return co_swiglu_fused(g, 29, 64, 72, 8.0f, 18); }
+static co_result co_swiglu_ld_odd(mt_backend *g) { return co_swiglu_fused(g, 29, 64, 68, 8.0f, 19); }
+static co_result co_swiglu_clamped(mt_backend *g) { return co_swiglu_clamped_fused(g, 37, 64, 64, 16); }
+static co_result co_swiglu_clamped_f37(mt_backend *g) { return co_swiglu_clamped_fused(g, 23, 37, 37, 17); }
+static co_result co_swiglu_clamped_ld(mt_backend *g) { return co_swiglu_clamped_fused(g, 23, 40, 48, 20); }
 static co_result co_logit_bias_e70(mt_backend *g) { return co_logit_bias(g, 301, 70, 63); }
 static co_result co_logit_bias_e6(mt_backend *g) { return co_logit_bias(g, 26, 6, 64); }
 static co_result co_expert_bias_e7(mt_backend *g) { return co_expert_bias(g, 7, 20, 3, 65); }
@@ -1578,6 +1585,9 @@ __attribute__((unused)) static const co_case co_cases[] = {
     {"gather/combine k=2 H=104, rows 108 apart (scalar path)", co_gather_combine_k2_ld_odd},
     {"swiglu fused f=64", co_swiglu},
     {"swiglu fused f=37 (scalar path)", co_swiglu_f37},
+    {"swiglu fused, a and da 72 apart", co_swiglu_ld},
+    {"swiglu fused, a and da 68 apart (scalar path)", co_swiglu_ld_odd},
+    {"swiglu clamped fused, a and da 48 apart", co_swiglu_clamped_ld},
     {"swiglu fused, gates to ±500", co_swiglu_large_gates},
     {"swiglu clamped fused f=64 (gpt-oss; at, beside and far past ±limit)", co_swiglu_clamped},
     {"swiglu clamped fused f=37 (scalar path)", co_swiglu_clamped_f37},

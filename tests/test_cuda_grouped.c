@@ -434,7 +434,7 @@ Test(cuda_grouped, stacked_w1_w3_equals_two_halves) {
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, tx, &g), 0, "%s", mt_error_get());
     cr_expect_eq(gpu->ledger.cur[MT_MEM_WORK], work0, "the scratch is released");
-    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E, 0, 0),
+    cr_expect_geq(gpu->ledger.peak[MT_MEM_WORK], work0 + (size_t)mt_expert_dequant_scratch_bytes(D, F, E, 0, 0, 0),
                   "two slots of E [2f, d] bf16 held during the call (small experts: a slot holds them all)");
     mt_tensor gh = mt_view2(gpu, two->data, MT_F32, R, F, 2 * F);
     mt_tensor uh = mt_view2(gpu, (float *)two->data + F, MT_F32, R, F, 2 * F);

@@ -106,7 +106,8 @@ Test(cuda, whole_step_matches_cpu) {
 // with 4-bit experts and LoRA on w1, w2, w3 and the router, no recomputation (every layer keeps
 // its activations), on both backends. Per layer: the router's fp32 logits and probabilities
 // (from a bf16 GEMM), and per expert row the fused w1‖w3 GEMM's output gu = [g | u] against the
-// CPU's separate g and u, SwiGLU's a and the experts' ys. bf16's tolerance for a value a few
+// CPU's separate g and u, SwiGLU's a, w2's LoRA xa (beside a: its B folds into the w2 GEMM) and
+// the experts' ys. bf16's tolerance for a value a few
 // roundings deep in the network: cosine 0.999 and 3e-2 relative L2 (one rounding is ≤ 2^-8; each
 // layer input has been through a handful).
 static void expect_close(const char *what, int L, const float *want, const float *got, int64_t n) {
@@ -160,9 +161,19 @@ Test(cuda, fused_experts_and_router_match_cpu) {
             memcpy(gu_cpu + r * 2 * f + f, (float *)ac->u->data + r * f, (size_t)f * sizeof(float));
         }
         expect_close("gu", L, gu_cpu, gu, Tk * 2 * f);
-        expect_close("swiglu", L, ac->a->data, a, Tk * f);
+        // r = 8: w2's LoRA xa lives beside a in a's rows (model/experts_gpu.c mt_experts_a_extra)
+        const int64_t r = o.lora_r, lda = ag->a->shape[1];
+        cr_assert_eq(lda, f + r, "layer %d: a's rows hold [a | xa2]: %lld columns", L, (long long)lda);
+        cr_assert_null(ag->xa_w2, "layer %d: no xa of w2's of its own", L);
+        float *a_only = mt_xmalloc((size_t)(Tk * f) * sizeof(float)), *xa2 = mt_xmalloc((size_t)(Tk * r) * sizeof(float));
+        for (int64_t i = 0; i < Tk; i++) {
+            memcpy(a_only + i * f, a + i * lda, (size_t)f * sizeof(float));
+            memcpy(xa2 + i * r, a + i * lda + f, (size_t)r * sizeof(float));
+        }
+        expect_close("swiglu", L, ac->a->data, a_only, Tk * f);
+        expect_close("xa w2", L, ac->xa_w2->data, xa2, Tk * r);
         expect_close("ys", L, ac->ys->data, ys, Tk * H);
-        free(gu), free(a), free(ys), free(gu_cpu);
+        free(gu), free(a), free(ys), free(gu_cpu), free(a_only), free(xa2);
     }
     mt_params_free(pc, n), mt_params_free(pg, n);
     mt_model_free(&mc), mt_model_free(&mg);

@@ -438,7 +438,8 @@ Test(measure, cuda_run_equals_the_plan_for_each_family) {
 
 // The planner's expert scratch follows the run's folds (model/experts_gpu.c): w1's and w3's LoRA B
 // beside [W1;W3] (mt_experts_xs_extra) only when every expert of every MoE layer has both LoRAs,
-// r a multiple of 8, one EP rank; w2's A under W2 (mt_experts_dys_extra) without dropout. The
+// r a multiple of 8, one EP rank; w2's B beside W2 (mt_experts_a_extra) on the same terms for w2;
+// w2's A under W2 (mt_experts_dys_extra) without dropout. The
 // model is built on the null backend as plan --measure builds it; the plan's slot bytes are the
 // ones its folds give. (DeepSeek's first layer is dense: --layers 1,2 adapts every MoE layer.)
 #include "model/expert_scratch.h"
@@ -446,16 +447,17 @@ Test(measure, cuda_run_equals_the_plan_for_each_family) {
 Test(measure, plan_scratch_follows_the_runs_folds) {
     const struct {
         const char *config, *flags;
-        int fold13;
+        int fold13, fold2f;
     } runs[] = {
-        {"tiny.json", "--mode lora --targets all --r 8", 1},
-        {"tiny.json", "--mode lora --targets all --r 12", 0},
-        {"tiny.json", "--mode lora --targets all --r 8 --experts 0,1", 0},
-        {"tiny.json", "--mode lora --targets w1,w2 --r 8", 0},
-        {"tiny.json", "--mode lora --targets all --r 16 --dropout 0.1", 1},
-        {"tiny.json", "--mode lora --targets all --r 8 --quant none", 0},
-        {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 1,2", 1},
-        {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 2", 0},
+        {"tiny.json", "--mode lora --targets all --r 8", 1, 1},
+        {"tiny.json", "--mode lora --targets all --r 12", 0, 0},
+        {"tiny.json", "--mode lora --targets all --r 8 --experts 0,1", 0, 0},
+        {"tiny.json", "--mode lora --targets w1,w2 --r 8", 0, 1},
+        {"tiny.json", "--mode lora --targets w1,w3 --r 8", 1, 0},
+        {"tiny.json", "--mode lora --targets all --r 16 --dropout 0.1", 1, 1},
+        {"tiny.json", "--mode lora --targets all --r 8 --quant none", 0, 0},
+        {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 1,2", 1, 0},  // f = 14
+        {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 2", 0, 0},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(runs); i++) {
         char path[1024];
@@ -473,11 +475,14 @@ Test(measure, plan_scratch_follows_the_runs_folds) {
         int L = 0;
         while (L < cfg.layers && m.layers[L].dense) L++;
         int64_t beside = mt_experts_xs_extra(&m), under = mt_experts_dys_extra(&m, L) ? o.lora_r : 0;
+        int64_t beside2 = mt_experts_a_extra(&m);
         cr_expect_eq(beside != 0, runs[i].fold13, "%s %s: the run folds w1's and w3's B: %lld columns", runs[i].config,
                      runs[i].flags, (long long)beside);
+        cr_expect_eq(beside2 != 0, runs[i].fold2f, "%s %s: the run folds w2's B: %lld columns", runs[i].config,
+                     runs[i].flags, (long long)beside2);
         uint64_t want = o.quant == MT_QUANT_NONE ? 0
                                                  : (uint64_t)mt_expert_dequant_scratch_bytes(cfg.hidden, cfg.intermediate,
-                                                                                             cfg.experts, under, beside);
+                                                                                             cfg.experts, under, beside, beside2);
         cr_expect_eq(p.expert_dequant_bytes, want, "%s %s: the plan's slots %llu bytes, the run's folds give %llu",
                      runs[i].config, runs[i].flags, (unsigned long long)p.expert_dequant_bytes, (unsigned long long)want);
         mt_model_free(&m);

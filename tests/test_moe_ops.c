@@ -632,10 +632,10 @@ Test(moe_ops, swiglu_fused_equals_split_exactly) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < F; c++) g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
     swiglu_forward_cpu(a_split, g, u, R * F);
-    swiglu_fused_forward_cpu(a_fused, gu, R, F);
+    swiglu_fused_forward_cpu(a_fused, F, gu, R, F);
     swiglu_backward_cpu(dg, du, da, g, u, R * F);
-    swiglu_fused_backward_cpu(dgu, da, gu, R, F);
-    swiglu_fused_backward_cpu(inplace, da, inplace, R, F);
+    swiglu_fused_backward_cpu(dgu, da, F, gu, R, F);
+    swiglu_fused_backward_cpu(inplace, da, F, inplace, R, F);
     cr_assert(memcmp(inplace, dgu, sizeof dgu) == 0, "in place, the fused backward differs from its own out of place");
     int moved = 0;
     for (int r = 0; r < R; r++)
@@ -671,10 +671,10 @@ Test(moe_ops, swiglu_clamped_fused_equals_split_exactly) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < F; c++) g[r * F + c] = gu[r * 2 * F + c], u[r * F + c] = gu[r * 2 * F + F + c];
     swiglu_clamped_forward_cpu(a_split, g, u, R * F, alpha, lim);
-    swiglu_clamped_fused_forward_cpu(a_fused, gu, R, F, alpha, lim);
+    swiglu_clamped_fused_forward_cpu(a_fused, F, gu, R, F, alpha, lim);
     swiglu_clamped_backward_cpu(dg, du, da, g, u, R * F, alpha, lim);
-    swiglu_clamped_fused_backward_cpu(dgu, da, gu, R, F, alpha, lim);
-    swiglu_clamped_fused_backward_cpu(inplace, da, inplace, R, F, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(dgu, da, F, gu, R, F, alpha, lim);
+    swiglu_clamped_fused_backward_cpu(inplace, da, F, inplace, R, F, alpha, lim);
     cr_assert(memcmp(inplace, dgu, sizeof dgu) == 0, "in place, the fused backward differs from its own out of place");
     int cut_g = 0, cut_u = 0, at_bound = 0;
     for (int r = 0; r < R; r++)

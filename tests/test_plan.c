@@ -260,7 +260,7 @@ Test(plan, expert_scratch_in_work_on_cuda) {
     cr_assert_eq(plan_of('C', "--seq 4096", &cpu), 0);
     cr_assert_eq(plan_of('C', "--seq 4096 --device cuda", &gpu), 0);
     cr_expect_eq(gpu.expert_dequant_bytes, 473432064ull);
-    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336, 8, 16, 32));
+    cr_expect_eq(gpu.expert_dequant_bytes, (uint64_t)mt_expert_dequant_scratch_bytes(4096, 14336, 8, 16, 32, 16));
     cr_expect_eq(gpu.expert_dropout_bytes, 0, "no dropout: no buffer");
     cr_expect_eq(gpu.bytes[MT_MEM_WORK] - cpu.bytes[MT_MEM_WORK], gpu.expert_dequant_bytes, "only cuda counts it");
     cr_expect_eq(cpu.bytes[MT_MEM_WORK], 1500000000ull);
