@@ -273,6 +273,10 @@ static void layer_free(mt_layer *ly, int E) {
     for (size_t i = 0; i < MT_ARRAY_LEN(ls); i++) mt_linear_free(ls[i]);
     for (int e = 0; ly->w1 && e < E; e++) mt_linear_free(&ly->w1[e]), mt_linear_free(&ly->w2[e]), mt_linear_free(&ly->w3[e]);
     free(ly->w1), free(ly->w2), free(ly->w3);
+    for (int i = 0; i < 2; i++) {
+        for (int e = 0; ly->experts_bf16[i] && e < E; e++) mt_tensor_free(ly->experts_bf16[i][e]);
+        free(ly->experts_bf16[i]), free(ly->experts_bf16_filled[i]);
+    }
 }
 
 void mt_model_free(mt_model *m) {

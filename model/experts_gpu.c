@@ -85,6 +85,7 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
         part.under = g.under ? g.under + e0 : NULL;
         part.beside = g.beside ? g.beside + e0 : NULL, part.beside2 = g.beside2 ? g.beside2 + e0 : NULL;
         part.seed = g.seed ? g.seed + e0 : NULL;
+        part.cached = g.cached ? g.cached + e0 : NULL, part.cached_filled = g.cached_filled ? g.cached_filled + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
             mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped GEMM: %s", gr->L, mt_error_get());
@@ -111,13 +112,22 @@ static const char *base_row(int which, int trans) {
 
 static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLAS)";
 
+// The layer's experts kept dequantized (--expert-cache: model/mixtral.c keep_experts) as a grouped
+// call's cached and cached_filled: [W1;W3] (kind 0) or W2 (kind 1); none when the layer keeps none.
+static mt_grouped kept(const group *gr, int kind, mt_grouped g) {
+    mt_layer *ly = &gr->m->layers[gr->L];
+    g.cached = ly->experts_bf16[kind], g.cached_filled = ly->experts_bf16_filled[kind];
+    return g;
+}
+
 // under: each expert's rows stacked under its W (grouped.h), or NULL.
 static void base_under(group *gr, int which, int trans, float beta, const mt_tensor *c, const mt_tensor *a,
                        const mt_tensor *const *under) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     for (int e = 0; e < gr->E; e++) gr->q[e] = l[e].q, gr->w[e] = l[e].q ? NULL : l[e].w;
     mt_prof_push(base_row(which, trans));
-    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .under = under, .trans = trans, .alpha = 1.0f, .beta = beta}, c, a);
+    mt_grouped g = {.q = gr->q, .w = gr->w, .under = under, .trans = trans, .alpha = 1.0f, .beta = beta};
+    gemm(gr, which == W2 ? kept(gr, 1, g) : g, c, a);  // w1 and w3 alone (not stacked) are never kept
     mt_prof_pop();
 }
 
@@ -155,7 +165,7 @@ static void base13(group *gr, int trans, float beta, const mt_tensor *gu, const 
     const mt_qweight **q2 = mt_xcalloc((size_t)gr->E, sizeof *q2);
     for (int e = 0; e < gr->E; e++) gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL;
     mt_prof_push(base_row(W1, trans));
-    mt_grouped g = {.q = gr->q, .q2 = q2, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta};
+    mt_grouped g = kept(gr, 0, (mt_grouped){.q = gr->q, .q2 = q2, .w = gr->w, .trans = trans, .alpha = 1.0f, .beta = beta});
     if (trans) gemm(gr, g, gu, x);
     else gemm(gr, g, x, gu);
     mt_prof_pop();
@@ -327,8 +337,9 @@ static void base13_beside(group *gr, int trans, float beta, const mt_tensor *c, 
     for (int e = 0; e < E; e++)
         gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL, b1[e] = ly->w1[e].lora->b, b3[e] = ly->w3[e].lora->b;
     mt_prof_push(base_row(W1, trans));
-    gemm(gr, (mt_grouped){.q = gr->q, .q2 = q2, .w = gr->w, .beside = b1, .beside2 = b3,
-                          .beside_scale = ly->w1[0].lora->scale, .trans = trans, .alpha = 1.0f, .beta = beta},
+    gemm(gr, kept(gr, 0, (mt_grouped){.q = gr->q, .q2 = q2, .w = gr->w, .beside = b1, .beside2 = b3,
+                                      .beside_scale = ly->w1[0].lora->scale, .trans = trans, .alpha = 1.0f,
+                                      .beta = beta}),
          c, a);
     mt_prof_pop();
     free(q2), free(b1), free(b3);
@@ -363,7 +374,8 @@ static void forward2_folded(group *gr, const mt_tensor *y, const mt_tensor *act)
     const mt_tensor **b2 = mt_xcalloc((size_t)gr->E, sizeof *b2);
     for (int e = 0; e < gr->E; e++) gr->q[e] = ly->w2[e].q, gr->w[e] = NULL, b2[e] = ly->w2[e].lora->b;
     mt_prof_push(base_row(W2, 1));
-    gemm(gr, (mt_grouped){.q = gr->q, .w = gr->w, .beside = b2, .beside_scale = lo->scale, .trans = 1, .alpha = 1.0f},
+    gemm(gr, kept(gr, 1, (mt_grouped){.q = gr->q, .w = gr->w, .beside = b2, .beside_scale = lo->scale, .trans = 1,
+                                      .alpha = 1.0f}),
          y, &ax);
     mt_prof_pop();
     free(b2);

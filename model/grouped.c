@@ -99,6 +99,15 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
             return 0;
         }
     }
+    const mt_tensor *cw = q && g->cached ? g->cached[e] : NULL;
+    if (cw && (!g->cached_filled || cw->ndim != 2 || cw->dtype != MT_BF16 || cw->be != be ||
+               cw->shape[0] < mt_grouped_slot_rows(g, e) || cw->shape[1] < mt_grouped_slot_cols(g, e) ||
+               mt_tensor_ld(cw) != cw->shape[1] || (cw->shape[1] != q->in && cw->shape[1] % 8))) {
+        mt_error_set("%s: cached[%d] must be a contiguous bf16 [>= %lld, >= %lld] on %s, its row length q's in or a "
+                     "multiple of 8, with cached_filled set",
+                     fn, e, (long long)mt_grouped_slot_rows(g, e), (long long)mt_grouped_slot_cols(g, e), be->ops->name);
+        return 0;
+    }
     if (q) {
         const mt_qweight *part[2] = {q, q2};
         int64_t out = mt_grouped_slot_rows(g, e), in = mt_grouped_slot_cols(g, e);
@@ -130,12 +139,13 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
 }
 
 // The call's scratch (model/expert_scratch.h): bf16 elements of one dequantization slot (sized by
-// the largest 4-bit W of an expert with rows and the call's experts; 0: no such expert) and the
-// dropout buffer's bytes.
+// the largest 4-bit W of an expert with rows that is not kept dequantized, and the call's experts;
+// 0: no such expert) and the dropout buffer's bytes.
 static size_t slot_elems(const mt_grouped *g) {
     int64_t most = 0;
     for (int e = 0; g->q && e < g->experts; e++)
-        if (g->off[e + 1] != g->off[e]) most = MT_MAX(most, mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e));
+        if (g->off[e + 1] != g->off[e] && !(g->cached && g->cached[e]))
+            most = MT_MAX(most, mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e));
     return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
 }
 

@@ -89,6 +89,14 @@ static __global__ void beside_kernel(bf16 *__restrict__ w, int64_t ld, int64_t i
         }
 }
 
+// dst [rows, cols] (row stride ld) = src [rows, cols] (contiguous): rows under W in a kept W whose
+// rows are longer than theirs.
+static __global__ void rows_copy_kernel(bf16 *__restrict__ dst, int64_t ld, const bf16 *__restrict__ src, int64_t rows,
+                                        int64_t cols) {
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x)
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) dst[i * ld + j] = src[i * cols + j];
+}
+
 // out [rows of in, w] (row stride ldo) = drop(in): lora/lora_cuda.h's masked copy, on be's stream.
 static void drop_copy(mt_backend *be, bf16 *out, int64_t ldo, const mt_tensor *in, int64_t w, uint64_t seed, float p) {
     mt_lora_dropout_cuda(be, (mt_bf16 *)out, ldo, (const mt_bf16 *)in->data, mt_tensor_ld(in), in->shape[0], w, seed, p, 0);
@@ -180,6 +188,54 @@ static mt_tensor slot_put(slots *S, bf16 *dst, const mt_grouped *g, int e) {
     return mt_view2(S->be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
 }
 
+// Expert e's W kept dequantized (grouped.h's cached): dequantized into it on the main stream the
+// first time (W is frozen), its under rows and beside columns written at every call (the LoRAs
+// change between steps), in the call's layout at the kept matrix's row stride: no slot, no event.
+static mt_tensor cached_put(mt_backend *be, cudaStream_t st, const mt_grouped *g, int e) {
+    mt_tensor *cw = g->cached[e];
+    const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
+    const mt_tensor *u = g->under ? g->under[e] : NULL, *b1 = g->beside ? g->beside[e] : NULL,
+                    *b2 = b1 && g->beside2 ? g->beside2[e] : NULL;
+    const int64_t ld = cw->shape[1], q_rows = q->out + (q2 ? q2->out : 0);
+    bf16 *dst = (bf16 *)cw->data;
+    if (!g->cached_filled[e]) {
+        mt_prof_push("expert dequant 4-bit->bf16");
+        if (mt_prof_active)
+            mt_prof_count((double)q_rows * (double)q->in,
+                          (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0));
+        if (ld == q->in) {  // rows without room: as one block, as slot_put's
+            mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, q->out * q->in, st);
+            if (q2) mt_qweight_dequantize_cuda_on(q2, dst + q->out * q->in, MT_BF16, 0, q2->out * q2->in, st);
+        } else if (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, st) != 0 ||
+                   (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, st) != 0)) {
+            mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), kept expert %d: %s", e, mt_error_get());
+        }
+        mt_prof_pop();
+        g->cached_filled[e] = 1;
+    }
+    if (b1 || u) {  // the slot's row (slot_put counts these bytes there too)
+        mt_prof_push("expert dequant 4-bit->bf16");
+        if (mt_prof_active) {  // under: read and written; beside: read, and written with its zeros
+            double by = u ? 2.0 * (double)u->nbytes : 0;
+            if (b1) by += (double)b1->nbytes + (b2 ? (double)b2->nbytes : 0) + 2.0 * (double)q_rows * (double)(ld - q->in);
+            mt_prof_count(0, by);
+        }
+        if (b1) {
+            beside_kernel<<<row_blocks(q_rows), 64, 0, st>>>(dst, ld, q->in, q->out, b1->shape[1], (const bf16 *)b1->data,
+                                                            q2 ? q2->out : 0, b2 ? b2->shape[1] : 0,
+                                                            b2 ? (const bf16 *)b2->data : NULL, g->beside_scale);
+            MT_CHECK_LAUNCH();
+        }
+        if (u) {
+            rows_copy_kernel<<<row_blocks(u->shape[0]), 256, 0, st>>>(dst + q_rows * ld, ld, (const bf16 *)u->data,
+                                                                     u->shape[0], u->shape[1]);
+            MT_CHECK_LAUNCH();
+        }
+        mt_prof_pop();
+    }
+    return mt_view2(be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
+}
+
 // The slot filled: the main stream waits for its dequantization.
 static void slot_ready(slots *S) {
     int i = S->next;
@@ -261,7 +317,7 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
                              const mt_grouped_scratch *sc) {
     void *deq_scratch = sc->deq;
     const size_t slot_elems = sc->slot_elems;
-    if (g->seed || !g->q || !deq_scratch) return 0;
+    if (g->seed || !g->q || (!deq_scratch && !g->cached)) return 0;
     const int64_t K = a->shape[1], N = c->shape[1];
     int n = 0, ex[MT_GROUPED_MAX];
     int64_t welems = 0;
@@ -271,6 +327,28 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
         int64_t we = mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e);
         if (welems && we != welems) return 0;
         welems = we, ex[n++] = e;
+    }
+    // Kept dequantized (a layer keeps all its experts or none), small as a slot's would be: one call,
+    // no slot. Large kept experts go one cuBLASLt call each, as from a slot (the path below).
+    if (n >= 2 && g->cached && g->cached[ex[0]]) {
+        if (MT_EXPERT_SLOT_ELEMS / (welems ? welems : 1) < 2) return 0;
+        int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX], ldw = 0;
+        const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
+        void *pc[MT_GROUPED_MAX];
+        for (int i = 0; i < n; i++) {
+            int e = ex[i];
+            if (!g->cached[e]) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): expert %d of a kept layer is not kept", e);
+            mt_tensor W = cached_put(be, st, g, e);
+            int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
+            mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
+            if (i && mt_tensor_ld(&W) != ldw) return 0;  // before any GEMM: the per-expert path takes it
+            m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
+        }
+        mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(a), .ldb = ldw,
+                            .ldc = mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans, .tc = c->dtype,
+                            .alpha = g->alpha, .beta = g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
+        if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
+        return 1;
     }
     const int per = (int)((int64_t)slot_elems / (welems ? welems : 1));
     if (n < 2 || per < 2) return 0;
@@ -315,7 +393,8 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         const mt_tensor *w = g->w ? g->w[e] : NULL;
         int64_t r0 = g->off[e], n = g->off[e + 1] - r0;
         if ((!q && !w) || n == 0) continue;
-        mt_tensor W = q ? slot_fill(&S, g, e) : *w;
+        const int kept = q && g->cached && g->cached[e];
+        mt_tensor W = kept ? cached_put(be, st, g, e) : q ? slot_fill(&S, g, e) : *w;
         mt_tensor A = mt_view_rows(a, r0, n), C = mt_view_rows(c, r0, n);
         if (g->seed && g->drop_a) {  // C = alpha·drop(A)·op(W) + beta·C
             mt_tensor D = mt_view2(be, drop_scratch, MT_BF16, n, K, 0);
@@ -328,7 +407,7 @@ extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tens
         } else {
             matmul(&C, &A, &W, 0, g->trans, g->alpha, g->beta);
         }
-        if (q) slot_done(&S);
+        if (q && !kept) slot_done(&S);
     }
 }
 

@@ -749,6 +749,44 @@ static int keep_dequantized_all(mt_model *m) {
     return failed ? -1 : 0;
 }
 
+// --expert-cache N: the last N MoE layers keep their frozen 4-bit experts (those this rank holds)
+// dequantized in bf16, in base memory, each dequantized by the first grouped call that uses it
+// (model/grouped_cuda.cu) and laid out as the calls want it: [W1;W3] with room for w1's and w3's
+// LoRA B beside (mt_experts_xs_extra), W2 with room for w2's B beside (mt_experts_a_extra) and for
+// its A under (mt_experts_dys_extra); rows with room beside rounded up to 8 elements (16 bytes: the
+// strided dequantization's and cuBLASLt's), as a slot's are (model/grouped.h mt_grouped_slot_ld).
+// The planner counts the same bytes (plan/plan.c mt_plan_expert_cache_bytes).
+static int keep_experts(mt_model *m, int n) {
+    const mt_model_config *c = &m->cfg;
+    int moe = mt_config_moe_layers(c);
+    if (n > moe) {
+        mt_error_set("--expert-cache %d: the model has %d MoE layers", n, moe);
+        return -1;
+    }
+    const int64_t h = c->hidden, f = c->intermediate, E = c->experts;
+    const int64_t x13 = mt_experts_xs_extra(m), x2 = mt_experts_a_extra(m);
+    const int64_t ld13 = x13 ? (h + x13 + 7) / 8 * 8 : h, ld2 = x2 ? (f + x2 + 7) / 8 * 8 : f;
+    for (int L = c->layers - 1, kept = 0; L >= 0 && kept < n; L--) {
+        mt_layer *ly = &m->layers[L];
+        if (ly->dense) continue;
+        kept++;
+        const int64_t shape[2][2] = {{2 * f, ld13}, {h + (mt_experts_dys_extra(m, L) ? m->spec.lora_r : 0), ld2}};
+        for (int i = 0; i < 2; i++) {
+            ly->experts_bf16[i] = mt_xcalloc((size_t)E, sizeof(mt_tensor *));
+            ly->experts_bf16_filled[i] = mt_xcalloc((size_t)E, 1);
+        }
+        for (int64_t e = 0; e < E; e++) {
+            if (!ly->w1[e].q || !ly->w3[e].q || !ly->w2[e].q) continue;  // another rank's, or trained dense
+            for (int i = 0; i < 2; i++)
+                if (!(ly->experts_bf16[i][e] = mt_tensor_new(m->be, MT_MEM_BASE, MT_BF16, 2, shape[i]))) {
+                    mt_error_prefix("--expert-cache: layer %d expert %lld's bf16 weights", L, (long long)e);
+                    return -1;
+                }
+        }
+    }
+    return 0;
+}
+
 // RoPE's table from the config, once; the GPU step reads a device copy (model/rope.h).
 static int rope_table_init(mt_model *m) {
     mt_rope_params p;
@@ -841,6 +879,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     m->lowest_trainable = m->dembed ? 0 : ld.lowest;  // from every rank's slots: the same on all
     loader_free(&ld);
     if (rc == 0 && gpu_step(m)) rc = spec->dequant_cache ? keep_dequantized_all(m) : share_dequant_scratch(m);
+    if (rc == 0 && gpu_step(m)) rc = keep_experts(m, spec->expert_cache);
     if (rc == 0) rc = rope_table_init(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);

@@ -49,6 +49,8 @@ typedef struct mt_model_spec {
     mt_ckpt checkpointing;    // what the backward recomputes (never MT_CKPT_AUTO: resolved before)
     int dequant_cache;        // GPU step: a bf16 copy of each frozen 4-bit Linear outside the experts,
                               // made once at build, instead of a dequantization per use (--dequant-cache)
+    int expert_cache;         // GPU step: the last this many MoE layers keep their frozen 4-bit experts
+                              // in bf16, dequantized once (--expert-cache; never auto here: resolved before)
     uint64_t seed;            // random weights (no checkpoint) and LoRA init
 } mt_model_spec;
 

@@ -55,11 +55,11 @@ void mt_plan_mixtral_8x7b(mt_model_config *cfg) {
 
 int mt_plan_case_settings(char which, int (*set)(void *ctx, const char *key, const char *value), void *ctx) {
     // docs/memory.md "The reference cases": every case is s=1024, b=1, full checkpointing, NF4-DQ base, one 44 GB card
-    // (and no bf16 copies of 4-bit weights: the references keep none).
+    // (and no bf16 copies of 4-bit weights, nor kept experts: the references keep none).
     static const struct { char which; const char *key, *value; } settings[] = {
         {0, "quant", "nf4"}, {0, "double-quant", "true"}, {0, "seq", "1024"}, {0, "batch", "1"},
         {0, "checkpointing", "full"}, {0, "gpus", "1"}, {0, "ep", "1"}, {0, "gpu-mem", "44GB"},
-        {0, "dequant-cache", "off"},
+        {0, "dequant-cache", "off"}, {0, "expert-cache", "off"},
         {'A', "mode", "router"}, {'A', "layers", "all"},
         {'B', "mode", "unfreeze"}, {'B', "layers", "0-5"}, {'B', "experts", "0,1"},
         {'C', "mode", "lora"}, {'C', "r", "16"}, {'C', "targets", "w1,w2,w3,gate"},
@@ -504,6 +504,50 @@ static void frozen_base(const mt_model_config *cfg, const mt_plan_opts *o, const
     p->bytes[MT_MEM_BASE] = b + 2 * (uint64_t)outer + p->dequant_cache_bytes;  // outer: also the family's extra parts, kept dense
 }
 
+// The experts' LoRA blocks that ride in their base GEMMs on the GPU step (model/experts_gpu.c):
+// w13_beside columns beside [W1;W3] (w1's and w3's B: mt_experts_xs_extra), w2_beside beside W2
+// in the forward (w2's B: mt_experts_a_extra), w2_under rows under W2 in the dx call (w2's A:
+// mt_experts_dys_extra). 0 where they do not fold.
+typedef struct {
+    int64_t w13_beside, w2_beside, w2_under;
+} expert_folds;
+
+static expert_folds folds_of(const mt_model_config *cfg, const mt_plan_opts *o, const mt_plan *p) {
+    static const unsigned expert_bits = MT_TARGET_W1 | MT_TARGET_W2 | MT_TARGET_W3;
+    int64_t h = cfg->hidden, f = cfg->intermediate, r = o->lora_r;
+    int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
+    int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
+    // w2's A under W2 in the dx call: every expert adapted on w2, no dropout, one EP rank.
+    int all = mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
+    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 && all;
+    // B beside W: every expert of every MoE layer adapted (on w1 and w3; on w2), one EP rank, r
+    // and h (f) multiples of 8.
+    int64_t nl, nl_moe;
+    selected_layers(cfg, o, &nl, &nl_moe);
+    int every = lora && q4 && o->ep <= 1 && all && nl_moe == mt_config_moe_layers(cfg) && r % 8 == 0;
+    int fold13 = every && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && h % 8 == 0;
+    int fold2f = every && (o->targets & MT_TARGET_W2) && f % 8 == 0;
+    return (expert_folds){fold13 ? 2 * r : 0, fold2f ? r : 0, fold2 ? r : 0};
+}
+
+// --expert-cache (model/mixtral.c keep_experts): the last N MoE layers keep their frozen 4-bit
+// experts on this GPU (ceil(E/ep) a layer on the most loaded one) in bf16, [W1;W3] [2f, h + room]
+// and W2 [h + rows under, f + room], rows with room rounded up to 8 elements. Only a GPU step whose experts
+// are all frozen 4-bit (--mode lora or router) keeps any; a plan is a GPU's unless it is a cpu run's.
+static void expert_cache(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
+    int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
+    if (o->cpu || !q4 || (o->mode != MT_MODE_LORA && o->mode != MT_MODE_ROUTER) ||
+        mt_config_moe_layers(cfg) == 0)
+        return;
+    expert_folds x = folds_of(cfg, o, p);
+    int64_t h = cfg->hidden, f = cfg->intermediate, held = (cfg->experts + o->ep - 1) / o->ep;
+    int64_t ld13 = x.w13_beside ? (h + x.w13_beside + 7) / 8 * 8 : h, ld2 = x.w2_beside ? (f + x.w2_beside + 7) / 8 * 8 : f;
+    p->expert_cache_layer_bytes = (uint64_t)(held * 2 * (2 * f * ld13 + (h + x.w2_under) * ld2));
+    p->expert_cache_layers = (int)MT_MIN(MT_MAX(o->expert_cache, 0), mt_config_moe_layers(cfg));
+    p->expert_cache_bytes = (uint64_t)p->expert_cache_layers * p->expert_cache_layer_bytes;
+    p->bytes[MT_MEM_BASE] += p->expert_cache_bytes;
+}
+
 // The GPU step's expert scratch (model/expert_scratch.h), held while one grouped call runs: two
 // slots of 4-bit experts' W (one large expert's w1‖w3, or as many small ones as fit 64 MiB) when
 // this GPU holds a frozen 4-bit expert, and with expert LoRA
@@ -514,25 +558,12 @@ static void expert_scratch(const mt_model_config *cfg, const mt_plan_opts *o, co
     int64_t h = cfg->hidden, f = cfg->intermediate, rows = o->seq * o->batch * cfg->top_k;
     int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
-    // w2's LoRA A under each W2 in the dx call (model/experts_gpu.c's fold): every expert adapted
-    // on w2, no dropout, one EP rank.
-    int all = mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
-    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 && all;
-    // w1's and w3's LoRA B beside each [W1;W3] in the experts' calls (model/experts_gpu.c
-    // mt_experts_xs_extra): every expert of every MoE layer adapted on both, one EP rank, r and h
-    // multiples of 8.
-    int64_t nl, nl_moe;
-    selected_layers(cfg, o, &nl, &nl_moe);
-    int fold13 = lora && q4 && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && o->ep <= 1 && all &&
-                 nl_moe == mt_config_moe_layers(cfg) && o->lora_r % 8 == 0 && h % 8 == 0;
-    // w2's LoRA B beside each W2 in the forward's w2 call (mt_experts_a_extra): the same, on w2,
-    // with r and f multiples of 8.
-    int fold2f = lora && q4 && (o->targets & MT_TARGET_W2) && o->ep <= 1 && all && nl_moe == mt_config_moe_layers(cfg) &&
-                 o->lora_r % 8 == 0 && f % 8 == 0;
-    p->expert_dequant_bytes = q4 && frozen_experts_gpu(cfg, o, t, p) > 0
-                                  ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, fold2 ? o->lora_r : 0,
-                                                                              fold13 ? 2 * o->lora_r : 0,
-                                                                              fold2f ? o->lora_r : 0)
+    expert_folds x = folds_of(cfg, o, p);
+    // Every MoE layer's experts kept in bf16 (--expert-cache): no call dequantizes into a slot.
+    int all_kept = p->expert_cache_layers == mt_config_moe_layers(cfg);
+    p->expert_dequant_bytes = q4 && !all_kept && frozen_experts_gpu(cfg, o, t, p) > 0
+                                  ? (uint64_t)mt_expert_dequant_scratch_bytes(h, f, cfg->experts, x.w2_under,
+                                                                              x.w13_beside, x.w2_beside)
                                   : 0;
     p->expert_dropout_bytes = lora && o->lora_dropout > 0 ? (uint64_t)mt_expert_dropout_scratch_bytes(rows, MT_MAX(h, f)) : 0;
 }
@@ -548,6 +579,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *
     p->units_gpu = units_on_rank0(cfg, o, p->units);  // round-robin over the EP ranks
 
     frozen_base(cfg, o, &s, &t, p);
+    expert_cache(cfg, o, p);
     int64_t expert_train = p->units_gpu * t.unit_params, replicated = 0;
     for (int i = 0; i < p->n_parts; i++)
         if (p->parts[i].replicated) replicated += p->parts[i].count * p->parts[i].each;
@@ -594,7 +626,12 @@ int mt_plan_suggest(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan_s
     suggest_ctx x = {cfg, out, max, 0};
     mt_plan_opts c;
     char label[96];
-    if (o->dequant_cache) {  // the bf16 copies of --dequant-cache first: they buy the least
+    if (o->expert_cache > 0) {  // the kept experts and the bf16 copies first: they buy the least
+        c = *o;
+        c.expert_cache = 0;
+        try_change(&x, &c, "--expert-cache off");
+    }
+    if (o->dequant_cache) {
         c = *o;
         c.dequant_cache = 0;
         try_change(&x, &c, "--dequant-cache off");

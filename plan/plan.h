@@ -36,6 +36,8 @@ typedef struct mt_plan_opts {
     int64_t batch;            // micro-batch per GPU
     mt_ckpt checkpointing;    // MT_CKPT_AUTO: taken as full until mt_plan_choose_recompute resolves it
     int dequant_cache;        // 1: the bf16 copies of model/spec.h's dequant_cache (in base)
+    int expert_cache;         // MoE layers whose frozen 4-bit experts are kept in bf16 (model/spec.h's
+                              // expert_cache, in base); < 0 (unresolved auto): 0
     double lora_dropout;      // > 0: the GPU step's expert calls hold a dropout buffer (work)
     int cuda;                 // the run is the GPU step (--device cuda): its experts' scratch is in work
     int gpus;
@@ -76,6 +78,11 @@ typedef struct mt_plan {
     int64_t frozen_bf16_gpu;    // frozen weights on the worst GPU in bf16
     uint64_t frozen_quant_bytes;
     uint64_t dequant_cache_bytes;  // --dequant-cache: bf16 copies of the 4-bit Linears outside the experts (in base)
+    // --expert-cache: the experts kept in bf16 on this GPU (in base): layers, bytes, and one
+    // layer's bytes (what each more layer kept would cost; 0: nothing to keep, the run has no
+    // frozen 4-bit experts on a GPU step, or it trains experts: --mode unfreeze or full)
+    int expert_cache_layers;
+    uint64_t expert_cache_bytes, expert_cache_layer_bytes;
     double quant_bits;          // effective bits per 4-bit weight, constants included (0: none)
     // Bytes on the worst GPU, by category, and their sum.
     uint64_t bytes[MT_MEM_COUNT];

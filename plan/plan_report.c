@@ -251,6 +251,10 @@ static void print_params(FILE *out, const mt_plan_report *r) {
     if (p->dequant_cache_bytes)
         fprintf(out, "  %-30s %16s → %.3f GB (--dequant-cache: 4-bit weights outside the experts, kept in bf16)\n",
                 "  and bf16 copies", commas((int64_t)(p->dequant_cache_bytes / 2), a, sizeof a), gb(p->dequant_cache_bytes));
+    if (p->expert_cache_bytes)
+        fprintf(out, "  %-30s %16s → %.3f GB (--expert-cache: the last %d MoE layers' experts, kept in bf16; "
+                "%.3f GB a layer)\n", "  and kept experts", commas((int64_t)(p->expert_cache_bytes / 2), a, sizeof a),
+                gb(p->expert_cache_bytes), p->expert_cache_layers, gb(p->expert_cache_layer_bytes));
 }
 
 static void print_table(FILE *out, const mt_plan_report *r) {
@@ -446,6 +450,9 @@ static void json_memory(cJSON *root, const mt_plan *p) {
     cJSON_AddBoolToObject(root, "workspace_is_guess", p->workspace_guessed);
     cJSON_AddNumberToObject(root, "expert_dequant_scratch_bytes", (double)p->expert_dequant_bytes);
     cJSON_AddNumberToObject(root, "dequant_cache_bytes", (double)p->dequant_cache_bytes);
+    cJSON_AddNumberToObject(root, "expert_cache_layers", p->expert_cache_layers);
+    cJSON_AddNumberToObject(root, "expert_cache_bytes", (double)p->expert_cache_bytes);
+    cJSON_AddNumberToObject(root, "expert_cache_layer_bytes", (double)p->expert_cache_layer_bytes);
     cJSON_AddNumberToObject(root, "expert_dropout_scratch_bytes", (double)p->expert_dropout_bytes);
     cJSON_AddNumberToObject(root, "gpu_mem_bytes", p->gpu_mem);
     cJSON_AddNumberToObject(root, "gpu_mem_gb", p->gpu_mem / 1e9);

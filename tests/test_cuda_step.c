@@ -181,6 +181,95 @@ Test(cuda, fused_experts_and_router_match_cpu) {
     mt_test_rmrf(tmp);
 }
 
+// Two AdamW steps of each of two models on batch b (dropout seeded alike), then the same losses,
+// the second step's gradients and the weights after it, bit for bit: `what` names the pair.
+static void expect_two_steps_the_same_bits(mt_backend *gpu, mt_model m[2], mt_param *p[2], int n, const mt_batch *b,
+                                           const char *what) {
+    float loss[2][2];
+    mt_adamw opt[2];
+    for (int k = 0; k < 2; k++) {
+        mt_loss l;
+        cr_assert_eq(mt_adamw_init(&opt[k], gpu, p[k], n, NULL), 0, "%s", mt_error_get());
+        mt_model_set_dropout_seed(&m[k], 11, 0, 0);
+        for (int step = 0; step < 2; step++) {
+            mt_model_zero_grad(&m[k]);
+            cr_assert_eq(mt_model_forward(&m[k], b, &l), 0);
+            loss[k][step] = (float)l.loss;
+            mt_model_backward(&m[k]);
+            double norm;
+            cr_assert_eq(mt_adamw_step(&opt[k], p[k], n, 1e-3, 1.0, &norm), 0, "%s", mt_error_get());
+        }
+    }
+    for (int step = 0; step < 2; step++)
+        cr_expect_eq(loss[1][step], loss[0][step], "%s: step %d loss %.9g against %.9g", what, step, loss[1][step],
+                     loss[0][step]);
+    for (int i = 0; i < n; i++) {
+        float *g0 = host_copy(p[0][i].g), *g1 = host_copy(p[1][i].g), *w0 = host_copy(p[0][i].w), *w1 = host_copy(p[1][i].w);
+        size_t len = (size_t)mt_tensor_numel(p[0][i].g);
+        cr_expect(memcmp(g0, g1, len * sizeof(float)) == 0, "%s: %s: gradients differ", what, p[0][i].name);
+        cr_expect(memcmp(w0, w1, len * sizeof(float)) == 0, "%s: %s: weights differ", what, p[0][i].name);
+        free(g0), free(g1), free(w0), free(w1);
+    }
+    for (int k = 0; k < 2; k++) mt_adamw_free(&opt[k]);
+}
+
+// --expert-cache: the last N MoE layers' experts dequantized once into bf16 matrices that keep
+// room for the LoRAs' blocks (model/mixtral.c keep_experts) give the step the same bits as
+// dequantizing them into the scratch slots at every use, over two training steps (the LoRAs' B
+// and A, written beside and under the kept W at every call, move between them). r = 8 folds
+// w1's, w3's and w2's B beside W and w2's A under W2 (both kinds of room in one kept W2); r = 4
+// with dropout folds none; one of the two layers kept, then both (no call then holds a slot).
+Test(cuda, expert_cache_gives_the_same_bits) {
+    mt_backend *gpu = gpu_or_skip();
+    char tmp[64], dir[128];
+    tiny_checkpoint(tmp, dir, 6);
+    const struct {
+        int r, keep;
+        double dropout;
+    } runs[] = {{8, 2, 0.0}, {8, 1, 0.0}, {4, 2, 0.1}};
+    enum { B = 2, S = 24 };
+    int32_t tokens[B * S], labels[B * S];
+    for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 37) % 200;
+    mt_batch b = {B, S, tokens, labels, NULL};
+    for (size_t run = 0; run < MT_ARRAY_LEN(runs); run++) {
+        mt_run_opts o;
+        mt_run_opts_default(&o);
+        o.mode = MT_MODE_LORA, o.lora_r = runs[run].r, o.lora_dropout = runs[run].dropout;
+        o.targets = MT_TARGET_EXPERTS | MT_TARGET_GATE;
+        mt_model m[2];
+        mt_param *p[2];
+        int n = 0;
+        uint64_t base[2];
+        for (int k = 0; k < 2; k++) {
+            o.expert_cache = k ? runs[run].keep : 0;
+            uint64_t before = gpu->ledger.cur[MT_MEM_BASE];
+            cr_assert_eq(mt_model_load(&m[k], gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+            base[k] = gpu->ledger.cur[MT_MEM_BASE] - before;
+            n = mt_model_params(&m[k], &p[k]);
+            set_lora_b(p[k], p[k], n, 0.01f, 7, 13);
+        }
+        // The plan's bytes for the kept layers (plan/plan.c expert_cache) are the ones allocated.
+        mt_plan plan;
+        o.expert_cache = runs[run].keep;
+        mt_plan_opts po = mt_run_opts_plan(&o);
+        po.cuda = 1;
+        cr_assert_eq(mt_plan_compute(&m[0].cfg, &po, &plan), 0, "%s", mt_error_get());
+        cr_expect_eq(base[1] - base[0], plan.expert_cache_bytes, "r %d, %d layers kept: %llu bytes, the plan's %llu",
+                     runs[run].r, runs[run].keep, (unsigned long long)(base[1] - base[0]),
+                     (unsigned long long)plan.expert_cache_bytes);
+        cr_expect_gt(plan.expert_cache_bytes, 0);
+        const int top = (int)m[1].cfg.layers - 1;
+        cr_expect_not_null(m[1].layers[top].experts_bf16[0], "the last layer keeps its experts");
+        cr_expect((runs[run].keep == 2) == (m[1].layers[0].experts_bf16[0] != NULL), "layer 0 kept only with 2");
+        char what[64];
+        snprintf(what, sizeof what, "r %d, %d layers kept", runs[run].r, runs[run].keep);
+        expect_two_steps_the_same_bits(gpu, m, p, n, &b, what);
+        for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
+    }
+    mt_backend_free(gpu);
+    mt_test_rmrf(tmp);
+}
+
 // --dequant-cache: the 4-bit weights outside the experts (attention's here) dequantized once at
 // load and kept in bf16 give the step the same bits as dequantizing them at every use (the same
 // kernel on the same codes), with their bf16 bytes in base instead of a shared scratch in work.
@@ -195,7 +284,6 @@ Test(cuda, dequant_cache_gives_the_same_bits) {
     mt_param *p[2];
     int n = 0;
     uint64_t base[2];
-    float loss[2][2];
     enum { B = 2, S = 24 };
     int32_t tokens[B * S], labels[B * S];
     for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 31) % 200;
@@ -213,30 +301,8 @@ Test(cuda, dequant_cache_gives_the_same_bits) {
     cr_expect_eq(base[1] - base[0], (uint64_t)(2 * c->layers * attn), "the copies: %llu bytes of base",
                  (unsigned long long)(base[1] - base[0]));
     cr_expect_null(m[1].dequant, "no shared dequantization scratch beside the copies");
-    mt_adamw opt[2];
-    for (int k = 0; k < 2; k++) {
-        mt_loss l;
-        cr_assert_eq(mt_adamw_init(&opt[k], gpu, p[k], n, NULL), 0, "%s", mt_error_get());
-        for (int step = 0; step < 2; step++) {
-            mt_model_zero_grad(&m[k]);
-            cr_assert_eq(mt_model_forward(&m[k], &b, &l), 0);
-            loss[k][step] = (float)l.loss;
-            mt_model_backward(&m[k]);
-            double norm;
-            cr_assert_eq(mt_adamw_step(&opt[k], p[k], n, 1e-3, 1.0, &norm), 0, "%s", mt_error_get());
-        }
-    }
-    for (int step = 0; step < 2; step++)
-        cr_expect_eq(loss[1][step], loss[0][step], "step %d loss: kept copies %.9g, dequantized per use %.9g", step,
-                     loss[1][step], loss[0][step]);
-    for (int i = 0; i < n; i++) {  // the gradients of the second step, and the weights after it
-        float *g0 = host_copy(p[0][i].g), *g1 = host_copy(p[1][i].g), *w0 = host_copy(p[0][i].w), *w1 = host_copy(p[1][i].w);
-        size_t len = (size_t)mt_tensor_numel(p[0][i].g);
-        cr_expect(memcmp(g0, g1, len * sizeof(float)) == 0, "%s: gradients differ", p[0][i].name);
-        cr_expect(memcmp(w0, w1, len * sizeof(float)) == 0, "%s: weights differ", p[0][i].name);
-        free(g0), free(g1), free(w0), free(w1);
-    }
-    for (int k = 0; k < 2; k++) mt_adamw_free(&opt[k]), mt_params_free(p[k], n), mt_model_free(&m[k]);
+    expect_two_steps_the_same_bits(gpu, m, p, n, &b, "kept copies against dequantized per use");
+    for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
     mt_backend_free(gpu);
     mt_test_rmrf(tmp);
 }

@@ -62,6 +62,11 @@ Test(measure, mixtral_every_case_to_the_byte) {
     expect_exact(&cfg, 'C', "--dequant-cache on");
     expect_exact(&cfg, 'C', "--dequant-cache on --quant-targets all --targets w1,w2,w3");
     expect_exact(&cfg, 'B', "--dequant-cache on");
+    // the experts of the last layers kept in bf16, with room for their LoRAs' blocks (every fold
+    // at r = 16; none at r = 12 with dropout), and of every layer (no dequantization slots then)
+    expect_exact(&cfg, 'C', "--expert-cache 3");
+    expect_exact(&cfg, 'C', "--expert-cache 2 --r 12 --dropout 0.1 --seq 512");
+    expect_exact(&cfg, 'A', "--expert-cache 32 --dequant-cache on");
 }
 
 // The family configs: Qwen2-MoE (dense layers 0 and 2, a shared expert in layer 1, q/k/v
@@ -79,6 +84,7 @@ Test(measure, small_configs_every_mode) {
         "--mode lora --targets q,w2 --layers 1 --recompute attention", "--mode full --quant none --recompute experts",
         "--mode lora --targets all --r 4 --dequant-cache on --quant-targets all",
         "--mode unfreeze --layers 1 --experts 0,3 --dequant-cache on",
+        "--mode lora --targets all --r 8 --expert-cache 1", "--mode router --expert-cache 1 --checkpointing none",
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(names); i++) {
         char path[1024];
@@ -388,6 +394,10 @@ Test(measure, cuda_run_equals_the_plan) {
     expect_run_equals_plan(gpu, "mid.json", "--mode lora --targets all --r 8 --quant none --layers 22,23 --seq 32 --batch 2");
     expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --seq 48 --dequant-cache on --quant-targets all");
     expect_run_equals_plan(gpu, "tiny-deepseek-v3.json", "--mode lora --targets all --r 4 --seq 24 --dequant-cache on");
+    // kept experts: one layer of two (the other's calls hold slots), then both (no call does)
+    expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --seq 48 --expert-cache 1");
+    expect_run_equals_plan(gpu, "tiny.json", "--mode lora --targets all --r 8 --seq 48 --expert-cache 2 --dropout 0.1");
+    expect_run_equals_plan(gpu, "tiny-qwen3-moe.json", "--mode lora --targets all --r 8 --seq 24 --expert-cache 1");
     mt_backend_free(gpu);
 }
 

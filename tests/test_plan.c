@@ -276,6 +276,43 @@ Test(plan, expert_scratch_in_work_on_cuda) {
     cr_expect(strstr(out, "experts' dequantization scratch") && strstr(out, "0.473 GB (in work"), "%s", out);
 }
 
+// --expert-cache: auto keeps the last layers' experts in bf16 as far as the card holds them by
+// the plan's total and the measured step, after --recompute and --dequant-cache have chosen (case C
+// at s = 4096: none recomputed; 2.838 GB a layer: 3 layers on 80 GB, 25 on 141 GB, none on 44 GB,
+// which recomputes the experts); all keeps every MoE layer's and then no call holds the
+// dequantization slots; a count beyond the model's MoE layers is refused naming the flag; a run
+// that trains its experts or a cpu run keeps none.
+Test(plan, expert_cache_keeps_what_fits) {
+    char out[32768];
+    const char *c4k = "plan --case C --seq 4096 --device cuda --recompute auto --dequant-cache auto --expert-cache auto";
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 80GB", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "recompute none (auto"), "%s", out);
+    cr_expect(strstr(out, "the last 3 of 32 MoE layers' experts kept in bf16 (--expert-cache auto: 8.51 GB)"), "%s", out);
+    cr_expect(strstr(out, "→ 8.514 GB (--expert-cache: the last 3 MoE layers' experts, kept in bf16; 2.838 GB a layer)"),
+              "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 80GB --measure", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "fits on a 80 GB card by the measured total (with --measure it decides): yes"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 141GB", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "the last 25 of 32 MoE layers' experts kept in bf16"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 44GB", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "recompute experts (auto"), "%s", out);
+    cr_expect(strstr(out, "experts dequantized per use (--expert-cache auto: a layer's 2.84 GB of bf16 experts would "
+                          "not fit)"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache all --gpu-mem 200GB"), MT_EXIT_OK,
+                 "%s", out);
+    cr_expect(strstr(out, "the last 32 of 32 MoE layers' experts kept in bf16 (--expert-cache all: 90.8 GB)"), "%s", out);
+    cr_expect(!strstr(out, "experts' dequantization scratch"), "every layer kept: no slots: %s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache 33"), MT_EXIT_USAGE, "%s", out);
+    cr_expect(strstr(out, "--expert-cache 33: the model has 32 MoE layers"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache many"), MT_EXIT_USAGE, "%s", out);
+    cr_expect(strstr(out, "expert-cache") && strstr(out, "'many' is not off, auto, all or a number"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case B --device cuda --expert-cache 2"), MT_EXIT_NOFIT, "%s", out);
+    cr_expect(strstr(out, "--expert-cache 2: no frozen 4-bit experts to keep"), "%s", out);
+    cr_expect(!strstr(out, "and kept experts"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cpu --expert-cache 2"), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "a cpu run keeps no bf16 experts") && !strstr(out, "and kept experts"), "%s", out);
+}
+
 // --recompute auto: the least recomputation whose measured step fits --gpu-mem (less 1 GB for
 // what the ledger cannot see). Case C at s = 4096 keeps everything on an 80 GB card (62.4 GB
 // measured) and recomputes on a 44 GB one, each choice fitting by --measure.

@@ -59,6 +59,10 @@ static const opt_def opt_table[] = {
      "GPU step: keep a bf16 copy of each frozen 4-bit weight outside the experts (attention, MLA's projections; "
      "the router, shared experts and dense MLPs when 4-bit), made once at load, instead of dequantizing it at every use: on | off | auto (on "
      "when the run still fits after --recompute's choice; Mixtral-8x7B: 2.7 GB, 1.3% of a step by the roofline)"},
+    {"expert-cache", OPT_SPECIAL, F(expert_cache), 0,
+     "GPU step: keep the frozen 4-bit experts of the last N MoE layers in bf16, dequantized once, instead of at every "
+     "use (forward, backward, recompute): a count N | all | off | auto (the most layers that still fit after "
+     "--recompute and --dequant-cache; Mixtral-8x7B: 2.8 GB and ~2% of a step a layer by the roofline)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
     {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
@@ -157,6 +161,7 @@ void mt_run_opts_default(mt_run_opts *o) {
     o->batch = 1;
     o->checkpointing = MT_CKPT_AUTO;
     o->dequant_cache = MT_DEQUANT_CACHE_AUTO;
+    o->expert_cache = MT_EXPERT_CACHE_AUTO;
     o->gpus = 1;
     o->ep = 1;
     o->master_weights = 1;
@@ -274,6 +279,21 @@ static int parse_blocksize(const char *text, int *out) {
     return 0;
 }
 
+// --expert-cache: off, auto, all, or a count of MoE layers (the model's number is checked later).
+static int parse_expert_cache(const char *text, int *out) {
+    static const char *const names[] = {"off", "auto", "all"};
+    static const int values[] = {0, MT_EXPERT_CACHE_AUTO, MT_EXPERT_CACHE_ALL};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(text, names[i]) == 0) return *out = values[i], 0;
+    int64_t v;
+    if (parse_int64(text, 0, 1 << 20, &v) != 0) {
+        mt_error_set("'%s' is not off, auto, all or a number of MoE layers (0 to %d)", text, 1 << 20);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 static int set_opt(void *o, const char *key, const char *value) { return mt_run_opts_set(o, key, value); }
 
 int mt_plan_case_apply(mt_run_opts *o, char which) {
@@ -291,6 +311,7 @@ mt_plan_opts mt_run_opts_plan(const mt_run_opts *o) {
         .quant = o->quant, .double_quant = o->double_quant, .quant_blocksize = o->quant_blocksize,
         .quant_targets = o->quant_targets, .seq = o->seq, .batch = o->batch, .checkpointing = o->checkpointing,
         .dequant_cache = o->dequant_cache == MT_DEQUANT_CACHE_ON,
+        .expert_cache = MT_MAX(o->expert_cache, 0),  // auto or all unresolved: none, the least memory
         .gpus = o->gpus, .ep = o->ep, .zero = o->zero, .offload_optimizer = o->offload_optimizer,
         .adam_8bit = o->adam_8bit, .master_weights = o->master_weights, .gpu_mem_bytes = o->gpu_mem_bytes,
         .workspace_bytes = o->workspace_bytes, .lr = o->lr, .clip = o->clip, .plan_case = o->plan_case,
@@ -337,6 +358,61 @@ static int resolve_dequant_cache(mt_run_opts *o, const mt_model_config *cfg, dou
     return 0;
 }
 
+// --expert-cache on a GPU, after the recompute mode and --dequant-cache: all becomes the model's
+// MoE layers; auto the most layers whose kept experts still fit `limit` both by the measured step
+// and by the plan's total (each layer adds the same bytes to base), 0 when none does, when the
+// plan's total does not fit even without them, or when the run has no frozen 4-bit experts to
+// keep; a count above the model's MoE layers is refused. Appends what was decided to `note`; auto's `choice`, measured, then holds
+// the step with the kept experts.
+static int resolve_expert_cache(mt_run_opts *o, const mt_model_config *cfg, double limit, double reserve, char *note,
+                                size_t n, mt_plan_recompute_choice *choice) {
+    size_t used = strlen(note);
+    const int moe = (int)mt_config_moe_layers(cfg), asked = o->expert_cache, was_auto = asked == MT_EXPERT_CACHE_AUTO;
+    if (asked == MT_EXPERT_CACHE_ALL) o->expert_cache = moe;
+    if (o->expert_cache > moe) {
+        mt_error_set("--expert-cache %d: the model has %d MoE layers", o->expert_cache, moe);
+        return -1;
+    }
+    mt_plan_opts po = mt_run_opts_plan(o);
+    po.expert_cache = 0;
+    mt_plan without;
+    if (mt_plan_compute(cfg, &po, &without) != 0) return -1;
+    const double layer = (double)without.expert_cache_layer_bytes;
+    if (layer == 0) {  // nothing to keep: no frozen 4-bit experts on a GPU step, or experts that train
+        if (o->expert_cache > 0)
+            snprintf(note + used, n - used, "; --expert-cache %d: no frozen 4-bit experts to keep (it takes --mode "
+                     "lora or router with 4-bit experts on a GPU)", o->expert_cache);
+        o->expert_cache = 0;
+        return 0;
+    }
+    if (was_auto) {
+        mt_model_spec spec = mt_run_opts_model_spec(o);
+        spec.expert_cache = 0;
+        mt_plan_measurement m;
+        int measured = choice && choice->measured;
+        double total = measured ? (double)choice->total : (double)without.total;
+        if (!measured && mt_plan_measure(cfg, NULL, &po, &spec, &m) == 0) measured = 1, total = (double)m.total_peak;
+        // Each layer kept adds `layer` to base, which the whole step holds: the measured peak and
+        // the plan's total grow by it (keeping every layer also drops the dequantization slots).
+        double room = limit - reserve - total, plan_room = limit - (double)without.total;
+        int by_step = room > 0 ? (int)MT_MIN(floor(room / layer), moe) : 0;
+        int by_plan = plan_room > 0 ? (int)MT_MIN(floor(plan_room / layer), moe) : 0;  // the plan says no: none
+        o->expert_cache = MT_MIN(by_step, by_plan);
+        if (o->expert_cache > 0 && measured && choice && choice->measured) {
+            po.expert_cache = spec.expert_cache = o->expert_cache;
+            if (mt_plan_measure(cfg, NULL, &po, &spec, &m) == 0) choice->total = m.total_peak;
+        }
+    }
+    if (o->expert_cache > 0)
+        snprintf(note + used, n - used, "; the last %d of %d MoE layers' experts kept in bf16 (--expert-cache %s: %.3g GB)",
+                 o->expert_cache, moe, was_auto ? "auto" : asked == MT_EXPERT_CACHE_ALL ? "all" : "as set",
+                 (double)o->expert_cache * layer / 1e9);
+    else if (was_auto)
+        snprintf(note + used, n - used, "; experts dequantized per use (--expert-cache auto: a layer's %.3g GB of bf16 "
+                 "experts would not fit)", layer / 1e9);
+    return 0;
+}
+
 int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n,
                                   mt_plan_recompute_choice *choice) {
     if (choice) memset(choice, 0, sizeof *choice), choice->mode = o->checkpointing;
@@ -378,7 +454,16 @@ int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, in
         snprintf(note + used, n - used, "; --dequant-cache on: the cpu step keeps no bf16 copies (it multiplies the "
                  "4-bit tiles)");
     }
-    return gpu ? resolve_dequant_cache(o, cfg, limit, reserve, note, n, choice) : 0;
+    if (!gpu) {
+        if (o->expert_cache != 0 && o->expert_cache != MT_EXPERT_CACHE_AUTO) {
+            size_t used = strlen(note);
+            snprintf(note + used, n - used, "; --expert-cache: the cpu step keeps no bf16 experts");
+        }
+        o->expert_cache = 0;
+        return 0;
+    }
+    if (resolve_dequant_cache(o, cfg, limit, reserve, note, n, choice) != 0) return -1;
+    return resolve_expert_cache(o, cfg, limit, reserve, note, n, choice);
 }
 
 mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
@@ -392,6 +477,7 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
         // the least memory, as every run did before auto existed.
         .checkpointing = o->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : o->checkpointing,
         .dequant_cache = o->dequant_cache == MT_DEQUANT_CACHE_ON,  // auto unresolved: off, the least memory
+        .expert_cache = MT_MAX(o->expert_cache, 0),
     };
 }
 
@@ -427,6 +513,7 @@ static int set_special(mt_run_opts *o, const char *key, const char *value) {
         static const char *n[] = {"off", "on", "auto"};  // MT_DEQUANT_CACHE_*'s order
         return set_from_list(value, n, 3, &o->dequant_cache);
     }
+    if (strcmp(key, "expert-cache") == 0) return parse_expert_cache(value, &o->expert_cache);
     if (strcmp(key, "targets") == 0) return parse_targets(value, &o->targets);
     if (strcmp(key, "peft-format") == 0) {
         static const char *n[] = {"v4", "v5", "auto"};
@@ -558,6 +645,7 @@ int mt_opt_changes_run(const char *key) {
         "allow-unknown-config", "peft-format", "offload-optimizer", "early-stop-patience", "report-to",
         "recompute", "checkpointing", "ckpt",  // recomputation gives the same bits (tests/test_checkpointing.c)
         "dequant-cache",  // the same dequantization, kept or redone: the same bits
+        "expert-cache",   // the same, for the experts (CPU-emulated: the same bits; tests/test_cuda_step.c)
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(how); i++)
         if (strcmp(how[i], key) == 0) return 0;
@@ -577,7 +665,7 @@ static size_t field_size(const opt_def *d) {
         {"recompute", sizeof(mt_ckpt)},
         {"ckpt", sizeof(mt_ckpt)}, {"targets", sizeof(unsigned)}, {"quant-targets", sizeof(unsigned)},
         {"blocksize", sizeof(int)}, {"layers", sizeof(mt_index_set)}, {"experts", sizeof(mt_index_set)},
-        {"peft-format", 8}, {"case", 1}, {"dequant-cache", sizeof(int)},
+        {"peft-format", 8}, {"case", 1}, {"dequant-cache", sizeof(int)}, {"expert-cache", sizeof(int)},
     };
     for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
         if (strcmp(special[i].key, d->key) == 0) return special[i].size;
@@ -829,7 +917,7 @@ static void default_text(const mt_run_opts *def, const opt_def *d, char *buf, si
         static const struct { const char *key, *text; } special[] = {
             {"mode", "lora"}, {"targets", "experts"}, {"layers", "all"}, {"experts", "all"}, {"quant", "nf4"},
             {"recompute", "auto"}, {"checkpointing", "auto"}, {"ckpt", "auto"}, {"blocksize", "0"}, {"peft-format", "auto"}, {"case", "none"},
-            {"dequant-cache", "auto"},
+            {"dequant-cache", "auto"}, {"expert-cache", "auto"},
         };
         for (size_t i = 0; i < MT_ARRAY_LEN(special); i++)
             if (strcmp(special[i].key, d->key) == 0) snprintf(buf, n, "%s", special[i].text);

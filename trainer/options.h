@@ -43,6 +43,8 @@ typedef struct mt_run_opts {
     int64_t batch;            // micro-batch per GPU
     mt_ckpt checkpointing;
     int dequant_cache;        // MT_DEQUANT_CACHE_*: off, on, or auto (resolved with --recompute's auto)
+    int expert_cache;         // MoE layers whose experts are kept in bf16: 0 off, N, or MT_EXPERT_CACHE_AUTO
+                              // / _ALL (resolved with --recompute's auto)
     // parallelism and memory
     int gpus;
     int ep;
@@ -179,6 +181,10 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o);
 // step dequantizes nothing: it multiplies the 4-bit tiles).
 enum { MT_GPU_MEM_OF_CARD = 2 };
 enum { MT_DEQUANT_CACHE_OFF, MT_DEQUANT_CACHE_ON, MT_DEQUANT_CACHE_AUTO };
+// --expert-cache auto and all, resolved here too (after --dequant-cache): auto keeps the last N
+// MoE layers' experts in bf16 for the largest N that still fits the same limit (0 where a GPU step
+// has no frozen 4-bit experts to keep, and always on the cpu), all every MoE layer's.
+enum { MT_EXPERT_CACHE_AUTO = -1, MT_EXPERT_CACHE_ALL = -2 };
 int mt_run_opts_resolve_recompute(mt_run_opts *o, const mt_model_config *cfg, int gpu, char *note, size_t n,
                                   mt_plan_recompute_choice *choice);
 // Both as a pointer for one call, e.g. mt_model_load(m, be, dir, MT_MODEL_SPEC_OF(o)) in tests:

@@ -112,6 +112,9 @@ int cmd_plan(int argc, char **argv) {
     if (cpu && o.dequant_cache == MT_DEQUANT_CACHE_ON)
         mt_warn("--dequant-cache on: a cpu run keeps no bf16 copies (it multiplies the 4-bit tiles); planned without them");
     if (cpu) o.dequant_cache = MT_DEQUANT_CACHE_OFF;
+    if (cpu && o.expert_cache != 0 && o.expert_cache != MT_EXPERT_CACHE_AUTO)
+        mt_warn("--expert-cache: a cpu run keeps no bf16 experts; planned without them");
+    if (cpu) o.expert_cache = 0;
     char recompute[512] = "";
     mt_plan_recompute_choice choice = {0};
     if (!o.max_seq && mt_run_opts_resolve_recompute(&o, &cfg, 1, recompute, sizeof recompute, &choice) != 0) {
