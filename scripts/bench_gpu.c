@@ -374,6 +374,7 @@ static int step_shape_of(const mt_run_opts *o, const mt_model_config *cfg, step_
     sh->quant_experts = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     sh->quant_attn = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_ATTN);
     sh->dequant_cache = o->dequant_cache == MT_DEQUANT_CACHE_ON;
+    sh->expert_cache = MT_MAX(o->expert_cache, 0);
     sh->blocksize = o->quant_blocksize, sh->double_quant = o->double_quant;
     // --recompute's parts; unresolved auto builds full (trainer/options.c mt_run_opts_model_spec)
     sh->recompute = o->checkpointing == MT_CKPT_FULL || o->checkpointing == MT_CKPT_AUTO;
@@ -488,16 +489,18 @@ static int measure(mt_model *m, mt_adamw *opt, const mt_param *params, int n, co
     return 0;
 }
 
-// --dequant-cache: the case's off, or on (attention's 4-bit weights kept in bf16).
-static const char *dequant_cache = "off";
+// --dequant-cache: the case's off, or on (attention's 4-bit weights kept in bf16); --expert-cache:
+// the case's off, or all (every layer's experts kept in bf16).
+static const char *dequant_cache = "off", *expert_cache = "off";
 
-static int set_opts(mt_run_opts *o, char which, int64_t seq) {
+static int set_opts(mt_run_opts *o, const mt_model_config *cfg, char which, int64_t seq) {
     char s[32];
     snprintf(s, sizeof s, "%lld", (long long)seq);
     mt_run_opts_default(o);
     if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_set(o, "seq", s) != 0 || mt_run_opts_set(o, "device", "cuda") != 0 ||
-        mt_run_opts_set(o, "dequant-cache", dequant_cache) != 0)
+        mt_run_opts_set(o, "dequant-cache", dequant_cache) != 0 || mt_run_opts_set(o, "expert-cache", expert_cache) != 0)
         return -1;
+    if (o->expert_cache == MT_EXPERT_CACHE_ALL) o->expert_cache = (int)mt_config_moe_layers(cfg);  // as the trainer resolves it
     // Case B's states (2.1 B params × 16 B) do not fit a 44 GB card beside the base: Adam m, v
     // and the masters go to host memory, one of the fixes `moetrain plan --case B` names.
     if (which == 'B' && mt_run_opts_set(o, "offload-optimizer", "true") != 0) return -1;
@@ -552,7 +555,7 @@ static void compare_plan(mt_backend *be, const mt_ledger *held, const mt_model_c
 static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_layers, char which, const int64_t *seqs,
                     int n_seqs, int steps, double peak_tflops, result *rs) {
     mt_run_opts o;
-    if (set_opts(&o, which, seqs[0]) != 0) return -1;
+    if (set_opts(&o, cfg, which, seqs[0]) != 0) return -1;
     printf("\n--- case %c, batch %lld, --checkpointing full, %s%s, %lld of %lld layers\n", which, (long long)o.batch,
            mt_mode_name(o.mode), o.offload_optimizer ? ", --offload-optimizer (to fit one card)" : "",
            (long long)cfg->layers, (long long)full_layers);
@@ -585,7 +588,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
     int failed = 0;
     for (int i = 0; i < n_seqs; i++) {
         result *r = &rs[i];
-        if (set_opts(&o, which, seqs[i]) != 0) return -1;  // the same model; seq is the step's shape
+        if (set_opts(&o, cfg, which, seqs[i]) != 0) return -1;  // the same model; seq is the step's shape
         printf("\n--- case %c, seq %lld\n", which, (long long)o.seq);
         size_t T = (size_t)(o.batch * o.seq);
         int32_t *tokens = mt_xmalloc(T * sizeof(int32_t));
@@ -624,6 +627,7 @@ static int run_case(mt_backend *be, const mt_model_config *cfg, int64_t full_lay
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_bench_gpu [--case A|B|C]... [--seq N]... [--steps N] [--layers N] [--dequant-cache on|off]\n"
+               "                          [--expert-cache all|off]\n"
                "  --case   which of docs/memory.md's cases to run (repeatable; default C, A, B)\n"
                "  --seq    case C's sequence length (repeatable; default 2048 and 4096); A and B run\n"
                "           the first --seq given, or 1024\n"
@@ -634,7 +638,9 @@ static void usage(FILE *f) {
                "  --no-overlap  skip the experts-beside-their-dequantization figures (host time: three\n"
                "           expert-sized weights quantized)\n"
                "  --dequant-cache on|off  attention's 4-bit weights kept in bf16 from the load (default off,\n"
-               "           the cases' setting)\n");
+               "           the cases' setting)\n"
+               "  --expert-cache all|off  every layer's experts kept in bf16, dequantized by the warm-up step (default\n"
+               "           off, the cases' setting)\n");
 }
 
 int main(int argc, char **argv) {
@@ -669,6 +675,8 @@ int main(int argc, char **argv) {
             config = v;
         else if (!strcmp(argv[i], "--dequant-cache") && (!strcmp(v, "on") || !strcmp(v, "off")))
             dequant_cache = v;
+        else if (!strcmp(argv[i], "--expert-cache") && (!strcmp(v, "all") || !strcmp(v, "off")))
+            expert_cache = v;
         else
             return fprintf(stderr, "bench_gpu: bad flag or value: %s %s\n", argv[i], v), usage(stderr), MT_EXIT_USAGE;
         i++;

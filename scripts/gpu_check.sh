@@ -60,7 +60,7 @@ STEPS=(
   "parity (every CUDA op against its CPU twin, matmul)|20|90|step_parity"
   "CLI: 3 steps on cpu and on cuda, compared|25|120|step_cli"
   "Mixtral-8x7B step, $LAYERS layers, MT_PROFILE=1: case C at ${SEQS[*]}, case A|90|240|step_bench"
-  "cuDNN attention (MT_ATTENTION=cudnn): CLI 3 steps compared, the case C step at ${SEQS[*]} (--dequant-cache on)|40|150|step_cudnn"
+  "cuDNN attention (MT_ATTENTION=cudnn): CLI 3 steps compared, the case C step at ${SEQS[*]} (--dequant-cache on --expert-cache all)|40|150|step_cudnn"
   "PyTorch + transformers + PEFT baseline, same shapes|60|180|step_baseline"
   "CUDA tests of the suite|90|200|step_tests"
 )
@@ -267,7 +267,8 @@ step_bench() {
 
 # The same CLI comparison and case C step with cuDNN's SDPA in both directions (a refusal is
 # fatal under MT_ATTENTION=cudnn, so a pass means cuDNN ran). The step keeps attention's 4-bit
-# weights in bf16 (--dequant-cache on): beside step_bench's, what dequantizing them costs.
+# weights and every layer's experts in bf16 (--dequant-cache on --expert-cache all, the experts
+# dequantized by the warm-up): beside step_bench's, what dequantizing them costs.
 step_cudnn() {
   local lim=$1 bin="$(prog moetrain)" d="$WORK/cli" rc seqargs=() s
   for s in "${SEQS[@]}"; do seqargs+=(--seq "$s"); done
@@ -283,7 +284,8 @@ step_cudnn() {
     echo "gpu_check: no CPU run of the CLI step to compare with: the case C step only"
   fi
   MT_ATTENTION=cudnn MT_PROFILE=1 run_limited "$lim" "$(prog moetrain_bench_gpu)" \
-    --layers "$LAYERS" --case C "${seqargs[@]}" --steps 2 --no-overlap --dequant-cache on "${BENCH_ARGS[@]}"
+    --layers "$LAYERS" --case C "${seqargs[@]}" --steps 2 --no-overlap --dequant-cache on --expert-cache all \
+    "${BENCH_ARGS[@]}"
 }
 
 step_baseline() {

@@ -74,7 +74,7 @@ static totals project(const step_shape *sh, int print) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetrain_roofline [--model config.json] [--seq N]... [--recompute MODE] [--gpu-mem BYTES]\n"
-               "                         [--dequant-cache MODE] [--dequant-instr N] [--attention cudnn|wmma]\n"
+               "                         [--dequant-cache MODE] [--expert-cache N] [--dequant-instr N] [--attention cudnn|wmma]\n"
                "                         [--dropout P] [--device h100|h200] [--layers N]\n"
                "  --model          a Mixtral-family config.json (default: Mixtral-8x7B, configs/mixtral-8x7b.json's values)\n"
                "  --seq            sequence length of the detailed table (default 4096)\n"
@@ -83,6 +83,8 @@ static void usage(FILE *f) {
                "  --gpu-mem        the card auto plans for (default 80GB: an H100 SXM 80 GB)\n"
                "  --dequant-cache  off | on | auto: attention's 4-bit weights kept in bf16 (default auto: where they\n"
                "                   fit after the recompute mode, as the trainer decides)\n"
+               "  --expert-cache   N | all | off | auto: the last N layers' experts kept in bf16 (default auto: as\n"
+               "                   many as fit after the two above, as the trainer decides)\n"
                "  --dequant-instr  SASS instructions per element of the 4-bit -> bf16 kernel (default 8;\n"
                "                   make bench-gpu passes the count read from the kernel's SASS)\n"
                "  --attention      cudnn: cuDNN's SDPA (default); wmma: the WMMA flash kernels\n"
@@ -97,10 +99,11 @@ static void set_recompute(step_shape *sh, mt_ckpt mode) {
 }
 
 // Case C's run as the trainer resolves it (trainer/options.c mt_run_opts_resolve_recompute), at
-// sh->seq on a card of gpu_mem bytes: the recompute mode (`mode`, or auto's choice) and the bf16
-// copies of --dequant-cache (`cache`: off, on or auto) into sh, what the one-line plan says into
-// note. -1: the options or the measured step failed (the error set).
-static int resolve_run(step_shape *sh, mt_ckpt mode, int cache, double gpu_mem, char *note, size_t n) {
+// sh->seq on a card of gpu_mem bytes: the recompute mode (`mode`, or auto's choice), the bf16
+// copies of --dequant-cache (`cache`: off, on or auto) and the kept experts of --expert-cache
+// (`experts`: a count, or auto or all) into sh, what the one-line plan says into note. -1: the
+// options or the measured step failed (the error set).
+static int resolve_run(step_shape *sh, mt_ckpt mode, int cache, int experts, double gpu_mem, char *note, size_t n) {
     mt_run_opts o;
     mt_run_opts_default(&o);
     char seq[32];
@@ -108,9 +111,11 @@ static int resolve_run(step_shape *sh, mt_ckpt mode, int cache, double gpu_mem, 
     if (mt_plan_case_apply(&o, 'C') != 0 || mt_run_opts_set(&o, "seq", seq) != 0 || mt_run_opts_set(&o, "device", "cuda") != 0)
         return -1;
     o.gpu_mem_bytes = gpu_mem, o.checkpointing = mode, o.dequant_cache = cache, o.lora_dropout = sh->lora_dropout;
+    o.expert_cache = experts;
     if (mt_run_opts_resolve_recompute(&o, &sh->cfg, 1, note, n, NULL) != 0) return -1;
     set_recompute(sh, o.checkpointing);
     sh->dequant_cache = o.dequant_cache == MT_DEQUANT_CACHE_ON;
+    sh->expert_cache = o.expert_cache;
     return 0;
 }
 
@@ -182,7 +187,7 @@ int main(int argc, char **argv) {
     int64_t seqs[8];
     int n_seqs = 0;
     mt_ckpt mode = MT_CKPT_AUTO;
-    int cache = MT_DEQUANT_CACHE_AUTO;
+    int cache = MT_DEQUANT_CACHE_AUTO, experts = MT_EXPERT_CACHE_AUTO;
     double gpu_mem = 80e9;
     int64_t layers = 0;
     sh.attn_cudnn = 1;  // attention: MT_ATTENTION=auto's cuDNN SDPA
@@ -205,6 +210,10 @@ int main(int argc, char **argv) {
             mt_run_opts parsed;
             mt_run_opts_default(&parsed);
             ok = mt_run_opts_set(&parsed, "dequant-cache", v) == 0, cache = parsed.dequant_cache;
+        } else if (!strcmp(a, "--expert-cache")) {
+            mt_run_opts parsed;
+            mt_run_opts_default(&parsed);
+            ok = mt_run_opts_set(&parsed, "expert-cache", v) == 0, experts = parsed.expert_cache;
         } else if (!strcmp(a, "--gpu-mem")) {
             ok = mt_parse_bytes(v, &gpu_mem) == 0 && gpu_mem > 0;
         } else if (!strcmp(a, "--dequant-instr")) {
@@ -236,7 +245,7 @@ int main(int argc, char **argv) {
     sh.dequants_per_use = 1;
     sh.seq = seqs[0];
     char note[512];
-    if (resolve_run(&sh, mode, cache, gpu_mem, note, sizeof note) != 0)
+    if (resolve_run(&sh, mode, cache, experts, gpu_mem, note, sizeof note) != 0)
         return fprintf(stderr, "roofline: case C's run: %s\n", mt_error_get()), MT_EXIT_ERROR;
 
     const mt_model_config *c = &sh.cfg;
@@ -265,8 +274,8 @@ int main(int argc, char **argv) {
            t.tokens_s, 100 * t.mfu, step_model_flops_per_token(c, sh.seq) / 1e9, 100 * t.hfu, t.hw_flops / 1e12);
 
     const int64_t cols[3] = {2048, 4096, 16384};
-    printf("PROJECTION by sequence length and recomputation (micro-batch 1; time only: whether it fits is\n"
-           "`moetrain plan`'s question)\n");
+    printf("PROJECTION by sequence length and recomputation (micro-batch 1, %d layers' experts kept as above; time\n"
+           "only: whether it fits is `moetrain plan`'s question)\n", sh.expert_cache);
     printf("%8s %-10s %10s %12s %8s %8s %16s\n", "seq", "recompute", "step s", "tokens/s", "MFU", "HFU",
            "attention share");
     const mt_ckpt modes[4] = {MT_CKPT_NONE, MT_CKPT_ATTENTION, MT_CKPT_EXPERTS, MT_CKPT_FULL};

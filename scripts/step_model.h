@@ -57,6 +57,8 @@ typedef struct {
     unsigned targets;       // MT_TARGET_* bits with LoRA
     int quant_experts, quant_attn;  // frozen Linears stored 4-bit: dequantized to bf16 per use
     int dequant_cache;      // --dequant-cache on: attention's 4-bit W kept in bf16, never dequantized
+    int expert_cache;       // --expert-cache: the last this many layers' experts kept in bf16, never
+                            // dequantized after the first step (their LoRA blocks still written per call)
     mt_quant quant;
     int blocksize, double_quant;
     int recompute;          // --recompute full: one recompute forward of every layer (both parts)
@@ -280,8 +282,10 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
             double in = (double)mt_qweight_dequant_bytes_of(sh->quant, c->intermediate, c->hidden, sh->blocksize,
                                                             sh->double_quant, MT_BF16);  // one [f, h] matrix
             double instr = sh->dequant_instr > 0 ? sh->dequant_instr : STEP_DEQUANT_INSTR_DEFAULT;
-            // The backward's: w2 in every layer, w1‖w3 in the Lb that make dx.
-            double mats = phases[p] == 'B' ? E * (L + 2 * Lb) : 3 * E * L;
+            // The backward's: w2 in every layer, w1‖w3 in the Lb that make dx (the lowest layer skips
+            // it). The kept layers (--expert-cache, the top Lc) dequantize nothing.
+            const double Lc = fmin((double)sh->expert_cache, L), Lu = L - Lc;
+            double mats = phases[p] == 'B' ? E * (Lu + 2 * fmax(0, Lb - Lc)) : 3 * E * Lu;
             // w2's LoRA A copied under each W2 for the backward's folded dx GEMM: read and written;
             // w1's and w3's B beside [W1;W3] for the forward's folded GEMM: read, and written with
             // the zeros of the other block (2f rows of 2r columns).
@@ -289,7 +293,7 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
                                ? 2 * bf * E * L * r * f : 0;
             if (fold13) under += bf * E * (phases[p] == 'B' ? Lb : L) * 6 * f * r;  // the B phase's: dx's
             if (fold2f && phases[p] != 'B') under += bf * E * L * 2 * h * r;  // B2 beside W2: read, written
-            step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (L + Lb) : 2 * E * L,
+            step_op *o = step_add(s, "expert dequant 4-bit->bf16", phases[p], phases[p] == 'B' ? E * (Lu + fmax(0, Lb - Lc)) : 2 * E * Lu,
                                   h * f * mats, mats * in + under, 0, STEP_DEQUANT);
             o->instr = instr * h * f * mats;
         }
