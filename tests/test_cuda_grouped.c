@@ -696,3 +696,83 @@ Test(cuda_grouped, null_backend_counts_the_scratch) {
     mt_tensor_free(a), mt_tensor_free(c);
     mt_backend_free(nb);
 }
+
+// Experts kept dequantized (grouped.h's cached: --expert-cache): one kept W2 with room for both
+// LoRA blocks ([D + RU, LD], LD = F + RB rounded up to 8) serves the forward's call with B beside
+// (trans) and the dx call with A under, each equal bit for bit to the same call dequantizing into
+// the slots, on the grouped path and the per-expert one; the call holds no slot, W is dequantized
+// by the first call only (cached_filled), and the blocks are written at every call: after B and
+// A change, the kept W still gives the slots' products. A kept W too small is refused naming it.
+static void kept_case(mt_backend *gpu, const int *rows) {
+    enum { E = 3, D = 40, F = 24, RB = 8, RU = 8, LD = (F + RB + 7) / 8 * 8 };
+    int64_t off[E + 1] = {1};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t R = off[E] + 2;
+    mt_qweight q[E];
+    const mt_qweight *pq[E];
+    mt_tensor *b[E], *u[E], *kept[E];
+    const mt_tensor *pb[E], *pu[E];
+    unsigned char filled[E] = {0};
+    for (int e = 0; e < E; e++) {
+        float *w = randn(D * F, 60 + (uint64_t)e, 0.5f), *bv = randn(D * RB, 65 + (uint64_t)e, 0.5f);
+        float *uv = randn(RU * F, 70 + (uint64_t)e, 0.5f);
+        cr_assert_eq(mt_qweight_quantize(&q[e], gpu, "w2", w, D, F, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
+        b[e] = upload(gpu, MT_BF16, bv, D, RB), u[e] = upload(gpu, MT_BF16, uv, RU, F);
+        kept[e] = zeros(gpu, MT_BF16, D + RU, LD);
+        pq[e] = &q[e], pb[e] = b[e], pu[e] = u[e];
+        free(w), free(bv), free(uv);
+    }
+    float *av = randn(R * (D + RU), 11, 1.0f);  // wide enough for both calls' a
+    mt_tensor *ta = upload(gpu, MT_BF16, av, R, D + RU);
+    mt_tensor a_fwd = mt_view2(gpu, ta->data, MT_BF16, R, F + RB, D + RU), a_dx = *ta;
+    mt_grouped fwd = {.experts = E, .off = off, .q = pq, .beside = pb, .beside_scale = 0.5f, .trans = 1, .alpha = 1};
+    mt_grouped dx = {.experts = E, .off = off, .q = pq, .under = pu, .trans = 0, .alpha = 1};
+    mt_grouped kf = fwd, kd = dx;
+    kf.cached = kd.cached = kept, kf.cached_filled = kd.cached_filled = filled;
+    for (int round = 0; round < 2; round++) {
+        const mt_grouped *calls[2][2] = {{&fwd, &kf}, {&dx, &kd}};
+        const mt_tensor *as[2] = {&a_fwd, &a_dx};
+        const int64_t ncols[2] = {D, F};
+        for (int k = 0; k < 2; k++) {
+            mt_tensor *slots = zeros(gpu, MT_F32, R, ncols[k]), *fromkept = zeros(gpu, MT_F32, R, ncols[k]);
+            cr_assert_eq(mt_grouped_gemm(slots, as[k], calls[k][0]), 0, "%s", mt_error_get());
+            size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
+            mt_ledger_reset_peak(&gpu->ledger);
+            cr_assert_eq(mt_grouped_gemm(fromkept, as[k], calls[k][1]), 0, "%s", mt_error_get());
+            cr_expect_leq(gpu->ledger.peak[MT_MEM_WORK], work0 + MT_GEMM_GROUP_PTR_BYTES, "no slot for kept experts");
+            float *x = down(slots), *y = down(fromkept);
+            double norm = 0;
+            for (int64_t i = 0; i < R * ncols[k]; i++) norm += fabs(x[i]);
+            cr_assert_gt(norm, 0, "the products were computed");
+            cr_expect(memcmp(x, y, (size_t)(R * ncols[k]) * sizeof(float)) == 0,
+                      "round %d, %s call: the kept W's products differ from the slots'", round, k ? "dx" : "forward");
+            free(x), free(y);
+            mt_tensor_free(slots), mt_tensor_free(fromkept);
+        }
+        for (int e = 0; e < E; e++)
+            cr_expect_eq(filled[e], rows[e] > 0, "expert %d: filled once it had rows", e);
+        for (int e = 0; e < E; e++) {  // the LoRAs move (an optimizer step): new B and A
+            float *bv = randn(D * RB, 80 + (uint64_t)e, 0.5f), *uv = randn(RU * F, 85 + (uint64_t)e, 0.5f);
+            mt_tensor_upload_f32(b[e], bv), mt_tensor_upload_f32(u[e], uv);
+            free(bv), free(uv);
+        }
+    }
+    mt_tensor small = mt_view2(gpu, kept[0]->data, MT_BF16, D, LD, LD);  // no room for A's rows
+    mt_tensor *psmall[E] = {&small, kept[1], kept[2]};
+    mt_grouped bad = kd;
+    bad.cached = psmall;
+    mt_tensor *c = zeros(gpu, MT_F32, R, F);
+    cr_assert_eq(mt_grouped_gemm(c, &a_dx, &bad), -1);
+    cr_assert(strstr(mt_error_get(), "cached[0]"), "%s", mt_error_get());
+    mt_tensor_free(c);
+    for (int e = 0; e < E; e++) mt_qweight_free(&q[e]), mt_tensor_free(b[e]), mt_tensor_free(u[e]), mt_tensor_free(kept[e]);
+    mt_tensor_free(ta), free(av);
+}
+
+Test(cuda_grouped, kept_w_gives_the_slots_products) {
+    mt_backend *gpu = gpu_or_skip();
+    const int grouped[3] = {7, 0, 12}, per_expert[3] = {0, 9, 0};
+    kept_case(gpu, grouped);
+    kept_case(gpu, per_expert);
+    mt_backend_free(gpu);
+}
