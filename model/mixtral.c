@@ -758,7 +758,12 @@ static int keep_dequantized_all(mt_model *m) {
 // The planner counts the same bytes (plan/plan.c mt_plan_expert_cache_bytes).
 static int keep_experts(mt_model *m, int n) {
     const mt_model_config *c = &m->cfg;
-    int moe = mt_config_moe_layers(c);
+    int moe = (int)mt_config_moe_layers(c);
+    if (n > 0 && m->spec.mode != MT_MODE_LORA && m->spec.mode != MT_MODE_ROUTER) {  // the planner's rule
+        mt_error_set("--expert-cache %d: --mode %s trains experts; only a run whose experts are all frozen (--mode "
+                     "lora or router) keeps them in bf16", n, mt_mode_name(m->spec.mode));
+        return -1;
+    }
     if (n > moe) {
         mt_error_set("--expert-cache %d: the model has %d MoE layers", n, moe);
         return -1;
