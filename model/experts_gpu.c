@@ -484,7 +484,9 @@ int64_t mt_experts_a_extra(mt_model *m) {
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
 // without dropout (a mask on dxa·A2 cannot ride in the GEMM's sum), on one rank (EP's dys
 // arrives from the other ranks without the room), on the GPU step (the null backend counts the
-// same). Static over the step, so that the planner and the counted step agree with the run.
+// same), and, where the layer keeps its experts in bf16 (--expert-cache), when the kept W2 has
+// the rows for A2 (sized by the dropout at build: an adapter loaded after may set another).
+// Static over the step, so that the planner and the counted step agree with the run.
 int64_t mt_experts_dys_extra(const mt_model *m, int L) {
     const mt_layer *ly = &m->layers[L];
     if (!gpu_step(m) || m->par.ep_size > 1 || ly->dense || !ly->w2) return 0;
@@ -493,6 +495,8 @@ int64_t mt_experts_dys_extra(const mt_model *m, int L) {
         const mt_linear *l = &ly->w2[e];
         if (!l->q || !l->lora || l->lora->dropout > 0.0f) return 0;
         r = l->lora->r;
+        const mt_tensor *kw = ly->experts_bf16[1] ? ly->experts_bf16[1][e] : NULL;
+        if (kw && kw->shape[0] < m->cfg.hidden + r) return 0;
     }
     return (r + 7) / 8 * 8;  // dys's rows stay 16-byte aligned when h is a multiple of 8
 }

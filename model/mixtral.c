@@ -755,7 +755,7 @@ static int keep_dequantized_all(mt_model *m) {
 // LoRA B beside (mt_experts_xs_extra), W2 with room for w2's B beside (mt_experts_a_extra) and for
 // its A under (mt_experts_dys_extra); rows with room beside rounded up to 8 elements (16 bytes: the
 // strided dequantization's and cuBLASLt's), as a slot's are (model/grouped.h mt_grouped_slot_ld).
-// The planner counts the same bytes (plan/plan.c mt_plan_expert_cache_bytes).
+// The planner counts the same bytes (plan/plan.c expert_cache).
 static int keep_experts(mt_model *m, int n) {
     const mt_model_config *c = &m->cfg;
     int moe = (int)mt_config_moe_layers(c);

@@ -542,9 +542,16 @@ static void expert_cache(const mt_model_config *cfg, const mt_plan_opts *o, mt_p
     expert_folds x = folds_of(cfg, o, p);
     int64_t h = cfg->hidden, f = cfg->intermediate, held = (cfg->experts + o->ep - 1) / o->ep;
     int64_t ld13 = x.w13_beside ? (h + x.w13_beside + 7) / 8 * 8 : h, ld2 = x.w2_beside ? (f + x.w2_beside + 7) / 8 * 8 : f;
-    p->expert_cache_layer_bytes = (uint64_t)(held * 2 * (2 * f * ld13 + (h + x.w2_under) * ld2));
+    // A2's rows under W2 only in a layer whose w2 LoRA folds: one that trains (--layers).
+    uint64_t with_a = (uint64_t)(held * 2 * (2 * f * ld13 + (h + x.w2_under) * ld2));
+    uint64_t without_a = (uint64_t)(held * 2 * (2 * f * ld13 + h * ld2));
+    p->expert_cache_layer_bytes = with_a;  // the most a layer costs
     p->expert_cache_layers = (int)MT_MIN(MT_MAX(o->expert_cache, 0), mt_config_moe_layers(cfg));
-    p->expert_cache_bytes = (uint64_t)p->expert_cache_layers * p->expert_cache_layer_bytes;
+    for (int L = (int)cfg->layers - 1, n = 0; L >= 0 && n < p->expert_cache_layers; L--) {
+        if (!mt_config_layer_is_moe(cfg, L)) continue;
+        n++;
+        p->expert_cache_bytes += x.w2_under && mt_index_set_contains(&o->layers, L) ? with_a : without_a;
+    }
     p->bytes[MT_MEM_BASE] += p->expert_cache_bytes;
 }
 

@@ -500,7 +500,8 @@ static int set_opts(mt_run_opts *o, const mt_model_config *cfg, char which, int6
     if (mt_plan_case_apply(o, which) != 0 || mt_run_opts_set(o, "seq", s) != 0 || mt_run_opts_set(o, "device", "cuda") != 0 ||
         mt_run_opts_set(o, "dequant-cache", dequant_cache) != 0 || mt_run_opts_set(o, "expert-cache", expert_cache) != 0)
         return -1;
-    if (o->expert_cache == MT_EXPERT_CACHE_ALL) o->expert_cache = (int)mt_config_moe_layers(cfg);  // as the trainer resolves it
+    if (o->expert_cache == MT_EXPERT_CACHE_ALL)  // as the trainer resolves it: only frozen experts are kept
+        o->expert_cache = o->mode == MT_MODE_LORA || o->mode == MT_MODE_ROUTER ? (int)mt_config_moe_layers(cfg) : 0;
     // Case B's states (2.1 B params × 16 B) do not fit a 44 GB card beside the base: Adam m, v
     // and the masters go to host memory, one of the fixes `moetrain plan --case B` names.
     if (which == 'B' && mt_run_opts_set(o, "offload-optimizer", "true") != 0) return -1;

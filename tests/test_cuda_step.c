@@ -182,9 +182,11 @@ Test(cuda, fused_experts_and_router_match_cpu) {
 }
 
 // Two AdamW steps of each of two models on batch b (dropout seeded alike), then the same losses,
-// the second step's gradients and the weights after it, bit for bit: `what` names the pair.
-static void expect_two_steps_the_same_bits(mt_backend *gpu, mt_model m[2], mt_param *p[2], int n, const mt_batch *b,
-                                           const char *what) {
+// the second step's gradients and the weights after it, bit for bit (close: within bf16's
+// rounding of a different order, loss 1e-4, gradients 3e-2 (as expect_close's) and weights 1e-2
+// relative): `what` names the pair.
+static void expect_two_steps_alike(mt_backend *gpu, mt_model m[2], mt_param *p[2], int n, const mt_batch *b,
+                                   const char *what, int close) {
     float loss[2][2];
     mt_adamw opt[2];
     for (int k = 0; k < 2; k++) {
@@ -201,13 +203,18 @@ static void expect_two_steps_the_same_bits(mt_backend *gpu, mt_model m[2], mt_pa
         }
     }
     for (int step = 0; step < 2; step++)
-        cr_expect_eq(loss[1][step], loss[0][step], "%s: step %d loss %.9g against %.9g", what, step, loss[1][step],
-                     loss[0][step]);
+        cr_expect(close ? fabs(loss[1][step] - loss[0][step]) <= 1e-4 * fabs(loss[0][step]) : loss[1][step] == loss[0][step],
+                  "%s: step %d loss %.9g against %.9g", what, step, loss[1][step], loss[0][step]);
     for (int i = 0; i < n; i++) {
         float *g0 = host_copy(p[0][i].g), *g1 = host_copy(p[1][i].g), *w0 = host_copy(p[0][i].w), *w1 = host_copy(p[1][i].w);
-        size_t len = (size_t)mt_tensor_numel(p[0][i].g);
-        cr_expect(memcmp(g0, g1, len * sizeof(float)) == 0, "%s: %s: gradients differ", what, p[0][i].name);
-        cr_expect(memcmp(w0, w1, len * sizeof(float)) == 0, "%s: %s: weights differ", what, p[0][i].name);
+        int64_t len = mt_tensor_numel(p[0][i].g);
+        if (close) {
+            cr_expect_leq(rel_l2(g0, g1, len), 3e-2, "%s: %s: gradients rel. L2 %.3g", what, p[0][i].name, rel_l2(g0, g1, len));
+            cr_expect_leq(rel_l2(w0, w1, len), 1e-2, "%s: %s: weights rel. L2 %.3g", what, p[0][i].name, rel_l2(w0, w1, len));
+        } else {
+            cr_expect(memcmp(g0, g1, (size_t)len * sizeof(float)) == 0, "%s: %s: gradients differ", what, p[0][i].name);
+            cr_expect(memcmp(w0, w1, (size_t)len * sizeof(float)) == 0, "%s: %s: weights differ", what, p[0][i].name);
+        }
         free(g0), free(g1), free(w0), free(w1);
     }
     for (int k = 0; k < 2; k++) mt_adamw_free(&opt[k]);
@@ -219,14 +226,17 @@ static void expect_two_steps_the_same_bits(mt_backend *gpu, mt_model m[2], mt_pa
 // and A, written beside and under the kept W at every call, move between them). r = 8 folds
 // w1's, w3's and w2's B beside W and w2's A under W2 (both kinds of room in one kept W2); r = 4
 // with dropout folds none; one of the two layers kept, then both (no call then holds a slot).
+// An adapter loaded after the build may set another dropout (model/adapter.c): kept without room
+// for A2 under W2 at dropout 0.1, then run at 0, the step leaves that fold out (the model without
+// kept experts takes it) and agrees within rounding.
 Test(cuda, expert_cache_gives_the_same_bits) {
     mt_backend *gpu = gpu_or_skip();
     char tmp[64], dir[128];
     tiny_checkpoint(tmp, dir, 6);
     const struct {
         int r, keep;
-        double dropout;
-    } runs[] = {{8, 2, 0.0}, {8, 1, 0.0}, {4, 2, 0.1}};
+        double dropout, later;
+    } runs[] = {{8, 2, 0.0, 0.0}, {8, 1, 0.0, 0.0}, {4, 2, 0.1, 0.1}, {8, 2, 0.1, 0.0}};
     enum { B = 2, S = 24 };
     int32_t tokens[B * S], labels[B * S];
     for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 37) % 200;
@@ -247,6 +257,12 @@ Test(cuda, expert_cache_gives_the_same_bits) {
             base[k] = gpu->ledger.cur[MT_MEM_BASE] - before;
             n = mt_model_params(&m[k], &p[k]);
             set_lora_b(p[k], p[k], n, 0.01f, 7, 13);
+            for (int L = 0; L < m[k].cfg.layers; L++)  // as an adapter's own dropout replaces the run's
+                for (int e = 0; e < m[k].cfg.experts; e++) {
+                    mt_linear *ex[] = {&m[k].layers[L].w1[e], &m[k].layers[L].w2[e], &m[k].layers[L].w3[e]};
+                    for (int i = 0; i < 3; i++)
+                        if (ex[i]->lora) ex[i]->lora->dropout = (float)runs[run].later;
+                }
         }
         // The plan's bytes for the kept layers (plan/plan.c expert_cache) are the ones allocated.
         mt_plan plan;
@@ -263,7 +279,8 @@ Test(cuda, expert_cache_gives_the_same_bits) {
         cr_expect((runs[run].keep == 2) == (m[1].layers[0].experts_bf16[0] != NULL), "layer 0 kept only with 2");
         char what[64];
         snprintf(what, sizeof what, "r %d, %d layers kept", runs[run].r, runs[run].keep);
-        expect_two_steps_the_same_bits(gpu, m, p, n, &b, what);
+        // the adapter-like run: the cache-less model folds A2 under W2, the kept one cannot
+        expect_two_steps_alike(gpu, m, p, n, &b, what, runs[run].later != runs[run].dropout);
         for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
     }
     mt_backend_free(gpu);
@@ -301,7 +318,7 @@ Test(cuda, dequant_cache_gives_the_same_bits) {
     cr_expect_eq(base[1] - base[0], (uint64_t)(2 * c->layers * attn), "the copies: %llu bytes of base",
                  (unsigned long long)(base[1] - base[0]));
     cr_expect_null(m[1].dequant, "no shared dequantization scratch beside the copies");
-    expect_two_steps_the_same_bits(gpu, m, p, n, &b, "kept copies against dequantized per use");
+    expect_two_steps_alike(gpu, m, p, n, &b, "kept copies against dequantized per use", 0);
     for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
     mt_backend_free(gpu);
     mt_test_rmrf(tmp);

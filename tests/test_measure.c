@@ -67,6 +67,7 @@ Test(measure, mixtral_every_case_to_the_byte) {
     expect_exact(&cfg, 'C', "--expert-cache 3");
     expect_exact(&cfg, 'C', "--expert-cache 2 --r 12 --dropout 0.1 --seq 512");
     expect_exact(&cfg, 'A', "--expert-cache 32 --dequant-cache on");
+    expect_exact(&cfg, 'C', "--expert-cache 4 --layers 0-5");  // kept layers without LoRA: no rows for A
 }
 
 // The family configs: Qwen2-MoE (dense layers 0 and 2, a shared expert in layer 1, q/k/v

@@ -477,7 +477,8 @@ mt_model_spec mt_run_opts_model_spec(const mt_run_opts *o) {
         // the least memory, as every run did before auto existed.
         .checkpointing = o->checkpointing == MT_CKPT_AUTO ? MT_CKPT_FULL : o->checkpointing,
         .dequant_cache = o->dequant_cache == MT_DEQUANT_CACHE_ON,  // auto unresolved: off, the least memory
-        .expert_cache = MT_MAX(o->expert_cache, 0),
+        // auto and all unresolved: none; a count only where experts are all frozen (the model's rule)
+        .expert_cache = o->mode == MT_MODE_LORA || o->mode == MT_MODE_ROUTER ? MT_MAX(o->expert_cache, 0) : 0,
     };
 }
 

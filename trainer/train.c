@@ -456,6 +456,7 @@ static int setup(trainer *t) {
         return -1;
     if (t->world && mt_comm_check_same(t->world, "--recompute's choice", (uint64_t)o->checkpointing) != 0) return -1;
     if (t->world && mt_comm_check_same(t->world, "--dequant-cache's choice", (uint64_t)o->dequant_cache) != 0) return -1;
+    if (t->world && mt_comm_check_same(t->world, "--expert-cache's choice", (uint64_t)o->expert_cache) != 0) return -1;
     // Every rank reaches the same verdict (the same plan), so every rank exits 3 alike.
     int fit = print_plan(&cfg, o, recompute, gpu_mem_given, t->rank == 0);
     if (fit) t->fail_code = fit > 0 ? MT_EXIT_NOFIT : MT_EXIT_ERROR;
