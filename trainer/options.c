@@ -62,7 +62,7 @@ static const opt_def opt_table[] = {
     {"expert-cache", OPT_SPECIAL, F(expert_cache), 0,
      "GPU step: keep the frozen 4-bit experts of the last N MoE layers in bf16, dequantized once, instead of at every "
      "use (forward, backward, recompute): a count N | all | off | auto (the most layers that still fit after "
-     "--recompute and --dequant-cache; Mixtral-8x7B: 2.8 GB and ~2% of a step a layer by the roofline)"},
+     "--recompute and --dequant-cache; Mixtral-8x7B: 2.8 GB and ~0.7% of a step a layer by the roofline)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
     {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
