@@ -156,84 +156,60 @@ static bf16 *slot_begin(slots *S) {
     return S->slot[i];
 }
 
-// Expert e's W (grouped.h: q stacked over q2 when set) dequantized to dst on the dequantization
-// stream, the dense rows `under` copied after them, or the blocks `beside` put to their right (at
-// the slot's row stride): the bf16 [mt_grouped_slot_rows, mt_grouped_slot_cols] matrix.
-static mt_tensor slot_put(slots *S, bf16 *dst, const mt_grouped *g, int e) {
+// Expert e's W (grouped.h: q stacked over q2 when set) at dst, row stride ld, on stream st:
+// dequantized when `fill`, then the dense rows `under` copied after them and the blocks `beside`
+// put to their right: the bf16 [mt_grouped_slot_rows, mt_grouped_slot_cols] matrix. A slot is
+// filled at every call; a kept W (grouped.h's cached) the first time only (W is frozen), its LoRA
+// blocks still written at every call (they change between steps).
+static mt_tensor put_w(mt_backend *be, cudaStream_t st, bf16 *dst, int64_t ld, const mt_grouped *g, int e, int fill) {
     const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
     const mt_tensor *u = g->under ? g->under[e] : NULL, *b1 = g->beside ? g->beside[e] : NULL,
                     *b2 = b1 && g->beside2 ? g->beside2[e] : NULL;
-    const int64_t ld = mt_grouped_slot_ld(g, e), q_rows = q->out + (q2 ? q2->out : 0);
+    const int64_t q_rows = q->out + (q2 ? q2->out : 0);
+    mt_tensor W = mt_view2(be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
+    if (!fill && !b1 && !u) return W;
     mt_prof_push("expert dequant 4-bit->bf16");
     if (mt_prof_active) {  // under: read and written; beside: read, and written with its zeros
-        double el = (double)q_rows * (double)q->in, copied = u ? 2.0 * (double)u->nbytes : 0;
+        double el = fill ? (double)q_rows * (double)q->in : 0, copied = u ? 2.0 * (double)u->nbytes : 0;
         if (b1) copied += (double)b1->nbytes + (b2 ? (double)b2->nbytes : 0) + 2.0 * (double)q_rows * (double)(ld - q->in);
-        mt_prof_count(el, (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0) + copied);
+        double deq = fill ? (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0) : 0;
+        mt_prof_count(el, deq + copied);
+    }
+    if (fill && ld == q->in) {  // rows without room: as one block
+        mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, q->out * q->in, st);
+        if (q2) mt_qweight_dequantize_cuda_on(q2, dst + q->out * q->in, MT_BF16, 0, q2->out * q2->in, st);
+    } else if (fill && (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, st) != 0 ||
+                        (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, st) != 0))) {
+        mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), expert %d: %s", e, mt_error_get());
     }
     if (b1) {
-        if (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, S->deq) != 0 ||
-            (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, S->deq) != 0))
-            mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), expert %d: %s", e, mt_error_get());
-        beside_kernel<<<row_blocks(q_rows), 64, 0, S->deq>>>(dst, ld, q->in, q->out, b1->shape[1], (const bf16 *)b1->data,
-                                                              q2 ? q2->out : 0, b2 ? b2->shape[1] : 0,
-                                                              b2 ? (const bf16 *)b2->data : NULL, g->beside_scale);
+        beside_kernel<<<row_blocks(q_rows), 64, 0, st>>>(dst, ld, q->in, q->out, b1->shape[1], (const bf16 *)b1->data,
+                                                        q2 ? q2->out : 0, b2 ? b2->shape[1] : 0,
+                                                        b2 ? (const bf16 *)b2->data : NULL, g->beside_scale);
         MT_CHECK_LAUNCH();
-    } else {
-        const int64_t n1 = q->out * q->in;
-        mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, n1, S->deq);
-        if (q2) mt_qweight_dequantize_cuda_on(q2, dst + n1, MT_BF16, 0, q2->out * q2->in, S->deq);
-        if (u) MT_CHECK_CUDA(cudaMemcpyAsync(dst + q_rows * q->in, u->data, u->nbytes, cudaMemcpyDeviceToDevice, S->deq));
+    }
+    if (u && ld == q->in) {
+        MT_CHECK_CUDA(cudaMemcpyAsync(dst + q_rows * ld, u->data, u->nbytes, cudaMemcpyDeviceToDevice, st));
+    } else if (u) {
+        rows_copy_kernel<<<row_blocks(u->shape[0]), 256, 0, st>>>(dst + q_rows * ld, ld, (const bf16 *)u->data,
+                                                                 u->shape[0], u->shape[1]);
+        MT_CHECK_LAUNCH();
     }
     mt_prof_pop();
-    return mt_view2(S->be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
+    return W;
 }
 
-// Expert e's W kept dequantized (grouped.h's cached): dequantized into it on the main stream the
-// first time (W is frozen), its under rows and beside columns written at every call (the LoRAs
-// change between steps), in the call's layout at the kept matrix's row stride: no slot, no event.
+// Expert e's W in a slot, on the dequantization stream.
+static mt_tensor slot_put(slots *S, bf16 *dst, const mt_grouped *g, int e) {
+    return put_w(S->be, S->deq, dst, mt_grouped_slot_ld(g, e), g, e, 1);
+}
+
+// Expert e's W kept dequantized (grouped.h's cached), on the main stream: no slot, no event.
 static mt_tensor cached_put(mt_backend *be, cudaStream_t st, const mt_grouped *g, int e) {
     mt_tensor *cw = g->cached[e];
-    const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
-    const mt_tensor *u = g->under ? g->under[e] : NULL, *b1 = g->beside ? g->beside[e] : NULL,
-                    *b2 = b1 && g->beside2 ? g->beside2[e] : NULL;
-    const int64_t ld = cw->shape[1], q_rows = q->out + (q2 ? q2->out : 0);
-    bf16 *dst = (bf16 *)cw->data;
-    if (!g->cached_filled[e]) {
-        mt_prof_push("expert dequant 4-bit->bf16");
-        if (mt_prof_active)
-            mt_prof_count((double)q_rows * (double)q->in,
-                          (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0));
-        if (ld == q->in) {  // rows without room: as one block, as slot_put's
-            mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, q->out * q->in, st);
-            if (q2) mt_qweight_dequantize_cuda_on(q2, dst + q->out * q->in, MT_BF16, 0, q2->out * q2->in, st);
-        } else if (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, st) != 0 ||
-                   (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, st) != 0)) {
-            mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), kept expert %d: %s", e, mt_error_get());
-        }
-        mt_prof_pop();
-        g->cached_filled[e] = 1;
-    }
-    if (b1 || u) {  // the slot's row (slot_put counts these bytes there too)
-        mt_prof_push("expert dequant 4-bit->bf16");
-        if (mt_prof_active) {  // under: read and written; beside: read, and written with its zeros
-            double by = u ? 2.0 * (double)u->nbytes : 0;
-            if (b1) by += (double)b1->nbytes + (b2 ? (double)b2->nbytes : 0) + 2.0 * (double)q_rows * (double)(ld - q->in);
-            mt_prof_count(0, by);
-        }
-        if (b1) {
-            beside_kernel<<<row_blocks(q_rows), 64, 0, st>>>(dst, ld, q->in, q->out, b1->shape[1], (const bf16 *)b1->data,
-                                                            q2 ? q2->out : 0, b2 ? b2->shape[1] : 0,
-                                                            b2 ? (const bf16 *)b2->data : NULL, g->beside_scale);
-            MT_CHECK_LAUNCH();
-        }
-        if (u) {
-            rows_copy_kernel<<<row_blocks(u->shape[0]), 256, 0, st>>>(dst + q_rows * ld, ld, (const bf16 *)u->data,
-                                                                     u->shape[0], u->shape[1]);
-            MT_CHECK_LAUNCH();
-        }
-        mt_prof_pop();
-    }
-    return mt_view2(be, dst, MT_BF16, mt_grouped_slot_rows(g, e), mt_grouped_slot_cols(g, e), ld);
+    mt_tensor W = put_w(be, st, (bf16 *)cw->data, cw->shape[1], g, e, !g->cached_filled[e]);
+    g->cached_filled[e] = 1;
+    return W;
 }
 
 // The slot filled: the main stream waits for its dequantization.
@@ -320,60 +296,48 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
     if (g->seed || !g->q || (!deq_scratch && !g->cached)) return 0;
     const int64_t K = a->shape[1], N = c->shape[1];
     int n = 0, ex[MT_GROUPED_MAX];
-    int64_t welems = 0;
+    int64_t welems = 0, kept_ld = 0;
     for (int e = 0; e < g->experts; e++) {
         if (g->off[e + 1] == g->off[e] || (!g->q[e] && !(g->w && g->w[e]))) continue;
         if (!g->q[e]) return 0;
         int64_t we = mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e);
         if (welems && we != welems) return 0;
+        if (g->cached && g->cached[e]) {  // one call takes one row stride of W: else the per-expert path
+            if (kept_ld && g->cached[e]->shape[1] != kept_ld) return 0;
+            kept_ld = g->cached[e]->shape[1];
+        }
         welems = we, ex[n++] = e;
     }
-    // Kept dequantized (a layer keeps all its experts or none), small as a slot's would be: one call,
-    // no slot. Large kept experts go one cuBLASLt call each, as from a slot (the path below).
-    if (n >= 2 && g->cached && g->cached[ex[0]]) {
-        if (MT_EXPERT_SLOT_ELEMS / (welems ? welems : 1) < 2) return 0;
-        int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX], ldw = 0;
-        const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
-        void *pc[MT_GROUPED_MAX];
-        for (int i = 0; i < n; i++) {
-            int e = ex[i];
-            if (!g->cached[e]) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): expert %d of a kept layer is not kept", e);
-            mt_tensor W = cached_put(be, st, g, e);
-            int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
-            mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
-            if (i && mt_tensor_ld(&W) != ldw) return 0;  // before any GEMM: the per-expert path takes it
-            m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
-        }
-        mt_gemm_group gg = {.count = n, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(a), .ldb = ldw,
-                            .ldc = mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans, .tc = c->dtype,
-                            .alpha = g->alpha, .beta = g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
-        if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
-        return 1;
-    }
-    const int per = (int)((int64_t)slot_elems / (welems ? welems : 1));
+    // Kept dequantized (a layer keeps all its experts or none: grouped.c sizes no slot then), small
+    // as a slot's would be: one call for all, no slot; large kept experts go one cuBLASLt call
+    // each, as from a slot (the caller's path).
+    const int kept = g->cached && n && g->cached[ex[0]];
+    const int per = kept ? (MT_EXPERT_SLOT_ELEMS / (welems ? welems : 1) < 2 ? 0 : n)
+                         : (int)((int64_t)slot_elems / (welems ? welems : 1));
     if (n < 2 || per < 2) return 0;
     slots S;
-    slots_open(&S, be, st, deq_scratch, slot_elems);
+    if (!kept) slots_open(&S, be, st, deq_scratch, slot_elems);
     for (int c0 = 0; c0 < n; c0 += per) {
         int cn = MT_MIN(per, n - c0);
         int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];
         const void *pa[MT_GROUPED_MAX], *pb[MT_GROUPED_MAX];
         void *pc[MT_GROUPED_MAX];
-        bf16 *dst = slot_begin(&S);
+        bf16 *dst = kept ? NULL : slot_begin(&S);
         int64_t ldw = 0;
         for (int i = 0; i < cn; i++) {
             int e = ex[c0 + i];
-            mt_tensor W = slot_put(&S, dst + (int64_t)i * welems, g, e);
+            if (kept && !g->cached[e]) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): expert %d of a kept layer is not kept", e);
+            mt_tensor W = kept ? cached_put(be, st, g, e) : slot_put(&S, dst + (int64_t)i * welems, g, e);
             int64_t r0 = g->off[e], rows = g->off[e + 1] - r0;
             mt_tensor A = mt_view_rows(a, r0, rows), C = mt_view_rows(c, r0, rows);
             m[i] = rows, k[i] = K, pa[i] = A.data, pb[i] = W.data, pc[i] = C.data, ldw = mt_tensor_ld(&W);
         }
-        slot_ready(&S);
+        if (!kept) slot_ready(&S);
         mt_gemm_group gg = {.count = cn, .m = m, .k = k, .n = N, .lda = mt_tensor_ld(a), .ldb = ldw,
                             .ldc = mt_tensor_ld(c), .trans_a = 0, .trans_b = g->trans, .tc = c->dtype,
                             .alpha = g->alpha, .beta = g->beta, .a = pa, .b = pb, .c = pc, .ptrs = sc->ptrs};
         if (mt_cuda_gemm_grouped(be, &gg) != 0) mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda): %s", mt_error_get());
-        slot_done(&S);
+        if (!kept) slot_done(&S);
     }
     return 1;
 }
