@@ -275,7 +275,7 @@ static void layer_free(mt_layer *ly, int E) {
     free(ly->w1), free(ly->w2), free(ly->w3);
     for (int i = 0; i < 2; i++) {
         for (int e = 0; ly->experts_bf16[i] && e < E; e++) mt_tensor_free(ly->experts_bf16[i][e]);
-        free(ly->experts_bf16[i]), free(ly->experts_bf16_filled[i]);
+        free(ly->experts_bf16[i]);
     }
 }
 

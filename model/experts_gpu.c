@@ -85,7 +85,7 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
         part.under = g.under ? g.under + e0 : NULL;
         part.beside = g.beside ? g.beside + e0 : NULL, part.beside2 = g.beside2 ? g.beside2 + e0 : NULL;
         part.seed = g.seed ? g.seed + e0 : NULL;
-        part.cached = g.cached ? g.cached + e0 : NULL, part.cached_filled = g.cached_filled ? g.cached_filled + e0 : NULL;
+        part.cached = g.cached ? g.cached + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
             mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped GEMM: %s", gr->L, mt_error_get());
@@ -113,10 +113,10 @@ static const char *base_row(int which, int trans) {
 static const char *const LORA_ROW = "LoRA experts w1,w3,w2 (cuBLAS)";
 
 // The layer's experts kept dequantized (--expert-cache: model/mixtral.c keep_experts) as a grouped
-// call's cached and cached_filled: [W1;W3] (kind 0) or W2 (kind 1); none when the layer keeps none.
+// call's cached: [W1;W3] (kind 0) or W2 (kind 1); none when the layer keeps none.
 static mt_grouped kept(const group *gr, int kind, mt_grouped g) {
     mt_layer *ly = &gr->m->layers[gr->L];
-    g.cached = ly->experts_bf16[kind], g.cached_filled = ly->experts_bf16_filled[kind];
+    g.cached = ly->experts_bf16[kind];
     return g;
 }
 

@@ -100,11 +100,11 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
         }
     }
     const mt_tensor *cw = q && g->cached ? g->cached[e] : NULL;
-    if (cw && (!g->cached_filled || cw->ndim != 2 || cw->dtype != MT_BF16 || cw->be != be ||
+    if (cw && (cw->ndim != 2 || cw->dtype != MT_BF16 || cw->be != be ||
                cw->shape[0] < mt_grouped_slot_rows(g, e) || cw->shape[1] < mt_grouped_slot_cols(g, e) ||
                mt_tensor_ld(cw) != cw->shape[1] || (cw->shape[1] != q->in && cw->shape[1] % 8))) {
         mt_error_set("%s: cached[%d] must be a contiguous bf16 [>= %lld, >= %lld] on %s, its row length q's in or a "
-                     "multiple of 8, with cached_filled set",
+                     "multiple of 8",
                      fn, e, (long long)mt_grouped_slot_rows(g, e), (long long)mt_grouped_slot_cols(g, e), be->ops->name);
         return 0;
     }

@@ -61,11 +61,11 @@ typedef struct mt_grouped {
     float beside_scale;
     // or NULL; cached[e] set (with q[e]): expert e's W kept dequantized (--expert-cache), a bf16
     // [R, ld] matrix with R ≥ mt_grouped_slot_rows, ld ≥ mt_grouped_slot_cols and ld q's in or a
-    // multiple of 8, used in place of a scratch slot: W is dequantized into it once, when cached_filled[e] is
-    // still 0 (then set), and under's rows and beside's columns are written into it at each call
-    // (the LoRAs change every step; W is frozen). The call holds no slot for a cached expert.
+    // multiple of 8, used in place of a scratch slot: W is already in it (dequantized when the
+    // model was built: q[e] may have no codes left, mt_qweight_release_codes), and under's rows and
+    // beside's columns are written into it at each call (the LoRAs change every step; W is
+    // frozen). The call holds no slot for a cached expert.
     mt_tensor *const *cached;
-    unsigned char *cached_filled;
     const mt_tensor *const *w;
     int trans;
     float alpha, beta;            // beta 0 or 1

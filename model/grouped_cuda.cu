@@ -159,8 +159,8 @@ static bf16 *slot_begin(slots *S) {
 // Expert e's W (grouped.h: q stacked over q2 when set) at dst, row stride ld, on stream st:
 // dequantized when `fill`, then the dense rows `under` copied after them and the blocks `beside`
 // put to their right: the bf16 [mt_grouped_slot_rows, mt_grouped_slot_cols] matrix. A slot is
-// filled at every call; a kept W (grouped.h's cached) the first time only (W is frozen), its LoRA
-// blocks still written at every call (they change between steps).
+// filled at every call; a kept W (grouped.h's cached) was filled when the model was built (W is
+// frozen), its LoRA blocks are still written at every call (they change between steps).
 static mt_tensor put_w(mt_backend *be, cudaStream_t st, bf16 *dst, int64_t ld, const mt_grouped *g, int e, int fill) {
     const mt_qweight *q = g->q[e], *q2 = g->q2 ? g->q2[e] : NULL;
     const mt_tensor *u = g->under ? g->under[e] : NULL, *b1 = g->beside ? g->beside[e] : NULL,
@@ -207,9 +207,7 @@ static mt_tensor slot_put(slots *S, bf16 *dst, const mt_grouped *g, int e) {
 // Expert e's W kept dequantized (grouped.h's cached), on the main stream: no slot, no event.
 static mt_tensor cached_put(mt_backend *be, cudaStream_t st, const mt_grouped *g, int e) {
     mt_tensor *cw = g->cached[e];
-    mt_tensor W = put_w(be, st, (bf16 *)cw->data, cw->shape[1], g, e, !g->cached_filled[e]);
-    g->cached_filled[e] = 1;
-    return W;
+    return put_w(be, st, (bf16 *)cw->data, cw->shape[1], g, e, 0);
 }
 
 // The slot filled: the main stream waits for its dequantization.

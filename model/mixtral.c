@@ -750,12 +750,14 @@ static int keep_dequantized_all(mt_model *m) {
 }
 
 // --expert-cache N: the last N MoE layers keep their frozen 4-bit experts (those this rank holds)
-// dequantized in bf16, in base memory, each dequantized by the first grouped call that uses it
-// (model/grouped_cuda.cu) and laid out as the calls want it: [W1;W3] with room for w1's and w3's
-// LoRA B beside (mt_experts_xs_extra), W2 with room for w2's B beside (mt_experts_a_extra) and for
-// its A under (mt_experts_dys_extra); rows with room beside rounded up to 8 elements (16 bytes: the
-// strided dequantization's and cuBLASLt's), as a slot's are (model/grouped.h mt_grouped_slot_ld).
-// The planner counts the same bytes (plan/plan.c expert_cache).
+// dequantized in bf16, in base memory, laid out as the grouped calls (model/grouped_cuda.cu) want
+// them: [W1;W3] with room for w1's and w3's LoRA B beside (mt_experts_xs_extra), W2 with room for
+// w2's B beside (mt_experts_a_extra) and for its A under (mt_experts_dys_extra); rows with room
+// beside rounded up to 8 elements (16 bytes: the strided dequantization's and cuBLASLt's), as a
+// slot's are (model/grouped.h mt_grouped_slot_ld). Each expert is dequantized here, then its 4-bit
+// codes are given back (nothing reads them again; the mt_qweight stays as the Linear's
+// description), so a kept layer costs its bf16 less its codes, and base's peak is the end's plus
+// the last expert's codes. The planner counts the same bytes (plan/plan.c expert_cache).
 static int keep_experts(mt_model *m, int n) {
     const mt_model_config *c = &m->cfg;
     int moe = (int)mt_config_moe_layers(c);
@@ -776,17 +778,26 @@ static int keep_experts(mt_model *m, int n) {
         if (ly->dense) continue;
         kept++;
         const int64_t shape[2][2] = {{2 * f, ld13}, {h + (mt_experts_dys_extra(m, L) ? m->spec.lora_r : 0), ld2}};
-        for (int i = 0; i < 2; i++) {
-            ly->experts_bf16[i] = mt_xcalloc((size_t)E, sizeof(mt_tensor *));
-            ly->experts_bf16_filled[i] = mt_xcalloc((size_t)E, 1);
-        }
+        for (int i = 0; i < 2; i++) ly->experts_bf16[i] = mt_xcalloc((size_t)E, sizeof(mt_tensor *));
         for (int64_t e = 0; e < E; e++) {
-            if (!ly->w1[e].q || !ly->w3[e].q || !ly->w2[e].q) continue;  // another rank's, or trained dense
+            mt_qweight *q[3] = {ly->w1[e].q, ly->w3[e].q, ly->w2[e].q};
+            if (!q[0] || !q[1] || !q[2]) continue;  // another rank's, or trained dense
             for (int i = 0; i < 2; i++)
                 if (!(ly->experts_bf16[i][e] = mt_tensor_new(m->be, MT_MEM_BASE, MT_BF16, 2, shape[i]))) {
                     mt_error_prefix("--expert-cache: layer %d expert %lld's bf16 weights", L, (long long)e);
                     return -1;
                 }
+            char *k13 = ly->experts_bf16[0][e]->data, *k2 = ly->experts_bf16[1][e]->data;
+            const mt_tensor dst[3] = {mt_view2(m->be, k13, MT_BF16, f, h, ld13),
+                                      mt_view2(m->be, k13 ? k13 + mt_dtype_bytes(MT_BF16, (size_t)(f * ld13)) : NULL,
+                                               MT_BF16, f, h, ld13),
+                                      mt_view2(m->be, k2, MT_BF16, h, f, ld2)};
+            for (int i = 0; i < 3; i++)
+                if (mt_qweight_dequantize_2d(q[i], &dst[i]) != 0) {
+                    mt_error_prefix("--expert-cache: layer %d expert %lld", L, (long long)e);
+                    return -1;
+                }
+            for (int i = 0; i < 3; i++) mt_qweight_release_codes(q[i]);
         }
     }
     return 0;

@@ -42,10 +42,9 @@ typedef struct mt_layer {
     mt_linear *w1, *w2, *w3;     // block_sparse_moe.experts.E.{w1,w2,w3}, [E] each
     // --expert-cache: this layer's frozen 4-bit experts kept dequantized in bf16 (model/mixtral.c
     // keep_experts), [E] each: [0] the stacked [W1;W3], [1] W2, in the layout the grouped calls use
-    // (room for the LoRAs' blocks); NULL where not kept. *_filled: dequantized yet (the first call
-    // that uses one fills it).
+    // (room for the LoRAs' blocks), dequantized when the model is built (the 4-bit experts' codes
+    // then given back: their mt_qweight only describes them); NULL where not kept.
     mt_tensor **experts_bf16[2];
-    unsigned char *experts_bf16_filled[2];
     // A dense layer (Qwen's mlp_only_layers, decoder_sparse_step): no router and no experts (their
     // Linears stay empty), its MLP in mlp[]. An MoE layer with a shared expert (Qwen2-MoE): the
     // shared expert in mlp[] and its gate, scaled by sigmoid(shared_gate(x)) (model/mlp.c).

@@ -169,14 +169,20 @@ uint64_t mt_plan_linear_bytes(int64_t n, const mt_plan_opts *o) {
 // Frozen Linears of sizes n[0..count) held `copies` times, in bf16 or 4-bit as --quant and
 // --quant-targets (`target`) say; adds to the 4-bit or the bf16 tally of the plan. `mxfp4`: the
 // checkpoint stores them MXFP4 (gpt-oss), which the loader keeps whatever 4-bit --quant names.
+// A 4-bit Linear of n weights as the loader keeps it: --quant's format, or MXFP4 when the
+// checkpoint stores it so.
+static uint64_t quant_linear_bytes(int64_t n, const mt_plan_opts *o, int mxfp4) {
+    mt_plan_opts as_stored = *o;
+    if (mxfp4) as_stored.quant = MT_QUANT_MXFP4, as_stored.quant_blocksize = 0, as_stored.double_quant = 0;
+    return mt_plan_linear_bytes(n, &as_stored);
+}
+
 static uint64_t frozen_linears(mt_plan *p, const mt_plan_opts *o, const int64_t *n, int count, int64_t copies,
                                unsigned target, int mxfp4) {
     int quantized = o->quant != MT_QUANT_NONE && (o->quant_targets & target);
-    mt_plan_opts as_stored = *o;
-    if (mxfp4) as_stored.quant = MT_QUANT_MXFP4, as_stored.quant_blocksize = 0, as_stored.double_quant = 0;
     uint64_t b = 0;
     for (int i = 0; i < count; i++) {
-        b += (uint64_t)copies * (quantized ? mt_plan_linear_bytes(n[i], &as_stored) : 2 * (uint64_t)n[i]);
+        b += (uint64_t)copies * (quantized ? quant_linear_bytes(n[i], o, mxfp4) : 2 * (uint64_t)n[i]);
         if (quantized) p->frozen_quant_gpu += copies * n[i];
         else p->frozen_bf16_gpu += copies * n[i];
     }
@@ -532,8 +538,11 @@ static expert_folds folds_of(const mt_model_config *cfg, const mt_plan_opts *o, 
 
 // --expert-cache (model/mixtral.c keep_experts): the last N MoE layers keep their frozen 4-bit
 // experts on this GPU (ceil(E/ep) a layer on the most loaded one) in bf16, [W1;W3] [2f, h + room]
-// and W2 [h + rows under, f + room], rows with room rounded up to 8 elements. Only a GPU step whose experts
-// are all frozen 4-bit (--mode lora or router) keeps any; a plan is a GPU's unless it is a cpu run's.
+// and W2 [h + rows under, f + room], rows with room rounded up to 8 elements, and give their 4-bit
+// codes back, one expert after the other: base ends with a kept layer's bf16 less its codes, and
+// peaks at that plus the last kept expert's codes (held while its bf16 is made). Only a GPU step
+// whose experts are all frozen 4-bit (--mode lora or router) keeps any; a plan is a GPU's unless
+// it is a cpu run's.
 static void expert_cache(const mt_model_config *cfg, const mt_plan_opts *o, mt_plan *p) {
     int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     if (o->cpu || !q4 || (o->mode != MT_MODE_LORA && o->mode != MT_MODE_ROUTER) ||
@@ -543,16 +552,19 @@ static void expert_cache(const mt_model_config *cfg, const mt_plan_opts *o, mt_p
     int64_t h = cfg->hidden, f = cfg->intermediate, held = (cfg->experts + o->ep - 1) / o->ep;
     int64_t ld13 = x.w13_beside ? (h + x.w13_beside + 7) / 8 * 8 : h, ld2 = x.w2_beside ? (f + x.w2_beside + 7) / 8 * 8 : f;
     // A2's rows under W2 only in a layer whose w2 LoRA folds: one that trains (--layers).
+    const uint64_t codes = 3 * quant_linear_bytes(h * f, o, cfg->mxfp4);  // one expert's w1, w3, w2
     uint64_t with_a = (uint64_t)(held * 2 * (2 * f * ld13 + (h + x.w2_under) * ld2));
     uint64_t without_a = (uint64_t)(held * 2 * (2 * f * ld13 + h * ld2));
-    p->expert_cache_layer_bytes = with_a;  // the most a layer costs
+    p->expert_cache_layer_bytes = with_a - (uint64_t)held * codes;  // the most a layer adds
     p->expert_cache_layers = (int)MT_MIN(MT_MAX(o->expert_cache, 0), mt_config_moe_layers(cfg));
     for (int L = (int)cfg->layers - 1, n = 0; L >= 0 && n < p->expert_cache_layers; L--) {
         if (!mt_config_layer_is_moe(cfg, L)) continue;
         n++;
         p->expert_cache_bytes += x.w2_under && mt_index_set_contains(&o->layers, L) ? with_a : without_a;
+        p->expert_cache_freed += (uint64_t)held * codes;
     }
-    p->bytes[MT_MEM_BASE] += p->expert_cache_bytes;
+    p->expert_cache_held = codes;
+    p->bytes[MT_MEM_BASE] += p->expert_cache_bytes - p->expert_cache_freed + (p->expert_cache_layers ? codes : 0);
 }
 
 // The GPU step's expert scratch (model/expert_scratch.h), held while one grouped call runs: two

@@ -82,7 +82,10 @@ typedef struct mt_plan {
     // layer's bytes (what each more layer kept would cost; 0: nothing to keep, the run has no
     // frozen 4-bit experts on a GPU step, or it trains experts: --mode unfreeze or full)
     int expert_cache_layers;
-    uint64_t expert_cache_bytes, expert_cache_layer_bytes;
+    // --expert-cache: the kept layers' bf16 experts; the 4-bit codes they give back; one expert's
+    // codes, which base's peak still holds when any layer is kept (the last expert's, while its
+    // bf16 is made: plan.c expert_cache); what one more layer adds to base (its bf16 less its codes).
+    uint64_t expert_cache_bytes, expert_cache_freed, expert_cache_held, expert_cache_layer_bytes;
     double quant_bits;          // effective bits per 4-bit weight, constants included (0: none)
     // Bytes on the worst GPU, by category, and their sum.
     uint64_t bytes[MT_MEM_COUNT];

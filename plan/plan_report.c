@@ -252,9 +252,12 @@ static void print_params(FILE *out, const mt_plan_report *r) {
         fprintf(out, "  %-30s %16s → %.3f GB (--dequant-cache: 4-bit weights outside the experts, kept in bf16)\n",
                 "  and bf16 copies", commas((int64_t)(p->dequant_cache_bytes / 2), a, sizeof a), gb(p->dequant_cache_bytes));
     if (p->expert_cache_bytes)
-        fprintf(out, "  %-30s %16s → %.3f GB (--expert-cache: the last %d MoE layers' experts, kept in bf16; "
-                "%.3f GB a layer)\n", "  and kept experts", commas((int64_t)(p->expert_cache_bytes / 2), a, sizeof a),
-                gb(p->expert_cache_bytes), p->expert_cache_layers, gb(p->expert_cache_layer_bytes));
+        fprintf(out, "  %-30s %16s → %.3f GB (--expert-cache: the last %d MoE layers' experts, kept in bf16; their "
+                "%.3f GB of 4-bit codes given back, the last expert's %.3f GB still held at base's peak: %.3f GB a "
+                "layer net)\n",
+                "  and kept experts", commas((int64_t)(p->expert_cache_bytes / 2), a, sizeof a), gb(p->expert_cache_bytes),
+                p->expert_cache_layers, gb(p->expert_cache_freed), gb(p->expert_cache_held),
+                gb(p->expert_cache_layer_bytes));
 }
 
 static void print_table(FILE *out, const mt_plan_report *r) {
@@ -453,6 +456,8 @@ static void json_memory(cJSON *root, const mt_plan *p) {
     cJSON_AddNumberToObject(root, "expert_cache_layers", p->expert_cache_layers);
     cJSON_AddNumberToObject(root, "expert_cache_bytes", (double)p->expert_cache_bytes);
     cJSON_AddNumberToObject(root, "expert_cache_layer_bytes", (double)p->expert_cache_layer_bytes);
+    cJSON_AddNumberToObject(root, "expert_cache_freed_bytes", (double)p->expert_cache_freed);
+    cJSON_AddNumberToObject(root, "expert_cache_held_bytes", (double)(p->expert_cache_layers ? p->expert_cache_held : 0));
     cJSON_AddNumberToObject(root, "expert_dropout_scratch_bytes", (double)p->expert_dropout_bytes);
     cJSON_AddNumberToObject(root, "gpu_mem_bytes", p->gpu_mem);
     cJSON_AddNumberToObject(root, "gpu_mem_gb", p->gpu_mem / 1e9);

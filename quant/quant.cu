@@ -443,6 +443,9 @@ static void dequant_launch(const mt_deq_args &a, int64_t i0, int64_t i1, rowmap 
 static void dequantize_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t i0, int64_t i1, rowmap rm,
                           void *stream) {
     if (i1 <= i0) return;
+    if (!mt_qweight_has_codes(q))
+        mt_fatal(MT_EXIT_ERROR, "dequantize (cuda): the 4-bit [%lld, %lld] weight's codes were released (it is kept "
+                 "dequantized)", (long long)q->out, (long long)q->in);
     cudaStream_t st = q_begin(q->be, q->packed->data);
     if (stream) st = (cudaStream_t)stream;
     mt_deq_args a = mt_deq_args_of(q);

@@ -49,6 +49,11 @@ void mt_qweight_free(mt_qweight *q) {
     memset(q, 0, sizeof *q);
 }
 
+void mt_qweight_release_codes(mt_qweight *q) {
+    mt_tensor **t[] = {&q->packed, &q->absmax, &q->zero, &q->nested_absmax, &q->nested_map};
+    for (size_t i = 0; i < MT_ARRAY_LEN(t); i++) mt_tensor_free(*t[i]), *t[i] = NULL;
+}
+
 uint64_t mt_qweight_bytes(const mt_qweight *q) {
     const mt_tensor *t[] = {q->packed, q->absmax, q->zero, q->nested_absmax, q->nested_map};
     uint64_t b = 0;
@@ -361,9 +366,18 @@ static _Atomic uint64_t cpu_dequantized;  // values, for mt_qweight_cpu_dequanti
 uint64_t mt_qweight_cpu_dequantized(void) { return cpu_dequantized; }
 
 // [i0, i1) into y, chunk by chunk, in parallel when large.
+// The refusal of a weight whose codes were given back (mt_qweight_release_codes).
+static int codes_released(const mt_qweight *q) {
+    if (mt_qweight_has_codes(q)) return 0;
+    mt_error_set("qweight dequantize: the 4-bit [%lld, %lld] weight's codes were released (it is kept dequantized)",
+                 (long long)q->out, (long long)q->in);
+    return 1;
+}
+
 static void dequant_range(const mt_qweight *q, int64_t i0, int64_t i1, float *y) {
     int64_t c_first = i0 / MT_Q4_CHUNK, c_last = (i1 - 1) / MT_Q4_CHUNK;
     if (i1 <= i0) return;
+    if (codes_released(q)) mt_fatal(MT_EXIT_ERROR, "%s", mt_error_get());
     cpu_dequantized += (uint64_t)(i1 - i0);
 #pragma omp parallel for schedule(static) if (c_last - c_first >= 8)
     for (int64_t c = c_first; c <= c_last; c++) {
@@ -380,6 +394,7 @@ void mt_qweight_dequantize_rows_cpu(const mt_qweight *q, float *dst, int64_t row
 void mt_qweight_dequantize_rows_bf16_cpu(const mt_qweight *q, uint16_t *dst, int64_t row0,
                                          int64_t nrows) {
     if (q->be->ops->kind != MT_BACKEND_CPU) return;
+    if (codes_released(q)) mt_fatal(MT_EXIT_ERROR, "%s", mt_error_get());
     int64_t i0 = row0 * q->in, i1 = (row0 + nrows) * q->in;
     int64_t c_first = i0 / MT_Q4_CHUNK, c_last = i1 > i0 ? (i1 - 1) / MT_Q4_CHUNK : c_first - 1;
 #pragma omp parallel for schedule(static) if (c_last - c_first >= 8)
@@ -447,6 +462,7 @@ int mt_qweight_matmul_t_cpu(float *dx, const float *dy, const mt_qweight *q, int
 
 int mt_qweight_dequantize(const mt_qweight *q, mt_tensor *dst) {
     int64_t n = q->out * q->in;
+    if (codes_released(q)) return -1;
     if (dst->be != q->be) {
         mt_error_set("qweight dequantize: the destination is on another backend");
         return -1;
@@ -471,6 +487,36 @@ int mt_qweight_dequantize(const mt_qweight *q, mt_tensor *dst) {
 #endif
     }
     mt_error_set("qweight dequantize: cuda backend in a build without CUDA");
+    return -1;
+}
+
+int mt_qweight_dequantize_2d(const mt_qweight *q, const mt_tensor *dst) {
+    const int64_t ld = dst->ndim == 2 ? mt_tensor_ld(dst) : 0;
+    if (codes_released(q)) return -1;
+    if (dst->be != q->be || dst->ndim != 2 || dst->shape[0] < q->out || dst->shape[1] < q->in ||
+        (dst->dtype != MT_BF16 && dst->dtype != MT_F32)) {
+        mt_error_set("qweight dequantize: a [%lld, %lld] weight into a %d-D %s view of another shape or backend",
+                     (long long)q->out, (long long)q->in, dst->ndim, mt_dtype_name(dst->dtype));
+        return -1;
+    }
+    switch (q->be->ops->kind) {
+    case MT_BACKEND_NULL: return 0;
+    case MT_BACKEND_CPU:
+        if (dst->dtype != MT_F32) break;
+        for (int64_t r = 0; r < q->out; r++) mt_qweight_dequantize_rows_cpu(q, (float *)dst->data + r * ld, r, 1);
+        return 0;
+    case MT_BACKEND_CUDA:
+#ifdef MT_CUDA
+        if (ld == q->in) {
+            mt_qweight_dequantize_cuda_on(q, dst->data, dst->dtype, 0, q->out * q->in, mt_cuda_backend_stream(q->be));
+            return 0;
+        }
+        return mt_qweight_dequantize_rows_cuda_on(q, dst->data, dst->dtype, ld, mt_cuda_backend_stream(q->be));
+#else
+        break;
+#endif
+    }
+    mt_error_set("qweight dequantize: a %s view on the %s backend", mt_dtype_name(dst->dtype), q->be->ops->name);
     return -1;
 }
 

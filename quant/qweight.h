@@ -70,6 +70,12 @@ int mt_qweight_alloc(mt_qweight *q, mt_backend *be, const char *name, int64_t ou
 int mt_qweight_clone(mt_qweight *dst, const mt_qweight *src, const char *name);
 // Bytes held on the backend (what the ledger counts under base for it).
 uint64_t mt_qweight_bytes(const mt_qweight *q);
+// Gives q's codes and block constants back (the ledger's base with them) and keeps its
+// description (type, shape, block size), which still marks its Linear frozen 4-bit: for a weight
+// kept dequantized elsewhere (model/mixtral.c, --expert-cache). Dequantizing it after is refused
+// (mt_qweight_dequantize: -1; the cuda and cpu row paths: a fatal error naming the weight's shape).
+void mt_qweight_release_codes(mt_qweight *q);
+static inline int mt_qweight_has_codes(const mt_qweight *q) { return q->packed != NULL; }
 
 // Bytes one whole dequantization (mt_qweight_dequantize on cuda: quant/quant.cu) moves through
 // device memory: it reads every packed code and every block constant (NF4/FP4 fp32 absmax;
@@ -108,6 +114,10 @@ int mt_qweight_matmul_t_cpu(float *dx, const float *dy, const mt_qweight *q, int
 // Any backend. The whole W into dst, a tensor on q's backend of F32 or BF16 with at least
 // out·in elements (a reused scratch; its shape is not looked at).
 int mt_qweight_dequantize(const mt_qweight *q, mt_tensor *dst);
+// W into the first out rows of dst, a 2-D view on q's backend (core/backend.h mt_view2: its row
+// stride may exceed in, leaving room beside each row), bf16 or f32 (the cpu: f32 only), at least
+// [out, in]; cuda: on the backend's stream, a stride above in a multiple of 8. 0 or -1.
+int mt_qweight_dequantize_2d(const mt_qweight *q, const mt_tensor *dst);
 // W into `scratch` (as above) and w = a [out, in] view of it, for mt_matmul: a layer dequantized
 // once serves the forward recompute and the backward (dx = dy · W with trans_b = 0, never a
 // transposed copy).

@@ -640,7 +640,7 @@ static void usage(FILE *f) {
                "           expert-sized weights quantized)\n"
                "  --dequant-cache on|off  attention's 4-bit weights kept in bf16 from the load (default off,\n"
                "           the cases' setting)\n"
-               "  --expert-cache all|off  every layer's experts kept in bf16, dequantized by the warm-up step (default\n"
+               "  --expert-cache all|off  every layer's experts kept in bf16, dequantized when the model is built (default\n"
                "           off, the cases' setting)\n");
 }
 

@@ -700,26 +700,32 @@ Test(cuda_grouped, null_backend_counts_the_scratch) {
 // Experts kept dequantized (grouped.h's cached: --expert-cache): one kept W2 with room for both
 // LoRA blocks ([D + RU, LD], LD = F + RB rounded up to 8) serves the forward's call with B beside
 // (trans) and the dx call with A under, each equal bit for bit to the same call dequantizing into
-// the slots, on the grouped path and the per-expert one; the call holds no slot, W is dequantized
-// by the first call only (cached_filled), and the blocks are written at every call: after B and
-// A change, the kept W still gives the slots' products. A kept W too small is refused naming it.
+// the slots, on the grouped path and the per-expert one; the call holds no slot and never reads
+// the 4-bit codes (the kept calls' q are copies whose codes were given back after W was
+// dequantized into the kept matrix, as model/mixtral.c does), and the blocks are written at every
+// call: after B and A change, the kept W still gives the slots' products. A kept W too small is
+// refused naming it; a copy without codes refuses to be dequantized.
 static void kept_case(mt_backend *gpu, const int *rows) {
     enum { E = 3, D = 40, F = 24, RB = 8, RU = 8, LD = (F + RB + 7) / 8 * 8 };
     int64_t off[E + 1] = {1};
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e];
     const int64_t R = off[E] + 2;
-    mt_qweight q[E];
-    const mt_qweight *pq[E];
+    mt_qweight q[E], qk[E];
+    const mt_qweight *pq[E], *pqk[E];
     mt_tensor *b[E], *u[E], *kept[E];
     const mt_tensor *pb[E], *pu[E];
-    unsigned char filled[E] = {0};
     for (int e = 0; e < E; e++) {
         float *w = randn(D * F, 60 + (uint64_t)e, 0.5f), *bv = randn(D * RB, 65 + (uint64_t)e, 0.5f);
         float *uv = randn(RU * F, 70 + (uint64_t)e, 0.5f);
         cr_assert_eq(mt_qweight_quantize(&q[e], gpu, "w2", w, D, F, MT_QUANT_NF4, 64, 1), 0, "%s", mt_error_get());
         b[e] = upload(gpu, MT_BF16, bv, D, RB), u[e] = upload(gpu, MT_BF16, uv, RU, F);
         kept[e] = zeros(gpu, MT_BF16, D + RU, LD);
-        pq[e] = &q[e], pb[e] = b[e], pu[e] = u[e];
+        cr_assert_eq(mt_qweight_clone(&qk[e], &q[e], "w2 kept"), 0, "%s", mt_error_get());
+        mt_tensor w_kept = mt_view2(gpu, kept[e]->data, MT_BF16, D, F, LD);
+        cr_assert_eq(mt_qweight_dequantize_2d(&qk[e], &w_kept), 0, "%s", mt_error_get());
+        mt_qweight_release_codes(&qk[e]);
+        cr_assert(!mt_qweight_has_codes(&qk[e]));
+        pq[e] = &q[e], pqk[e] = &qk[e], pb[e] = b[e], pu[e] = u[e];
         free(w), free(bv), free(uv);
     }
     float *av = randn(R * (D + RU), 11, 1.0f);  // wide enough for both calls' a
@@ -728,7 +734,7 @@ static void kept_case(mt_backend *gpu, const int *rows) {
     mt_grouped fwd = {.experts = E, .off = off, .q = pq, .beside = pb, .beside_scale = 0.5f, .trans = 1, .alpha = 1};
     mt_grouped dx = {.experts = E, .off = off, .q = pq, .under = pu, .trans = 0, .alpha = 1};
     mt_grouped kf = fwd, kd = dx;
-    kf.cached = kd.cached = kept, kf.cached_filled = kd.cached_filled = filled;
+    kf.cached = kd.cached = kept, kf.q = kd.q = pqk;
     for (int round = 0; round < 2; round++) {
         const mt_grouped *calls[2][2] = {{&fwd, &kf}, {&dx, &kd}};
         const mt_tensor *as[2] = {&a_fwd, &a_dx};
@@ -749,8 +755,6 @@ static void kept_case(mt_backend *gpu, const int *rows) {
             free(x), free(y);
             mt_tensor_free(slots), mt_tensor_free(fromkept);
         }
-        for (int e = 0; e < E; e++)
-            cr_expect_eq(filled[e], rows[e] > 0, "expert %d: filled once it had rows", e);
         for (int e = 0; e < E; e++) {  // the LoRAs move (an optimizer step): new B and A
             float *bv = randn(D * RB, 80 + (uint64_t)e, 0.5f), *uv = randn(RU * F, 85 + (uint64_t)e, 0.5f);
             mt_tensor_upload_f32(b[e], bv), mt_tensor_upload_f32(u[e], uv);
@@ -764,8 +768,11 @@ static void kept_case(mt_backend *gpu, const int *rows) {
     mt_tensor *c = zeros(gpu, MT_F32, R, F);
     cr_assert_eq(mt_grouped_gemm(c, &a_dx, &bad), -1);
     cr_assert(strstr(mt_error_get(), "cached[0]"), "%s", mt_error_get());
+    cr_expect_eq(mt_qweight_dequantize(&qk[0], c), -1, "a weight without codes is not dequantized");
+    cr_expect(strstr(mt_error_get(), "released"), "%s", mt_error_get());
     mt_tensor_free(c);
-    for (int e = 0; e < E; e++) mt_qweight_free(&q[e]), mt_tensor_free(b[e]), mt_tensor_free(u[e]), mt_tensor_free(kept[e]);
+    for (int e = 0; e < E; e++)
+        mt_qweight_free(&q[e]), mt_qweight_free(&qk[e]), mt_tensor_free(b[e]), mt_tensor_free(u[e]), mt_tensor_free(kept[e]);
     mt_tensor_free(ta), free(av);
 }
 

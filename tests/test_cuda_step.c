@@ -17,6 +17,7 @@
 #include "tests/test_util.h"
 #include "optim/optim.h"
 #include "optim/params.h"
+#include "quant/qweight.h"
 #include "trainer/options.h"
 
 
@@ -264,18 +265,22 @@ Test(cuda, expert_cache_gives_the_same_bits) {
                         if (ex[i]->lora) ex[i]->lora->dropout = (float)runs[run].later;
                 }
         }
-        // The plan's bytes for the kept layers (plan/plan.c expert_cache) are the ones allocated.
+        // The plan's bytes for the kept layers (plan/plan.c expert_cache) are the ones allocated,
+        // less the 4-bit codes they gave back.
         mt_plan plan;
         o.expert_cache = runs[run].keep;
         mt_plan_opts po = mt_run_opts_plan(&o);
         po.cuda = 1;
         cr_assert_eq(mt_plan_compute(&m[0].cfg, &po, &plan), 0, "%s", mt_error_get());
-        cr_expect_eq(base[1] - base[0], plan.expert_cache_bytes, "r %d, %d layers kept: %llu bytes, the plan's %llu",
-                     runs[run].r, runs[run].keep, (unsigned long long)(base[1] - base[0]),
-                     (unsigned long long)plan.expert_cache_bytes);
-        cr_expect_gt(plan.expert_cache_bytes, 0);
+        const uint64_t net = plan.expert_cache_bytes - plan.expert_cache_freed;
+        cr_expect_eq(base[1] - base[0], net, "r %d, %d layers kept: %llu bytes, the plan's %llu", runs[run].r,
+                     runs[run].keep, (unsigned long long)(base[1] - base[0]), (unsigned long long)net);
+        cr_expect_gt(plan.expert_cache_freed, 0);
+        cr_expect_gt(net, 0);
         const int top = (int)m[1].cfg.layers - 1;
         cr_expect_not_null(m[1].layers[top].experts_bf16[0], "the last layer keeps its experts");
+        cr_expect(!mt_qweight_has_codes(m[1].layers[top].w2[0].q), "a kept expert's codes are given back");
+        cr_expect(mt_qweight_has_codes(m[0].layers[top].w2[0].q), "without the cache they stay");
         cr_expect((runs[run].keep == 2) == (m[1].layers[0].experts_bf16[0] != NULL), "layer 0 kept only with 2");
         char what[64];
         snprintf(what, sizeof what, "r %d, %d layers kept", runs[run].r, runs[run].keep);

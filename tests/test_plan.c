@@ -278,8 +278,9 @@ Test(plan, expert_scratch_in_work_on_cuda) {
 
 // --expert-cache: auto keeps the last layers' experts in bf16 as far as the card holds them by
 // the plan's total and the measured step, after --recompute and --dequant-cache have chosen (case C
-// at s = 4096: none recomputed; 2.838 GB a layer: 3 layers on 80 GB, 25 on 141 GB, none on 44 GB,
-// which recomputes the experts); all keeps every MoE layer's and then no call holds the
+// at s = 4096: none recomputed; 2.838 GB of bf16 a layer, 2.111 GB net of the 4-bit codes it gives
+// back: 5 layers on 80 GB, all 32 on 141 GB, 1 on 44 GB and none on 42 GB, which recompute the
+// experts); all keeps every MoE layer's and then no call holds the
 // dequantization slots; a count beyond the model's MoE layers is refused naming the flag; a run
 // that trains its experts or a cpu run keeps none.
 Test(plan, expert_cache_keeps_what_fits) {
@@ -287,20 +288,28 @@ Test(plan, expert_cache_keeps_what_fits) {
     const char *c4k = "plan --case C --seq 4096 --device cuda --recompute auto --dequant-cache auto --expert-cache auto";
     cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 80GB", c4k), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "recompute none (auto"), "%s", out);
-    cr_expect(strstr(out, "the last 3 of 32 MoE layers' experts kept in bf16 (--expert-cache auto: 8.51 GB)"), "%s", out);
-    cr_expect(strstr(out, "→ 8.514 GB (--expert-cache: the last 3 MoE layers' experts, kept in bf16; 2.838 GB a layer)"),
-              "%s", out);
+    cr_expect(strstr(out, "the last 5 of 32 MoE layers' experts kept in bf16 (--expert-cache auto: +10.6 GB, their 4-bit "
+                          "codes given back)"), "%s", out);
+    cr_expect(strstr(out, "→ 14.190 GB (--expert-cache: the last 5 MoE layers' experts, kept in bf16; their 3.635 GB of "
+                          "4-bit codes given back, the last expert's 0.091 GB still held at base's peak: 2.111 GB a layer "
+                          "net)"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 80GB --measure", c4k), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "fits on a 80 GB card by the measured total (with --measure it decides): yes"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 141GB", c4k), MT_EXIT_OK, "%s", out);
-    cr_expect(strstr(out, "the last 25 of 32 MoE layers' experts kept in bf16"), "%s", out);
+    cr_expect(strstr(out, "the last 32 of 32 MoE layers' experts kept in bf16"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 44GB", c4k), MT_EXIT_OK, "%s", out);
     cr_expect(strstr(out, "recompute experts (auto"), "%s", out);
-    cr_expect(strstr(out, "experts dequantized per use (--expert-cache auto: a layer's 2.84 GB of bf16 experts would "
-                          "not fit)"), "%s", out);
+    cr_expect(strstr(out, "the last 1 of 32 MoE layers' experts kept in bf16"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 44GB --measure", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "fits on a 44 GB card by the measured total (with --measure it decides): yes"), "%s", out);
+    cr_assert_eq(mt_test_run(out, sizeof out, "%s --gpu-mem 42GB", c4k), MT_EXIT_OK, "%s", out);
+    cr_expect(strstr(out, "recompute experts (auto"), "%s", out);
+    cr_expect(strstr(out, "experts dequantized per use (--expert-cache auto: a layer's +2.11 GB, its bf16 experts less "
+                          "their codes, would not fit)"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache all --gpu-mem 200GB"), MT_EXIT_OK,
                  "%s", out);
-    cr_expect(strstr(out, "the last 32 of 32 MoE layers' experts kept in bf16 (--expert-cache all: 90.8 GB)"), "%s", out);
+    cr_expect(strstr(out, "the last 32 of 32 MoE layers' experts kept in bf16 (--expert-cache all: +67.6 GB, their 4-bit "
+                          "codes given back)"), "%s", out);
     cr_expect(!strstr(out, "experts' dequantization scratch"), "every layer kept: no slots: %s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache 33"), MT_EXIT_USAGE, "%s", out);
     cr_expect(strstr(out, "--expert-cache 33: the model has 32 MoE layers"), "%s", out);

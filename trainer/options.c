@@ -62,7 +62,8 @@ static const opt_def opt_table[] = {
     {"expert-cache", OPT_SPECIAL, F(expert_cache), 0,
      "GPU step: keep the frozen 4-bit experts of the last N MoE layers in bf16, dequantized once, instead of at every "
      "use (forward, backward, recompute): a count N | all | off | auto (the most layers that still fit after "
-     "--recompute and --dequant-cache; Mixtral-8x7B: 2.8 GB and ~0.7% of a step a layer by the roofline)"},
+     "--recompute and --dequant-cache; Mixtral-8x7B: +2.1 GB a layer, its bf16 less the 4-bit codes it gives "
+     "back, and ~0.7% of a step by the roofline)"},
     {"gpus", OPT_INT, F(gpus), 0, "number of GPUs"},
     {"ep", OPT_INT, F(ep), 0, "expert-parallel degree"},
     {"zero", OPT_INT, F(zero), 0, "ZeRO stage for replicated trainables: 0, 1 or 2"},
@@ -392,9 +393,11 @@ static int resolve_expert_cache(mt_run_opts *o, const mt_model_config *cfg, doub
         int measured = choice && choice->measured;
         double total = measured ? (double)choice->total : (double)without.total;
         if (!measured && mt_plan_measure(cfg, NULL, &po, &spec, &m) == 0) measured = 1, total = (double)m.total_peak;
-        // Each layer kept adds `layer` to base, which the whole step holds: the measured peak and
-        // the plan's total grow by it (keeping every layer also drops the dequantization slots).
-        double room = limit - reserve - total, plan_room = limit - (double)without.total;
+        // Each layer kept adds `layer` to base (its bf16 less its 4-bit codes), which the whole step
+        // holds: the measured peak and the plan's total grow by it (keeping every layer also drops
+        // the dequantization slots); the plan's base also holds one expert's codes at its peak
+        // once any layer is kept.
+        double room = limit - reserve - total, plan_room = limit - (double)without.total - (double)without.expert_cache_held;
         int by_step = room > 0 ? (int)MT_MIN(floor(room / layer), moe) : 0;
         int by_plan = plan_room > 0 ? (int)MT_MIN(floor(plan_room / layer), moe) : 0;  // the plan says no: none
         o->expert_cache = MT_MIN(by_step, by_plan);
@@ -404,12 +407,13 @@ static int resolve_expert_cache(mt_run_opts *o, const mt_model_config *cfg, doub
         }
     }
     if (o->expert_cache > 0)
-        snprintf(note + used, n - used, "; the last %d of %d MoE layers' experts kept in bf16 (--expert-cache %s: %.3g GB)",
+        snprintf(note + used, n - used, "; the last %d of %d MoE layers' experts kept in bf16 (--expert-cache %s: +%.3g GB, "
+                 "their 4-bit codes given back)",
                  o->expert_cache, moe, was_auto ? "auto" : asked == MT_EXPERT_CACHE_ALL ? "all" : "as set",
                  (double)o->expert_cache * layer / 1e9);
     else if (was_auto)
-        snprintf(note + used, n - used, "; experts dequantized per use (--expert-cache auto: a layer's %.3g GB of bf16 "
-                 "experts would not fit)", layer / 1e9);
+        snprintf(note + used, n - used, "; experts dequantized per use (--expert-cache auto: a layer's +%.3g GB, its bf16 "
+                 "experts less their codes, would not fit)", layer / 1e9);
     return 0;
 }
 
