@@ -311,6 +311,14 @@ Test(plan, expert_cache_keeps_what_fits) {
     cr_expect(strstr(out, "the last 32 of 32 MoE layers' experts kept in bf16 (--expert-cache all: +67.6 GB, their 4-bit "
                           "codes given back)"), "%s", out);
     cr_expect(!strstr(out, "experts' dequantization scratch"), "every layer kept: no slots: %s", out);
+    // --max-seq: all counts every layer's, as 32 does (not none, as auto's resolution to nothing)
+    char all[4096];
+    cr_assert_eq(mt_test_run(all, sizeof all, "plan --case C --device cuda --gpu-mem 100GB --expert-cache all --max-seq"),
+                 MT_EXIT_OK, "%s", all);
+    cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --gpu-mem 100GB --expert-cache 32 --max-seq"),
+                 MT_EXIT_OK, "%s", out);
+    cr_expect_str_eq(all, out);
+    cr_expect(strstr(out, "max-seq: 2683 tokens (batch 1) fit a 100 GB card"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache 33"), MT_EXIT_USAGE, "%s", out);
     cr_expect(strstr(out, "--expert-cache 33: the model has 32 MoE layers"), "%s", out);
     cr_assert_eq(mt_test_run(out, sizeof out, "plan --case C --device cuda --expert-cache many"), MT_EXIT_USAGE, "%s", out);

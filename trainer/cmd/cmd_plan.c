@@ -121,6 +121,9 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "moetrain plan: %s\n", mt_error_get());
         return MT_EXIT_USAGE;
     }
+    // --max-seq resolves nothing (auto keeps only what fits: none at the longest sequence), but
+    // all is every MoE layer's, as a count would be.
+    if (o.max_seq && o.expert_cache == MT_EXPERT_CACHE_ALL) o.expert_cache = (int)mt_config_moe_layers(&cfg);
     mt_plan_opts po = mt_run_opts_plan(&o);
     po.cpu = cpu;
     if (o.max_seq) return max_seq(&o, &cfg, &po);
