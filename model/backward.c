@@ -64,22 +64,23 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     // EP: the output gradients go to the experts' owners, the input gradients come back.
     int ep = m->par.ep_size > 1;
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
-    mt_tensor dys_own = dys;
-    if (ep) {
-        dys_own = step_work(m, adt, R, H, 1);
-        mt_ep_dispatch(m, L, dys_own.data, dys.data, H);
+    mt_tensor dys_own = dys, dys_own_rows = {0};
+    if (ep) {  // with the same room beside each row as dys's
+        dys_own_rows = step_work(m, adt, R, ldd, 1);
+        dys_own = mt_view2(m->be, dys_own_rows.data, adt, R, H, ldd);
+        mt_ep_dispatch(m, L, dys_own.data, ldd, dys.data, ldd, H);
     }
     // dxs's rows leave room for w1's and w3's LoRA dxa when they fold (mt_experts_xs_extra).
     mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H + mt_experts_xs_extra(m), 0) : (mt_tensor){0};
     mt_experts_backward(m, L, &dys_own, need->dln2 ? &dxs : NULL, by_experts && need->dlogits ? F(&dweights) : NULL, R);
     if (run && late && need->dlogits)
         mt_op_combine_backward(m, NULL, H, F(&dweights), A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
-    if (ep) step_unwork(m, &dys_own);
+    if (ep) step_unwork(m, &dys_own_rows);
     mt_tensor dln2 = {0};
     if (need->dln2) {
         if (ep) {
             mt_tensor dxs_local = step_work(m, adt, Tk, H, 1);
-            mt_ep_return(m, L, dxs_local.data, dxs.data, H);
+            mt_ep_return(m, L, dxs_local.data, H, dxs.data, dxs.shape[1], H);  // dxs: room for the folded dxa
             step_unwork(m, &dxs);
             dxs = dxs_local;
         }

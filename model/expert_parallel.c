@@ -11,6 +11,9 @@
 // expert's matmuls (and its LoRA dropout, keyed by row) are those of the single-process run.
 // Rows move by the backend's copy and the comm's all-to-all: host memory and MPI on the cpu
 // backend, device memory and NCCL on cuda (that path has not run: no multi-GPU machine here).
+// The wire and the inbox hold w columns a row; the local and own layouts may hold more (a row
+// stride ld ≥ w: the GPU step's room beside x and dy for the experts' LoRA folds,
+// model/experts_gpu.c), of which the exchange moves the first w.
 #include <string.h>
 
 #include "core/common.h"
@@ -40,8 +43,15 @@ void mt_ep_exchange_counts(mt_model *m, int L) {
 
 int64_t mt_ep_own_rows(const mt_model *m, int L) { return m->kept[L].own_offsets[m->cfg.experts]; }
 
+// n rows of w elements from src (row stride ls) to dst (ld), in act_dtype(m).
+static void copy_rows(const mt_model *m, char *dst, int64_t ld, const char *src, int64_t ls, int64_t n, int64_t w) {
+    size_t es = mt_dtype_bytes(act_dtype(m), 1);
+    if (ld == w && ls == w) m->be->ops->copy(m->be, dst, src, (size_t)(n * w) * es);
+    else m->be->ops->copy2d(m->be, dst, (size_t)ld * es, src, (size_t)ls * es, (size_t)w * es, (size_t)n);
+}
+
 // local <-> wire (to_wire = 1: pack for sending; 0: unpack what came back). rows[p]: rows per peer.
-static void wire_rows(const mt_model *m, int L, char *wire, char *local, int64_t w, int to_wire,
+static void wire_rows(const mt_model *m, int L, char *wire, char *local, int64_t ld, int64_t w, int to_wire,
                       int64_t *rows) {
     const mt_layer_kept *kp = &m->kept[L];
     int P = m->par.ep_size, me = m->par.ep_rank, E = (int)m->cfg.experts;
@@ -54,8 +64,9 @@ static void wire_rows(const mt_model *m, int L, char *wire, char *local, int64_t
             int64_t n = kp->peer_counts[(int64_t)me * E + e];
             if (wire && n) {
                 size_t es = mt_dtype_bytes(act_dtype(m), 1);
-                char *a = wire + at_row * w * es, *b = local + (int64_t)off[e] * w * es;
-                m->be->ops->copy(m->be, to_wire ? a : b, to_wire ? b : a, (size_t)(n * w) * es);
+                char *a = wire + at_row * w * es, *b = local + (int64_t)off[e] * ld * es;
+                if (to_wire) copy_rows(m, a, w, b, ld, n, w);
+                else copy_rows(m, b, ld, a, w, n, w);
             }
             at_row += n, rows[p] += n;
         }
@@ -63,7 +74,7 @@ static void wire_rows(const mt_model *m, int L, char *wire, char *local, int64_t
 }
 
 // inbox <-> own (to_own = 1 after receiving; 0 before sending back). rows[q]: rows per peer.
-static void inbox_rows(const mt_model *m, int L, char *inbox, char *own, int64_t w, int to_own,
+static void inbox_rows(const mt_model *m, int L, char *inbox, char *own, int64_t ld, int64_t w, int to_own,
                        int64_t *rows) {
     const mt_layer_kept *kp = &m->kept[L];
     int P = m->par.ep_size, me = m->par.ep_rank, E = (int)m->cfg.experts;
@@ -77,8 +88,9 @@ static void inbox_rows(const mt_model *m, int L, char *inbox, char *own, int64_t
             for (int q2 = 0; q2 < q; q2++) dst += C[(int64_t)q2 * E + e];
             if (inbox && n) {
                 size_t es = mt_dtype_bytes(act_dtype(m), 1);
-                char *a = inbox + at_row * w * es, *b = own + dst * w * es;
-                m->be->ops->copy(m->be, to_own ? b : a, to_own ? a : b, (size_t)(n * w) * es);
+                char *a = inbox + at_row * w * es, *b = own + dst * ld * es;
+                if (to_own) copy_rows(m, b, ld, a, w, n, w);
+                else copy_rows(m, a, w, b, ld, n, w);
             }
             at_row += n, rows[q] += n;
         }
@@ -88,7 +100,8 @@ static void inbox_rows(const mt_model *m, int L, char *inbox, char *own, int64_t
 // One exchange: out = 1 sends local rows to their owners (local -> wire -> all-to-all -> inbox ->
 // own); out = 0 brings the owners' rows back (own -> inbox -> all-to-all -> wire -> local).
 // Rows are the step's storage (f32 on the cpu, bf16 on cuda).
-static void exchange(mt_model *m, int L, mt_act *local_rows, mt_act *own_rows, int64_t w, int out) {
+static void exchange(mt_model *m, int L, mt_act *local_rows, int64_t ld_local, mt_act *own_rows, int64_t ld_own,
+                     int64_t w, int out) {
     int P = m->par.ep_size, run = !m->counting;
     int64_t Tk = (int64_t)m->B * m->S * m->cfg.top_k, R = mt_ep_own_rows(m, L);
     int64_t *wire_n = mt_xcalloc((size_t)P, sizeof(int64_t)), *inbox_n = mt_xcalloc((size_t)P, sizeof(int64_t));
@@ -99,24 +112,28 @@ static void exchange(mt_model *m, int L, mt_act *local_rows, mt_act *own_rows, i
     char *wire = mt_work_alloc(m->be, mt_dtype_bytes(dt, (size_t)(Tk * w)));
     char *inbox = mt_work_alloc(m->be, mt_dtype_bytes(dt, (size_t)(R * w)));
     // Pack the side that sends; only count the side that receives.
-    wire_rows(m, L, run && out ? wire : NULL, local, w, 1, wire_n);
-    inbox_rows(m, L, run && !out ? inbox : NULL, own, w, 0, inbox_n);
+    wire_rows(m, L, run && out ? wire : NULL, local, ld_local, w, 1, wire_n);
+    inbox_rows(m, L, run && !out ? inbox : NULL, own, ld_own, w, 0, inbox_n);
     if (m->par.ep) {
         if (out) mt_comm_all_to_all_v(m->par.ep, wire, wire_n, inbox, inbox_n, (size_t)w, ct, 0);
         else mt_comm_all_to_all_v(m->par.ep, inbox, inbox_n, wire, wire_n, (size_t)w, ct, 0);
     }
-    if (run && out) inbox_rows(m, L, inbox, own, w, 1, inbox_n);
-    if (run && !out) wire_rows(m, L, wire, local, w, 0, wire_n);
+    if (run && out) inbox_rows(m, L, inbox, own, ld_own, w, 1, inbox_n);
+    if (run && !out) wire_rows(m, L, wire, local, ld_local, w, 0, wire_n);
     mt_work_free(m->be, inbox, mt_dtype_bytes(dt, (size_t)(R * w)));
     mt_work_free(m->be, wire, mt_dtype_bytes(dt, (size_t)(Tk * w)));
     free(wire_n), free(inbox_n);
 }
 
 // local [T·k, w] (this rank's rows in expert order) -> own [own rows, w] on the owners.
-void mt_ep_dispatch(mt_model *m, int L, mt_act *own, mt_act *local, int64_t w) { exchange(m, L, local, own, w, 1); }
+void mt_ep_dispatch(mt_model *m, int L, mt_act *own, int64_t ld_own, mt_act *local, int64_t ld_local, int64_t w) {
+    exchange(m, L, local, ld_local, own, ld_own, w, 1);
+}
 
 // The way back: own [own rows, w] -> local [T·k, w] on the ranks the rows came from.
-void mt_ep_return(mt_model *m, int L, mt_act *local, mt_act *own, int64_t w) { exchange(m, L, local, own, w, 0); }
+void mt_ep_return(mt_model *m, int L, mt_act *local, int64_t ld_local, mt_act *own, int64_t ld_own, int64_t w) {
+    exchange(m, L, local, ld_local, own, ld_own, w, 0);
+}
 
 // ---------------------------------------------------------------------------------------------
 // The end of a run: EP rank 0 collects the trained experts it does not hold.

@@ -334,12 +334,15 @@ static void base13_beside(group *gr, int trans, float beta, const mt_tensor *c, 
     const int E = gr->E;
     const mt_qweight **q2 = mt_xcalloc((size_t)E, sizeof *q2);
     const mt_tensor **b1 = mt_xcalloc((size_t)E, sizeof *b1), **b3 = mt_xcalloc((size_t)E, sizeof *b3);
-    for (int e = 0; e < E; e++)
-        gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL, b1[e] = ly->w1[e].lora->b, b3[e] = ly->w3[e].lora->b;
+    const mt_lora *lo = loras(gr, W1, 1);  // the scale; an expert another EP rank holds has no LoRA here
+    for (int e = 0; e < E; e++) {
+        const mt_lora *l1 = ly->w1[e].lora, *l3 = ly->w3[e].lora;
+        gr->q[e] = ly->w1[e].q, q2[e] = ly->w3[e].q, gr->w[e] = NULL;
+        b1[e] = l1 ? l1->b : NULL, b3[e] = l3 ? l3->b : NULL;
+    }
     mt_prof_push(base_row(W1, trans));
     gemm(gr, kept(gr, 0, (mt_grouped){.q = gr->q, .q2 = q2, .w = gr->w, .beside = b1, .beside2 = b3,
-                                      .beside_scale = ly->w1[0].lora->scale, .trans = trans, .alpha = 1.0f,
-                                      .beta = beta}),
+                                      .beside_scale = lo->scale, .trans = trans, .alpha = 1.0f, .beta = beta}),
          c, a);
     mt_prof_pop();
     free(q2), free(b1), free(b3);
@@ -372,7 +375,10 @@ static void forward2_folded(group *gr, const mt_tensor *y, const mt_tensor *act)
     gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1}), &xa2, act);
     mt_prof_pop();
     const mt_tensor **b2 = mt_xcalloc((size_t)gr->E, sizeof *b2);
-    for (int e = 0; e < gr->E; e++) gr->q[e] = ly->w2[e].q, gr->w[e] = NULL, b2[e] = ly->w2[e].lora->b;
+    for (int e = 0; e < gr->E; e++) {
+        const mt_lora *l2 = ly->w2[e].lora;  // none here: another EP rank's expert
+        gr->q[e] = ly->w2[e].q, gr->w[e] = NULL, b2[e] = l2 ? l2->b : NULL;
+    }
     mt_prof_push(base_row(W2, 1));
     gemm(gr, kept(gr, 1, (mt_grouped){.q = gr->q, .w = gr->w, .beside = b2, .beside_scale = lo->scale, .trans = 1,
                                       .alpha = 1.0f}),
@@ -420,9 +426,17 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
     group_free(&gr);
 }
 
+// An expert's Linear as the folds below see it: 1 held here, 4-bit, with a LoRA; 0 held by another
+// EP rank, with a LoRA there (its rows come here with the same room: model/expert_parallel.c
+// moves x and dy into the own layout's wider rows); -1 anything else (no fold).
+static int fold_kind(const mt_linear *l) {
+    if (l->remote) return l->remote == MT_REMOTE_LORA ? 0 : -1;
+    return l->q && l->lora ? 1 : -1;
+}
+
 // w1's and w3's LoRA B fold into the experts' base GEMMs (the forward's and dx's) when every
-// expert of every MoE layer has 4-bit w1 and w3, each with a LoRA, on one rank (EP's xs arrives
-// from the other ranks without the room) of the GPU step, with r and h multiples of 8 (xa1's and
+// expert of every MoE layer has 4-bit w1 and w3, each with a LoRA (on whichever EP rank holds
+// it), on the GPU step, with r and h multiples of 8 (xa1's and
 // xa3's blocks, and so xs's rows, 16-byte aligned: cuBLAS's grouped call takes them; r = 4 or 12
 // would send every expert's xa3 product through a call of its own): xs's rows then hold
 // [x | xa1 | xa3] (2r columns beside x), and gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ
@@ -432,7 +446,7 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
 // layer, answered once (the LoRAs are attached at load; mt_model_acts_free forgets it).
 static int64_t xs_extra_of(const mt_model *m) {
     const int64_t H = m->cfg.hidden;
-    if (!gpu_step(m) || m->par.ep_size > 1 || H % 8) return 0;
+    if (!gpu_step(m) || H % 8) return 0;
     int r = 0, moe = 0;
     for (int L = 0; L < m->cfg.layers; L++) {
         const mt_layer *ly = &m->layers[L];
@@ -440,8 +454,9 @@ static int64_t xs_extra_of(const mt_model *m) {
         if (!ly->w1 || !ly->w3) return 0;
         for (int e = 0; e < m->cfg.experts; e++) {
             const mt_linear *a = &ly->w1[e], *b = &ly->w3[e];
-            if (!a->q || !b->q || !a->lora || !b->lora) return 0;
-            r = a->lora->r;
+            int ka = fold_kind(a), kb = fold_kind(b);
+            if (ka < 0 || kb < 0) return 0;
+            if (ka) r = a->lora->r;
         }
         moe = 1;
     }
@@ -454,13 +469,14 @@ int64_t mt_experts_xs_extra(mt_model *m) {
 }
 
 // w2's LoRA B folds into the forward's w2 GEMM, ys = [a | xa2]·[W2 | s·B2]ᵀ (K = f + r), when
-// every expert of every MoE layer has a 4-bit w2 with a LoRA, on one rank of the GPU step, with r
+// every expert of every MoE layer has a 4-bit w2 with a LoRA (on whichever EP rank holds it), on
+// the GPU step, with r
 // and f multiples of 8 (a's rows, [a | xa2], 16-byte aligned): a's rows then hold xa2 beside the
 // SwiGLU output (r columns), and the backward's da, written over a, keeps that row stride.
 // Dropout needs no exception: xa2 is drop(a)·A2ᵀ either way. Model-wide, as xs's room
 // (recomputed layers share one a), and decided the same by the planner (plan/plan.c).
 static int64_t a_extra_of(const mt_model *m) {
-    if (!gpu_step(m) || m->par.ep_size > 1 || m->cfg.intermediate % 8) return 0;
+    if (!gpu_step(m) || m->cfg.intermediate % 8) return 0;
     int r = 0, moe = 0;
     for (int L = 0; L < m->cfg.layers; L++) {
         const mt_layer *ly = &m->layers[L];
@@ -468,8 +484,9 @@ static int64_t a_extra_of(const mt_model *m) {
         if (!ly->w2) return 0;
         for (int e = 0; e < m->cfg.experts; e++) {
             const mt_linear *l = &ly->w2[e];
-            if (!l->q || !l->lora) return 0;
-            r = l->lora->r;
+            int k = fold_kind(l);
+            if (k < 0) return 0;
+            if (k) r = l->lora->r;
         }
         moe = 1;
     }
@@ -482,18 +499,20 @@ int64_t mt_experts_a_extra(mt_model *m) {
 }
 
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
-// without dropout (a mask on dxa·A2 cannot ride in the GEMM's sum), on one rank (EP's dys
-// arrives from the other ranks without the room), on the GPU step (the null backend counts the
-// same), and, where the layer keeps its experts in bf16 (--expert-cache), when the kept W2 has
+// without dropout (a mask on dxa·A2 cannot ride in the GEMM's sum; another EP rank's expert: with
+// a LoRA there, the run's dropout), on the GPU step (the null backend counts the same), and, where the layer keeps its experts in bf16 (--expert-cache), when the kept W2 has
 // the rows for A2 (sized by the dropout at build: an adapter loaded after may set another).
 // Static over the step, so that the planner and the counted step agree with the run.
 int64_t mt_experts_dys_extra(const mt_model *m, int L) {
     const mt_layer *ly = &m->layers[L];
-    if (!gpu_step(m) || m->par.ep_size > 1 || ly->dense || !ly->w2) return 0;
+    if (!gpu_step(m) || ly->dense || !ly->w2) return 0;
     int r = 0;
     for (int e = 0; e < m->cfg.experts; e++) {
         const mt_linear *l = &ly->w2[e];
-        if (!l->q || !l->lora || l->lora->dropout > 0.0f) return 0;
+        int k = fold_kind(l);
+        if (k < 0 || (k == 0 && m->spec.lora_dropout > 0.0f)) return 0;
+        if (k == 0) continue;
+        if (l->lora->dropout > 0.0f) return 0;
         r = l->lora->r;
         const mt_tensor *kw = ly->experts_bf16[1] ? ly->experts_bf16[1][e] : NULL;
         if (kw && kw->shape[0] < m->cfg.hidden + r) return 0;
@@ -509,12 +528,12 @@ static void w2_backward_folded(group *gr, const mt_tensor *da, const mt_tensor *
                                const mt_tensor *xa, int64_t ldd) {
     mt_model *m = gr->m;
     const mt_layer *ly = &m->layers[gr->L];
-    const int64_t H = m->cfg.hidden, n = group_rows(gr), r = ly->w2[0].lora->r;
+    const int64_t H = m->cfg.hidden, n = group_rows(gr), r = loras(gr, W2, 0)->r;
     char *tail = dys->data ? (char *)dys->data + mt_dtype_bytes(MT_BF16, (size_t)H) : NULL;
     mt_tensor dxa2 = mt_view2(m->be, tail, MT_BF16, n, r, ldd);
     lora_backward(gr, W2, dys, act, xa, &dxa2, 0);
     const mt_tensor **under = mt_xcalloc((size_t)gr->E, sizeof *under);
-    for (int e = 0; e < gr->E; e++) under[e] = ly->w2[e].lora->a;
+    for (int e = 0; e < gr->E; e++) under[e] = ly->w2[e].lora ? ly->w2[e].lora->a : NULL;  // none: another rank's
     mt_tensor dys_dxa = mt_view2(m->be, dys->data, MT_BF16, n, H + r, ldd);
     base_under(gr, W2, 0, 0.0f, da, &dys_dxa, under);
     free(under);

@@ -201,14 +201,14 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         mt_model_expert_acts_ensure(m, a, R);
         mt_tensor xl = step_work(m, adt, Tk, H, 0);
         if (run) mt_op_gather(m, xl.data, H, A(a->ln2), I(kp->order), Tk, H, k);
-        mt_ep_dispatch(m, L, A(a->xs), xl.data, H);
+        mt_ep_dispatch(m, L, A(a->xs), a->xs->shape[1], xl.data, H, H);  // xs: room beside x when B folds
         step_unwork(m, &xl);
     }
     if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them
     mt_tensor ys_own = ep ? step_work(m, adt, R, H, 0) : *a->ys;
     mt_experts_forward(m, L, &ys_own, R);
     if (ep) {  // the outputs go back to the ranks their tokens came from
-        mt_ep_return(m, L, A(a->ys), ys_own.data, H);
+        mt_ep_return(m, L, A(a->ys), H, ys_own.data, H, H);
         step_unwork(m, &ys_own);
     }
     if (!x_out || !run) return;  // recomputation for backward needs no layer output

@@ -74,8 +74,9 @@ void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *row
 // Expert parallelism (model/expert_parallel.c); EP ranks call these in the same order.
 void mt_ep_exchange_counts(mt_model *m, int L);
 int64_t mt_ep_own_rows(const mt_model *m, int L);
-void mt_ep_dispatch(mt_model *m, int L, mt_act *own, mt_act *local, int64_t w);
-void mt_ep_return(mt_model *m, int L, mt_act *local, mt_act *own, int64_t w);
+// The first w columns of each row; ld_*: the layouts' row strides (≥ w).
+void mt_ep_dispatch(mt_model *m, int L, mt_act *own, int64_t ld_own, mt_act *local, int64_t ld_local, int64_t w);
+void mt_ep_return(mt_model *m, int L, mt_act *local, int64_t ld_local, mt_act *own, int64_t ld_own, int64_t w);
 // Ops on the model's backend (model/dispatch.c): the CPU kernels' arguments, memory of m->be;
 // mt_act buffers in the step's storage dtype.
 void mt_op_embedding_forward(mt_model *m, mt_act *out, const int32_t *tokens, const mt_act *wte, int T, int H);

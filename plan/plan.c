@@ -523,14 +523,15 @@ static expert_folds folds_of(const mt_model_config *cfg, const mt_plan_opts *o, 
     int64_t h = cfg->hidden, f = cfg->intermediate, r = o->lora_r;
     int q4 = o->quant != MT_QUANT_NONE && (o->quant_targets & MT_QTARGET_EXPERTS);
     int lora = o->mode == MT_MODE_LORA && (o->targets & expert_bits) && p->units_gpu > 0;
-    // w2's A under W2 in the dx call: every expert adapted on w2, no dropout, one EP rank.
+    // w2's A under W2 in the dx call: every expert adapted on w2, no dropout (any EP degree: the
+    // exchange moves rows into the own layout's room, model/expert_parallel.c).
     int all = mt_index_set_count(&o->experts, (int)cfg->experts) == cfg->experts;
-    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && o->ep <= 1 && all;
-    // B beside W: every expert of every MoE layer adapted (on w1 and w3; on w2), one EP rank, r
+    int fold2 = lora && (o->targets & MT_TARGET_W2) && o->lora_dropout <= 0 && all;
+    // B beside W: every expert of every MoE layer adapted (on w1 and w3; on w2), r
     // and h (f) multiples of 8.
     int64_t nl, nl_moe;
     selected_layers(cfg, o, &nl, &nl_moe);
-    int every = lora && q4 && o->ep <= 1 && all && nl_moe == mt_config_moe_layers(cfg) && r % 8 == 0;
+    int every = lora && q4 && all && nl_moe == mt_config_moe_layers(cfg) && r % 8 == 0;
     int fold13 = every && (o->targets & MT_TARGET_W1) && (o->targets & MT_TARGET_W3) && h % 8 == 0;
     int fold2f = every && (o->targets & MT_TARGET_W2) && f % 8 == 0;
     return (expert_folds){fold13 ? 2 * r : 0, fold2f ? r : 0, fold2 ? r : 0};

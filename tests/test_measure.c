@@ -449,7 +449,8 @@ Test(measure, cuda_run_equals_the_plan_for_each_family) {
 
 // The planner's expert scratch follows the run's folds (model/experts_gpu.c): w1's and w3's LoRA B
 // beside [W1;W3] (mt_experts_xs_extra) only when every expert of every MoE layer has both LoRAs,
-// r a multiple of 8, one EP rank; w2's B beside W2 (mt_experts_a_extra) on the same terms for w2;
+// r a multiple of 8, on any EP degree (another rank's experts count by their LoRA there); w2's B
+// beside W2 (mt_experts_a_extra) on the same terms for w2;
 // w2's A under W2 (mt_experts_dys_extra) without dropout. The
 // model is built on the null backend as plan --measure builds it; the plan's slot bytes are the
 // ones its folds give. (DeepSeek's first layer is dense: --layers 1,2 adapts every MoE layer.)
@@ -467,6 +468,8 @@ Test(measure, plan_scratch_follows_the_runs_folds) {
         {"tiny.json", "--mode lora --targets w1,w3 --r 8", 1, 0},
         {"tiny.json", "--mode lora --targets all --r 16 --dropout 0.1", 1, 1},
         {"tiny.json", "--mode lora --targets all --r 8 --quant none", 0, 0},
+        {"tiny.json", "--mode lora --targets all --r 8 --ep 2 --gpus 2", 1, 1},
+        {"tiny.json", "--mode lora --targets all --r 8 --ep 2 --gpus 2 --experts 0,1", 0, 0},
         {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 1,2", 1, 0},  // f = 14
         {"tiny-deepseek-v3.json", "--mode lora --targets all --r 8 --layers 2", 0, 0},
     };
@@ -481,7 +484,7 @@ Test(measure, plan_scratch_follows_the_runs_folds) {
         cr_assert_eq(mt_plan_compute(&cfg, MT_PLAN_OPTS_OF(&o), &p), 0, "%s: %s", runs[i].flags, mt_error_get());
         mt_backend *nb = mt_backend_null_new();
         mt_model m;
-        mt_model_par par = {.ep_rank = 0, .ep_size = 1};
+        mt_model_par par = {.ep_rank = 0, .ep_size = o.ep};
         cr_assert_eq(mt_model_build_par(&m, nb, &cfg, NULL, MT_MODEL_SPEC_OF(&o), &par), 0, "%s", mt_error_get());
         int L = 0;
         while (L < cfg.layers && m.layers[L].dense) L++;

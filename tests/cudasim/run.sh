@@ -235,8 +235,9 @@ ep_pair() {
 }
 if command -v mpirun >/dev/null; then
   ep_pair tiny "$work/tiny"
-  # 4-bit experts, kept in bf16 by both runs (each EP rank its own), no fold under EP
-  ep_pair tiny-nf4 "$work/tiny" --quant nf4
+  # 4-bit experts, kept in bf16 by both runs (each EP rank its own); r 8: every LoRA fold on (B
+  # beside W, A2 under W2), the EP ranks' rows moved into the own layout's wider rows
+  ep_pair tiny-nf4 "$work/tiny" --quant nf4 --r 8
   # DeepSeek-style: MLA, the grouped router with its score bias, the shared expert replicated.
   "$moetrain" init --config configs/tiny-deepseek-v3.json --out "$work/dsv3" --seed 3 >/dev/null
   ep_pair tiny-deepseek-v3 "$work/dsv3"
