@@ -21,6 +21,7 @@
 #include "tests/gpu_or_skip.h"
 #include "core/common.h"
 #include "model/config.h"
+#include "model/expert_scratch.h"  // MT_GROUPED_MAX
 #include "model/mixtral.h"
 #include "model/model_internal.h"
 #include "moe/moe.h"
@@ -189,13 +190,14 @@ static const grad_tol BF16_TOL = {0.999, 0.998, 0.1, 0.1};
 // One forward and backward of the checkpoint at dir on both backends; the loss and every
 // trainable's gradient compared. quant: the frozen experts' format (MT_QUANT_MXFP4: quantized on
 // load, or an MXFP4 checkpoint's kept as stored); -1: the run's default (NF4). lora_experts: the
-// experts LoRA adapts (an --experts list), NULL for all.
+// experts LoRA adapts (an --experts list), NULL for all. r: the LoRA rank (4: no B folds into the
+// experts' base GEMMs, model/experts_gpu.c; 8: every fold where h and f are multiples of 8).
 static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int quant, grad_tol tol,
-                               const char *lora_experts) {
+                               const char *lora_experts, int r) {
     mt_backend *gpu = gpu_or_skip();
     mt_run_opts o;
     mt_run_opts_default(&o);
-    o.mode = mode, o.lora_r = 4, o.checkpointing = ckpt;
+    o.mode = mode, o.lora_r = r, o.checkpointing = ckpt;
     o.targets = MT_TARGET_EXPERTS | MT_TARGET_ATTN | MT_TARGET_GATE;
     if (quant >= 0) o.quant = (mt_quant)quant, o.quant_targets = MT_QTARGET_EXPERTS;
     if (mode == MT_MODE_FULL) o.quant = MT_QUANT_NONE;
@@ -207,6 +209,8 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     mt_model mc, mg;
     cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     cr_assert_eq(mt_model_load(&mg, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", dir, mt_error_get());
+    if (r == 8)  // the tiny Mixtral's h and f are multiples of 8: every fold on
+        cr_expect(mt_experts_xs_extra(&mg) && mt_experts_a_extra(&mg), "%s: r 8 folds B beside W", dir);
     if (quant == MT_QUANT_MXFP4)  // the GPU step keeps its experts in MXFP4
         cr_assert(mg.layers[0].w1[0].q && mg.layers[0].w1[0].q->type == MT_QUANT_MXFP4, "%s: MXFP4 experts", dir);
     mt_param *pc, *pg;
@@ -231,8 +235,9 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     // top-2 sums of groups) holds near ties on any weights these tests fill, and bf16's logits tip
     // some of them: there the GPU's choices must be its rule's on its own logits (fp32 on both
     // backends; moe/router_grouped.c), and the step then runs again on the cpu's choices
-    // (m->routing_given), so that what follows compares the same computation.
-    int given_routing = grouped_router(&mc), T = B * S;
+    // (m->routing_given), so that what follows compares the same computation. Hundreds of experts
+    // (beyond one grouped call) hold near ties in a softmax router too: the same there.
+    int given_routing = grouped_router(&mc) || mc.cfg.experts > MT_GROUPED_MAX, T = B * S;
     const int32_t **given = mt_xcalloc((size_t)mc.cfg.layers, sizeof *given);
     for (int L = 0; L < mc.cfg.layers; L++) {
         if (mc.layers[L].dense) continue;
@@ -305,7 +310,7 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
 }
 
 static void step_matches_cpu(const char *dir, mt_mode mode, mt_ckpt ckpt) {
-    step_matches_cpu_q(dir, mode, ckpt, -1, BF16_TOL, NULL);
+    step_matches_cpu_q(dir, mode, ckpt, -1, BF16_TOL, NULL, 4);
 }
 
 // `selective`: --recompute attention and experts too: the attention part (q/k norms, the clamp)
@@ -371,8 +376,8 @@ Test(cuda, deepseek_seq_aux_step_matches_cpu) {
 #define GOLDEN MT_REPO_ROOT "/tests/data/golden/"
 static const grad_tol GOLDEN_TOL = {0.995, 0.994, 0.1, 0.12};
 static void golden_step(const char *dir) {
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, GOLDEN_TOL, NULL);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, GOLDEN_TOL, NULL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, GOLDEN_TOL, NULL, 4);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, GOLDEN_TOL, NULL, 4);
 }
 Test(cuda, glm4_moe_golden_step_matches_cpu) { golden_step(GOLDEN "glm4_moe"); }
 Test(cuda, deepseek_v3_golden_step_matches_cpu) { golden_step(GOLDEN "deepseek_v3"); }
@@ -386,8 +391,8 @@ Test(cuda, lora_on_some_experts_step_matches_cpu) {
     char tmp[64], dir[512];
     mt_test_tmpdir(tmp, sizeof tmp);
     family_checkpoint(tmp, "tiny-qwen2-moe.json", NULL, dir);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, BF16_TOL, "0,2");
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, BF16_TOL, "0,2");
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, BF16_TOL, "0,2", 4);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, BF16_TOL, "0,2", 4);
     mt_test_rmrf(tmp);
 }
 
@@ -413,9 +418,9 @@ Test(cuda, gpt_oss_mxfp4_step_matches_cpu) {
     char tmp[64], dir[512];
     mt_test_tmpdir(tmp, sizeof tmp);
     family_checkpoint(tmp, "tiny-gpt-oss.json", oss_mxfp4_dims, dir);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, MT_QUANT_MXFP4, BF16_TOL, NULL);
-    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL);
-    step_matches_cpu_q(dir, MT_MODE_ROUTER, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, MT_QUANT_MXFP4, BF16_TOL, NULL, 4);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL, 4);
+    step_matches_cpu_q(dir, MT_MODE_ROUTER, MT_CKPT_FULL, MT_QUANT_MXFP4, BF16_TOL, NULL, 4);
     mt_test_rmrf(tmp);
 }
 
@@ -424,6 +429,18 @@ Test(cuda, gpt_oss_mxfp4_step_matches_cpu) {
 // logits hold near ties that the two backends' roundings break differently.
 static void qwen3_many_experts(mt_model_config *c) { c->experts = 32, c->layers = 1, c->n_mlp_only = 0; }
 Test(cuda, qwen3_moe_many_experts_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_many_experts, MT_MODE_LORA); }
+// More experts than one grouped call takes (MT_GROUPED_MAX: Kimi-K2's 384), with every LoRA fold
+// on (r 8; the tiny Mixtral's h 64, f 128): each call of the layer goes out in two launches, the
+// second's per-expert arrays (W, the B beside, the A under) from expert 256 on. One layer, as above.
+static void beyond_one_call(mt_model_config *c) { c->experts = MT_GROUPED_MAX + 44, c->layers = 1; }
+Test(cuda, experts_beyond_one_grouped_call_folded_step_matches_cpu) {
+    char tmp[64], dir[512];
+    mt_test_tmpdir(tmp, sizeof tmp);
+    family_checkpoint(tmp, "tiny.json", beyond_one_call, dir);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_NONE, -1, BF16_TOL, NULL, 8);
+    step_matches_cpu_q(dir, MT_MODE_LORA, MT_CKPT_FULL, -1, BF16_TOL, NULL, 8);
+    mt_test_rmrf(tmp);
+}
 Test(cuda, qwen3_moe_unfreeze_step_matches_cpu) { family_step("tiny-qwen3-moe.json", NULL, MT_MODE_UNFREEZE); }
 Test(cuda, qwen2_moe_full_step_matches_cpu) { family_step("tiny-qwen2-moe.json", NULL, MT_MODE_FULL); }
 Test(cuda, qwen3_moe_full_step_matches_cpu) { family_step("tiny-qwen3-moe.json", qwen3_biases, MT_MODE_FULL); }
