@@ -55,20 +55,21 @@ static mt_tensor moe_backward(mt_model *m, int L, const mt_tensor *dx, const lay
     // The cpu's experts give it themselves (mt_experts_give_dweights).
     int by_experts = mt_experts_give_dweights(m), late = !by_experts && mt_experts_recompute_in_backward(m);
     // dys and dxs are written whole (the combine's backward, the experts), not added to: not zeroed.
-    // dys's rows leave the experts room beside them (mt_experts_dys_extra).
-    int64_t ldd = H + mt_experts_dys_extra(m, L);
-    mt_tensor dys_rows = step_work(m, adt, Tk, ldd, 0), dweights = step_work(m, MT_F32, Tk, 1, 1);
-    mt_tensor dys = mt_view2(m->be, dys_rows.data, adt, Tk, H, ldd);
-    float *dw_early = late || by_experts || !need->dlogits ? NULL : F(&dweights);
-    if (run) mt_op_combine_backward(m, dys.data, ldd, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
-    // EP: the output gradients go to the experts' owners, the input gradients come back.
+    // dys's rows leave the experts room beside them (mt_experts_dys_extra): the rows the experts
+    // take (EP: the own layout's, below; the local ones need none).
     int ep = m->par.ep_size > 1;
+    int64_t ldd = H + mt_experts_dys_extra(m, L), ldl = ep ? H : ldd;
+    mt_tensor dys_rows = step_work(m, adt, Tk, ldl, 0), dweights = step_work(m, MT_F32, Tk, 1, 1);
+    mt_tensor dys = mt_view2(m->be, dys_rows.data, adt, Tk, H, ldl);
+    float *dw_early = late || by_experts || !need->dlogits ? NULL : F(&dweights);
+    if (run) mt_op_combine_backward(m, dys.data, ldl, dw_early, A(dx), A(a->ys), F(a->weights), I(kp->order), Tk, H, k);
+    // EP: the output gradients go to the experts' owners, the input gradients come back.
     int64_t R = ep ? mt_ep_own_rows(m, L) : Tk;
     mt_tensor dys_own = dys, dys_own_rows = {0};
-    if (ep) {  // with the same room beside each row as dys's
+    if (ep) {  // into rows with the experts' room beside them
         dys_own_rows = step_work(m, adt, R, ldd, 1);
         dys_own = mt_view2(m->be, dys_own_rows.data, adt, R, H, ldd);
-        mt_ep_dispatch(m, L, dys_own.data, ldd, dys.data, ldd, H);
+        mt_ep_dispatch(m, L, dys_own.data, ldd, dys.data, ldl, H);
     }
     // dxs's rows leave room for w1's and w3's LoRA dxa when they fold (mt_experts_xs_extra).
     mt_tensor dxs = need->dln2 ? step_work(m, adt, R, H + mt_experts_xs_extra(m), 0) : (mt_tensor){0};

@@ -125,12 +125,13 @@ static void exchange(mt_model *m, int L, mt_act *local_rows, int64_t ld_local, m
     free(wire_n), free(inbox_n);
 }
 
-// local [T·k, w] (this rank's rows in expert order) -> own [own rows, w] on the owners.
+// local [T·k rows, ld_local apart] (this rank's rows in expert order) -> own [own rows, ld_own
+// apart] on the owners: the first w columns of each row.
 void mt_ep_dispatch(mt_model *m, int L, mt_act *own, int64_t ld_own, mt_act *local, int64_t ld_local, int64_t w) {
     exchange(m, L, local, ld_local, own, ld_own, w, 1);
 }
 
-// The way back: own [own rows, w] -> local [T·k, w] on the ranks the rows came from.
+// The way back: own -> local on the ranks the rows came from (the same layouts).
 void mt_ep_return(mt_model *m, int L, mt_act *local, int64_t ld_local, mt_act *own, int64_t ld_own, int64_t w) {
     exchange(m, L, local, ld_local, own, ld_own, w, 0);
 }

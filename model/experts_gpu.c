@@ -18,7 +18,8 @@
 // by its first writer, zeroed first only where the rows do not cover it; when w1's and w3's B fold it also makes their dxa beside
 // dx) + the LoRAs' drop(dxa·A), a trainable (unfrozen) expert's dW += dyᵀ·x and each LoRA's dA,
 // dB over its rows (and, with trainable expert biases, their column sums of dys, dg, du).
-// A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), and the
+// A dequantized W lives only in the call's two scratch slots (model/expert_scratch.h), or in the
+// layer's kept bf16 experts (--expert-cache, dequantized when the model was built), and the
 // backward writes da and dgu over the activations a and gu (docs/memory.md's k·s·b·6f transient
 // takes no memory of its own). Unfrozen (dense) experts run w1 and w3 as two GEMMs.
 #include <stdlib.h>
@@ -427,8 +428,8 @@ void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own) {
 }
 
 // An expert's Linear as the folds below see it: 1 held here, 4-bit, with a LoRA; 0 held by another
-// EP rank, with a LoRA there (its rows come here with the same room: model/expert_parallel.c
-// moves x and dy into the own layout's wider rows); -1 anything else (no fold).
+// EP rank, with a LoRA there (that rank folds it; this one's own rows arrive in its own layout's
+// wider rows, model/expert_parallel.c, whoever sent them); -1 anything else (no fold).
 static int fold_kind(const mt_linear *l) {
     if (l->remote) return l->remote == MT_REMOTE_LORA ? 0 : -1;
     return l->q && l->lora ? 1 : -1;

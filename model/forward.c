@@ -201,7 +201,8 @@ static void layer_forward(mt_model *m, int L, mt_act *x_out, int replay) {
         mt_model_expert_acts_ensure(m, a, R);
         mt_tensor xl = step_work(m, adt, Tk, H, 0);
         if (run) mt_op_gather(m, xl.data, H, A(a->ln2), I(kp->order), Tk, H, k);
-        mt_ep_dispatch(m, L, A(a->xs), a->xs->shape[1], xl.data, H, H);  // xs: room beside x when B folds
+        // xs: room beside x when B folds; none at all when no rows come to this rank's experts
+        mt_ep_dispatch(m, L, A(a->xs), a->xs ? a->xs->shape[1] : H, xl.data, H, H);
         step_unwork(m, &xl);
     }
     if (replay && mt_experts_recompute_in_backward(m)) return;  // the backward recomputes them

@@ -707,7 +707,8 @@ int mt_model_load(mt_model *m, mt_backend *be, const char *dir, const mt_model_s
 
 // Every 4-bit Linear of the model outside the experts (with `visit`), for the shared
 // dequantization scratch or the kept bf16 copies. The experts have neither: their grouped calls
-// dequantize into scratch slots of their own (model/experts_gpu.c).
+// dequantize into scratch slots of their own (model/experts_gpu.c), or read the last layers'
+// experts kept in bf16 (keep_experts below).
 static void each_4bit(mt_model *m, void (*visit)(mt_model *, mt_linear *, int64_t *), int64_t *acc) {
     for (int L = 0; L < m->cfg.layers; L++) {
         mt_layer *ly = &m->layers[L];

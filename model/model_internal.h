@@ -213,7 +213,7 @@ void mt_experts_backward(mt_model *m, int L, const mt_tensor *dys_own, const mt_
 void mt_experts_forward_gpu(mt_model *m, int L, const mt_tensor *ys_own);
 // The columns the GPU step's experts want beside layer L's dys [Tk, H] (its row stride H + this):
 // with w2's LoRA folded into the experts' dx GEMM, dxa = s·dys·B2 goes there, and
-// da = [dys | dxa]·[W2; A2] is one GEMM. 0: no fold (the cpu, EP, dropout, an expert without).
+// da = [dys | dxa]·[W2; A2] is one GEMM. 0: no fold (the cpu, dropout, an expert without).
 int64_t mt_experts_dys_extra(const mt_model *m, int L);
 // Columns beside x in xs's rows for w1's and w3's LoRA xa (2r) when their B fold into the
 // forward's base GEMM, else 0 (model/experts_gpu.c).
