@@ -216,6 +216,11 @@ int mt_cuda_mem_peak_start(mt_backend *be) {
     return mt_cuda_mem_info(be, &f, &t);
 }
 
+int mt_cuda_mem_trim(mt_backend *be) {
+    size_t f, t;
+    return mt_cuda_mem_info(be, &f, &t);
+}
+
 int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
     *used_peak = 0;
     return mt_cuda_mem_peak_start(be);

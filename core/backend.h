@@ -87,6 +87,12 @@ int mt_cuda_device_count(void);  // 0 without CUDA or without a GPU
 int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *total_bytes);
 int mt_cuda_mem_peak_start(mt_backend *be);
 int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak);
+// Once the work queued so far is done (one host wait), hands the stream-ordered pool's unused
+// memory back to the driver: after a build that freed much in pieces (model/mixtral.c gives
+// kept experts' 4-bit codes back), so that the driver's used memory is the ledger's again rather
+// than the ledger's plus pieces a larger allocation cannot reuse. 0 (nothing to do without a
+// pool), or -1 with an error when built without CUDA or `be` is not a cuda backend.
+int mt_cuda_mem_trim(mt_backend *be);
 // Matmul plans (cuBLASLt descriptors + heuristic) built so far by `be`: plans are cached per
 // power-of-two bucket of M and of K, so this grows with distinct buckets, not distinct token
 // counts. 0 without CUDA or for another backend (with an error).

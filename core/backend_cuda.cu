@@ -715,6 +715,16 @@ extern "C" int mt_cuda_mem_info(mt_backend *be, size_t *free_bytes, size_t *tota
     return 0;
 }
 
+extern "C" int mt_cuda_mem_trim(mt_backend *be) {
+    cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_mem_trim");
+    if (!cx) return -1;
+    if (!cx->async_alloc) return 0;  // cudaFree gave each piece back already
+    MT_CHECK_CUDA(cudaStreamSynchronize(cx->stream));  // the frees queued on it have happened
+    be->host_syncs++;
+    MT_CHECK_CUDA(cudaMemPoolTrimTo(cx->pool, 0));
+    return 0;
+}
+
 extern "C" int mt_cuda_mem_peak_start(mt_backend *be) {
     cuda_ctx *cx = cuda_ctx_of(be, "mt_cuda_mem_peak_start");
     size_t free_b = 0, total_b = 0;

@@ -801,6 +801,9 @@ static int keep_experts(mt_model *m, int n) {
             for (int i = 0; i < 3; i++) mt_qweight_release_codes(q[i]);
         }
     }
+    // The codes went back to the cuda backend's pool in pieces no larger than one expert's Linear:
+    // handed on to the driver, so that the step's larger buffers do not come on top of them.
+    if (n > 0 && m->be->ops->kind == MT_BACKEND_CUDA && mt_cuda_mem_trim(m->be) != 0) return -1;
     return 0;
 }
 

@@ -502,11 +502,8 @@ Test(cuda, ledger_matches_driver) {
         cr_assert_eq(cudaMemGetInfo(&free3, &total), cudaSuccess);
         cr_expect(free3 + slack >= free2, "a second allocation of the freed size should reuse the pool's memory: the "
                   "driver's free memory fell from %zu to %zu", free2, free3);
-        mt_tensor_free(again);
-        gpu->ops->synchronize(gpu);
-        cudaMemPool_t pool;
-        cr_assert_eq(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
-        cr_assert_eq(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+        mt_tensor_free(again);  // queued on the stream: mt_cuda_mem_trim waits for it, then trims
+        cr_assert_eq(mt_cuda_mem_trim(gpu), 0, "%s", mt_error_get());
         cr_assert_eq(cudaMemGetInfo(&free2, &total), cudaSuccess);
     }
     cr_expect(free2 + slack >= free0, "the driver did not get the memory back: %zu free before, %zu after", free0,
