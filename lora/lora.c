@@ -9,8 +9,9 @@
 #include "core/rng.h"
 #include "lora/lora_dropout.h"
 
-int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
-                 double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream) {
+// The adapter's description, no memory yet; -1 for a dtype the backend does not compute in.
+static int describe(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r, double alpha,
+                    int rslora, double dropout, uint64_t stream) {
     memset(l, 0, sizeof *l);
     if (be->ops->kind == MT_BACKEND_CPU && dtype != MT_F32) {
         mt_error_set("lora: the cpu backend computes in f32, not %s", mt_dtype_name(dtype));
@@ -20,18 +21,16 @@ int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t
     l->stream = stream;
     l->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);
     l->dropout = (float)dropout;
-    int64_t sa[2] = {r, in}, sb[2] = {out, r};
-    if (!(l->a = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sa)) ||
-        !(l->b = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sb)) ||
-        !(l->da = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sa)) ||
-        !(l->db = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sb))) {
-        mt_lora_free(l);
-        return -1;
-    }
-    if (be->ops->kind == MT_BACKEND_NULL) return 0;  // counted, never read
-    // A drawn on the host (the same numbers on every backend), in the tensors' dtype.
+    return 0;
+}
+
+// A drawn on the host (the same numbers on every backend), in the tensors' dtype; B and the
+// gradients zero. The null backend's tensors have no data: nothing to fill.
+static void fill(mt_lora *l, mt_backend *be, mt_dtype dtype, uint64_t seed) {
+    if (be->ops->kind == MT_BACKEND_NULL) return;
+    const int64_t r = l->r, in = l->in;
     mt_rng rng;
-    mt_rng_seed(&rng, seed, stream);
+    mt_rng_seed(&rng, seed, l->stream);
     float bound = 1.0f / sqrtf((float)in), *a = mt_xmalloc((size_t)(r * in) * sizeof(float));
     for (int64_t i = 0; i < r * in; i++) a[i] = bound * (2.0f * mt_rng_uniform(&rng) - 1.0f);
     void *host = a;
@@ -45,11 +44,65 @@ int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t
     be->ops->fill_zero(be, l->b->data, l->b->nbytes);
     be->ops->fill_zero(be, l->da->data, l->da->nbytes);
     be->ops->fill_zero(be, l->db->data, l->db->nbytes);
+}
+
+int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
+                 double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream) {
+    if (describe(l, be, dtype, in, out, r, alpha, rslora, dropout, stream) != 0) return -1;
+    int64_t sa[2] = {r, in}, sb[2] = {out, r};
+    if (!(l->a = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sa)) ||
+        !(l->b = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sb)) ||
+        !(l->da = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sa)) ||
+        !(l->db = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sb))) {
+        mt_lora_free(l);
+        return -1;
+    }
+    fill(l, be, dtype, seed);
     return 0;
 }
 
+// Rows [row0, row0 + rows) of a 2-D block as a tensor of its own that owns nothing (mt_lora's
+// a_view: freed as a struct).
+static mt_tensor *rows_of(const mt_tensor *block, int64_t row0, int64_t rows) {
+    mt_tensor *v = mt_xmalloc(sizeof *v);
+    *v = *block;
+    v->shape[0] = rows;
+    v->nbytes = mt_dtype_bytes(block->dtype, (size_t)(rows * block->shape[1]));
+    v->data = block->data ? (char *)block->data + mt_dtype_bytes(block->dtype, (size_t)(row0 * block->shape[1])) : NULL;
+    return v;
+}
+
+int mt_lora_init_pair(mt_lora *l1, mt_lora *l3, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
+                      double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream1, uint64_t stream3) {
+    if (describe(l1, be, dtype, in, out, r, alpha, rslora, dropout, stream1) != 0 ||
+        describe(l3, be, dtype, in, out, r, alpha, rslora, dropout, stream3) != 0)
+        return -1;
+    int64_t s2a[2] = {2 * (int64_t)r, in}, sb[2] = {out, r};
+    if (!(l1->a_block = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, s2a)) ||
+        !(l1->b = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sb)) || !(l3->b = mt_tensor_new(be, MT_MEM_TRAIN, dtype, 2, sb)) ||
+        !(l1->da_block = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, s2a)) ||
+        !(l1->db = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sb)) || !(l3->db = mt_tensor_new(be, MT_MEM_GRAD, dtype, 2, sb))) {
+        mt_lora_free(l3), mt_lora_free(l1);
+        return -1;
+    }
+    l1->a = rows_of(l1->a_block, 0, r), l3->a = rows_of(l1->a_block, r, r);
+    l1->da = rows_of(l1->da_block, 0, r), l3->da = rows_of(l1->da_block, r, r);
+    l1->a_view = l3->a_view = 1;
+    fill(l1, be, dtype, seed), fill(l3, be, dtype, seed);
+    return 0;
+}
+
+int mt_lora_pair_adjacent(const mt_lora *l1, const mt_lora *l3) {
+    if (!l1 || !l3 || !l1->a_block || !l3->a_view || l3->a_block || l1->r != l3->r || l1->in != l3->in) return 0;
+    if (!l1->a_block->data) return 1;  // the null backend's: no memory to look at, made as a pair
+    const size_t rows = mt_dtype_bytes(l1->a->dtype, (size_t)(l1->r * l1->in));
+    return (char *)l3->a->data == (char *)l1->a->data + rows && (char *)l3->da->data == (char *)l1->da->data + rows;
+}
+
 void mt_lora_free(mt_lora *l) {
-    mt_tensor_free(l->a), mt_tensor_free(l->b), mt_tensor_free(l->da), mt_tensor_free(l->db);
+    if (l->a_view) free(l->a), free(l->da);
+    else mt_tensor_free(l->a), mt_tensor_free(l->da);
+    mt_tensor_free(l->b), mt_tensor_free(l->db), mt_tensor_free(l->a_block), mt_tensor_free(l->da_block);
     memset(l, 0, sizeof *l);
 }
 

@@ -22,6 +22,11 @@ typedef struct mt_lora {
     uint64_t stream;        // this adapter's own stream id (its module name's hash)
     mt_tensor *a, *b;     // A [r, in], B [out, r]: trainable (ledger: train)
     mt_tensor *da, *db;   // their gradients (ledger: grad)
+    // mt_lora_init_pair: the first of a pair owns the [2r, in] blocks its and its partner's A and
+    // dA lie in (a_block, da_block; NULL otherwise), and both pair members' a and da are views
+    // into them (a_view: their structs alone are freed).
+    mt_tensor *a_block, *da_block;
+    int a_view;
 } mt_lora;
 
 // PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform, a = sqrt(5)),
@@ -30,6 +35,15 @@ typedef struct mt_lora {
 // ledger refuses.
 int mt_lora_init(mt_lora *l, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
                  double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream);
+// Two adapters on Linears of one input (an expert's w1 and w3), each as mt_lora_init makes it
+// (its own stream, the same values), with A1 and A3 adjacent in one [2r, in] block, A1's rows
+// first, and dA1, dA3 likewise: [A1; A3] is then one matrix (model/experts_gpu.c multiplies x by
+// it once). l1 owns the blocks: l3's A and dA live as long as l1 does. The ledger counts the same
+// bytes as two mt_lora_init.
+int mt_lora_init_pair(mt_lora *l1, mt_lora *l3, mt_backend *be, mt_dtype dtype, int64_t in, int64_t out, int r,
+                      double alpha, int rslora, double dropout, uint64_t seed, uint64_t stream1, uint64_t stream3);
+// Whether l1's and l3's A, and their dA, are adjacent as mt_lora_init_pair lays them out.
+int mt_lora_pair_adjacent(const mt_lora *l1, const mt_lora *l3);
 void mt_lora_free(mt_lora *l);
 
 // y [n, out] += scale · (dropout(x) · Aᵀ) · Bᵀ; xa [n, r] receives dropout(x) · Aᵀ for backward.

@@ -224,9 +224,10 @@ static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tens
 
 // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
 // (in *dxa_scratch's storage) for lora_dx; dxa_made: the base dx GEMM made dxa there already
-// (base13_beside, beside dx). 0: the layer has no LoRA on `which`.
-static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
-                         mt_tensor *dxa_scratch, int dxa_made) {
+// (base13_beside, beside dx), and then also: dA left to the caller (a13_backward). 0: the layer
+// has no LoRA on `which`.
+static int lora_backward_da(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
+                            mt_tensor *dxa_scratch, int dxa_made, int da) {
     const mt_lora *lo = loras(gr, which, 1);
     if (!lo) return 0;
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
@@ -235,10 +236,61 @@ static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_ten
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
     gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
     if (!dxa_made) gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
-    for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
-    gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
+    for (int e = 0; e < gr->E && da; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
+    if (da) gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
     mt_prof_pop();
     return 1;
+}
+
+static int lora_backward(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
+                         mt_tensor *dxa_scratch, int dxa_made) {
+    return lora_backward_da(gr, which, dy, x, xa, dxa_scratch, dxa_made, 1);
+}
+
+// Whether every expert of the layer with w1's and w3's LoRA here holds them as a pair (lora/lora.h
+// mt_lora_init_pair: [A1; A3] one [2r, h] matrix, [dA1; dA3] too), neither with dropout (each
+// masks x with its own seed), and their xa and dxa lie beside x and dx (mt_experts_xs_extra):
+// then xa = x·[A1; A3]ᵀ, [dA1; dA3] += [dxa1 | dxa3]ᵀ·x and dx += [dxa1 | dxa3]·[A1; A3] are one
+// product each, reading x (and dx) once where the two LoRAs' own would read them twice.
+static int a13_paired(group *gr) {
+    if (!mt_experts_xs_extra(gr->m)) return 0;
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    int any = 0;
+    for (int e = 0; e < gr->E; e++) {
+        const mt_lora *l1 = ly->w1[e].lora, *l3 = ly->w3[e].lora;
+        if (!l1 && !l3) continue;  // another EP rank's expert
+        if (!mt_lora_pair_adjacent(l1, l3) || l1->dropout > 0.0f || l3->dropout > 0.0f) return 0;
+        any = 1;
+    }
+    return any;
+}
+
+// Each expert's [A1; A3] (grad 0: into gr->w) or [dA1; dA3] (grad 1: into gr->g) as one [2r, h]
+// view (views: E of them).
+static void a13_views(group *gr, mt_tensor *views, int grad) {
+    const mt_layer *ly = &gr->m->layers[gr->L];
+    for (int e = 0; e < gr->E; e++) {
+        const mt_lora *l1 = ly->w1[e].lora;
+        mt_tensor *t = l1 ? (grad ? l1->da : l1->a) : NULL;
+        if (t) views[e] = mt_view2(t->be, t->data, t->dtype, 2 * t->shape[0], t->shape[1], 0);
+        if (grad) gr->g[e] = t ? &views[e] : NULL;
+        else gr->w[e] = t ? &views[e] : NULL;
+    }
+}
+
+// [dA1; dA3] += [dxa1 | dxa3]ᵀ·x, then dx = [dxa1 | dxa3]·[A1; A3] + beta·dx (dx NULL: not
+// wanted) for a13_paired layers: dxa13 the 2r columns beside dx.
+static void a13_backward(group *gr, const mt_tensor *x, const mt_tensor *dxa13, const mt_tensor *dx, float beta) {
+    mt_tensor *views = mt_xcalloc((size_t)gr->E, sizeof *views);
+    mt_prof_push(LORA_ROW);
+    a13_views(gr, views, 1);
+    gemm_tn(gr, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}, gr->g, dxa13, x);
+    if (dx) {
+        a13_views(gr, views, 0);
+        gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = 1.0f, .beta = beta}, dx, dxa13);
+    }
+    mt_prof_pop();
+    free(views);
 }
 
 // dx = drop(dxa·A) + beta·dx, the LoRA's share of its input's gradient (dx NULL: not wanted).
@@ -355,8 +407,17 @@ static void forward13_folded(group *gr, const mt_tensor *gu) {
     const int64_t H = gr->m->cfg.hidden, extra = mt_experts_xs_extra(gr->m);
     mt_tensor x = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3);
     mt_tensor xx = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), 0, H + extra);
+    if (a13_paired(gr)) {  // [xa1 | xa3] = x·[A1; A3]ᵀ: x read once
+        mt_tensor xa13 = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), H, extra);
+        mt_tensor *views = mt_xcalloc((size_t)gr->E, sizeof *views);
+        a13_views(gr, views, 0);
+        mt_prof_push(LORA_ROW);
+        gemm(gr, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f}, &xa13, &x);
+        mt_prof_pop();
+        free(views);
+    }
     const int lin[2] = {W1, W3};
-    for (int i = 0; i < 2; i++) {  // xa = drop(x)·Aᵀ
+    for (int i = 0; i < 2 && !a13_paired(gr); i++) {  // xa = drop(x)·Aᵀ
         const mt_lora *lo = loras(gr, lin[i], 0);
         mt_prof_push(LORA_ROW);
         gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1}), i ? &xa3 : &xa1, &x);
@@ -614,9 +675,15 @@ void mt_experts_backward_gpu(mt_model *m, int L, const mt_tensor *dys_own, const
         weight_grads(&gr, W3, &du, xs);
         biases(&gr, W1, &dg, 1), biases(&gr, W3, &du, 1);
         mt_tensor dxa1 = fold_dx ? cols(dxs_w, H, r13) : dxa, dxa3 = fold_dx ? cols(dxs_w, H + r13, r13) : dxa;
-        if (lora_backward(&gr, W1, &dg, xs, &xa1, &dxa1, fold_dx)) lora_dx(&gr, W1, dxs, &dxa1, dx_beta);
-        if (dx_lora_first) dx_beta = 1.0f;  // w1's LoRA ran: lora_first found one on every expert with rows
-        if (lora_backward(&gr, W3, &du, xs, &xa3, &dxa3, fold_dx)) lora_dx(&gr, W3, dxs, &dxa3, dx_beta);
+        if (fold_dx && a13_paired(&gr)) {  // dB1, dB3, then dA and dx of both as one product each
+            lora_backward_da(&gr, W1, &dg, xs, &xa1, &dxa1, 1, 0), lora_backward_da(&gr, W3, &du, xs, &xa3, &dxa3, 1, 0);
+            mt_tensor dxa13 = cols(dxs_w, H, 2 * r13);
+            a13_backward(&gr, xs, &dxa13, dxs, dx_beta);
+        } else {
+            if (lora_backward(&gr, W1, &dg, xs, &xa1, &dxa1, fold_dx)) lora_dx(&gr, W1, dxs, &dxa1, dx_beta);
+            if (dx_lora_first) dx_beta = 1.0f;  // w1's LoRA ran: lora_first found one on every expert with rows
+            if (lora_backward(&gr, W3, &du, xs, &xa3, &dxa3, fold_dx)) lora_dx(&gr, W3, dxs, &dxa3, dx_beta);
+        }
         if (dx_lora_first) base13(&gr, 0, 1.0f, gu, dxs);
     }
     if (r) step_unwork(m, &dxa_all);

@@ -617,6 +617,68 @@ static int build_counted(loader *ld) {
     return 0;
 }
 
+// Which expert Linear a slot's is: 1 w1, 3 w3 of expert *e in layer *L, else 0.
+static int expert_linear(const mt_model *m, const mt_linear *l, int *L, int *e) {
+    for (int i = 0; i < m->cfg.layers; i++) {
+        const mt_layer *ly = &m->layers[i];
+        const int64_t E = m->cfg.experts;
+        if (ly->w1 && l >= ly->w1 && l < ly->w1 + E) return *L = i, *e = (int)(l - ly->w1), 1;
+        if (ly->w3 && l >= ly->w3 && l < ly->w3 + E) return *L = i, *e = (int)(l - ly->w3), 3;
+    }
+    return 0;
+}
+
+// The module name of a slot ("<module>.weight") and its stream id.
+static uint64_t module_stream(const slot *s, char *module, size_t n) {
+    snprintf(module, n, "%.*s", (int)(strlen(s->name) - strlen(".weight")), s->name);
+    return mt_hash_string(module);
+}
+
+// The LoRAs, in slot order. On the GPU step an expert's w1 and w3 adapters are made as a pair
+// (lora/lora.h mt_lora_init_pair: A1 and A3 adjacent), when both have one here: the step then
+// multiplies x by [A1; A3] once (model/experts_gpu.c). The same values either way.
+static int attach_loras(loader *ld) {
+    mt_model *m = ld->m;
+    const mt_model_spec *o = &m->spec;
+    const double alpha = mt_model_spec_lora_alpha(o);
+    const int64_t E = m->cfg.experts;
+    // each expert's w1 and w3 slots that get a LoRA here ([L·E + e]; the GPU step only)
+    const size_t cells = (size_t)(m->cfg.layers * E + 1);
+    slot **w1 = gpu_step(m) ? mt_xcalloc(cells, sizeof *w1) : NULL, **w3 = w1 ? mt_xcalloc(cells, sizeof *w3) : NULL;
+    for (size_t i = 0; w1 && i < ld->n; i++) {
+        slot *s = &ld->slots[i];
+        int L, e, which = s->lora && !s->remote && s->lin ? expert_linear(m, s->lin, &L, &e) : 0;
+        if (which) (which == 1 ? w1 : w3)[(int64_t)L * E + e] = s;
+    }
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < ld->n; i++) {
+        slot *s = &ld->slots[i], *partner = NULL;
+        if (!s->lora || s->remote) continue;
+        int L, e, which = w1 && s->lin ? expert_linear(m, s->lin, &L, &e) : 0;
+        if (which) {
+            slot *p1 = w1[(int64_t)L * E + e], *p3 = w3[(int64_t)L * E + e];
+            int pair = p1 && p3 && p1->lin->in == p3->lin->in && p1->lin->out == p3->lin->out;
+            if (pair && which == 3) continue;  // made with its w1
+            if (pair) partner = p3;
+        }
+        char module[160], module3[160];
+        uint64_t stream = module_stream(s, module, sizeof module);
+        s->lin->lora = mt_xcalloc(1, sizeof *s->lin->lora);
+        if (partner) {
+            uint64_t stream3 = module_stream(partner, module3, sizeof module3);
+            partner->lin->lora = mt_xcalloc(1, sizeof *partner->lin->lora);
+            rc = mt_lora_init_pair(s->lin->lora, partner->lin->lora, m->be, m->wdtype, s->lin->in, s->lin->out,
+                                   o->lora_r, alpha, o->use_rslora, o->lora_dropout, o->seed, stream, stream3);
+        } else {
+            rc = mt_lora_init(s->lin->lora, m->be, m->wdtype, s->lin->in, s->lin->out, o->lora_r, alpha, o->use_rslora,
+                              o->lora_dropout, o->seed, stream);
+        }
+        if (rc) mt_error_prefix("loading %s", module);
+    }
+    free(w1), free(w3);
+    return rc ? -1 : 0;
+}
+
 static int finish(loader *ld) {
     mt_model *m = ld->m;
     const mt_model_spec *o = &m->spec;
@@ -625,17 +687,7 @@ static int finish(loader *ld) {
             mt_error_set("tensor '%s' is missing from the checkpoint", ld->slots[i].name);
             return -1;
         }
-    double alpha = mt_model_spec_lora_alpha(o);
-    for (size_t i = 0; i < ld->n; i++) {
-        slot *s = &ld->slots[i];
-        if (!s->lora || s->remote) continue;
-        char module[160];
-        snprintf(module, sizeof module, "%.*s", (int)(strlen(s->name) - strlen(".weight")), s->name);
-        s->lin->lora = mt_xcalloc(1, sizeof *s->lin->lora);
-        if (mt_lora_init(s->lin->lora, m->be, m->wdtype, s->lin->in, s->lin->out, o->lora_r, alpha, o->use_rslora,
-                         o->lora_dropout, o->seed, mt_hash_string(module)) != 0)
-            return mt_error_prefix("loading %s", module), -1;
-    }
+    if (attach_loras(ld) != 0) return -1;
     if (ld->dequantized)
         mt_info("%d frozen tensors stored 4-bit were dequantized on load (--quant %s and --quant-targets keep "
                 "them dense)", ld->dequantized, mt_quant_name(o->quant));

@@ -131,20 +131,24 @@ static inline double step_model_flops_per_token(const mt_model_config *c, int64_
 // first_dx 2: its dx folded into the base GEMM (model/experts_gpu.c's w2 fold): no dx product
 // here (the base GEMM's K carries it), dx neither read nor written, x read for dA only;
 // first_dx 3: dxa made by the base dx GEMM (B beside W), dx += dxa·A after it.
+// first_y 3, first_dx 4: as 2 and 3 for the second of a pair whose A lie in one matrix
+// (model/experts_gpu.c's a13_paired: w3's beside w1's): its xa, dA and dx are its pair's products'
+// rows and columns, so it reads no x of its own, and reads and writes no dx.
 static inline void step_lora_ordered(step_ops *s, const char *name, double calls, double rows, double in, double out,
                                      double r, int recompute, int first_y, int first_dx) {
     const double bf = 2.0;
-    double f_flops = 2.0 * rows * r * (in + (first_y == 2 ? 0 : out));
-    double f_bytes = first_y == 2 ? bf * (rows * in + r * in + rows * r)
-                                  : bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
+    double f_flops = 2.0 * rows * r * (in + (first_y >= 2 ? 0 : out));
+    double f_bytes = first_y == 3   ? bf * (r * in + rows * r)
+                     : first_y == 2 ? bf * (rows * in + r * in + rows * r)
+                                    : bf * (rows * in + r * in + 2 * rows * r + r * out + (first_y ? 1 : 2) * rows * out);
     const int fold = first_dx == 2;
     double b_flops = 4.0 * rows * r * (in + out) - (fold ? 2.0 * rows * r * in : 0);
     // dB += dyᵀ·xa (dB read and written), dxa = dy·B, dA += dxaᵀ·x, dx += dxa·A (dx read and written).
     double b_bytes = bf * (rows * (2 * out + (fold ? 3 : 4) * r + (fold ? 1 : first_dx ? 2 : 3) * in) +
                            (fold ? 3 * r * out + 2 * r * in : 3 * r * (in + out)));
-    if (first_dx == 3) {  // dxa made by the base dx GEMM (B beside W): no dxa = dy·B of its own
+    if (first_dx >= 3) {  // dxa made by the base dx GEMM (B beside W): no dxa = dy·B of its own
         b_flops = 4.0 * rows * r * (in + out) - 2.0 * rows * r * out;
-        b_bytes = bf * (rows * (out + 3 * r + 3 * in) + 2 * r * out + 3 * r * in);
+        b_bytes = bf * (rows * (out + 3 * r + (first_dx == 4 ? 0 : 3) * in) + 2 * r * out + 3 * r * in);
     }
     // The shape of the larger product (x·Aᵀ: N = r, K = in): LoRA's GEMMs are memory-bound.
     step_gemm(s, name, 'F', calls, f_flops * calls, f_bytes * calls, rows, r, in);
@@ -348,8 +352,16 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         step_ops tmp;
         memset(&tmp, 0, sizeof tmp);
         const int y13 = fold13 ? 2 : first13;
+        // w1's and w3's A as one matrix (their LoRAs made as a pair, no dropout): w3's products are
+        // w1's (model/experts_gpu.c's a13_paired)
+        const int pair13 = fold13 && !(sh->lora_dropout > 0);
         if (t & MT_TARGET_W1) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : first_dx1);
-        if (t & MT_TARGET_W3) step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, y13, fold13 ? 3 : 0);
+        if (t & MT_TARGET_W3) {
+            const int first = tmp.n;
+            step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, pair13 ? 3 : y13, pair13 ? 4 : fold13 ? 3 : 0);
+            // paired: no forward launch of its own (x·[A1; A3]ᵀ is w1's); its backward has dB3's
+            for (int i = first; pair13 && i < tmp.n; i++) tmp.op[i].count *= tmp.op[i].phase == 'B' ? 1 : 0;
+        }
         if (t & MT_TARGET_W2)
             step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, fold2f ? 2 : first2, fold2 ? 2 : first2);
         // One launch for all E experts: cuBLAS's grouped GEMM.

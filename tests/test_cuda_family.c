@@ -209,8 +209,11 @@ static void step_matches_cpu_q(const char *dir, mt_mode mode, mt_ckpt ckpt, int 
     mt_model mc, mg;
     cr_assert_eq(mt_model_load(&mc, cpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
     cr_assert_eq(mt_model_load(&mg, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s: %s", dir, mt_error_get());
-    if (r == 8)  // the tiny Mixtral's h and f are multiples of 8: every fold on
+    if (r == 8) {  // the tiny Mixtral's h and f are multiples of 8: every fold on, and w1's and w3's A paired
         cr_expect(mt_experts_xs_extra(&mg) && mt_experts_a_extra(&mg), "%s: r 8 folds B beside W", dir);
+        cr_expect(mt_lora_pair_adjacent(mg.layers[0].w1[0].lora, mg.layers[0].w3[0].lora), "%s: [A1; A3] one matrix", dir);
+        cr_expect(!mt_lora_pair_adjacent(mc.layers[0].w1[0].lora, mc.layers[0].w3[0].lora), "%s: not on the cpu", dir);
+    }
     if (quant == MT_QUANT_MXFP4)  // the GPU step keeps its experts in MXFP4
         cr_assert(mg.layers[0].w1[0].q && mg.layers[0].w1[0].q->type == MT_QUANT_MXFP4, "%s: MXFP4 experts", dir);
     mt_param *pc, *pg;

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/common.h"
 #include "core/rng.h"
 #include "lora/lora.h"
 #include "model/linear.h"
@@ -111,5 +112,43 @@ Test(lora, dropout_is_regenerated_identically) {
     cr_assert_neq(memcmp(y1, c.y, sizeof y1), 0, "a new seed draws a new mask");
     mt_tensor_free(c.lin.w);
     mt_lora_free(&c.lora);
+    mt_backend_free(be);
+}
+
+// A pair (an expert's w1 and w3): each adapter as mt_lora_init makes it from its own stream, A1
+// and A3 adjacent in one block (dA1 and dA3 too), the ledger's bytes those of two adapters; free
+// gives every byte back (the views' structs alone, the blocks with the first).
+Test(lora, pair_is_two_adapters_with_adjacent_a) {
+    mt_backend *be = mt_backend_cpu_new();
+    enum { IN = 24, OUT = 40, R = 4 };
+    mt_lora one[2], pair[2];
+    const uint64_t streams[2] = {11, 13};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(mt_lora_init(&one[i], be, MT_F32, IN, OUT, R, 8.0, 0, 0.0, 5, streams[i]), 0, "%s", mt_error_get());
+    uint64_t apart[MT_MEM_COUNT];
+    memcpy(apart, be->ledger.cur, sizeof apart);
+    for (int i = 0; i < 2; i++) mt_lora_free(&one[i]);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(mt_lora_init(&one[i], be, MT_F32, IN, OUT, R, 8.0, 0, 0.0, 5, streams[i]), 0, "%s", mt_error_get());
+    uint64_t before[MT_MEM_COUNT];
+    memcpy(before, be->ledger.cur, sizeof before);
+    cr_assert_eq(mt_lora_init_pair(&pair[0], &pair[1], be, MT_F32, IN, OUT, R, 8.0, 0, 0.0, 5, streams[0], streams[1]), 0,
+                 "%s", mt_error_get());
+    for (int c = 0; c < MT_MEM_COUNT; c++)
+        cr_expect_eq(be->ledger.cur[c] - before[c], apart[c], "%s: a pair's bytes are two adapters'", mt_mem_cat_name(c));
+    cr_expect(mt_lora_pair_adjacent(&pair[0], &pair[1]));
+    cr_expect(!mt_lora_pair_adjacent(&pair[1], &pair[0]), "the first owns the blocks");
+    cr_expect(!mt_lora_pair_adjacent(&one[0], &one[1]));
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(pair[i].a->shape[0], R);
+        cr_expect_eq(pair[i].a->nbytes, one[i].a->nbytes);
+        cr_expect(memcmp(pair[i].a->data, one[i].a->data, one[i].a->nbytes) == 0, "A%d: the values of its own stream", i);
+        cr_expect_eq(pair[i].scale, one[i].scale);
+        cr_expect_eq(pair[i].stream, streams[i]);
+    }
+    cr_expect_eq((char *)pair[1].da->data, (char *)pair[0].da->data + pair[0].da->nbytes, "dA3 right after dA1");
+    for (int i = 0; i < 2; i++) mt_lora_free(&one[i]);
+    mt_lora_free(&pair[1]), mt_lora_free(&pair[0]);
+    for (int c = 0; c < MT_MEM_COUNT; c++) cr_expect_eq(be->ledger.cur[c], 0, "%s given back", mt_mem_cat_name(c));
     mt_backend_free(be);
 }
