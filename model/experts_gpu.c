@@ -8,7 +8,9 @@
 //     expert with rows has one, y = s·xa·Bᵀ comes first and the base GEMM adds onto it: see
 //     lora_first). When every expert of the model has w1's and w3's, their B ride in the base
 //     GEMM instead: xa1, xa3 are written beside x in xs's rows and
-//     gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra)
+//     gu = [x | xa1 | xa3]·[[W1 | s·B1 | 0]; [W3 | 0 | s·B3]]ᵀ (mt_experts_xs_extra); with their
+//     A made as one matrix (lora/lora.h's pair) and no dropout, [xa1 | xa3] = x·[A1; A3]ᵀ is one
+//     product, as are their dA and dx in the backward (a13_paired)
 //   gpt-oss: each row's expert's biases added to g, u (after their LoRAs) and ys
 //   a = SwiGLU(gu) (clamped for gpt-oss); ys = a·W2ᵀ (+ w2's LoRA: when every expert of the model
 //     has one, its B rides in the base GEMM as w1's and w3's do: xa2 is written beside a in a's
@@ -224,8 +226,8 @@ static void lora_forward(group *gr, int which, const mt_tensor *y, const mt_tens
 
 // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x): the LoRA's gradients, and dxa [rows, r]
 // (in *dxa_scratch's storage) for lora_dx; dxa_made: the base dx GEMM made dxa there already
-// (base13_beside, beside dx), and then also: dA left to the caller (a13_backward). 0: the layer
-// has no LoRA on `which`.
+// (base13_beside, beside dx); da 0: dA left to the caller (a13_backward, for a pair). 0: the
+// layer has no LoRA on `which`.
 static int lora_backward_da(group *gr, int which, const mt_tensor *dy, const mt_tensor *x, const mt_tensor *xa,
                             mt_tensor *dxa_scratch, int dxa_made, int da) {
     const mt_lora *lo = loras(gr, which, 1);
@@ -407,7 +409,8 @@ static void forward13_folded(group *gr, const mt_tensor *gu) {
     const int64_t H = gr->m->cfg.hidden, extra = mt_experts_xs_extra(gr->m);
     mt_tensor x = xs_of(gr), xa1 = xa13_of(gr, W1), xa3 = xa13_of(gr, W3);
     mt_tensor xx = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), 0, H + extra);
-    if (a13_paired(gr)) {  // [xa1 | xa3] = x·[A1; A3]ᵀ: x read once
+    const int paired = a13_paired(gr);
+    if (paired) {  // [xa1 | xa3] = x·[A1; A3]ᵀ: x read once
         mt_tensor xa13 = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), H, extra);
         mt_tensor *views = mt_xcalloc((size_t)gr->E, sizeof *views);
         a13_views(gr, views, 0);
@@ -417,7 +420,7 @@ static void forward13_folded(group *gr, const mt_tensor *gu) {
         free(views);
     }
     const int lin[2] = {W1, W3};
-    for (int i = 0; i < 2 && !a13_paired(gr); i++) {  // xa = drop(x)·Aᵀ
+    for (int i = 0; i < 2 && !paired; i++) {  // xa = drop(x)·Aᵀ
         const mt_lora *lo = loras(gr, lin[i], 0);
         mt_prof_push(LORA_ROW);
         gemm(gr, dropout_of(gr, lo, (mt_grouped){.w = gr->w, .trans = 1, .alpha = 1.0f, .drop_a = 1}), i ? &xa3 : &xa1, &x);

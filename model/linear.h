@@ -56,6 +56,8 @@ void mt_linear_backward_w(const mt_linear *l, const mt_tensor *w, const mt_tenso
 // (wcache), or the 4-bit one dequantized into `scratch` (bf16, at least out·in elements; a null
 // backend's may have no data).
 mt_tensor mt_linear_weight(const mt_linear *l, mt_tensor *scratch);
+// An expert's w1 and w3 may hold a pair of LoRAs (lora/lora.h mt_lora_init_pair): w1's owns both
+// A's memory, so the two are freed together (the model frees whole layers), w1's first or last.
 void mt_linear_free(mt_linear *l);
 
 #ifdef __cplusplus

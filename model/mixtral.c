@@ -617,13 +617,21 @@ static int build_counted(loader *ld) {
     return 0;
 }
 
+// Expert e's Linear of `arr` [E] when l is one of them (addresses compared as integers: l may
+// belong to any array).
+static int in_experts(const mt_linear *arr, int64_t E, const mt_linear *l, int *e) {
+    uintptr_t a = (uintptr_t)arr, p = (uintptr_t)l;
+    if (!arr || p < a || p >= a + (uintptr_t)E * sizeof *arr) return 0;
+    *e = (int)((p - a) / sizeof *arr);
+    return 1;
+}
+
 // Which expert Linear a slot's is: 1 w1, 3 w3 of expert *e in layer *L, else 0.
 static int expert_linear(const mt_model *m, const mt_linear *l, int *L, int *e) {
     for (int i = 0; i < m->cfg.layers; i++) {
         const mt_layer *ly = &m->layers[i];
-        const int64_t E = m->cfg.experts;
-        if (ly->w1 && l >= ly->w1 && l < ly->w1 + E) return *L = i, *e = (int)(l - ly->w1), 1;
-        if (ly->w3 && l >= ly->w3 && l < ly->w3 + E) return *L = i, *e = (int)(l - ly->w3), 3;
+        if (in_experts(ly->w1, m->cfg.experts, l, e)) return *L = i, 1;
+        if (in_experts(ly->w3, m->cfg.experts, l, e)) return *L = i, 3;
     }
     return 0;
 }

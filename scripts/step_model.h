@@ -359,8 +359,13 @@ static inline void step_build(const step_shape *sh, step_ops *s) {
         if (t & MT_TARGET_W3) {
             const int first = tmp.n;
             step_lora_ordered(&tmp, "x", E * L, Me, h, f, r, RM, pair13 ? 3 : y13, pair13 ? 4 : fold13 ? 3 : 0);
-            // paired: no forward launch of its own (x·[A1; A3]ᵀ is w1's); its backward has dB3's
-            for (int i = first; pair13 && i < tmp.n; i++) tmp.op[i].count *= tmp.op[i].phase == 'B' ? 1 : 0;
+            // paired: no forward launch of its own (x·[A1; A3]ᵀ is w1's); its backward has dB3's,
+            // and where no dx is wanted (the lowest layer without attention adapters: L - Lb of
+            // them) the step's backward goes unpaired, dA3 reading x itself
+            for (int i = first; pair13 && i < tmp.n; i++) {
+                if (tmp.op[i].phase == 'B') tmp.op[i].bytes += bf * E * (L - Lb) * Me * h;
+                else tmp.op[i].count = 0;
+            }
         }
         if (t & MT_TARGET_W2)
             step_lora_ordered(&tmp, "x", E * L, Me, f, h, r, RM, fold2f ? 2 : first2, fold2 ? 2 : first2);
