@@ -238,8 +238,10 @@ static int lora_backward_da(group *gr, int which, const mt_tensor *dy, const mt_
     for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->db : NULL;
     gemm_tn(gr, (mt_grouped){.alpha = lo->scale, .beta = 1.0f}, gr->g, dy, xa);
     if (!dxa_made) gemm(gr, (mt_grouped){.w = gr->w, .trans = 0, .alpha = lo->scale}, &dxa, dy);  // w: the Bs of loras()
-    for (int e = 0; e < gr->E && da; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
-    if (da) gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
+    if (da) {
+        for (int e = 0; e < gr->E; e++) gr->g[e] = l[e].lora ? l[e].lora->da : NULL;
+        gemm_tn(gr, dropout_of(gr, lo, (mt_grouped){.alpha = 1.0f, .beta = 1.0f}), gr->g, &dxa, x);
+    }
     mt_prof_pop();
     return 1;
 }
@@ -411,7 +413,7 @@ static void forward13_folded(group *gr, const mt_tensor *gu) {
     mt_tensor xx = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), 0, H + extra);
     const int paired = a13_paired(gr);
     if (paired) {  // [xa1 | xa3] = x·[A1; A3]ᵀ: x read once
-        mt_tensor xa13 = cols(GROUP_ROWS(gr, layer_acts(gr->m, gr->L)->xs), H, extra);
+        mt_tensor xa13 = cols(&xx, H, extra);
         mt_tensor *views = mt_xcalloc((size_t)gr->E, sizeof *views);
         a13_views(gr, views, 0);
         mt_prof_push(LORA_ROW);
@@ -565,7 +567,8 @@ int64_t mt_experts_a_extra(mt_model *m) {
 
 // w2's LoRA folds into the dx GEMM when every expert of the layer has a 4-bit w2 with a LoRA
 // without dropout (a mask on dxa·A2 cannot ride in the GEMM's sum; another EP rank's expert: with
-// a LoRA there, the run's dropout), on the GPU step (the null backend counts the same), and, where the layer keeps its experts in bf16 (--expert-cache), when the kept W2 has
+// a LoRA there, the run's dropout), on the GPU step (the null backend counts the same), and,
+// where the layer keeps its experts in bf16 (--expert-cache), when the kept W2 has
 // the rows for A2 (sized by the dropout at build: an adapter loaded after may set another).
 // Static over the step, so that the planner and the counted step agree with the run.
 int64_t mt_experts_dys_extra(const mt_model *m, int L) {

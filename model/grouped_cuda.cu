@@ -175,11 +175,8 @@ static mt_tensor put_w(mt_backend *be, cudaStream_t st, bf16 *dst, int64_t ld, c
         double deq = fill ? (double)mt_qweight_dequant_bytes(q, MT_BF16) + (q2 ? (double)mt_qweight_dequant_bytes(q2, MT_BF16) : 0) : 0;
         mt_prof_count(el, deq + copied);
     }
-    if (fill && ld == q->in) {  // rows without room: as one block
-        mt_qweight_dequantize_cuda_on(q, dst, MT_BF16, 0, q->out * q->in, st);
-        if (q2) mt_qweight_dequantize_cuda_on(q2, dst + q->out * q->in, MT_BF16, 0, q2->out * q2->in, st);
-    } else if (fill && (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, st) != 0 ||
-                        (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, st) != 0))) {
+    if (fill && (mt_qweight_dequantize_rows_cuda_on(q, dst, MT_BF16, ld, st) != 0 ||
+                 (q2 && mt_qweight_dequantize_rows_cuda_on(q2, dst + q->out * ld, MT_BF16, ld, st) != 0))) {
         mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), expert %d: %s", e, mt_error_get());
     }
     if (b1) {

@@ -463,6 +463,10 @@ extern "C" void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt
 extern "C" int mt_qweight_dequantize_rows_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t ldd,
                                                   void *stream) {
     const int64_t in = q->in, n = q->out * q->in;
+    if (ldd == in) {  // rows without room: the whole weight as one block, as mt_qweight_dequantize_cuda_on
+        mt_qweight_dequantize_cuda_on(q, dst, dt, 0, n, stream);
+        return 0;
+    }
     if (in <= 0 || ldd < in || in % 8 || ldd % 8 || q->out * ldd >= ((int64_t)1 << 31) || ((uintptr_t)dst & 15)) {
         mt_error_set("dequantize rows (cuda): [%lld, %lld] at a row stride of %lld: the stride must be >= in, both "
                      "multiples of 8, out · stride below 2^31, dst 16-byte aligned",

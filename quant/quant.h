@@ -219,8 +219,9 @@ void mt_qweight_dequantize_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, 
                                    void *stream);
 // The whole weight [out, in] into rows `ldd` elements apart (dst's columns [in, ldd) of each row
 // are left as they were: model/grouped_cuda.cu puts a LoRA's B there), on `stream` as above.
-// -1 with mt_error set unless in and ldd are multiples of 8, ldd >= in, dst is 16-byte aligned
-// and the weight has fewer than 2^31 elements.
+// ldd == in is the whole weight as one block (mt_qweight_dequantize_cuda_on); otherwise -1 with
+// mt_error set unless in and ldd are multiples of 8, ldd > in, dst is 16-byte aligned and the
+// weight has fewer than 2^31 elements.
 int mt_qweight_dequantize_rows_cuda_on(const mt_qweight *q, void *dst, mt_dtype dt, int64_t ldd, void *stream);
 // The whole-weight dequantization kernel (quant/quant.cu): 0 the coalesced one, 8 elements an item
 // (the default); 1 the earlier 32 contiguous elements a thread, kept until a GPU times both

@@ -507,10 +507,6 @@ int mt_qweight_dequantize_2d(const mt_qweight *q, const mt_tensor *dst) {
         return 0;
     case MT_BACKEND_CUDA:
 #ifdef MT_CUDA
-        if (ld == q->in) {
-            mt_qweight_dequantize_cuda_on(q, dst->data, dst->dtype, 0, q->out * q->in, mt_cuda_backend_stream(q->be));
-            return 0;
-        }
         return mt_qweight_dequantize_rows_cuda_on(q, dst->data, dst->dtype, ld, mt_cuda_backend_stream(q->be));
 #else
         break;
