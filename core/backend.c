@@ -1,5 +1,6 @@
 // core/backend.c — backend selection, ledger-checked allocation and tensors.
 #include "core/backend.h"
+#include "core/gemm_rows.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -224,6 +225,25 @@ int mt_cuda_mem_trim(mt_backend *be) {
 int mt_cuda_mem_peak_stop(mt_backend *be, size_t *used_peak) {
     *used_peak = 0;
     return mt_cuda_mem_peak_start(be);
+}
+
+// core/gemm_rows.h: a cuBLASLt call, so CUDA builds only.
+int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes) {
+    (void)be;
+    if (why) snprintf(why, why_bytes, "%s", CPU_BUILD);
+    return 0;
+}
+int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,
+                 const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch) {
+    (void)be, (void)c, (void)a, (void)w, (void)trans, (void)experts, (void)off, (void)rows_total, (void)alpha;
+    (void)beta, (void)scratch;
+    return mt_error_set("mt_gemm_rows: %s", CPU_BUILD), -1;
+}
+int mt_gemm_rows_tn(mt_backend *be, mt_tensor *const *g, const mt_tensor *x, const mt_tensor *y, int experts,
+                    const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch) {
+    (void)be, (void)g, (void)x, (void)y, (void)experts, (void)off, (void)rows_total, (void)alpha, (void)beta;
+    (void)scratch;
+    return mt_error_set("mt_gemm_rows_tn: %s", CPU_BUILD), -1;
 }
 #endif
 

@@ -14,6 +14,14 @@
 // a cached algorithm on changed layouts). Rules cite the cuBLAS documentation
 // (docs.nvidia.com/cuda/cublas, "cuBLASLt API Reference"). It does not model NVIDIA's kernels:
 // their accumulation order, their speed, or which algorithms exist for which shapes.
+//
+// The grouped matmul (cuBLAS 13.4's header, marked experimental: core/cublaslt_grouped.h) as
+// that header describes it: four grouped layouts of one group count, whose rows, cols and ld are
+// int32 device arrays, and A, B, C, D passed as device arrays of per-group pointers. The arrays
+// are read when the matmul runs on its stream, not when it is queued, as the library reads them
+// on the device; a group whose shapes disagree is reported then. Scalars in device memory
+// (CUBLASLT_POINTER_MODE_DEVICE) are read when the matmul runs too. The stand-in claims version
+// 13.4.0 (CUDASIM_CUBLASLT_VERSION=N claims N: a library without the grouped matmul).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,6 +34,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cublaslt_grouped.h"
 #include "runtime.h"
 
 namespace {
@@ -37,6 +46,8 @@ struct Layout {
     int32_t order = CUBLASLT_ORDER_COL;
     int32_t batch = 1;
     int64_t stride = 0;
+    int groups = 0;  // > 0: a grouped layout; its shapes are the device arrays below
+    const int32_t *g_rows = nullptr, *g_cols = nullptr, *g_ld = nullptr;
 };
 struct Desc {
     cublasComputeType_t compute;
@@ -136,6 +147,16 @@ cublasStatus_t check_problem(const Desc &d, const Layout &A, const Layout &B, co
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "type combination compute=%d scale=%d A=%d B=%d C=%d D=%d is not in "
                       "the Datatypes Supported table of cublasLtMatmul()", (int)d.compute, (int)d.scale, (int)A.type,
                       (int)B.type, (int)C.type, (int)D.type);
+    // Grouped: all four layouts grouped, one group count; their shapes are judged per group when
+    // the matmul runs (they are on the device).
+    if (A.groups || B.groups || C.groups || D.groups) {
+        if (A.groups != D.groups || B.groups != D.groups || C.groups != D.groups)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "grouped matmul: A, B, C, D have %d, %d, %d, %d groups (all four "
+                          "grouped layouts of one group count)", A.groups, B.groups, C.groups, D.groups);
+        if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "grouped matmul: epilogue %u is not modelled", d.epilogue);
+        return CUBLAS_STATUS_SUCCESS;
+    }
     const bool ta = d.transa != CUBLAS_OP_N, tb = d.transb != CUBLAS_OP_N;
     const uint64_t m = ta ? A.cols : A.rows, k = ta ? A.rows : A.cols;
     const uint64_t kb = tb ? B.cols : B.rows, n = tb ? B.rows : B.cols;
@@ -163,6 +184,79 @@ cublasStatus_t check_problem(const Desc &d, const Layout &A, const Layout &B, co
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// One group's reference GEMM (the plain matmul's arithmetic), its layouts already resolved.
+void gemm_ref(const Desc &D, const Layout &A, const Layout &B, const Layout &C, const Layout &Dl, float al, float be,
+              const void *A_, const void *B_, const void *C_, void *D_) {
+    const bool ta = D.transa != CUBLAS_OP_N, tb = D.transb != CUBLAS_OP_N;
+    const uint64_t m = Dl.rows, n = Dl.cols, k = ta ? A.rows : A.cols;
+    std::vector<double> opa(m * k), opb(n * k);
+    for (uint64_t i = 0; i < m; i++)
+        for (uint64_t p = 0; p < k; p++) opa[i * k + p] = load(A_, A.type, ta ? index(A, p, i, 0) : index(A, i, p, 0));
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t p = 0; p < k; p++) opb[j * k + p] = load(B_, B.type, tb ? index(B, j, p, 0) : index(B, p, j, 0));
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            double s = 0;
+            for (uint64_t p = 0; p < k; p++) s += opa[i * k + p] * opb[j * k + p];
+            float v = al * (float)s;
+            if (be != 0) v += be * (float)load(C_, C.type, index(C, i, j, 0));
+            store(D_, Dl.type, index(Dl, i, j, 0), v);
+        }
+}
+
+// Group g's layout: the grouped one's type with its shapes read from the device arrays.
+Layout group_layout(const Layout &l, int g) {
+    Layout x{l.type, (uint64_t)l.g_rows[g], (uint64_t)l.g_cols[g], (int64_t)l.g_ld[g]};
+    if (l.g_rows[g] < 0 || l.g_cols[g] < 0 || l.g_ld[g] < 0 || (uint64_t)l.g_ld[g] < x.rows)
+        cudasim::fail("cuBLASLt grouped matmul: group %d's layout is %d x %d with ld %d (ld below rows, or negative)", g,
+                      l.g_rows[g], l.g_cols[g], l.g_ld[g]);
+    return x;
+}
+
+// The grouped matmul: checks what the host can (the arrays of pointers are device memory), then
+// queues the groups' GEMMs; shapes, pointers and device scalars are read when it runs.
+cublasStatus_t grouped_matmul(const Desc D, const Layout A, const Layout B, const Layout C, const Layout Dl,
+                              const void *alpha, const void *beta, const void *A_, const void *B_, const void *C_,
+                              void *D_, cudaStream_t stream) {
+    const size_t bytes = (size_t)Dl.groups * sizeof(void *);
+    cudasim::lib_check_device(A_, bytes, "grouped A pointer array");
+    cudasim::lib_check_device(B_, bytes, "grouped B pointer array");
+    cudasim::lib_check_device(C_, bytes, "grouped C pointer array");
+    cudasim::lib_check_device(D_, bytes, "grouped D pointer array");
+    const bool dev = D.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+    if (dev) {
+        cudasim::lib_check_device(alpha, 4, "alpha (device pointer mode)");
+        cudasim::lib_check_device(beta, 4, "beta (device pointer mode)");
+    }
+    const float al_h = dev ? 0.0f : *(const float *)alpha, be_h = dev ? 0.0f : *(const float *)beta;
+    cudasim::lib_enqueue(stream, "cublasLtMatmul (grouped)", [=] {
+        const float al = dev ? *(const float *)alpha : al_h, be = dev ? *(const float *)beta : be_h;
+        const void *const *pa = (const void *const *)A_, *const *pb = (const void *const *)B_;
+        const void *const *pc = (const void *const *)C_;
+        void *const *pd = (void *const *)D_;
+        const bool ta = D.transa != CUBLAS_OP_N, tb = D.transb != CUBLAS_OP_N;
+        for (int g = 0; g < Dl.groups; g++) {
+            const Layout a = group_layout(A, g), b = group_layout(B, g), c = group_layout(C, g), d = group_layout(Dl, g);
+            const uint64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
+            const uint64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
+            if (k != kb || d.rows != m || d.cols != n || c.rows != d.rows || c.cols != d.cols)
+                cudasim::fail("cuBLASLt grouped matmul: group %d: op(A) %llu x %llu, op(B) %llu x %llu, C %llu x %llu, "
+                              "D %llu x %llu", g, (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb,
+                              (unsigned long long)n, (unsigned long long)c.rows, (unsigned long long)c.cols,
+                              (unsigned long long)d.rows, (unsigned long long)d.cols);
+            if (m == 0 || n == 0) continue;
+            if (k) {
+                cudasim::lib_check_device(pa[g], span_bytes(a), "grouped A");
+                cudasim::lib_check_device(pb[g], span_bytes(b), "grouped B");
+            }
+            if (be != 0) cudasim::lib_check_device(pc[g], span_bytes(c), "grouped C");
+            cudasim::lib_check_device(pd[g], span_bytes(d), "grouped D");
+            gemm_ref(D, a, b, c, d, al, be, pa[g], pb[g], pc[g], pd[g]);
+        }
+    }, false);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 uint32_t alignment_of(const void *p) {
     uint32_t a = 256;
     while (a > 1 && ((uintptr_t)p & (a - 1))) a >>= 1;
@@ -173,8 +267,32 @@ uint32_t alignment_of(const void *p) {
 
 extern "C" {
 
-// The stand-in claims the version of the headers it was compiled against.
-size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+// The stand-in claims 13.4.0, the first version whose grouped matmul runs on Hopper (the
+// emulated device's architecture), or CUDASIM_CUBLASLT_VERSION.
+size_t cublasLtGetVersion(void) {
+    const char *v = getenv("CUDASIM_CUBLASLT_VERSION");
+    return v ? (size_t)strtoul(v, nullptr, 10) : 130400;
+}
+
+// cublasLtGroupedMatrixLayoutCreate (13.4's header): rows, cols, ld device arrays of `groups`
+// int32 entries (CUBLASLT_GROUPED_MATRIX_LAYOUT_*_INTEGER_WIDTH's default), read at matmul time.
+cublasStatus_t cublasLtGroupedMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, int groups,
+                                                 const void *rows, const void *cols, const void *ld) {
+    if (!l || groups < 1 || !rows || !cols || !ld)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtGroupedMatrixLayoutCreate: %d groups, or a NULL array", groups);
+    if (!type_size(t)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtGroupedMatrixLayoutCreate: data type %d", (int)t);
+    {
+        cudasim::LibCall lock;
+        cudasim::lib_check_device(rows, (size_t)groups * 4, "grouped layout rows array");
+        cudasim::lib_check_device(cols, (size_t)groups * 4, "grouped layout cols array");
+        cudasim::lib_check_device(ld, (size_t)groups * 4, "grouped layout ld array");
+    }
+    Layout *x = new Layout{t, 0, 0, 0};
+    x->groups = groups;
+    x->g_rows = (const int32_t *)rows, x->g_cols = (const int32_t *)cols, x->g_ld = (const int32_t *)ld;
+    *l = (cublasLtMatrixLayout_t)x;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
     *h = (cublasLtHandle_t) new int(1);
@@ -248,8 +366,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t dd, cublasLtM
     case CUBLASLT_MATMUL_DESC_POINTER_MODE:
         if (!size_ok(n, sizeof(int32_t), "POINTER_MODE")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->pointer_mode, v, 4);
-        if (d->pointer_mode != CUBLASLT_POINTER_MODE_HOST)
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "pointer mode %d: the stand-in models host scalars only",
+        if (d->pointer_mode != CUBLASLT_POINTER_MODE_HOST && d->pointer_mode != CUBLASLT_POINTER_MODE_DEVICE)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "pointer mode %d: the stand-in models host and device scalars",
                           d->pointer_mode);
         return CUBLAS_STATUS_SUCCESS;
     default:
@@ -326,7 +444,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     const void *v, size_t n) {
     Pref *p = (Pref *)pp;
     if (!p || !v) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceSetAttribute: NULL");
-    switch (a) {
+    switch ((int)a) {  // int: the grouped hints are not in these headers' enum
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
         if (!size_ok(n, 8, "MAX_WORKSPACE_BYTES")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&p->max_ws, v, 8);
@@ -342,6 +460,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
         p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = x;
         return CUBLAS_STATUS_SUCCESS;
     }
+    case MT_LT_PREF_GROUPED_AVG_K:  // the grouped matmul's hints (13.4's header: uint32_t)
+    case MT_LT_PREF_GROUPED_AVG_ROWS:
+    case MT_LT_PREF_GROUPED_AVG_COLS:
+        return size_ok(n, 4, "GROUPED_AVERAGE_*") ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
     default:
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute %d is not modelled by cudasim", (int)a);
     }
@@ -349,6 +471,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 // The leading dimensions, checked when the order is final.
 static cublasStatus_t check_ld(const Layout &l, const char *name) {
+    if (l.groups) return CUBLAS_STATUS_SUCCESS;  // per group, when the matmul runs
     const uint64_t need = l.order == CUBLASLT_ORDER_ROW ? l.cols : l.rows;
     if ((uint64_t)l.ld < need)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: ld %lld < %s %llu (CUBLASLT_MATRIX_LAYOUT_LD)", name,
@@ -464,6 +587,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, const
     if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(C, "C");
     if (st == CUBLAS_STATUS_SUCCESS) st = check_ld(Dl, "D");
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (Dl.groups) {  // A_..D_ are arrays of pointers: the alignments are the groups' matrices'
+        if (algo && (st = algo_matches(algo, D, A, B, C, Dl, "cublasLtMatmul")) != CUBLAS_STATUS_SUCCESS) return st;
+        return grouped_matmul(D, A, B, C, Dl, alpha, beta, A_, B_, C_, D_, stream);
+    }
     if (algo) {
         const int32_t *w = (const int32_t *)algo->data;
         st = algo_matches(algo, D, A, B, C, Dl, "cublasLtMatmul");
@@ -481,6 +608,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, const
     (void)ws_bytes;  // the chosen algorithm needs no workspace (workspaceSize 0)
     const bool ta = D.transa != CUBLAS_OP_N, tb = D.transb != CUBLAS_OP_N;
     const uint64_t m = Dl.rows, n = Dl.cols, k = ta ? A.rows : A.cols;
+    if (D.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "device scalars are modelled for the grouped matmul only");
     const float al = *(const float *)alpha, be = *(const float *)beta;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     if (k) {
