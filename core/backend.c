@@ -233,6 +233,7 @@ int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes) {
     if (why) snprintf(why, why_bytes, "%s", CPU_BUILD);
     return 0;
 }
+int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes) { return mt_gemm_rows_available(be, why, why_bytes); }
 int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,
                  const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch) {
     (void)be, (void)c, (void)a, (void)w, (void)trans, (void)experts, (void)off, (void)rows_total, (void)alpha;

@@ -5,8 +5,8 @@
 // call's pointer and shape arrays. Row-major, as core/backend.h's matmul.
 //
 // Group e owns rows [off[e], off[e+1]) of the row operands; off is a device int32 array [E+1],
-// non-decreasing from off[0] = 0, its last entry at most the operands' rows (what the routing's
-// device prefix sum writes):
+// non-decreasing, its last entry at most the operands' rows (what the routing's device prefix
+// sum writes; a later run of groups passes off + e0):
 //
 //   mt_gemm_rows     c[rows e] = alpha · a[rows e] · op(w[e]) + beta · c[rows e]
 //                    a [R, K] bf16; w[e] bf16, [N, K] when trans (op = ᵀ) else [K, N]; c [R, N]
@@ -14,7 +14,9 @@
 //                    x [R, M], y [R, N] bf16; g[e] [M, N] (a group without rows: beta · g[e])
 //
 // Every w[e] (g[e]) has one shape, row stride and dtype; c and g are bf16 or f32; any operand may
-// be a view with a row stride. Nothing waits for the device: the call is queued on the backend's
+// be a view with a row stride. rows_total: the rows the groups are expected to hold in all (the
+// heuristic's hint and the profile's count; the host does not know the real ones). Nothing
+// waits for the device: the call is queued on the backend's
 // stream, its arrays written into `scratch` (MT_GEMM_ROWS_SCRATCH_BYTES of device memory, the
 // caller's, so that the ledger counts it; free it only after the stream has passed the call).
 // 0, or -1 with an error: the grouped matmul is missing (mt_gemm_rows_available says why), bad
@@ -37,6 +39,11 @@ extern "C" {
 // 1 when be's device and its cuBLASLt run the grouped matmul; else 0, with the reason (the
 // library's version, the device's architecture, a CPU build) in why when it is not NULL.
 int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes);
+// The same, and on the first call per process a small problem run both through the grouped
+// matmul and through one plain GEMM per group (a few host waits): 0 with the difference in why
+// when they disagree. The library's grouped matmul is marked experimental; the step trusts it
+// only after this.
+int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes);
 
 int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,
                  const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch);

@@ -11,6 +11,7 @@
 // Hopper takes one pair for all groups), written by the same kernel: no host buffer to keep.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -276,4 +277,90 @@ extern "C" int mt_gemm_rows_tn(mt_backend *be, mt_tensor *const *g, const mt_ten
     MT_CHECK_LAUNCH();
     be->device_ops++;
     return grouped_matmul(be, (rows_arrays *)scratch, n, 0, 1, g[0]->dtype, N, M, rows_total / n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The first use's check against per-group cuBLASLt GEMMs
+
+// A small problem both ways (groups of 3, 0 and 4 rows, an f32 c, beta 1; the weight gradient
+// with its empty group): 1 when they agree, else 0 with the worst difference in why. The
+// grouped matmul is marked experimental and its layout conventions are read from a header, so
+// a library that reads them otherwise is caught before a step trusts it.
+static int self_check(mt_backend *be, char *why, size_t why_bytes) {
+    enum { E = 3, R = 7, K = 16, N = 8 };
+    const int32_t off[E + 1] = {0, 3, 3, 7};
+    int64_t sa[2] = {R, K}, sc[2] = {R, N}, sw[2] = {N, K}, sg[2] = {K, N}, so[1] = {E + 1};
+    mt_tensor *a = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sa), *c = mt_tensor_new(be, MT_MEM_WORK, MT_F32, 2, sc);
+    mt_tensor *c_ref = mt_tensor_new(be, MT_MEM_WORK, MT_F32, 2, sc), *doff = mt_tensor_new(be, MT_MEM_WORK, MT_I32, 1, so);
+    mt_tensor *y = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sc);
+    mt_tensor *w[E], *g[E], *g_ref[E];
+    for (int e = 0; e < E; e++) {
+        w[e] = mt_tensor_new(be, MT_MEM_WORK, MT_BF16, 2, sw);
+        g[e] = mt_tensor_new(be, MT_MEM_WORK, MT_F32, 2, sg), g_ref[e] = mt_tensor_new(be, MT_MEM_WORK, MT_F32, 2, sg);
+    }
+    void *arrays = NULL;
+    int ok = a && c && c_ref && doff && y && mt_backend_alloc(be, MT_MEM_WORK, MT_GEMM_ROWS_SCRATCH_BYTES, &arrays) == 0;
+    for (int e = 0; e < E; e++) ok = ok && w[e] && g[e] && g_ref[e];
+    if (!ok) {
+        snprintf(why, why_bytes, "the grouped matmul's check could not allocate: %s", mt_error_get());
+    } else {
+        float v[(R > N ? R : N) * K];  // a [R, K], each w and g [N, K] and [K, N], c and y [R, N]
+        for (int i = 0; i < R * K; i++) v[i] = (float)((i * 7) % 13 - 6) / 8.0f;  // exact in bf16
+        mt_tensor_upload_f32(a, v);
+        for (int e = 0; e < E; e++) {
+            for (int i = 0; i < N * K; i++) v[i] = (float)((i * 5 + 3 * e) % 11 - 5) / 4.0f;
+            mt_tensor_upload_f32(w[e], v), mt_tensor_upload_f32(g[e], v), mt_tensor_upload_f32(g_ref[e], v);
+        }
+        for (int i = 0; i < R * N; i++) v[i] = (float)(i % 5) - 2.0f;
+        mt_tensor_upload_f32(c, v), mt_tensor_upload_f32(c_ref, v), mt_tensor_upload_f32(y, v);
+        mt_tensor_upload(doff, off);
+        // The reference: one plain cuBLASLt GEMM per group (c: those with rows; g: all of them).
+        for (int e = 0; e < E && ok; e++) {
+            const int64_t n = off[e + 1] - off[e];
+            mt_tensor ae = mt_view_rows(a, off[e], n), ce = mt_view_rows(c_ref, off[e], n), ye = mt_view_rows(y, off[e], n);
+            ok = (n == 0 || mt_matmul(&ce, &ae, w[e], 0, 1, 0.5f, 1.0f) == 0) &&
+                 mt_matmul(g_ref[e], &ae, &ye, 1, 0, 2.0f, 1.0f) == 0;
+        }
+        ok = ok &&
+             mt_gemm_rows(be, c, a, (const mt_tensor *const *)w, 1, E, (const int32_t *)doff->data, R, 0.5f, 1.0f,
+                          arrays) == 0 &&
+             mt_gemm_rows_tn(be, g, a, y, E, (const int32_t *)doff->data, R, 2.0f, 1.0f, arrays) == 0;
+        if (!ok) snprintf(why, why_bytes, "the grouped matmul's check failed to run: %s", mt_error_get());
+    }
+    double worst = 0;
+    if (ok) {
+        float got[K * N], want[K * N];
+        for (int t = 0; t <= E; t++) {  // c, then each g
+            const mt_tensor *x = t == 0 ? c : g[t - 1], *x_ref = t == 0 ? c_ref : g_ref[t - 1];
+            const int64_t n = mt_tensor_numel(x);
+            mt_tensor_download_f32(x, got), mt_tensor_download_f32(x_ref, want);
+            for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]) / (1.0 + fabs(want[i])));
+        }
+        if (worst > 1e-3) {
+            snprintf(why, why_bytes, "the grouped matmul disagrees with per-group GEMMs on a test problem (relative "
+                     "difference %.3g): not used", worst);
+            ok = 0;
+        }
+    }
+    if (arrays) mt_backend_release(be, MT_MEM_WORK, MT_GEMM_ROWS_SCRATCH_BYTES, arrays);
+    mt_tensor_free(a), mt_tensor_free(c), mt_tensor_free(c_ref), mt_tensor_free(doff), mt_tensor_free(y);
+    for (int e = 0; e < E; e++) mt_tensor_free(w[e]), mt_tensor_free(g[e]), mt_tensor_free(g_ref[e]);
+    return ok;
+}
+
+extern "C" int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes) {
+    char local[200];
+    if (!why) why = local, why_bytes = sizeof local;
+    if (!mt_gemm_rows_available(be, why, why_bytes)) return 0;
+    enum { MAX_DEVICES = 64 };
+    static int state[MAX_DEVICES];  // 0: not checked on the device, 1 agreed, -1 not
+    static char failed[MAX_DEVICES][200];
+    int dev = 0;
+    MT_CHECK_CUDA(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= MAX_DEVICES) return snprintf(why, why_bytes, "device %d beyond %d", dev, MAX_DEVICES), 0;
+    if (!state[dev]) state[dev] = self_check(be, failed[dev], sizeof failed[dev]) ? 1 : -1;
+    if (state[dev] < 0) return snprintf(why, why_bytes, "%s", failed[dev]), 0;
+    const size_t n = strlen(why);
+    if (n < why_bytes) snprintf(why + n, why_bytes - n, ", checked against per-group GEMMs");
+    return 1;
 }

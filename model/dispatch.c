@@ -385,10 +385,33 @@ void mt_op_aux_start(mt_model *m) {
     if (m->aux_dev) m->be->ops->fill_zero(m->be, m->aux_dev->data, m->aux_dev->nbytes);
 }
 
+// On CUDA, the statistics come to the host in one wait, and with them the expert offsets of the
+// layers whose offsets stayed on the device (model/expert_rows.c), gathered into one scratch
+// first: the load log's counts.
 void mt_op_aux_finish(mt_model *m) {
-    DISPATCH(m, (void)0,
-             moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, &m->z_sum, &m->z_rows,
-                                         m->seq_aux));
+#ifdef MT_CUDA
+    if (ON_CUDA(m)) {
+        const int E = (int)m->cfg.experts, layers = (int)m->cfg.layers;
+        const size_t one = (size_t)(E + 1) * sizeof(int32_t);
+        int n = 0;
+        for (int L = 0; L < layers; L++) n += m->kept[L].rows_on_device;
+        int32_t *dev = n ? mt_work_alloc(m->be, n * one) : NULL, *host = n ? mt_xmalloc(n * one) : NULL;
+        for (int L = 0, i = 0; L < layers; L++)
+            if (m->kept[L].rows_on_device) m->be->ops->copy(m->be, dev + (size_t)i++ * (E + 1), m->kept[L].offsets->data, one);
+        moe_aux_stats_download_cuda(m->be, &m->aux, (const double *)m->aux_dev->data, &m->z_sum, &m->z_rows, m->seq_aux,
+                                    host, dev, n * one);
+        for (int L = 0, i = 0; L < layers; L++) {
+            mt_layer_kept *kp = &m->kept[L];
+            if (!kp->rows_on_device) continue;
+            memcpy(kp->host_offsets, host + (size_t)i++ * (E + 1), one);
+            for (int e = 0; e < E; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
+        }
+        if (n) mt_work_free(m->be, dev, n * one);
+        free(host);
+        return;
+    }
+#endif
+    (void)m;
 }
 
 // After the host statistics changed (summed over ranks): the device copy follows.
@@ -439,11 +462,12 @@ void mt_op_permute(mt_model *m, int L) {
     const int32_t *ids = kp->ids->data;
     if (ON_CUDA(m)) {
 #ifdef MT_CUDA
+        kp->rows_on_device = mt_rows_on_device(m, L);  // then the experts read them there: no download
         PROFILED("permute/gather + combine", 0, 8.0 * T * k + 4.0 * (E + 1), {
             moe_permute_cuda(m->be, order, offsets, NULL, ids, T, E, k);
-            mt_download_begin(m->be, kp->host_offsets, offsets, kp->offsets->nbytes);
+            if (!kp->rows_on_device) mt_download_begin(m->be, kp->host_offsets, offsets, kp->offsets->nbytes);
         });
-        kp->offsets_pending = 1;
+        kp->offsets_pending = !kp->rows_on_device;
         return;
 #endif
     }

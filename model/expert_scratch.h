@@ -10,9 +10,17 @@
 // would otherwise cost a cuBLASLt call each). A LoRA's dropout needs one buffer of
 // [rows, width] f32 for the call's rows: the masked copy of an operand (bf16, half of it), or
 // the product that dx += drop(dxa·A) masks before adding (f32: one rounding, into dx). Every call
-// also holds a grouped cuBLAS call's pointer table, MT_GEMM_GROUP_PTR_BYTES (core/backend.h, 6 KiB).
+// also holds its grouped calls' pointer (and shape) arrays, MT_GROUPED_PTR_BYTES.
 #pragma once
 #include <stdint.h>
+
+#include "core/backend.h"    // MT_GEMM_GROUP_PTR_BYTES: cuBLAS's grouped GEMM's pointer table (6 KiB)
+#include "core/gemm_rows.h"  // MT_GEMM_ROWS_SCRATCH_BYTES: the grouped matmul's arrays (17 KiB)
+
+// A call's arrays: the offsets' host copy takes cuBLAS's grouped GEMM, their device copy
+// cuBLASLt's grouped matmul; the larger, whichever runs, so that the plan need not know which.
+#define MT_GROUPED_PTR_BYTES \
+    (MT_GEMM_ROWS_SCRATCH_BYTES > MT_GEMM_GROUP_PTR_BYTES ? MT_GEMM_ROWS_SCRATCH_BYTES : MT_GEMM_GROUP_PTR_BYTES)
 
 #define MT_EXPERT_SCRATCH_SLOTS 2
 #define MT_EXPERT_SLOT_ELEMS ((int64_t)32 << 20)  // bf16 elements a slot of small experts may take

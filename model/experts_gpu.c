@@ -53,11 +53,14 @@ static int64_t *layer_offsets(const mt_model *m, int L, int64_t *row0) {
 static mt_linear *linears(mt_layer *ly, int which) { return which == W1 ? ly->w1 : which == W2 ? ly->w2 : ly->w3; }
 
 // One layer's grouped calls: its offsets (from row0 of the layer's buffers: every tensor they
-// get is a view from there) and the per-expert arrays they pass (E entries each).
+// get is a view from there) and the per-expert arrays they pass (E entries each). With the
+// offsets on the device (mt_rows_on_device): off NULL, doff the routing's device offsets, rows
+// every routed row (T·k), row0 0.
 typedef struct {
     mt_model *m;
     int L, E;
-    int64_t row0, *off;
+    int64_t row0, *off, rows;
+    const int32_t *doff;
     const mt_qweight **q;
     const mt_tensor **w;
     mt_tensor **g;
@@ -66,10 +69,11 @@ typedef struct {
 
 static group group_new(mt_model *m, int L) {
     int E = (int)m->cfg.experts;
-    group gr = {m, L, E, 0, NULL, mt_xcalloc((size_t)E, sizeof(void *)),
+    group gr = {m, L, E, 0, NULL, 0, NULL, mt_xcalloc((size_t)E, sizeof(void *)),
                 mt_xcalloc((size_t)E, sizeof(void *)), mt_xcalloc((size_t)E, sizeof(void *)),
                 mt_xcalloc((size_t)E, sizeof(uint64_t))};
-    gr.off = layer_offsets(m, L, &gr.row0);
+    if (m->kept[L].rows_on_device) gr.doff = m->kept[L].offsets->data, gr.rows = (int64_t)m->B * m->S * m->cfg.top_k;
+    else gr.off = layer_offsets(m, L, &gr.row0);
     return gr;
 }
 
@@ -77,17 +81,23 @@ static void group_free(group *gr) {
     free(gr->off), free(gr->q), free(gr->w), free(gr->g), free(gr->seed);
 }
 
-static int64_t group_rows(const group *gr) { return gr->off[gr->E]; }
+static int64_t group_rows(const group *gr) { return gr->off ? gr->off[gr->E] : gr->rows; }
+
+// The launch of experts [e0, e0 + n): their offsets, host or device.
+static mt_grouped part_of(const group *gr, mt_grouped g, int e0) {
+    g.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0);
+    g.off = gr->off ? gr->off + e0 : NULL, g.doff = gr->doff ? gr->doff + e0 : NULL, g.rows = gr->rows;
+    g.seed = g.seed ? g.seed + e0 : NULL;
+    return g;
+}
 
 // c = the grouped product, in launches of at most MT_GROUPED_MAX experts.
 static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_tensor *a) {
     for (int e0 = 0; e0 < gr->E; e0 += MT_GROUPED_MAX) {
-        mt_grouped part = g;
-        part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
+        mt_grouped part = part_of(gr, g, e0);
         part.q = g.q ? g.q + e0 : NULL, part.q2 = g.q2 ? g.q2 + e0 : NULL, part.w = g.w ? g.w + e0 : NULL;
         part.under = g.under ? g.under + e0 : NULL;
         part.beside = g.beside ? g.beside + e0 : NULL, part.beside2 = g.beside2 ? g.beside2 + e0 : NULL;
-        part.seed = g.seed ? g.seed + e0 : NULL;
         part.cached = g.cached ? g.cached + e0 : NULL;
         mt_tensor cv = *c;
         if (mt_grouped_gemm(&cv, a, &part) != 0)
@@ -97,9 +107,7 @@ static void gemm(const group *gr, mt_grouped g, const mt_tensor *c, const mt_ten
 
 static void gemm_tn(const group *gr, mt_grouped g, mt_tensor **grads, const mt_tensor *x, const mt_tensor *y) {
     for (int e0 = 0; e0 < gr->E; e0 += MT_GROUPED_MAX) {
-        mt_grouped part = g;
-        part.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0), part.off = gr->off + e0;
-        part.seed = g.seed ? g.seed + e0 : NULL;
+        mt_grouped part = part_of(gr, g, e0);
         if (mt_grouped_gemm_tn(grads + e0, x, y, &part) != 0)
             mt_fatal(MT_EXIT_ERROR, "layer %d experts: grouped weight gradient: %s", gr->L, mt_error_get());
     }
@@ -205,7 +213,7 @@ static int lora_first(const group *gr, int which) {
     const mt_linear *l = linears(&gr->m->layers[gr->L], which);
     int any = 0;
     for (int e = 0; e < gr->E; e++) {
-        if (gr->off[e + 1] == gr->off[e]) continue;
+        if (gr->off && gr->off[e + 1] == gr->off[e]) continue;  // on the device: every expert counts
         if (!l[e].lora) return 0;
         any = 1;
     }
@@ -326,6 +334,8 @@ static void biases(group *gr, int which, const mt_tensor *y, int grad) {
     const mt_layer *ly = &gr->m->layers[gr->L];
     const mt_tensor *b = grad ? ly->debias[which] : ly->ebias[which];
     if (!b || !group_rows(gr) || gr->m->counting) return;  // counting: no kernel, no scratch
+    if (!gr->off)  // mt_rows_on_device keeps such layers' offsets on the host
+        mt_fatal(MT_EXIT_ERROR, "layer %d: expert biases need the host's expert offsets", gr->L);
     const int64_t n = y->shape[1];
     for (int e0 = 0; e0 < gr->E; e0 += MT_EXPERT_OFFSETS_MAX) {
         mt_expert_offsets rows = {.experts = MT_MIN(MT_EXPERT_OFFSETS_MAX, gr->E - e0)};

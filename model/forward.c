@@ -21,6 +21,8 @@ void mt_expert_rows(const mt_model *m, int L, int e, int64_t *row0, int64_t *row
     } else if (!m->counting) {
         if (m->kept[L].offsets_pending)
             mt_fatal(MT_EXIT_ERROR, "layer %d: expert rows read before the offsets' download was collected", L);
+        if (m->kept[L].rows_on_device)  // the host copy comes only with the loss statistics
+            mt_fatal(MT_EXIT_ERROR, "layer %d: expert rows read on the host, but they stay on the device", L);
         const int32_t *off = m->kept[L].host_offsets;
         *row0 = off[e], *rows = off[e + 1] - off[e];
     } else {

@@ -42,11 +42,14 @@ static int group_ok(const mt_grouped *g, const char *fn) {
                      MT_GROUPED_MAX);
         return 0;
     }
-    if (!g->off || g->off[0] < 0) {
+    if (!g->off && g->doff) {  // on the device: nothing of them to check here
+        if (g->seed) return mt_error_set("%s: dropout needs the host's offsets (doff is set)", fn), 0;
+        if (g->rows < 0) return mt_error_set("%s: rows = %lld with doff", fn, (long long)g->rows), 0;
+    } else if (!g->off || g->off[0] < 0) {
         mt_error_set("%s: off must be set, off[0] >= 0", fn);
         return 0;
     }
-    for (int e = 0; e < g->experts; e++)
+    for (int e = 0; g->off && e < g->experts; e++)
         if (g->off[e + 1] < g->off[e]) {
             mt_error_set("%s: off[%d] = %lld < off[%d] = %lld: offsets must not decrease", fn, e + 1,
                          (long long)g->off[e + 1], e, (long long)g->off[e]);
@@ -144,7 +147,7 @@ static int weight_ok(const mt_grouped *g, int e, const mt_backend *be, int64_t K
 static size_t slot_elems(const mt_grouped *g) {
     int64_t most = 0;
     for (int e = 0; g->q && e < g->experts; e++)
-        if (g->off[e + 1] != g->off[e] && !(g->cached && g->cached[e]))
+        if ((!g->off || g->off[e + 1] != g->off[e]) && !(g->cached && g->cached[e]))
             most = MT_MAX(most, mt_grouped_slot_rows(g, e) * mt_grouped_slot_ld(g, e));
     return most ? (size_t)mt_expert_slot_elems(most, g->experts) : 0;
 }
@@ -153,6 +156,9 @@ static size_t drop_bytes(const mt_grouped *g, int64_t width) {
     return g->seed ? (size_t)mt_expert_dropout_scratch_bytes(g->off[g->experts] - g->off[0], width) : 0;
 }
 
+// The rows the experts' offsets reach (doff: what the caller says the operands hold).
+static int64_t rows_end(const mt_grouped *g) { return g->off ? g->off[g->experts] : g->rows; }
+
 int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
     const char *fn = "mt_grouped_gemm";
     if (!is_2d(c, fn, "c") || !is_2d(a, fn, "a") || !kind_ok(c, fn) || !group_ok(g, fn)) return -1;
@@ -160,18 +166,18 @@ int mt_grouped_gemm(mt_tensor *c, const mt_tensor *a, const mt_grouped *g) {
     if (c->dtype != MT_BF16 && c->dtype != MT_F32)
         return mt_error_set("%s: c is %s, must be bf16 or f32", fn, mt_dtype_name(c->dtype)), -1;
     if (a->be != c->be) return mt_error_set("%s: a and c are on different backends", fn), -1;
-    int64_t end = g->off[g->experts], K = a->shape[1], N = c->shape[1];
+    int64_t end = rows_end(g), K = a->shape[1], N = c->shape[1];
     if (!rows_ok(a, end, fn, "a") || !rows_ok(c, end, fn, "c")) return -1;
     for (int e = 0; e < g->experts; e++)
         if (!weight_ok(g, e, c->be, K, N)) return -1;
     mt_backend *be = c->be;
     size_t slot = slot_elems(g), deq = MT_EXPERT_SCRATCH_SLOTS * slot * 2, drop = drop_bytes(g, g->drop_a ? K : N);
     mt_grouped_scratch s = {deq ? mt_work_alloc(be, deq) : NULL, drop ? mt_work_alloc(be, drop) : NULL,
-                            mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), slot};
+                            mt_work_alloc(be, MT_GROUPED_PTR_BYTES), slot};
 #ifdef MT_CUDA
     if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_cuda(be, c, a, g, &s);
 #endif
-    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    mt_work_free(be, s.ptrs, MT_GROUPED_PTR_BYTES);
     if (drop) mt_work_free(be, s.drop, drop);
     if (deq) mt_work_free(be, s.deq, deq);
     return 0;
@@ -184,7 +190,7 @@ int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor 
     if (x->dtype != MT_BF16) return mt_error_set("%s: x is %s, must be bf16", fn, mt_dtype_name(x->dtype)), -1;
     if (y->dtype != MT_BF16) return mt_error_set("%s: y is %s, must be bf16", fn, mt_dtype_name(y->dtype)), -1;
     if (x->be != y->be) return mt_error_set("%s: x and y are on different backends", fn), -1;
-    int64_t end = gr->off[gr->experts], M = x->shape[1], N = y->shape[1];
+    int64_t end = rows_end(gr), M = x->shape[1], N = y->shape[1];
     if (!rows_ok(x, end, fn, "x") || !rows_ok(y, end, fn, "y")) return -1;
     const mt_tensor *first = NULL;
     for (int e = 0; e < gr->experts; e++) {
@@ -205,11 +211,11 @@ int mt_grouped_gemm_tn(mt_tensor *const *g, const mt_tensor *x, const mt_tensor 
     }
     mt_backend *be = x->be;
     size_t drop = first ? drop_bytes(gr, N) : 0;
-    mt_grouped_scratch s = {NULL, drop ? mt_work_alloc(be, drop) : NULL, mt_work_alloc(be, MT_GEMM_GROUP_PTR_BYTES), 0};
+    mt_grouped_scratch s = {NULL, drop ? mt_work_alloc(be, drop) : NULL, mt_work_alloc(be, MT_GROUPED_PTR_BYTES), 0};
 #ifdef MT_CUDA
     if (be->ops->kind == MT_BACKEND_CUDA) mt_grouped_gemm_tn_cuda(be, g, x, y, gr, &s);
 #endif
-    mt_work_free(be, s.ptrs, MT_GEMM_GROUP_PTR_BYTES);
+    mt_work_free(be, s.ptrs, MT_GROUPED_PTR_BYTES);
     if (drop) mt_work_free(be, s.drop, drop);
     return 0;
 }

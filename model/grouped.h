@@ -37,7 +37,14 @@ extern "C" {
 
 typedef struct mt_grouped {
     int experts;                  // E, 1..MT_GROUPED_MAX
-    const int64_t *off;           // host [E+1], non-decreasing (off[0] need not be 0)
+    const int64_t *off;           // host [E+1], non-decreasing (off[0] need not be 0), or NULL:
+    // the offsets on the device instead (doff: int32 [E+1], what off would hold), which the host
+    // never reads (core/gemm_rows.h's grouped matmul takes them; the cuda backend only, when
+    // mt_gemm_rows_available): every expert is then taken to have rows, `rows` bounds doff[E]
+    // (the row operands hold that many), and there is no dropout (its masks follow the host's
+    // offsets).
+    const int32_t *doff;
+    int64_t rows;
     // W_e: 4-bit q[e] [out, in] (trans: N = out, K = in; else K = out, N = in) or dense bf16 w[e]
     // ([N, K] trans, [K, N] else). Per expert exactly one of q[e] and w[e] is set (either array
     // may be NULL when no expert uses it: a layer may mix frozen 4-bit experts with unfrozen

@@ -27,6 +27,10 @@
 //     expert (Mixtral's w1‖w3 is 235 MB in bf16) fills a slot alone: one cuBLASLt call each.
 //   * The host knows each expert's rows (the routing's counts, downloaded once per layer in the
 //     forward and kept for the backward); cuBLAS and cuBLASLt take their shapes from the host.
+//   * Or it does not (grouped.h's doff: the offsets stay on the device, no host wait per layer):
+//     then runs of experts whose W are alike go as one cuBLASLt grouped matmul each, which reads
+//     each expert's rows on the device (core/gemm_rows.h): the dense W of a LoRA all at once, the
+//     kept ones all at once, the others as many as a slot holds, dequantized into it as above.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -36,6 +40,7 @@
 #include "core/profile.h"
 #include "lora/lora_cuda.h"
 #include "lora/lora_dropout.h"
+#include "core/gemm_rows.h"
 #include "model/grouped_cuda.h"
 #include "quant/quant.h"
 
@@ -337,9 +342,74 @@ static int gemm_4bit_grouped(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
     return 1;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The offsets on the device (grouped.h's doff)
+
+// What expert e's W is, for grouping experts into one grouped matmul.
+enum { W_NONE, W_DENSE, W_KEPT, W_SLOT };
+static int w_kind(const mt_grouped *g, int e) {
+    if (g->q && g->q[e]) return g->cached && g->cached[e] ? W_KEPT : W_SLOT;
+    return g->w && g->w[e] ? W_DENSE : W_NONE;
+}
+
+// Whether experts e and f may share one grouped matmul: one kind, and W of one shape and stride.
+static bool w_alike(const mt_grouped *g, int e, int f) {
+    int k = w_kind(g, e);
+    if (w_kind(g, f) != k) return false;
+    if (k == W_DENSE)
+        return g->w[e]->shape[0] == g->w[f]->shape[0] && g->w[e]->shape[1] == g->w[f]->shape[1] &&
+               mt_tensor_ld(g->w[e]) == mt_tensor_ld(g->w[f]);
+    bool same = mt_grouped_slot_rows(g, e) == mt_grouped_slot_rows(g, f) &&
+                mt_grouped_slot_cols(g, e) == mt_grouped_slot_cols(g, f);
+    return k == W_KEPT ? same && g->cached[e]->shape[1] == g->cached[f]->shape[1]
+                       : same && mt_grouped_slot_ld(g, e) == mt_grouped_slot_ld(g, f);
+}
+
+// The rows a run of n of the call's experts is expected to hold, balanced: the grouped matmul's
+// heuristic hint and the profile's count (the host does not know the real ones).
+static int64_t run_rows(const mt_grouped *g, int n) { return g->rows * n / g->experts; }
+
+// The run's arrays go into the call's ptrs scratch: each run's kernel writes them after the
+// previous run's matmul has read them (one stream).
+static void rows_gemm(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, const mt_grouped *g,
+                      int e0, int n, void *arrays) {
+    if (mt_gemm_rows(be, c, a, w, g->trans, n, g->doff + e0, run_rows(g, n), g->alpha, g->beta, arrays) != 0)
+        mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), experts %d..%d: %s", e0, e0 + n - 1, mt_error_get());
+}
+
+static void gemm_device_rows(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
+                             const mt_grouped_scratch *sc) {
+    slots S;
+    slots_open(&S, be, st, sc->deq, sc->slot_elems);
+    mt_tensor views[MT_GROUPED_MAX];
+    const mt_tensor *wp[MT_GROUPED_MAX];
+    for (int e0 = 0, e1; e0 < g->experts; e0 = e1) {
+        const int kind = w_kind(g, e0);
+        e1 = e0 + 1;
+        if (kind == W_NONE) continue;
+        const int64_t welems = kind == W_SLOT ? mt_grouped_slot_rows(g, e0) * mt_grouped_slot_ld(g, e0) : 0;
+        const int per = kind == W_SLOT ? (int)MT_MAX((int64_t)1, (int64_t)sc->slot_elems / welems) : MT_GROUPED_MAX;
+        while (e1 < g->experts && e1 - e0 < per && w_alike(g, e0, e1)) e1++;
+        bf16 *dst = kind == W_SLOT ? slot_begin(&S) : NULL;
+        for (int e = e0; e < e1; e++) {
+            views[e - e0] = kind == W_DENSE ? *g->w[e]
+                            : kind == W_KEPT ? cached_put(be, st, g, e)
+                                             : slot_put(&S, dst + (int64_t)(e - e0) * welems, g, e);
+            wp[e - e0] = &views[e - e0];
+        }
+        if (kind == W_SLOT) slot_ready(&S);
+        rows_gemm(be, c, a, wp, g, e0, e1 - e0, sc->ptrs);
+        if (kind == W_SLOT) slot_done(&S);
+    }
+}
+
 extern "C" void mt_grouped_gemm_cuda(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
                                      const mt_grouped_scratch *sc) {
     cudaStream_t st = mt_cuda_begin(be);
+    if (!g->off) {
+        gemm_device_rows(be, st, c, a, g, sc);
+        return;
+    }
     if (gemm_dense_grouped(be, st, c, a, g, sc)) return;
     if (gemm_4bit_grouped(be, st, c, a, g, sc)) return;
     void *deq_scratch = sc->deq, *drop_scratch = sc->drop;
@@ -376,6 +446,16 @@ extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, con
                                         const mt_grouped *gr, const mt_grouped_scratch *sc) {
     void *drop_scratch = sc->drop;
     cudaStream_t st = mt_cuda_begin(be);
+    if (!gr->off) {  // the offsets on the device: each run of experts with a G as one grouped matmul
+        for (int e0 = 0, e1; e0 < gr->experts; e0 = e1) {
+            for (e1 = e0; e1 < gr->experts && g[e1]; e1++) {}
+            if (e1 > e0 && mt_gemm_rows_tn(be, g + e0, x, y, e1 - e0, gr->doff + e0, run_rows(gr, e1 - e0), gr->alpha,
+                                           gr->beta, sc->ptrs) != 0)
+                mt_fatal(MT_EXIT_ERROR, "grouped weight gradient (cuda), experts %d..%d: %s", e0, e1 - 1, mt_error_get());
+            e1 += e1 == e0;
+        }
+        return;
+    }
     const int64_t M = x->shape[1], N = y->shape[1], row0 = gr->off[0];
     int n = 0;
     int64_t m[MT_GROUPED_MAX], k[MT_GROUPED_MAX];

@@ -14,8 +14,8 @@ extern "C" {
 
 // The scratch of one call (model/grouped.c allocates it): deq, two slots of slot_elems bf16 each
 // (NULL when no expert with rows is 4-bit); drop, [rows, width] f32 when the call has dropout
-// (width K with drop_a, else N; for the weight gradient, Y's N); ptrs, MT_GEMM_GROUP_PTR_BYTES
-// for a grouped cuBLAS call's pointer arrays.
+// (width K with drop_a, else N; for the weight gradient, Y's N); ptrs, MT_GROUPED_PTR_BYTES
+// (model/expert_scratch.h) for the grouped calls' pointer and shape arrays.
 typedef struct mt_grouped_scratch {
     void *deq, *drop, *ptrs;
     size_t slot_elems;

@@ -960,6 +960,7 @@ int mt_model_build_par(mt_model *m, mt_backend *be, const mt_model_config *cfg, 
     loader_free(&ld);
     if (rc == 0 && gpu_step(m)) rc = spec->dequant_cache ? keep_dequantized_all(m) : share_dequant_scratch(m);
     if (rc == 0 && gpu_step(m)) rc = keep_experts(m, spec->expert_cache);
+    if (rc == 0 && be->ops->kind == MT_BACKEND_CUDA && mt_config_moe_layers(&m->cfg)) mt_rows_decide(m);
     if (rc == 0) rc = rope_table_init(m);
     if (rc) {
         if (!named) mt_error_prefix("%s", name);

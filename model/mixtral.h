@@ -61,6 +61,8 @@ typedef struct mt_layer_kept {
     int32_t *counts;                     // tokens per expert (host), for load logging
     int32_t *host_offsets;               // [E+1] offsets on the host, for the expert loop
     int offsets_pending;                 // their download begun, not yet collected (mt_op_permute_wait)
+    int rows_on_device;                  // this step left them on the device (model/expert_rows.c):
+                                         // host_offsets and counts arrive with the loss statistics
     // Expert parallelism (model/expert_parallel.c): rows each EP rank sends each expert [P × E],
     // exchanged once by the first forward and reused by recomputation and backward; and the
     // owner-side layout of this rank's experts, expert-major then by source rank [E + 1].
@@ -136,6 +138,7 @@ typedef struct mt_model {
     // counted, no kernel runs and no device data is read. It follows the cuda step's dtypes and
     // allocations (model/model_internal.h: step_dtype), where the cpu backend keeps f32.
     int counting;
+    int rows_mode;              // model/expert_rows.c: 0 undecided, 1 expert offsets may stay on the device, -1 not
     int xs_extra_known;         // model/experts_gpu.c mt_experts_xs_extra's answer, once asked
     int64_t xs_extra;
     int a_extra_known;          // and mt_experts_a_extra's

@@ -157,8 +157,13 @@ void mt_op_aux_backward(mt_model *m, float *dlogits, float coef, const float *pr
 void mt_op_zloss_accumulate(mt_model *m, const float *logits, const uint8_t *mask, int T, int E);
 void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float *logits, const uint8_t *mask, int T,
                           int E);
+// Where the experts' offsets live (model/expert_rows.c): mt_rows_decide once per model on the
+// cuda backend (it says which, and why), mt_rows_on_device per layer and step.
+void mt_rows_decide(mt_model *m);
+int mt_rows_on_device(mt_model *m, int L);
 // The expert order of layer L's routing; its offsets' host copy (host_offsets, counts) is
-// collected by mt_op_permute_wait, which every reader of them calls first (a no-op when done).
+// collected by mt_op_permute_wait, which every reader of them calls first (a no-op when done),
+// unless they stay on the device (mt_rows_on_device: then they come with mt_op_aux_finish's).
 void mt_op_permute(mt_model *m, int L);
 void mt_op_permute_wait(mt_model *m, int L);
 // xs's rows ldo elements apart (≥ H: room for what the experts' forward puts beside them).

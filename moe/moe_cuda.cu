@@ -473,12 +473,14 @@ extern "C" void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const flo
 }
 
 extern "C" void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *st, const double *stats, double *z_sum,
-                                            int64_t *z_rows, double *seq) {
+                                            int64_t *z_rows, double *seq, void *extra_dst, const void *extra_src,
+                                            size_t extra_bytes) {
     const int E = st->E;
     moe_check("moe_aux_stats_download_cuda", E, 1);
     double h[MT_AUX_STATS_LEN(MOE_MAX_E)];
     cudaStream_t s = mt_cuda_begin(be);
     MT_CHECK_CUDA(cudaMemcpyAsync(h, stats, (size_t)MT_AUX_STATS_LEN(E) * sizeof(double), cudaMemcpyDeviceToHost, s));
+    if (extra_bytes) MT_CHECK_CUDA(cudaMemcpyAsync(extra_dst, extra_src, extra_bytes, cudaMemcpyDeviceToHost, s));
     mt_cuda_backend_sync(be);  // the one synchronisation: the host wants the totals
     for (int e = 0; e < E; e++) {
         st->counts[e] = h[e];

@@ -59,9 +59,11 @@ void moe_aux_accumulate_cuda(mt_backend *be, double *stats, const float *probs, 
                              const uint8_t *row_mask, int T, int E, int k);
 // Sets *s (its E from s->E, as moe_aux_init left it), *z_sum, *z_rows and seq [2] (the balance
 // loss's sum and count; any of these may be NULL) from the device totals: one copy, one
-// synchronisation.
+// synchronisation; and extra_bytes more from the device's extra_src to the host's extra_dst in
+// the same wait (0: none; the step's expert offsets that stayed on the device).
 void moe_aux_stats_download_cuda(mt_backend *be, moe_aux_stats *s, const double *stats, double *z_sum,
-                                 int64_t *z_rows, double *seq);
+                                 int64_t *z_rows, double *seq, void *extra_dst, const void *extra_src,
+                                 size_t extra_bytes);
 void moe_aux_backward_cuda(mt_backend *be, float *dlogits, float coef, const double *stats, const float *probs,
                            const uint8_t *row_mask, int T, int E);
 

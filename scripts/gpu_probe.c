@@ -18,6 +18,7 @@
 #include "core/backend.h"
 #include "core/comm.h"
 #include "core/common.h"
+#include "core/gemm_rows.h"
 #include "model/attention_cudnn.h"
 #include "scripts/json_line.h"
 
@@ -80,6 +81,16 @@ static int device(void) {
     return 0;
 }
 
+// Whether the experts' offsets can stay on the device here (core/gemm_rows.h): cuBLASLt's grouped
+// matmul, and its first use's check against per-group GEMMs, run on this GPU. A "no" is not a
+// failure: the step then downloads them once per MoE layer.
+static void rows_probe(mt_backend *be) {
+    char why[240];
+    int ok = mt_gemm_rows_checked(be, why, sizeof why);
+    printf("probe: experts' rows on the device: %s (%s)\n", ok ? "yes" : "no, downloaded per MoE layer", why);
+    json_line("expert_rows", "\"device\":%s,\"why\":\"%s\"", ok ? "true" : "false", why);
+}
+
 // A 1-rank NCCL world (core/comm's own path), a plain SUM and an EXACT all-reduce of n floats:
 // with one rank both must give back the input bits.
 static int nccl_check(mt_backend *be) {
@@ -133,7 +144,9 @@ int main(void) {
         json_line("device", "\"ok\":false,\"error\":\"no usable CUDA GPU\"");
         return 2;
     }
-    int rc = device() != 0 || nccl_check(be) != 0;
+    int rc = device() != 0;
+    if (!rc) rows_probe(be);
+    rc = rc || nccl_check(be) != 0;
     mt_backend_free(be);
     return rc;
 }

@@ -777,7 +777,7 @@ static void aux_loss_case(co_result *r, mt_backend *g, int T, int E, int k) {
     }
     double zs = -1.0;
     int64_t zr = -1;
-    moe_aux_stats_download_cuda(g, &sg, ST, &zs, &zr, NULL);
+    moe_aux_stats_download_cuda(g, &sg, ST, &zs, &zr, NULL, NULL, NULL, 0);
     co_cmp_scalar(r, "aux loss", moe_aux_loss(&sg), moe_aux_loss(&s));
     if (zs != 0.0 || zr != 0) co_cmp_scalar(r, "z fields (the aux statistics must not touch them)", zs + zr, 0.0);
     if (sg.rows != s.rows) co_cmp_scalar(r, "rows", (double)sg.rows, (double)s.rows);
@@ -826,7 +826,7 @@ static co_result co_zloss(mt_backend *g) {
     for (int run = 0; run < 2; run++) {
         for (int layer = 0; layer < 2; layer++) moe_zloss_accumulate_cuda(g, ST[run], LG[layer], M[layer], T, E);
         moe_aux_init(&sg, E, 1);
-        moe_aux_stats_download_cuda(g, &sg, ST[run], &zs[run], &zr[run], NULL);
+        moe_aux_stats_download_cuda(g, &sg, ST[run], &zs[run], &zr[run], NULL, NULL, NULL, 0);
     }
     // Both sums in double of the same lse² values (each to an ulp or so: exp and log on two
     // machines), in different orders: 1e-12 relative would do, 1e-9 leaves room.

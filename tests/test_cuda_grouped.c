@@ -587,7 +587,7 @@ static void beside_case(mt_backend *gpu, const int *rows, int RB) {
     mt_ledger_reset_peak(&gpu->ledger);
     cr_assert_eq(mt_grouped_gemm(one, txz, &g), 0, "%s", mt_error_get());
     cr_expect_eq(gpu->ledger.peak[MT_MEM_WORK],
-                 work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(2 * F * LD, E) * 2) + MT_GEMM_GROUP_PTR_BYTES,
+                 work0 + (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(2 * F * LD, E) * 2) + MT_GROUPED_PTR_BYTES,
                  "the slots hold [W1;W3] with B1, B3 beside at a row stride of %d (%d unpadded), and the pointer table",
                  LD, K);
     cr_expect_eq(mt_grouped_slot_ld(&g, 0), LD);
@@ -681,7 +681,7 @@ Test(cuda_grouped, null_backend_counts_the_scratch) {
     mt_ledger_reset_peak(&nb->ledger);
     size_t w0 = nb->ledger.cur[MT_MEM_WORK];
     cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
-    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0, (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2) + MT_GEMM_GROUP_PTR_BYTES,
+    cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0, (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2) + MT_GROUPED_PTR_BYTES,
                  "w2's two slots, each of both experts, and the pointer table");
     cr_expect_eq(nb->ledger.cur[MT_MEM_WORK], w0, "released");
     uint64_t seeds[2] = {1, 2};
@@ -690,7 +690,7 @@ Test(cuda_grouped, null_backend_counts_the_scratch) {
     cr_assert_eq(mt_grouped_gemm(c, a, &g), 0, "%s", mt_error_get());
     cr_expect_eq(nb->ledger.peak[MT_MEM_WORK] - w0,
                  (size_t)(MT_EXPERT_SCRATCH_SLOTS * mt_expert_slot_elems(D * F, 2) * 2 + mt_expert_dropout_scratch_bytes(9, F)) +
-                     MT_GEMM_GROUP_PTR_BYTES,
+                     MT_GROUPED_PTR_BYTES,
                  "the slots and the dropout buffer of A's width");
     for (int e = 0; e < 2; e++) mt_qweight_free(&q[e]);
     mt_tensor_free(a), mt_tensor_free(c);
@@ -745,7 +745,7 @@ static void kept_case(mt_backend *gpu, const int *rows) {
             size_t work0 = gpu->ledger.cur[MT_MEM_WORK];
             mt_ledger_reset_peak(&gpu->ledger);
             cr_assert_eq(mt_grouped_gemm(fromkept, as[k], calls[k][1]), 0, "%s", mt_error_get());
-            cr_expect_leq(gpu->ledger.peak[MT_MEM_WORK], work0 + MT_GEMM_GROUP_PTR_BYTES, "no slot for kept experts");
+            cr_expect_leq(gpu->ledger.peak[MT_MEM_WORK], work0 + MT_GROUPED_PTR_BYTES, "no slot for kept experts");
             float *x = down(slots), *y = down(fromkept);
             double norm = 0;
             for (int64_t i = 0; i < R * ncols[k]; i++) norm += fabs(x[i]);

@@ -12,6 +12,7 @@
 
 #include "tests/gpu_or_skip.h"
 #include "core/common.h"
+#include "core/gemm_rows.h"
 #include "model/mixtral.h"
 #include "tests/test_compare.h"
 #include "tests/test_util.h"
@@ -286,6 +287,81 @@ Test(cuda, expert_cache_gives_the_same_bits) {
         snprintf(what, sizeof what, "r %d, %d layers kept", runs[run].r, runs[run].keep);
         // the adapter-like run: the cache-less model folds A2 under W2, the kept one cannot
         expect_two_steps_alike(gpu, m, p, n, &b, what, runs[run].later != runs[run].dropout);
+        for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
+    }
+    mt_backend_free(gpu);
+    mt_test_rmrf(tmp);
+}
+
+// The experts' offsets kept on the device (model/expert_rows.c: cuBLASLt's grouped matmul reads
+// each expert's rows there) give the step the same bits as downloading them once per MoE layer's
+// forward (MT_EXPERT_ROWS=host), with at most 4 host waits a step where the download takes one
+// more per MoE layer, and the load log's counts arrive all the same (with the loss statistics).
+// r 8 folds w1's, w3's and w2's LoRA B beside W and pairs the A; r 4 folds none, with both layers'
+// experts kept (--expert-cache); a frozen router in the second.
+Test(cuda, expert_rows_on_the_device_give_the_same_bits_in_four_waits) {
+    mt_backend *gpu = gpu_or_skip();
+    char tmp[64], dir[128];
+    tiny_checkpoint(tmp, dir, 7);
+    char why[240];
+    if (!mt_gemm_rows_checked(gpu, why, sizeof why)) {  // this GPU's cuBLASLt: the download, said so
+        mt_run_opts o;
+        mt_run_opts_default(&o);
+        mt_model m;
+        cr_assert_eq(mt_model_load(&m, gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+        cr_expect_eq(m.rows_mode, -1, "the offsets stay on the device where %s", why);
+        cr_log_info("the offsets are downloaded here: %s", why);
+        mt_model_free(&m);
+        mt_backend_free(gpu);
+        mt_test_rmrf(tmp);
+        return;
+    }
+    const struct {
+        int r, keep;
+        unsigned targets;
+    } runs[] = {{8, 0, MT_TARGET_EXPERTS | MT_TARGET_GATE | MT_TARGET_ATTN}, {4, 2, MT_TARGET_EXPERTS}};
+    enum { B = 2, S = 24 };
+    int32_t tokens[B * S], labels[B * S];
+    for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 41) % 200;
+    mt_batch b = {B, S, tokens, labels, NULL};
+    for (size_t run = 0; run < MT_ARRAY_LEN(runs); run++) {
+        mt_run_opts o;
+        mt_run_opts_default(&o);
+        o.mode = MT_MODE_LORA, o.lora_r = runs[run].r, o.lora_dropout = 0.0, o.targets = runs[run].targets;
+        o.expert_cache = runs[run].keep;
+        mt_model m[2];
+        mt_param *p[2];
+        int n = 0;
+        for (int k = 0; k < 2; k++) {  // m[0] downloads the offsets, m[1] keeps them on the device
+            setenv("MT_EXPERT_ROWS", k ? "device" : "host", 1);
+            cr_assert_eq(mt_model_load(&m[k], gpu, dir, MT_MODEL_SPEC_OF(&o)), 0, "%s", mt_error_get());
+            unsetenv("MT_EXPERT_ROWS");
+            cr_assert_eq(m[k].rows_mode, k ? 1 : -1);
+            n = mt_model_params(&m[k], &p[k]);
+            set_lora_b(p[k], p[k], n, 0.01f, 7, 13);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "r %d, %d layers kept", runs[run].r, runs[run].keep);
+        expect_two_steps_alike(gpu, m, p, n, &b, what, 0);
+        uint64_t waits[2];
+        for (int k = 0; k < 2; k++) {  // a third forward and backward: their host waits
+            mt_loss l;
+            uint64_t w0 = gpu->host_syncs;
+            mt_model_zero_grad(&m[k]);
+            cr_assert_eq(mt_model_forward(&m[k], &b, &l), 0);
+            mt_model_backward(&m[k]);
+            waits[k] = gpu->host_syncs - w0;
+        }
+        const uint64_t moe = (uint64_t)mt_config_moe_layers(&m[0].cfg);
+        cr_expect_leq(waits[1], 4, "%s: %llu host waits with the offsets on the device", what, (unsigned long long)waits[1]);
+        cr_expect_eq(waits[0], waits[1] + moe, "%s: %llu host waits downloading the offsets, %llu kept on the device, "
+                     "%llu MoE layers", what, (unsigned long long)waits[0], (unsigned long long)waits[1],
+                     (unsigned long long)moe);
+        for (int L = 0; L < m[0].cfg.layers; L++) {
+            cr_expect(m[1].kept[L].rows_on_device && !m[0].kept[L].rows_on_device, "%s: layer %d", what, L);
+            cr_expect(memcmp(m[0].kept[L].counts, m[1].kept[L].counts, (size_t)m[0].cfg.experts * sizeof(int32_t)) == 0,
+                      "%s: layer %d's expert counts differ", what, L);
+        }
         for (int k = 0; k < 2; k++) mt_params_free(p[k], n), mt_model_free(&m[k]);
     }
     mt_backend_free(gpu);

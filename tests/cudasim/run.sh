@@ -178,9 +178,10 @@ wait "$cli_pid"
 rc_cpu=$(cat "$work/cpu.rc" 2>/dev/null || echo none) rc_cuda=$(cat "$work/cuda.rc" 2>/dev/null || echo none)
 # The CUDA step stores weights, activations and gradients in bf16 (the CPU is the fp32
 # reference), so the runs part by bf16 roundings step after step: the acceptance is the final
-# loss within 2% of the CPU run's (issue 12); the step's host waits at most one per layer (the
-# expert row counts) plus four (the loss, the aux and z statistics, the grad norm of each of the
-# two parameter groups: replicated and experts); and no step leaks:
+# loss within 2% of the CPU run's (issue 12); the step's host waits at most four (the loss, the
+# aux and z statistics, the grad norm of each of the two parameter groups: replicated and
+# experts), the experts' row counts staying on the device (model/expert_rows.c: the stand-in has
+# cuBLASLt's grouped matmul; without it the step would wait once more per MoE layer); and no step leaks:
 # the ledger's peak after step 2 is the peak after the last.
 step_field() { grep '"type":"step"' "$1/metrics.jsonl" | sed -n "$3p" | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
 last() { step_field "$1" "$2" '$'; }
@@ -189,10 +190,10 @@ if [ "$rc_cpu" = 0 ] && [ "$rc_cuda" = 0 ]; then
   peak2=$(step_field "$work/cuda" peak_bytes 2) peak=$(last "$work/cuda" peak_bytes)
   layers=$(grep -oE '"num_hidden_layers": *[0-9]+' configs/tiny.json | grep -oE '[0-9]+$')
   if awk -v a="$lc" -v b="$lg" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }' &&
-     [ "$syncs" -le $((layers + 4)) ] && [ "$peak2" = "$peak" ]; then
-    ok "CLI: $steps steps, --device cuda (emulated, bf16) vs cpu (fp32): final loss $lg vs $lc (within 2%); host syncs per step $syncs (<= layers + 4); ledger peak $peak bytes from step 2 on ($(($(cat "$work/cli.end") - cli_t0)) s, beside sections 1-3)"
+     [ "$syncs" -le 4 ] && [ "$peak2" = "$peak" ]; then
+    ok "CLI: $steps steps, --device cuda (emulated, bf16) vs cpu (fp32): final loss $lg vs $lc (within 2%); host syncs per step $syncs (<= 4, $layers layers); ledger peak $peak bytes from step 2 on ($(($(cat "$work/cli.end") - cli_t0)) s, beside sections 1-3)"
   else
-    bad "CLI: $steps steps, --device cuda vs cpu: final loss $lg vs $lc (want within 2%), host syncs $syncs (want <= $((layers + 4))), ledger peak $peak2 at step 2, $peak at the end (want equal)"
+    bad "CLI: $steps steps, --device cuda vs cpu: final loss $lg vs $lc (want within 2%), host syncs $syncs (want <= 4), ledger peak $peak2 at step 2, $peak at the end (want equal)"
   fi
 else
   bad "CLI: $steps steps --device cuda vs cpu (exit codes $rc_cpu/$rc_cuda)"
