@@ -113,9 +113,10 @@ void *mt_cuda_backend_enter(mt_backend *be);
 // mt_download_begin / mt_download_end on the cuda backend (core/backend_cuda.cu).
 void mt_cuda_download_begin(mt_backend *be, void *host_dst, const void *src, size_t bytes);
 void mt_cuda_download_end(mt_backend *be);
-// The backend's cuBLASLt handle (a cublasLtHandle_t) and its workspace, after making its device
-// current: for GEMMs outside core/backend_cuda.cu that share them (core/gemm_rows_cuda.cu).
-void mt_cuda_backend_lt(mt_backend *be, void **lt, void **workspace, size_t *workspace_bytes);
+// The backend's cuBLASLt handle (a cublasLtHandle_t), its workspace and the SMs its GEMMs plan
+// for (0: all; mt_cuda_gemm_sm_reserve), after making its device current: for GEMMs outside
+// core/backend_cuda.cu that share them (core/gemm_rows_cuda.cu).
+void mt_cuda_backend_lt(mt_backend *be, void **lt, void **workspace, size_t *workspace_bytes, int *sm_target);
 // A second stream of the backend's device (made on first use, destroyed with the backend), for
 // work that overlaps the main stream's; the caller orders the two with events. Device current.
 void *mt_cuda_backend_side_stream(mt_backend *be);

@@ -692,9 +692,10 @@ static const mt_backend_ops cuda_ops = {
 };
 
 extern "C" void *mt_cuda_backend_stream(mt_backend *be) { return ((cuda_ctx *)be->ctx)->stream; }
-extern "C" void mt_cuda_backend_lt(mt_backend *be, void **lt, void **workspace, size_t *workspace_bytes) {
+extern "C" void mt_cuda_backend_lt(mt_backend *be, void **lt, void **workspace, size_t *workspace_bytes,
+                                   int *sm_target) {
     cuda_ctx *cx = cuda_enter(be);
-    *lt = cx->lt, *workspace = cx->workspace, *workspace_bytes = cx->workspace_bytes;
+    *lt = cx->lt, *workspace = cx->workspace, *workspace_bytes = cx->workspace_bytes, *sm_target = cx->sm_target;
 }
 extern "C" void *mt_cuda_backend_side_stream(mt_backend *be) {
     cuda_ctx *cx = cuda_enter(be);

@@ -9,15 +9,19 @@
 #pragma once
 #include <cublasLt.h>
 
-// cublasLtMatmulPreferenceAttributes_t values (13.4's header: uint32_t, default 0): hints for
-// the heuristic, since the shapes themselves are on the device.
+// cublasLtMatmulPreferenceAttributes_t values (default 0; 13.4's header says uint32_t, NVIDIA's
+// own callers pass int64_t): hints for the heuristic, since the shapes themselves are on the
+// device.
 #define MT_LT_PREF_GROUPED_AVG_K 13     // CUBLASLT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM
 #define MT_LT_PREF_GROUPED_AVG_ROWS 14  // CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS
 #define MT_LT_PREF_GROUPED_AVG_COLS 15  // CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS
 
-// The run-time versions (cublasLtGetVersion) from which a grouped bf16 matmul exists.
-#define MT_LT_GROUPED_VERSION_HOPPER 130400     // sm_90
-#define MT_LT_GROUPED_VERSION_BLACKWELL 130300  // sm_100 .. sm_110
+// The run-time version (cublasLtGetVersion) from which a grouped bf16 matmul runs on Hopper
+// (sm_90; Blackwell's came with 13.3), and the versions that corrupt grouped outputs written to
+// separate addresses (13.7.0 up to 13.8.1, as NVIDIA's TransformerEngine records).
+#define MT_LT_GROUPED_VERSION_HOPPER 130400
+#define MT_LT_GROUPED_BAD_FROM 130700
+#define MT_LT_GROUPED_BAD_UNTIL 130801
 
 // cublasLtGroupedMatrixLayoutCreate: `groups` matrices of one type; rows, cols and ld are device
 // arrays of `groups` entries each.

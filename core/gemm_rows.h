@@ -14,7 +14,9 @@
 //                    x [R, M], y [R, N] bf16; g[e] [M, N] (a group without rows: beta · g[e])
 //
 // Every w[e] (g[e]) has one shape, row stride and dtype; c and g are bf16 or f32; any operand may
-// be a view with a row stride. rows_total: the rows the groups are expected to hold in all (the
+// be a view with a row stride, but every operand's first element and row stride must be 16-byte
+// aligned (each group's rows start at any row, and the library reads its pointers on the device:
+// it cannot pick a kernel by them; refused otherwise). rows_total: the rows the groups are expected to hold in all (the
 // heuristic's hint and the profile's count; the host does not know the real ones). Nothing
 // waits for the device: the call is queued on the backend's
 // stream, its arrays written into `scratch` (MT_GEMM_ROWS_SCRATCH_BYTES of device memory, the

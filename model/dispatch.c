@@ -452,9 +452,10 @@ void mt_op_zloss_backward(mt_model *m, float *dlogits, float dscale, const float
 }
 
 // Layer L's expert order from its recorded choices, and the host copy of the offsets that the
-// expert loop walks. On CUDA that copy is the step's one host wait per layer: begun here,
-// collected by mt_op_permute_wait once the work that does not need it is queued (the gather,
-// a shared expert), so that the device is not idle while the host waits and sets up the experts.
+// expert loop walks. On CUDA that copy is a host wait per layer, unless the offsets stay on the
+// device (model/expert_rows.c): begun here, collected by mt_op_permute_wait once the work that
+// does not need it is queued (the gather, a shared expert), so that the device is not idle while
+// the host waits and sets up the experts.
 void mt_op_permute(mt_model *m, int L) {
     mt_layer_kept *kp = &m->kept[L];
     int T = m->B * m->S, E = (int)m->cfg.experts, k = (int)m->cfg.top_k;

@@ -87,6 +87,7 @@ static int64_t group_rows(const group *gr) { return gr->off ? gr->off[gr->E] : g
 static mt_grouped part_of(const group *gr, mt_grouped g, int e0) {
     g.experts = MT_MIN(MT_GROUPED_MAX, gr->E - e0);
     g.off = gr->off ? gr->off + e0 : NULL, g.doff = gr->doff ? gr->doff + e0 : NULL, g.rows = gr->rows;
+    g.rows_hint = gr->rows * g.experts / gr->E;
     g.seed = g.seed ? g.seed + e0 : NULL;
     return g;
 }

@@ -45,6 +45,8 @@ typedef struct mt_grouped {
     // offsets).
     const int32_t *doff;
     int64_t rows;
+    int64_t rows_hint;            // with doff: the rows these experts are expected to hold (balanced;
+                                  // 0: rows), the grouped matmul's hint and the profile's count
     // W_e: 4-bit q[e] [out, in] (trans: N = out, K = in; else K = out, N = in) or dense bf16 w[e]
     // ([N, K] trans, [K, N] else). Per expert exactly one of q[e] and w[e] is set (either array
     // may be NULL when no expert uses it: a layer may mix frozen 4-bit experts with unfrozen

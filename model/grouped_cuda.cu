@@ -367,7 +367,7 @@ static bool w_alike(const mt_grouped *g, int e, int f) {
 
 // The rows a run of n of the call's experts is expected to hold, balanced: the grouped matmul's
 // heuristic hint and the profile's count (the host does not know the real ones).
-static int64_t run_rows(const mt_grouped *g, int n) { return g->rows * n / g->experts; }
+static int64_t run_rows(const mt_grouped *g, int n) { return (g->rows_hint ? g->rows_hint : g->rows) * n / g->experts; }
 
 // The run's arrays go into the call's ptrs scratch: each run's kernel writes them after the
 // previous run's matmul has read them (one stream).

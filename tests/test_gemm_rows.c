@@ -81,12 +81,13 @@ static void close_to(double got, double want, double tol, const char *what, int 
               (long long)i, (long long)j, got, want);
 }
 
-// c[rows e] = alpha · a[rows e] · op(w_e) + beta · c[rows e], c a view of columns [1, 1 + N) of
-// a wider matrix, a's rows padded, two rows past the last group: every other element unchanged.
+// c[rows e] = alpha · a[rows e] · op(w_e) + beta · c[rows e], c a view of columns [C0, C0 + N) of
+// a wider matrix, a's rows padded (16-byte aligned rows, as core/gemm_rows.h asks), two rows past
+// the last group: every other element unchanged.
 static void forward_case(int trans, mt_dtype cdt, float alpha, float beta) {
     mt_backend *be = gpu_with_rows();
     if (!be) return;
-    enum { E = 5, K = 24, N = 16, LDA = 32, LDC = N + 2 };
+    enum { E = 5, K = 24, N = 16, LDA = 32, C0 = 8, LDC = N + 16 };
     static const int rows[E] = {3, 0, 7, 1, 5};
     int32_t off[E + 1];
     mt_tensor *doff = offsets(be, rows, E, off);
@@ -96,7 +97,7 @@ static void forward_case(int trans, mt_dtype cdt, float alpha, float beta) {
     mt_tensor *w[E];
     for (int e = 0; e < E; e++) w[e] = random_tensor(be, MT_BF16, trans ? N : K, trans ? K : N, 10 + e, &wv[e]);
     mt_tensor a_view = mt_view2(be, a->data, MT_BF16, R, K, LDA);
-    mt_tensor c_view = mt_view2(be, (char *)c->data + mt_dtype_bytes(cdt, 1), cdt, R, N, LDC);
+    mt_tensor c_view = mt_view2(be, (char *)c->data + mt_dtype_bytes(cdt, C0), cdt, R, N, LDC);
     void *s = scratch(be);
     const uint64_t waits = be->host_syncs;
     cr_assert_eq(mt_gemm_rows(be, &c_view, &a_view, (const mt_tensor *const *)w, trans, E, (const int32_t *)doff->data,
@@ -109,12 +110,12 @@ static void forward_case(int trans, mt_dtype cdt, float alpha, float beta) {
             for (int j = 0; j < N; j++) {
                 double acc = 0;
                 for (int k = 0; k < K; k++) acc += (double)av[i * LDA + k] * wv[e][trans ? j * K + k : k * N + j];
-                double want = alpha * acc + (beta != 0.0f ? beta * cv[i * LDC + 1 + j] : 0.0);
-                close_to(got[i * LDC + 1 + j], want, tol, "mt_gemm_rows", e, i, j);
+                double want = alpha * acc + (beta != 0.0f ? beta * cv[i * LDC + C0 + j] : 0.0);
+                close_to(got[i * LDC + C0 + j], want, tol, "mt_gemm_rows", e, i, j);
             }
     for (int64_t i = 0; i < R; i++)
         for (int j = 0; j < LDC; j++)
-            if (i >= off[E] || j == 0 || j == LDC - 1)
+            if (i >= off[E] || j < C0 || j >= C0 + N)
                 cr_assert_eq(got[i * LDC + j], cv[i * LDC + j], "element (%lld, %d) outside every group changed",
                              (long long)i, j);
     mt_backend_release(be, MT_MEM_WORK, MT_GEMM_ROWS_SCRATCH_BYTES, s);
@@ -176,10 +177,19 @@ Test(gemm_rows, refuses_mismatched_shapes) {
     mt_tensor *w = mt_tensor_new(be, MT_MEM_ACT, MT_BF16, 2, sw);
     void *s = scratch(be);
     const mt_tensor *ws[1] = {w};
+    const int32_t *dummy_off = (const int32_t *)s;  // device memory: never read, the call refuses first
     cr_assert_eq(mt_gemm_rows(be, c, a, ws, 1, 1, NULL, 4, 1.0f, 0.0f, s), -1);
+    cr_assert(strstr(mt_error_get(), "no offsets"), "%s", mt_error_get());
+    cr_assert_eq(mt_gemm_rows(be, c, a, ws, 1, 1, dummy_off, 4, 1.0f, 0.0f, s), -1);
     cr_assert(strstr(mt_error_get(), "op(w) is [7, 6]"), "%s", mt_error_get());
     cr_assert_eq(mt_gemm_rows(be, c, a, ws, 1, 0, NULL, 4, 1.0f, 0.0f, s), -1);
     cr_assert(strstr(mt_error_get(), "0 groups"), "%s", mt_error_get());
+    // rows 12 bytes apart: a group's rows would start anywhere, which the grouped matmul is not asked to read
+    mt_tensor a6 = mt_view2(be, a->data, MT_BF16, 4, 6, 6), c6 = mt_view2(be, c->data, MT_F32, 4, 6, 8);
+    mt_tensor w66 = mt_view2(be, w->data, MT_BF16, 6, 6, 8);
+    const mt_tensor *w6[1] = {&w66};
+    cr_assert_eq(mt_gemm_rows(be, &c6, &a6, w6, 1, 1, dummy_off, 4, 1.0f, 0.0f, s), -1);
+    cr_assert(strstr(mt_error_get(), "16-byte aligned"), "%s", mt_error_get());
     mt_backend_release(be, MT_MEM_WORK, MT_GEMM_ROWS_SCRATCH_BYTES, s);
     mt_tensor_free(a), mt_tensor_free(c), mt_tensor_free(w);
     mt_backend_free(be);

@@ -204,12 +204,19 @@ void gemm_ref(const Desc &D, const Layout &A, const Layout &B, const Layout &C, 
         }
 }
 
-// Group g's layout: the grouped one's type with its shapes read from the device arrays.
-Layout group_layout(const Layout &l, int g) {
+// Group g's layout: the grouped one's type with its shapes read from the device arrays; p, its
+// matrix, and its columns must be 16-byte aligned. The library documents no alignment for the
+// groups' pointers, which it reads on the device and cannot choose a kernel by; 16 bytes is what
+// its vector loads want and what NVIDIA's callers keep (cuBLAS's grouped GEMM faulted on less on
+// an H100: docs/gpu-results.md), so the stand-in holds callers to it.
+Layout group_layout(const Layout &l, int g, const void *p, char which) {
     Layout x{l.type, (uint64_t)l.g_rows[g], (uint64_t)l.g_cols[g], (int64_t)l.g_ld[g]};
     if (l.g_rows[g] < 0 || l.g_cols[g] < 0 || l.g_ld[g] < 0 || (uint64_t)l.g_ld[g] < x.rows)
-        cudasim::fail("cuBLASLt grouped matmul: group %d's layout is %d x %d with ld %d (ld below rows, or negative)", g,
+        cudasim::fail("cuBLASLt grouped matmul: group %d's %c is %d x %d with ld %d (ld below rows, or negative)", g, which,
                       l.g_rows[g], l.g_cols[g], l.g_ld[g]);
+    if ((uintptr_t)p % 16 || ((size_t)x.ld * type_size(x.type)) % 16)
+        cudasim::fail("cuBLASLt grouped matmul: group %d's %c at %p with columns %lld bytes apart is not 16-byte aligned",
+                      g, which, p, (long long)((size_t)x.ld * type_size(x.type)));
     return x;
 }
 
@@ -236,7 +243,8 @@ cublasStatus_t grouped_matmul(const Desc D, const Layout A, const Layout B, cons
         void *const *pd = (void *const *)D_;
         const bool ta = D.transa != CUBLAS_OP_N, tb = D.transb != CUBLAS_OP_N;
         for (int g = 0; g < Dl.groups; g++) {
-            const Layout a = group_layout(A, g), b = group_layout(B, g), c = group_layout(C, g), d = group_layout(Dl, g);
+            const Layout a = group_layout(A, g, pa[g], 'A'), b = group_layout(B, g, pb[g], 'B');
+            const Layout c = group_layout(C, g, pc[g], 'C'), d = group_layout(Dl, g, pd[g], 'D');
             const uint64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
             const uint64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
             if (k != kb || d.rows != m || d.cols != n || c.rows != d.rows || c.cols != d.cols)
@@ -460,10 +468,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
         p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = x;
         return CUBLAS_STATUS_SUCCESS;
     }
-    case MT_LT_PREF_GROUPED_AVG_K:  // the grouped matmul's hints (13.4's header: uint32_t)
-    case MT_LT_PREF_GROUPED_AVG_ROWS:
-    case MT_LT_PREF_GROUPED_AVG_COLS:
-        return size_ok(n, 4, "GROUPED_AVERAGE_*") ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    case MT_LT_PREF_GROUPED_AVG_K:  // the grouped matmul's hints: int64_t, as NVIDIA's callers pass
+    case MT_LT_PREF_GROUPED_AVG_ROWS:  // them (13.4's header says uint32_t; the stand-in takes what
+    case MT_LT_PREF_GROUPED_AVG_COLS:  // the library is seen to take)
+        return size_ok(n, 8, "GROUPED_AVERAGE_*") ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
     default:
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute %d is not modelled by cudasim", (int)a);
     }
