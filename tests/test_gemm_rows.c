@@ -58,10 +58,10 @@ static void *scratch(mt_backend *be) {
     return p;
 }
 
-// The backend; NULL (freed) where its cuBLASLt has no grouped matmul, after checking that a
-// call says so rather than computing.
-static mt_backend *gpu_with_rows(void) {
-    mt_backend *be = gpu_or_skip();
+// be (gpu_or_skip's, in the test's body: tests/cuda_tests.sh lists a test by it); NULL (be freed)
+// where its cuBLASLt has no grouped matmul, after checking that a call says so rather than
+// computing.
+static mt_backend *with_rows(mt_backend *be) {
     char why[200];
     if (mt_gemm_rows_available(be, why, sizeof why)) return be;
     int64_t sh[2] = {2, 8};
@@ -84,8 +84,7 @@ static void close_to(double got, double want, double tol, const char *what, int 
 // c[rows e] = alpha · a[rows e] · op(w_e) + beta · c[rows e], c a view of columns [C0, C0 + N) of
 // a wider matrix, a's rows padded (16-byte aligned rows, as core/gemm_rows.h asks), two rows past
 // the last group: every other element unchanged.
-static void forward_case(int trans, mt_dtype cdt, float alpha, float beta) {
-    mt_backend *be = gpu_with_rows();
+static void forward_case(mt_backend *be, int trans, mt_dtype cdt, float alpha, float beta) {
     if (!be) return;
     enum { E = 5, K = 24, N = 16, LDA = 32, C0 = 8, LDC = N + 16 };
     static const int rows[E] = {3, 0, 7, 1, 5};
@@ -125,12 +124,11 @@ static void forward_case(int trans, mt_dtype cdt, float alpha, float beta) {
     mt_backend_free(be);
 }
 
-Test(gemm_rows, trans_f32_accumulates) { forward_case(1, MT_F32, 0.5f, 1.0f); }
-Test(gemm_rows, plain_bf16_overwrites) { forward_case(0, MT_BF16, 1.0f, 0.0f); }
+Test(gemm_rows, trans_f32_accumulates) { forward_case(with_rows(gpu_or_skip()), 1, MT_F32, 0.5f, 1.0f); }
+Test(gemm_rows, plain_bf16_overwrites) { forward_case(with_rows(gpu_or_skip()), 0, MT_BF16, 1.0f, 0.0f); }
 
 // g_e = alpha · x[rows e]ᵀ · y[rows e] + beta · g_e, group 1 without rows: beta · g_1.
-static void tn_case(mt_dtype gdt, float beta) {
-    mt_backend *be = gpu_with_rows();
+static void tn_case(mt_backend *be, mt_dtype gdt, float beta) {
     if (!be) return;
     enum { E = 4, M = 12, N = 8, LDX = 16 };
     static const int rows[E] = {5, 0, 9, 2};
@@ -165,12 +163,12 @@ static void tn_case(mt_dtype gdt, float beta) {
     mt_backend_free(be);
 }
 
-Test(gemm_rows, tn_f32_accumulates) { tn_case(MT_F32, 1.0f); }
-Test(gemm_rows, tn_bf16_overwrites_an_empty_group) { tn_case(MT_BF16, 0.0f); }
+Test(gemm_rows, tn_f32_accumulates) { tn_case(with_rows(gpu_or_skip()), MT_F32, 1.0f); }
+Test(gemm_rows, tn_bf16_overwrites_an_empty_group) { tn_case(with_rows(gpu_or_skip()), MT_BF16, 0.0f); }
 
 // Shapes that disagree are refused on the host, naming the operand.
 Test(gemm_rows, refuses_mismatched_shapes) {
-    mt_backend *be = gpu_with_rows();
+    mt_backend *be = with_rows(gpu_or_skip());
     if (!be) return;
     int64_t sa[2] = {4, 8}, sc[2] = {4, 6}, sw[2] = {6, 7};
     mt_tensor *a = mt_tensor_new(be, MT_MEM_ACT, MT_BF16, 2, sa), *c = mt_tensor_new(be, MT_MEM_ACT, MT_F32, 2, sc);

@@ -39,7 +39,7 @@ for i in $(seq 0 63); do
     "$i" $(( (i * 7) % 1000 ))
 done >"$work/data.jsonl"
 common=(--model "$work/tiny" --data "$work/data.jsonl" --quant none --seq 64 --lr 1e-3 --dropout 0
-        --save-every 0 --mode lora --r 4 --targets all)
+        --save-every 0 --mode lora --r 8 --targets all)  # r 8: rows 16 bytes apart (model/expert_rows.c)
 cli_t0=$(date +%s)
 (
   MT_COMM=single "$moetrain" train "${common[@]}" --steps "$steps" --batch 4 --device cpu --out "$work/cpu" \
