@@ -4,9 +4,9 @@
 // on the device and the host never waits for them. Otherwise the host downloads them once per
 // layer's forward (model/dispatch.c mt_op_permute): with an older cuBLASLt, or one that failed
 // the first use's check, under expert parallelism (the exchange sizes its messages on the host),
-// in a layer whose experts have LoRA dropout or biases (those kernels take host offsets), and
-// where a row of some operand would not start 16 bytes from the last (core/gemm_rows.h: a
-// hidden or intermediate size, or an expert LoRA rank, not a multiple of 8).
+// in a layer whose experts have biases (gpt-oss: those kernels take host offsets), and where a
+// row of some operand would not start 16 bytes from the last (core/gemm_rows.h: a hidden or
+// intermediate size, or an expert LoRA rank, not a multiple of 8).
 // MT_EXPERT_ROWS=host asks for the download (to compare the two); =device fails the run when
 // the device path cannot be had. The load log's counts of layers whose offsets stayed on the
 // device come back with the step's loss statistics, in the same host wait (mt_op_aux_finish).
@@ -30,7 +30,7 @@ void mt_rows_decide(mt_model *m) {
     if (!ok && env && !strcmp(env, "device")) mt_fatal(MT_EXIT_ERROR, "MT_EXPERT_ROWS=device: %s", why);
     m->rows_mode = ok ? 1 : -1;
     mt_info("experts' rows: %s (%s)", ok ? "kept on the device, no host wait per MoE layer (a layer with expert "
-                                              "LoRA dropout or biases, or a LoRA rank not a multiple of 8, downloads them)"
+                                              "biases, or an expert LoRA rank not a multiple of 8, downloads them)"
                                          : "downloaded once per MoE layer's forward", why);
 }
 
@@ -43,7 +43,7 @@ int mt_rows_on_device(mt_model *m, int L) {
     for (int e = 0; e < (int)m->cfg.experts; e++) {
         const mt_linear *ls[3] = {&ly->w1[e], &ly->w2[e], &ly->w3[e]};
         for (int i = 0; i < 3; i++)
-            if (ls[i]->lora && (ls[i]->lora->dropout > 0.0f || ls[i]->lora->r % 8)) return 0;
+            if (ls[i]->lora && ls[i]->lora->r % 8) return 0;
     }
     mt_rows_decide(m);
     return m->rows_mode > 0;

@@ -43,7 +43,6 @@ static int group_ok(const mt_grouped *g, const char *fn) {
         return 0;
     }
     if (!g->off && g->doff) {  // on the device: nothing of them to check here
-        if (g->seed) return mt_error_set("%s: dropout needs the host's offsets (doff is set)", fn), 0;
         if (g->rows < 0) return mt_error_set("%s: rows = %lld with doff", fn, (long long)g->rows), 0;
     } else if (!g->off || g->off[0] < 0) {
         mt_error_set("%s: off must be set, off[0] >= 0", fn);
@@ -153,7 +152,8 @@ static size_t slot_elems(const mt_grouped *g) {
 }
 
 static size_t drop_bytes(const mt_grouped *g, int64_t width) {
-    return g->seed ? (size_t)mt_expert_dropout_scratch_bytes(g->off[g->experts] - g->off[0], width) : 0;
+    if (!g->seed) return 0;
+    return (size_t)mt_expert_dropout_scratch_bytes(g->off ? g->off[g->experts] - g->off[0] : g->rows, width);
 }
 
 // The rows the experts' offsets reach (doff: what the caller says the operands hold).

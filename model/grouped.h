@@ -40,9 +40,8 @@ typedef struct mt_grouped {
     const int64_t *off;           // host [E+1], non-decreasing (off[0] need not be 0), or NULL:
     // the offsets on the device instead (doff: int32 [E+1], what off would hold), which the host
     // never reads (core/gemm_rows.h's grouped matmul takes them; the cuda backend only, when
-    // mt_gemm_rows_available): every expert is then taken to have rows, `rows` bounds doff[E]
-    // (the row operands hold that many), and there is no dropout (its masks follow the host's
-    // offsets).
+    // mt_gemm_rows_available): every expert is then taken to have rows, and `rows` bounds doff[E]
+    // (the row operands hold that many; the dropout buffer is sized for them).
     const int32_t *doff;
     int64_t rows;
     int64_t rows_hint;            // with doff: the rows these experts are expected to hold (balanced;

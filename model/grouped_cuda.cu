@@ -31,9 +31,12 @@
 //     then runs of experts whose W are alike go as one cuBLASLt grouped matmul each, which reads
 //     each expert's rows on the device (core/gemm_rows.h): the dense W of a LoRA all at once, the
 //     kept ones all at once, the others as many as a slot holds, dequantized into it as above.
+//     LoRA's dropout then masks the call's rows in one launch, each row finding its expert among
+//     the device offsets (the same mask elements as the per-expert launches).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
@@ -365,6 +368,81 @@ static bool w_alike(const mt_grouped *g, int e, int f) {
                        : same && mt_grouped_slot_ld(g, e) == mt_grouped_slot_ld(g, f);
 }
 
+// LoRA's dropout with the offsets on the device: each row finds its expert among the offsets (a
+// binary search in shared memory), then masks as the per-expert kernels do (element
+// (r − off[e], j) of expert e's rows, its seed): one launch for the call's rows.
+struct drop_rows {
+    uint64_t seed[MT_GROUPED_MAX];
+    uint8_t on[MT_GROUPED_MAX];  // drop_add: the experts whose product was written (the others' rows stay)
+};
+
+// The expert whose rows [o[e], o[e+1]) hold row r, or -1 (none of the call's experts).
+static __device__ int row_expert(const int32_t *o, int E, int64_t r) {
+    if (r < o[0] || r >= o[E]) return -1;
+    int lo = 0, hi = E;  // o[lo] <= r < o[hi]
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (o[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// out [rows, w] (ldo) = drop(x [rows, w] (ldx)), as dropout_kernel (lora/lora_cuda.cu) per expert.
+static __global__ void drop_copy_rows_kernel(bf16 *__restrict__ out, int64_t ldo, const bf16 *__restrict__ x, int64_t ldx,
+                                             int64_t rows, int64_t w, const int32_t *__restrict__ doff, int E,
+                                             const __grid_constant__ drop_rows D, float p) {
+    __shared__ int32_t o[MT_GROUPED_MAX + 1];
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) o[i] = doff[i];
+    __syncthreads();
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int e = row_expert(o, E, r);
+        if (e < 0) continue;
+        const uint64_t base = (uint64_t)(r - o[e]) * (uint64_t)w;
+        for (int64_t j = threadIdx.x; j < w; j += blockDim.x)
+            out[r * ldo + j] = __float2bfloat16_rn(__bfloat162float(x[r * ldx + j]) *
+                                                   mt_lora_dropout_factor(D.seed[e], p, base + (uint64_t)j));
+    }
+}
+
+// c [rows, w] (ldc) = alpha · drop(t [rows, w], f32) + beta · c for the rows of experts with D.on,
+// as drop_add_kernel per expert (one rounding).
+template <typename C>
+static __global__ void drop_add_rows_kernel(C *__restrict__ c, int64_t ldc, const float *__restrict__ t, int64_t rows,
+                                            int64_t w, const int32_t *__restrict__ doff, int E,
+                                            const __grid_constant__ drop_rows D, float p, float alpha, float beta) {
+    __shared__ int32_t o[MT_GROUPED_MAX + 1];
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) o[i] = doff[i];
+    __syncthreads();
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int e = row_expert(o, E, r);
+        if (e < 0 || !D.on[e]) continue;
+        const int64_t local = r - o[e];
+        for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+            float v = alpha * (t[r * w + j] * mt_lora_dropout_factor(D.seed[e], p, (uint64_t)(local * w + j)));
+            C *q = c + r * ldc + j;
+            put(q, beta != 0.0f ? load(q) + v : v);
+        }
+    }
+}
+
+static drop_rows drop_rows_of(const mt_grouped *g) {
+    drop_rows D;
+    memset(&D, 0, sizeof D);
+    for (int e = 0; e < g->experts; e++) D.seed[e] = g->seed[e];
+    return D;
+}
+
+// A [g->rows, w] masked copy of x's rows (row stride w) at dst.
+static mt_tensor drop_copy_rows(mt_backend *be, cudaStream_t st, void *dst, const mt_tensor *x, int64_t w,
+                                const mt_grouped *g) {
+    mt_tensor out = mt_view2(be, dst, MT_BF16, g->rows, w, w);
+    drop_copy_rows_kernel<<<row_blocks(g->rows), THREADS, 0, st>>>((bf16 *)dst, w, (const bf16 *)x->data, mt_tensor_ld(x),
+                                                                    g->rows, w, g->doff, g->experts, drop_rows_of(g), g->p);
+    MT_CHECK_LAUNCH();
+    return out;
+}
+
 // The rows a run of n of the call's experts is expected to hold, balanced: the grouped matmul's
 // heuristic hint and the profile's count (the host does not know the real ones).
 static int64_t run_rows(const mt_grouped *g, int n) { return (g->rows_hint ? g->rows_hint : g->rows) * n / g->experts; }
@@ -372,13 +450,22 @@ static int64_t run_rows(const mt_grouped *g, int n) { return (g->rows_hint ? g->
 // The run's arrays go into the call's ptrs scratch: each run's kernel writes them after the
 // previous run's matmul has read them (one stream).
 static void rows_gemm(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, const mt_grouped *g,
-                      int e0, int n, void *arrays) {
-    if (mt_gemm_rows(be, c, a, w, g->trans, n, g->doff + e0, run_rows(g, n), g->alpha, g->beta, arrays) != 0)
+                      int e0, int n, float alpha, float beta, void *arrays) {
+    if (mt_gemm_rows(be, c, a, w, g->trans, n, g->doff + e0, run_rows(g, n), alpha, beta, arrays) != 0)
         mt_fatal(MT_EXIT_ERROR, "grouped GEMM (cuda), experts %d..%d: %s", e0, e0 + n - 1, mt_error_get());
 }
 
+// Dropout: on A, the runs read A's masked copy (all the call's rows at once); on C, they write
+// f32 products that one launch then masks into C for the experts that had a W.
 static void gemm_device_rows(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
                              const mt_grouped_scratch *sc) {
+    const int64_t K = a->shape[1], N = c->shape[1];
+    mt_tensor a_masked, t_f32, *out = c;
+    const mt_tensor *in = a;
+    float alpha = g->alpha, beta = g->beta;
+    if (g->seed && g->drop_a) a_masked = drop_copy_rows(be, st, sc->drop, a, K, g), in = &a_masked;
+    if (g->seed && !g->drop_a) t_f32 = mt_view2(be, sc->drop, MT_F32, g->rows, N, N), out = &t_f32, alpha = 1, beta = 0;
+    drop_rows D = g->seed ? drop_rows_of(g) : drop_rows{};
     slots S;
     slots_open(&S, be, st, sc->deq, sc->slot_elems);
     mt_tensor views[MT_GROUPED_MAX];
@@ -398,8 +485,19 @@ static void gemm_device_rows(mt_backend *be, cudaStream_t st, mt_tensor *c, cons
             wp[e - e0] = &views[e - e0];
         }
         if (kind == W_SLOT) slot_ready(&S);
-        rows_gemm(be, c, a, wp, g, e0, e1 - e0, sc->ptrs);
+        rows_gemm(be, out, in, wp, g, e0, e1 - e0, alpha, beta, sc->ptrs);
         if (kind == W_SLOT) slot_done(&S);
+        for (int e = e0; e < e1; e++) D.on[e] = 1;
+    }
+    if (out != c) {
+        const unsigned blocks = row_blocks(g->rows);
+        if (c->dtype == MT_F32)
+            drop_add_rows_kernel<float><<<blocks, THREADS, 0, st>>>((float *)c->data, mt_tensor_ld(c), (const float *)t_f32.data,
+                                                                    g->rows, N, g->doff, g->experts, D, g->p, g->alpha, g->beta);
+        else
+            drop_add_rows_kernel<bf16><<<blocks, THREADS, 0, st>>>((bf16 *)c->data, mt_tensor_ld(c), (const float *)t_f32.data,
+                                                                   g->rows, N, g->doff, g->experts, D, g->p, g->alpha, g->beta);
+        MT_CHECK_LAUNCH();
     }
 }
 
@@ -447,6 +545,8 @@ extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, con
     void *drop_scratch = sc->drop;
     cudaStream_t st = mt_cuda_begin(be);
     if (!gr->off) {  // the offsets on the device: each run of experts with a G as one grouped matmul
+        mt_tensor y_masked;
+        if (gr->seed) y_masked = drop_copy_rows(be, st, drop_scratch, y, y->shape[1], gr), y = &y_masked;
         for (int e0 = 0, e1; e0 < gr->experts; e0 = e1) {
             for (e1 = e0; e1 < gr->experts && g[e1]; e1++) {}
             if (e1 > e0 && mt_gemm_rows_tn(be, g + e0, x, y, e1 - e0, gr->doff + e0, run_rows(gr, e1 - e0), gr->alpha,

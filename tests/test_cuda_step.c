@@ -298,8 +298,8 @@ Test(cuda, expert_cache_gives_the_same_bits) {
 // each expert's rows there) give the step the same bits as downloading them once per MoE layer's
 // forward (MT_EXPERT_ROWS=host), with at most 4 host waits a step where the download takes one
 // more per MoE layer, and the load log's counts arrive all the same (with the loss statistics).
-// r 8 with attention's and the router's LoRAs; r 16 on the experts alone with both layers' experts
-// kept (--expert-cache). Bit for bit under the emulator (both paths' GEMMs are its reference
+// r 8 with attention's and the router's LoRAs and dropout (its masks found per row from the
+// device offsets); r 16 on the experts alone with both layers' experts kept (--expert-cache). Bit for bit under the emulator (both paths' GEMMs are its reference
 // arithmetic); within rounding on a GPU, where the grouped matmul's kernels are not the per-expert
 // ones. A LoRA rank that is not a multiple of 8 keeps the download (16-byte rows).
 Test(cuda, expert_rows_on_the_device_give_the_same_bits_in_four_waits) {
@@ -322,7 +322,8 @@ Test(cuda, expert_rows_on_the_device_give_the_same_bits_in_four_waits) {
     const struct {
         int r, keep;
         unsigned targets;
-    } runs[] = {{8, 0, MT_TARGET_EXPERTS | MT_TARGET_GATE | MT_TARGET_ATTN}, {16, 2, MT_TARGET_EXPERTS}};
+        double dropout;
+    } runs[] = {{8, 0, MT_TARGET_EXPERTS | MT_TARGET_GATE | MT_TARGET_ATTN, 0.1}, {16, 2, MT_TARGET_EXPERTS, 0.0}};
     enum { B = 2, S = 24 };
     int32_t tokens[B * S], labels[B * S];
     for (int i = 0; i < B * S; i++) tokens[i] = labels[i] = 3 + (i * 41) % 200;
@@ -330,7 +331,7 @@ Test(cuda, expert_rows_on_the_device_give_the_same_bits_in_four_waits) {
     for (size_t run = 0; run < MT_ARRAY_LEN(runs); run++) {
         mt_run_opts o;
         mt_run_opts_default(&o);
-        o.mode = MT_MODE_LORA, o.lora_r = runs[run].r, o.lora_dropout = 0.0, o.targets = runs[run].targets;
+        o.mode = MT_MODE_LORA, o.lora_r = runs[run].r, o.lora_dropout = runs[run].dropout, o.targets = runs[run].targets;
         o.expert_cache = runs[run].keep;
         mt_model m[2];
         mt_param *p[2];
