@@ -5,6 +5,7 @@
 // CUDA twins are model/parts_cuda.cu, the step calls them through model/dispatch.c.
 #include <math.h>
 
+#include "core/common.h"
 #include "model/ops.h"
 
 void bias_forward_cpu(float *y, const float *b, int64_t T, int64_t n) {
@@ -22,6 +23,7 @@ void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n) {
 
 void expert_bias_forward_cpu(float *y, int64_t ldy, const float *b, int64_t ldb, int64_t n,
                              const mt_expert_offsets *g) {
+    if (g->dev) mt_fatal(MT_EXIT_ERROR, "expert biases on the cpu: offsets on a device");
     for (int e = 0; e < g->experts; e++)
         for (int64_t r = g->off[e] - g->off[0]; r < g->off[e + 1] - g->off[0]; r++)
             for (int64_t i = 0; i < n; i++) y[r * ldy + i] += b[e * ldb + i];
@@ -29,6 +31,7 @@ void expert_bias_forward_cpu(float *y, int64_t ldy, const float *b, int64_t ldb,
 
 void expert_bias_backward_cpu(float *db, int64_t lddb, const float *dy, int64_t ldy, int64_t n,
                               const mt_expert_offsets *g) {
+    if (g->dev) mt_fatal(MT_EXIT_ERROR, "expert biases on the cpu: offsets on a device");
     for (int e = 0; e < g->experts; e++)
         for (int64_t i = 0; i < n; i++) {
             double s = 0;  // in order over the expert's rows

@@ -335,15 +335,19 @@ static void biases(group *gr, int which, const mt_tensor *y, int grad) {
     const mt_layer *ly = &gr->m->layers[gr->L];
     const mt_tensor *b = grad ? ly->debias[which] : ly->ebias[which];
     if (!b || !group_rows(gr) || gr->m->counting) return;  // counting: no kernel, no scratch
-    if (!gr->off)  // mt_rows_on_device keeps such layers' offsets on the host
-        mt_fatal(MT_EXIT_ERROR, "layer %d: expert biases need the host's expert offsets", gr->L);
     const int64_t n = y->shape[1];
     for (int e0 = 0; e0 < gr->E; e0 += MT_EXPERT_OFFSETS_MAX) {
         mt_expert_offsets rows = {.experts = MT_MIN(MT_EXPERT_OFFSETS_MAX, gr->E - e0)};
+        char *be0 = (char *)b->data + mt_dtype_bytes(b->dtype, (size_t)(e0 * n));
+        if (!gr->off) {  // on the device (model/expert_rows.c): y from the offsets' row 0
+            rows.dev = gr->doff + e0, rows.dev_rows = group_rows(gr);
+            if (grad) mt_op_expert_bias_backward(gr->m, be0, n, y->data, mt_tensor_ld(y), n, &rows);
+            else mt_op_expert_bias_forward(gr->m, y->data, mt_tensor_ld(y), be0, n, n, &rows);
+            continue;
+        }
         for (int i = 0; i <= rows.experts; i++) rows.off[i] = (int32_t)gr->off[e0 + i];
         if (rows.off[rows.experts] == rows.off[0]) continue;
         mt_tensor yv = mt_view_rows(y, gr->off[e0], rows.off[rows.experts] - rows.off[0]);
-        char *be0 = (char *)b->data + mt_dtype_bytes(b->dtype, (size_t)(e0 * n));
         if (grad) mt_op_expert_bias_backward(gr->m, be0, n, yv.data, mt_tensor_ld(&yv), n, &rows);
         else mt_op_expert_bias_forward(gr->m, yv.data, mt_tensor_ld(&yv), be0, n, n, &rows);
     }

@@ -97,13 +97,18 @@ void bias_backward_cpu(float *db, const float *dy, int64_t T, int64_t n);
 // gpt-oss's expert biases over the rows of one grouped call of the GPU step's experts
 // (model/experts_gpu.c): expert e's rows are [off[e] − off[0], off[e+1] − off[0]) of y and dy.
 // The CUDA twins take the struct by value in the launch (1 KiB: no device copy, no host wait,
-// and expert parallelism's row offsets live on the host only).
+// and expert parallelism's row offsets live on the host only), or its offsets on the device.
 // y [rows, n] (row stride ldy) += b [e(r), :] (b's rows of stride ldb);
 // db [e, :] (rows of stride lddb) += Σ over expert e's rows of dy [rows, n] (row stride ldy).
 #define MT_EXPERT_OFFSETS_MAX 256
+// dev (CUDA only; the CPU twins refuse it): the offsets are a device int32 array [experts+1]
+// instead of off (model/expert_rows.c: the host never reads them), and y, dy start at the row
+// they count from (off[0] is then found on the device); dev_rows bounds dev[experts] − dev[0].
 typedef struct mt_expert_offsets {
     int32_t experts;
     int32_t off[MT_EXPERT_OFFSETS_MAX + 1];
+    const int32_t *dev;
+    int64_t dev_rows;
 } mt_expert_offsets;
 void expert_bias_forward_cpu(float *y, int64_t ldy, const float *b, int64_t ldb, int64_t n,
                              const mt_expert_offsets *g);

@@ -79,9 +79,24 @@ static __device__ int expert_of_row(const mt_expert_offsets &g, int64_t r) {
     return lo;
 }
 
-// y [rows, n] (row stride ldy) += b [e(r), :] (rows of stride ldb); a row per block.
+// The offsets a block works from: g's own, or (g.dev: model/ops.h) read from the device into the
+// block's shared copy. Every thread of the block calls it (it synchronises).
+static __device__ const mt_expert_offsets &block_offsets(const mt_expert_offsets &g, mt_expert_offsets *shared) {
+    if (!g.dev) return g;
+    const int nt = blockDim.x * blockDim.y, t = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int i = t; i <= g.experts; i += nt) shared->off[i] = g.dev[i];
+    if (t == 0) shared->experts = g.experts, shared->dev = NULL;
+    __syncthreads();
+    return *shared;
+}
+
+// y [rows, n] (row stride ldy) += b [e(r), :] (rows of stride ldb); a row per block. With g.dev,
+// y starts at the offsets' row 0 (its rows from off[0] on are the call's).
 static __global__ void expert_bias_forward_kernel(bf16 *y, int64_t ldy, const bf16 *b, int64_t ldb, int64_t n,
-                                                  const mt_expert_offsets g) {
+                                                  const __grid_constant__ mt_expert_offsets g0) {
+    __shared__ mt_expert_offsets sh;
+    const mt_expert_offsets &g = block_offsets(g0, &sh);
+    if (g0.dev) y += (int64_t)g.off[0] * ldy;
     const int64_t rows = g.off[g.experts] - g.off[0];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const bf16 *br = b + (int64_t)expert_of_row(g, r) * ldb;
@@ -92,7 +107,10 @@ static __global__ void expert_bias_forward_kernel(bf16 *y, int64_t ldy, const bf
 // db [e, :] (rows of stride lddb) += Σ over expert e's rows of dy (row stride ldy): a block per
 // (32 columns, expert), the sum in column_sum's order.
 static __global__ void expert_bias_backward_kernel(bf16 *db, int64_t lddb, const bf16 *dy, int64_t ldy, int64_t n,
-                                                   const mt_expert_offsets g) {
+                                                   const __grid_constant__ mt_expert_offsets g0) {
+    __shared__ mt_expert_offsets sh;
+    const mt_expert_offsets &g = block_offsets(g0, &sh);
+    if (g0.dev) dy += (int64_t)g.off[0] * ldy;
     __shared__ float part[BIAS_ROWS * BIAS_COLS];
     const int e = blockIdx.y;
     const int64_t col = blockIdx.x * (int64_t)BIAS_COLS + threadIdx.x;
@@ -140,7 +158,7 @@ static void expert_offsets_check(const mt_expert_offsets *g) {
 extern "C" void expert_bias_forward_cuda(mt_backend *be, mt_bf16 *y, int64_t ldy, const mt_bf16 *b, int64_t ldb,
                                          int64_t n, const mt_expert_offsets *g) {
     expert_offsets_check(g);
-    const int64_t rows = g->off[g->experts] - g->off[0];
+    const int64_t rows = g->dev ? g->dev_rows : g->off[g->experts] - g->off[0];  // dev: a bound
     if (rows <= 0 || n <= 0) return;
     cudaStream_t s = mt_cuda_begin(be);
     expert_bias_forward_kernel<<<mt_cuda_blocks(rows, 1), THREADS, 0, s>>>((bf16 *)y, ldy, (const bf16 *)b, ldb, n,
@@ -151,7 +169,7 @@ extern "C" void expert_bias_forward_cuda(mt_backend *be, mt_bf16 *y, int64_t ldy
 extern "C" void expert_bias_backward_cuda(mt_backend *be, mt_bf16 *db, int64_t lddb, const mt_bf16 *dy, int64_t ldy,
                                           int64_t n, const mt_expert_offsets *g) {
     expert_offsets_check(g);
-    if (n <= 0 || !db || g->off[g->experts] == g->off[0]) return;
+    if (n <= 0 || !db || (!g->dev && g->off[g->experts] == g->off[0])) return;
     cudaStream_t s = mt_cuda_begin(be);
     dim3 grid((unsigned)((n + BIAS_COLS - 1) / BIAS_COLS), (unsigned)g->experts), block(BIAS_COLS, BIAS_ROWS);
     expert_bias_backward_kernel<<<grid, block, 0, s>>>((bf16 *)db, lddb, (const bf16 *)dy, ldy, n, *g);

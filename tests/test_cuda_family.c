@@ -417,6 +417,12 @@ Test(cuda, gpt_oss_unfreeze_step_matches_cpu) { family_step("tiny-gpt-oss.json",
 // (tests/test_gpt_oss.c's MXFP4 fixture, weights drawn N(0, 0.2²), puts many g and u values
 // within bf16's rounding of the clamp's limit and its routing near ties: the cpu's golden case.)
 static void oss_mxfp4_dims(mt_model_config *c) { c->hidden = 64, c->intermediate = 32; }
+// --mode full at those sizes (rows 16 bytes apart): the experts' offsets stay on the device
+// (model/expert_rows.c, where the library has the grouped matmul), and the experts' biases and
+// their gradients find each row's expert from them.
+Test(cuda, gpt_oss_full_step_offsets_on_device_matches_cpu) {
+    family_step("tiny-gpt-oss.json", oss_mxfp4_dims, MT_MODE_FULL);
+}
 Test(cuda, gpt_oss_mxfp4_step_matches_cpu) {
     char tmp[64], dir[512];
     mt_test_tmpdir(tmp, sizeof tmp);
