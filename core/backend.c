@@ -234,6 +234,7 @@ int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes) {
     return 0;
 }
 int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes) { return mt_gemm_rows_available(be, why, why_bytes); }
+uint64_t mt_gemm_rows_heuristic_calls(void) { return 0; }
 int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,
                  const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch) {
     (void)be, (void)c, (void)a, (void)w, (void)trans, (void)experts, (void)off, (void)rows_total, (void)alpha;

@@ -46,6 +46,9 @@ int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes);
 // when they disagree. The library's grouped matmul is marked experimental; the step trusts it
 // only after this.
 int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes);
+// How many times the calls below ran cuBLASLt's heuristic: once per kind of problem (the
+// groups, transposes, output type and the average shape it is told), its choice kept after.
+uint64_t mt_gemm_rows_heuristic_calls(void);
 
 int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,
                  const int32_t *off, int64_t rows_total, float alpha, float beta, void *scratch);

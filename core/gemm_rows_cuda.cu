@@ -132,6 +132,34 @@ static void hint(cublasLtMatmulPreference_t p, int attr, int64_t v) {
         (void)cublasLtMatmulPreferenceSetAttribute(p, (cublasLtMatmulPreferenceAttributes_t)attr, &v32, sizeof v32);
 }
 
+// The heuristic's choice per kind of problem, kept for the process: a step asks the same few
+// kinds thousands of times (every run of experts, every layer, every step), and the heuristic
+// costs the host far more than building the descriptors. A grouped algorithm is chosen for the
+// groups' average shape (the hints), not for one shape, so the cached one serves every call of
+// its kind. Slots are replaced round-robin once all are taken.
+typedef struct {
+    int used, dev, n, op_a, op_b, sm_target;
+    mt_dtype tc;
+    int64_t rows, cols, k;
+    cublasLtMatmulAlgo_t algo;
+} algo_slot;
+enum { ALGO_SLOTS = 64 };
+static algo_slot algo_cache[ALGO_SLOTS];
+static int algo_next;
+static uint64_t heuristic_calls;
+
+extern "C" uint64_t mt_gemm_rows_heuristic_calls(void) { return heuristic_calls; }
+
+static algo_slot *algo_find(const algo_slot *k) {
+    for (int i = 0; i < ALGO_SLOTS; i++) {
+        const algo_slot *s = &algo_cache[i];
+        if (s->used && s->dev == k->dev && s->n == k->n && s->op_a == k->op_a && s->op_b == k->op_b &&
+            s->sm_target == k->sm_target && s->tc == k->tc && s->rows == k->rows && s->cols == k->cols && s->k == k->k)
+            return &algo_cache[i];
+    }
+    return NULL;
+}
+
 // The grouped matmul over the arrays the kernel wrote: A, B of type bf16, C = D of type tc.
 static int grouped_matmul(mt_backend *be, rows_arrays *arr, int n, int op_a, int op_b, mt_dtype tc, int64_t avg_rows,
                           int64_t avg_cols, int64_t avg_k) {
@@ -171,18 +199,30 @@ static int grouped_matmul(mt_backend *be, rows_arrays *arr, int n, int op_a, int
         hint(pref, MT_LT_PREF_GROUPED_AVG_ROWS, avg_rows);
         hint(pref, MT_LT_PREF_GROUPED_AVG_COLS, avg_cols);
         hint(pref, MT_LT_PREF_GROUPED_AVG_K, avg_k);
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        memset(&res, 0, sizeof res);
-        st = cublasLtMatmulAlgoGetHeuristic(lt, desc, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
-        if (st != CUBLAS_STATUS_SUCCESS || !found) {
-            if (st == CUBLAS_STATUS_SUCCESS) mt_error_set("gemm_rows: cuBLASLt has no grouped algorithm for this problem");
-            else lt_fail("cublasLtMatmulAlgoGetHeuristic", st);
-            goto out;
+        algo_slot key;
+        memset(&key, 0, sizeof key);
+        MT_CHECK_CUDA(cudaGetDevice(&key.dev));
+        key.used = 1, key.n = n, key.op_a = op_a, key.op_b = op_b, key.sm_target = sm_target, key.tc = tc;
+        key.rows = avg_rows, key.cols = avg_cols, key.k = avg_k;
+        algo_slot *hit = algo_find(&key);
+        if (!hit) {
+            cublasLtMatmulHeuristicResult_t res;
+            int found = 0;
+            memset(&res, 0, sizeof res);
+            heuristic_calls++;
+            st = cublasLtMatmulAlgoGetHeuristic(lt, desc, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
+            if (st != CUBLAS_STATUS_SUCCESS || !found) {
+                if (st == CUBLAS_STATUS_SUCCESS) mt_error_set("gemm_rows: cuBLASLt has no grouped algorithm for this problem");
+                else lt_fail("cublasLtMatmulAlgoGetHeuristic", st);
+                goto out;
+            }
+            hit = &algo_cache[algo_next];
+            algo_next = (algo_next + 1) % ALGO_SLOTS;
+            *hit = key, hit->algo = res.algo;
         }
         // With device pointers, cuBLASLt's A, B, C, D arguments are the device arrays of pointers.
         st = cublasLtMatmul(lt, desc, &arr->alpha, arr->ptr[0], lay[0], arr->ptr[1], lay[1], &arr->beta, arr->ptr[2],
-                            lay[2], arr->ptr[3], lay[2], &res.algo, ws, ws_bytes, stream);
+                            lay[2], arr->ptr[3], lay[2], &hit->algo, ws, ws_bytes, stream);
         if (st != CUBLAS_STATUS_SUCCESS) {
             lt_fail("cublasLtMatmul (grouped)", st);
             goto out;
