@@ -47,7 +47,9 @@ int mt_gemm_rows_available(mt_backend *be, char *why, size_t why_bytes);
 // only after this.
 int mt_gemm_rows_checked(mt_backend *be, char *why, size_t why_bytes);
 // How many times the calls below ran cuBLASLt's heuristic: once per kind of problem (the
-// groups, transposes, output type and the average shape it is told), its choice kept after.
+// groups, transposes, output type, the average shape it is told, the SM target, the workspace
+// and the device), its choice kept after (64 kinds at a time, the oldest replaced; for the one
+// host thread that drives the backends, as every CUDA call here).
 uint64_t mt_gemm_rows_heuristic_calls(void);
 
 int mt_gemm_rows(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt_tensor *const *w, int trans, int experts,

@@ -141,6 +141,7 @@ typedef struct {
     int used, dev, n, op_a, op_b, sm_target;
     mt_dtype tc;
     int64_t rows, cols, k;
+    size_t ws_bytes;
     cublasLtMatmulAlgo_t algo;
 } algo_slot;
 enum { ALGO_SLOTS = 64 };
@@ -154,7 +155,8 @@ static algo_slot *algo_find(const algo_slot *k) {
     for (int i = 0; i < ALGO_SLOTS; i++) {
         const algo_slot *s = &algo_cache[i];
         if (s->used && s->dev == k->dev && s->n == k->n && s->op_a == k->op_a && s->op_b == k->op_b &&
-            s->sm_target == k->sm_target && s->tc == k->tc && s->rows == k->rows && s->cols == k->cols && s->k == k->k)
+            s->sm_target == k->sm_target && s->tc == k->tc && s->rows == k->rows && s->cols == k->cols && s->k == k->k &&
+            s->ws_bytes == k->ws_bytes)
             return &algo_cache[i];
     }
     return NULL;
@@ -203,7 +205,7 @@ static int grouped_matmul(mt_backend *be, rows_arrays *arr, int n, int op_a, int
         memset(&key, 0, sizeof key);
         MT_CHECK_CUDA(cudaGetDevice(&key.dev));
         key.used = 1, key.n = n, key.op_a = op_a, key.op_b = op_b, key.sm_target = sm_target, key.tc = tc;
-        key.rows = avg_rows, key.cols = avg_cols, key.k = avg_k;
+        key.rows = avg_rows, key.cols = avg_cols, key.k = avg_k, key.ws_bytes = ws_bytes;
         algo_slot *hit = algo_find(&key);
         if (!hit) {
             cublasLtMatmulHeuristicResult_t res;

@@ -329,7 +329,8 @@ static void weight_grads(group *gr, int which, const mt_tensor *dy, const mt_ten
 
 // The experts' biases of Linear `which` (gpt-oss: ly->ebias[which], [E, n]) on y, a column block
 // [rows, n] of the group's rows: y += the bias of each row's expert, in calls of at most
-// MT_EXPERT_OFFSETS_MAX experts whose row offsets go by value in the launch. grad: their gradient
+// MT_EXPERT_OFFSETS_MAX experts whose row offsets go by value in the launch, or stay on the device
+// (model/expert_rows.c; the kernels read them there). grad: their gradient
 // instead, db_e += the column sums of y over expert e's rows (ly->debias: --mode full only).
 static void biases(group *gr, int which, const mt_tensor *y, int grad) {
     const mt_layer *ly = &gr->m->layers[gr->L];

@@ -457,8 +457,12 @@ static void rows_gemm(mt_backend *be, mt_tensor *c, const mt_tensor *a, const mt
 
 // Dropout: on A, the runs read A's masked copy (all the call's rows at once); on C, they write
 // f32 products that one launch then masks into C for the experts that had a W.
-static void gemm_device_rows(mt_backend *be, cudaStream_t st, mt_tensor *c, const mt_tensor *a, const mt_grouped *g,
-                             const mt_grouped_scratch *sc) {
+static void gemm_device_rows(mt_backend *be, cudaStream_t st, mt_tensor *c_all, const mt_tensor *a_all,
+                             const mt_grouped *g, const mt_grouped_scratch *sc) {
+    // the operands' first g->rows rows: what the offsets may reach, and what the masked copies hold
+    mt_tensor a_rows = mt_view_rows(a_all, 0, g->rows), c_rows = mt_view_rows(c_all, 0, g->rows);
+    mt_tensor *c = &c_rows;
+    const mt_tensor *a = &a_rows;
     const int64_t K = a->shape[1], N = c->shape[1];
     mt_tensor a_masked, t_f32, *out = c;
     const mt_tensor *in = a;
@@ -545,7 +549,11 @@ extern "C" void mt_grouped_gemm_tn_cuda(mt_backend *be, mt_tensor *const *g, con
     void *drop_scratch = sc->drop;
     cudaStream_t st = mt_cuda_begin(be);
     if (!gr->off) {  // the offsets on the device: each run of experts with a G as one grouped matmul
-        mt_tensor y_masked;
+        int any = 0;
+        for (int e = 0; e < gr->experts; e++) any |= g[e] != NULL;
+        if (!any) return;  // no gradient wanted (grouped.c sized no dropout buffer then)
+        mt_tensor x_rows = mt_view_rows(x, 0, gr->rows), y_rows = mt_view_rows(y, 0, gr->rows), y_masked;
+        x = &x_rows, y = &y_rows;
         if (gr->seed) y_masked = drop_copy_rows(be, st, drop_scratch, y, y->shape[1], gr), y = &y_masked;
         for (int e0 = 0, e1; e0 < gr->experts; e0 = e1) {
             for (e1 = e0; e1 < gr->experts && g[e1]; e1++) {}

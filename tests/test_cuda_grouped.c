@@ -14,8 +14,10 @@
 #include "tests/gpu_or_skip.h"
 #include "core/backend.h"
 #include "core/common.h"
+#include "core/gemm_rows.h"
 #include "core/rng.h"
 #include "lora/lora_dropout.h"
+#include "model/attention_cudnn.h"  // attention_cudnn_emulated: whether the stand-ins run
 #include "model/expert_scratch.h"
 #include "model/grouped.h"
 #include "quant/qweight.h"
@@ -781,5 +783,77 @@ Test(cuda_grouped, kept_w_gives_the_slots_products) {
     const int grouped[3] = {7, 0, 12}, per_expert[3] = {0, 9, 0};
     kept_case(gpu, grouped);
     kept_case(gpu, per_expert);
+    mt_backend_free(gpu);
+}
+
+// The offsets on the device (grouped.h's doff; core/gemm_rows.h's grouped matmul) against the
+// same offsets on the host: dense W (LoRA-like) with dropout on A and on C, and the weight
+// gradient with dropout on Y, one expert without rows and one without W (or G); the row operands
+// two rows longer than the offsets reach. The same bits (the same masks, and under the emulator
+// the same reference arithmetic; within rounding on a GPU, whose grouped kernels differ). Where
+// the library has no grouped matmul, the device call is refused with the reason instead.
+static void device_vs_host(mt_backend *gpu, int drop_a) {
+    enum { E = 4, K = 16, N = 24 };
+    const int rows[E] = {5, 0, 7, 3};
+    int64_t off[E + 1] = {0};
+    int32_t off32[E + 1] = {0};
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + rows[e], off32[e + 1] = (int32_t)off[e + 1];
+    const int64_t R = off[E], RL = R + 2;
+    int64_t so[1] = {E + 1};
+    mt_tensor *doff = mt_tensor_new(gpu, MT_MEM_ACT, MT_I32, 1, so);
+    mt_tensor_upload(doff, off32);
+    float *av = randn(RL * K, 1, 1.0f), *cv = randn(RL * N, 2, 1.0f), *wv[E];
+    mt_tensor *ta = upload(gpu, MT_BF16, av, RL, K), *c[2], *w[E];
+    for (int k = 0; k < 2; k++) c[k] = upload(gpu, MT_F32, cv, RL, N);
+    for (int e = 0; e < E; e++) wv[e] = randn(N * K, 10 + (uint64_t)e, 0.5f), w[e] = upload(gpu, MT_BF16, wv[e], N, K);
+    const mt_tensor *wp[E] = {w[0], w[1], NULL, w[3]};  // expert 2 has no W: its rows stay
+    uint64_t seeds[E] = {11, 12, 13, 14};
+    mt_grouped g = {.experts = E, .off = off, .w = wp, .trans = 1, .alpha = 0.5f, .beta = 1.0f, .seed = seeds,
+                    .p = 0.25f, .drop_a = drop_a};
+    cr_assert_eq(mt_grouped_gemm(c[0], ta, &g), 0, "%s", mt_error_get());
+    mt_grouped gd = g;
+    gd.off = NULL, gd.doff = (const int32_t *)doff->data, gd.rows = R;
+    char why[240];
+    if (!mt_gemm_rows_available(gpu, why, sizeof why)) {
+        cr_assert_eq(mt_grouped_gemm(c[1], ta, &gd), -1);
+        cr_log_info("no grouped matmul here: %s", why);
+    } else {
+        cr_assert_eq(mt_grouped_gemm(c[1], ta, &gd), 0, "%s", mt_error_get());
+        float *h0 = mt_xmalloc((size_t)(RL * N) * sizeof(float)), *h1 = mt_xmalloc((size_t)(RL * N) * sizeof(float));
+        mt_tensor_download_f32(c[0], h0), mt_tensor_download_f32(c[1], h1);
+        for (int64_t i = 0; i < RL * N; i++)
+            cr_assert(attention_cudnn_emulated() ? h0[i] == h1[i] : fabsf(h0[i] - h1[i]) <= 1e-2f * (1 + fabsf(h0[i])),
+                      "drop_a %d: element %lld: host offsets %.9g, device %.9g", drop_a, (long long)i, h0[i], h1[i]);
+        free(h0), free(h1);
+        // the weight gradient, dropout on Y (c's rows as Y: bf16 copies), G of experts 0 and 2 only
+        float *yv = randn(RL * N, 3, 1.0f);
+        mt_tensor *ty = upload(gpu, MT_BF16, yv, RL, N), *gk[2][E];
+        for (int k = 0; k < 2; k++)
+            for (int e = 0; e < E; e++) gk[k][e] = e % 2 ? NULL : upload(gpu, MT_F32, wv[e], K, N);
+        mt_grouped gt = {.experts = E, .off = off, .alpha = 1.0f, .beta = 1.0f, .seed = seeds, .p = 0.25f};
+        cr_assert_eq(mt_grouped_gemm_tn(gk[0], ta, ty, &gt), 0, "%s", mt_error_get());
+        gt.off = NULL, gt.doff = gd.doff, gt.rows = R;
+        cr_assert_eq(mt_grouped_gemm_tn(gk[1], ta, ty, &gt), 0, "%s", mt_error_get());
+        float g0[K * N], g1[K * N];
+        for (int e = 0; e < E; e += 2) {
+            mt_tensor_download_f32(gk[0][e], g0), mt_tensor_download_f32(gk[1][e], g1);
+            for (int i = 0; i < K * N; i++)
+                cr_assert(attention_cudnn_emulated() ? g0[i] == g1[i] : fabsf(g0[i] - g1[i]) <= 1e-2f * (1 + fabsf(g0[i])),
+                          "dG %d element %d: host offsets %.9g, device %.9g", e, i, g0[i], g1[i]);
+        }
+        mt_tensor *none[E] = {NULL, NULL, NULL, NULL};  // no gradient wanted: nothing done, nothing read
+        cr_assert_eq(mt_grouped_gemm_tn(none, ta, ty, &gt), 0, "%s", mt_error_get());
+        for (int k = 0; k < 2; k++)
+            for (int e = 0; e < E; e += 2) mt_tensor_free(gk[k][e]);
+        mt_tensor_free(ty), free(yv);
+    }
+    for (int e = 0; e < E; e++) mt_tensor_free(w[e]), free(wv[e]);
+    mt_tensor_free(ta), mt_tensor_free(c[0]), mt_tensor_free(c[1]), mt_tensor_free(doff), free(av), free(cv);
+}
+
+Test(cuda_grouped, device_offsets_give_the_host_offsets_products) {
+    mt_backend *gpu = gpu_or_skip();
+    device_vs_host(gpu, 1);
+    device_vs_host(gpu, 0);
     mt_backend_free(gpu);
 }
