@@ -385,6 +385,11 @@ void mt_op_aux_start(mt_model *m) {
     if (m->aux_dev) m->be->ops->fill_zero(m->be, m->aux_dev->data, m->aux_dev->nbytes);
 }
 
+// The load log's tokens per expert from the host copy of the layer's offsets.
+static void counts_from_offsets(mt_layer_kept *kp, int E) {
+    for (int e = 0; e < E; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
+}
+
 // On CUDA, the statistics come to the host in one wait, and with them the expert offsets of the
 // layers whose offsets stayed on the device (model/expert_rows.c), gathered into one scratch
 // first: the load log's counts.
@@ -404,7 +409,7 @@ void mt_op_aux_finish(mt_model *m) {
             mt_layer_kept *kp = &m->kept[L];
             if (!kp->rows_on_device) continue;
             memcpy(kp->host_offsets, host + (size_t)i++ * (E + 1), one);
-            for (int e = 0; e < E; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
+            counts_from_offsets(kp, E);
         }
         if (n) mt_work_free(m->be, dev, n * one);
         free(host);
@@ -483,7 +488,7 @@ void mt_op_permute_wait(mt_model *m, int L) {
     if (!kp->offsets_pending) return;
     if (ON_CUDA(m)) mt_download_end(m->be);  // a host wait of its own in the profile
     kp->offsets_pending = 0;
-    for (int e = 0; e < (int)m->cfg.experts; e++) kp->counts[e] = kp->host_offsets[e + 1] - kp->host_offsets[e];
+    counts_from_offsets(kp, (int)m->cfg.experts);
 }
 
 void mt_op_gather(mt_model *m, mt_act *xs, int64_t ldo, const mt_act *x, const int32_t *order, int n, int H, int k) {

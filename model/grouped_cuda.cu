@@ -45,6 +45,7 @@
 #include "lora/lora_dropout.h"
 #include "core/gemm_rows.h"
 #include "model/grouped_cuda.h"
+#include "model/row_expert.cuh"
 #include "quant/quant.h"
 
 typedef __nv_bfloat16 bf16;
@@ -375,18 +376,6 @@ struct drop_rows {
     uint64_t seed[MT_GROUPED_MAX];
     uint8_t on[MT_GROUPED_MAX];  // drop_add: the experts whose product was written (the others' rows stay)
 };
-
-// The expert whose rows [o[e], o[e+1]) hold row r, or -1 (none of the call's experts).
-static __device__ int row_expert(const int32_t *o, int E, int64_t r) {
-    if (r < o[0] || r >= o[E]) return -1;
-    int lo = 0, hi = E;  // o[lo] <= r < o[hi]
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (o[mid] <= r) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
 
 // out [rows, w] (ldo) = drop(x [rows, w] (ldx)), as dropout_kernel (lora/lora_cuda.cu) per expert.
 static __global__ void drop_copy_rows_kernel(bf16 *__restrict__ out, int64_t ldo, const bf16 *__restrict__ x, int64_t ldx,

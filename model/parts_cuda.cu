@@ -13,6 +13,7 @@
 #include "core/cuda_util.cuh"  // first: it makes core/common.h digestible for nvcc
 #include "core/common.h"
 #include "model/ops_cuda.h"
+#include "model/row_expert.cuh"
 
 enum { THREADS = 256 };
 
@@ -66,17 +67,9 @@ static __global__ void bias_backward_kernel(bf16 *db, const D *dy, int64_t T, in
     if (threadIdx.y == 0 && col < n) db[col] = rn(bf(db[col]) + sum);
 }
 
-// The expert of row r (counted from the call's first row): the last e with off[e] ≤ off[0] + r,
-// which skips experts without rows.
+// The expert of row r (counted from the call's first row, inside the call's rows).
 static __device__ int expert_of_row(const mt_expert_offsets &g, int64_t r) {
-    int lo = 0, hi = g.experts - 1;
-    const int64_t at = g.off[0] + r;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (g.off[mid] <= at) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+    return row_expert(g.off, g.experts, g.off[0] + r);
 }
 
 // The offsets a block works from: g's own, or (g.dev: model/ops.h) read from the device into the
